@@ -1,0 +1,1078 @@
+"""The `lg` dialect: the logical graph, one device's view of a model.
+
+Values are global tensors: builtin `tensor<...>` before SBP inference, and
+`!sbp.dtensor<...>` (same global shape, plus a placement and an nd-SBP) after
+it. Every op checks its operands and result against one shape-and-dtype rule,
+written as plain Python (`rule`) so that the verifier, the IR builders and
+later passes share it.
+
+    lg.graph @mlp on @mesh {
+      %x = lg.input "x" : tensor<8x16xf32>
+      %w = lg.param "w" init #lg.normal<0.0, 0.02> seed 1 : tensor<16x4xf32>
+      %y = lg.matmul %x, %w : (tensor<8x16xf32>, tensor<16x4xf32>) -> tensor<8x4xf32>
+      lg.output ["y"] %y : tensor<8x4xf32>
+    }
+
+Axes are non-negative in the IR (builders normalize Python-style negatives).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from xdsl.dialects.builtin import (
+    I64,
+    AnyFloat,
+    ArrayAttr,
+    BFloat16Type,
+    DenseArrayBase,
+    DenseIntOrFPElementsAttr,
+    Float16Type,
+    Float32Type,
+    Float64Type,
+    FloatAttr,
+    FloatData,
+    IntegerAttr,
+    IntegerType,
+    StringAttr,
+    SymbolNameConstraint,
+    SymbolRefAttr,
+    TensorType,
+    UnitAttr,
+    f64,
+    i64,
+)
+from xdsl.ir import Attribute, Dialect, ParametrizedAttribute, Region, SSAValue
+from xdsl.irdl import (
+    AttrSizedOperandSegments,
+    IRDLOperation,
+    VarConstraint,
+    irdl_attr_definition,
+    irdl_op_definition,
+    lazy_traits_def,
+    operand_def,
+    opt_operand_def,
+    opt_prop_def,
+    prop_def,
+    region_def,
+    result_def,
+    traits_def,
+    var_operand_def,
+)
+from xdsl.parser import AttrParser, Parser
+from xdsl.printer import Printer
+from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator, Pure, SymbolOpInterface
+from xdsl.utils.exceptions import VerifyException
+
+from .sbp import (
+    DTensorType,
+    TensorLike,
+    element_type,
+    global_shape,
+    lookup_placement,
+    parse_verified,
+    verify_distribution,
+    verify_signature,
+)
+
+Shape = tuple[int, ...]
+
+
+class ShapeError(Exception):
+    """An op's operands do not fit its shape-and-dtype rule."""
+
+
+# --------------------------------------------------------------------------
+# Element types and shape helpers
+# --------------------------------------------------------------------------
+
+FLOAT_TYPES = (Float16Type, BFloat16Type, Float32Type, Float64Type)
+
+
+def is_float(elem: Attribute) -> bool:
+    return isinstance(elem, FLOAT_TYPES)
+
+
+def is_index(elem: Attribute) -> bool:
+    """Integer element types usable as labels and gather indices."""
+    return isinstance(elem, IntegerType) and elem.width.data in (32, 64)
+
+
+def fmt_type(shape: Shape, elem: Attribute) -> str:
+    return "x".join([*(str(d) for d in shape), str(elem)])
+
+
+def _require_float(what: str, elem: Attribute) -> None:
+    if not is_float(elem):
+        raise ShapeError(f"{what} must have a float element type, got {elem}")
+
+
+def _same_elem(elems: Sequence[Attribute]) -> Attribute:
+    _require_float("operands", elems[0])
+    if any(e != elems[0] for e in elems[1:]):
+        raise ShapeError(f"operands must share one element type, got {', '.join(map(str, elems))}")
+    return elems[0]
+
+
+def broadcast_shapes(*shapes: Shape) -> Shape:
+    """numpy broadcasting: align trailing dims; each pair equal or one of them 1."""
+    rank = max(len(s) for s in shapes)
+    out = []
+    for i in range(rank):
+        dims = {s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0}
+        dims.discard(1)
+        if len(dims) > 1:
+            raise ShapeError(f"shapes {', '.join(str(list(s)) for s in shapes)} do not broadcast")
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
+
+
+def _check_axis(axis: int, rank: int, what: str = "axis") -> None:
+    if not 0 <= axis < rank:
+        raise ShapeError(f"{what} {axis} is out of range for rank {rank}")
+
+
+# --------------------------------------------------------------------------
+# Parameter initializers
+# --------------------------------------------------------------------------
+
+
+class InitializerAttr(ParametrizedAttribute, ABC):
+    """How a parameter gets its first value (see sbpc.reference.initial_value)."""
+
+
+def _parse_floats(cls, parser: AttrParser, count: int) -> Sequence[Attribute]:
+    def parse():
+        with parser.in_angle_brackets():
+            values = parser.parse_comma_separated_list(parser.Delimiter.NONE, parser.parse_number)
+        if len(values) != count:
+            parser.raise_error(f"#{cls.name} takes {count} number(s), got {len(values)}")
+        return tuple(FloatData(float(v)) for v in values)
+
+    return parse_verified(cls, parser, parse)
+
+
+def _print_floats(printer: Printer, values: Sequence[FloatData]) -> None:
+    with printer.in_angle_brackets():
+        printer.print_list(values, lambda v: printer.print_string(repr(v.data)))
+
+
+@irdl_attr_definition
+class ZerosInitAttr(InitializerAttr):
+    name = "lg.zeros"
+
+
+@irdl_attr_definition
+class OnesInitAttr(InitializerAttr):
+    name = "lg.ones"
+
+
+@irdl_attr_definition
+class FillInitAttr(InitializerAttr):
+    """The constant initializer: every element is `value`."""
+
+    name = "lg.fill"
+    value: FloatData
+
+    def __init__(self, value: float):
+        super().__init__(FloatData(float(value)))
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        return _parse_floats(cls, parser, 1)
+
+    def print_parameters(self, printer: Printer) -> None:
+        _print_floats(printer, [self.value])
+
+
+@irdl_attr_definition
+class NormalInitAttr(InitializerAttr):
+    name = "lg.normal"
+    mean: FloatData
+    std: FloatData
+
+    def __init__(self, mean: float, std: float):
+        super().__init__(FloatData(float(mean)), FloatData(float(std)))
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        return _parse_floats(cls, parser, 2)
+
+    def print_parameters(self, printer: Printer) -> None:
+        _print_floats(printer, [self.mean, self.std])
+
+    def verify(self) -> None:
+        if not self.std.data >= 0:
+            raise VerifyException(f"#lg.normal needs std >= 0, got {self.std.data}")
+
+
+@irdl_attr_definition
+class UniformInitAttr(InitializerAttr):
+    name = "lg.uniform"
+    low: FloatData
+    high: FloatData
+
+    def __init__(self, low: float, high: float):
+        super().__init__(FloatData(float(low)), FloatData(float(high)))
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        return _parse_floats(cls, parser, 2)
+
+    def print_parameters(self, printer: Printer) -> None:
+        _print_floats(printer, [self.low, self.high])
+
+    def verify(self) -> None:
+        if not self.low.data < self.high.data:
+            raise VerifyException(f"#lg.uniform needs low < high, got {self.low.data} and {self.high.data}")
+
+
+# --------------------------------------------------------------------------
+# Shared verification
+# --------------------------------------------------------------------------
+
+
+def verify_distributions(op: IRDLOperation) -> None:
+    """Every dtensor of `op` is valid on its placement, all of them share one
+    placement (an op runs on one mesh), and a recorded signature matches."""
+    placements = set()
+    for kind, values in (("operand", op.operands), ("result", op.results)):
+        for i, value in enumerate(values):
+            if verify_distribution(op, value.type, f"{kind} #{i}") is not None:
+                placements.add(value.type.placement_name)
+    if len(placements) > 1:
+        raise VerifyException(
+            f"'{op.name}': all operands and results must share one placement, got "
+            + ", ".join(f"@{p}" for p in sorted(placements))
+        )
+    verify_signature(op)
+
+
+class LgOp(IRDLOperation, ABC):
+    """A compute op: its result's global type follows from `rule`."""
+
+    @classmethod
+    def rule(cls, shapes: Sequence[Shape], elems: Sequence[Attribute], **params: Any) -> tuple[Shape, Attribute]:
+        """The result's global shape and element type, or a ShapeError."""
+        raise NotImplementedError
+
+    def params(self) -> dict[str, Any]:
+        """The op's properties as the plain Python keywords of `rule`."""
+        return {}
+
+    @classmethod
+    def infer(cls, operands: Sequence[SSAValue], **params: Any) -> TensorType:
+        types = [o.type for o in operands]
+        try:
+            shape, elem = cls.rule([global_shape(t) for t in types], [element_type(t) for t in types], **params)
+        except ShapeError as e:
+            raise ValueError(f"{cls.name}: {e}") from None
+        return TensorType(elem, shape)
+
+    def verify_(self) -> None:
+        types = [o.type for o in self.operands]
+        try:
+            shape, elem = self.rule(
+                [global_shape(t) for t in types], [element_type(t) for t in types], **self.params()
+            )
+        except ShapeError as e:
+            raise VerifyException(f"'{self.name}': {e}") from None
+        result = self.results[0].type
+        if global_shape(result) != shape or element_type(result) != elem:
+            raise VerifyException(
+                f"'{self.name}': result type {fmt_type(global_shape(result), element_type(result))} does not "
+                f"match the inferred {fmt_type(shape, elem)}"
+            )
+        verify_distributions(self)
+
+
+# --------------------------------------------------------------------------
+# Graph structure
+# --------------------------------------------------------------------------
+
+
+@irdl_op_definition
+class GraphOp(IRDLOperation):
+    """One graph: its inputs, parameters, computation and outputs. `on @mesh`
+    names the default placement that SBP inference distributes it over."""
+
+    name = "lg.graph"
+
+    sym_name = prop_def(SymbolNameConstraint())
+    placement = opt_prop_def(SymbolRefAttr)
+    body = region_def("single_block")
+
+    traits = traits_def(SymbolOpInterface(), IsolatedFromAbove())
+
+    assembly_format = "$sym_name (`on` $placement^)? attr-dict-with-keyword $body"
+
+    def __init__(self, name: str, body: Region, placement: str | None = None):
+        props: dict[str, Attribute] = {"sym_name": StringAttr(name)}
+        if placement is not None:
+            props["placement"] = SymbolRefAttr(placement)
+        super().__init__(properties=props, regions=[body])
+
+    def output(self) -> OutputOp:
+        terminator = self.body.block.last_op
+        assert isinstance(terminator, OutputOp)
+        return terminator
+
+    def verify_(self) -> None:
+        if self.placement is not None:
+            lookup_placement(self, self.placement)
+        if not isinstance(self.body.block.last_op, OutputOp):
+            raise VerifyException(f"'{self.name}' @{self.sym_name.data} must end with lg.output")
+        seen: dict[str, str] = {}
+        for op in self.body.block.ops:
+            if isinstance(op, InputOp | ParamOp):
+                key = op.key.data
+                if key in seen:
+                    raise VerifyException(
+                        f"'{op.name}': name \"{key}\" is already used by an {seen[key]} of graph @{self.sym_name.data}"
+                    )
+                seen[key] = op.name
+
+
+@irdl_op_definition
+class OutputOp(IRDLOperation):
+    """The graph's named results (what a run fetches)."""
+
+    name = "lg.output"
+
+    names = prop_def(ArrayAttr[StringAttr])
+    values = var_operand_def(TensorLike)
+
+    traits = lazy_traits_def(lambda: (IsTerminator(), HasParent(GraphOp)))
+
+    assembly_format = "$names ($values^ `:` type($values))? attr-dict"
+
+    def __init__(self, values: Sequence[SSAValue], names: Sequence[str]):
+        super().__init__(operands=[values], properties={"names": ArrayAttr([StringAttr(n) for n in names])})
+
+    def verify_(self) -> None:
+        names = [n.data for n in self.names.data]
+        if len(names) != len(self.values):
+            raise VerifyException(f"'{self.name}': {len(names)} names for {len(self.values)} values")
+        if len(set(names)) != len(names):
+            raise VerifyException(f"'{self.name}': output names must be distinct, got {names}")
+        for i, value in enumerate(self.values):
+            verify_distribution(self, value.type, f"operand #{i}")
+
+
+# --------------------------------------------------------------------------
+# Sources
+# --------------------------------------------------------------------------
+
+
+def _verify_source(op: IRDLOperation, float_only: bool) -> None:
+    elem = element_type(op.results[0].type)
+    if float_only and not is_float(elem):
+        raise VerifyException(f"'{op.name}': a parameter must have a float element type, got {elem}")
+    if not (is_float(elem) or is_index(elem)):
+        raise VerifyException(f"'{op.name}': element type {elem} is not supported (float, i32 or i64)")
+    verify_distributions(op)
+
+
+@irdl_op_definition
+class InputOp(IRDLOperation):
+    """A named feed."""
+
+    name = "lg.input"
+
+    key = prop_def(StringAttr)
+    result = result_def(TensorLike)
+
+    assembly_format = "$key attr-dict `:` type($result)"
+
+    def __init__(self, key: str, type: Attribute):
+        super().__init__(properties={"key": StringAttr(key)}, result_types=[type])
+
+    def verify_(self) -> None:
+        _verify_source(self, float_only=False)
+
+
+@irdl_op_definition
+class ParamOp(IRDLOperation):
+    """A named trainable tensor and how it is first initialized."""
+
+    name = "lg.param"
+
+    key = prop_def(StringAttr)
+    init = prop_def(InitializerAttr)
+    seed = prop_def(IntegerAttr[I64], default_value=IntegerAttr(0, i64))
+    result = result_def(TensorLike)
+
+    assembly_format = "$key `init` $init (`seed` $seed^)? attr-dict `:` type($result)"
+
+    def __init__(self, key: str, type: Attribute, init: InitializerAttr, seed: int = 0):
+        super().__init__(
+            properties={"key": StringAttr(key), "init": init, "seed": IntegerAttr(seed, i64)},
+            result_types=[type],
+        )
+
+    def verify_(self) -> None:
+        _verify_source(self, float_only=True)
+
+
+@irdl_op_definition
+class ConstantOp(IRDLOperation):
+    """A literal tensor: `lg.constant dense<1.0> : tensor<4xf32>`; after SBP
+    inference its distributed type follows `->`."""
+
+    name = "lg.constant"
+
+    value = prop_def(DenseIntOrFPElementsAttr)
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    def __init__(self, value: DenseIntOrFPElementsAttr, type: Attribute | None = None):
+        super().__init__(properties={"value": value}, result_types=[type or value.type])
+
+    @classmethod
+    def parse(cls, parser: Parser) -> ConstantOp:
+        value = parser.parse_attribute()
+        if not isinstance(value, DenseIntOrFPElementsAttr):
+            parser.raise_error("lg.constant expects a dense<...> : tensor<...> literal")
+        result_type = parser.parse_type() if parser.parse_optional_punctuation("->") else None
+        attrs = parser.parse_optional_attr_dict()
+        op = cls(value, result_type)
+        op.attributes.update(attrs)
+        return op
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_attribute(self.value)
+        if self.result.type != self.value.type:
+            printer.print_string(" -> ")
+            printer.print_attribute(self.result.type)
+        printer.print_op_attributes(self.attributes)
+
+    def verify_(self) -> None:
+        value_type = self.value.type
+        if not isinstance(value_type, TensorType):
+            raise VerifyException(f"'{self.name}': the literal must be a tensor")
+        if (global_shape(value_type), value_type.element_type) != (
+            global_shape(self.result.type),
+            element_type(self.result.type),
+        ):
+            raise VerifyException(f"'{self.name}': result type does not match the literal's type {value_type}")
+        _verify_source(self, float_only=False)
+
+
+# --------------------------------------------------------------------------
+# Elementwise ops
+# --------------------------------------------------------------------------
+
+
+class UnaryOp(LgOp, ABC):
+    """An elementwise op of one float tensor; the result has the operand's type."""
+
+    T: ClassVar = VarConstraint("T", TensorLike)
+    input = operand_def(T)
+    result = result_def(T)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$input attr-dict `:` type($input)"
+
+    def __init__(self, input: SSAValue):
+        super().__init__(operands=[input], result_types=[input.type])
+
+    @classmethod
+    def rule(cls, shapes, elems, **params):
+        _require_float("operand", elems[0])
+        return shapes[0], elems[0]
+
+
+@irdl_op_definition
+class NegOp(UnaryOp):
+    name = "lg.neg"
+
+
+@irdl_op_definition
+class ReluOp(UnaryOp):
+    name = "lg.relu"
+
+
+@irdl_op_definition
+class GeluOp(UnaryOp):
+    """GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+
+    name = "lg.gelu"
+
+
+@irdl_op_definition
+class TanhOp(UnaryOp):
+    name = "lg.tanh"
+
+
+@irdl_op_definition
+class ExpOp(UnaryOp):
+    name = "lg.exp"
+
+
+@irdl_op_definition
+class SqrtOp(UnaryOp):
+    name = "lg.sqrt"
+
+
+@irdl_op_definition
+class RsqrtOp(UnaryOp):
+    name = "lg.rsqrt"
+
+
+class BinaryOp(LgOp, ABC):
+    """An elementwise op of two float tensors with numpy broadcasting."""
+
+    lhs = operand_def(TensorLike)
+    rhs = operand_def(TensorLike)
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$lhs `,` $rhs attr-dict `:` functional-type(operands, results)"
+
+    def __init__(self, lhs: SSAValue, rhs: SSAValue, result_type: Attribute | None = None):
+        super().__init__(operands=[lhs, rhs], result_types=[result_type or self.infer([lhs, rhs])])
+
+    @classmethod
+    def rule(cls, shapes, elems, **params):
+        return broadcast_shapes(*shapes), _same_elem(elems)
+
+
+@irdl_op_definition
+class AddOp(BinaryOp):
+    name = "lg.add"
+
+
+@irdl_op_definition
+class SubOp(BinaryOp):
+    name = "lg.sub"
+
+
+@irdl_op_definition
+class MulOp(BinaryOp):
+    name = "lg.mul"
+
+
+@irdl_op_definition
+class DivOp(BinaryOp):
+    name = "lg.div"
+
+
+# --------------------------------------------------------------------------
+# Linear algebra
+# --------------------------------------------------------------------------
+
+
+@irdl_op_definition
+class MatmulOp(LgOp):
+    """Matrix product of the last two axes; leading (batch) axes broadcast as
+    in numpy.matmul. `transpose_lhs`/`transpose_rhs` swap an operand's last two
+    axes first."""
+
+    name = "lg.matmul"
+
+    lhs = operand_def(TensorLike)
+    rhs = operand_def(TensorLike)
+    transpose_lhs = opt_prop_def(UnitAttr)
+    transpose_rhs = opt_prop_def(UnitAttr)
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = (
+        "$lhs `,` $rhs (`transpose_lhs` $transpose_lhs^)? (`transpose_rhs` $transpose_rhs^)? "
+        "attr-dict `:` functional-type(operands, results)"
+    )
+
+    def __init__(
+        self,
+        lhs: SSAValue,
+        rhs: SSAValue,
+        transpose_lhs: bool = False,
+        transpose_rhs: bool = False,
+        result_type: Attribute | None = None,
+    ):
+        props = {}
+        if transpose_lhs:
+            props["transpose_lhs"] = UnitAttr()
+        if transpose_rhs:
+            props["transpose_rhs"] = UnitAttr()
+        result_type = result_type or self.infer(
+            [lhs, rhs], transpose_lhs=transpose_lhs, transpose_rhs=transpose_rhs
+        )
+        super().__init__(operands=[lhs, rhs], properties=props, result_types=[result_type])
+
+    def params(self):
+        return {"transpose_lhs": self.transpose_lhs is not None, "transpose_rhs": self.transpose_rhs is not None}
+
+    @classmethod
+    def rule(cls, shapes, elems, transpose_lhs=False, transpose_rhs=False):
+        a, b = shapes
+        if len(a) < 2 or len(b) < 2:
+            raise ShapeError(f"operands must have rank >= 2, got {list(a)} and {list(b)}")
+        if transpose_lhs:
+            a = (*a[:-2], a[-1], a[-2])
+        if transpose_rhs:
+            b = (*b[:-2], b[-1], b[-2])
+        if a[-1] != b[-2]:
+            raise ShapeError(f"contracting dimensions differ: {list(a)} @ {list(b)}")
+        batch = broadcast_shapes(a[:-2], b[:-2])
+        return (*batch, a[-2], b[-1]), _same_elem(elems)
+
+
+# --------------------------------------------------------------------------
+# Normalizations
+# --------------------------------------------------------------------------
+
+
+class AxisOp(LgOp, ABC):
+    """softmax-like: normalizes along one axis; the result has the operand's type."""
+
+    T: ClassVar = VarConstraint("T", TensorLike)
+    input = operand_def(T)
+    axis = prop_def(IntegerAttr[I64])
+    result = result_def(T)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$input `axis` $axis attr-dict `:` type($input)"
+
+    def __init__(self, input: SSAValue, axis: int):
+        axis = axis % max(len(global_shape(input.type)), 1)
+        super().__init__(operands=[input], properties={"axis": IntegerAttr(axis, i64)}, result_types=[input.type])
+
+    def params(self):
+        return {"axis": self.axis.value.data}
+
+    @classmethod
+    def rule(cls, shapes, elems, axis):
+        _require_float("operand", elems[0])
+        _check_axis(axis, len(shapes[0]))
+        return shapes[0], elems[0]
+
+
+@irdl_op_definition
+class SoftmaxOp(AxisOp):
+    name = "lg.softmax"
+
+
+@irdl_op_definition
+class LogSoftmaxOp(AxisOp):
+    name = "lg.log_softmax"
+
+
+@irdl_op_definition
+class LayerNormOp(LgOp):
+    """Normalizes over the axes `axis..rank-1` (ONNX LayerNormalization); with
+    `weight` and `bias` (affine) it then scales and shifts, both shaped like
+    the normalized axes."""
+
+    name = "lg.layernorm"
+
+    T: ClassVar = VarConstraint("T", TensorLike)
+    input = operand_def(T)
+    weight = opt_operand_def(TensorLike)
+    bias = opt_operand_def(TensorLike)
+    axis = prop_def(IntegerAttr[I64])
+    epsilon = prop_def(FloatAttr[Float64Type])
+    result = result_def(T)
+
+    traits = traits_def(Pure())
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+
+    assembly_format = (
+        "$input (`weight` $weight^ `:` type($weight))? (`bias` $bias^ `:` type($bias))? "
+        "`axis` $axis `eps` $epsilon attr-dict `:` type($input)"
+    )
+
+    def __init__(
+        self,
+        input: SSAValue,
+        axis: int,
+        epsilon: float = 1e-5,
+        weight: SSAValue | None = None,
+        bias: SSAValue | None = None,
+    ):
+        axis = axis % max(len(global_shape(input.type)), 1)
+        super().__init__(
+            operands=[input, [weight] if weight else [], [bias] if bias else []],
+            properties={"axis": IntegerAttr(axis, i64), "epsilon": FloatAttr(epsilon, f64)},
+            result_types=[input.type],
+        )
+
+    def params(self):
+        return {"axis": self.axis.value.data, "affine": self.weight is not None, "has_bias": self.bias is not None}
+
+    @classmethod
+    def rule(cls, shapes, elems, axis, affine, has_bias):
+        x = shapes[0]
+        _check_axis(axis, len(x))
+        if affine != has_bias:
+            raise ShapeError("an affine layernorm needs both weight and bias")
+        for what, shape in zip(("weight", "bias"), shapes[1:]):
+            if shape != x[axis:]:
+                raise ShapeError(f"{what} shape {list(shape)} must equal the normalized shape {list(x[axis:])}")
+        return x, _same_elem(elems)
+
+    def verify_(self) -> None:
+        if self.epsilon.value.data <= 0:
+            raise VerifyException(f"'{self.name}': eps must be positive, got {self.epsilon.value.data}")
+        super().verify_()
+
+
+# --------------------------------------------------------------------------
+# Reductions
+# --------------------------------------------------------------------------
+
+
+def _axes_prop(axes: Sequence[int], rank: int) -> DenseArrayBase:
+    return DenseArrayBase.from_list(i64, sorted({a % max(rank, 1) for a in axes}))
+
+
+class ReduceOp(LgOp, ABC):
+    """Reduces the listed axes (sorted, distinct); `keepdims` keeps them as 1."""
+
+    input = operand_def(TensorLike)
+    axes = prop_def(DenseArrayBase.constr(i64))
+    keepdims = opt_prop_def(UnitAttr)
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = (
+        "$input `axes` $axes (`keepdims` $keepdims^)? attr-dict `:` type($input) `->` type($result)"
+    )
+
+    def __init__(self, input: SSAValue, axes: Sequence[int], keepdims: bool = False):
+        axes_prop = _axes_prop(axes, len(global_shape(input.type)))
+        props: dict[str, Attribute] = {"axes": axes_prop}
+        if keepdims:
+            props["keepdims"] = UnitAttr()
+        result_type = self.infer([input], axes=tuple(axes_prop.get_values()), keepdims=keepdims)
+        super().__init__(operands=[input], properties=props, result_types=[result_type])
+
+    def params(self):
+        return {"axes": tuple(self.axes.get_values()), "keepdims": self.keepdims is not None}
+
+    @classmethod
+    def rule(cls, shapes, elems, axes, keepdims):
+        x = shapes[0]
+        _require_float("operand", elems[0])
+        if list(axes) != sorted(set(axes)):
+            raise ShapeError(f"axes {list(axes)} must be sorted and distinct")
+        for a in axes:
+            _check_axis(a, len(x))
+        if keepdims:
+            return tuple(1 if i in axes else d for i, d in enumerate(x)), elems[0]
+        return tuple(d for i, d in enumerate(x) if i not in axes), elems[0]
+
+
+@irdl_op_definition
+class ReduceSumOp(ReduceOp):
+    name = "lg.reduce_sum"
+
+
+@irdl_op_definition
+class ReduceMeanOp(ReduceOp):
+    name = "lg.reduce_mean"
+
+
+@irdl_op_definition
+class ReduceMaxOp(ReduceOp):
+    name = "lg.reduce_max"
+
+
+# --------------------------------------------------------------------------
+# Shape manipulation
+# --------------------------------------------------------------------------
+
+
+class ToShapeOp(LgOp, ABC):
+    """An op whose target shape is its result type's shape."""
+
+    input = operand_def(TensorLike)
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+
+    def __init__(self, input: SSAValue, shape: Sequence[int]):
+        super().__init__(operands=[input], result_types=[self.infer([input], shape=tuple(shape))])
+
+    def params(self):
+        return {"shape": global_shape(self.result.type)}
+
+
+@irdl_op_definition
+class ReshapeOp(ToShapeOp):
+    """Same elements, row-major, in a new shape."""
+
+    name = "lg.reshape"
+
+    @classmethod
+    def rule(cls, shapes, elems, shape):
+        if math.prod(shapes[0]) != math.prod(shape):
+            raise ShapeError(
+                f"cannot reshape {list(shapes[0])} ({math.prod(shapes[0])} elements) to "
+                f"{list(shape)} ({math.prod(shape)} elements)"
+            )
+        return tuple(shape), elems[0]
+
+
+@irdl_op_definition
+class BroadcastToOp(ToShapeOp):
+    """Expands size-1 and missing leading axes, as numpy.broadcast_to."""
+
+    name = "lg.broadcast_to"
+
+    @classmethod
+    def rule(cls, shapes, elems, shape):
+        if broadcast_shapes(shapes[0], tuple(shape)) != tuple(shape):
+            raise ShapeError(f"cannot broadcast {list(shapes[0])} to {list(shape)}")
+        return tuple(shape), elems[0]
+
+
+@irdl_op_definition
+class TransposeOp(LgOp):
+    """Permutes axes: result axis i is operand axis perm[i]."""
+
+    name = "lg.transpose"
+
+    input = operand_def(TensorLike)
+    perm = prop_def(DenseArrayBase.constr(i64))
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$input `perm` $perm attr-dict `:` type($input) `->` type($result)"
+
+    def __init__(self, input: SSAValue, perm: Sequence[int]):
+        result_type = self.infer([input], perm=tuple(perm))
+        super().__init__(
+            operands=[input], properties={"perm": DenseArrayBase.from_list(i64, perm)}, result_types=[result_type]
+        )
+
+    def params(self):
+        return {"perm": tuple(self.perm.get_values())}
+
+    @classmethod
+    def rule(cls, shapes, elems, perm):
+        x = shapes[0]
+        if sorted(perm) != list(range(len(x))):
+            raise ShapeError(f"perm {list(perm)} is not a permutation of the {len(x)} axes")
+        return tuple(x[p] for p in perm), elems[0]
+
+
+@irdl_op_definition
+class ConcatOp(LgOp):
+    """Joins tensors along `axis`; all other axes must agree."""
+
+    name = "lg.concat"
+
+    inputs = var_operand_def(TensorLike)
+    axis = prop_def(IntegerAttr[I64])
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$inputs `axis` $axis attr-dict `:` functional-type($inputs, $result)"
+
+    def __init__(self, inputs: Sequence[SSAValue], axis: int):
+        axis = axis % max(len(global_shape(inputs[0].type)), 1)
+        result_type = self.infer(inputs, axis=axis)
+        super().__init__(operands=[inputs], properties={"axis": IntegerAttr(axis, i64)}, result_types=[result_type])
+
+    def params(self):
+        return {"axis": self.axis.value.data}
+
+    @classmethod
+    def rule(cls, shapes, elems, axis):
+        if not shapes:
+            raise ShapeError("needs at least one operand")
+        first = shapes[0]
+        _check_axis(axis, len(first))
+        for s in shapes[1:]:
+            if len(s) != len(first) or any(a != b for i, (a, b) in enumerate(zip(s, first)) if i != axis):
+                raise ShapeError(f"shapes {[list(s) for s in shapes]} differ outside axis {axis}")
+        if any(e != elems[0] for e in elems):
+            raise ShapeError(f"operands must share one element type, got {', '.join(map(str, elems))}")
+        return (*first[:axis], sum(s[axis] for s in shapes), *first[axis + 1 :]), elems[0]
+
+
+@irdl_op_definition
+class SliceOp(LgOp):
+    """Strided slice: per axis, elements start, start+stride, ... below limit."""
+
+    name = "lg.slice"
+
+    input = operand_def(TensorLike)
+    starts = prop_def(DenseArrayBase.constr(i64))
+    limits = prop_def(DenseArrayBase.constr(i64))
+    strides = prop_def(DenseArrayBase.constr(i64))
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = (
+        "$input `starts` $starts `limits` $limits `strides` $strides attr-dict `:` type($input) `->` type($result)"
+    )
+
+    def __init__(
+        self, input: SSAValue, starts: Sequence[int], limits: Sequence[int], strides: Sequence[int] | None = None
+    ):
+        strides = list(strides) if strides is not None else [1] * len(starts)
+        result_type = self.infer([input], starts=tuple(starts), limits=tuple(limits), strides=tuple(strides))
+        super().__init__(
+            operands=[input],
+            properties={
+                "starts": DenseArrayBase.from_list(i64, starts),
+                "limits": DenseArrayBase.from_list(i64, limits),
+                "strides": DenseArrayBase.from_list(i64, strides),
+            },
+            result_types=[result_type],
+        )
+
+    def params(self):
+        return {
+            "starts": tuple(self.starts.get_values()),
+            "limits": tuple(self.limits.get_values()),
+            "strides": tuple(self.strides.get_values()),
+        }
+
+    @classmethod
+    def rule(cls, shapes, elems, starts, limits, strides):
+        x = shapes[0]
+        if not len(starts) == len(limits) == len(strides) == len(x):
+            raise ShapeError(f"starts, limits and strides need one entry per axis ({len(x)})")
+        out = []
+        for axis, (d, lo, hi, st) in enumerate(zip(x, starts, limits, strides)):
+            if not (0 <= lo <= hi <= d and st >= 1):
+                raise ShapeError(f"axis {axis}: need 0 <= start <= limit <= {d} and stride >= 1, got {lo}:{hi}:{st}")
+            out.append(-(-(hi - lo) // st))
+        return tuple(out), elems[0]
+
+
+# --------------------------------------------------------------------------
+# Gathers and losses
+# --------------------------------------------------------------------------
+
+
+@irdl_op_definition
+class EmbeddingOp(LgOp):
+    """Row gather: result[..., :] = table[indices[...], :]."""
+
+    name = "lg.embedding"
+
+    table = operand_def(TensorLike)
+    indices = operand_def(TensorLike)
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$table `,` $indices attr-dict `:` functional-type(operands, results)"
+
+    def __init__(self, table: SSAValue, indices: SSAValue):
+        super().__init__(operands=[table, indices], result_types=[self.infer([table, indices])])
+
+    @classmethod
+    def rule(cls, shapes, elems, **params):
+        table, indices = shapes
+        if len(table) != 2:
+            raise ShapeError(f"table must have rank 2, got {list(table)}")
+        _require_float("table", elems[0])
+        if not is_index(elems[1]):
+            raise ShapeError(f"indices must be i32 or i64, got {elems[1]}")
+        return (*indices, table[1]), elems[0]
+
+
+@irdl_op_definition
+class CrossEntropyOp(LgOp):
+    """Mean softmax cross-entropy: logits [..., C], integer labels [...]."""
+
+    name = "lg.cross_entropy"
+
+    logits = operand_def(TensorLike)
+    labels = operand_def(TensorLike)
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$logits `,` $labels attr-dict `:` functional-type(operands, results)"
+
+    def __init__(self, logits: SSAValue, labels: SSAValue):
+        super().__init__(operands=[logits, labels], result_types=[self.infer([logits, labels])])
+
+    @classmethod
+    def rule(cls, shapes, elems, **params):
+        logits, labels = shapes
+        if len(logits) < 1:
+            raise ShapeError("logits must have a class axis")
+        _require_float("logits", elems[0])
+        if not is_index(elems[1]):
+            raise ShapeError(f"labels must be i32 or i64, got {elems[1]}")
+        if labels != logits[:-1]:
+            raise ShapeError(f"labels shape {list(labels)} must be the logits shape without its class axis {list(logits[:-1])}")
+        return (), elems[0]
+
+
+@irdl_op_definition
+class MseLossOp(LgOp):
+    """Mean squared error of two tensors of one shape."""
+
+    name = "lg.mse_loss"
+
+    lhs = operand_def(TensorLike)
+    rhs = operand_def(TensorLike)
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$lhs `,` $rhs attr-dict `:` functional-type(operands, results)"
+
+    def __init__(self, lhs: SSAValue, rhs: SSAValue):
+        super().__init__(operands=[lhs, rhs], result_types=[self.infer([lhs, rhs])])
+
+    @classmethod
+    def rule(cls, shapes, elems, **params):
+        if shapes[0] != shapes[1]:
+            raise ShapeError(f"operands must have one shape, got {list(shapes[0])} and {list(shapes[1])}")
+        return (), _same_elem(elems)
+
+
+UNARY_OPS = (NegOp, ReluOp, GeluOp, TanhOp, ExpOp, SqrtOp, RsqrtOp)
+BINARY_OPS = (AddOp, SubOp, MulOp, DivOp)
+REDUCE_OPS = (ReduceSumOp, ReduceMeanOp, ReduceMaxOp)
+
+LG = Dialect(
+    "lg",
+    [
+        GraphOp,
+        OutputOp,
+        InputOp,
+        ParamOp,
+        ConstantOp,
+        *UNARY_OPS,
+        *BINARY_OPS,
+        MatmulOp,
+        SoftmaxOp,
+        LogSoftmaxOp,
+        LayerNormOp,
+        *REDUCE_OPS,
+        ReshapeOp,
+        BroadcastToOp,
+        TransposeOp,
+        ConcatOp,
+        SliceOp,
+        EmbeddingOp,
+        CrossEntropyOp,
+        MseLossOp,
+    ],
+    [ZerosInitAttr, OnesInitAttr, FillInitAttr, NormalInitAttr, UniformInitAttr],
+)

@@ -1,0 +1,701 @@
+"""The `sbp` dialect: how a global tensor lies across the devices of a mesh.
+
+OneFlow's SBP (arXiv 2110.15032): every mesh axis holds a tensor either Split
+along one tensor axis (`S<i>`), Broadcast (`B`, a full copy on every device) or
+Partial (`P`, every device holds a summand; `P<max>` holds candidates of a
+max). A list with one entry per mesh axis is an nd-SBP. Placements, the
+distributed tensor type, the annotation op and the collective ("boxing") ops
+live here. The dialect knows nothing of `lg`; `lg` ops accept its types.
+
+Syntax, in short form inside lists, types and signatures:
+
+    #sbp.S<0>   #sbp.B   #sbp.P   #sbp.P<max>
+    #sbp.nd<[S<0>, B]>                      (a single entry may drop the [])
+    #sbp.sig<(S<0>, B) -> (S<0>)>           (one nd-SBP per operand/result)
+    !sbp.dtensor<8x16xf32, @mesh, [S<0>, B]>
+    sbp.placement @mesh cpu ranks [0, 1, 2, 3] mesh [2, 2]
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import auto
+from typing import ClassVar
+
+from xdsl.dialects.builtin import (
+    I64,
+    ArrayAttr,
+    DenseArrayBase,
+    IntAttr,
+    StringAttr,
+    SymbolNameConstraint,
+    SymbolRefAttr,
+    TensorType,
+    i64,
+)
+from xdsl.dialects.utils import EnumAttribute
+from xdsl.ir import (
+    Attribute,
+    Dialect,
+    Operation,
+    ParametrizedAttribute,
+    SpacedOpaqueSyntaxAttribute,
+    TypeAttribute,
+)
+from xdsl.irdl import (
+    IRDLOperation,
+    base,
+    irdl_attr_definition,
+    irdl_op_definition,
+    operand_def,
+    prop_def,
+    result_def,
+    traits_def,
+)
+from xdsl.parser import AttrParser, Parser
+from xdsl.printer import Printer
+from xdsl.traits import Pure, SymbolOpInterface, SymbolTable
+from xdsl.utils.exceptions import VerifyException
+from xdsl.utils.str_enum import StrEnum
+
+# --------------------------------------------------------------------------
+# SBP attributes
+# --------------------------------------------------------------------------
+
+
+def parse_verified(cls: type[ParametrizedAttribute], parser: AttrParser, parse) -> Sequence[Attribute]:
+    """Runs `parse` for the parameters of `cls` and verifies them at once, so a
+    semantic error in an attribute is reported at its place in the source
+    instead of as a location-less exception."""
+    start = parser.pos
+    params = parse()
+    try:
+        cls.new(params)
+    except VerifyException as e:
+        parser.raise_error(str(e), start, parser.pos)
+    return params
+
+
+class SbpAttr(ParametrizedAttribute, ABC):
+    """One mesh axis' distribution: split, broadcast or partial."""
+
+    def print_short(self, printer: Printer) -> None:
+        """Prints the form used inside lists: `S<0>`, `B`, `P`, `P<max>`."""
+        printer.print_string(self.name.removeprefix("sbp."))
+        self.print_parameters(printer)
+
+
+@irdl_attr_definition
+class SplitAttr(SbpAttr):
+    """`S<axis>`: each device of the mesh axis holds one slice along `axis`."""
+
+    name = "sbp.S"
+    axis: IntAttr
+
+    def __init__(self, axis: int | IntAttr):
+        super().__init__(IntAttr(axis) if isinstance(axis, int) else axis)
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        def parse():
+            with parser.in_angle_brackets():
+                return (IntAttr(parser.parse_integer(allow_boolean=False)),)
+
+        return parse_verified(cls, parser, parse)
+
+    def print_parameters(self, printer: Printer) -> None:
+        with printer.in_angle_brackets():
+            printer.print_int(self.axis.data)
+
+    def verify(self) -> None:
+        if self.axis.data < 0:
+            raise VerifyException(f"split axis must be non-negative, got {self.axis.data}")
+
+
+@irdl_attr_definition
+class BroadcastAttr(SbpAttr):
+    """`B`: every device of the mesh axis holds the whole tensor."""
+
+    name = "sbp.B"
+
+
+class ReduceKind(StrEnum):
+    SUM = auto()
+    MAX = auto()
+
+
+@irdl_attr_definition
+class PartialAttr(SbpAttr):
+    """`P` / `P<max>`: the global value is the sum (max) of the devices' pieces."""
+
+    name = "sbp.P"
+    kind: StringAttr
+
+    def __init__(self, kind: str | ReduceKind = ReduceKind.SUM):
+        super().__init__(StringAttr(str(kind)))
+
+    @property
+    def reduce_kind(self) -> ReduceKind:
+        return ReduceKind(self.kind.data)
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        if parser.parse_optional_punctuation("<") is None:
+            return (StringAttr(ReduceKind.SUM),)
+        kind = parser.parse_str_enum(ReduceKind)
+        parser.parse_punctuation(">")
+        return (StringAttr(kind),)
+
+    def print_parameters(self, printer: Printer) -> None:
+        if self.reduce_kind is not ReduceKind.SUM:
+            with printer.in_angle_brackets():
+                printer.print_string(self.kind.data)
+
+    def verify(self) -> None:
+        if self.kind.data not in set(ReduceKind):
+            raise VerifyException(
+                f"partial reduction must be one of {', '.join(ReduceKind)}, got '{self.kind.data}'"
+            )
+
+
+_SBP_BY_KEYWORD: dict[str, type[SbpAttr]] = {"S": SplitAttr, "B": BroadcastAttr, "P": PartialAttr}
+
+
+def parse_sbp(parser: AttrParser) -> SbpAttr:
+    """Parses the short form `S<0>`, `B`, `P` or `P<max>`."""
+    keyword = parser.parse_keyword_in(_SBP_BY_KEYWORD, " for an SBP (S<axis>, B or P)")
+    cls = _SBP_BY_KEYWORD[keyword]
+    return cls.new(cls.parse_parameters(parser))
+
+
+@irdl_attr_definition
+class NdSbpAttr(ParametrizedAttribute):
+    """One SBP per mesh axis, outermost mesh axis first."""
+
+    name = "sbp.nd"
+    entries: ArrayAttr[SbpAttr]
+
+    def __init__(self, entries: Sequence[SbpAttr] | ArrayAttr[SbpAttr]):
+        super().__init__(entries if isinstance(entries, ArrayAttr) else ArrayAttr(entries))
+
+    def __len__(self) -> int:
+        return len(self.entries.data)
+
+    def __iter__(self):
+        return iter(self.entries.data)
+
+    def __getitem__(self, index: int) -> SbpAttr:
+        return self.entries.data[index]
+
+    @classmethod
+    def parse_short(cls, parser: AttrParser) -> NdSbpAttr:
+        """`[S<0>, B]`, or a single entry without brackets."""
+        if parser.parse_optional_punctuation("[") is None:
+            return cls([parse_sbp(parser)])
+        entries = parser.parse_comma_separated_list(parser.Delimiter.NONE, lambda: parse_sbp(parser))
+        parser.parse_punctuation("]")
+        return cls(entries)
+
+    def print_short(self, printer: Printer) -> None:
+        if len(self) == 1:
+            self[0].print_short(printer)
+            return
+        with printer.in_square_brackets():
+            printer.print_list(self.entries.data, lambda e: e.print_short(printer))
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        def parse():
+            with parser.in_angle_brackets():
+                return (cls.parse_short(parser).entries,)
+
+        return parse_verified(cls, parser, parse)
+
+    def print_parameters(self, printer: Printer) -> None:
+        with printer.in_angle_brackets():
+            self.print_short(printer)
+
+    def verify(self) -> None:
+        if not self.entries.data:
+            raise VerifyException("an nd-SBP needs at least one entry (one per mesh axis)")
+
+
+def _parse_nd_list(parser: AttrParser) -> ArrayAttr[NdSbpAttr]:
+    return ArrayAttr(
+        parser.parse_comma_separated_list(parser.Delimiter.PAREN, lambda: NdSbpAttr.parse_short(parser))
+    )
+
+
+def _print_nd_list(printer: Printer, nds: ArrayAttr[NdSbpAttr]) -> None:
+    with printer.in_parens():
+        printer.print_list(nds.data, lambda nd: nd.print_short(printer))
+
+
+@irdl_attr_definition
+class SignatureAttr(ParametrizedAttribute):
+    """The SBP signature of an op: one nd-SBP per operand and per result."""
+
+    name = "sbp.sig"
+    inputs: ArrayAttr[NdSbpAttr]
+    outputs: ArrayAttr[NdSbpAttr]
+
+    def __init__(self, inputs: Sequence[NdSbpAttr], outputs: Sequence[NdSbpAttr]):
+        super().__init__(ArrayAttr(inputs), ArrayAttr(outputs))
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        def parse():
+            with parser.in_angle_brackets():
+                inputs = _parse_nd_list(parser)
+                parser.parse_punctuation("->")
+                outputs = _parse_nd_list(parser)
+            return (inputs, outputs)
+
+        return parse_verified(cls, parser, parse)
+
+    def print_parameters(self, printer: Printer) -> None:
+        with printer.in_angle_brackets():
+            _print_nd_list(printer, self.inputs)
+            printer.print_string(" -> ")
+            _print_nd_list(printer, self.outputs)
+
+    def verify(self) -> None:
+        widths = {len(nd) for nd in (*self.inputs.data, *self.outputs.data)}
+        if len(widths) > 1:
+            raise VerifyException(
+                f"all nd-SBPs of a signature must have one entry per mesh axis, got widths {sorted(widths)}"
+            )
+
+
+# --------------------------------------------------------------------------
+# Placement
+# --------------------------------------------------------------------------
+
+
+class DeviceKind(StrEnum):
+    CPU = auto()
+    CUDA = auto()
+
+
+@irdl_attr_definition
+class DeviceKindAttr(EnumAttribute[DeviceKind], SpacedOpaqueSyntaxAttribute):
+    name = "sbp.device"
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """A placement as plain data, for passes that must not touch xDSL attributes."""
+
+    name: str
+    device: DeviceKind
+    ranks: tuple[int, ...]
+    shape: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+
+@irdl_op_definition
+class PlacementOp(IRDLOperation):
+    """A named device mesh: device kind, the ranks it uses, and its shape.
+
+    Devices are laid out row-major: `ranks[i]` sits at the mesh coordinate whose
+    row-major linear index is `i`.
+    """
+
+    name = "sbp.placement"
+
+    sym_name = prop_def(SymbolNameConstraint())
+    device = prop_def(DeviceKindAttr)
+    ranks = prop_def(DenseArrayBase.constr(i64))
+    shape = prop_def(DenseArrayBase.constr(i64))
+
+    traits = traits_def(SymbolOpInterface())
+
+    assembly_format = "$sym_name $device `ranks` $ranks `mesh` $shape attr-dict"
+
+    def __init__(self, name: str, device: DeviceKind | str, ranks: Sequence[int], shape: Sequence[int]):
+        super().__init__(
+            properties={
+                "sym_name": StringAttr(name),
+                "device": DeviceKindAttr(DeviceKind(device)),
+                "ranks": DenseArrayBase.from_list(i64, ranks),
+                "shape": DenseArrayBase.from_list(i64, shape),
+            }
+        )
+
+    def mesh(self) -> Mesh:
+        return Mesh(
+            self.sym_name.data,
+            self.device.data,
+            tuple(self.ranks.get_values()),
+            tuple(self.shape.get_values()),
+        )
+
+    def verify_(self) -> None:
+        ranks = self.ranks.get_values()
+        shape = self.shape.get_values()
+        if not shape:
+            raise VerifyException(f"'{self.name}' @{self.sym_name.data}: the mesh needs at least one axis")
+        if any(d <= 0 for d in shape):
+            raise VerifyException(f"'{self.name}' @{self.sym_name.data}: mesh dimensions must be positive, got {list(shape)}")
+        if math.prod(shape) != len(ranks):
+            raise VerifyException(
+                f"'{self.name}' @{self.sym_name.data}: mesh shape {list(shape)} holds {math.prod(shape)} devices "
+                f"but {len(ranks)} ranks are given"
+            )
+        if any(r < 0 for r in ranks) or len(set(ranks)) != len(ranks):
+            raise VerifyException(
+                f"'{self.name}' @{self.sym_name.data}: ranks must be distinct and non-negative, got {list(ranks)}"
+            )
+
+
+# --------------------------------------------------------------------------
+# The distributed tensor type
+# --------------------------------------------------------------------------
+
+
+@irdl_attr_definition
+class DTensorType(ParametrizedAttribute, TypeAttribute):
+    """A global tensor placed on a mesh with one SBP per mesh axis.
+
+    The shape is the global (logical) shape; the local piece on a device
+    follows from the nd-SBP and the device's mesh coordinate.
+    """
+
+    name = "sbp.dtensor"
+    shape: ArrayAttr[IntAttr]
+    element_type: Attribute
+    placement: SymbolRefAttr
+    nd_sbp: NdSbpAttr
+
+    def __init__(
+        self,
+        shape: Sequence[int],
+        element_type: Attribute,
+        placement: str | SymbolRefAttr,
+        nd_sbp: NdSbpAttr | Sequence[SbpAttr],
+    ):
+        super().__init__(
+            ArrayAttr([IntAttr(d) for d in shape]),
+            element_type,
+            SymbolRefAttr(placement) if isinstance(placement, str) else placement,
+            nd_sbp if isinstance(nd_sbp, NdSbpAttr) else NdSbpAttr(nd_sbp),
+        )
+
+    def get_shape(self) -> tuple[int, ...]:
+        return tuple(d.data for d in self.shape.data)
+
+    @property
+    def placement_name(self) -> str:
+        return self.placement.string_value()
+
+    def with_distribution(self, placement: str | SymbolRefAttr, nd_sbp: NdSbpAttr | Sequence[SbpAttr]) -> DTensorType:
+        return DTensorType(self.get_shape(), self.element_type, placement, nd_sbp)
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        def parse():
+            with parser.in_angle_brackets():
+                dims, element_type = parser.parse_ranked_shape()
+                parser.parse_punctuation(",")
+                placement = SymbolRefAttr(parser.parse_symbol_name())
+                parser.parse_punctuation(",")
+                nd_sbp = NdSbpAttr.parse_short(parser)
+            return (ArrayAttr([IntAttr(d) for d in dims]), element_type, placement, nd_sbp)
+
+        return parse_verified(cls, parser, parse)
+
+    def print_parameters(self, printer: Printer) -> None:
+        with printer.in_angle_brackets():
+            for d in self.get_shape():
+                printer.print_string(f"{d}x")
+            printer.print_attribute(self.element_type)
+            printer.print_string(", ")
+            printer.print_attribute(self.placement)
+            printer.print_string(", ")
+            self.nd_sbp.print_short(printer)
+
+    def verify(self) -> None:
+        if any(d < 0 for d in self.get_shape()):
+            raise VerifyException(f"dtensor dimensions must be static and non-negative, got {list(self.get_shape())}")
+
+
+def global_shape(type: Attribute) -> tuple[int, ...]:
+    """The global shape of a builtin tensor or a dtensor."""
+    if isinstance(type, DTensorType):
+        return type.get_shape()
+    assert isinstance(type, TensorType)
+    return tuple(type.get_shape())
+
+
+def element_type(type: Attribute) -> Attribute:
+    assert isinstance(type, DTensorType | TensorType)
+    return type.element_type
+
+
+def lookup_placement(op: Operation, ref: SymbolRefAttr | str) -> PlacementOp:
+    """Resolves a placement symbol from `op`, or raises a VerifyException naming it."""
+    name = ref if isinstance(ref, str) else ref.string_value()
+    try:
+        found = SymbolTable.lookup_symbol(op, name)
+    except ValueError:
+        found = None
+    if not isinstance(found, PlacementOp):
+        what = "is not a placement" if found is not None else "does not exist"
+        raise VerifyException(f"'{op.name}': placement @{name} {what}")
+    return found
+
+
+def verify_distribution(op: Operation, type: Attribute, what: str) -> Mesh | None:
+    """Checks a dtensor against its placement: the placement exists, the nd-SBP
+    has one entry per mesh axis, and every split axis is in range. Returns the
+    mesh, or None for a builtin tensor."""
+    if not isinstance(type, DTensorType):
+        return None
+    mesh = lookup_placement(op, type.placement).mesh()
+    if len(type.nd_sbp) != len(mesh.shape):
+        raise VerifyException(
+            f"'{op.name}': {what} has {len(type.nd_sbp)} SBP entries but placement @{mesh.name} "
+            f"has a {len(mesh.shape)}-D mesh {list(mesh.shape)}"
+        )
+    rank = len(type.get_shape())
+    for entry in type.nd_sbp:
+        if isinstance(entry, SplitAttr) and entry.axis.data >= rank:
+            raise VerifyException(
+                f"'{op.name}': {what} is split on axis {entry.axis.data} but has rank {rank}"
+            )
+    return mesh
+
+
+SIGNATURE_ATTR = "sbp.signature"
+"""The discardable attribute by which an op records its chosen SBP signature."""
+
+
+def verify_signature(op: Operation) -> None:
+    """If `op` records an SBP signature, its operands and results must be
+    dtensors whose nd-SBPs are exactly the signature's."""
+    sig = op.attributes.get(SIGNATURE_ATTR)
+    if sig is None:
+        return
+    if not isinstance(sig, SignatureAttr):
+        raise VerifyException(f"'{op.name}': attribute '{SIGNATURE_ATTR}' must be an #sbp.sig")
+    for kind, values, expected in (
+        ("operand", op.operands, sig.inputs.data),
+        ("result", op.results, sig.outputs.data),
+    ):
+        if len(values) != len(expected):
+            raise VerifyException(
+                f"'{op.name}': signature has {len(expected)} {kind}s but the op has {len(values)}"
+            )
+        for i, (value, nd) in enumerate(zip(values, expected)):
+            if not isinstance(value.type, DTensorType):
+                raise VerifyException(f"'{op.name}': {kind} #{i} has no distribution but the op has a signature")
+            if value.type.nd_sbp != nd:
+                raise VerifyException(
+                    f"'{op.name}': {kind} #{i} is {format_nd(value.type.nd_sbp)} but the signature "
+                    f"requires {format_nd(nd)}"
+                )
+
+
+def format_nd(nd: NdSbpAttr) -> str:
+    """The short text of an nd-SBP, for diagnostics."""
+    from io import StringIO
+
+    stream = StringIO()
+    nd.print_short(Printer(stream=stream))
+    return stream.getvalue()
+
+
+# --------------------------------------------------------------------------
+# Ops
+# --------------------------------------------------------------------------
+
+TensorLike = TensorType.constr() | base(DTensorType)
+
+
+def _same_global(op: Operation, source: Attribute, dest: Attribute) -> None:
+    if global_shape(source) != global_shape(dest) or element_type(source) != element_type(dest):
+        raise VerifyException(
+            f"'{op.name}': result must have the operand's global shape and element type "
+            f"({list(global_shape(source))}x{element_type(source)} vs {list(global_shape(dest))}x{element_type(dest)})"
+        )
+
+
+@irdl_op_definition
+class AnnotateOp(IRDLOperation):
+    """Attaches a placement and an nd-SBP to a value: a user hint before
+    inference, or a requested redistribution of a dtensor. Globally the value
+    is unchanged."""
+
+    name = "sbp.annotate"
+
+    input = operand_def(TensorLike)
+    result = result_def(DTensorType)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+
+    def __init__(self, input, result_type: DTensorType):
+        super().__init__(operands=[input], result_types=[result_type])
+
+    def verify_(self) -> None:
+        _same_global(self, self.input.type, self.result.type)
+        verify_distribution(self, self.input.type, "operand")
+        verify_distribution(self, self.result.type, "result")
+
+
+class CollectiveOp(IRDLOperation, ABC):
+    """A collective over some axes of one mesh. On the listed axes the input
+    and output SBPs must form the collective's transition; every other axis
+    and the placement stay the same."""
+
+    input = operand_def(DTensorType)
+    result = result_def(DTensorType)
+    mesh_axes = prop_def(DenseArrayBase.constr(i64))
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$input `over` $mesh_axes attr-dict `:` type($input) `->` type($result)"
+
+    def __init__(self, input, mesh_axes: Sequence[int], result_type: DTensorType):
+        super().__init__(
+            operands=[input],
+            result_types=[result_type],
+            properties={"mesh_axes": DenseArrayBase.from_list(i64, mesh_axes)},
+        )
+
+    TRANSITION: ClassVar[str]
+    """The transition on each listed axis, for diagnostics."""
+
+    def check_axis(self, source: SbpAttr, dest: SbpAttr) -> bool:
+        raise NotImplementedError
+
+    def verify_(self) -> None:
+        source, dest = self.input.type, self.result.type
+        assert isinstance(source, DTensorType) and isinstance(dest, DTensorType)
+        _same_global(self, source, dest)
+        mesh = verify_distribution(self, source, "operand")
+        verify_distribution(self, dest, "result")
+        assert mesh is not None
+        if source.placement != dest.placement:
+            raise VerifyException(
+                f"'{self.name}': operand and result must share a placement "
+                f"(@{source.placement_name} vs @{dest.placement_name}); use sbp.transfer to move between placements"
+            )
+        axes = list(self.mesh_axes.get_values())
+        if not axes or len(set(axes)) != len(axes) or any(not 0 <= a < len(mesh.shape) for a in axes):
+            raise VerifyException(
+                f"'{self.name}': mesh axes {axes} must be distinct axes of the {len(mesh.shape)}-D mesh @{mesh.name}"
+            )
+        for a in range(len(mesh.shape)):
+            s, d = source.nd_sbp[a], dest.nd_sbp[a]
+            if a in axes and not self.check_axis(s, d):
+                raise VerifyException(
+                    f"'{self.name}': mesh axis {a} goes from {format_nd(NdSbpAttr([s]))} to "
+                    f"{format_nd(NdSbpAttr([d]))}, but {self.name} performs {self.TRANSITION}"
+                )
+            if a not in axes and s != d:
+                raise VerifyException(
+                    f"'{self.name}': mesh axis {a} is not in mesh_axes {axes} but changes from "
+                    f"{format_nd(NdSbpAttr([s]))} to {format_nd(NdSbpAttr([d]))}"
+                )
+
+
+@irdl_op_definition
+class AllReduceOp(CollectiveOp):
+    """P -> B: every device gets the reduction of all pieces."""
+
+    name = "sbp.all_reduce"
+    TRANSITION: ClassVar[str] = "P -> B"
+
+    def check_axis(self, source: SbpAttr, dest: SbpAttr) -> bool:
+        return isinstance(source, PartialAttr) and isinstance(dest, BroadcastAttr)
+
+
+@irdl_op_definition
+class AllGatherOp(CollectiveOp):
+    """S(i) -> B: every device gets the concatenation of all slices."""
+
+    name = "sbp.all_gather"
+    TRANSITION: ClassVar[str] = "S<i> -> B"
+
+    def check_axis(self, source: SbpAttr, dest: SbpAttr) -> bool:
+        return isinstance(source, SplitAttr) and isinstance(dest, BroadcastAttr)
+
+
+@irdl_op_definition
+class ReduceScatterOp(CollectiveOp):
+    """P -> S(i): every device gets its slice of the reduction."""
+
+    name = "sbp.reduce_scatter"
+    TRANSITION: ClassVar[str] = "P -> S<i>"
+
+    def check_axis(self, source: SbpAttr, dest: SbpAttr) -> bool:
+        return isinstance(source, PartialAttr) and isinstance(dest, SplitAttr)
+
+
+@irdl_op_definition
+class AllToAllOp(CollectiveOp):
+    """S(i) -> S(j), i != j: every device trades slices with every other."""
+
+    name = "sbp.all_to_all"
+    TRANSITION: ClassVar[str] = "S<i> -> S<j> with i != j"
+
+    def check_axis(self, source: SbpAttr, dest: SbpAttr) -> bool:
+        return isinstance(source, SplitAttr) and isinstance(dest, SplitAttr) and source.axis != dest.axis
+
+
+@irdl_op_definition
+class SliceOp(CollectiveOp):
+    """B -> S(i) with no communication: every device keeps its own slice."""
+
+    name = "sbp.slice"
+    TRANSITION: ClassVar[str] = "B -> S<i> (a local slice)"
+
+    def check_axis(self, source: SbpAttr, dest: SbpAttr) -> bool:
+        return isinstance(source, BroadcastAttr) and isinstance(dest, SplitAttr)
+
+
+@irdl_op_definition
+class TransferOp(IRDLOperation):
+    """Moves a tensor between two placements (send/recv of the pieces that
+    differ), with any nd-SBP on either side; P sources are reduced on the way."""
+
+    name = "sbp.transfer"
+
+    input = operand_def(DTensorType)
+    result = result_def(DTensorType)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+
+    def __init__(self, input, result_type: DTensorType):
+        super().__init__(operands=[input], result_types=[result_type])
+
+    def verify_(self) -> None:
+        _same_global(self, self.input.type, self.result.type)
+        verify_distribution(self, self.input.type, "operand")
+        verify_distribution(self, self.result.type, "result")
+
+
+COLLECTIVE_OPS: tuple[type[IRDLOperation], ...] = (
+    AllReduceOp,
+    AllGatherOp,
+    ReduceScatterOp,
+    AllToAllOp,
+    SliceOp,
+    TransferOp,
+)
+
+SBP = Dialect(
+    "sbp",
+    [PlacementOp, AnnotateOp, *COLLECTIVE_OPS],
+    [SplitAttr, BroadcastAttr, PartialAttr, NdSbpAttr, SignatureAttr, DeviceKindAttr, DTensorType],
+)

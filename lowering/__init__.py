@@ -1,0 +1,17 @@
+"""sbpc's passes, one file each. `PASSES` maps a pass name to a factory that
+imports its module only when the pass is asked for, so start-up stays cheap."""
+
+from collections.abc import Callable
+
+from xdsl.passes import ModulePass
+
+
+def _sbp_erase() -> type[ModulePass]:
+    from .sbp_erase import SbpErasePass
+
+    return SbpErasePass
+
+
+PASSES: dict[str, Callable[[], type[ModulePass]]] = {
+    "sbp-erase": _sbp_erase,
+}

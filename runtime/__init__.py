@@ -1,0 +1,1 @@
+"""The MPI runtime that executes `plan` IR (comes with the runtime work)."""

@@ -1,0 +1,251 @@
+"""The reference interpreter: evaluates an `lg` graph with numpy.
+
+It defines the semantics every later level must preserve. It evaluates global
+values, so it also runs graphs whose values carry distributions: an
+`sbp.annotate` or a collective is the identity on the global tensor.
+
+    outputs = evaluate(module, {"x": x})                 # params from initializers
+    outputs = evaluate(module, {"x": x}, params={"w": w})
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+from xdsl.dialects.builtin import (
+    BFloat16Type,
+    Float16Type,
+    Float32Type,
+    Float64Type,
+    IntegerType,
+    ModuleOp,
+)
+from xdsl.ir import Attribute, Operation
+
+from sbpc.dialects import lg, sbp
+from sbpc.dialects.sbp import element_type, global_shape
+
+
+class EvaluationError(Exception):
+    """A graph cannot be evaluated with the given feeds and parameters."""
+
+
+def numpy_dtype(elem: Attribute) -> np.dtype:
+    """The numpy dtype of an IR element type (bf16 computes in float32)."""
+    if isinstance(elem, Float16Type):
+        return np.dtype(np.float16)
+    if isinstance(elem, Float32Type | BFloat16Type):
+        return np.dtype(np.float32)
+    if isinstance(elem, Float64Type):
+        return np.dtype(np.float64)
+    if isinstance(elem, IntegerType):
+        return np.dtype(f"int{elem.width.data}")
+    raise EvaluationError(f"no numpy dtype for element type {elem}")
+
+
+def initial_value(param: lg.ParamOp) -> np.ndarray:
+    """The first value of a parameter, from its initializer.
+
+    The random stream is seeded by the seed and the parameter's name, so two
+    parameters with the default seed still differ, and every process that
+    evaluates the same parameter gets the same global tensor.
+    """
+    shape = global_shape(param.result.type)
+    dtype = numpy_dtype(element_type(param.result.type))
+    init = param.init
+    rng = np.random.default_rng([param.seed.value.data % 2**64, zlib.crc32(param.key.data.encode())])
+    if isinstance(init, lg.ZerosInitAttr):
+        value = np.zeros(shape)
+    elif isinstance(init, lg.OnesInitAttr):
+        value = np.ones(shape)
+    elif isinstance(init, lg.FillInitAttr):
+        value = np.full(shape, init.value.data)
+    elif isinstance(init, lg.NormalInitAttr):
+        value = rng.normal(init.mean.data, init.std.data, shape)
+    elif isinstance(init, lg.UniformInitAttr):
+        value = rng.uniform(init.low.data, init.high.data, shape)
+    else:
+        raise EvaluationError(f"'{param.name}' \"{param.key.data}\": unknown initializer {init}")
+    return np.asarray(value, dtype=dtype)
+
+
+def find_graph(module: ModuleOp | lg.GraphOp, name: str | None = None) -> lg.GraphOp:
+    """The graph called `name`, or the only graph of the module."""
+    if isinstance(module, lg.GraphOp):
+        return module
+    graphs = [op for op in module.ops if isinstance(op, lg.GraphOp)]
+    if name is not None:
+        graphs = [g for g in graphs if g.sym_name.data == name]
+        if not graphs:
+            raise EvaluationError(f"no lg.graph @{name} in the module")
+    if len(graphs) != 1:
+        raise EvaluationError(f"the module holds {len(graphs)} graphs; name the one to evaluate")
+    return graphs[0]
+
+
+# --------------------------------------------------------------------------
+# Kernels: one numpy function per op kind, on global values
+# --------------------------------------------------------------------------
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def _log_softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    shifted = x - np.max(x, axis=axis, keepdims=True)
+    return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+
+
+def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def _layernorm(op: lg.LayerNormOp, x: np.ndarray, *affine: np.ndarray) -> np.ndarray:
+    axes = tuple(range(op.axis.value.data, x.ndim))
+    mean = np.mean(x, axis=axes, keepdims=True)
+    var = np.mean((x - mean) ** 2, axis=axes, keepdims=True)
+    y = (x - mean) / np.sqrt(var + op.epsilon.value.data)
+    if affine:
+        y = y * affine[0] + affine[1]
+    return y
+
+
+def _matmul(op: lg.MatmulOp, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if op.transpose_lhs is not None:
+        a = np.swapaxes(a, -1, -2)
+    if op.transpose_rhs is not None:
+        b = np.swapaxes(b, -1, -2)
+    return np.matmul(a, b)
+
+
+def _reduce(fn: Callable[..., np.ndarray]) -> Callable[[lg.ReduceOp, np.ndarray], np.ndarray]:
+    def kernel(op: lg.ReduceOp, x: np.ndarray) -> np.ndarray:
+        return fn(x, axis=tuple(op.axes.get_values()), keepdims=op.keepdims is not None)
+
+    return kernel
+
+
+def _slice(op: lg.SliceOp, x: np.ndarray) -> np.ndarray:
+    p = op.params()
+    return x[tuple(slice(lo, hi, st) for lo, hi, st in zip(p["starts"], p["limits"], p["strides"]))]
+
+
+def _embedding(op: lg.EmbeddingOp, table: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    if indices.size and (indices.min() < 0 or indices.max() >= table.shape[0]):
+        raise EvaluationError(
+            f"'{op.name}': index out of range [0, {table.shape[0]}): min {indices.min()}, max {indices.max()}"
+        )
+    return table[indices]
+
+
+def _cross_entropy(op: lg.CrossEntropyOp, logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    classes = logits.shape[-1]
+    if labels.size and (labels.min() < 0 or labels.max() >= classes):
+        raise EvaluationError(f"'{op.name}': label out of range [0, {classes}): min {labels.min()}, max {labels.max()}")
+    logp = _log_softmax(logits, -1)
+    picked = np.take_along_axis(logp, labels[..., None].astype(np.int64), axis=-1)
+    return -np.mean(picked)
+
+
+def _identity(op: Operation, x: np.ndarray) -> np.ndarray:
+    return x
+
+
+KERNELS: dict[type[Operation], Callable[..., np.ndarray]] = {
+    lg.NegOp: lambda op, x: -x,
+    lg.ReluOp: lambda op, x: np.maximum(x, 0),
+    lg.GeluOp: lambda op, x: _gelu(x),
+    lg.TanhOp: lambda op, x: np.tanh(x),
+    lg.ExpOp: lambda op, x: np.exp(x),
+    lg.SqrtOp: lambda op, x: np.sqrt(x),
+    lg.RsqrtOp: lambda op, x: 1.0 / np.sqrt(x),
+    lg.AddOp: lambda op, a, b: a + b,
+    lg.SubOp: lambda op, a, b: a - b,
+    lg.MulOp: lambda op, a, b: a * b,
+    lg.DivOp: lambda op, a, b: a / b,
+    lg.MatmulOp: _matmul,
+    lg.SoftmaxOp: lambda op, x: _softmax(x, op.axis.value.data),
+    lg.LogSoftmaxOp: lambda op, x: _log_softmax(x, op.axis.value.data),
+    lg.LayerNormOp: _layernorm,
+    lg.ReduceSumOp: _reduce(np.sum),
+    lg.ReduceMeanOp: _reduce(np.mean),
+    lg.ReduceMaxOp: _reduce(np.max),
+    lg.ReshapeOp: lambda op, x: np.reshape(x, global_shape(op.result.type)),
+    lg.BroadcastToOp: lambda op, x: np.broadcast_to(x, global_shape(op.result.type)),
+    lg.TransposeOp: lambda op, x: np.transpose(x, tuple(op.perm.get_values())),
+    lg.ConcatOp: lambda op, *xs: np.concatenate(xs, axis=op.axis.value.data),
+    lg.SliceOp: _slice,
+    lg.EmbeddingOp: _embedding,
+    lg.CrossEntropyOp: _cross_entropy,
+    lg.MseLossOp: lambda op, a, b: np.mean((a - b) ** 2),
+    sbp.AnnotateOp: _identity,
+    **{collective: _identity for collective in sbp.COLLECTIVE_OPS},
+}
+
+
+# --------------------------------------------------------------------------
+# The interpreter
+# --------------------------------------------------------------------------
+
+
+def _check_value(op: Operation, what: str, value: Any, type: Attribute) -> np.ndarray:
+    shape, dtype = global_shape(type), numpy_dtype(element_type(type))
+    array = np.asarray(value)
+    if array.shape != shape:
+        raise EvaluationError(f"'{op.name}' {what}: expected shape {list(shape)}, got {list(array.shape)}")
+    if array.dtype.kind != dtype.kind:
+        raise EvaluationError(f"'{op.name}' {what}: expected {dtype} values, got {array.dtype}")
+    return array.astype(dtype, copy=False)
+
+
+def evaluate(
+    module: ModuleOp | lg.GraphOp,
+    feeds: Mapping[str, Any],
+    params: Mapping[str, Any] | None = None,
+    graph: str | None = None,
+) -> dict[str, np.ndarray]:
+    """Runs a graph on global numpy values; returns its outputs by name.
+
+    Parameters missing from `params` take their initial value. Every result
+    is cast to its IR element type, so the arithmetic is that of the graph's
+    dtypes, not numpy's promotions.
+    """
+    graph_op = find_graph(module, graph)
+    params = params or {}
+    known = {op.key.data for op in graph_op.body.ops if isinstance(op, lg.InputOp | lg.ParamOp)}
+    unknown = (set(feeds) | set(params)) - known
+    if unknown:
+        raise EvaluationError(f"graph @{graph_op.sym_name.data} has no input or parameter named {sorted(unknown)}")
+    values: dict[Any, np.ndarray] = {}
+    for op in graph_op.body.ops:
+        if isinstance(op, lg.OutputOp):
+            return {name.data: values[v] for name, v in zip(op.names.data, op.values)}
+        if isinstance(op, lg.InputOp):
+            key = op.key.data
+            if key not in feeds:
+                raise EvaluationError(f"'{op.name}' \"{key}\": no feed given")
+            result = _check_value(op, f'"{key}"', feeds[key], op.result.type)
+        elif isinstance(op, lg.ParamOp):
+            key = op.key.data
+            given = params.get(key)
+            result = initial_value(op) if given is None else _check_value(op, f'"{key}"', given, op.result.type)
+        elif isinstance(op, lg.ConstantOp):
+            value = op.value
+            flat = np.asarray(value.get_values(), dtype=numpy_dtype(value.get_element_type()))
+            # a splat literal (dense<1.0> : tensor<4xf32>) stores one value
+            result = np.broadcast_to(flat, value.get_shape()) if flat.size == 1 else flat.reshape(value.get_shape())
+        else:
+            kernel = KERNELS.get(type(op))
+            if kernel is None:
+                raise EvaluationError(f"'{op.name}': the reference interpreter has no kernel for this op")
+            with np.errstate(all="ignore"):
+                result = kernel(op, *(values[o] for o in op.operands))
+            result = np.asarray(result, dtype=numpy_dtype(element_type(op.results[0].type)))
+        values[op.results[0]] = result
+    raise EvaluationError(f"graph @{graph_op.sym_name.data} has no lg.output")

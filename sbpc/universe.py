@@ -1,0 +1,25 @@
+"""sbpc's dialects and passes for xDSL tools: published through the
+`xdsl.universe` entry point (so stock `xdsl-opt` sees them) and registered
+directly by `sbp-opt`."""
+
+from xdsl.ir import Dialect
+from xdsl.universe import Universe
+
+from sbpc.lowering import PASSES
+
+
+def _lg() -> Dialect:
+    from sbpc.dialects.lg import LG
+
+    return LG
+
+
+def _sbp() -> Dialect:
+    from sbpc.dialects.sbp import SBP
+
+    return SBP
+
+
+DIALECTS = {"lg": _lg, "sbp": _sbp}
+
+SBPC_UNIVERSE = Universe(all_dialects=dict(DIALECTS), all_passes=dict(PASSES))

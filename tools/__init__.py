@@ -1,0 +1,1 @@
+"""Command-line tools: thin argument parsing over library calls."""
