@@ -323,8 +323,6 @@ class GraphOp(IRDLOperation):
     def verify_(self) -> None:
         if self.placement is not None:
             lookup_placement(self, self.placement)
-        if not isinstance(self.body.block.last_op, OutputOp):
-            raise VerifyException(f"'{self.name}' @{self.sym_name.data} must end with lg.output")
         seen: dict[str, str] = {}
         for op in self.body.block.ops:
             if isinstance(op, InputOp | ParamOp):

@@ -422,7 +422,8 @@ class DTensorType(ParametrizedAttribute, TypeAttribute):
 
     def verify(self) -> None:
         if any(d < 0 for d in self.get_shape()):
-            raise VerifyException(f"dtensor dimensions must be static and non-negative, got {list(self.get_shape())}")
+            dims = "x".join("?" if d < 0 else str(d) for d in self.get_shape())
+            raise VerifyException(f"a dtensor's global shape must be static, got {dims}")
 
 
 def global_shape(type: Attribute) -> tuple[int, ...]:

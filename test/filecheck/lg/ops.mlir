@@ -1,0 +1,153 @@
+// RUN: SBP_ROUNDTRIP
+// RUN: SBP_GENERIC_ROUNDTRIP
+// RUN: sbp-opt %s --split-input-file --print-op-generic | filecheck %s --check-prefix=GENERIC
+
+// Every lg op and initializer, in custom form; the generic form follows below.
+
+sbp.placement @mesh cpu ranks [0, 1] mesh [2]
+
+lg.graph @all_ops on @mesh {
+  %x = lg.input "x" : tensor<8x16xf32>
+  %labels = lg.input "labels" : tensor<8xi64>
+  %ids = lg.input "ids" : tensor<2x3xi32>
+  %w = lg.param "w" init #lg.normal<0.0, 0.02> seed 1 : tensor<16x4xf32>
+  %b = lg.param "b" init #lg.zeros : tensor<4xf32>
+  %g = lg.param "g" init #lg.ones : tensor<4xf32>
+  %f = lg.param "f" init #lg.fill<1.5> : tensor<4xf32>
+  %u = lg.param "u" init #lg.uniform<-0.1, 0.1> seed 3 : tensor<4xf32>
+  %c = lg.constant dense<1.0> : tensor<4xf32>
+  %ci = lg.constant dense<[1, 2]> : tensor<2xi64>
+  %mm = lg.matmul %x, %w : (tensor<8x16xf32>, tensor<16x4xf32>) -> tensor<8x4xf32>
+  %mt = lg.matmul %x, %x transpose_rhs : (tensor<8x16xf32>, tensor<8x16xf32>) -> tensor<8x8xf32>
+  %mtl = lg.matmul %x, %x transpose_lhs : (tensor<8x16xf32>, tensor<8x16xf32>) -> tensor<16x16xf32>
+  %x3 = lg.reshape %x : tensor<8x16xf32> -> tensor<2x4x16xf32>
+  %bmm = lg.matmul %x3, %w : (tensor<2x4x16xf32>, tensor<16x4xf32>) -> tensor<2x4x4xf32>
+  %bmm2 = lg.matmul %x3, %x3 transpose_rhs : (tensor<2x4x16xf32>, tensor<2x4x16xf32>) -> tensor<2x4x4xf32>
+  %add = lg.add %mm, %b : (tensor<8x4xf32>, tensor<4xf32>) -> tensor<8x4xf32>
+  %sub = lg.sub %add, %c : (tensor<8x4xf32>, tensor<4xf32>) -> tensor<8x4xf32>
+  %mul = lg.mul %sub, %g : (tensor<8x4xf32>, tensor<4xf32>) -> tensor<8x4xf32>
+  %div = lg.div %mul, %f : (tensor<8x4xf32>, tensor<4xf32>) -> tensor<8x4xf32>
+  %neg = lg.neg %div : tensor<8x4xf32>
+  %relu = lg.relu %neg : tensor<8x4xf32>
+  %gelu = lg.gelu %relu : tensor<8x4xf32>
+  %tanh = lg.tanh %gelu : tensor<8x4xf32>
+  %exp = lg.exp %tanh : tensor<8x4xf32>
+  %sqrt = lg.sqrt %exp : tensor<8x4xf32>
+  %rsqrt = lg.rsqrt %sqrt : tensor<8x4xf32>
+  %sm = lg.softmax %rsqrt axis 1 : tensor<8x4xf32>
+  %lsm = lg.log_softmax %sm axis 0 : tensor<8x4xf32>
+  %ln = lg.layernorm %lsm weight %g : tensor<4xf32> bias %b : tensor<4xf32> axis 1 eps 1.0e-05 : tensor<8x4xf32>
+  %ln0 = lg.layernorm %x3 axis 1 eps 1.0e-06 : tensor<2x4x16xf32>
+  %rs = lg.reduce_sum %ln axes [1] keepdims : tensor<8x4xf32> -> tensor<8x1xf32>
+  %rm = lg.reduce_mean %ln axes [0] : tensor<8x4xf32> -> tensor<4xf32>
+  %rx = lg.reduce_max %ln axes [0, 1] : tensor<8x4xf32> -> tensor<f32>
+  %bt = lg.broadcast_to %rm : tensor<4xf32> -> tensor<3x8x4xf32>
+  %tr = lg.transpose %bt perm [2, 0, 1] : tensor<3x8x4xf32> -> tensor<4x3x8xf32>
+  %cc = lg.concat %ln, %relu, %mm axis 1 : (tensor<8x4xf32>, tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<8x12xf32>
+  %sl = lg.slice %cc starts [0, 1] limits [8, 12] strides [2, 3] : tensor<8x12xf32> -> tensor<4x4xf32>
+  %em = lg.embedding %w, %ids : (tensor<16x4xf32>, tensor<2x3xi32>) -> tensor<2x3x4xf32>
+  %ce = lg.cross_entropy %ln, %labels : (tensor<8x4xf32>, tensor<8xi64>) -> tensor<f32>
+  %mse = lg.mse_loss %ln, %relu : (tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<f32>
+  lg.output ["loss", "mse", "emb"] %ce, %mse, %em : tensor<f32>, tensor<f32>, tensor<2x3x4xf32>
+}
+
+// CHECK:      sbp.placement @mesh cpu ranks [0, 1] mesh [2]
+// CHECK-NEXT: lg.graph @all_ops on @mesh {
+// CHECK-NEXT:   %x = lg.input "x" : tensor<8x16xf32>
+// CHECK-NEXT:   %labels = lg.input "labels" : tensor<8xi64>
+// CHECK-NEXT:   %ids = lg.input "ids" : tensor<2x3xi32>
+// CHECK-NEXT:   %w = lg.param "w" init #lg.normal<0.0, 0.02> seed 1 : tensor<16x4xf32>
+// CHECK-NEXT:   %b = lg.param "b" init #lg.zeros : tensor<4xf32>
+// CHECK-NEXT:   %g = lg.param "g" init #lg.ones : tensor<4xf32>
+// CHECK-NEXT:   %f = lg.param "f" init #lg.fill<1.5> : tensor<4xf32>
+// CHECK-NEXT:   %u = lg.param "u" init #lg.uniform<-0.1, 0.1> seed 3 : tensor<4xf32>
+// CHECK-NEXT:   %c = lg.constant dense<1.000000e+00> : tensor<4xf32>
+// CHECK-NEXT:   %ci = lg.constant dense<[1, 2]> : tensor<2xi64>
+// CHECK-NEXT:   %mm = lg.matmul %x, %w : (tensor<8x16xf32>, tensor<16x4xf32>) -> tensor<8x4xf32>
+// CHECK-NEXT:   %mt = lg.matmul %x, %x transpose_rhs : (tensor<8x16xf32>, tensor<8x16xf32>) -> tensor<8x8xf32>
+// CHECK-NEXT:   %mtl = lg.matmul %x, %x transpose_lhs : (tensor<8x16xf32>, tensor<8x16xf32>) -> tensor<16x16xf32>
+// CHECK-NEXT:   %x3 = lg.reshape %x : tensor<8x16xf32> -> tensor<2x4x16xf32>
+// CHECK-NEXT:   %bmm = lg.matmul %x3, %w : (tensor<2x4x16xf32>, tensor<16x4xf32>) -> tensor<2x4x4xf32>
+// CHECK-NEXT:   %bmm2 = lg.matmul %x3, %x3 transpose_rhs : (tensor<2x4x16xf32>, tensor<2x4x16xf32>) -> tensor<2x4x4xf32>
+// CHECK-NEXT:   %add = lg.add %mm, %b : (tensor<8x4xf32>, tensor<4xf32>) -> tensor<8x4xf32>
+// CHECK-NEXT:   %sub = lg.sub %add, %c : (tensor<8x4xf32>, tensor<4xf32>) -> tensor<8x4xf32>
+// CHECK-NEXT:   %mul = lg.mul %sub, %g : (tensor<8x4xf32>, tensor<4xf32>) -> tensor<8x4xf32>
+// CHECK-NEXT:   %div = lg.div %mul, %f : (tensor<8x4xf32>, tensor<4xf32>) -> tensor<8x4xf32>
+// CHECK-NEXT:   %neg = lg.neg %div : tensor<8x4xf32>
+// CHECK-NEXT:   %relu = lg.relu %neg : tensor<8x4xf32>
+// CHECK-NEXT:   %gelu = lg.gelu %relu : tensor<8x4xf32>
+// CHECK-NEXT:   %tanh = lg.tanh %gelu : tensor<8x4xf32>
+// CHECK-NEXT:   %exp = lg.exp %tanh : tensor<8x4xf32>
+// CHECK-NEXT:   %sqrt = lg.sqrt %exp : tensor<8x4xf32>
+// CHECK-NEXT:   %rsqrt = lg.rsqrt %sqrt : tensor<8x4xf32>
+// CHECK-NEXT:   %sm = lg.softmax %rsqrt axis 1 : tensor<8x4xf32>
+// CHECK-NEXT:   %lsm = lg.log_softmax %sm axis 0 : tensor<8x4xf32>
+// CHECK-NEXT:   %ln = lg.layernorm %lsm weight %g : tensor<4xf32> bias %b : tensor<4xf32> axis 1 eps 1.000000e-05 : tensor<8x4xf32>
+// CHECK-NEXT:   %ln0 = lg.layernorm %x3 axis 1 eps 1.000000e-06 : tensor<2x4x16xf32>
+// CHECK-NEXT:   %rs = lg.reduce_sum %ln axes [1] keepdims : tensor<8x4xf32> -> tensor<8x1xf32>
+// CHECK-NEXT:   %rm = lg.reduce_mean %ln axes [0] : tensor<8x4xf32> -> tensor<4xf32>
+// CHECK-NEXT:   %rx = lg.reduce_max %ln axes [0, 1] : tensor<8x4xf32> -> tensor<f32>
+// CHECK-NEXT:   %bt = lg.broadcast_to %rm : tensor<4xf32> -> tensor<3x8x4xf32>
+// CHECK-NEXT:   %tr = lg.transpose %bt perm [2, 0, 1] : tensor<3x8x4xf32> -> tensor<4x3x8xf32>
+// CHECK-NEXT:   %cc = lg.concat %ln, %relu, %mm axis 1 : (tensor<8x4xf32>, tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<8x12xf32>
+// CHECK-NEXT:   %sl = lg.slice %cc starts [0, 1] limits [8, 12] strides [2, 3] : tensor<8x12xf32> -> tensor<4x4xf32>
+// CHECK-NEXT:   %em = lg.embedding %w, %ids : (tensor<16x4xf32>, tensor<2x3xi32>) -> tensor<2x3x4xf32>
+// CHECK-NEXT:   %ce = lg.cross_entropy %ln, %labels : (tensor<8x4xf32>, tensor<8xi64>) -> tensor<f32>
+// CHECK-NEXT:   %mse = lg.mse_loss %ln, %relu : (tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<f32>
+// CHECK-NEXT:   lg.output ["loss", "mse", "emb"] %ce, %mse, %em : tensor<f32>, tensor<f32>, tensor<2x3x4xf32>
+// CHECK-NEXT: }
+
+// GENERIC:      "sbp.placement"() <{sym_name = "mesh", device = #sbp<device cpu>, ranks = array<i64: 0, 1>, shape = array<i64: 2>}> : () -> ()
+// GENERIC-NEXT: "lg.graph"() <{sym_name = "all_ops", placement = @mesh}> ({
+// GENERIC-NEXT:   %x = "lg.input"() <{key = "x"}> : () -> tensor<8x16xf32>
+// GENERIC:        %w = "lg.param"() <{key = "w", init = #lg.normal<0.0, 0.02>, seed = 1 : i64}> : () -> tensor<16x4xf32>
+// GENERIC:        %c = "lg.constant"() <{value = dense<1.000000e+00> : tensor<4xf32>}> : () -> tensor<4xf32>
+// GENERIC:        %mt = "lg.matmul"(%x, %x) <{transpose_rhs}> : (tensor<8x16xf32>, tensor<8x16xf32>) -> tensor<8x8xf32>
+// GENERIC:        %add = "lg.add"(%mm, %b) : (tensor<8x4xf32>, tensor<4xf32>) -> tensor<8x4xf32>
+// GENERIC:        %relu = "lg.relu"(%neg) : (tensor<8x4xf32>) -> tensor<8x4xf32>
+// GENERIC:        %sm = "lg.softmax"(%rsqrt) <{axis = 1 : i64}> : (tensor<8x4xf32>) -> tensor<8x4xf32>
+// GENERIC:        %ln = "lg.layernorm"(%lsm, %g, %b) <{axis = 1 : i64, epsilon = 1.000000e-05 : f64, operandSegmentSizes = array<i32: 1, 1, 1>}> : (tensor<8x4xf32>, tensor<4xf32>, tensor<4xf32>) -> tensor<8x4xf32>
+// GENERIC-NEXT:   %ln0 = "lg.layernorm"(%x3) <{axis = 1 : i64, epsilon = 1.000000e-06 : f64, operandSegmentSizes = array<i32: 1, 0, 0>}> : (tensor<2x4x16xf32>) -> tensor<2x4x16xf32>
+// GENERIC-NEXT:   %rs = "lg.reduce_sum"(%ln) <{axes = array<i64: 1>, keepdims}> : (tensor<8x4xf32>) -> tensor<8x1xf32>
+// GENERIC:        %tr = "lg.transpose"(%bt) <{perm = array<i64: 2, 0, 1>}> : (tensor<3x8x4xf32>) -> tensor<4x3x8xf32>
+// GENERIC-NEXT:   %cc = "lg.concat"(%ln, %relu, %mm) <{axis = 1 : i64}> : (tensor<8x4xf32>, tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<8x12xf32>
+// GENERIC-NEXT:   %sl = "lg.slice"(%cc) <{starts = array<i64: 0, 1>, limits = array<i64: 8, 12>, strides = array<i64: 2, 3>}> : (tensor<8x12xf32>) -> tensor<4x4xf32>
+// GENERIC:        "lg.output"(%ce, %mse, %em) <{names = ["loss", "mse", "emb"]}> : (tensor<f32>, tensor<f32>, tensor<2x3x4xf32>) -> ()
+
+// -----
+
+// A graph with no placement and no outputs, and a second graph in one module.
+lg.graph @empty {
+  lg.output []
+}
+lg.graph @id {
+  %x = lg.input "x" : tensor<f64>
+  lg.output ["x"] %x : tensor<f64>
+}
+
+// CHECK:      lg.graph @empty {
+// CHECK-NEXT:   lg.output []
+// CHECK-NEXT: }
+// CHECK-NEXT: lg.graph @id {
+// CHECK-NEXT:   %x = lg.input "x" : tensor<f64>
+// CHECK-NEXT:   lg.output ["x"] %x : tensor<f64>
+// CHECK-NEXT: }
+
+// -----
+
+// After SBP inference lg ops carry dtensors and record their signature.
+sbp.placement @m2 cpu ranks [0, 1, 2, 3] mesh [2, 2]
+lg.graph @distributed on @m2 {
+  %x = lg.input "x" : !sbp.dtensor<8x16xf32, @m2, [S<0>, B]>
+  %w = lg.param "w" init #lg.zeros : !sbp.dtensor<16x4xf32, @m2, [B, S<1>]>
+  %y = lg.matmul %x, %w {sbp.signature = #sbp.sig<([S<0>, B], [B, S<1>]) -> ([S<0>, S<1>])>} : (!sbp.dtensor<8x16xf32, @m2, [S<0>, B]>, !sbp.dtensor<16x4xf32, @m2, [B, S<1>]>) -> !sbp.dtensor<8x4xf32, @m2, [S<0>, S<1>]>
+  %r = lg.relu %y : !sbp.dtensor<8x4xf32, @m2, [S<0>, S<1>]>
+  %c = lg.constant dense<2.0> : tensor<4xf32> -> !sbp.dtensor<4xf32, @m2, [B, B]>
+  lg.output ["r"] %r : !sbp.dtensor<8x4xf32, @m2, [S<0>, S<1>]>
+}
+
+// CHECK:      %x = lg.input "x" : !sbp.dtensor<8x16xf32, @m2, [S<0>, B]>
+// CHECK-NEXT: %w = lg.param "w" init #lg.zeros : !sbp.dtensor<16x4xf32, @m2, [B, S<1>]>
+// CHECK-NEXT: %y = lg.matmul %x, %w {sbp.signature = #sbp.sig<([S<0>, B], [B, S<1>]) -> ([S<0>, S<1>])>} : (!sbp.dtensor<8x16xf32, @m2, [S<0>, B]>, !sbp.dtensor<16x4xf32, @m2, [B, S<1>]>) -> !sbp.dtensor<8x4xf32, @m2, [S<0>, S<1>]>
+// CHECK-NEXT: %r = lg.relu %y : !sbp.dtensor<8x4xf32, @m2, [S<0>, S<1>]>
+// CHECK-NEXT: %c = lg.constant dense<2.000000e+00> : tensor<4xf32> -> !sbp.dtensor<4xf32, @m2, [B, B]>

@@ -1,0 +1,415 @@
+// RUN: sbp-opt %s --split-input-file --verify-diagnostics | filecheck %s
+
+// Every verifier error of the lg dialect: each names the op and the mismatch.
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x16xf32>
+  %y = lg.matmul %x, %x : (tensor<8x16xf32>, tensor<8x16xf32>) -> tensor<8x16xf32>
+  lg.output ["y"] %y : tensor<8x16xf32>
+}
+// CHECK: 'lg.matmul': contracting dimensions differ: [8, 16] @ [8, 16]
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<16xf32>
+  %y = lg.matmul %x, %x : (tensor<16xf32>, tensor<16xf32>) -> tensor<f32>
+  lg.output ["y"] %y : tensor<f32>
+}
+// CHECK: 'lg.matmul': operands must have rank >= 2, got [16] and [16]
+
+// -----
+
+lg.graph @g {
+  %a = lg.input "a" : tensor<2x4x8xf32>
+  %b = lg.input "b" : tensor<3x8x4xf32>
+  %y = lg.matmul %a, %b : (tensor<2x4x8xf32>, tensor<3x8x4xf32>) -> tensor<2x4x4xf32>
+  lg.output ["y"] %y : tensor<2x4x4xf32>
+}
+// CHECK: 'lg.matmul': shapes [2], [3] do not broadcast
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x16xf32>
+  %w = lg.input "w" : tensor<16x4xf32>
+  %y = lg.matmul %x, %w : (tensor<8x16xf32>, tensor<16x4xf32>) -> tensor<8x5xf32>
+  lg.output ["y"] %y : tensor<8x5xf32>
+}
+// CHECK: 'lg.matmul': result type 8x5xf32 does not match the inferred 8x4xf32
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x16xf32>
+  %w = lg.input "w" : tensor<16x4xf64>
+  %y = lg.matmul %x, %w : (tensor<8x16xf32>, tensor<16x4xf64>) -> tensor<8x4xf32>
+  lg.output ["y"] %y : tensor<8x4xf32>
+}
+// CHECK: 'lg.matmul': operands must share one element type, got f32, f64
+
+// -----
+
+lg.graph @g {
+  %a = lg.input "a" : tensor<8x4xf32>
+  %b = lg.input "b" : tensor<3xf32>
+  %y = lg.add %a, %b : (tensor<8x4xf32>, tensor<3xf32>) -> tensor<8x4xf32>
+  lg.output ["y"] %y : tensor<8x4xf32>
+}
+// CHECK: 'lg.add': shapes [8, 4], [3] do not broadcast
+
+// -----
+
+lg.graph @g {
+  %a = lg.input "a" : tensor<8x4xi64>
+  %y = lg.mul %a, %a : (tensor<8x4xi64>, tensor<8x4xi64>) -> tensor<8x4xi64>
+  lg.output ["y"] %y : tensor<8x4xi64>
+}
+// CHECK: 'lg.mul': operands must have a float element type, got i64
+
+// -----
+
+lg.graph @g {
+  %a = lg.input "a" : tensor<8xi32>
+  %y = lg.relu %a : tensor<8xi32>
+  lg.output ["y"] %y : tensor<8xi32>
+}
+// CHECK: 'lg.relu': operand must have a float element type, got i32
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %y = lg.softmax %x axis 2 : tensor<8x4xf32>
+  lg.output ["y"] %y : tensor<8x4xf32>
+}
+// CHECK: 'lg.softmax': axis 2 is out of range for rank 2
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %w = lg.input "w" : tensor<8x4xf32>
+  %b = lg.input "b" : tensor<8x4xf32>
+  %y = lg.layernorm %x weight %w : tensor<8x4xf32> bias %b : tensor<8x4xf32> axis 1 eps 1.0e-05 : tensor<8x4xf32>
+  lg.output ["y"] %y : tensor<8x4xf32>
+}
+// CHECK: 'lg.layernorm': weight shape [8, 4] must equal the normalized shape [4]
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %w = lg.input "w" : tensor<4xf32>
+  %y = lg.layernorm %x weight %w : tensor<4xf32> axis 1 eps 1.0e-05 : tensor<8x4xf32>
+  lg.output ["y"] %y : tensor<8x4xf32>
+}
+// CHECK: 'lg.layernorm': an affine layernorm needs both weight and bias
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %y = lg.layernorm %x axis 1 eps 0.0 : tensor<8x4xf32>
+  lg.output ["y"] %y : tensor<8x4xf32>
+}
+// CHECK: 'lg.layernorm': eps must be positive, got 0.0
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %y = lg.reduce_sum %x axes [1, 0] : tensor<8x4xf32> -> tensor<f32>
+  lg.output ["y"] %y : tensor<f32>
+}
+// CHECK: 'lg.reduce_sum': axes [1, 0] must be sorted and distinct
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %y = lg.reduce_max %x axes [2] : tensor<8x4xf32> -> tensor<8x4xf32>
+  lg.output ["y"] %y : tensor<8x4xf32>
+}
+// CHECK: 'lg.reduce_max': axis 2 is out of range for rank 2
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %y = lg.reduce_mean %x axes [1] : tensor<8x4xf32> -> tensor<8x1xf32>
+  lg.output ["y"] %y : tensor<8x1xf32>
+}
+// CHECK: 'lg.reduce_mean': result type 8x1xf32 does not match the inferred 8xf32
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %y = lg.reshape %x : tensor<8x4xf32> -> tensor<5x6xf32>
+  lg.output ["y"] %y : tensor<5x6xf32>
+}
+// CHECK: 'lg.reshape': cannot reshape [8, 4] (32 elements) to [5, 6] (30 elements)
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %y = lg.reshape %x : tensor<8x4xf32> -> tensor<32xf16>
+  lg.output ["y"] %y : tensor<32xf16>
+}
+// CHECK: 'lg.reshape': result type 32xf16 does not match the inferred 32xf32
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %y = lg.broadcast_to %x : tensor<8x4xf32> -> tensor<8x8xf32>
+  lg.output ["y"] %y : tensor<8x8xf32>
+}
+// CHECK: 'lg.broadcast_to': shapes [8, 4], [8, 8] do not broadcast
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<1x4xf32>
+  %y = lg.broadcast_to %x : tensor<1x4xf32> -> tensor<4xf32>
+  lg.output ["y"] %y : tensor<4xf32>
+}
+// CHECK: 'lg.broadcast_to': cannot broadcast [1, 4] to [4]
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %y = lg.transpose %x perm [0, 0] : tensor<8x4xf32> -> tensor<8x8xf32>
+  lg.output ["y"] %y : tensor<8x8xf32>
+}
+// CHECK: 'lg.transpose': perm [0, 0] is not a permutation of the 2 axes
+
+// -----
+
+lg.graph @g {
+  %a = lg.input "a" : tensor<8x4xf32>
+  %b = lg.input "b" : tensor<7x4xf32>
+  %y = lg.concat %a, %b axis 1 : (tensor<8x4xf32>, tensor<7x4xf32>) -> tensor<8x8xf32>
+  lg.output ["y"] %y : tensor<8x8xf32>
+}
+// CHECK: 'lg.concat': shapes [[8, 4], [7, 4]] differ outside axis 1
+
+// -----
+
+lg.graph @g {
+  %a = lg.input "a" : tensor<8x4xf32>
+  %b = lg.input "b" : tensor<8x4xf16>
+  %y = lg.concat %a, %b axis 0 : (tensor<8x4xf32>, tensor<8x4xf16>) -> tensor<16x4xf32>
+  lg.output ["y"] %y : tensor<16x4xf32>
+}
+// CHECK: 'lg.concat': operands must share one element type, got f32, f16
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %y = lg.slice %x starts [0, 2] limits [8, 5] strides [1, 1] : tensor<8x4xf32> -> tensor<8x3xf32>
+  lg.output ["y"] %y : tensor<8x3xf32>
+}
+// CHECK: 'lg.slice': axis 1: need 0 <= start <= limit <= 4 and stride >= 1, got 2:5:1
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %y = lg.slice %x starts [0] limits [8] strides [1] : tensor<8x4xf32> -> tensor<8xf32>
+  lg.output ["y"] %y : tensor<8xf32>
+}
+// CHECK: 'lg.slice': starts, limits and strides need one entry per axis (2)
+
+// -----
+
+lg.graph @g {
+  %t = lg.input "t" : tensor<10x4xf32>
+  %i = lg.input "i" : tensor<3xf32>
+  %y = lg.embedding %t, %i : (tensor<10x4xf32>, tensor<3xf32>) -> tensor<3x4xf32>
+  lg.output ["y"] %y : tensor<3x4xf32>
+}
+// CHECK: 'lg.embedding': indices must be i32 or i64, got f32
+
+// -----
+
+lg.graph @g {
+  %t = lg.input "t" : tensor<10xf32>
+  %i = lg.input "i" : tensor<3xi64>
+  %y = lg.embedding %t, %i : (tensor<10xf32>, tensor<3xi64>) -> tensor<3xf32>
+  lg.output ["y"] %y : tensor<3xf32>
+}
+// CHECK: 'lg.embedding': table must have rank 2, got [10]
+
+// -----
+
+lg.graph @g {
+  %l = lg.input "l" : tensor<8x10xf32>
+  %t = lg.input "t" : tensor<4xi64>
+  %y = lg.cross_entropy %l, %t : (tensor<8x10xf32>, tensor<4xi64>) -> tensor<f32>
+  lg.output ["y"] %y : tensor<f32>
+}
+// CHECK: 'lg.cross_entropy': labels shape [4] must be the logits shape without its class axis [8]
+
+// -----
+
+lg.graph @g {
+  %l = lg.input "l" : tensor<8x10xf32>
+  %t = lg.input "t" : tensor<8xf32>
+  %y = lg.cross_entropy %l, %t : (tensor<8x10xf32>, tensor<8xf32>) -> tensor<f32>
+  lg.output ["y"] %y : tensor<f32>
+}
+// CHECK: 'lg.cross_entropy': labels must be i32 or i64, got f32
+
+// -----
+
+lg.graph @g {
+  %a = lg.input "a" : tensor<8xf32>
+  %b = lg.input "b" : tensor<4xf32>
+  %y = lg.mse_loss %a, %b : (tensor<8xf32>, tensor<4xf32>) -> tensor<f32>
+  lg.output ["y"] %y : tensor<f32>
+}
+// CHECK: 'lg.mse_loss': operands must have one shape, got [8] and [4]
+
+// -----
+
+lg.graph @g {
+  %w = lg.param "w" init #lg.zeros : tensor<4xi32>
+  lg.output ["w"] %w : tensor<4xi32>
+}
+// CHECK: 'lg.param': a parameter must have a float element type, got i32
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<4xi1>
+  lg.output ["x"] %x : tensor<4xi1>
+}
+// CHECK: 'lg.input': element type i1 is not supported (float, i32 or i64)
+
+// -----
+
+lg.graph @g {
+  %c = "lg.constant"() <{value = dense<1.0> : tensor<4xf32>}> : () -> tensor<5xf32>
+  lg.output ["c"] %c : tensor<5xf32>
+}
+// CHECK: 'lg.constant': result type does not match the literal's type tensor<4xf32>
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<4xf32>
+  %w = lg.param "x" init #lg.zeros : tensor<4xf32>
+  lg.output []
+}
+// CHECK: 'lg.param': name "x" is already used by an lg.input of graph @g
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<4xf32>
+  lg.output ["a", "b"] %x : tensor<4xf32>
+}
+// CHECK: 'lg.output': 2 names for 1 values
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<4xf32>
+  lg.output ["a", "a"] %x, %x : tensor<4xf32>, tensor<4xf32>
+}
+// CHECK: 'lg.output': output names must be distinct, got ['a', 'a']
+
+// -----
+
+lg.graph @g on @nowhere {
+  lg.output []
+}
+// CHECK: 'lg.graph': placement @nowhere does not exist
+
+// -----
+
+"lg.graph"() <{sym_name = "g"}> ({
+  %x = "lg.input"() <{key = "x"}> : () -> tensor<4xf32>
+}) : () -> ()
+// CHECK: Operation lg.input terminates block in single-block region but is not a terminator
+
+// -----
+
+"lg.output"() <{names = []}> : () -> ()
+// CHECK: 'lg.output' expects parent op 'lg.graph'
+
+// -----
+
+// Distributed operands: the placement, the mesh width, and one placement per op.
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+sbp.placement @n cpu ranks [2, 3] mesh [2]
+lg.graph @g {
+  %a = lg.input "a" : !sbp.dtensor<8xf32, @m, S<0>>
+  %b = lg.input "b" : !sbp.dtensor<8xf32, @n, S<0>>
+  %y = lg.add %a, %b : (!sbp.dtensor<8xf32, @m, S<0>>, !sbp.dtensor<8xf32, @n, S<0>>) -> !sbp.dtensor<8xf32, @m, S<0>>
+  lg.output ["y"] %y : !sbp.dtensor<8xf32, @m, S<0>>
+}
+// CHECK: 'lg.add': all operands and results must share one placement, got @m, @n
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+lg.graph @g {
+  %a = lg.input "a" : !sbp.dtensor<8x4xf32, @m, S<2>>
+  lg.output ["a"] %a : !sbp.dtensor<8x4xf32, @m, S<2>>
+}
+// CHECK: 'lg.input': result #0 is split on axis 2 but has rank 2
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1, 2, 3] mesh [4]
+lg.graph @g {
+  %a = lg.input "a" : !sbp.dtensor<8x4xf32, @m, [S<0>, B]>
+  lg.output ["a"] %a : !sbp.dtensor<8x4xf32, @m, [S<0>, B]>
+}
+// CHECK: 'lg.input': result #0 has 2 SBP entries but placement @m has a 1-D mesh [4]
+
+// -----
+
+// A recorded signature must match the operands and results.
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+lg.graph @g {
+  %a = lg.input "a" : !sbp.dtensor<8xf32, @m, S<0>>
+  %y = lg.relu %a {sbp.signature = #sbp.sig<(B) -> (B)>} : !sbp.dtensor<8xf32, @m, S<0>>
+  lg.output ["y"] %y : !sbp.dtensor<8xf32, @m, S<0>>
+}
+// CHECK: 'lg.relu': operand #0 is S<0> but the signature requires B
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+lg.graph @g {
+  %a = lg.input "a" : !sbp.dtensor<8xf32, @m, S<0>>
+  %y = lg.relu %a {sbp.signature = #sbp.sig<(S<0>, B) -> (S<0>)>} : !sbp.dtensor<8xf32, @m, S<0>>
+  lg.output ["y"] %y : !sbp.dtensor<8xf32, @m, S<0>>
+}
+// CHECK: 'lg.relu': signature has 2 operands but the op has 1
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+lg.graph @g {
+  %a = lg.input "a" : tensor<8xf32>
+  %y = lg.relu %a {sbp.signature = #sbp.sig<(S<0>) -> (S<0>)>} : tensor<8xf32>
+  lg.output ["y"] %y : tensor<8xf32>
+}
+// CHECK: 'lg.relu': operand #0 has no distribution but the op has a signature
+
+// -----
+
+lg.graph @g {
+  %a = lg.input "a" : tensor<8xf32>
+  %y = lg.relu %a {sbp.signature = 3 : i64} : tensor<8xf32>
+  lg.output ["y"] %y : tensor<8xf32>
+}
+// CHECK: 'lg.relu': attribute 'sbp.signature' must be an #sbp.sig

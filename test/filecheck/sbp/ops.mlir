@@ -1,0 +1,55 @@
+// RUN: SBP_ROUNDTRIP
+// RUN: SBP_GENERIC_ROUNDTRIP
+// RUN: sbp-opt %s --split-input-file --print-op-generic | filecheck %s --check-prefix=GENERIC
+
+// Placements: 1-D, 2-D, 3-D meshes, non-contiguous ranks, both device kinds.
+sbp.placement @cpu1 cpu ranks [0] mesh [1]
+sbp.placement @cpu4 cpu ranks [0, 1, 2, 3] mesh [4]
+sbp.placement @grid cuda ranks [0, 1, 2, 3, 4, 5] mesh [2, 3]
+sbp.placement @cube cpu ranks [0, 1, 2, 3, 4, 5, 6, 7] mesh [2, 2, 2]
+sbp.placement @stage1 cpu ranks [4, 6] mesh [2]
+
+// CHECK:      sbp.placement @cpu1 cpu ranks [0] mesh [1]
+// CHECK-NEXT: sbp.placement @cpu4 cpu ranks [0, 1, 2, 3] mesh [4]
+// CHECK-NEXT: sbp.placement @grid cuda ranks [0, 1, 2, 3, 4, 5] mesh [2, 3]
+// CHECK-NEXT: sbp.placement @cube cpu ranks [0, 1, 2, 3, 4, 5, 6, 7] mesh [2, 2, 2]
+// CHECK-NEXT: sbp.placement @stage1 cpu ranks [4, 6] mesh [2]
+
+// GENERIC: "sbp.placement"() <{sym_name = "grid", device = #sbp<device cuda>, ranks = array<i64: 0, 1, 2, 3, 4, 5>, shape = array<i64: 2, 3>}> : () -> ()
+
+// -----
+
+// The annotation op, and every collective on a 2-D mesh.
+sbp.placement @m cpu ranks [0, 1, 2, 3] mesh [2, 2]
+sbp.placement @other cpu ranks [4, 5] mesh [2]
+
+%t = "test.op"() : () -> tensor<8x16xf32>
+%a = sbp.annotate %t : tensor<8x16xf32> -> !sbp.dtensor<8x16xf32, @m, [P, S<1>]>
+%b = sbp.annotate %a : !sbp.dtensor<8x16xf32, @m, [P, S<1>]> -> !sbp.dtensor<8x16xf32, @m, [B, B]>
+%ar = sbp.all_reduce %a over [0] : !sbp.dtensor<8x16xf32, @m, [P, S<1>]> -> !sbp.dtensor<8x16xf32, @m, [B, S<1>]>
+%ag = sbp.all_gather %ar over [1] : !sbp.dtensor<8x16xf32, @m, [B, S<1>]> -> !sbp.dtensor<8x16xf32, @m, [B, B]>
+%sl = sbp.slice %ag over [0, 1] : !sbp.dtensor<8x16xf32, @m, [B, B]> -> !sbp.dtensor<8x16xf32, @m, [S<0>, S<0>]>
+%a2a = sbp.all_to_all %sl over [1] : !sbp.dtensor<8x16xf32, @m, [S<0>, S<0>]> -> !sbp.dtensor<8x16xf32, @m, [S<0>, S<1>]>
+%rs = sbp.reduce_scatter %a over [0] : !sbp.dtensor<8x16xf32, @m, [P, S<1>]> -> !sbp.dtensor<8x16xf32, @m, [S<0>, S<1>]>
+%pm = "test.op"() : () -> !sbp.dtensor<4xf32, @m, [P<max>, P<max>]>
+%arm = sbp.all_reduce %pm over [0, 1] : !sbp.dtensor<4xf32, @m, [P<max>, P<max>]> -> !sbp.dtensor<4xf32, @m, [B, B]>
+%tr = sbp.transfer %rs : !sbp.dtensor<8x16xf32, @m, [S<0>, S<1>]> -> !sbp.dtensor<8x16xf32, @other, S<1>>
+
+// CHECK:      %a = sbp.annotate %t : tensor<8x16xf32> -> !sbp.dtensor<8x16xf32, @m, [P, S<1>]>
+// CHECK-NEXT: %b = sbp.annotate %a : !sbp.dtensor<8x16xf32, @m, [P, S<1>]> -> !sbp.dtensor<8x16xf32, @m, [B, B]>
+// CHECK-NEXT: %ar = sbp.all_reduce %a over [0] : !sbp.dtensor<8x16xf32, @m, [P, S<1>]> -> !sbp.dtensor<8x16xf32, @m, [B, S<1>]>
+// CHECK-NEXT: %ag = sbp.all_gather %ar over [1] : !sbp.dtensor<8x16xf32, @m, [B, S<1>]> -> !sbp.dtensor<8x16xf32, @m, [B, B]>
+// CHECK-NEXT: %sl = sbp.slice %ag over [0, 1] : !sbp.dtensor<8x16xf32, @m, [B, B]> -> !sbp.dtensor<8x16xf32, @m, [S<0>, S<0>]>
+// CHECK-NEXT: %a2a = sbp.all_to_all %sl over [1] : !sbp.dtensor<8x16xf32, @m, [S<0>, S<0>]> -> !sbp.dtensor<8x16xf32, @m, [S<0>, S<1>]>
+// CHECK-NEXT: %rs = sbp.reduce_scatter %a over [0] : !sbp.dtensor<8x16xf32, @m, [P, S<1>]> -> !sbp.dtensor<8x16xf32, @m, [S<0>, S<1>]>
+// CHECK-NEXT: %pm = "test.op"() : () -> !sbp.dtensor<4xf32, @m, [P<max>, P<max>]>
+// CHECK-NEXT: %arm = sbp.all_reduce %pm over [0, 1] : !sbp.dtensor<4xf32, @m, [P<max>, P<max>]> -> !sbp.dtensor<4xf32, @m, [B, B]>
+// CHECK-NEXT: %tr = sbp.transfer %rs : !sbp.dtensor<8x16xf32, @m, [S<0>, S<1>]> -> !sbp.dtensor<8x16xf32, @other, S<1>>
+
+// GENERIC:      %a = "sbp.annotate"(%t) : (tensor<8x16xf32>) -> !sbp.dtensor<8x16xf32, @m, [P, S<1>]>
+// GENERIC:      %ar = "sbp.all_reduce"(%a) <{mesh_axes = array<i64: 0>}> : (!sbp.dtensor<8x16xf32, @m, [P, S<1>]>) -> !sbp.dtensor<8x16xf32, @m, [B, S<1>]>
+// GENERIC-NEXT: %ag = "sbp.all_gather"(%ar) <{mesh_axes = array<i64: 1>}>
+// GENERIC-NEXT: %sl = "sbp.slice"(%ag) <{mesh_axes = array<i64: 0, 1>}>
+// GENERIC-NEXT: %a2a = "sbp.all_to_all"(%sl) <{mesh_axes = array<i64: 1>}>
+// GENERIC-NEXT: %rs = "sbp.reduce_scatter"(%a) <{mesh_axes = array<i64: 0>}>
+// GENERIC:      %tr = "sbp.transfer"(%rs) : (!sbp.dtensor<8x16xf32, @m, [S<0>, S<1>]>) -> !sbp.dtensor<8x16xf32, @other, S<1>>

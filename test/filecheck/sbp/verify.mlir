@@ -1,0 +1,174 @@
+// RUN: sbp-opt %s --split-input-file --verify-diagnostics | filecheck %s
+
+// Every verifier error of the sbp dialect's ops.
+
+sbp.placement @m cpu ranks [0, 1, 2] mesh [2, 2]
+// CHECK: 'sbp.placement' @m: mesh shape [2, 2] holds 4 devices but 3 ranks are given
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1] mesh [2, 0]
+// CHECK: 'sbp.placement' @m: mesh dimensions must be positive, got [2, 0]
+
+// -----
+
+sbp.placement @m cpu ranks [] mesh []
+// CHECK: 'sbp.placement' @m: the mesh needs at least one axis
+
+// -----
+
+sbp.placement @m cpu ranks [0, 0] mesh [2]
+// CHECK: 'sbp.placement' @m: ranks must be distinct and non-negative, got [0, 0]
+
+// -----
+
+sbp.placement @m cpu ranks [-1, 0] mesh [2]
+// CHECK: 'sbp.placement' @m: ranks must be distinct and non-negative, got [-1, 0]
+
+// -----
+
+// A dtensor split on an axis its tensor does not have.
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+%t = "test.op"() : () -> tensor<8x16xf32>
+%a = sbp.annotate %t : tensor<8x16xf32> -> !sbp.dtensor<8x16xf32, @m, S<2>>
+// CHECK: 'sbp.annotate': result is split on axis 2 but has rank 2
+
+// -----
+
+// An nd-SBP whose width is not the mesh's.
+sbp.placement @m cpu ranks [0, 1, 2, 3] mesh [2, 2]
+%t = "test.op"() : () -> tensor<8x16xf32>
+%a = sbp.annotate %t : tensor<8x16xf32> -> !sbp.dtensor<8x16xf32, @m, S<0>>
+// CHECK: 'sbp.annotate': result has 1 SBP entries but placement @m has a 2-D mesh [2, 2]
+
+// -----
+
+%t = "test.op"() : () -> tensor<8x16xf32>
+%a = sbp.annotate %t : tensor<8x16xf32> -> !sbp.dtensor<8x16xf32, @nowhere, S<0>>
+// CHECK: 'sbp.annotate': placement @nowhere does not exist
+
+// -----
+
+lg.graph @notmesh {
+  lg.output []
+}
+%t = "test.op"() : () -> tensor<8x16xf32>
+%a = sbp.annotate %t : tensor<8x16xf32> -> !sbp.dtensor<8x16xf32, @notmesh, S<0>>
+// CHECK: 'sbp.annotate': placement @notmesh is not a placement
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+%t = "test.op"() : () -> tensor<8x16xf32>
+%a = sbp.annotate %t : tensor<8x16xf32> -> !sbp.dtensor<8x4xf32, @m, S<0>>
+// CHECK: 'sbp.annotate': result must have the operand's global shape and element type ([8, 16]xf32 vs [8, 4]xf32)
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+%t = "test.op"() : () -> !sbp.dtensor<8xf32, @m, S<0>>
+%a = sbp.annotate %t : !sbp.dtensor<8xf32, @m, S<0>> -> !sbp.dtensor<8xf16, @m, B>
+// CHECK: 'sbp.annotate': result must have the operand's global shape and element type ([8]xf32 vs [8]xf16)
+
+// -----
+
+// Each collective checks its transition on the listed mesh axes.
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+%t = "test.op"() : () -> !sbp.dtensor<8xf32, @m, S<0>>
+%a = sbp.all_reduce %t over [0] : !sbp.dtensor<8xf32, @m, S<0>> -> !sbp.dtensor<8xf32, @m, B>
+// CHECK: 'sbp.all_reduce': mesh axis 0 goes from S<0> to B, but sbp.all_reduce performs P -> B
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+%t = "test.op"() : () -> !sbp.dtensor<8xf32, @m, P>
+%a = sbp.all_gather %t over [0] : !sbp.dtensor<8xf32, @m, P> -> !sbp.dtensor<8xf32, @m, B>
+// CHECK: 'sbp.all_gather': mesh axis 0 goes from P to B, but sbp.all_gather performs S<i> -> B
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+%t = "test.op"() : () -> !sbp.dtensor<8xf32, @m, B>
+%a = sbp.reduce_scatter %t over [0] : !sbp.dtensor<8xf32, @m, B> -> !sbp.dtensor<8xf32, @m, S<0>>
+// CHECK: 'sbp.reduce_scatter': mesh axis 0 goes from B to S<0>, but sbp.reduce_scatter performs P -> S<i>
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+%t = "test.op"() : () -> !sbp.dtensor<8x8xf32, @m, S<0>>
+%a = sbp.all_to_all %t over [0] : !sbp.dtensor<8x8xf32, @m, S<0>> -> !sbp.dtensor<8x8xf32, @m, S<0>>
+// CHECK: 'sbp.all_to_all': mesh axis 0 goes from S<0> to S<0>, but sbp.all_to_all performs S<i> -> S<j> with i != j
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+%t = "test.op"() : () -> !sbp.dtensor<8xf32, @m, P>
+%a = sbp.slice %t over [0] : !sbp.dtensor<8xf32, @m, P> -> !sbp.dtensor<8xf32, @m, S<0>>
+// CHECK: 'sbp.slice': mesh axis 0 goes from P to S<0>, but sbp.slice performs B -> S<i> (a local slice)
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1, 2, 3] mesh [2, 2]
+%t = "test.op"() : () -> !sbp.dtensor<8xf32, @m, [P, P]>
+%a = sbp.all_reduce %t over [0] : !sbp.dtensor<8xf32, @m, [P, P]> -> !sbp.dtensor<8xf32, @m, [B, B]>
+// CHECK: 'sbp.all_reduce': mesh axis 1 is not in mesh_axes [0] but changes from P to B
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+%t = "test.op"() : () -> !sbp.dtensor<8xf32, @m, P>
+%a = sbp.all_reduce %t over [1] : !sbp.dtensor<8xf32, @m, P> -> !sbp.dtensor<8xf32, @m, B>
+// CHECK: 'sbp.all_reduce': mesh axes [1] must be distinct axes of the 1-D mesh @m
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+%t = "test.op"() : () -> !sbp.dtensor<8xf32, @m, P>
+%a = sbp.all_reduce %t over [] : !sbp.dtensor<8xf32, @m, P> -> !sbp.dtensor<8xf32, @m, B>
+// CHECK: 'sbp.all_reduce': mesh axes [] must be distinct axes of the 1-D mesh @m
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1, 2, 3] mesh [2, 2]
+%t = "test.op"() : () -> !sbp.dtensor<8xf32, @m, [P, P]>
+%a = sbp.all_reduce %t over [0, 0] : !sbp.dtensor<8xf32, @m, [P, P]> -> !sbp.dtensor<8xf32, @m, [B, P]>
+// CHECK: 'sbp.all_reduce': mesh axes [0, 0] must be distinct axes of the 2-D mesh @m
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+sbp.placement @n cpu ranks [2, 3] mesh [2]
+%t = "test.op"() : () -> !sbp.dtensor<8xf32, @m, S<0>>
+%a = sbp.all_gather %t over [0] : !sbp.dtensor<8xf32, @m, S<0>> -> !sbp.dtensor<8xf32, @n, B>
+// CHECK: 'sbp.all_gather': operand and result must share a placement (@m vs @n); use sbp.transfer to move between placements
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+%t = "test.op"() : () -> !sbp.dtensor<8xf32, @m, S<0>>
+%a = sbp.all_gather %t over [0] : !sbp.dtensor<8xf32, @m, S<0>> -> !sbp.dtensor<4xf32, @m, B>
+// CHECK: 'sbp.all_gather': result must have the operand's global shape and element type ([8]xf32 vs [4]xf32)
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+sbp.placement @n cpu ranks [2, 3] mesh [2]
+%t = "test.op"() : () -> !sbp.dtensor<8xf32, @m, S<0>>
+%a = sbp.transfer %t : !sbp.dtensor<8xf32, @m, S<0>> -> !sbp.dtensor<8x2xf32, @n, B>
+// CHECK: 'sbp.transfer': result must have the operand's global shape and element type ([8]xf32 vs [8, 2]xf32)
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+sbp.placement @n cpu ranks [2, 3, 4, 5] mesh [2, 2]
+%t = "test.op"() : () -> !sbp.dtensor<8xf32, @m, S<0>>
+%a = sbp.transfer %t : !sbp.dtensor<8xf32, @m, S<0>> -> !sbp.dtensor<8xf32, @n, [B, S<1>]>
+// CHECK: 'sbp.transfer': result is split on axis 1 but has rank 1
+
+// -----
+
+// The collectives take dtensors only.
+%t = "test.op"() : () -> tensor<8xf32>
+%a = "sbp.all_gather"(%t) <{mesh_axes = array<i64: 0>}> : (tensor<8xf32>) -> tensor<8xf32>
+// CHECK: Operation does not verify: operand 'input' at position 0 does not verify:
+// CHECK-NEXT: tensor<8xf32> should be of base attribute sbp.dtensor
