@@ -1,4 +1,4 @@
-// RUN: sbp-opt %s --split-input-file --parsing-diagnostics | filecheck %s
+// RUN: sbp-opt %s --split-input-file --parsing-diagnostics --verify-diagnostics | filecheck %s
 
 // Initializer errors point at the initializer.
 
