@@ -47,4 +47,4 @@ lg.graph @g {
   %y = lg.add %x, %x : tensor<4xf32>
   lg.output []
 }
-// CHECK: Expected '(' in function type
+// CHECK: Expected '('
