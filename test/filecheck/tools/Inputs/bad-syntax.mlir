@@ -1,0 +1,4 @@
+lg.graph @g {
+  %x = lg.input "x" tensor<8xf32>
+  lg.output []
+}
