@@ -1,0 +1,33 @@
+# The two commands of the README:
+#   make run    set up, then run the main job
+#   make test   set up, then run every test (lit + pytest)
+# Both create the virtual environment .venv on first use.
+
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+
+.PHONY: run test lit pytest setup clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $@
+
+run: setup
+	$(BIN)/sbp-opt examples/mlp.mlir
+	$(BIN)/python examples/mlp.py
+
+test: lit pytest
+
+lit: setup
+	$(BIN)/lit -v test/filecheck
+
+pytest: setup
+	$(BIN)/python -m pytest -q test/python
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

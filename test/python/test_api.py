@@ -1,0 +1,89 @@
+"""The Python side of the dialects: building IR through op constructors,
+shape inference, plain-data views, and the tools' behaviour on bad input."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from xdsl.dialects.builtin import TensorType, f32
+
+import sbpc
+from sbpc.dialects import lg, sbp
+from sbpc.graph_builder import GraphBuilder
+from sbpc.tools.sbp_opt import main as sbp_opt_main
+
+
+def test_constructors_infer_result_types():
+    b = GraphBuilder("g")
+    x = b.input("x", (2, 8, 16))
+    w = b.param("w", (16, 4), lg.NormalInitAttr(0.0, 0.02))
+    y = b.add(lg.MatmulOp(x, w))
+    assert y.type == TensorType(f32, (2, 8, 4))
+    t = b.add(lg.TransposeOp(y, [0, 2, 1]))
+    assert t.type == TensorType(f32, (2, 4, 8))
+    s = b.add(lg.SoftmaxOp(t, -1))  # negative axes are normalized
+    assert s.owner.axis.value.data == 2
+    r = b.add(lg.ReduceSumOp(s, [-1, 0], keepdims=True))
+    assert r.owner.axes.get_values() == (0, 2) and r.type == TensorType(f32, (1, 4, 1))
+    labels = b.input("labels", (2, 4), "i64")
+    loss = b.add(lg.CrossEntropyOp(t, labels))
+    assert loss.type == TensorType(f32, ())
+    module = b.module({"loss": loss})
+    module.verify()
+
+
+def test_constructors_reject_ill_typed_operands():
+    b = GraphBuilder("g")
+    x = b.input("x", (8, 16))
+    with pytest.raises(ValueError, match="lg.matmul: contracting dimensions differ"):
+        lg.MatmulOp(x, x)
+    with pytest.raises(ValueError, match=r"lg.add: shapes \[8, 16\], \[3\] do not broadcast"):
+        lg.AddOp(x, b.input("y", (3,)))
+    with pytest.raises(ValueError, match="lg.reshape: cannot reshape"):
+        lg.ReshapeOp(x, (5, 5))
+
+
+def test_sbp_attributes_and_mesh():
+    nd = sbp.NdSbpAttr([sbp.SplitAttr(0), sbp.BroadcastAttr(), sbp.PartialAttr("max")])
+    assert len(nd) == 3 and nd[0].axis.data == 0 and nd[2].reduce_kind is sbp.ReduceKind.MAX
+    assert sbp.format_nd(nd) == "[S<0>, B, P<max>]"
+    assert sbp.PartialAttr() == sbp.PartialAttr("sum")
+    placement = sbp.PlacementOp("m", "cuda", [4, 5, 6, 7], [2, 2])
+    placement.verify()
+    assert placement.mesh() == sbp.Mesh("m", sbp.DeviceKind.CUDA, (4, 5, 6, 7), (2, 2))
+    t = sbp.DTensorType((8, 4), f32, "m", [sbp.SplitAttr(1), sbp.BroadcastAttr()])
+    assert sbp.global_shape(t) == (8, 4) and t.placement_name == "m"
+    moved = t.with_distribution("n", [sbp.BroadcastAttr()])
+    assert moved.placement_name == "n" and moved.get_shape() == (8, 4)
+    with pytest.raises(Exception, match="split axis must be non-negative"):
+        sbp.SplitAttr(-1)
+
+
+def test_sbp_opt_reports_bad_input_without_traceback(tmp_path, capsys):
+    bad = tmp_path / "bad.mlir"
+    bad.write_text('lg.graph @g {\n  %x = lg.input "x" : tensor<4xi1>\n  lg.output []\n}\n')
+    assert sbp_opt_main([str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "'lg.input': element type i1 is not supported" in err and "Traceback" not in err
+    good = tmp_path / "good.mlir"
+    good.write_text('lg.graph @g {\n  %x = lg.input "x" : tensor<4xi64>\n  lg.output ["x"] %x : tensor<4xi64>\n}\n')
+    assert sbp_opt_main([str(good)]) == 0
+    assert 'lg.input "x" : tensor<4xi64>' in capsys.readouterr().out
+
+
+def test_package_imports_from_outside_the_checkout(tmp_path):
+    code = "import sbpc, sbpc.dialects.lg, sbpc.lowering, sbpc.runtime, sbpc.tools.sbp_opt; print(sbpc.__file__)"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+def test_every_registered_pass_loads():
+    from sbpc.universe import SBPC_UNIVERSE
+
+    for name, factory in SBPC_UNIVERSE.all_passes.items():
+        assert factory().name == name
+    assert set(SBPC_UNIVERSE.all_dialects) == {"lg", "sbp"}
+    for name, factory in SBPC_UNIVERSE.all_dialects.items():
+        assert factory().name == name
