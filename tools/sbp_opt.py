@@ -32,7 +32,10 @@ class SbpOptMain(xDSLOptMain):
 
 
 def main(args: list[str] | None = None) -> int:
-    warnings.filterwarnings("default", category=DeprecationWarning)
+    # Show deprecations as xdsl-opt does, unless the caller chose a policy
+    # (the test suite runs with PYTHONWARNINGS=error::DeprecationWarning).
+    if not sys.warnoptions:
+        warnings.filterwarnings("default", category=DeprecationWarning)
     try:
         SbpOptMain(description="sbpc's modular optimizer driver", args=args).run()
     except (ParseError, DiagnosticException) as error:

@@ -87,3 +87,21 @@ def test_every_registered_pass_loads():
     assert set(SBPC_UNIVERSE.all_dialects) == {"lg", "sbp"}
     for name, factory in SBPC_UNIVERSE.all_dialects.items():
         assert factory().name == name
+
+
+def test_attribute_verifiers_reachable_only_from_python():
+    # The parser cannot even spell these; the constructors must still refuse them.
+    with pytest.raises(Exception, match="an nd-SBP needs at least one entry"):
+        sbp.NdSbpAttr([])
+    with pytest.raises(Exception, match="partial reduction must be one of sum, max, got 'min'"):
+        sbp.PartialAttr("min")
+    with pytest.raises(Exception, match="one entry per mesh axis"):
+        sbp.SignatureAttr([sbp.NdSbpAttr([sbp.BroadcastAttr()])], [sbp.NdSbpAttr([sbp.BroadcastAttr()] * 2)])
+
+
+def test_lookup_outside_a_module_is_a_diagnostic():
+    b = GraphBuilder("g")
+    t = sbp.DTensorType((4,), f32, "m", [sbp.BroadcastAttr()])
+    x = b.add(lg.InputOp("x", t))  # the graph is in no module, so no symbol table
+    with pytest.raises(Exception, match="'lg.input': placement @m does not exist"):
+        x.owner.verify()

@@ -413,3 +413,89 @@ lg.graph @g {
   lg.output ["y"] %y : tensor<8xf32>
 }
 // CHECK: 'lg.relu': attribute 'sbp.signature' must be an #sbp.sig
+
+// -----
+
+lg.graph @g {
+  %t = lg.input "t" : tensor<10x4xi32>
+  %i = lg.input "i" : tensor<3xi64>
+  %y = lg.embedding %t, %i : (tensor<10x4xi32>, tensor<3xi64>) -> tensor<3x4xi32>
+  lg.output ["y"] %y : tensor<3x4xi32>
+}
+// CHECK: 'lg.embedding': table must have a float element type, got i32
+
+// -----
+
+lg.graph @g {
+  %l = lg.input "l" : tensor<f32>
+  %t = lg.input "t" : tensor<i64>
+  %y = lg.cross_entropy %l, %t : (tensor<f32>, tensor<i64>) -> tensor<f32>
+  lg.output ["y"] %y : tensor<f32>
+}
+// CHECK: 'lg.cross_entropy': logits must have a class axis
+
+// -----
+
+lg.graph @g {
+  %l = lg.input "l" : tensor<8x10xi64>
+  %t = lg.input "t" : tensor<8xi64>
+  %y = lg.cross_entropy %l, %t : (tensor<8x10xi64>, tensor<8xi64>) -> tensor<i64>
+  lg.output ["y"] %y : tensor<i64>
+}
+// CHECK: 'lg.cross_entropy': logits must have a float element type, got i64
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xi64>
+  %y = lg.reduce_sum %x axes [0] : tensor<8x4xi64> -> tensor<4xi64>
+  lg.output ["y"] %y : tensor<4xi64>
+}
+// CHECK: 'lg.reduce_sum': operand must have a float element type, got i64
+
+// -----
+
+lg.graph @g {
+  %y = "lg.concat"() <{axis = 0 : i64}> : () -> tensor<4xf32>
+  lg.output ["y"] %y : tensor<4xf32>
+}
+// CHECK: 'lg.concat': needs at least one operand
+
+// -----
+
+lg.graph @g {
+  %c = "lg.constant"() <{value = dense<1.0> : vector<4xf32>}> : () -> tensor<4xf32>
+  lg.output ["c"] %c : tensor<4xf32>
+}
+// CHECK: 'lg.constant': the literal must be a tensor
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8xf32>
+  %y = "lg.relu"(%x) : (tensor<8xf32>) -> tensor<4xf32>
+  lg.output ["y"] %y : tensor<4xf32>
+}
+// CHECK: result 'result' at position 0 does not verify
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+lg.graph @g {
+  %a = lg.input "a" : !sbp.dtensor<8xf32, @m, S<0>>
+  %y = lg.relu %a {sbp.signature = #sbp.sig<(S<0>) -> ()>} : !sbp.dtensor<8xf32, @m, S<0>>
+  lg.output ["y"] %y : !sbp.dtensor<8xf32, @m, S<0>>
+}
+// CHECK: 'lg.relu': signature has 0 results but the op has 1
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+lg.graph @g {
+  %a = lg.input "a" : tensor<8xf32>
+  %b = lg.input "b" : tensor<8xf32>
+  %y = lg.add %a, %b : (tensor<8xf32>, tensor<8xf32>) -> !sbp.dtensor<8xf32, @m, P>
+  %z = lg.add %a, %b {sbp.signature = #sbp.sig<(B, B) -> (P)>} : (tensor<8xf32>, tensor<8xf32>) -> !sbp.dtensor<8xf32, @m, P>
+  lg.output ["y"] %y : !sbp.dtensor<8xf32, @m, P>
+}
+// CHECK: 'lg.add': operand #0 has no distribution but the op has a signature
