@@ -25,7 +25,6 @@ from typing import Any, ClassVar
 
 from xdsl.dialects.builtin import (
     I64,
-    AnyFloat,
     ArrayAttr,
     BFloat16Type,
     DenseArrayBase,
@@ -68,7 +67,6 @@ from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator, Pure, Symbol
 from xdsl.utils.exceptions import VerifyException
 
 from .sbp import (
-    DTensorType,
     TensorLike,
     element_type,
     global_shape,

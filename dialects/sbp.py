@@ -26,7 +26,6 @@ from enum import auto
 from typing import ClassVar
 
 from xdsl.dialects.builtin import (
-    I64,
     ArrayAttr,
     DenseArrayBase,
     IntAttr,
@@ -55,7 +54,7 @@ from xdsl.irdl import (
     result_def,
     traits_def,
 )
-from xdsl.parser import AttrParser, Parser
+from xdsl.parser import AttrParser
 from xdsl.printer import Printer
 from xdsl.traits import Pure, SymbolOpInterface, SymbolTable
 from xdsl.utils.exceptions import VerifyException

@@ -8,7 +8,6 @@ import sys
 import pytest
 from xdsl.dialects.builtin import TensorType, f32
 
-import sbpc
 from sbpc.dialects import lg, sbp
 from sbpc.graph_builder import GraphBuilder
 from sbpc.tools.sbp_opt import main as sbp_opt_main
