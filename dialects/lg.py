@@ -249,17 +249,74 @@ def verify_distributions(op: IRDLOperation) -> None:
     verify_signature(op)
 
 
-class LgOp(IRDLOperation, ABC):
+Signature = tuple[tuple[str, ...], tuple[str, ...]]
+"""A 1-D SBP signature as plain data: (operand SBPs, result SBPs), each SBP a
+string "S<axis>" written "S0", "S1", ..., "B", "P" (sum) or "Pmax"."""
+
+
+def _split_ok(dim: int, p: int) -> bool:
+    # Splitting fewer elements than devices leaves devices empty: legal, never useful.
+    return dim >= p
+
+
+def _source_signatures(out_shape: Shape, p: int) -> list[Signature]:
+    return [((), ("B",))] + [((), (f"S{i}",)) for i, d in enumerate(out_shape) if _split_ok(d, p)]
+
+
+def _aligned_splits(in_shapes: Sequence[Shape], out_shape: Shape, p: int) -> list[Signature]:
+    """Elementwise with numpy broadcasting: splitting result axis i splits
+    each operand on its aligned axis, or needs it whole (B) where the operand
+    broadcasts along i."""
+    sigs = []
+    rank = len(out_shape)
+    for i, d in enumerate(out_shape):
+        if not _split_ok(d, p):
+            continue
+        ins = []
+        for shape in in_shapes:
+            j = i - (rank - len(shape))
+            ins.append("B" if j < 0 or shape[j] != d else f"S{j}")
+        sigs.append((tuple(ins), (f"S{i}",)))
+    return sigs
+
+
+def _passthrough(count: int, kinds: Sequence[str]) -> list[Signature]:
+    """All-B gives B; for each partial kind the op is linear (or monotone, for
+    max) in, all operands of that kind give it."""
+    return [(("B",) * count, ("B",))] + [((k,) * count, (k,)) for k in kinds]
+
+
+class SbpRules:
+    """How an op may be distributed: its valid 1-D SBP signatures and its
+    work, as plain data next to the op's shape rule. sbp-infer builds N-D
+    signatures from these, one mesh axis at a time."""
+
+    FLOPS_PER_ELEMENT: ClassVar[float] = 1.0
+    SBP_NOTE: ClassVar[str] = ""
+    """Why a distribution one might expect is missing, for diagnostics."""
+
+    def params(self) -> dict[str, Any]:
+        """The op's properties as plain Python keywords of its rules."""
+        return {}
+
+    @classmethod
+    def sbp_rule(cls, in_shapes: Sequence[Shape], out_shape: Shape, p: int, **params: Any) -> list[Signature]:
+        """Every valid 1-D signature on a mesh axis of `p` devices."""
+        raise NotImplementedError
+
+    @classmethod
+    def flops(cls, in_shapes: Sequence[Shape], out_shape: Shape, **params: Any) -> float:
+        """Arithmetic of the whole (global) op."""
+        return cls.FLOPS_PER_ELEMENT * math.prod(out_shape)
+
+
+class LgOp(SbpRules, IRDLOperation, ABC):
     """A compute op: its result's global type follows from `rule`."""
 
     @classmethod
     def rule(cls, shapes: Sequence[Shape], elems: Sequence[Attribute], **params: Any) -> tuple[Shape, Attribute]:
         """The result's global shape and element type, or a ShapeError."""
         raise NotImplementedError
-
-    def params(self) -> dict[str, Any]:
-        """The op's properties as the plain Python keywords of `rule`."""
-        return {}
 
     @classmethod
     def infer(cls, operands: Sequence[SSAValue], **params: Any) -> TensorType:
@@ -373,8 +430,14 @@ def _verify_source(op: IRDLOperation, float_only: bool) -> None:
 
 
 @irdl_op_definition
-class InputOp(IRDLOperation):
+class InputOp(SbpRules, IRDLOperation):
     """A named feed."""
+
+    FLOPS_PER_ELEMENT: ClassVar[float] = 0.0
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, **params):
+        return _source_signatures(out_shape, p)
 
     name = "lg.input"
 
@@ -391,8 +454,14 @@ class InputOp(IRDLOperation):
 
 
 @irdl_op_definition
-class ParamOp(IRDLOperation):
+class ParamOp(SbpRules, IRDLOperation):
     """A named trainable tensor and how it is first initialized."""
+
+    FLOPS_PER_ELEMENT: ClassVar[float] = 0.0
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, **params):
+        return _source_signatures(out_shape, p)
 
     name = "lg.param"
 
@@ -414,9 +483,15 @@ class ParamOp(IRDLOperation):
 
 
 @irdl_op_definition
-class ConstantOp(IRDLOperation):
+class ConstantOp(SbpRules, IRDLOperation):
     """A literal tensor: `lg.constant dense<1.0> : tensor<4xf32>`; after SBP
     inference its distributed type follows `->`."""
+
+    FLOPS_PER_ELEMENT: ClassVar[float] = 0.0
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, **params):
+        return _source_signatures(out_shape, p)
 
     name = "lg.constant"
 
@@ -478,20 +553,30 @@ class UnaryOp(LgOp, ABC):
     def __init__(self, input: SSAValue):
         super().__init__(operands=[input], result_types=[input.type])
 
+    PARTIALS: ClassVar[tuple[str, ...]] = ()
+    """Partial kinds the op keeps: "P" where it is linear, "Pmax" where it is
+    monotone non-decreasing (f(max x) = max f(x))."""
+
     @classmethod
     def rule(cls, shapes, elems, **params):
         _require_float("operand", elems[0])
         return shapes[0], elems[0]
 
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, **params):
+        return _aligned_splits(in_shapes, out_shape, p) + _passthrough(1, cls.PARTIALS)
+
 
 @irdl_op_definition
 class NegOp(UnaryOp):
     name = "lg.neg"
+    PARTIALS: ClassVar[tuple[str, ...]] = ("P",)
 
 
 @irdl_op_definition
 class ReluOp(UnaryOp):
     name = "lg.relu"
+    PARTIALS: ClassVar[tuple[str, ...]] = ("Pmax",)
 
 
 @irdl_op_definition
@@ -499,26 +584,34 @@ class GeluOp(UnaryOp):
     """GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
 
     name = "lg.gelu"
+    FLOPS_PER_ELEMENT: ClassVar[float] = 8.0
 
 
 @irdl_op_definition
 class TanhOp(UnaryOp):
     name = "lg.tanh"
+    PARTIALS: ClassVar[tuple[str, ...]] = ("Pmax",)
+    FLOPS_PER_ELEMENT: ClassVar[float] = 4.0
 
 
 @irdl_op_definition
 class ExpOp(UnaryOp):
     name = "lg.exp"
+    PARTIALS: ClassVar[tuple[str, ...]] = ("Pmax",)
+    FLOPS_PER_ELEMENT: ClassVar[float] = 4.0
 
 
 @irdl_op_definition
 class SqrtOp(UnaryOp):
     name = "lg.sqrt"
+    PARTIALS: ClassVar[tuple[str, ...]] = ("Pmax",)
+    FLOPS_PER_ELEMENT: ClassVar[float] = 4.0
 
 
 @irdl_op_definition
 class RsqrtOp(UnaryOp):
     name = "lg.rsqrt"
+    FLOPS_PER_ELEMENT: ClassVar[float] = 4.0
 
 
 class BinaryOp(LgOp, ABC):
@@ -535,29 +628,42 @@ class BinaryOp(LgOp, ABC):
     def __init__(self, lhs: SSAValue, rhs: SSAValue, result_type: Attribute | None = None):
         super().__init__(operands=[lhs, rhs], result_types=[result_type or self.infer([lhs, rhs])])
 
+    PARTIAL_SIGNATURES: ClassVar[tuple[Signature, ...]] = ()
+    """Signatures with partial operands, where the op is linear (P) or
+    monotone (Pmax) in them."""
+
     @classmethod
     def rule(cls, shapes, elems, **params):
         return broadcast_shapes(*shapes), _same_elem(elems)
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, **params):
+        return _aligned_splits(in_shapes, out_shape, p) + [(("B", "B"), ("B",)), *cls.PARTIAL_SIGNATURES]
 
 
 @irdl_op_definition
 class AddOp(BinaryOp):
     name = "lg.add"
+    PARTIAL_SIGNATURES: ClassVar[tuple[Signature, ...]] = ((("P", "P"), ("P",)), (("Pmax", "B"), ("Pmax",)), (("B", "Pmax"), ("Pmax",)))
 
 
 @irdl_op_definition
 class SubOp(BinaryOp):
     name = "lg.sub"
+    PARTIAL_SIGNATURES: ClassVar[tuple[Signature, ...]] = ((("P", "P"), ("P",)), (("Pmax", "B"), ("Pmax",)))
 
 
 @irdl_op_definition
 class MulOp(BinaryOp):
     name = "lg.mul"
+    PARTIAL_SIGNATURES: ClassVar[tuple[Signature, ...]] = ((("P", "B"), ("P",)), (("B", "P"), ("P",)))
 
 
 @irdl_op_definition
 class DivOp(BinaryOp):
     name = "lg.div"
+    PARTIAL_SIGNATURES: ClassVar[tuple[Signature, ...]] = ((("P", "B"), ("P",)),)
+    FLOPS_PER_ELEMENT: ClassVar[float] = 4.0
 
 
 # --------------------------------------------------------------------------
@@ -621,6 +727,30 @@ class MatmulOp(LgOp):
         batch = broadcast_shapes(a[:-2], b[:-2])
         return (*batch, a[-2], b[-1]), _same_elem(elems)
 
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, transpose_lhs=False, transpose_rhs=False):
+        """OneFlow's Table 1 with transposes remapped: (S<m>, B) -> S, (B, S<n>) -> S,
+        (S<k>, S<k>) -> P, (P, B) -> P, (B, P) -> P, (B, B) -> B, and the batch
+        axes split alike (an operand that broadcasts along one stays B)."""
+        a, b = in_shapes
+        m_axis, k_axis = (len(a) - 1, len(a) - 2) if transpose_lhs else (len(a) - 2, len(a) - 1)
+        kb_axis, n_axis = (len(b) - 1, len(b) - 2) if transpose_rhs else (len(b) - 2, len(b) - 1)
+        rank = len(out_shape)
+        sigs = _aligned_splits([a[:-2], b[:-2]], out_shape[:-2], p)
+        if _split_ok(a[m_axis], p):
+            sigs.append(((f"S{m_axis}", "B"), (f"S{rank - 2}",)))
+        if _split_ok(b[n_axis], p):
+            sigs.append((("B", f"S{n_axis}"), (f"S{rank - 1}",)))
+        if _split_ok(a[k_axis], p):
+            sigs.append(((f"S{k_axis}", f"S{kb_axis}"), ("P",)))
+        return sigs + [(("B", "B"), ("B",)), (("P", "B"), ("P",)), (("B", "P"), ("P",))]
+
+    @classmethod
+    def flops(cls, in_shapes, out_shape, transpose_lhs=False, transpose_rhs=False):
+        a = in_shapes[0]
+        k = a[-2] if transpose_lhs else a[-1]
+        return 2.0 * math.prod(out_shape) * k
+
 
 # --------------------------------------------------------------------------
 # Normalizations
@@ -646,11 +776,18 @@ class AxisOp(LgOp, ABC):
     def params(self):
         return {"axis": self.axis.value.data}
 
+    FLOPS_PER_ELEMENT: ClassVar[float] = 5.0
+
     @classmethod
     def rule(cls, shapes, elems, axis):
         _require_float("operand", elems[0])
         _check_axis(axis, len(shapes[0]))
         return shapes[0], elems[0]
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, axis):
+        sigs = [sig for sig in _aligned_splits(in_shapes, out_shape, p) if sig[1][0] != f"S{axis}"]
+        return sigs + _passthrough(1, ())
 
 
 @irdl_op_definition
@@ -702,8 +839,17 @@ class LayerNormOp(LgOp):
             result_types=[input.type],
         )
 
+    FLOPS_PER_ELEMENT: ClassVar[float] = 8.0
+
     def params(self):
         return {"axis": self.axis.value.data, "affine": self.weight is not None, "has_bias": self.bias is not None}
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, axis, affine, has_bias):
+        """Split any axis before the normalized ones; weight and bias stay whole."""
+        extra = ("B",) * (len(in_shapes) - 1)
+        sigs = [((f"S{i}", *extra), (f"S{i}",)) for i in range(axis) if _split_ok(out_shape[i], p)]
+        return sigs + [(("B", *extra), ("B",))]
 
     @classmethod
     def rule(cls, shapes, elems, axis, affine, has_bias):
@@ -768,6 +914,27 @@ class ReduceOp(LgOp, ABC):
             return tuple(1 if i in axes else d for i, d in enumerate(x)), elems[0]
         return tuple(d for i, d in enumerate(x) if i not in axes), elems[0]
 
+    PARTIAL: ClassVar[str] = "P"
+    """What a split on a reduced axis becomes, and the partial kind kept."""
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, axes, keepdims):
+        """S on a reduced axis gives a partial result; S on a kept axis stays S."""
+        sigs = []
+        for i, d in enumerate(in_shapes[0]):
+            if not _split_ok(d, p):
+                continue
+            if i in axes:
+                sigs.append(((f"S{i}",), (cls.PARTIAL,)))
+            else:
+                out_axis = i if keepdims else i - sum(1 for a in axes if a < i)
+                sigs.append(((f"S{i}",), (f"S{out_axis}",)))
+        return sigs + _passthrough(1, (cls.PARTIAL,))
+
+    @classmethod
+    def flops(cls, in_shapes, out_shape, **params):
+        return float(math.prod(in_shapes[0]))
+
 
 @irdl_op_definition
 class ReduceSumOp(ReduceOp):
@@ -782,6 +949,7 @@ class ReduceMeanOp(ReduceOp):
 @irdl_op_definition
 class ReduceMaxOp(ReduceOp):
     name = "lg.reduce_max"
+    PARTIAL: ClassVar[str] = "Pmax"
 
 
 # --------------------------------------------------------------------------
@@ -821,6 +989,23 @@ class ReshapeOp(ToShapeOp):
             )
         return tuple(shape), elems[0]
 
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, shape):
+        """S<i> maps to the result axis j with the same leading element count
+        (prod(in[:i]) == prod(out[:j])) when both axes divide by p: then every
+        device's piece is one contiguous run of each leading block on both sides."""
+        x = in_shapes[0]
+        sigs = []
+        for i, d in enumerate(x):
+            if d < p or d % p:
+                continue
+            lead = math.prod(x[:i])
+            for j, e in enumerate(out_shape):
+                if math.prod(out_shape[:j]) == lead and e >= p and e % p == 0:
+                    sigs.append(((f"S{i}",), (f"S{j}",)))
+                    break
+        return sigs + _passthrough(1, ("P", "Pmax"))
+
 
 @irdl_op_definition
 class BroadcastToOp(ToShapeOp):
@@ -833,6 +1018,12 @@ class BroadcastToOp(ToShapeOp):
         if broadcast_shapes(shapes[0], tuple(shape)) != tuple(shape):
             raise ShapeError(f"cannot broadcast {list(shapes[0])} to {list(shape)}")
         return tuple(shape), elems[0]
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, shape):
+        """A kept axis splits alike; an expanded axis can be split from a whole
+        (B) input, each device materializing only its slice."""
+        return _aligned_splits(in_shapes, out_shape, p) + _passthrough(1, ("P", "Pmax"))
 
 
 @irdl_op_definition
@@ -864,6 +1055,11 @@ class TransposeOp(LgOp):
         if sorted(perm) != list(range(len(x))):
             raise ShapeError(f"perm {list(perm)} is not a permutation of the {len(x)} axes")
         return tuple(x[p] for p in perm), elems[0]
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, perm):
+        sigs = [((f"S{src}",), (f"S{i}",)) for i, src in enumerate(perm) if _split_ok(out_shape[i], p)]
+        return sigs + _passthrough(1, ("P", "Pmax"))
 
 
 @irdl_op_definition
@@ -900,6 +1096,12 @@ class ConcatOp(LgOp):
         if any(e != elems[0] for e in elems):
             raise ShapeError(f"operands must share one element type, got {', '.join(map(str, elems))}")
         return (*first[:axis], sum(s[axis] for s in shapes), *first[axis + 1 :]), elems[0]
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, axis):
+        n = len(in_shapes)
+        sigs = [((f"S{i}",) * n, (f"S{i}",)) for i, d in enumerate(out_shape) if i != axis and _split_ok(d, p)]
+        return sigs + _passthrough(n, ("P", "Pmax"))
 
 
 @irdl_op_definition
@@ -954,6 +1156,17 @@ class SliceOp(LgOp):
             out.append(-(-(hi - lo) // st))
         return tuple(out), elems[0]
 
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, starts, limits, strides):
+        """Only axes the slice keeps whole may be split."""
+        x = in_shapes[0]
+        sigs = [
+            ((f"S{i}",), (f"S{i}",))
+            for i, d in enumerate(x)
+            if (starts[i], limits[i], strides[i]) == (0, d, 1) and _split_ok(d, p)
+        ]
+        return sigs + _passthrough(1, ("P", "Pmax"))
+
 
 # --------------------------------------------------------------------------
 # Gathers and losses
@@ -987,6 +1200,20 @@ class EmbeddingOp(LgOp):
             raise ShapeError(f"indices must be i32 or i64, got {elems[1]}")
         return (*indices, table[1]), elems[0]
 
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, **params):
+        """Table S<0>: each device gathers the rows it holds and zeros the
+        others, a partial sum. Table S<1>: the embedding dim splits. Split
+        indices split the result alike. Gathering is linear in the table."""
+        table, indices = in_shapes
+        last = len(out_shape) - 1
+        sigs = [(("B", f"S{i}"), (f"S{i}",)) for i, d in enumerate(indices) if _split_ok(d, p)]
+        if _split_ok(table[0], p):
+            sigs.append((("S0", "B"), ("P",)))
+        if _split_ok(table[1], p):
+            sigs.append((("S1", "B"), (f"S{last}",)))
+        return sigs + [(("B", "B"), ("B",)), (("P", "B"), ("P",))]
+
 
 @irdl_op_definition
 class CrossEntropyOp(LgOp):
@@ -1017,6 +1244,24 @@ class CrossEntropyOp(LgOp):
             raise ShapeError(f"labels shape {list(labels)} must be the logits shape without its class axis {list(logits[:-1])}")
         return (), elems[0]
 
+    FLOPS_PER_ELEMENT: ClassVar[float] = 6.0
+    SBP_NOTE: ClassVar[str] = (
+        "class-split logits (S on the class axis) are not supported: they need a distributed "
+        "max and sum-exp reduction; split the batch instead"
+    )
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, **params):
+        """Split batch axes give partial sums of the mean (each device divides
+        its local sum by the global count)."""
+        logits, _ = in_shapes
+        sigs = [((f"S{i}", f"S{i}"), ("P",)) for i, d in enumerate(logits[:-1]) if _split_ok(d, p)]
+        return sigs + [(("B", "B"), ("B",))]
+
+    @classmethod
+    def flops(cls, in_shapes, out_shape, **params):
+        return cls.FLOPS_PER_ELEMENT * math.prod(in_shapes[0])
+
 
 @irdl_op_definition
 class MseLossOp(LgOp):
@@ -1040,6 +1285,15 @@ class MseLossOp(LgOp):
         if shapes[0] != shapes[1]:
             raise ShapeError(f"operands must have one shape, got {list(shapes[0])} and {list(shapes[1])}")
         return (), _same_elem(elems)
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, **params):
+        sigs = [((f"S{i}", f"S{i}"), ("P",)) for i, d in enumerate(in_shapes[0]) if _split_ok(d, p)]
+        return sigs + [(("B", "B"), ("B",))]
+
+    @classmethod
+    def flops(cls, in_shapes, out_shape, **params):
+        return 3.0 * math.prod(in_shapes[0])
 
 
 UNARY_OPS = (NegOp, ReluOp, GeluOp, TanhOp, ExpOp, SqrtOp, RsqrtOp)

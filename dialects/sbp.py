@@ -472,6 +472,49 @@ def verify_distribution(op: Operation, type: Attribute, what: str) -> Mesh | Non
     return mesh
 
 
+# --------------------------------------------------------------------------
+# Plain data: passes that search (sbp-infer, boxing) work on strings, not
+# attributes: "S0", "S1", ... for splits, "B", "P" (sum) and "Pmax". An
+# nd-SBP is a tuple of them, one per mesh axis.
+# --------------------------------------------------------------------------
+
+PlainSbp = str
+PlainNd = tuple[str, ...]
+
+
+def to_plain(attr: SbpAttr) -> PlainSbp:
+    if isinstance(attr, SplitAttr):
+        return f"S{attr.axis.data}"
+    if isinstance(attr, BroadcastAttr):
+        return "B"
+    assert isinstance(attr, PartialAttr)
+    return "P" if attr.reduce_kind is ReduceKind.SUM else "Pmax"
+
+
+def from_plain(sbp: PlainSbp) -> SbpAttr:
+    if sbp == "B":
+        return BroadcastAttr()
+    if sbp == "P":
+        return PartialAttr()
+    if sbp == "Pmax":
+        return PartialAttr(ReduceKind.MAX)
+    assert sbp[0] == "S", sbp
+    return SplitAttr(int(sbp[1:]))
+
+
+def nd_to_plain(nd: NdSbpAttr) -> PlainNd:
+    return tuple(to_plain(e) for e in nd)
+
+
+def nd_from_plain(nd: Sequence[PlainSbp]) -> NdSbpAttr:
+    return NdSbpAttr([from_plain(e) for e in nd])
+
+
+def split_axis(sbp: PlainSbp) -> int | None:
+    """The tensor axis of a plain split, or None."""
+    return int(sbp[1:]) if sbp[0] == "S" else None
+
+
 SIGNATURE_ATTR = "sbp.signature"
 """The discardable attribute by which an op records its chosen SBP signature."""
 
