@@ -603,8 +603,9 @@ class ExpOp(UnaryOp):
 
 @irdl_op_definition
 class SqrtOp(UnaryOp):
+    """No Pmax: a device's candidate may lie outside sqrt's domain."""
+
     name = "lg.sqrt"
-    PARTIALS: ClassVar[tuple[str, ...]] = ("Pmax",)
     FLOPS_PER_ELEMENT: ClassVar[float] = 4.0
 
 

@@ -209,12 +209,14 @@ def evaluate(
     feeds: Mapping[str, Any],
     params: Mapping[str, Any] | None = None,
     graph: str | None = None,
+    trace: dict[Any, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """Runs a graph on global numpy values; returns its outputs by name.
 
     Parameters missing from `params` take their initial value. Every result
     is cast to its IR element type, so the arithmetic is that of the graph's
-    dtypes, not numpy's promotions.
+    dtypes, not numpy's promotions. `trace`, if given, receives every value
+    of the graph (keyed by SSA value).
     """
     graph_op = find_graph(module, graph)
     params = params or {}
@@ -222,7 +224,7 @@ def evaluate(
     unknown = (set(feeds) | set(params)) - known
     if unknown:
         raise EvaluationError(f"graph @{graph_op.sym_name.data} has no input or parameter named {sorted(unknown)}")
-    values: dict[Any, np.ndarray] = {}
+    values: dict[Any, np.ndarray] = {} if trace is None else trace
     for op in graph_op.body.ops:
         if isinstance(op, lg.OutputOp):
             return {name.data: values[v] for name, v in zip(op.names.data, op.values)}

@@ -1,0 +1,241 @@
+"""What one device computes: its piece of a global tensor under an nd-SBP,
+and an op's local kernel under a signature.
+
+These are the SBP semantics that every distributed level must implement and
+that the tests check SBP rules against: distribute the global operands by a
+signature, run each device's local kernel, combine the local results by the
+result's nd-SBP, and compare with the reference interpreter.
+
+Pieces: a tensor axis split over mesh axes is cut hierarchically, outer mesh
+axis first, into balanced pieces (the first `n % parts` pieces get one more
+element). A partial nd-SBP holds, on each device, a summand (P) or a
+candidate (Pmax) of the global value; one nd-SBP never mixes P and Pmax.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from xdsl.ir import Operation
+
+from sbpc.dialects import lg
+from sbpc.dialects.sbp import PlainNd, split_axis
+from sbpc.reference import KERNELS
+
+Coord = tuple[int, ...]
+
+
+def balanced(n: int, parts: int, index: int) -> tuple[int, int]:
+    """The [start, stop) of piece `index` of `n` elements cut in `parts`."""
+    base, extra = divmod(n, parts)
+    start = index * base + min(index, extra)
+    return start, start + base + (1 if index < extra else 0)
+
+
+def piece(shape: Sequence[int], nd: PlainNd, mesh: Sequence[int], coord: Coord) -> tuple[slice, ...]:
+    """The global index ranges of the piece held at mesh coordinate `coord`."""
+    ranges = [(0, d) for d in shape]
+    for mesh_axis, sbp in enumerate(nd):
+        axis = split_axis(sbp)
+        if axis is None:
+            continue
+        lo, hi = ranges[axis]
+        start, stop = balanced(hi - lo, mesh[mesh_axis], coord[mesh_axis])
+        ranges[axis] = (lo + start, lo + stop)
+    return tuple(slice(lo, hi) for lo, hi in ranges)
+
+
+def coords(mesh: Sequence[int]) -> list[Coord]:
+    return list(itertools.product(*(range(p) for p in mesh)))
+
+
+def partial_kind(nd: PlainNd) -> str | None:
+    kinds = {s for s in nd if s in ("P", "Pmax")}
+    assert len(kinds) <= 1, f"nd-SBP {nd} mixes partial kinds"
+    return kinds.pop() if kinds else None
+
+
+def distribute(value: np.ndarray, nd: PlainNd, mesh: Sequence[int], rng: np.random.Generator) -> dict[Coord, np.ndarray]:
+    """Every device's local piece of `value`. Partial pieces are random: P
+    summands that add up to the value, Pmax candidates at most the value with
+    one device holding it exactly. B axes hold identical copies."""
+    kind = partial_kind(nd)
+    partial_axes = [a for a, s in enumerate(nd) if s in ("P", "Pmax")]
+    broadcast_axes = [a for a, s in enumerate(nd) if s == "B"]
+    out: dict[Coord, np.ndarray] = {}
+    for c in coords(mesh):
+        # the representative holds B axes at 0; copies are filled in below
+        if any(c[a] for a in broadcast_axes):
+            continue
+        out[c] = np.array(value[piece(value.shape, nd, mesh, c)])
+    if kind is not None:
+        groups: dict[Coord, list[Coord]] = {}
+        for c in out:
+            groups.setdefault(tuple(0 if a in partial_axes else x for a, x in enumerate(c)), []).append(c)
+        for members in groups.values():
+            base = out[members[0]]
+            if kind == "P":
+                noise = rng.normal(size=(len(members), *base.shape)).astype(base.dtype)
+                noise -= noise.mean(axis=0)
+                for c, n in zip(members, noise):
+                    out[c] = base / len(members) + n
+            else:
+                exact = rng.integers(len(members))
+                for i, c in enumerate(members):
+                    if i != exact:
+                        out[c] = base - np.abs(rng.normal(size=base.shape)).astype(base.dtype)
+    for c in coords(mesh):
+        if c not in out:
+            out[c] = out[tuple(0 if a in broadcast_axes else x for a, x in enumerate(c))].copy()
+    return out
+
+
+def combine(
+    pieces: dict[Coord, np.ndarray], nd: PlainNd, mesh: Sequence[int], shape: Sequence[int], dtype
+) -> np.ndarray:
+    """The global tensor that local `pieces` stand for under `nd`. Copies on B
+    axes must agree (checked); P pieces are summed, Pmax pieces maxed."""
+    kind = partial_kind(nd)
+    broadcast_axes = [a for a, s in enumerate(nd) if s == "B"]
+    fill = -np.inf if kind == "Pmax" else 0
+    result = np.full(shape, fill, dtype=np.float64 if np.dtype(dtype).kind == "f" else dtype)
+    for c in coords(mesh):
+        region = piece(shape, nd, mesh, c)
+        local = pieces[c]
+        expected_shape = tuple(s.stop - s.start for s in region)
+        if local.shape != expected_shape:
+            raise AssertionError(f"device {c}: local piece has shape {local.shape}, expected {expected_shape}")
+        if any(c[a] for a in broadcast_axes):
+            twin = tuple(0 if a in broadcast_axes else x for a, x in enumerate(c))
+            np.testing.assert_allclose(local, pieces[twin], rtol=1e-5, atol=1e-6, err_msg=f"B copies differ at {c}")
+            continue
+        if kind == "P":
+            result[region] += local
+        elif kind == "Pmax":
+            result[region] = np.maximum(result[region], local)
+        else:
+            result[region] = local
+    return result.astype(dtype)
+
+
+# --------------------------------------------------------------------------
+# Local kernels
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LocalContext:
+    """What a local kernel may know beyond its local operands."""
+
+    in_shapes: tuple[tuple[int, ...], ...]  # global
+    out_shape: tuple[int, ...]  # global
+    in_pieces: tuple[tuple[slice, ...], ...]
+    out_piece: tuple[slice, ...]
+    out_nd: PlainNd
+
+    @property
+    def out_piece_shape(self) -> tuple[int, ...]:
+        return tuple(s.stop - s.start for s in self.out_piece)
+
+
+def _global_count_scaled(op: Operation, ctx: LocalContext, local: np.ndarray, local_n: int, global_n: int) -> np.ndarray:
+    # A mean over a split axis: each device sums its part and divides by the
+    # global count, so the pieces add up to the global mean.
+    return local * (local_n / global_n) if global_n else local
+
+
+def _reduce_mean(op: lg.ReduceMeanOp, ctx: LocalContext, x: np.ndarray) -> np.ndarray:
+    axes = tuple(op.axes.get_values())
+    local = KERNELS[lg.ReduceMeanOp](op, x)
+    local_n = int(np.prod([x.shape[a] for a in axes]))
+    global_n = int(np.prod([ctx.in_shapes[0][a] for a in axes]))
+    return _global_count_scaled(op, ctx, local, local_n, global_n)
+
+
+def _cross_entropy(op: lg.CrossEntropyOp, ctx: LocalContext, logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    local = KERNELS[lg.CrossEntropyOp](op, logits, labels)
+    return _global_count_scaled(op, ctx, local, labels.size, int(np.prod(ctx.in_shapes[1])))
+
+
+def _mse(op: lg.MseLossOp, ctx: LocalContext, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    local = KERNELS[lg.MseLossOp](op, a, b)
+    return _global_count_scaled(op, ctx, local, a.size, int(np.prod(ctx.in_shapes[0])))
+
+
+def _embedding(op: lg.EmbeddingOp, ctx: LocalContext, table: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    # A table split by rows holds rows [lo, hi): gather those, zero the rest.
+    rows = ctx.in_pieces[0][0]
+    inside = (indices >= rows.start) & (indices < rows.stop)
+    gathered = table[np.where(inside, indices - rows.start, 0)] if table.shape[0] else np.zeros(
+        (*indices.shape, table.shape[1]), table.dtype
+    )
+    return np.where(inside[..., None], gathered, 0)
+
+
+def _to_local_shape(kernel: Callable) -> Callable:
+    def local(op, ctx: LocalContext, x: np.ndarray) -> np.ndarray:
+        return kernel(x, ctx.out_piece_shape)
+
+    return local
+
+
+def _slice(op: lg.SliceOp, ctx: LocalContext, x: np.ndarray) -> np.ndarray:
+    # Only axes the slice keeps whole are split; those stay whole locally.
+    p = op.params()
+    full = ctx.in_shapes[0]
+    return x[
+        tuple(
+            slice(None) if (lo, hi, st) == (0, d, 1) else slice(lo, hi, st)
+            for lo, hi, st, d in zip(p["starts"], p["limits"], p["strides"], full)
+        )
+    ]
+
+
+LOCAL_KERNELS: dict[type[Operation], Callable[..., np.ndarray]] = {
+    lg.ReduceMeanOp: _reduce_mean,
+    lg.CrossEntropyOp: _cross_entropy,
+    lg.MseLossOp: _mse,
+    lg.EmbeddingOp: _embedding,
+    lg.ReshapeOp: _to_local_shape(np.reshape),
+    lg.BroadcastToOp: _to_local_shape(np.broadcast_to),
+    lg.SliceOp: _slice,
+}
+"""Ops whose local kernel is not the global kernel applied to local pieces."""
+
+
+def local_kernel(op: Operation, ctx: LocalContext, *inputs: np.ndarray) -> np.ndarray:
+    special = LOCAL_KERNELS.get(type(op))
+    with np.errstate(all="ignore"):
+        if special is not None:
+            return np.asarray(special(op, ctx, *inputs))
+        return np.asarray(KERNELS[type(op)](op, *inputs))
+
+
+def run_distributed(
+    op: Operation,
+    in_nds: Sequence[PlainNd],
+    out_nd: PlainNd,
+    mesh: Sequence[int],
+    global_inputs: Sequence[np.ndarray],
+    out_shape: Sequence[int],
+    out_dtype,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """Evaluates `op` on every device of `mesh` under the signature
+    (in_nds -> out_nd) and returns the combined global result."""
+    in_shapes = tuple(tuple(x.shape) for x in global_inputs)
+    per_input = [distribute(x, nd, mesh, rng) for x, nd in zip(global_inputs, in_nds)]
+    results = {}
+    for c in coords(mesh):
+        ctx = LocalContext(
+            in_shapes,
+            tuple(out_shape),
+            tuple(piece(s, nd, mesh, c) for s, nd in zip(in_shapes, in_nds)),
+            piece(out_shape, out_nd, mesh, c),
+            tuple(out_nd),
+        )
+        results[c] = local_kernel(op, ctx, *(pieces[c] for pieces in per_input)).astype(out_dtype)
+    return combine(results, out_nd, mesh, out_shape, out_dtype)

@@ -1,0 +1,148 @@
+"""Random well-typed lg graphs for property tests, built through the op
+constructors (so they are well typed by construction)."""
+
+import math
+from io import StringIO
+
+import numpy as np
+from hypothesis import strategies as st
+from xdsl.printer import Printer
+
+from sbpc.dialects import lg
+from sbpc.dialects.sbp import PlacementOp, global_shape
+from sbpc.graph_builder import GraphBuilder
+
+FLOAT_DIMS = st.integers(1, 4)
+
+
+def _shape(draw, rank_min=1, rank_max=3):
+    return tuple(draw(st.lists(FLOAT_DIMS, min_size=rank_min, max_size=rank_max)))
+
+
+@st.composite
+def random_graphs(draw):
+    """A random graph built through the op constructors: every op gets
+    operands its rule accepts, so the graph is well typed by construction."""
+    b = GraphBuilder("random", placement="mesh")
+    counter = iter(range(10**6))
+
+    def fresh(prefix):
+        return f"{prefix}{next(counter)}"
+
+    feeds: dict[str, np.ndarray] = {}
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+
+    def new_input(shape, dtype="f32", high=None):
+        key = fresh("x")
+        if dtype == "f32":
+            feeds[key] = rng.normal(size=shape).astype(np.float32)
+        else:
+            feeds[key] = rng.integers(0, high, size=shape).astype(np.int64)
+        return b.input(key, shape, dtype)
+
+    def new_param(shape):
+        init = draw(
+            st.sampled_from(
+                [lg.ZerosInitAttr(), lg.OnesInitAttr(), lg.FillInitAttr(0.5), lg.NormalInitAttr(0.0, 1.0),
+                 lg.UniformInitAttr(-1.0, 1.0)]
+            )
+        )
+        return b.param(fresh("w"), shape, init, seed=draw(st.integers(0, 3)))
+
+    values = [new_input(_shape(draw)) for _ in range(draw(st.integers(1, 2)))]
+
+    def pick(pred=lambda s: True):
+        candidates = [v for v in values if pred(global_shape(v.type))]
+        return draw(st.sampled_from(candidates)) if candidates else None
+
+    for _ in range(draw(st.integers(1, 12))):
+        kind = draw(
+            st.sampled_from(
+                ["unary", "binary", "matmul", "softmax", "layernorm", "reduce", "reshape", "transpose",
+                 "broadcast", "concat", "slice", "embedding", "cross_entropy", "mse", "constant"]
+            )
+        )
+        x = pick(lambda s: len(s) >= 1)
+        if x is None:
+            continue
+        shape = global_shape(x.type)
+        rank = len(shape)
+        if kind == "unary":
+            op = draw(st.sampled_from(lg.UNARY_OPS))(x)
+        elif kind == "binary":
+            # the other operand: a suffix of x's shape, with some dims set to 1
+            suffix = shape[draw(st.integers(0, rank)) :]
+            other_shape = tuple(1 if draw(st.booleans()) else d for d in suffix)
+            other = new_param(other_shape) if draw(st.booleans()) else new_input(other_shape)
+            lhs, rhs = (x, other) if draw(st.booleans()) else (other, x)
+            op = draw(st.sampled_from(lg.BINARY_OPS))(lhs, rhs)
+        elif kind == "matmul":
+            x = pick(lambda s: len(s) >= 2)
+            if x is None:
+                continue
+            shape = global_shape(x.type)
+            n = draw(FLOAT_DIMS)
+            transpose_rhs = draw(st.booleans())
+            w = new_param((n, shape[-1]) if transpose_rhs else (shape[-1], n))
+            op = lg.MatmulOp(x, w, transpose_rhs=transpose_rhs)
+        elif kind == "softmax":
+            op = draw(st.sampled_from([lg.SoftmaxOp, lg.LogSoftmaxOp]))(x, draw(st.integers(0, rank - 1)))
+        elif kind == "layernorm":
+            axis = draw(st.integers(0, rank - 1))
+            if draw(st.booleans()):
+                op = lg.LayerNormOp(x, axis, 1e-5, new_param(shape[axis:]), new_param(shape[axis:]))
+            else:
+                op = lg.LayerNormOp(x, axis)
+        elif kind == "reduce":
+            axes = draw(st.lists(st.integers(0, rank - 1), min_size=1, unique=True))
+            op = draw(st.sampled_from(lg.REDUCE_OPS))(x, axes, draw(st.booleans()))
+        elif kind == "reshape":
+            target = (math.prod(shape),) if draw(st.booleans()) else (*shape, 1)
+            op = lg.ReshapeOp(x, target)
+        elif kind == "transpose":
+            op = lg.TransposeOp(x, draw(st.permutations(range(rank))))
+        elif kind == "broadcast":
+            op = lg.BroadcastToOp(x, (draw(FLOAT_DIMS), *shape))
+        elif kind == "concat":
+            op = lg.ConcatOp([x, x], draw(st.integers(0, rank - 1)))
+        elif kind == "slice":
+            starts = [draw(st.integers(0, d - 1)) for d in shape]
+            limits = [draw(st.integers(s + 1, d)) for s, d in zip(starts, shape)]
+            strides = [draw(st.integers(1, 2)) for _ in shape]
+            op = lg.SliceOp(x, starts, limits, strides)
+        elif kind == "embedding":
+            vocab, dim = draw(FLOAT_DIMS), draw(FLOAT_DIMS)
+            op = lg.EmbeddingOp(new_param((vocab, dim)), new_input(_shape(draw, 1, 2), "i64", vocab))
+        elif kind == "cross_entropy":
+            labels = new_input(shape[:-1], "i64", shape[-1])
+            op = lg.CrossEntropyOp(x, labels)
+        elif kind == "mse":
+            op = lg.MseLossOp(x, new_input(shape))
+        else:
+            from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, TensorType, f32
+
+            data = rng.normal(size=shape).astype(np.float32)
+            value = DenseIntOrFPElementsAttr.from_list(TensorType(f32, shape), data.ravel().tolist())
+            op = lg.ConstantOp(value)
+        values.append(b.add(op))
+    outputs = {f"out{i}": v for i, v in enumerate(values[-draw(st.integers(1, min(3, len(values)))) :])}
+    module = b.module(outputs, PlacementOp("mesh", "cpu", [0, 1], [2]))
+    return Case(module, feeds)
+
+
+class Case:
+    """A drawn graph and its feeds; shows as IR text when a test fails."""
+
+    def __init__(self, module, feeds):
+        self.module, self.feeds = module, feeds
+
+    def __repr__(self) -> str:
+        return text(self.module)
+
+
+def text(module, generic=False) -> str:
+    stream = StringIO()
+    Printer(stream=stream, print_generic_format=generic).print_op(module)
+    return stream.getvalue()
+
+
