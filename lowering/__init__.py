@@ -12,6 +12,13 @@ def _sbp_erase() -> type[ModulePass]:
     return SbpErasePass
 
 
+def _sbp_infer() -> type[ModulePass]:
+    from .sbp_infer import SbpInferPass
+
+    return SbpInferPass
+
+
 PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "sbp-erase": _sbp_erase,
+    "sbp-infer": _sbp_infer,
 }

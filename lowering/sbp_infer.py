@@ -1,0 +1,471 @@
+"""`sbp-infer`: chooses an SBP signature for every op of a graph.
+
+Every lg op offers its valid 1-D signatures (`sbp_rule`, next to the op);
+N-D signatures are their products over the mesh axes. The pass reads the
+graph once into plain data (candidates, cost vectors, boxing-cost matrices),
+solves, and writes the answer back:
+
+- every value gets a `!sbp.dtensor` type (placement and nd-SBP);
+- every lg op records its choice in `sbp.signature`;
+- where a consumer needs another distribution than its producer gives, an
+  `sbp.annotate` requests the redistribution (sbp-insert-boxing lowers it);
+- the graph records `sbp.strategy` and `sbp.total_cost` (seconds, by the
+  cost model); with `explain`, every op lists its candidates and their costs.
+
+Strategies:
+- `greedy` (OneFlow's default): in program order each op takes its cheapest
+  signature given its producers' choices; a source (input, parameter,
+  constant) is decided together with its first consumer.
+- `auto`: a global search. Like OneFlow's SbpGraph, it eliminates nodes of
+  degree <= 2 (leaves fold into their neighbour, chain links into an edge,
+  parallel edges merge) by dynamic programming, which is exact on trees and
+  series-parallel graphs; what remains is improved by coordinate descent
+  from the greedy plan. It is never worse than greedy (both are costed and
+  the cheaper kept).
+
+Hints are constraints: a result typed `!sbp.dtensor` keeps its distribution,
+and `sbp.annotate` fixes the distribution of its result. Placement: an op
+runs where its result is hinted, else where its first operand runs, else on
+the graph's `on @mesh`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from xdsl.context import Context
+from xdsl.dialects.builtin import ArrayAttr, FloatAttr, ModuleOp, StringAttr, f64
+from xdsl.ir import Operation, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.rewriter import Rewriter
+from xdsl.utils.exceptions import PassFailedException
+
+from sbpc.dialects import lg
+from sbpc.dialects.sbp import (
+    COLLECTIVE_OPS,
+    SIGNATURE_ATTR,
+    AnnotateOp,
+    DTensorType,
+    Mesh,
+    PlainNd,
+    SignatureAttr,
+    element_type,
+    global_shape,
+    lookup_placement,
+    nd_from_plain,
+    nd_to_plain,
+    split_axis,
+)
+
+from .cost_model import DeviceSpec, boxing_cost, load_device, local_fraction, transfer_cost
+
+NdSignature = tuple[tuple[PlainNd, ...], PlainNd]
+"""(one nd-SBP per operand, the result's nd-SBP)."""
+
+STRATEGIES = ("greedy", "auto")
+
+
+def format_plain_nd(nd: PlainNd) -> str:
+    def one(s: str) -> str:
+        if s[0] == "S":
+            return f"S<{s[1:]}>"
+        return "P<max>" if s == "Pmax" else s
+
+    return one(nd[0]) if len(nd) == 1 else "[" + ", ".join(one(s) for s in nd) + "]"
+
+
+def format_signature(sig: NdSignature) -> str:
+    ins, out = sig
+    return f"({', '.join(format_plain_nd(nd) for nd in ins)}) -> ({format_plain_nd(out)})"
+
+
+# --------------------------------------------------------------------------
+# N-D signatures from 1-D rules
+# --------------------------------------------------------------------------
+
+_RULE_CACHE: dict = {}
+
+
+def _rule(op_cls, in_shapes, out_shape, p, params_key) -> list:
+    key = (op_cls, in_shapes, out_shape, p, params_key)
+    found = _RULE_CACHE.get(key)
+    if found is None:
+        found = _RULE_CACHE[key] = op_cls.sbp_rule(list(in_shapes), out_shape, p, **dict(params_key))
+    return found
+
+
+def nd_signatures(op_cls, in_shapes, out_shape, mesh: tuple[int, ...], params: dict) -> list[NdSignature]:
+    """Products of per-mesh-axis 1-D signatures. Where several mesh axes split
+    one tensor axis, they must all use the same 1-D signature and the rule
+    must accept it for the product of their sizes; one nd-SBP never mixes P
+    with Pmax."""
+    params_key = tuple(sorted(params.items()))
+    in_shapes = tuple(in_shapes)
+    per_axis = [_rule(op_cls, in_shapes, out_shape, p, params_key) for p in mesh]
+    if len(mesh) == 1:
+        return [(tuple((s,) for s in ins), (outs[0],)) for ins, outs in per_axis[0]]
+    result = []
+    n_in = len(in_shapes)
+    for combo in itertools.product(*per_axis):
+        ins = tuple(tuple(sig[0][j] for sig in combo) for j in range(n_in))
+        out = tuple(sig[1][0] for sig in combo)
+        if _nested_splits_ok(op_cls, in_shapes, out_shape, mesh, params_key, combo, (*ins, out)):
+            result.append((ins, out))
+    return result
+
+
+def _nested_splits_ok(op_cls, in_shapes, out_shape, mesh, params_key, combo, nds) -> bool:
+    for nd in nds:
+        if "P" in nd and "Pmax" in nd:
+            return False
+        by_axis: dict[int, list[int]] = {}
+        for mesh_axis, sbp in enumerate(nd):
+            axis = split_axis(sbp)
+            if axis is not None:
+                by_axis.setdefault(axis, []).append(mesh_axis)
+        for mesh_axes in by_axis.values():
+            if len(mesh_axes) < 2:
+                continue
+            sigs = {combo[a] for a in mesh_axes}
+            if len(sigs) != 1:
+                return False
+            p = math.prod(mesh[a] for a in mesh_axes)
+            if sigs.pop() not in _rule(op_cls, in_shapes, out_shape, p, params_key):
+                return False
+    return True
+
+
+# --------------------------------------------------------------------------
+# The problem as plain data
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class Node:
+    op: Operation
+    mesh: Mesh
+    candidates: list[NdSignature]
+    compute: np.ndarray
+    memory: np.ndarray
+    producers: list[int | None]
+    """Per operand, the node that produces it (None for none)."""
+    fixed_input: bool = False
+    """sbp.annotate: its operand is redistributed by the annotation itself."""
+
+    @property
+    def cost(self) -> np.ndarray:
+        return self.compute + self.memory
+
+
+@dataclass
+class Problem:
+    nodes: list[Node]
+    device: DeviceSpec
+    edges: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
+    """(producer, consumer) -> boxing cost [producer candidate, consumer candidate],
+    parallel operands summed."""
+
+    def total(self, choice: Sequence[int]) -> float:
+        cost = sum(float(node.cost[choice[i]]) for i, node in enumerate(self.nodes))
+        cost += sum(float(m[choice[u], choice[v]]) for (u, v), m in self.edges.items())
+        return cost
+
+    def boxing_of(self, v: int, choice: Sequence[int]) -> np.ndarray:
+        """Boxing cost of each candidate of v given its producers' choices."""
+        total = np.zeros(len(self.nodes[v].candidates))
+        for u in set(p for p in self.nodes[v].producers if p is not None):
+            total += self.edges[(u, v)][choice[u]]
+        return total
+
+
+def _nbytes(value: SSAValue) -> float:
+    elem = element_type(value.type)
+    width = getattr(elem, "bitwidth", None) or getattr(getattr(elem, "width", None), "data", 32)
+    return math.prod(global_shape(value.type)) * width / 8
+
+
+def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:
+    nodes: list[Node] = []
+    index: dict[SSAValue, int] = {}
+    default_mesh = lookup_placement(graph, graph.placement).mesh() if graph.placement is not None else None
+    for op in graph.body.ops:
+        if isinstance(op, lg.OutputOp):
+            continue
+        producers = [index.get(o) for o in op.operands]
+        result = op.results[0]
+        hinted = result.type if isinstance(result.type, DTensorType) else None
+        if hinted is not None:
+            mesh = lookup_placement(op, hinted.placement).mesh()
+        elif any(p is not None for p in producers):
+            mesh = nodes[next(p for p in producers if p is not None)].mesh
+        elif default_mesh is not None:
+            mesh = default_mesh
+        else:
+            raise PassFailedException(
+                f"'{op.name}': no placement: give graph @{graph.sym_name.data} a default (`on @mesh`) or hint the value"
+            )
+        out_shape = global_shape(result.type)
+        fixed_input = False
+        if isinstance(op, (AnnotateOp, *COLLECTIVE_OPS)):
+            assert hinted is not None
+            out_nd = nd_to_plain(hinted.nd_sbp)
+            source = op.operands[0].type
+            in_nd = nd_to_plain(source.nd_sbp) if isinstance(source, DTensorType) else out_nd
+            candidates = [((in_nd,), out_nd)]
+            fixed_input = isinstance(op, AnnotateOp)
+            flops = 0.0
+        elif isinstance(op, lg.SbpRules):
+            in_shapes = [global_shape(o.type) for o in op.operands]
+            params = op.params()
+            candidates = nd_signatures(type(op), in_shapes, out_shape, mesh.shape, params)
+            if hinted is not None:
+                want = nd_to_plain(hinted.nd_sbp)
+                allowed = [c for c in candidates if c[1] == want]
+                if not allowed:
+                    results = sorted({format_plain_nd(c[1]) for c in candidates})
+                    note = f"; {type(op).SBP_NOTE}" if type(op).SBP_NOTE else ""
+                    raise PassFailedException(
+                        f"'{op.name}': the hint {format_plain_nd(want)} on its result cannot be met: no SBP "
+                        f"signature gives it (it can give {', '.join(results)}){note}"
+                    )
+                candidates = allowed
+            flops = type(op).flops(in_shapes, out_shape, **params)
+        else:
+            raise PassFailedException(f"'{op.name}': sbp-infer does not know how to distribute this op")
+        nbytes = _nbytes(result)
+        fractions = [
+            min([local_fraction(out, mesh.shape), *(local_fraction(nd, mesh.shape) for nd in ins)])
+            for ins, out in candidates
+        ]
+        compute = np.array([flops * f / device.flops for f in fractions])
+        memory = np.array([device.memory_cost(nbytes * local_fraction(out, mesh.shape)) for _, out in candidates])
+        index[result] = len(nodes)
+        nodes.append(Node(op, mesh, candidates, compute, memory, producers, fixed_input))
+
+    problem = Problem(nodes, device)
+    for v, node in enumerate(nodes):
+        for j, u in enumerate(node.producers):
+            if u is None:
+                continue
+            producer = nodes[u]
+            nbytes = _nbytes(node.op.operands[j])
+            if producer.mesh != node.mesh:
+                matrix = np.full((len(producer.candidates), len(node.candidates)), transfer_cost(nbytes, device))
+            else:
+                outs = sorted({c[1] for c in producer.candidates})
+                ins = sorted({c[0][j] for c in node.candidates})
+                unit = {(s, d): boxing_cost(s, d, node.mesh.shape, nbytes, device) for s in outs for d in ins}
+                matrix = np.array(
+                    [[unit[(pc[1], nc[0][j])] for nc in node.candidates] for pc in producer.candidates]
+                )
+            key = (u, v)
+            problem.edges[key] = problem.edges[key] + matrix if key in problem.edges else matrix
+    return problem
+
+
+# --------------------------------------------------------------------------
+# Strategies
+# --------------------------------------------------------------------------
+
+
+def solve_greedy(problem: Problem) -> list[int]:
+    nodes = problem.nodes
+    choice: list[int | None] = [None] * len(nodes)
+    is_source = [all(p is None for p in node.producers) for node in nodes]
+    for v, node in enumerate(nodes):
+        if is_source[v]:
+            continue
+        total = node.cost.copy()
+        deferred: dict[int, np.ndarray] = {}
+        for u in set(p for p in node.producers if p is not None):
+            edge = problem.edges[(u, v)]
+            if choice[u] is None:
+                # an undecided source: decide it jointly with this consumer
+                joint = nodes[u].cost[:, None] + edge
+                deferred[u] = joint.argmin(axis=0)
+                total += joint.min(axis=0)
+            else:
+                total += edge[choice[u]]
+        choice[v] = int(total.argmin())
+        for u, best in deferred.items():
+            choice[u] = int(best[choice[v]])
+    for v, node in enumerate(nodes):
+        if choice[v] is None:
+            choice[v] = int(node.cost.argmin())
+    return choice  # type: ignore[return-value]
+
+
+ELIMINATION_LIMIT = 4_000_000
+"""Largest k_u * k_v * k_w table a chain elimination may build."""
+
+
+def solve_auto(problem: Problem) -> list[int]:
+    greedy = solve_greedy(problem)
+    nodes = problem.nodes
+    cost = [node.cost.copy() for node in nodes]
+    adj: list[dict[int, np.ndarray]] = [dict() for _ in nodes]  # adj[a][b]: [k_a, k_b]
+
+    def add_edge(a: int, b: int, m: np.ndarray) -> None:
+        if b in adj[a]:
+            adj[a][b] = adj[a][b] + m
+        else:
+            adj[a][b] = m
+        adj[b][a] = adj[a][b].T
+
+    for (u, v), m in problem.edges.items():
+        add_edge(u, v, m)
+
+    records: list[tuple] = []
+    alive = [True] * len(nodes)
+    work = list(range(len(nodes)))
+    while work:
+        v = work.pop()
+        if not alive[v]:
+            continue
+        neighbors = list(adj[v])
+        if len(neighbors) == 0:
+            records.append(("fix", v, int(cost[v].argmin())))
+        elif len(neighbors) == 1:
+            (u,) = neighbors
+            table = adj[u][v] + cost[v][None, :]  # [k_u, k_v]
+            records.append(("leaf", v, u, table.argmin(axis=1)))
+            cost[u] = cost[u] + table.min(axis=1)
+            del adj[u][v]
+            work.append(u)
+        elif len(neighbors) == 2:
+            u, w = neighbors
+            a, b = adj[u][v], adj[v][w]
+            if a.shape[0] * a.shape[1] * b.shape[1] > ELIMINATION_LIMIT:
+                continue
+            table = a[:, :, None] + cost[v][None, :, None] + b[None, :, :]  # [k_u, k_v, k_w]
+            records.append(("chain", v, u, w, table.argmin(axis=1)))
+            del adj[u][v], adj[w][v]
+            add_edge(u, w, table.min(axis=1))
+            work.extend((u, w))
+        else:
+            continue
+        alive[v] = False
+        adj[v] = {}
+
+    # What elimination could not reduce: coordinate descent from greedy.
+    core = [v for v in range(len(nodes)) if alive[v]]
+    choice = list(greedy)
+    for _ in range(50):
+        changed = False
+        for v in core:
+            total = cost[v].copy()
+            for u, m in adj[v].items():
+                total += m[:, choice[u]]
+            best = int(total.argmin())
+            if total[best] < total[choice[v]] - 1e-15:
+                choice[v], changed = best, True
+        if not changed:
+            break
+
+    for record in reversed(records):
+        kind, v = record[0], record[1]
+        if kind == "fix":
+            choice[v] = record[2]
+        elif kind == "leaf":
+            choice[v] = int(record[3][choice[record[2]]])
+        else:
+            choice[v] = int(record[4][choice[record[2]], choice[record[3]]])
+    return choice if problem.total(choice) <= problem.total(greedy) else greedy
+
+
+SOLVERS = {"greedy": solve_greedy, "auto": solve_auto}
+
+
+# --------------------------------------------------------------------------
+# Writing the answer back
+# --------------------------------------------------------------------------
+
+
+def apply_solution(graph: lg.GraphOp, problem: Problem, choice: list[int], strategy: str, explain: bool) -> None:
+    nodes = problem.nodes
+    for v, node in enumerate(nodes):
+        ins, out = node.candidates[choice[v]]
+        result = node.op.results[0]
+        new_type = DTensorType(global_shape(result.type), element_type(result.type), node.mesh.name, nd_from_plain(out))
+        if result.type != new_type:
+            Rewriter.replace_value_with_new_type(result, new_type)
+        if isinstance(node.op, lg.SbpRules):
+            node.op.attributes[SIGNATURE_ATTR] = SignatureAttr(
+                [nd_from_plain(nd) for nd in ins], [nd_from_plain(out)]
+            )
+        if explain:
+            node.op.attributes["sbp.explain"] = _explanation(problem, v, choice)
+
+    # Where a consumer needs another distribution, request it with an annotation
+    # right after the producer, shared by every consumer with the same need.
+    requests: dict[tuple[SSAValue, DTensorType], SSAValue] = {}
+    for v, node in enumerate(nodes):
+        if node.fixed_input:
+            continue
+        ins, _ = node.candidates[choice[v]]
+        operands = list(node.op.operands)
+        for j, operand in enumerate(operands):
+            if not isinstance(operand.type, DTensorType):
+                continue
+            want = operand.type.with_distribution(node.mesh.name, nd_from_plain(ins[j]))
+            if operand.type == want:
+                continue
+            key = (operand, want)
+            if key not in requests:
+                annotate = AnnotateOp(operand, want)
+                owner = operand.owner
+                assert isinstance(owner, Operation)
+                owner.parent_block().insert_op_after(annotate, owner)
+                requests[key] = annotate.result
+            operands[j] = requests[key]
+        if operands != list(node.op.operands):
+            node.op.operands = operands
+
+    graph.attributes["sbp.strategy"] = StringAttr(strategy)
+    graph.attributes["sbp.total_cost"] = FloatAttr(problem.total(choice), f64)
+
+
+def _explanation(problem: Problem, v: int, choice: list[int]) -> ArrayAttr:
+    node = problem.nodes[v]
+    boxing = problem.boxing_of(v, choice)
+    lines = []
+    for k, sig in enumerate(node.candidates):
+        mark = "* " if k == choice[v] else ""
+        total = node.compute[k] + node.memory[k] + boxing[k]
+        lines.append(
+            StringAttr(
+                f"{mark}{format_signature(sig)}: compute {node.compute[k]:.3g} boxing {boxing[k]:.3g} "
+                f"memory {node.memory[k]:.3g} total {total:.3g}"
+            )
+        )
+    return ArrayAttr(lines)
+
+
+@dataclass(frozen=True)
+class SbpInferPass(ModulePass):
+    """Chooses an SBP signature for every op; see the module docstring."""
+
+    name = "sbp-infer"
+
+    strategy: str = "auto"
+    """`auto` (global search) or `greedy`."""
+    device: str = "cpu"
+    """`cpu`, `cuda`, or a JSON file of cost_model.DeviceSpec fields."""
+    explain: bool = False
+    """Record every op's candidates and their costs in `sbp.explain`."""
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        if self.strategy not in SOLVERS:
+            raise PassFailedException(f"sbp-infer: unknown strategy '{self.strategy}' (choose {' or '.join(STRATEGIES)})")
+        try:
+            device = load_device(self.device)
+        except ValueError as e:
+            raise PassFailedException(f"sbp-infer: {e}") from None
+        for graph in [g for g in op.ops if isinstance(g, lg.GraphOp)]:
+            problem = build_problem(graph, device)
+            choice = SOLVERS[self.strategy](problem)
+            apply_solution(graph, problem, choice, self.strategy, self.explain)
