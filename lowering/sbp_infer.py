@@ -210,13 +210,27 @@ def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:
             )
         out_shape = global_shape(result.type)
         fixed_input = False
-        if isinstance(op, (AnnotateOp, *COLLECTIVE_OPS)):
+        own_boxing = 0.0
+        if isinstance(op, AnnotateOp):
+            # The annotation is the requested distribution: what its operand
+            # has is paid on the edge from the producer.
             assert hinted is not None
             out_nd = nd_to_plain(hinted.nd_sbp)
+            candidates = [((out_nd,), out_nd)]
+            fixed_input = True
+            flops = 0.0
+        elif isinstance(op, COLLECTIVE_OPS):
+            # Already boxed IR: the collective is fixed and costs its transfer.
+            assert hinted is not None
             source = op.operands[0].type
-            in_nd = nd_to_plain(source.nd_sbp) if isinstance(source, DTensorType) else out_nd
-            candidates = [((in_nd,), out_nd)]
-            fixed_input = isinstance(op, AnnotateOp)
+            candidates = [((nd_to_plain(source.nd_sbp),), nd_to_plain(hinted.nd_sbp))]
+            src_mesh = lookup_placement(op, source.placement).mesh()
+            nbytes_in = _nbytes(op.operands[0])
+            own_boxing = (
+                boxing_cost(candidates[0][0][0], candidates[0][1], mesh.shape, nbytes_in, device)
+                if src_mesh == mesh
+                else transfer_cost(nbytes_in, device)
+            )
             flops = 0.0
         elif isinstance(op, lg.SbpRules):
             in_shapes = [global_shape(o.type) for o in op.operands]
@@ -241,8 +255,13 @@ def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:
             min([local_fraction(out, mesh.shape), *(local_fraction(nd, mesh.shape) for nd in ins)])
             for ins, out in candidates
         ]
-        compute = np.array([flops * f / device.flops for f in fractions])
-        memory = np.array([device.memory_cost(nbytes * local_fraction(out, mesh.shape)) for _, out in candidates])
+        compute = np.array([flops * f / device.flops + own_boxing for f in fractions])
+        # Buffers of redistributions are not modelled (their cost is the
+        # boxing); charging an annotation's would make inference depend on
+        # whether its requests are already in the IR.
+        memory = np.array(
+            [0.0 if fixed_input else device.memory_cost(nbytes * local_fraction(out, mesh.shape)) for _, out in candidates]
+        )
         index[result] = len(nodes)
         nodes.append(Node(op, mesh, candidates, compute, memory, producers, fixed_input))
 
