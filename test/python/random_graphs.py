@@ -20,7 +20,7 @@ def _shape(draw, rank_min=1, rank_max=3):
 
 
 @st.composite
-def random_graphs(draw):
+def random_graphs(draw, meshes=((2,),)):
     """A random graph built through the op constructors: every op gets
     operands its rule accepts, so the graph is well typed by construction."""
     b = GraphBuilder("random", placement="mesh")
@@ -126,7 +126,8 @@ def random_graphs(draw):
             op = lg.ConstantOp(value)
         values.append(b.add(op))
     outputs = {f"out{i}": v for i, v in enumerate(values[-draw(st.integers(1, min(3, len(values)))) :])}
-    module = b.module(outputs, PlacementOp("mesh", "cpu", [0, 1], [2]))
+    mesh = draw(st.sampled_from(meshes))
+    module = b.module(outputs, PlacementOp("mesh", "cpu", list(range(math.prod(mesh))), mesh))
     return Case(module, feeds)
 
 
