@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 run: setup
-	$(BIN)/sbp-opt examples/mlp.mlir
+	$(BIN)/sbp-opt examples/mlp.mlir -p sbp-infer
 	$(BIN)/python examples/mlp.py
 
 test: lit pytest
