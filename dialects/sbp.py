@@ -26,9 +26,11 @@ from enum import auto
 from typing import ClassVar
 
 from xdsl.dialects.builtin import (
+    I64,
     ArrayAttr,
     DenseArrayBase,
     IntAttr,
+    IntegerAttr,
     StringAttr,
     SymbolNameConstraint,
     SymbolRefAttr,
@@ -50,6 +52,7 @@ from xdsl.irdl import (
     irdl_attr_definition,
     irdl_op_definition,
     operand_def,
+    opt_prop_def,
     prop_def,
     result_def,
     traits_def,
@@ -515,6 +518,19 @@ def split_axis(sbp: PlainSbp) -> int | None:
     return int(sbp[1:]) if sbp[0] == "S" else None
 
 
+def hierarchy_violation(src: PlainNd, dst: PlainNd, axes: Sequence[int]) -> tuple[int, int, int] | None:
+    """Pieces nest outer mesh axis first, so a step on mesh axis `a` may add
+    or remove a split of tensor axis k only while no inner mesh axis outside
+    the step splits k. Returns (a, k, b) for the first violation, or None."""
+    for a in axes:
+        touched = {split_axis(x) for x in (src[a], dst[a]) if x[0] == "S"} if src[a] != dst[a] else set()
+        for k in touched:
+            for b in range(a + 1, len(src)):
+                if b not in axes and k in (split_axis(src[b]), split_axis(dst[b])):
+                    return a, k, b
+    return None
+
+
 SIGNATURE_ATTR = "sbp.signature"
 """The discardable attribute by which an op records its chosen SBP signature."""
 
@@ -601,17 +617,20 @@ class CollectiveOp(IRDLOperation, ABC):
     input = operand_def(DTensorType)
     result = result_def(DTensorType)
     mesh_axes = prop_def(DenseArrayBase.constr(i64))
+    bytes = opt_prop_def(IntegerAttr[I64])
+    """Bytes the busiest device receives (recorded by sbp-insert-boxing)."""
 
     traits = traits_def(Pure())
 
-    assembly_format = "$input `over` $mesh_axes attr-dict `:` type($input) `->` type($result)"
+    assembly_format = (
+        "$input `over` $mesh_axes (`bytes` $bytes^)? attr-dict `:` type($input) `->` type($result)"
+    )
 
-    def __init__(self, input, mesh_axes: Sequence[int], result_type: DTensorType):
-        super().__init__(
-            operands=[input],
-            result_types=[result_type],
-            properties={"mesh_axes": DenseArrayBase.from_list(i64, mesh_axes)},
-        )
+    def __init__(self, input, mesh_axes: Sequence[int], result_type: DTensorType, bytes: int | None = None):
+        props: dict[str, Attribute] = {"mesh_axes": DenseArrayBase.from_list(i64, mesh_axes)}
+        if bytes is not None:
+            props["bytes"] = IntegerAttr(bytes, i64)
+        super().__init__(operands=[input], result_types=[result_type], properties=props)
 
     TRANSITION: ClassVar[str]
     """The transition on each listed axis, for diagnostics."""
@@ -648,6 +667,13 @@ class CollectiveOp(IRDLOperation, ABC):
                     f"'{self.name}': mesh axis {a} is not in mesh_axes {axes} but changes from "
                     f"{format_nd(NdSbpAttr([s]))} to {format_nd(NdSbpAttr([d]))}"
                 )
+        inner = hierarchy_violation(nd_to_plain(source.nd_sbp), nd_to_plain(dest.nd_sbp), axes)
+        if inner is not None:
+            a, k, b = inner
+            raise VerifyException(
+                f"'{self.name}': mesh axis {a} changes the split of tensor axis {k}, which inner mesh axis {b} "
+                f"still splits; pieces are nested outer axis first, so change mesh axis {b} first"
+            )
 
 
 @irdl_op_definition
@@ -706,21 +732,39 @@ class SliceOp(CollectiveOp):
 
 
 @irdl_op_definition
+class MakePartialOp(CollectiveOp):
+    """B or S<i> -> P (or P<max>) with no communication: a B value stays on
+    the group's first device and the others hold zeros (-inf for max); a split
+    value is embedded in zeros (-inf) at its place."""
+
+    name = "sbp.make_partial"
+    TRANSITION: ClassVar[str] = "B or S<i> -> P (local)"
+
+    def check_axis(self, source: SbpAttr, dest: SbpAttr) -> bool:
+        return isinstance(source, BroadcastAttr | SplitAttr) and isinstance(dest, PartialAttr)
+
+
+@irdl_op_definition
 class TransferOp(IRDLOperation):
-    """Moves a tensor between two placements (send/recv of the pieces that
-    differ), with any nd-SBP on either side; P sources are reduced on the way."""
+    """Moves a tensor between two placements: every destination piece is
+    assembled from the source pieces it intersects, each sent once from a
+    device that holds it. The source must not be partial (reduce it first);
+    a partial destination is built by sbp.make_partial after the transfer."""
 
     name = "sbp.transfer"
 
     input = operand_def(DTensorType)
     result = result_def(DTensorType)
+    bytes = opt_prop_def(IntegerAttr[I64])
+    """Bytes the busiest destination device receives from other ranks."""
 
     traits = traits_def(Pure())
 
-    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+    assembly_format = "$input (`bytes` $bytes^)? attr-dict `:` type($input) `->` type($result)"
 
-    def __init__(self, input, result_type: DTensorType):
-        super().__init__(operands=[input], result_types=[result_type])
+    def __init__(self, input, result_type: DTensorType, bytes: int | None = None):
+        props = {} if bytes is None else {"bytes": IntegerAttr(bytes, i64)}
+        super().__init__(operands=[input], result_types=[result_type], properties=props)
 
     def verify_(self) -> None:
         _same_global(self, self.input.type, self.result.type)
@@ -734,6 +778,7 @@ COLLECTIVE_OPS: tuple[type[IRDLOperation], ...] = (
     ReduceScatterOp,
     AllToAllOp,
     SliceOp,
+    MakePartialOp,
     TransferOp,
 )
 

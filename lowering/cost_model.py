@@ -15,10 +15,8 @@ JSON file with the fields of DeviceSpec, chosen by `sbp-infer{device=...}`.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from functools import lru_cache
 
 from sbpc.dialects.sbp import PlainNd, PlainSbp
 
@@ -100,28 +98,6 @@ def axis_volume(src: PlainSbp, dst: PlainSbp, p: int) -> tuple[float, int]:
         return 2 * (p - 1) / p, 1  # P <-> Pmax: all_reduce, then keep as partial
     # B -> P: one device keeps the value, the others zeros
     return 0.0, 0
-
-
-@lru_cache(maxsize=65536)
-def boxing_units(src: PlainNd, dst: PlainNd, mesh: tuple[int, ...]) -> tuple[float, int]:
-    """Fraction of |T| one device moves to turn `src` into `dst` on one
-    placement, and the number of collective steps. Each mesh axis moves its
-    piece of the tensor: the tensor divided by the other axes that stay split
-    on both sides."""
-    volume, steps = 0.0, 0
-    for a, (s, d) in enumerate(zip(src, dst)):
-        units, n = axis_volume(s, d, mesh[a])
-        if not n:
-            continue
-        others = math.prod(mesh[b] for b in range(len(mesh)) if b != a and src[b][0] == "S" and dst[b][0] == "S")
-        volume += units / others
-        steps += n
-    return volume, steps
-
-
-def boxing_cost(src: PlainNd, dst: PlainNd, mesh: tuple[int, ...], nbytes: float, device: DeviceSpec) -> float:
-    volume, steps = boxing_units(src, dst, mesh)
-    return volume * nbytes / device.bandwidth + steps * device.latency
 
 
 def transfer_cost(nbytes: float, device: DeviceSpec) -> float:

@@ -61,7 +61,8 @@ from sbpc.dialects.sbp import (
     split_axis,
 )
 
-from .cost_model import DeviceSpec, boxing_cost, load_device, local_fraction, transfer_cost
+from .boxing_planner import boxing_cost
+from .cost_model import DeviceSpec, load_device, local_fraction, transfer_cost
 
 NdSignature = tuple[tuple[PlainNd, ...], PlainNd]
 """(one nd-SBP per operand, the result's nd-SBP)."""
@@ -227,7 +228,7 @@ def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:
             src_mesh = lookup_placement(op, source.placement).mesh()
             nbytes_in = _nbytes(op.operands[0])
             own_boxing = (
-                boxing_cost(candidates[0][0][0], candidates[0][1], mesh.shape, nbytes_in, device)
+                boxing_cost(candidates[0][0][0], candidates[0][1], mesh.shape, len(out_shape), nbytes_in, device)
                 if src_mesh == mesh
                 else transfer_cost(nbytes_in, device)
             )
@@ -277,7 +278,8 @@ def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:
             else:
                 outs = sorted({c[1] for c in producer.candidates})
                 ins = sorted({c[0][j] for c in node.candidates})
-                unit = {(s, d): boxing_cost(s, d, node.mesh.shape, nbytes, device) for s in outs for d in ins}
+                rank = len(global_shape(node.op.operands[j].type))
+                unit = {(s, d): boxing_cost(s, d, node.mesh.shape, rank, nbytes, device) for s in outs for d in ins}
                 matrix = np.array(
                     [[unit[(pc[1], nc[0][j])] for nc in node.candidates] for pc in producer.candidates]
                 )

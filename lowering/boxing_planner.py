@@ -1,0 +1,114 @@
+"""The boxing planner: the cheapest sequence of single collective steps that
+turns one nd-SBP into another on one mesh (Dijkstra over nd-SBP states, as
+DTensor's min-cost redistribute planner).
+
+A step acts on one mesh axis of p devices:
+
+    P -> B        all_reduce        2(p-1)/p of the piece
+    P -> S<i>     reduce_scatter    (p-1)/p
+    S<i> -> B     all_gather        (p-1)/p of the result piece
+    S<i> -> S<j>  all_to_all        (p-1)/p^2 of the group's tensor
+    B -> S<i>     slice             local
+    B, S<i> -> P  make_partial      local
+
+(P<max> reduces by max the same way.) Pieces nest outer mesh axis first, so
+a step may add or remove a split of tensor axis k only while no inner mesh
+axis splits k: (S0, S0) -> (B, B) gathers the inner axis first. Among plans
+of equal communication the planner takes the one with the smallest peak
+piece (shrink before growing, as Shardy's reshard lowering does).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from sbpc.dialects.sbp import PlainNd, hierarchy_violation
+
+from .cost_model import DeviceSpec, axis_volume, local_fraction
+
+COLLECTIVE_OF_STEP = {
+    ("P", "B"): "all_reduce",
+    ("P", "S"): "reduce_scatter",
+    ("S", "B"): "all_gather",
+    ("S", "S"): "all_to_all",
+    ("B", "S"): "slice",
+    ("B", "P"): "make_partial",
+    ("S", "P"): "make_partial",
+}
+
+
+def step_kind(src: str, dst: str) -> str | None:
+    """The collective that changes one mesh axis from `src` to `dst`, if one does."""
+    return COLLECTIVE_OF_STEP.get((src[0], dst[0]))
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: str
+    mesh_axis: int
+    src: PlainNd
+    dst: PlainNd
+
+
+def _targets(current: str, rank: int) -> list[str]:
+    options = ["B", "P", "Pmax", *(f"S{i}" for i in range(rank))]
+    return [t for t in options if t != current and step_kind(current, t) is not None]
+
+
+@lru_cache(maxsize=65536)
+def plan(src: PlainNd, dst: PlainNd, mesh: tuple[int, ...], rank: int) -> tuple[tuple[Step, ...], float]:
+    """The cheapest steps from `src` to `dst` (volume in units of the global
+    tensor), or raises ValueError if `dst` cannot be reached."""
+    if src == dst:
+        return (), 0.0
+    start = (0.0, local_fraction(src, mesh), 0)
+    best: dict[PlainNd, tuple[float, float, int]] = {src: start}
+    previous: dict[PlainNd, tuple[PlainNd, Step]] = {}
+    queue = [(*start, src)]
+    counter = 0
+    while queue:
+        volume, peak, _, state = heapq.heappop(queue)
+        if (volume, peak) > best[state][:2]:
+            continue
+        if state == dst:
+            break
+        for a, current in enumerate(state):
+            for target in _targets(current, rank):
+                nxt = (*state[:a], target, *state[a + 1 :])
+                if ("P" in nxt and "Pmax" in nxt) or hierarchy_violation(state, nxt, [a]) is not None:
+                    continue
+                units, _ = axis_volume(current, target, mesh[a])
+                others = math.prod(mesh[b] for b in range(len(mesh)) if b != a and state[b][0] == "S")
+                if current[0] == "S" and target == "B":
+                    # a gather moves the grown piece; everything else the current one
+                    others = math.prod(mesh[b] for b in range(len(mesh)) if b != a and nxt[b][0] == "S")
+                label = (volume + units / others, max(peak, local_fraction(nxt, mesh)))
+                if nxt not in best or label < best[nxt][:2]:
+                    counter += 1
+                    best[nxt] = (*label, counter)
+                    previous[nxt] = (state, Step(step_kind(current, target), a, state, nxt))
+                    heapq.heappush(queue, (*label, counter, nxt))
+    if dst not in best:
+        raise ValueError(f"no boxing from {src} to {dst} on mesh {list(mesh)}")
+    steps = []
+    state = dst
+    while state != src:
+        state, step = previous[state]
+        steps.append(step)
+    return tuple(reversed(steps)), best[dst][0]
+
+
+def plan_volume(src: PlainNd, dst: PlainNd, mesh: Sequence[int], rank: int) -> tuple[float, int]:
+    """Units of |T| moved per device, and the number of collectives, of the best plan."""
+    steps, volume = plan(tuple(src), tuple(dst), tuple(mesh), rank)
+    return volume, sum(1 for s in steps if s.kind not in ("slice", "make_partial"))
+
+
+def boxing_cost(src: PlainNd, dst: PlainNd, mesh: Sequence[int], rank: int, nbytes: float, device: DeviceSpec) -> float:
+    """Seconds the best plan takes under the cost model (what sbp-infer charges)."""
+    volume, collectives = plan_volume(src, dst, mesh, rank)
+    return volume * nbytes / device.bandwidth + collectives * device.latency
