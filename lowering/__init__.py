@@ -18,7 +18,14 @@ def _sbp_infer() -> type[ModulePass]:
     return SbpInferPass
 
 
+def _sbp_insert_boxing() -> type[ModulePass]:
+    from .sbp_insert_boxing import SbpInsertBoxingPass
+
+    return SbpInsertBoxingPass
+
+
 PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "sbp-erase": _sbp_erase,
     "sbp-infer": _sbp_infer,
+    "sbp-insert-boxing": _sbp_insert_boxing,
 }

@@ -241,7 +241,8 @@ def evaluate(
             value = op.value
             flat = np.asarray(value.get_values(), dtype=numpy_dtype(value.get_element_type()))
             # a splat literal (dense<1.0> : tensor<4xf32>) stores one value
-            result = np.broadcast_to(flat, value.get_shape()) if flat.size == 1 else flat.reshape(value.get_shape())
+            shape = tuple(value.get_shape())
+            result = np.full(shape, flat.reshape(-1)[0], flat.dtype) if flat.size == 1 else flat.reshape(shape)
         else:
             kernel = KERNELS.get(type(op))
             if kernel is None:
@@ -251,3 +252,10 @@ def evaluate(
             result = np.asarray(result, dtype=numpy_dtype(element_type(op.results[0].type)))
         values[op.results[0]] = result
     raise EvaluationError(f"graph @{graph_op.sym_name.data} has no lg.output")
+
+
+def simulate(module, feeds, params=None, graph=None):
+    """Evaluates sbp-level IR device by device; see sbpc.simulator."""
+    from sbpc.simulator import simulate as run
+
+    return run(module, feeds, params, graph)

@@ -1,0 +1,165 @@
+"""`sbp-insert-boxing`: turns every redistribution request into collectives.
+
+After sbp-infer, a consumer whose signature needs another distribution than
+its producer gives reads an `sbp.annotate` from the producer's dtensor to the
+needed one. This pass replaces each such annotation by the cheapest sequence
+of collectives (the boxing planner's plan), each recording the bytes a device
+receives on average. Between placements it reduces partial sources on the
+source mesh first, moves the pieces with one `sbp.transfer`, and rebuilds a
+partial destination locally. Afterwards every op's operands match its
+signature exactly, and the only annotations left are no-ops, which go too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.rewriter import Rewriter
+from xdsl.utils.exceptions import PassFailedException
+
+from sbpc.dialects import lg, sbp
+from sbpc.dialects.sbp import DTensorType, Mesh, PlainNd, global_shape, lookup_placement, nd_from_plain, nd_to_plain
+
+from .boxing_planner import Step, plan
+from .cost_model import axis_volume
+
+STEP_OPS: dict[str, type[sbp.CollectiveOp]] = {
+    "all_reduce": sbp.AllReduceOp,
+    "all_gather": sbp.AllGatherOp,
+    "reduce_scatter": sbp.ReduceScatterOp,
+    "all_to_all": sbp.AllToAllOp,
+    "slice": sbp.SliceOp,
+    "make_partial": sbp.MakePartialOp,
+}
+
+
+def itemsize(t: DTensorType) -> int:
+    elem = t.element_type
+    width = getattr(elem, "bitwidth", None) or elem.width.data  # type: ignore[union-attr]
+    return max(1, width // 8)
+
+
+def step_bytes(step: Step, shape: tuple[int, ...], nbytes_per_elem: int, mesh: tuple[int, ...]) -> int:
+    """The textbook volume of one step: the average bytes a device receives.
+    The group tensor of a step on mesh axis a is the global tensor divided by
+    the other mesh axes that split it (the same before and after the step)."""
+    units, _ = axis_volume(step.src[step.mesh_axis], step.dst[step.mesh_axis], mesh[step.mesh_axis])
+    others = math.prod(mesh[b] for b in range(len(mesh)) if b != step.mesh_axis and step.src[b][0] == "S")
+    return round(units * math.prod(shape) * nbytes_per_elem / others)
+
+
+def transfer_bytes(shape, src_nd: PlainNd, src_mesh: Mesh, dst_nd: PlainNd, dst_mesh: Mesh, nbytes: int) -> int:
+    """Average bytes a destination device receives: its piece, less what its
+    own rank already held on the source placement."""
+    from sbpc.local_eval import coords, piece
+
+    held = {
+        src_mesh.ranks[i]: piece(shape, src_nd, src_mesh.shape, c) for i, c in enumerate(coords(src_mesh.shape))
+    }
+    total = 0
+    for i, c in enumerate(coords(dst_mesh.shape)):
+        region = piece(shape, dst_nd, dst_mesh.shape, c)
+        size = math.prod(s.stop - s.start for s in region)
+        own = held.get(dst_mesh.ranks[i])
+        if own is not None:
+            size -= math.prod(max(0, min(x.stop, y.stop) - max(x.start, y.start)) for x, y in zip(region, own))
+        total += size
+    return round(total * nbytes / dst_mesh.size)
+
+
+class BoxingBuilder:
+    """Emits collectives after an anchor op, in order."""
+
+    def __init__(self, anchor: Operation):
+        self.anchor = anchor
+
+    def emit(self, op: Operation) -> SSAValue:
+        self.anchor.parent_block().insert_op_after(op, self.anchor)
+        self.anchor = op
+        return op.results[0]
+
+    def steps(self, value: SSAValue, steps: tuple[Step, ...], mesh: Mesh) -> SSAValue:
+        t = value.type
+        assert isinstance(t, DTensorType)
+        shape = t.get_shape()
+        for step in steps:
+            result_type = t.with_distribution(mesh.name, nd_from_plain(step.dst))
+            op_cls = STEP_OPS[step.kind]
+            moved = step_bytes(step, shape, itemsize(t), mesh.shape)
+            value = self.emit(op_cls(value, [step.mesh_axis], result_type, bytes=moved))
+            t = result_type
+        return value
+
+
+def _unpartial(nd: PlainNd, mesh: tuple[int, ...], rank: int) -> tuple[PlainNd, tuple[Step, ...]]:
+    """The cheapest non-partial distribution a partial one reduces to, and how."""
+    partial_axes = [a for a, s in enumerate(nd) if s in ("P", "Pmax")]
+    if not partial_axes:
+        return nd, ()
+    best = None
+    options = ["B", *(f"S{i}" for i in range(rank))]
+    for choice in itertools.product(options, repeat=len(partial_axes)):
+        target = list(nd)
+        for a, s in zip(partial_axes, choice):
+            target[a] = s
+        try:
+            steps, volume = plan(nd, tuple(target), mesh, rank)
+        except ValueError:
+            continue
+        if best is None or volume < best[2]:
+            best = (tuple(target), steps, volume)
+    assert best is not None
+    return best[0], best[1]
+
+
+def box(annotate: sbp.AnnotateOp) -> SSAValue:
+    """Emits the collectives for one redistribution; returns the new value."""
+    source = annotate.input
+    src_t, dst_t = source.type, annotate.result.type
+    assert isinstance(src_t, DTensorType) and isinstance(dst_t, DTensorType)
+    src_mesh = lookup_placement(annotate, src_t.placement).mesh()
+    dst_mesh = lookup_placement(annotate, dst_t.placement).mesh()
+    rank = len(global_shape(src_t))
+    src_nd, dst_nd = nd_to_plain(src_t.nd_sbp), nd_to_plain(dst_t.nd_sbp)
+    builder = BoxingBuilder(annotate)
+    try:
+        if src_mesh == dst_mesh:
+            steps, _ = plan(src_nd, dst_nd, src_mesh.shape, rank)
+            return builder.steps(source, steps, src_mesh)
+        # Between placements: reduce partials where they are, move, rebuild.
+        whole_src, steps = _unpartial(src_nd, src_mesh.shape, rank)
+        value = builder.steps(source, steps, src_mesh)
+        whole_dst = tuple("B" if s in ("P", "Pmax") else s for s in dst_nd)
+        moved = transfer_bytes(src_t.get_shape(), whole_src, src_mesh, whole_dst, dst_mesh, itemsize(src_t))
+        value = builder.emit(
+            sbp.TransferOp(value, dst_t.with_distribution(dst_mesh.name, nd_from_plain(whole_dst)), bytes=moved)
+        )
+        steps, _ = plan(whole_dst, dst_nd, dst_mesh.shape, rank)
+        return builder.steps(value, steps, dst_mesh)
+    except ValueError as e:
+        raise PassFailedException(f"'{annotate.name}': {e}") from None
+
+
+@dataclass(frozen=True)
+class SbpInsertBoxingPass(ModulePass):
+    name = "sbp-insert-boxing"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for graph in [g for g in op.ops if isinstance(g, lg.GraphOp)]:
+            for annotate in [a for a in graph.body.ops if isinstance(a, sbp.AnnotateOp)]:
+                if not isinstance(annotate.input.type, DTensorType):
+                    continue  # a hint on a logical value: sbp-infer's input, not ours
+                if annotate.input.type == annotate.result.type:
+                    value = annotate.input
+                else:
+                    value = box(annotate)
+                    if annotate.result.name_hint:
+                        value.name_hint = annotate.result.name_hint
+                annotate.result.replace_all_uses_with(value)
+                Rewriter.erase_op(annotate)

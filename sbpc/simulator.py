@@ -1,0 +1,243 @@
+"""The multi-device reference simulator: evaluates sbp-level IR by holding
+every device's local tensor in numpy, running each op's local kernel and
+each collective by its semantics, then assembling the global outputs.
+
+It is the oracle for every pass after sbp-infer: on every graph it must agree
+with the global reference interpreter (`sbpc.reference.evaluate`). It also
+measures the bytes every collective moves (the average, over the devices of
+the mesh, of what a device receives from other ranks), which the boxing pass
+records and the tests compare.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation, SSAValue
+
+from sbpc.dialects import lg, sbp
+from sbpc.dialects.sbp import DTensorType, Mesh, PlainNd, global_shape, lookup_placement, nd_to_plain
+from sbpc.local_eval import Coord, LocalContext, combine, coords, local_kernel, partial_kind, piece
+from sbpc.reference import EvaluationError, evaluate, find_graph, numpy_dtype
+
+Pieces = dict[Coord, np.ndarray]
+
+
+@dataclass
+class Distributed:
+    """A value as the devices hold it."""
+
+    mesh: Mesh
+    nd: PlainNd
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    pieces: Pieces
+
+    def rank_of(self, c: Coord) -> int:
+        return self.mesh.ranks[int(np.ravel_multi_index(c, self.mesh.shape))]
+
+
+@dataclass
+class SimulationResult:
+    outputs: dict[str, np.ndarray]
+    bytes_moved: dict[Operation, float] = field(default_factory=dict)
+    """Per collective (and redistributing annotation): average bytes a device receives."""
+
+
+def _fill(kind: str | None) -> float:
+    return -np.inf if kind == "Pmax" else 0.0
+
+
+def _regions(shape, nd, mesh_shape) -> dict[Coord, tuple[slice, ...]]:
+    return {c: piece(shape, nd, mesh_shape, c) for c in coords(mesh_shape)}
+
+
+def _size(region: tuple[slice, ...]) -> int:
+    return math.prod(s.stop - s.start for s in region)
+
+
+def _intersect(a: tuple[slice, ...], b: tuple[slice, ...]) -> int:
+    return math.prod(max(0, min(x.stop, y.stop) - max(x.start, y.start)) for x, y in zip(a, b))
+
+
+def distribute_exact(value: np.ndarray, nd: PlainNd, mesh_shape) -> Pieces:
+    """Deterministic pieces of a global value: partial axes hold the value on
+    their first device and zeros (-inf for max) on the others."""
+    kind = partial_kind(nd)
+    partial_axes = [a for a, s in enumerate(nd) if s in ("P", "Pmax")]
+    out = {}
+    for c, region in _regions(value.shape, nd, mesh_shape).items():
+        local = np.array(value[region])
+        if any(c[a] for a in partial_axes):
+            local = np.full_like(local, _fill(kind))
+        out[c] = local
+    return out
+
+
+# --------------------------------------------------------------------------
+# Collectives: within each group of devices that differ only on the listed
+# mesh axes, assemble the group's tensor from the source pieces, then cut the
+# destination pieces from it.
+# --------------------------------------------------------------------------
+
+
+def _groups(mesh_shape, axes) -> list[list[Coord]]:
+    groups: dict[Coord, list[Coord]] = {}
+    for c in coords(mesh_shape):
+        key = tuple(x for a, x in enumerate(c) if a not in axes)
+        groups.setdefault(key, []).append(c)
+    return list(groups.values())
+
+
+def run_collective(op: Operation, value: Distributed, dst_nd: PlainNd, axes: list[int]) -> tuple[Pieces, float]:
+    """New pieces after the collective, and the average bytes a device receives."""
+    mesh_shape = value.mesh.shape
+    src_regions = _regions(value.shape, value.nd, mesh_shape)
+    dst_regions = _regions(value.shape, dst_nd, mesh_shape)
+    src_kind, dst_kind = partial_kind(value.nd), partial_kind(dst_nd)
+    itemsize = value.dtype.itemsize
+    out: Pieces = {}
+    received = 0.0
+    for group in _groups(mesh_shape, axes):
+        lo = [min(src_regions[c][k].start for c in group) for k in range(len(value.shape))]
+        hi = [max(src_regions[c][k].stop for c in group) for k in range(len(value.shape))]
+        box = tuple(slice(a, b) for a, b in zip(lo, hi))
+
+        def rel(region):
+            return tuple(slice(r.start - b.start, r.stop - b.start) for r, b in zip(region, box))
+
+        partial_source = any(value.nd[a] in ("P", "Pmax") for a in axes)
+        if isinstance(op, sbp.MakePartialOp):
+            # A split axis keeps every piece in place; a whole (B) axis keeps
+            # it on the group's first device only; the rest is the identity
+            # of the reduction.
+            whole_axes = [a for a in axes if value.nd[a] == "B"]
+            for c in group:
+                local = np.full([s.stop - s.start for s in dst_regions[c]], _fill(dst_kind), value.dtype)
+                if not any(c[a] for a in whole_axes):
+                    local[rel(src_regions[c])] = value.pieces[c]
+                out[c] = local
+            continue
+        if partial_source:
+            stack = np.stack([value.pieces[c] for c in group])
+            whole = stack.max(axis=0) if src_kind == "Pmax" else stack.sum(axis=0)
+        else:
+            whole = np.zeros([b - a for a, b in zip(lo, hi)], value.dtype)
+            covered = np.zeros(whole.shape, bool)
+            for c in group:
+                whole[rel(src_regions[c])] = value.pieces[c]
+                covered[rel(src_regions[c])] = True
+            if not covered.all():
+                raise EvaluationError(f"'{op.name}': the source pieces do not tile the group's tensor")
+        g = len(group)
+        for i, c in enumerate(group):
+            out[c] = np.array(whole[rel(dst_regions[c])])
+            mine = value.pieces[c].size
+            if isinstance(op, sbp.AllReduceOp):
+                chunks = [b - a for a, b in (divmod_range(whole.size, g, j) for j in range(g))]
+                got = (g - 1) * chunks[i] + (whole.size - chunks[i])
+            elif isinstance(op, sbp.ReduceScatterOp):
+                got = (g - 1) * out[c].size
+            elif isinstance(op, sbp.AllGatherOp):
+                got = out[c].size - mine
+            elif isinstance(op, sbp.AllToAllOp):
+                got = sum(_intersect(src_regions[o], dst_regions[c]) for o in group if o != c)
+            else:  # slice
+                got = 0
+            received += got * itemsize
+    return out, received / len(coords(mesh_shape))
+
+
+def divmod_range(n: int, parts: int, index: int) -> tuple[int, int]:
+    base, extra = divmod(n, parts)
+    start = index * base + min(index, extra)
+    return start, start + base + (1 if index < extra else 0)
+
+
+def run_transfer(value: Distributed, dst: Distributed) -> tuple[Pieces, float]:
+    """Between placements: every destination piece is cut from the global
+    tensor; a device receives what its own rank did not already hold."""
+    whole = combine(value.pieces, value.nd, value.mesh.shape, value.shape, value.dtype)
+    pieces = distribute_exact(whole, dst.nd, dst.mesh.shape)
+    src_regions = _regions(value.shape, value.nd, value.mesh.shape)
+    held = {value.rank_of(c): r for c, r in src_regions.items()}
+    received = 0.0
+    for c, region in _regions(value.shape, dst.nd, dst.mesh.shape).items():
+        own = held.get(dst.rank_of(c))
+        received += (_size(region) - (_intersect(region, own) if own is not None else 0)) * value.dtype.itemsize
+    return pieces, received / dst.mesh.size
+
+
+# --------------------------------------------------------------------------
+# The simulator
+# --------------------------------------------------------------------------
+
+
+def _describe(op: Operation, value: SSAValue, shape, dtype) -> Distributed:
+    t = value.type
+    if not isinstance(t, DTensorType):
+        raise EvaluationError(f"'{op.name}': the simulator needs distributed values; run sbp-infer first")
+    mesh = lookup_placement(op, t.placement).mesh()
+    return Distributed(mesh, nd_to_plain(t.nd_sbp), tuple(shape), np.dtype(dtype), {})
+
+
+def simulate(
+    module: ModuleOp | lg.GraphOp,
+    feeds: Mapping[str, Any],
+    params: Mapping[str, Any] | None = None,
+    graph: str | None = None,
+) -> SimulationResult:
+    graph_op = find_graph(module, graph)
+    # Sources take their global values from the reference interpreter, which
+    # also checks the feeds.
+    globals_: dict[SSAValue, np.ndarray] = {}
+    evaluate(graph_op, feeds, params, trace=globals_)
+    values: dict[SSAValue, Distributed] = {}
+    result = SimulationResult({})
+    for op in graph_op.body.ops:
+        if isinstance(op, lg.OutputOp):
+            for name, v in zip(op.names.data, op.values):
+                d = values[v]
+                result.outputs[name.data] = combine(d.pieces, d.nd, d.mesh.shape, d.shape, d.dtype)
+            return result
+        out = op.results[0]
+        shape = global_shape(out.type)
+        dtype = numpy_dtype(out.type.element_type)
+        target = _describe(op, out, shape, dtype)
+        if isinstance(op, (lg.InputOp, lg.ParamOp, lg.ConstantOp)):
+            target.pieces = distribute_exact(globals_[out], target.nd, target.mesh.shape)
+        elif isinstance(op, sbp.TransferOp | sbp.AnnotateOp):
+            source = values[op.operands[0]]
+            if source.mesh == target.mesh and source.nd == target.nd:
+                target.pieces = source.pieces
+            else:
+                target.pieces, result.bytes_moved[op] = run_transfer(source, target)
+        elif isinstance(op, sbp.CollectiveOp):
+            source = values[op.operands[0]]
+            target.pieces, result.bytes_moved[op] = run_collective(
+                op, source, target.nd, list(op.mesh_axes.get_values())
+            )
+        elif isinstance(op, lg.SbpRules):
+            inputs = [values[o] for o in op.operands]
+            for d in inputs:
+                if d.mesh != target.mesh:
+                    raise EvaluationError(f"'{op.name}': operand on @{d.mesh.name}, op on @{target.mesh.name}")
+            in_shapes = tuple(d.shape for d in inputs)
+            for c in coords(target.mesh.shape):
+                ctx = LocalContext(
+                    in_shapes,
+                    shape,
+                    tuple(piece(d.shape, d.nd, d.mesh.shape, c) for d in inputs),
+                    piece(shape, target.nd, target.mesh.shape, c),
+                    target.nd,
+                )
+                target.pieces[c] = local_kernel(op, ctx, *(d.pieces[c] for d in inputs)).astype(dtype)
+        else:
+            raise EvaluationError(f"'{op.name}': the simulator has no semantics for this op")
+        values[out] = target
+    raise EvaluationError(f"graph @{graph_op.sym_name.data} has no lg.output")
