@@ -24,8 +24,15 @@ def _sbp_insert_boxing() -> type[ModulePass]:
     return SbpInsertBoxingPass
 
 
+def _sbp_simplify() -> type[ModulePass]:
+    from .sbp_simplify import SbpSimplifyPass
+
+    return SbpSimplifyPass
+
+
 PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "sbp-erase": _sbp_erase,
     "sbp-infer": _sbp_infer,
     "sbp-insert-boxing": _sbp_insert_boxing,
+    "sbp-simplify": _sbp_simplify,
 }
