@@ -24,7 +24,16 @@ from xdsl.rewriter import Rewriter
 from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import lg, sbp
-from sbpc.dialects.sbp import DTensorType, Mesh, PlainNd, global_shape, lookup_placement, nd_from_plain, nd_to_plain
+from sbpc.dialects.sbp import (
+    DTensorType,
+    Mesh,
+    PlainNd,
+    global_shape,
+    hierarchy_violation,
+    lookup_placement,
+    nd_from_plain,
+    nd_to_plain,
+)
 
 from .boxing_planner import Step, plan
 from .cost_model import axis_volume
@@ -118,6 +127,19 @@ def _unpartial(nd: PlainNd, mesh: tuple[int, ...], rank: int) -> tuple[PlainNd, 
     return best[0], best[1]
 
 
+def _unpartial_options(nd: PlainNd, rank: int) -> list[PlainNd]:
+    """Non-partial distributions from which `nd` is reached by make_partial."""
+    partial_axes = [a for a, s in enumerate(nd) if s in ("P", "Pmax")]
+    options = []
+    for choice in itertools.product(["B", *(f"S{i}" for i in range(rank))], repeat=len(partial_axes)):
+        target = list(nd)
+        for a, s in zip(partial_axes, choice):
+            target[a] = s
+        if hierarchy_violation(tuple(target), nd, partial_axes) is None:
+            options.append(tuple(target))
+    return options
+
+
 def box(annotate: sbp.AnnotateOp) -> SSAValue:
     """Emits the collectives for one redistribution; returns the new value."""
     source = annotate.input
@@ -135,8 +157,12 @@ def box(annotate: sbp.AnnotateOp) -> SSAValue:
         # Between placements: reduce partials where they are, move, rebuild.
         whole_src, steps = _unpartial(src_nd, src_mesh.shape, rank)
         value = builder.steps(source, steps, src_mesh)
-        whole_dst = tuple("B" if s in ("P", "Pmax") else s for s in dst_nd)
-        moved = transfer_bytes(src_t.get_shape(), whole_src, src_mesh, whole_dst, dst_mesh, itemsize(src_t))
+        # A partial destination is built locally from whatever moves least:
+        # a split (each device embeds its piece) or a whole copy.
+        moved, whole_dst = min(
+            (transfer_bytes(src_t.get_shape(), whole_src, src_mesh, nd, dst_mesh, itemsize(src_t)), nd)
+            for nd in _unpartial_options(dst_nd, rank)
+        )
         value = builder.emit(
             sbp.TransferOp(value, dst_t.with_distribution(dst_mesh.name, nd_from_plain(whole_dst)), bytes=moved)
         )
