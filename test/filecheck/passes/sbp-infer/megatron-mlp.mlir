@@ -2,6 +2,11 @@
 // Inference is idempotent: its output, inferred again, does not change.
 // RUN: sbp-opt %s -p sbp-infer > %t.mlir
 // RUN: sbp-opt %t.mlir -p sbp-infer | diff %t.mlir -
+// After boxing, the forward has exactly one collective, an all_reduce:
+// RUN: sbp-opt %s -p sbp-infer,sbp-insert-boxing,sbp-simplify | grep "= sbp\." | filecheck %s --check-prefix=BOXED
+// RUN: sbp-opt %s -p sbp-infer,sbp-insert-boxing,sbp-simplify | grep -c "= sbp\." | filecheck %s --check-prefix=ONE
+// BOXED: %yb = sbp.all_reduce %y over [0] bytes 4096 : !sbp.dtensor<16x64xf32, @tp, P> -> !sbp.dtensor<16x64xf32, @tp, B>
+// ONE: {{^1$}}
 
 // Megatron's MLP from two weight hints: the first weight column-split
 // (S<1>), the second row-split (S<0>). The hidden activation stays split,

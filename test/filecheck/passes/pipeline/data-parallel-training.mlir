@@ -1,0 +1,119 @@
+// RUN: sbp-opt %s --split-input-file -p sbp-infer,sbp-insert-boxing,sbp-simplify | filecheck %s
+
+// A data-parallel training step, backward and SGD written out by hand (the
+// autodiff pass will write them): batch split S<0>, parameters replicated.
+// Every weight gradient comes out P and gets exactly one all_reduce; nothing
+// else communicates.
+
+sbp.placement @dp cpu ranks [0, 1, 2, 3] mesh [4]
+lg.graph @train_step on @dp {
+  %x0 = lg.input "x" : tensor<64x32xf32>
+  %t0 = lg.input "t" : tensor<64x16xf32>
+  %lr = lg.input "lr" : tensor<f32>
+  %w1 = lg.param "w1" init #lg.normal<0.0, 0.1> : tensor<32x64xf32>
+  %w2 = lg.param "w2" init #lg.normal<0.0, 0.1> : tensor<64x16xf32>
+  %x = sbp.annotate %x0 : tensor<64x32xf32> -> !sbp.dtensor<64x32xf32, @dp, S<0>>
+  %t = sbp.annotate %t0 : tensor<64x16xf32> -> !sbp.dtensor<64x16xf32, @dp, S<0>>
+  // forward
+  %h = lg.matmul %x, %w1 : (!sbp.dtensor<64x32xf32, @dp, S<0>>, tensor<32x64xf32>) -> tensor<64x64xf32>
+  %a = lg.tanh %h : tensor<64x64xf32>
+  %y = lg.matmul %a, %w2 : (tensor<64x64xf32>, tensor<64x16xf32>) -> tensor<64x16xf32>
+  %loss = lg.mse_loss %y, %t : (tensor<64x16xf32>, !sbp.dtensor<64x16xf32, @dp, S<0>>) -> tensor<f32>
+  // backward of mse: dy = 2 (y - t) / N
+  %scale = lg.constant dense<0.001953125> : tensor<f32>
+  %diff = lg.sub %y, %t : (tensor<64x16xf32>, !sbp.dtensor<64x16xf32, @dp, S<0>>) -> tensor<64x16xf32>
+  %dy = lg.mul %diff, %scale : (tensor<64x16xf32>, tensor<f32>) -> tensor<64x16xf32>
+  %dw2 = lg.matmul %a, %dy transpose_lhs : (tensor<64x64xf32>, tensor<64x16xf32>) -> tensor<64x16xf32>
+  %da = lg.matmul %dy, %w2 transpose_rhs : (tensor<64x16xf32>, tensor<64x16xf32>) -> tensor<64x64xf32>
+  // tanh' = 1 - a^2
+  %one = lg.constant dense<1.0> : tensor<f32>
+  %a2 = lg.mul %a, %a : (tensor<64x64xf32>, tensor<64x64xf32>) -> tensor<64x64xf32>
+  %dtanh = lg.sub %one, %a2 : (tensor<f32>, tensor<64x64xf32>) -> tensor<64x64xf32>
+  %dh = lg.mul %da, %dtanh : (tensor<64x64xf32>, tensor<64x64xf32>) -> tensor<64x64xf32>
+  %dw1 = lg.matmul %x, %dh transpose_lhs : (!sbp.dtensor<64x32xf32, @dp, S<0>>, tensor<64x64xf32>) -> tensor<32x64xf32>
+  // SGD; the new parameters are replicated, as the next step reads them
+  %s1 = lg.mul %dw1, %lr : (tensor<32x64xf32>, tensor<f32>) -> tensor<32x64xf32>
+  %n1 = lg.sub %w1, %s1 : (tensor<32x64xf32>, tensor<32x64xf32>) -> tensor<32x64xf32>
+  %s2 = lg.mul %dw2, %lr : (tensor<64x16xf32>, tensor<f32>) -> tensor<64x16xf32>
+  %n2 = lg.sub %w2, %s2 : (tensor<64x16xf32>, tensor<64x16xf32>) -> tensor<64x16xf32>
+  %w1_new = sbp.annotate %n1 : tensor<32x64xf32> -> !sbp.dtensor<32x64xf32, @dp, B>
+  %w2_new = sbp.annotate %n2 : tensor<64x16xf32> -> !sbp.dtensor<64x16xf32, @dp, B>
+  lg.output ["loss", "w1", "w2"] %loss, %w1_new, %w2_new : tensor<f32>, !sbp.dtensor<32x64xf32, @dp, B>, !sbp.dtensor<64x16xf32, @dp, B>
+}
+
+// CHECK-LABEL: lg.graph @train_step
+// CHECK-NOT:   = sbp.
+// CHECK:       %dw2 = lg.matmul %a, %dy transpose_lhs {sbp.signature = #sbp.sig<(S<0>, S<0>) -> (P)>}
+// CHECK-NOT:   = sbp.
+// CHECK:       %dw1 = lg.matmul %x0, %dh transpose_lhs {sbp.signature = #sbp.sig<(S<0>, S<0>) -> (P)>}
+// CHECK-NOT:   = sbp.
+// CHECK:       %s1 = lg.mul %dw1, %lr {sbp.signature = #sbp.sig<(P, B) -> (P)>}
+// CHECK-NEXT:  %0 = sbp.all_reduce %s1 over [0] bytes 12288 : !sbp.dtensor<32x64xf32, @dp, P> -> !sbp.dtensor<32x64xf32, @dp, B>
+// CHECK-NEXT:  %n1 = lg.sub %w1, %0
+// CHECK-NEXT:  %s2 = lg.mul %dw2, %lr {sbp.signature = #sbp.sig<(P, B) -> (P)>}
+// CHECK-NEXT:  %1 = sbp.all_reduce %s2 over [0] bytes 6144 : !sbp.dtensor<64x16xf32, @dp, P> -> !sbp.dtensor<64x16xf32, @dp, B>
+// CHECK-NEXT:  %n2 = lg.sub %w2, %1
+// CHECK-NEXT:  lg.output ["loss", "w1", "w2"] %loss, %n1, %n2
+
+// -----
+
+// The same step with ZeRO-style hints: the update runs on S<0> shards. Each
+// gradient is reduce-scattered and each new parameter all-gathered; the only
+// other boxing is the free local slice of the replicated parameter.
+
+sbp.placement @dp cpu ranks [0, 1, 2, 3] mesh [4]
+lg.graph @zero_train_step on @dp {
+  %x0 = lg.input "x" : tensor<64x32xf32>
+  %t0 = lg.input "t" : tensor<64x16xf32>
+  %lr = lg.input "lr" : tensor<f32>
+  %w1 = lg.param "w1" init #lg.normal<0.0, 0.1> : tensor<32x64xf32>
+  %w2 = lg.param "w2" init #lg.normal<0.0, 0.1> : tensor<64x16xf32>
+  %x = sbp.annotate %x0 : tensor<64x32xf32> -> !sbp.dtensor<64x32xf32, @dp, S<0>>
+  %t = sbp.annotate %t0 : tensor<64x16xf32> -> !sbp.dtensor<64x16xf32, @dp, S<0>>
+  // forward
+  %h = lg.matmul %x, %w1 : (!sbp.dtensor<64x32xf32, @dp, S<0>>, tensor<32x64xf32>) -> tensor<64x64xf32>
+  %a = lg.tanh %h : tensor<64x64xf32>
+  %y = lg.matmul %a, %w2 : (tensor<64x64xf32>, tensor<64x16xf32>) -> tensor<64x16xf32>
+  %loss = lg.mse_loss %y, %t : (tensor<64x16xf32>, !sbp.dtensor<64x16xf32, @dp, S<0>>) -> tensor<f32>
+  // backward of mse: dy = 2 (y - t) / N
+  %scale = lg.constant dense<0.001953125> : tensor<f32>
+  %diff = lg.sub %y, %t : (tensor<64x16xf32>, !sbp.dtensor<64x16xf32, @dp, S<0>>) -> tensor<64x16xf32>
+  %dy = lg.mul %diff, %scale : (tensor<64x16xf32>, tensor<f32>) -> tensor<64x16xf32>
+  %dw2 = lg.matmul %a, %dy transpose_lhs : (tensor<64x64xf32>, tensor<64x16xf32>) -> tensor<64x16xf32>
+  %da = lg.matmul %dy, %w2 transpose_rhs : (tensor<64x16xf32>, tensor<64x16xf32>) -> tensor<64x64xf32>
+  // tanh' = 1 - a^2
+  %one = lg.constant dense<1.0> : tensor<f32>
+  %a2 = lg.mul %a, %a : (tensor<64x64xf32>, tensor<64x64xf32>) -> tensor<64x64xf32>
+  %dtanh = lg.sub %one, %a2 : (tensor<f32>, tensor<64x64xf32>) -> tensor<64x64xf32>
+  %dh = lg.mul %da, %dtanh : (tensor<64x64xf32>, tensor<64x64xf32>) -> tensor<64x64xf32>
+  %dw1 = lg.matmul %x, %dh transpose_lhs : (!sbp.dtensor<64x32xf32, @dp, S<0>>, tensor<64x64xf32>) -> tensor<32x64xf32>
+  // ZeRO: the update runs on shards (S<0>), then the new parameters are gathered
+  %s1 = lg.mul %dw1, %lr : (tensor<32x64xf32>, tensor<f32>) -> tensor<32x64xf32>
+  %n1 = lg.sub %w1, %s1 : (tensor<32x64xf32>, tensor<32x64xf32>) -> !sbp.dtensor<32x64xf32, @dp, S<0>>
+  %s2 = lg.mul %dw2, %lr : (tensor<64x16xf32>, tensor<f32>) -> tensor<64x16xf32>
+  %n2 = lg.sub %w2, %s2 : (tensor<64x16xf32>, tensor<64x16xf32>) -> !sbp.dtensor<64x16xf32, @dp, S<0>>
+  %w1_new = sbp.annotate %n1 : !sbp.dtensor<32x64xf32, @dp, S<0>> -> !sbp.dtensor<32x64xf32, @dp, B>
+  %w2_new = sbp.annotate %n2 : !sbp.dtensor<64x16xf32, @dp, S<0>> -> !sbp.dtensor<64x16xf32, @dp, B>
+  lg.output ["loss", "w1", "w2"] %loss, %w1_new, %w2_new : tensor<f32>, !sbp.dtensor<32x64xf32, @dp, B>, !sbp.dtensor<64x16xf32, @dp, B>
+}
+
+// CHECK-LABEL: lg.graph @zero_train_step
+// CHECK-NOT:   sbp.all_reduce
+// CHECK:       sbp.slice %w1 over [0] bytes 0
+// CHECK:       sbp.slice %w2 over [0] bytes 0
+// CHECK:       %2 = sbp.reduce_scatter %dw2 over [0] bytes 3072
+// CHECK:       %3 = sbp.reduce_scatter %dw1 over [0] bytes 6144
+// CHECK:       %n1 = lg.sub %0, %s1 {sbp.signature = #sbp.sig<(S<0>, S<0>) -> (S<0>)>}
+// CHECK:       %n2 = lg.sub %1, %s2 {sbp.signature = #sbp.sig<(S<0>, S<0>) -> (S<0>)>}
+// CHECK-NEXT:  %w1_new = sbp.all_gather %n1 over [0] bytes 6144
+// CHECK-NEXT:  %w2_new = sbp.all_gather %n2 over [0] bytes 3072
+// CHECK-NEXT:  lg.output
+// CHECK-NOT:   sbp.all_reduce
+
+// Counts over both graphs: two all_reduces (first graph), two reduce_scatters
+// and two all_gathers (second graph), no all_to_all.
+// RUN: sbp-opt %s --split-input-file -p sbp-infer,sbp-insert-boxing,sbp-simplify | grep -o "sbp\.[a-z_]* %" | sort | uniq -c | filecheck %s --check-prefix=COUNT
+// COUNT:      2 sbp.all_gather %
+// COUNT-NEXT: 2 sbp.all_reduce %
+// COUNT-NEXT: 2 sbp.reduce_scatter %
+// COUNT-NEXT: 2 sbp.slice %
