@@ -30,9 +30,16 @@ def _sbp_simplify() -> type[ModulePass]:
     return SbpSimplifyPass
 
 
+def _sbp_comm_summary() -> type[ModulePass]:
+    from .sbp_comm_summary import SbpCommSummaryPass
+
+    return SbpCommSummaryPass
+
+
 PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "sbp-erase": _sbp_erase,
     "sbp-infer": _sbp_infer,
     "sbp-insert-boxing": _sbp_insert_boxing,
     "sbp-simplify": _sbp_simplify,
+    "sbp-comm-summary": _sbp_comm_summary,
 }

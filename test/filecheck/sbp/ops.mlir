@@ -34,6 +34,10 @@ sbp.placement @other cpu ranks [4, 5] mesh [2]
 %pm = "test.op"() : () -> !sbp.dtensor<4xf32, @m, [P<max>, P<max>]>
 %arm = sbp.all_reduce %pm over [0, 1] : !sbp.dtensor<4xf32, @m, [P<max>, P<max>]> -> !sbp.dtensor<4xf32, @m, [B, B]>
 %tr = sbp.transfer %rs : !sbp.dtensor<8x16xf32, @m, [S<0>, S<1>]> -> !sbp.dtensor<8x16xf32, @other, S<1>>
+%mp = sbp.make_partial %ag over [1] : !sbp.dtensor<8x16xf32, @m, [B, B]> -> !sbp.dtensor<8x16xf32, @m, [B, P]>
+%mps = sbp.make_partial %sl over [0, 1] : !sbp.dtensor<8x16xf32, @m, [S<0>, S<0>]> -> !sbp.dtensor<8x16xf32, @m, [P<max>, P<max>]>
+%by = sbp.all_gather %ar over [1] bytes 256 : !sbp.dtensor<8x16xf32, @m, [B, S<1>]> -> !sbp.dtensor<8x16xf32, @m, [B, B]>
+%tb = sbp.transfer %rs bytes 512 : !sbp.dtensor<8x16xf32, @m, [S<0>, S<1>]> -> !sbp.dtensor<8x16xf32, @other, B>
 
 // CHECK:      %a = sbp.annotate %t : tensor<8x16xf32> -> !sbp.dtensor<8x16xf32, @m, [P, S<1>]>
 // CHECK-NEXT: %b = sbp.annotate %a : !sbp.dtensor<8x16xf32, @m, [P, S<1>]> -> !sbp.dtensor<8x16xf32, @m, [B, B]>
@@ -45,6 +49,10 @@ sbp.placement @other cpu ranks [4, 5] mesh [2]
 // CHECK-NEXT: %pm = "test.op"() : () -> !sbp.dtensor<4xf32, @m, [P<max>, P<max>]>
 // CHECK-NEXT: %arm = sbp.all_reduce %pm over [0, 1] : !sbp.dtensor<4xf32, @m, [P<max>, P<max>]> -> !sbp.dtensor<4xf32, @m, [B, B]>
 // CHECK-NEXT: %tr = sbp.transfer %rs : !sbp.dtensor<8x16xf32, @m, [S<0>, S<1>]> -> !sbp.dtensor<8x16xf32, @other, S<1>>
+// CHECK-NEXT: %mp = sbp.make_partial %ag over [1] : !sbp.dtensor<8x16xf32, @m, [B, B]> -> !sbp.dtensor<8x16xf32, @m, [B, P]>
+// CHECK-NEXT: %mps = sbp.make_partial %sl over [0, 1] : !sbp.dtensor<8x16xf32, @m, [S<0>, S<0>]> -> !sbp.dtensor<8x16xf32, @m, [P<max>, P<max>]>
+// CHECK-NEXT: %by = sbp.all_gather %ar over [1] bytes 256 : !sbp.dtensor<8x16xf32, @m, [B, S<1>]> -> !sbp.dtensor<8x16xf32, @m, [B, B]>
+// CHECK-NEXT: %tb = sbp.transfer %rs bytes 512 : !sbp.dtensor<8x16xf32, @m, [S<0>, S<1>]> -> !sbp.dtensor<8x16xf32, @other, B>
 
 // GENERIC:      %a = "sbp.annotate"(%t) : (tensor<8x16xf32>) -> !sbp.dtensor<8x16xf32, @m, [P, S<1>]>
 // GENERIC:      %ar = "sbp.all_reduce"(%a) <{mesh_axes = array<i64: 0>}> : (!sbp.dtensor<8x16xf32, @m, [P, S<1>]>) -> !sbp.dtensor<8x16xf32, @m, [B, S<1>]>
@@ -53,3 +61,7 @@ sbp.placement @other cpu ranks [4, 5] mesh [2]
 // GENERIC-NEXT: %a2a = "sbp.all_to_all"(%sl) <{mesh_axes = array<i64: 1>}>
 // GENERIC-NEXT: %rs = "sbp.reduce_scatter"(%a) <{mesh_axes = array<i64: 0>}>
 // GENERIC:      %tr = "sbp.transfer"(%rs) : (!sbp.dtensor<8x16xf32, @m, [S<0>, S<1>]>) -> !sbp.dtensor<8x16xf32, @other, S<1>>
+// GENERIC-NEXT: %mp = "sbp.make_partial"(%ag) <{mesh_axes = array<i64: 1>}>
+// GENERIC-NEXT: %mps = "sbp.make_partial"(%sl) <{mesh_axes = array<i64: 0, 1>}>
+// GENERIC-NEXT: %by = "sbp.all_gather"(%ar) <{mesh_axes = array<i64: 1>, bytes = 256 : i64}>
+// GENERIC-NEXT: %tb = "sbp.transfer"(%rs) <{bytes = 512 : i64}>

@@ -172,3 +172,19 @@ sbp.placement @n cpu ranks [2, 3, 4, 5] mesh [2, 2]
 %a = "sbp.all_gather"(%t) <{mesh_axes = array<i64: 0>}> : (tensor<8xf32>) -> tensor<8xf32>
 // CHECK: Operation does not verify: operand 'input' at position 0 does not verify:
 // CHECK-NEXT: tensor<8xf32> should be of base attribute sbp.dtensor
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+%t = "test.op"() : () -> !sbp.dtensor<8xf32, @m, P>
+%a = sbp.make_partial %t over [0] : !sbp.dtensor<8xf32, @m, P> -> !sbp.dtensor<8xf32, @m, P<max>>
+// CHECK: 'sbp.make_partial': mesh axis 0 goes from P to P<max>, but sbp.make_partial performs B or S<i> -> P (local)
+
+// -----
+
+// Pieces nest outer mesh axis first: gathering the outer axis while the
+// inner one still splits the same tensor axis is not one all_gather.
+sbp.placement @m cpu ranks [0, 1, 2, 3] mesh [2, 2]
+%t = "test.op"() : () -> !sbp.dtensor<8xf32, @m, [S<0>, S<0>]>
+%a = sbp.all_gather %t over [0] : !sbp.dtensor<8xf32, @m, [S<0>, S<0>]> -> !sbp.dtensor<8xf32, @m, [B, S<0>]>
+// CHECK: 'sbp.all_gather': mesh axis 0 changes the split of tensor axis 0, which inner mesh axis 1 still splits; pieces are nested outer axis first, so change mesh axis 1 first

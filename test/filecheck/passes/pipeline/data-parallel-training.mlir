@@ -1,4 +1,13 @@
 // RUN: sbp-opt %s --split-input-file -p sbp-infer,sbp-insert-boxing,sbp-simplify | filecheck %s
+// RUN: sbp-opt %s --split-input-file -p sbp-infer,sbp-insert-boxing,sbp-simplify,sbp-comm-summary 2>&1 >/dev/null | filecheck %s --check-prefix=SUMMARY
+// SUMMARY:      // communication of @train_step on @dp, bytes a device receives:
+// SUMMARY-NEXT: //   all_reduce           2         18,432
+// SUMMARY-NEXT: //   total                2         18,432
+// SUMMARY-NEXT: // communication of @zero_train_step on @dp, bytes a device receives:
+// SUMMARY-NEXT: //   all_gather           2          9,216
+// SUMMARY-NEXT: //   reduce_scatter       2          9,216
+// SUMMARY-NEXT: //   slice                2              0
+// SUMMARY-NEXT: //   total                6         18,432
 
 // A data-parallel training step, backward and SGD written out by hand (the
 // autodiff pass will write them): batch split S<0>, parameters replicated.
