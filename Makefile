@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 run: setup
-	$(BIN)/sbp-opt examples/mlp.mlir -p sbp-infer
+	$(BIN)/sbp-opt examples/mlp.mlir -p compile,sbp-comm-summary
 	$(BIN)/python examples/mlp.py
 
 test: lit pytest

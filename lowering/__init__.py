@@ -36,10 +36,17 @@ def _sbp_comm_summary() -> type[ModulePass]:
     return SbpCommSummaryPass
 
 
+def _compile() -> type[ModulePass]:
+    from .compile import CompilePass
+
+    return CompilePass
+
+
 PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "sbp-erase": _sbp_erase,
     "sbp-infer": _sbp_infer,
     "sbp-insert-boxing": _sbp_insert_boxing,
     "sbp-simplify": _sbp_simplify,
     "sbp-comm-summary": _sbp_comm_summary,
+    "compile": _compile,
 }
