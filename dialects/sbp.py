@@ -444,10 +444,14 @@ def element_type(type: Attribute) -> Attribute:
 def lookup_placement(op: Operation, ref: SymbolRefAttr | str) -> PlacementOp:
     """Resolves a placement symbol from `op`, or raises a VerifyException naming it."""
     name = ref if isinstance(ref, str) else ref.string_value()
-    try:
-        found = SymbolTable.lookup_symbol(op, name)
-    except ValueError:
-        found = None
+    # Placements live at module level; nested symbol tables (plan devices)
+    # do not hide them.
+    found = None
+    anchor: Operation | None = op
+    while anchor is not None and not isinstance(found, PlacementOp):
+        if anchor.has_trait(SymbolTable):
+            found = SymbolTable.lookup_symbol(anchor, name)
+        anchor = anchor.parent_op()
     if not isinstance(found, PlacementOp):
         what = "is not a placement" if found is not None else "does not exist"
         raise VerifyException(f"'{op.name}': placement @{name} {what}")

@@ -10,15 +10,16 @@ from xdsl.dialects.builtin import Builtin, ModuleOp
 from xdsl.parser import Parser
 
 from sbpc.dialects.lg import LG
+from sbpc.dialects.plan import PLAN
 from sbpc.dialects.sbp import SBP
 
 __all__ = ["make_context", "parse_module"]
 
 
 def make_context() -> Context:
-    """A context with the builtin, `lg` and `sbp` dialects loaded."""
+    """A context with the builtin, `lg`, `sbp` and `plan` dialects loaded."""
     ctx = Context()
-    for dialect in (Builtin, LG, SBP):
+    for dialect in (Builtin, LG, SBP, PLAN):
         ctx.load_dialect(dialect)
     return ctx
 

@@ -20,6 +20,12 @@ def _sbp() -> Dialect:
     return SBP
 
 
-DIALECTS = {"lg": _lg, "sbp": _sbp}
+def _plan() -> Dialect:
+    from sbpc.dialects.plan import PLAN
+
+    return PLAN
+
+
+DIALECTS = {"lg": _lg, "sbp": _sbp, "plan": _plan}
 
 SBPC_UNIVERSE = Universe(all_dialects=dict(DIALECTS), all_passes=dict(PASSES))

@@ -1,0 +1,332 @@
+"""The `plan` dialect: OneFlow's physical graph of actors and registers.
+
+A program holds one device per MPI rank. A device holds registers (the
+buffers between a producer and its consumers: local type, size, slot count,
+arena offset, role) and actors, whose order in the device body is the
+device's schedule. A compute actor runs one lg kernel on local pieces; a
+communication actor takes part in one collective, identified across devices
+by its `id`, with its rank group.
+
+    plan.program @mlp {
+      plan.device @rank0 rank 0 arena 4096 persistent 2048 {
+        plan.register @x : tensor<16x32xf32> bytes 2048 offset 0 feed "x" of !sbp.dtensor<32x32xf32, @dp, S<0>>
+        plan.register @w : tensor<32x8xf32> bytes 1024 offset 0 persistent param "w" of !sbp.dtensor<32x8xf32, @dp, B>
+        plan.register @y : tensor<16x8xf32> bytes 512 offset 2048 fetch "y" of !sbp.dtensor<32x8xf32, @dp, S<0>>
+        plan.compute @mm "lg.matmul" (@x, @w) -> (@y)
+      }
+      ...
+    }
+
+Registers carry the global dtensor they hold a piece of, so every local
+shape can be checked against the global shape, the nd-SBP and the device's
+place in the mesh; actors carry everything their kernel needs, so a plan file
+is all the runtime loads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import ClassVar
+
+from xdsl.dialects.builtin import (
+    I64,
+    ArrayAttr,
+    DenseArrayBase,
+    DictionaryAttr,
+    IntegerAttr,
+    StringAttr,
+    SymbolNameConstraint,
+    SymbolRefAttr,
+    TensorType,
+    UnitAttr,
+    i64,
+)
+from xdsl.ir import Attribute, Block, Dialect, Region
+from xdsl.irdl import (
+    IRDLOperation,
+    irdl_op_definition,
+    lazy_traits_def,
+    opt_prop_def,
+    prop_def,
+    region_def,
+    traits_def,
+)
+from xdsl.traits import HasParent, IsolatedFromAbove, NoTerminator, SymbolOpInterface, SymbolTable
+from xdsl.utils.exceptions import VerifyException
+
+from .lg import InitializerAttr
+from .sbp import DTensorType, lookup_placement, nd_to_plain
+
+
+def tensor_bytes(t: TensorType) -> int:
+    elem = t.element_type
+    width = getattr(elem, "bitwidth", None) or elem.width.data  # type: ignore[union-attr]
+    return math.prod(t.get_shape()) * max(1, width // 8)
+
+
+@irdl_op_definition
+class ProgramOp(IRDLOperation):
+    """The physical plan of one graph: one device per rank."""
+
+    name = "plan.program"
+
+    sym_name = prop_def(SymbolNameConstraint())
+    body = region_def("single_block")
+
+    traits = traits_def(SymbolOpInterface(), SymbolTable(), NoTerminator(), IsolatedFromAbove())
+
+    assembly_format = "$sym_name attr-dict-with-keyword $body"
+
+    def __init__(self, name: str, devices: Sequence[DeviceOp]):
+        super().__init__(properties={"sym_name": StringAttr(name)}, regions=[Region(Block(devices))])
+
+    def devices(self) -> list[DeviceOp]:
+        return [op for op in self.body.block.ops if isinstance(op, DeviceOp)]
+
+    def verify_(self) -> None:
+        ranks = [d.rank.value.data for d in self.devices()]
+        if len(set(ranks)) != len(ranks):
+            raise VerifyException(f"'{self.name}' @{self.sym_name.data}: two devices share a rank ({sorted(ranks)})")
+        for op in self.body.block.ops:
+            if not isinstance(op, DeviceOp):
+                raise VerifyException(f"'{self.name}': holds only plan.device, not '{op.name}'")
+
+
+@irdl_op_definition
+class DeviceOp(IRDLOperation):
+    """One rank: its registers, then its actors in schedule order. After
+    memory allocation it records the arena size, the persistent region's size,
+    the live-set lower bound and the no-reuse total, all in bytes."""
+
+    name = "plan.device"
+
+    sym_name = prop_def(SymbolNameConstraint())
+    rank = prop_def(IntegerAttr[I64])
+    arena = opt_prop_def(IntegerAttr[I64])
+    persistent = opt_prop_def(IntegerAttr[I64])
+    live_bound = opt_prop_def(IntegerAttr[I64])
+    no_reuse = opt_prop_def(IntegerAttr[I64])
+    body = region_def("single_block")
+
+    traits = lazy_traits_def(lambda: (SymbolOpInterface(), SymbolTable(), NoTerminator(), HasParent(ProgramOp)))
+
+    assembly_format = (
+        "$sym_name `rank` $rank (`arena` $arena^)? (`persistent` $persistent^)? (`live_bound` $live_bound^)? "
+        "(`no_reuse` $no_reuse^)? attr-dict-with-keyword $body"
+    )
+
+    def __init__(self, name: str, rank: int, ops: Sequence[IRDLOperation]):
+        super().__init__(
+            properties={"sym_name": StringAttr(name), "rank": IntegerAttr(rank, i64)}, regions=[Region(Block(ops))]
+        )
+
+    def registers(self) -> list[RegisterOp]:
+        return [op for op in self.body.block.ops if isinstance(op, RegisterOp)]
+
+    def actors(self) -> list[ComputeOp | CommOp]:
+        """The schedule."""
+        return [op for op in self.body.block.ops if isinstance(op, ComputeOp | CommOp)]
+
+    def register(self, ref: SymbolRefAttr | str) -> RegisterOp | None:
+        name = ref if isinstance(ref, str) else ref.string_value()
+        found = SymbolTable.lookup_symbol(self, name)
+        return found if isinstance(found, RegisterOp) else None
+
+    def verify_(self) -> None:
+        seen_actor = False
+        for op in self.body.block.ops:
+            if isinstance(op, RegisterOp):
+                if seen_actor:
+                    raise VerifyException(
+                        f"'{self.name}' @{self.sym_name.data}: register @{op.sym_name.data} comes after an actor; "
+                        "registers come first, then the actors in schedule order"
+                    )
+            elif isinstance(op, ComputeOp | CommOp):
+                seen_actor = True
+            else:
+                raise VerifyException(f"'{self.name}' @{self.sym_name.data}: unexpected '{op.name}'")
+        for field in ("arena", "persistent"):
+            attr = getattr(self, field)
+            if attr is not None and attr.value.data < 0:
+                raise VerifyException(f"'{self.name}' @{self.sym_name.data}: {field} size must be non-negative")
+
+
+@irdl_op_definition
+class RegisterOp(IRDLOperation):
+    """A buffer: the local piece of a global value on this device, with
+    `slots` copies (how far its producer may run ahead), its offset in the
+    device's arena (or in its persistent region) once allocated, and its role:
+    a feed, a trained parameter (with its initializer), a constant, or a
+    fetched output."""
+
+    name = "plan.register"
+
+    sym_name = prop_def(SymbolNameConstraint())
+    type = prop_def(TensorType)
+    bytes = prop_def(IntegerAttr[I64])
+    slots = prop_def(IntegerAttr[I64], default_value=IntegerAttr(1, i64))
+    offset = opt_prop_def(IntegerAttr[I64])
+    is_persistent = opt_prop_def(UnitAttr, prop_name="persistent")
+    feed = opt_prop_def(StringAttr)
+    param = opt_prop_def(StringAttr)
+    init = opt_prop_def(InitializerAttr)
+    seed = opt_prop_def(IntegerAttr[I64])
+    constant = opt_prop_def(Attribute)
+    fetch = opt_prop_def(StringAttr)
+    value = prop_def(DTensorType)
+
+    traits = traits_def(SymbolOpInterface(), HasParent(DeviceOp))
+
+    assembly_format = (
+        "$sym_name `:` $type `bytes` $bytes (`slots` $slots^)? (`offset` $offset^)? (`persistent` $persistent^)? "
+        "(`feed` $feed^)? (`param` $param^)? (`init` qualified($init)^)? (`seed` $seed^)? (`constant` $constant^)? "
+        "(`fetch` $fetch^)? `of` qualified($value) attr-dict"
+    )
+
+    @property
+    def size(self) -> int:
+        """Bytes it takes in the arena: one buffer per slot."""
+        return self.bytes.value.data * self.slots.value.data
+
+    def verify_(self) -> None:
+        where = f"'{self.name}' @{self.sym_name.data}"
+        if self.bytes.value.data != tensor_bytes(self.type):
+            raise VerifyException(f"{where}: {self.type} takes {tensor_bytes(self.type)} bytes, not {self.bytes.value.data}")
+        if self.slots.value.data < 1:
+            raise VerifyException(f"{where}: needs at least one slot")
+        if self.offset is not None and self.offset.value.data < 0:
+            raise VerifyException(f"{where}: negative offset")
+        if (self.param is not None) != (self.init is not None):
+            raise VerifyException(f"{where}: a parameter needs its initializer, and only a parameter has one")
+        if (self.param is not None or self.constant is not None) and self.is_persistent is None:
+            raise VerifyException(f"{where}: parameters and constants live in the persistent region")
+        if self.type.element_type != self.value.element_type:
+            raise VerifyException(f"{where}: element type {self.type.element_type} is not the value's {self.value.element_type}")
+        device = self.parent_op()
+        if not isinstance(device, DeviceOp):
+            return
+        mesh = lookup_placement(self, self.value.placement).mesh()
+        rank = device.rank.value.data
+        if rank not in mesh.ranks:
+            raise VerifyException(f"{where}: rank {rank} is not in placement @{mesh.name}")
+        from sbpc.local_eval import piece
+
+        coord = tuple(int(c) for c in _unravel(mesh.ranks.index(rank), mesh.shape))
+        region = piece(self.value.get_shape(), nd_to_plain(self.value.nd_sbp), mesh.shape, coord)
+        expected = tuple(s.stop - s.start for s in region)
+        if tuple(self.type.get_shape()) != expected:
+            raise VerifyException(
+                f"{where}: local shape {list(self.type.get_shape())} is not the piece {list(expected)} that "
+                f"rank {rank} holds of {list(self.value.get_shape())} under {_nd_text(self.value)}"
+            )
+
+
+def _unravel(index: int, shape: Sequence[int]) -> list[int]:
+    out = []
+    for d in reversed(shape):
+        out.append(index % d)
+        index //= d
+    return list(reversed(out))
+
+
+def _nd_text(t: DTensorType) -> str:
+    from .sbp import format_nd
+
+    return format_nd(t.nd_sbp)
+
+
+def device_coord(rank: int, ranks: Sequence[int], shape: Sequence[int]) -> tuple[int, ...]:
+    """Where `rank` sits in a row-major mesh."""
+    return tuple(_unravel(list(ranks).index(rank), shape))
+
+
+class ActorOp(IRDLOperation):
+    """What compute and communication actors share: registers they read
+    (`ins`) and write (`outs`), by symbol."""
+
+    def verify_registers(self) -> None:
+        device = self.parent_op()
+        if not isinstance(device, DeviceOp):
+            return
+        for kind, refs in (("input", self.ins), ("output", self.outs)):
+            for ref in refs.data:
+                if device.register(ref) is None:
+                    raise VerifyException(
+                        f"'{self.name}' @{self.sym_name.data}: {kind} register {ref} does not exist on "
+                        f"@{device.sym_name.data}"
+                    )
+
+
+@irdl_op_definition
+class ComputeOp(ActorOp):
+    """Runs one lg kernel (`kernel` names the op, `props` holds its
+    properties) on the local pieces in its input registers, writing its
+    output register."""
+
+    name = "plan.compute"
+
+    sym_name = prop_def(SymbolNameConstraint())
+    kernel = prop_def(StringAttr)
+    props = prop_def(DictionaryAttr, default_value=DictionaryAttr({}))
+    ins = prop_def(ArrayAttr[SymbolRefAttr])
+    outs = prop_def(ArrayAttr[SymbolRefAttr])
+    in_place = opt_prop_def(UnitAttr)
+
+    traits = traits_def(SymbolOpInterface(), HasParent(DeviceOp))
+
+    assembly_format = "$sym_name $kernel $ins `->` $outs (`props` $props^)? (`in_place` $in_place^)? attr-dict"
+
+    def verify_(self) -> None:
+        if len(self.outs.data) != 1:
+            raise VerifyException(f"'{self.name}' @{self.sym_name.data}: a compute actor writes one register")
+        self.verify_registers()
+
+
+@irdl_op_definition
+class CommOp(ActorOp):
+    """This device's part in one collective (`id` names it on every member):
+    its kind, its rank group in order, the mesh axes it acts on, and the
+    distributions before (`from`) and after (`to`). A transfer's sending
+    devices have only inputs, its receiving devices only outputs."""
+
+    name = "plan.comm"
+
+    sym_name = prop_def(SymbolNameConstraint())
+    kind = prop_def(StringAttr)
+    comm_id = prop_def(IntegerAttr[I64], prop_name="id")
+    group = prop_def(DenseArrayBase.constr(i64))
+    mesh_axes = prop_def(DenseArrayBase.constr(i64), default_value=DenseArrayBase.from_list(i64, []))
+    source = prop_def(DTensorType, prop_name="from")
+    dest = prop_def(DTensorType, prop_name="to")
+    bytes = opt_prop_def(IntegerAttr[I64])
+    ins = prop_def(ArrayAttr[SymbolRefAttr])
+    outs = prop_def(ArrayAttr[SymbolRefAttr])
+
+    traits = traits_def(SymbolOpInterface(), HasParent(DeviceOp))
+
+    assembly_format = (
+        "$sym_name $kind `id` $id $ins `->` $outs `group` $group (`over` $mesh_axes^)? (`bytes` $bytes^)? "
+        "`from` qualified($from) `to` qualified($to) attr-dict"
+    )
+
+    KINDS: ClassVar[tuple[str, ...]] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "slice", "make_partial", "transfer")
+
+    def verify_(self) -> None:
+        where = f"'{self.name}' @{self.sym_name.data}"
+        if self.kind.data not in self.KINDS:
+            raise VerifyException(f"{where}: unknown collective '{self.kind.data}'")
+        group = list(self.group.get_values())
+        if len(set(group)) != len(group) or not group:
+            raise VerifyException(f"{where}: the rank group must be non-empty and distinct, got {group}")
+        device = self.parent_op()
+        if isinstance(device, DeviceOp) and device.rank.value.data not in group:
+            raise VerifyException(f"{where}: rank {device.rank.value.data} is not in its own group {group}")
+        if self.kind.data != "transfer" and (len(self.ins.data), len(self.outs.data)) != (1, 1):
+            raise VerifyException(f"{where}: a {self.kind.data} reads one register and writes one")
+        if self.kind.data == "transfer" and not (self.ins.data or self.outs.data):
+            raise VerifyException(f"{where}: a transfer actor sends, receives, or both")
+        self.verify_registers()
+
+
+PLAN = Dialect("plan", [ProgramOp, DeviceOp, RegisterOp, ComputeOp, CommOp], [])
