@@ -42,11 +42,18 @@ def _compile() -> type[ModulePass]:
     return CompilePass
 
 
+def _sbp_to_plan() -> type[ModulePass]:
+    from .sbp_to_plan import SbpToPlanPass
+
+    return SbpToPlanPass
+
+
 PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "sbp-erase": _sbp_erase,
     "sbp-infer": _sbp_infer,
     "sbp-insert-boxing": _sbp_insert_boxing,
     "sbp-simplify": _sbp_simplify,
     "sbp-comm-summary": _sbp_comm_summary,
+    "sbp-to-plan": _sbp_to_plan,
     "compile": _compile,
 }

@@ -1,0 +1,238 @@
+"""`sbp-to-plan`: lowers a boxed sbp-level graph to the `plan` dialect.
+
+- One register per value per device of its placement, typed with the local
+  piece; feeds, parameters (with their initializers), constants and fetched
+  outputs are marked, parameters and constants persistent. Values that cross
+  placements (pipeline stage boundaries) get `slots` buffers so the producer
+  may run ahead.
+- One compute actor per lg op per device, carrying the kernel and its
+  properties; one communication actor per collective per participating
+  device, with its rank group (the devices that differ only on the mesh axes
+  it acts on) and a program-wide `id`.
+- One global schedule, restricted to each device: a topological order that
+  issues every communication actor as soon as its input is ready (so it can
+  overlap with the computation after it). Every device takes its actors in
+  this one order, so the collectives are issued in the same order on every
+  rank, and no two ranks can wait on each other.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    DenseArrayBase,
+    DictionaryAttr,
+    IntegerAttr,
+    ModuleOp,
+    StringAttr,
+    SymbolRefAttr,
+    TensorType,
+    UnitAttr,
+    i64,
+)
+from xdsl.ir import Operation, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.rewriter import Rewriter
+from xdsl.utils.exceptions import PassFailedException
+
+from sbpc.dialects import lg, plan, sbp
+from sbpc.dialects.sbp import DTensorType, Mesh, lookup_placement, nd_to_plain
+from sbpc.local_eval import coords, piece
+
+
+def schedule(ops: list[Operation]) -> list[Operation]:
+    """Topological order; among ready ops, communication first, then program order."""
+    index = {op: i for i, op in enumerate(ops)}
+    waiting = {op: sum(1 for o in op.operands if o.owner in index) for op in ops}
+    users: dict[Operation, list[Operation]] = {op: [] for op in ops}
+    for op in ops:
+        for o in op.operands:
+            if o.owner in index:
+                users[o.owner].append(op)
+    ready = [(0 if isinstance(op, sbp.COLLECTIVE_OPS) else 1, index[op], op) for op in ops if not waiting[op]]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, _, op = heapq.heappop(ready)
+        order.append(op)
+        for user in users[op]:
+            waiting[user] -= 1
+            if not waiting[user]:
+                heapq.heappush(ready, (0 if isinstance(user, sbp.COLLECTIVE_OPS) else 1, index[user], user))
+    return order
+
+
+def _coord(mesh: Mesh, rank: int) -> tuple[int, ...]:
+    return plan.device_coord(rank, mesh.ranks, mesh.shape)
+
+
+def rank_group(mesh: Mesh, rank: int, axes: list[int]) -> list[int]:
+    """The ranks that differ from `rank` only on `axes`, in mesh order."""
+    here = _coord(mesh, rank)
+    members = [c for c in coords(mesh.shape) if all(c[a] == here[a] for a in range(len(here)) if a not in axes)]
+    return [mesh.ranks[coords(mesh.shape).index(c)] for c in members]
+
+
+@dataclass
+class Lowering:
+    graph: lg.GraphOp
+    pipeline_slots: int
+
+    def __post_init__(self):
+        self.names: dict[SSAValue, str] = {}
+        self.meshes: dict[SSAValue, Mesh] = {}
+        self.devices: dict[int, list[Operation]] = {}
+        self.comm_count = 0
+
+    def name_of(self, value: SSAValue) -> str:
+        if value not in self.names:
+            base = value.name_hint or f"v{len(self.names)}"
+            taken = set(self.names.values())
+            name, k = base, 1
+            while name in taken:
+                name, k = f"{base}_{k}", k + 1
+            self.names[value] = name
+        return self.names[value]
+
+    def mesh_of(self, value: SSAValue) -> Mesh:
+        t = value.type
+        if not isinstance(t, DTensorType):
+            raise PassFailedException(f"'{value.owner.name}': its result has no distribution; run sbp-infer first")
+        if value not in self.meshes:
+            self.meshes[value] = lookup_placement(self.graph, t.placement).mesh()
+        return self.meshes[value]
+
+    def register(self, value: SSAValue, rank: int, fetched: dict[SSAValue, str], crossing: set[SSAValue]):
+        t = value.type
+        mesh = self.mesh_of(value)
+        region = piece(t.get_shape(), nd_to_plain(t.nd_sbp), mesh.shape, _coord(mesh, rank))
+        local = TensorType(t.element_type, [s.stop - s.start for s in region])
+        props = {
+            "sym_name": StringAttr(self.name_of(value)),
+            "type": local,
+            "bytes": IntegerAttr(plan.tensor_bytes(local), i64),
+            "value": t,
+        }
+        if value in crossing:
+            props["slots"] = IntegerAttr(self.pipeline_slots, i64)
+        owner = value.owner
+        if isinstance(owner, lg.InputOp):
+            props["feed"] = owner.key
+        elif isinstance(owner, lg.ParamOp):
+            props.update(persistent=UnitAttr(), param=owner.key, init=owner.init, seed=owner.seed)
+        elif isinstance(owner, lg.ConstantOp):
+            props.update(persistent=UnitAttr(), constant=owner.value)
+        if value in fetched:
+            props["fetch"] = StringAttr(fetched[value])
+        return plan.RegisterOp.create(properties=props)
+
+    def refs(self, values) -> ArrayAttr:
+        return ArrayAttr([SymbolRefAttr(self.name_of(v)) for v in values])
+
+    def lower(self) -> plan.ProgramOp:
+        body = [op for op in self.graph.body.ops if not isinstance(op, lg.OutputOp)]
+        output = self.graph.output()
+        fetched = {}
+        for name, v in zip(output.names.data, output.values):
+            fetched.setdefault(v, name.data)
+        crossing = set()
+        for op in body:
+            if isinstance(op, sbp.AnnotateOp):
+                raise PassFailedException(f"'{op.name}': a redistribution is left; run sbp-insert-boxing first")
+            if isinstance(op, sbp.TransferOp):
+                crossing.update((op.input, op.result))
+        registers: dict[int, list[Operation]] = {}
+        for op in body:
+            v = op.results[0]
+            for rank in self.mesh_of(v).ranks:
+                registers.setdefault(rank, []).append(self.register(v, rank, fetched, crossing))
+        actors: dict[int, list[Operation]] = {rank: [] for rank in registers}
+        for op in schedule(body):
+            if isinstance(op, lg.InputOp | lg.ParamOp | lg.ConstantOp):
+                continue
+            out = op.results[0]
+            name = self.name_of(out)
+            if isinstance(op, lg.SbpRules):
+                for rank in self.mesh_of(out).ranks:
+                    actors[rank].append(
+                        plan.ComputeOp.create(
+                            properties={
+                                "sym_name": StringAttr(f"{name}.{op.name.removeprefix('lg.')}"),
+                                "kernel": StringAttr(op.name),
+                                "props": DictionaryAttr(dict(op.properties)),
+                                "ins": self.refs(op.operands),
+                                "outs": self.refs([out]),
+                            }
+                        )
+                    )
+            elif isinstance(op, sbp.COLLECTIVE_OPS):
+                self.lower_collective(op, actors)
+            else:
+                raise PassFailedException(f"'{op.name}': sbp-to-plan cannot lower this op")
+        devices = [
+            plan.DeviceOp(f"rank{rank}", rank, [*registers[rank], *actors[rank]]) for rank in sorted(registers)
+        ]
+        return plan.ProgramOp(self.graph.sym_name.data, devices)
+
+    def lower_collective(self, op: Operation, actors: dict[int, list[Operation]]) -> None:
+        source, out = op.operands[0], op.results[0]
+        src_mesh, dst_mesh = self.mesh_of(source), self.mesh_of(out)
+        kind = op.name.removeprefix("sbp.")
+        comm_id = self.comm_count
+        self.comm_count += 1
+        base = {
+            "kind": StringAttr(kind),
+            "id": IntegerAttr(comm_id, i64),
+            "from": source.type,
+            "to": out.type,
+        }
+        if op.bytes is not None:
+            base["bytes"] = op.bytes
+        name = f"{self.name_of(out)}.{kind}"
+        if isinstance(op, sbp.TransferOp):
+            group = list(dict.fromkeys([*src_mesh.ranks, *dst_mesh.ranks]))
+            for rank in group:
+                actors.setdefault(rank, []).append(
+                    plan.CommOp.create(
+                        properties={
+                            **base,
+                            "sym_name": StringAttr(name),
+                            "group": DenseArrayBase.from_list(i64, group),
+                            "ins": self.refs([source] if rank in src_mesh.ranks else []),
+                            "outs": self.refs([out] if rank in dst_mesh.ranks else []),
+                        }
+                    )
+                )
+            return
+        axes = list(op.mesh_axes.get_values())
+        for rank in src_mesh.ranks:
+            actors[rank].append(
+                plan.CommOp.create(
+                    properties={
+                        **base,
+                        "sym_name": StringAttr(name),
+                        "group": DenseArrayBase.from_list(i64, rank_group(src_mesh, rank, axes)),
+                        "mesh_axes": DenseArrayBase.from_list(i64, axes),
+                        "ins": self.refs([source]),
+                        "outs": self.refs([out]),
+                    }
+                )
+            )
+
+
+@dataclass(frozen=True)
+class SbpToPlanPass(ModulePass):
+    name = "sbp-to-plan"
+
+    pipeline_slots: int = 2
+    """Slots of registers that cross placements, so a stage may run ahead."""
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for graph in [g for g in op.ops if isinstance(g, lg.GraphOp)]:
+            program = Lowering(graph, self.pipeline_slots).lower()
+            graph.parent_block().insert_op_before(program, graph)
+            Rewriter.erase_op(graph)
