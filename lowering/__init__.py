@@ -48,6 +48,12 @@ def _sbp_to_plan() -> type[ModulePass]:
     return SbpToPlanPass
 
 
+def _plan_allocate_memory() -> type[ModulePass]:
+    from .plan_allocate_memory import PlanAllocateMemoryPass
+
+    return PlanAllocateMemoryPass
+
+
 PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "sbp-erase": _sbp_erase,
     "sbp-infer": _sbp_infer,
@@ -55,5 +61,6 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "sbp-simplify": _sbp_simplify,
     "sbp-comm-summary": _sbp_comm_summary,
     "sbp-to-plan": _sbp_to_plan,
+    "plan-allocate-memory": _plan_allocate_memory,
     "compile": _compile,
 }

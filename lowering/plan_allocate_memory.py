@@ -1,0 +1,167 @@
+"""`plan-allocate-memory`: places every register of a device in its arena.
+
+A register is live from its producer's firing to its last consumer's (a feed
+from before the first actor, a fetched output to after the last), taking
+`bytes x slots`. Registers whose lifetimes overlap never share bytes; dead
+ones are reused. An elementwise compute actor writes in place into an input
+that dies there when type and slots match (the two registers become one
+buffer). Parameters and constants go to the device's persistent region.
+
+Placement is greedy by size: largest buffer first, each at the lowest
+offset that is free for its whole lifetime. Each device records its arena
+size, the live-set lower bound (most bytes live at any point of the
+schedule) and the total without any reuse.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import IntegerAttr, ModuleOp, UnitAttr, i64
+from xdsl.passes import ModulePass
+
+from sbpc.dialects import lg, plan
+
+ALIGNMENT = 64
+"""Every buffer starts at a multiple of this many bytes (cache lines, and
+more than any element type needs)."""
+
+IN_PLACE_KERNELS = frozenset(op.name for op in (*lg.UNARY_OPS, *lg.BINARY_OPS))
+
+
+def aligned(n: int) -> int:
+    return -(-n // ALIGNMENT) * ALIGNMENT
+
+
+@dataclass
+class Buffer:
+    size: int
+    start: int
+    end: int
+    """Lifetime [start, end] in schedule positions, inclusive."""
+    registers: list[str] = field(default_factory=list)
+    offset: int = -1
+
+
+def place(buffers: list[Buffer]) -> int:
+    """Greedy by size, lowest free offset over the lifetime; returns the arena size."""
+    placed: list[Buffer] = []
+    for buf in sorted(buffers, key=lambda b: (-b.size, -(b.end - b.start), b.start)):
+        busy = sorted(
+            (p.offset, p.offset + p.size) for p in placed if p.start <= buf.end and buf.start <= p.end
+        )
+        offset = 0
+        for lo, hi in busy:
+            if offset + buf.size <= lo:
+                break
+            offset = max(offset, hi)
+        buf.offset = offset
+        placed.append(buf)
+    return max((b.offset + b.size for b in buffers), default=0)
+
+
+def live_bound(buffers: list[Buffer]) -> int:
+    """The most bytes live at any one position: no placement can do better."""
+    events = sorted([(b.start, b.size) for b in buffers] + [(b.end + 1, -b.size) for b in buffers])
+    live = best = 0
+    for _, delta in sorted(events, key=lambda e: (e[0], e[1])):
+        live += delta
+        best = max(best, live)
+    return best
+
+
+def lifetimes(device: plan.DeviceOp) -> dict[str, tuple[int, int]]:
+    """[first, last] schedule positions of every register (feeds from -1,
+    fetched outputs to the end)."""
+    actors = device.actors()
+    end = len(actors)
+    span: dict[str, list[int]] = {}
+    for reg in device.registers():
+        first = -1 if reg.feed is not None else None
+        last = end if reg.fetch is not None else None
+        span[reg.sym_name.data] = [first, last]
+    for pos, actor in enumerate(actors):
+        for ref in actor.outs.data:
+            s = span[ref.string_value()]
+            s[0] = pos if s[0] is None else min(s[0], pos)
+        for ref in actor.ins.data:
+            s = span[ref.string_value()]
+            s[1] = pos if s[1] is None else max(s[1], pos)
+    out = {}
+    for name, (first, last) in span.items():
+        first = -1 if first is None else first
+        out[name] = (first, max(first, last if last is not None else first))
+    return out
+
+
+def in_place_pairs(device: plan.DeviceOp, life: dict[str, tuple[int, int]]) -> dict[str, str]:
+    """output register -> input register it may overwrite."""
+    pairs = {}
+    for pos, actor in enumerate(device.actors()):
+        if not isinstance(actor, plan.ComputeOp) or actor.kernel.data not in IN_PLACE_KERNELS:
+            continue
+        out = device.register(actor.outs.data[0])
+        for ref in actor.ins.data:
+            src = device.register(ref)
+            if (
+                src.type == out.type
+                and src.slots == out.slots
+                and src.is_persistent is None
+                and src.fetch is None
+                and src.feed is None
+                and life[src.sym_name.data][1] == pos
+                and src.sym_name.data not in pairs.values()
+            ):
+                pairs[out.sym_name.data] = src.sym_name.data
+                break
+    return pairs
+
+
+def allocate_device(device: plan.DeviceOp, in_place: bool = True) -> None:
+    life = lifetimes(device)
+    registers = {r.sym_name.data: r for r in device.registers()}
+    pairs = in_place_pairs(device, life) if in_place else {}
+    # registers written in place join the buffer of the input they overwrite
+    root = {}
+    for name in registers:
+        r = name
+        while r in pairs:
+            r = pairs[r]
+        root[name] = r
+    buffers: dict[str, Buffer] = {}
+    persistent_offset = 0
+    for name, reg in registers.items():
+        if reg.is_persistent is not None:
+            reg.offset = IntegerAttr(persistent_offset, i64)
+            persistent_offset += aligned(reg.size)
+            continue
+        buf = buffers.setdefault(root[name], Buffer(aligned(reg.size), *life[name]))
+        buf.start, buf.end = min(buf.start, life[name][0]), max(buf.end, life[name][1])
+        buf.registers.append(name)
+    arena = place(list(buffers.values()))
+    for buf in buffers.values():
+        for name in buf.registers:
+            registers[name].offset = IntegerAttr(buf.offset, i64)
+    for actor in device.actors():
+        if isinstance(actor, plan.ComputeOp) and actor.outs.data[0].string_value() in pairs:
+            actor.in_place = UnitAttr()
+    device.arena = IntegerAttr(arena, i64)
+    device.persistent = IntegerAttr(persistent_offset, i64)
+    device.live_bound = IntegerAttr(live_bound(list(buffers.values())), i64)
+    device.no_reuse = IntegerAttr(
+        sum(aligned(r.size) for r in registers.values() if r.is_persistent is None), i64
+    )
+
+
+@dataclass(frozen=True)
+class PlanAllocateMemoryPass(ModulePass):
+    name = "plan-allocate-memory"
+
+    in_place: bool = True
+    """Let elementwise actors overwrite an input that dies there."""
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for program in [p for p in op.ops if isinstance(p, plan.ProgramOp)]:
+            for device in program.devices():
+                allocate_device(device, self.in_place)
