@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 run: setup
-	$(BIN)/sbp-opt examples/mlp.mlir -p compile,sbp-comm-summary
+	$(BIN)/sbp-opt examples/mlp.mlir -p 'compile{to_plan=false}',sbp-comm-summary
 	$(BIN)/python examples/mlp.py
 
 test: lit pytest

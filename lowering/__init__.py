@@ -54,6 +54,12 @@ def _plan_allocate_memory() -> type[ModulePass]:
     return PlanAllocateMemoryPass
 
 
+def _plan_verify() -> type[ModulePass]:
+    from .plan_verify import PlanVerifyPass
+
+    return PlanVerifyPass
+
+
 PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "sbp-erase": _sbp_erase,
     "sbp-infer": _sbp_infer,
@@ -62,5 +68,6 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "sbp-comm-summary": _sbp_comm_summary,
     "sbp-to-plan": _sbp_to_plan,
     "plan-allocate-memory": _plan_allocate_memory,
+    "plan-verify": _plan_verify,
     "compile": _compile,
 }

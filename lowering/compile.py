@@ -1,6 +1,6 @@
-"""`compile`: the named pipeline, everything sbpc can lower today, in order,
-verifying between passes: sbp-infer, sbp-insert-boxing, sbp-simplify.
-Later levels (the physical plan, memory) append their passes here."""
+"""`compile`: the named pipeline, verifying between passes: sbp-infer,
+sbp-insert-boxing, sbp-simplify, and with `to_plan` (the default)
+sbp-to-plan, plan-allocate-memory and plan-verify."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
+from .plan_allocate_memory import PlanAllocateMemoryPass
+from .plan_verify import PlanVerifyPass
 from .sbp_infer import SbpInferPass
 from .sbp_insert_boxing import SbpInsertBoxingPass
 from .sbp_simplify import SbpSimplifyPass
+from .sbp_to_plan import SbpToPlanPass
 
 
 @dataclass(frozen=True)
@@ -21,9 +24,18 @@ class CompilePass(ModulePass):
 
     strategy: str = "auto"
     device: str = "cpu"
+    to_plan: bool = True
+    """Lower to the physical plan; false stops at boxed sbp-level IR."""
 
     def passes(self) -> list[ModulePass]:
-        return [SbpInferPass(strategy=self.strategy, device=self.device), SbpInsertBoxingPass(), SbpSimplifyPass()]
+        passes: list[ModulePass] = [
+            SbpInferPass(strategy=self.strategy, device=self.device),
+            SbpInsertBoxingPass(),
+            SbpSimplifyPass(),
+        ]
+        if self.to_plan:
+            passes += [SbpToPlanPass(), PlanAllocateMemoryPass(), PlanVerifyPass()]
+        return passes
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for p in self.passes():

@@ -1,6 +1,6 @@
 // RUN: sbp-opt %s --split-input-file -p sbp-infer,sbp-insert-boxing,sbp-simplify | filecheck %s
 // The named pipeline runs the same chain:
-// RUN: sbp-opt %s --split-input-file -p compile | filecheck %s
+// RUN: sbp-opt %s --split-input-file -p 'compile{to_plan=false}' | filecheck %s
 // RUN: sbp-opt %s --split-input-file -p sbp-infer,sbp-insert-boxing,sbp-simplify,sbp-comm-summary 2>&1 >/dev/null | filecheck %s --check-prefix=SUMMARY
 // SUMMARY:      // communication of @train_step on @dp, bytes a device receives:
 // SUMMARY-NEXT: //   all_reduce           2         18,432

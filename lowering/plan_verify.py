@@ -1,0 +1,130 @@
+"""`plan-verify`: checks a plan beyond what each op's verifier can see.
+
+- every register an actor names exists on its device (also op-local);
+- every register has an offset, and lies inside its region (the arena, or
+  the persistent region), with the regions' sizes recorded;
+- no two registers live at the same time share bytes, except an input and
+  the output an in-place actor writes over it;
+- every collective's group is the same ordered list of ranks on each member,
+  every member takes part, with the same kind;
+- any two devices issue the collectives they share in the same order (so no
+  rank waits on a collective another rank has not reached).
+
+Local shapes against global shape, nd-SBP and mesh place are checked by
+plan.register's own verifier. Each violation is a diagnostic that names the
+register or actor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import ModulePass
+from xdsl.utils.exceptions import PassFailedException
+
+from sbpc.dialects import plan
+
+from .plan_allocate_memory import lifetimes
+
+
+def _fail(device: plan.DeviceOp, what: str) -> None:
+    raise PassFailedException(f"'plan.device' @{device.sym_name.data}: {what}")
+
+
+def verify_memory(device: plan.DeviceOp) -> None:
+    if device.arena is None or device.persistent is None:
+        _fail(device, "memory is not allocated; run plan-allocate-memory")
+    regions = {False: device.arena.value.data, True: device.persistent.value.data}
+    registers = device.registers()
+    for reg in registers:
+        if reg.offset is None:
+            _fail(device, f"register @{reg.sym_name.data} has no offset")
+        persistent = reg.is_persistent is not None
+        if reg.offset.value.data + reg.size > regions[persistent]:
+            where = "persistent region" if persistent else "arena"
+            _fail(
+                device,
+                f"register @{reg.sym_name.data} needs bytes [{reg.offset.value.data}, "
+                f"{reg.offset.value.data + reg.size}) but the {where} has {regions[persistent]}",
+            )
+    life = lifetimes(device)
+    in_place = set()
+    for pos, actor in enumerate(device.actors()):
+        if isinstance(actor, plan.ComputeOp) and actor.in_place is not None:
+            out = actor.outs.data[0].string_value()
+            in_place.update((ref.string_value(), out) for ref in actor.ins.data)
+    temporaries = [r for r in registers if r.is_persistent is None]
+    for i, a in enumerate(temporaries):
+        for b in temporaries[i + 1 :]:
+            na, nb = a.sym_name.data, b.sym_name.data
+            (s1, e1), (s2, e2) = life[na], life[nb]
+            if s1 > e2 or s2 > e1:
+                continue
+            lo1, lo2 = a.offset.value.data, b.offset.value.data
+            if lo1 < lo2 + b.size and lo2 < lo1 + a.size:
+                if (na, nb) in in_place or (nb, na) in in_place:
+                    continue
+                _fail(
+                    device,
+                    f"registers @{na} and @{nb} are live together (positions {max(s1, s2)}..{min(e1, e2)}) "
+                    f"but overlap in the arena",
+                )
+    for reg in (r for r in registers if r.is_persistent is not None):
+        for other in (r for r in registers if r.is_persistent is not None and r is not reg):
+            lo1, lo2 = reg.offset.value.data, other.offset.value.data
+            if lo1 < lo2 + other.size and lo2 < lo1 + reg.size and reg.sym_name.data < other.sym_name.data:
+                _fail(device, f"persistent registers @{reg.sym_name.data} and @{other.sym_name.data} overlap")
+
+
+def verify_collectives(program: plan.ProgramOp) -> None:
+    devices = {d.rank.value.data: d for d in program.devices()}
+    by_id: dict[int, dict[int, plan.CommOp]] = {}
+    for rank, device in devices.items():
+        for actor in device.actors():
+            if isinstance(actor, plan.CommOp):
+                by_id.setdefault(actor.comm_id.value.data, {})[rank] = actor
+    for comm_id, members in sorted(by_id.items()):
+        for rank, actor in members.items():
+            group = list(actor.group.get_values())
+            for other in group:
+                peer = members.get(other)
+                if peer is None:
+                    raise PassFailedException(
+                        f"'plan.comm' @{actor.sym_name.data} (id {comm_id}) on rank {rank}: group member "
+                        f"rank {other} has no part in this collective"
+                    )
+                if list(peer.group.get_values()) != group or peer.kind != actor.kind:
+                    raise PassFailedException(
+                        f"'plan.comm' @{actor.sym_name.data} (id {comm_id}): rank {rank} sees {actor.kind.data} over "
+                        f"{group} but rank {other} sees {peer.kind.data} over {list(peer.group.get_values())}"
+                    )
+    orders = {
+        rank: [a.comm_id.value.data for a in d.actors() if isinstance(a, plan.CommOp)] for rank, d in devices.items()
+    }
+    ranks = sorted(orders)
+    for i, r1 in enumerate(ranks):
+        for r2 in ranks[i + 1 :]:
+            shared = set(orders[r1]) & set(orders[r2])
+            seq1 = [c for c in orders[r1] if c in shared]
+            seq2 = [c for c in orders[r2] if c in shared]
+            if seq1 != seq2:
+                first = next(k for k, (x, y) in enumerate(zip(seq1, seq2)) if x != y)
+                raise PassFailedException(
+                    f"'plan.program' @{program.sym_name.data}: ranks {r1} and {r2} issue their shared collectives "
+                    f"in different orders (rank {r1}: id {seq1[first]}, rank {r2}: id {seq2[first]} at position "
+                    f"{first}); this would deadlock"
+                )
+
+
+@dataclass(frozen=True)
+class PlanVerifyPass(ModulePass):
+    name = "plan-verify"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        op.verify()
+        for program in [p for p in op.ops if isinstance(p, plan.ProgramOp)]:
+            for device in program.devices():
+                verify_memory(device)
+            verify_collectives(program)
