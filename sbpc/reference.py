@@ -54,10 +54,15 @@ def initial_value(param: lg.ParamOp) -> np.ndarray:
     parameters with the default seed still differ, and every process that
     evaluates the same parameter gets the same global tensor.
     """
-    shape = global_shape(param.result.type)
-    dtype = numpy_dtype(element_type(param.result.type))
-    init = param.init
-    rng = np.random.default_rng([param.seed.value.data % 2**64, zlib.crc32(param.key.data.encode())])
+    return initialize(
+        param.init, param.seed.value.data, param.key.data, global_shape(param.result.type),
+        numpy_dtype(element_type(param.result.type)),
+    )
+
+
+def initialize(init: Attribute, seed: int, key: str, shape, dtype) -> np.ndarray:
+    """A parameter's global initial value (see initial_value)."""
+    rng = np.random.default_rng([seed % 2**64, zlib.crc32(key.encode())])
     if isinstance(init, lg.ZerosInitAttr):
         value = np.zeros(shape)
     elif isinstance(init, lg.OnesInitAttr):
@@ -69,8 +74,16 @@ def initial_value(param: lg.ParamOp) -> np.ndarray:
     elif isinstance(init, lg.UniformInitAttr):
         value = rng.uniform(init.low.data, init.high.data, shape)
     else:
-        raise EvaluationError(f"'{param.name}' \"{param.key.data}\": unknown initializer {init}")
+        raise EvaluationError(f'"{key}": unknown initializer {init}')
     return np.asarray(value, dtype=dtype)
+
+
+def constant_value(value) -> np.ndarray:
+    """The global value of a dense<...> literal."""
+    flat = np.asarray(value.get_values(), dtype=numpy_dtype(value.get_element_type()))
+    shape = tuple(value.get_shape())
+    # a splat literal (dense<1.0> : tensor<4xf32>) stores one value
+    return np.full(shape, flat.reshape(-1)[0], flat.dtype) if flat.size == 1 else flat.reshape(shape)
 
 
 def find_graph(module: ModuleOp | lg.GraphOp, name: str | None = None) -> lg.GraphOp:
@@ -238,11 +251,7 @@ def evaluate(
             given = params.get(key)
             result = initial_value(op) if given is None else _check_value(op, f'"{key}"', given, op.result.type)
         elif isinstance(op, lg.ConstantOp):
-            value = op.value
-            flat = np.asarray(value.get_values(), dtype=numpy_dtype(value.get_element_type()))
-            # a splat literal (dense<1.0> : tensor<4xf32>) stores one value
-            shape = tuple(value.get_shape())
-            result = np.full(shape, flat.reshape(-1)[0], flat.dtype) if flat.size == 1 else flat.reshape(shape)
+            result = constant_value(op.value)
         else:
             kernel = KERNELS.get(type(op))
             if kernel is None:

@@ -94,8 +94,9 @@ def _groups(mesh_shape, axes) -> list[list[Coord]]:
     return list(groups.values())
 
 
-def run_collective(op: Operation, value: Distributed, dst_nd: PlainNd, axes: list[int]) -> tuple[Pieces, float]:
-    """New pieces after the collective, and the average bytes a device receives."""
+def run_collective(kind: str, value: Distributed, dst_nd: PlainNd, axes: list[int]) -> tuple[Pieces, float]:
+    """New pieces after the collective `kind` (all_reduce, all_gather, ...)
+    over mesh `axes`, and the average bytes a device receives."""
     mesh_shape = value.mesh.shape
     src_regions = _regions(value.shape, value.nd, mesh_shape)
     dst_regions = _regions(value.shape, dst_nd, mesh_shape)
@@ -112,7 +113,7 @@ def run_collective(op: Operation, value: Distributed, dst_nd: PlainNd, axes: lis
             return tuple(slice(r.start - b.start, r.stop - b.start) for r, b in zip(region, box))
 
         partial_source = any(value.nd[a] in ("P", "Pmax") for a in axes)
-        if isinstance(op, sbp.MakePartialOp):
+        if kind == "make_partial":
             # A split axis keeps every piece in place; a whole (B) axis keeps
             # it on the group's first device only; the rest is the identity
             # of the reduction.
@@ -133,19 +134,19 @@ def run_collective(op: Operation, value: Distributed, dst_nd: PlainNd, axes: lis
                 whole[rel(src_regions[c])] = value.pieces[c]
                 covered[rel(src_regions[c])] = True
             if not covered.all():
-                raise EvaluationError(f"'{op.name}': the source pieces do not tile the group's tensor")
+                raise EvaluationError(f"'sbp.{kind}': the source pieces do not tile the group's tensor")
         g = len(group)
         for i, c in enumerate(group):
             out[c] = np.array(whole[rel(dst_regions[c])])
             mine = value.pieces[c].size
-            if isinstance(op, sbp.AllReduceOp):
+            if kind == "all_reduce":
                 chunks = [b - a for a, b in (divmod_range(whole.size, g, j) for j in range(g))]
                 got = (g - 1) * chunks[i] + (whole.size - chunks[i])
-            elif isinstance(op, sbp.ReduceScatterOp):
+            elif kind == "reduce_scatter":
                 got = (g - 1) * out[c].size
-            elif isinstance(op, sbp.AllGatherOp):
+            elif kind == "all_gather":
                 got = out[c].size - mine
-            elif isinstance(op, sbp.AllToAllOp):
+            elif kind == "all_to_all":
                 got = sum(_intersect(src_regions[o], dst_regions[c]) for o in group if o != c)
             else:  # slice
                 got = 0
@@ -220,7 +221,7 @@ def simulate(
         elif isinstance(op, sbp.CollectiveOp):
             source = values[op.operands[0]]
             target.pieces, result.bytes_moved[op] = run_collective(
-                op, source, target.nd, list(op.mesh_axes.get_values())
+                op.name.removeprefix("sbp."), source, target.nd, list(op.mesh_axes.get_values())
             )
         elif isinstance(op, lg.SbpRules):
             inputs = [values[o] for o in op.operands]

@@ -83,7 +83,7 @@ def test_every_registered_pass_loads():
 
     for name, factory in SBPC_UNIVERSE.all_passes.items():
         assert factory().name == name
-    assert set(SBPC_UNIVERSE.all_dialects) == {"lg", "sbp"}
+    assert set(SBPC_UNIVERSE.all_dialects) == {"lg", "sbp", "plan"}
     for name, factory in SBPC_UNIVERSE.all_dialects.items():
         assert factory().name == name
 

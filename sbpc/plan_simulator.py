@@ -1,0 +1,188 @@
+"""Runs a memory-planned `plan` program in one process, device by device,
+on real arenas: every device gets one byte buffer of its arena size (and
+one for its persistent region), every register is a numpy view at its
+planned offset, and every actor reads and writes those views. A wrong
+offset or a register reused while still live corrupts values, so agreeing
+with the reference interpreter checks the memory plan as well as the
+lowering.
+
+Devices run their schedules in lockstep: each runs compute actors until it
+reaches a communication actor; a collective runs once every member of its
+placement has reached it. If no collective can run, the plan would
+deadlock, and that is an error naming the ranks and actors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from xdsl.dialects.builtin import ModuleOp
+
+from sbpc import make_context
+from sbpc.dialects import plan
+from sbpc.dialects.sbp import DTensorType, Mesh, lookup_placement, nd_to_plain
+from sbpc.local_eval import LocalContext, combine, local_kernel, piece
+from sbpc.reference import EvaluationError, constant_value, initialize, numpy_dtype
+from sbpc.simulator import Distributed, run_collective, run_transfer
+
+
+class DeviceState:
+    def __init__(self, device: plan.DeviceOp):
+        self.device = device
+        self.rank = device.rank.value.data
+        if device.arena is None:
+            raise EvaluationError(f"'plan.device' @{device.sym_name.data}: not allocated; run plan-allocate-memory")
+        # Fill with NaN bytes so reading a register nobody wrote shows.
+        self.arena = np.full(device.arena.value.data, 0xFF, np.uint8)
+        self.persistent = np.full(device.persistent.value.data, 0xFF, np.uint8)
+        self.views: dict[str, np.ndarray] = {}
+        self.registers = {r.sym_name.data: r for r in device.registers()}
+        for name, reg in self.registers.items():
+            buffer = self.persistent if reg.is_persistent is not None else self.arena
+            dtype = numpy_dtype(reg.type.element_type)
+            count = int(np.prod(reg.type.get_shape()))
+            self.views[name] = np.frombuffer(
+                buffer, dtype, count, reg.offset.value.data
+            ).reshape(tuple(reg.type.get_shape()))
+        self.schedule = device.actors()
+        self.position = 0
+
+    def mesh(self, t: DTensorType) -> Mesh:
+        return lookup_placement(self.device, t.placement).mesh()
+
+    def coord(self, t: DTensorType) -> tuple[int, ...]:
+        mesh = self.mesh(t)
+        return plan.device_coord(self.rank, mesh.ranks, mesh.shape)
+
+    def piece_of(self, t: DTensorType) -> tuple[slice, ...]:
+        return piece(t.get_shape(), nd_to_plain(t.nd_sbp), self.mesh(t).shape, self.coord(t))
+
+
+def run_plan(
+    module: ModuleOp,
+    feeds: Mapping[str, Any],
+    params: Mapping[str, Any] | None = None,
+    program: str | None = None,
+) -> dict[str, np.ndarray]:
+    """Runs one step of a planned program; returns the fetched outputs."""
+    programs = [p for p in module.ops if isinstance(p, plan.ProgramOp)]
+    if program is not None:
+        programs = [p for p in programs if p.sym_name.data == program]
+    if len(programs) != 1:
+        raise EvaluationError("name the plan.program to run" if programs else "no plan.program to run")
+    params = params or {}
+    ctx = make_context()
+    states = {d.rank.value.data: DeviceState(d) for d in programs[0].devices()}
+
+    for state in states.values():
+        for name, reg in state.registers.items():
+            region = state.piece_of(reg.value)
+            shape, dtype = reg.value.get_shape(), numpy_dtype(reg.value.element_type)
+            if reg.feed is not None:
+                if reg.feed.data not in feeds:
+                    raise EvaluationError(f"rank {state.rank}: register @{name}: no feed \"{reg.feed.data}\"")
+                state.views[name][...] = np.asarray(feeds[reg.feed.data], dtype)[region]
+            elif reg.param is not None:
+                key = reg.param.data
+                value = params.get(key)
+                if value is None:
+                    value = initialize(reg.init, reg.seed.value.data if reg.seed else 0, key, shape, dtype)
+                state.views[name][...] = np.asarray(value, dtype)[region]
+            elif reg.constant is not None:
+                state.views[name][...] = constant_value(reg.constant)[region]
+
+    while True:
+        progressed = False
+        for state in states.values():
+            while state.position < len(state.schedule) and isinstance(state.schedule[state.position], plan.ComputeOp):
+                _compute(ctx, state, state.schedule[state.position])
+                state.position += 1
+                progressed = True
+        waiting = {
+            r: s.schedule[s.position] for r, s in states.items() if s.position < len(s.schedule)
+        }
+        if not waiting:
+            break
+        by_id: dict[int, list[int]] = {}
+        for r, actor in waiting.items():
+            by_id.setdefault(actor.comm_id.value.data, []).append(r)
+        ran = False
+        for comm_id, ranks in sorted(by_id.items()):
+            members = _members(states, waiting[ranks[0]])
+            if set(members) <= set(ranks):
+                _communicate(states, [waiting[r] for r in members], members)
+                for r in members:
+                    states[r].position += 1
+                ran = True
+                break
+        if not ran and not progressed:
+            stuck = ", ".join(f"rank {r} at @{a.sym_name.data} (id {a.comm_id.value.data})" for r, a in waiting.items())
+            raise EvaluationError(f"the plan deadlocks: {stuck}")
+
+    outputs: dict[str, np.ndarray] = {}
+    fetched: dict[str, dict] = {}
+    for state in states.values():
+        for name, reg in state.registers.items():
+            if reg.fetch is not None:
+                fetched.setdefault(reg.fetch.data, {"type": reg.value, "pieces": {}})["pieces"][
+                    state.coord(reg.value)
+                ] = state.views[name].copy()
+    for key, item in fetched.items():
+        t = item["type"]
+        mesh = lookup_placement(programs[0], t.placement).mesh()
+        outputs[key] = combine(
+            item["pieces"], nd_to_plain(t.nd_sbp), mesh.shape, t.get_shape(), numpy_dtype(t.element_type)
+        )
+    return outputs
+
+
+def _compute(ctx, state: DeviceState, actor: plan.ComputeOp) -> None:
+    ins = [state.registers[r.string_value()] for r in actor.ins.data]
+    out = state.registers[actor.outs.data[0].string_value()]
+    op_cls = ctx.get_op(actor.kernel.data)
+    kernel_op = op_cls.create(properties=dict(actor.props.data), result_types=[out.type])
+    local = LocalContext(
+        tuple(r.value.get_shape() for r in ins),
+        out.value.get_shape(),
+        tuple(state.piece_of(r.value) for r in ins),
+        state.piece_of(out.value),
+        nd_to_plain(out.value.nd_sbp),
+    )
+    try:
+        result = local_kernel(kernel_op, local, *(state.views[r.sym_name.data] for r in ins))
+        state.views[out.sym_name.data][...] = result
+    except (ValueError, EvaluationError) as e:
+        raise EvaluationError(f"rank {state.rank}: actor @{actor.sym_name.data} ({actor.kernel.data}): {e}") from None
+
+
+def _members(states, actor: plan.CommOp) -> list[int]:
+    return list(actor.group.get_values()) if actor.kind.data == "transfer" else _placement_ranks(states, actor)
+
+
+def _placement_ranks(states, actor: plan.CommOp) -> list[int]:
+    state = next(iter(states.values()))
+    return list(state.mesh(actor.source).ranks)
+
+
+def _distributed(states, t: DTensorType, refs: dict[int, str]) -> Distributed:
+    state = next(iter(states.values()))
+    mesh = state.mesh(t)
+    pieces = {states[r].coord(t): states[r].views[name] for r, name in refs.items()}
+    return Distributed(mesh, nd_to_plain(t.nd_sbp), t.get_shape(), numpy_dtype(t.element_type), pieces)
+
+
+def _communicate(states, actors: list[plan.CommOp], ranks: list[int]) -> None:
+    actor = actors[0]
+    source, dest = actor.source, actor.dest
+    ins = {r: a.ins.data[0].string_value() for r, a in zip(ranks, actors) if a.ins.data}
+    outs = {r: a.outs.data[0].string_value() for r, a in zip(ranks, actors) if a.outs.data}
+    value = _distributed(states, source, ins)
+    if actor.kind.data == "transfer":
+        target = _distributed(states, dest, {})
+        pieces, _ = run_transfer(value, target)
+    else:
+        pieces, _ = run_collective(actor.kind.data, value, nd_to_plain(dest.nd_sbp), list(actor.mesh_axes.get_values()))
+    for r, name in outs.items():
+        states[r].views[name][...] = pieces[states[r].coord(dest)]
