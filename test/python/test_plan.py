@@ -1,0 +1,70 @@
+"""The physical plan: the allocator on random lifetimes, and compiled random
+graphs run on real per-device arenas against the reference interpreter."""
+
+import statistics
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from random_graphs import text
+from test_sbp_infer import hinted_graphs
+from xdsl.context import Context
+
+import sbpc
+from sbpc.lowering.compile import CompilePass
+from sbpc.lowering.plan_allocate_memory import Buffer, live_bound, place
+from sbpc.plan_simulator import run_plan
+from sbpc.reference import evaluate
+
+
+@st.composite
+def lifetimes(draw):
+    n = draw(st.integers(1, 40))
+    length = draw(st.integers(1, 30))
+    buffers = []
+    for _ in range(n):
+        start = draw(st.integers(-1, length))
+        end = draw(st.integers(start, length + 1))
+        size = 64 * draw(st.integers(1, 64))
+        buffers.append(Buffer(size, start, end))
+    return buffers
+
+
+RATIOS: list[float] = []
+
+
+@settings(max_examples=200, deadline=None)
+@given(lifetimes())
+def test_allocator_never_overlaps_live_buffers(buffers):
+    arena = place(buffers)
+    for i, a in enumerate(buffers):
+        assert 0 <= a.offset and a.offset + a.size <= arena
+        for b in buffers[i + 1 :]:
+            if a.start <= b.end and b.start <= a.end:
+                assert a.offset + a.size <= b.offset or b.offset + b.size <= a.offset, (a, b)
+    bound = live_bound(buffers)
+    assert bound <= arena
+    RATIOS.append(arena / bound)
+
+
+def test_allocator_is_close_to_the_lower_bound():
+    # Runs after the property test above has filled RATIOS (same module).
+    if len(RATIOS) < 20:
+        test_allocator_never_overlaps_live_buffers()
+    ratios = sorted(RATIOS)
+    median = statistics.median(ratios)
+    print(f"\narena / live-set bound over {len(ratios)} random cases: median {median:.3f}, "
+          f"p90 {ratios[int(0.9 * len(ratios))]:.3f}, max {ratios[-1]:.3f}")
+    assert median <= 1.05
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(hinted_graphs(), st.sampled_from(["auto", "greedy"]))
+def test_compiled_plans_on_real_arenas_match_the_reference(case, strategy):
+    expected = evaluate(case.module, case.feeds)
+    CompilePass(strategy=strategy).apply(Context(), case.module)
+    got = run_plan(case.module, case.feeds)
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], rtol=2e-4, atol=2e-5, err_msg=text(case.module))
+    # the plan is all the runtime needs, and it survives text
+    assert text(sbpc.parse_module(text(case.module))) == text(case.module)
