@@ -73,9 +73,17 @@ def random_graphs(draw, meshes=((2,),)):
             # the other operand: a suffix of x's shape, with some dims set to 1
             suffix = shape[draw(st.integers(0, rank)) :]
             other_shape = tuple(1 if draw(st.booleans()) else d for d in suffix)
-            other = new_param(other_shape) if draw(st.booleans()) else new_input(other_shape)
-            lhs, rhs = (x, other) if draw(st.booleans()) else (other, x)
-            op = draw(st.sampled_from(lg.BINARY_OPS))(lhs, rhs)
+            op_cls = draw(st.sampled_from(lg.BINARY_OPS))
+            if op_cls is lg.DivOp:
+                # Divide by a value bounded away from zero: x / 0 is +-inf
+                # globally but NaN (0/0) or the other infinity (-0.0) on a
+                # device holding a zero summand, which is IEEE, not SBP.
+                init = draw(st.sampled_from([lg.OnesInitAttr(), lg.FillInitAttr(0.5), lg.UniformInitAttr(1.0, 2.0)]))
+                op = op_cls(x, b.param(fresh("w"), other_shape, init))
+            else:
+                other = new_param(other_shape) if draw(st.booleans()) else new_input(other_shape)
+                lhs, rhs = (x, other) if draw(st.booleans()) else (other, x)
+                op = op_cls(lhs, rhs)
         elif kind == "matmul":
             x = pick(lambda s: len(s) >= 2)
             if x is None:

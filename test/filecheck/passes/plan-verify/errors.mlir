@@ -1,0 +1,128 @@
+// RUN: sbp-opt %s --split-input-file -p plan-verify --verify-diagnostics | filecheck %s
+
+// Every plan-verify error names the register, actor or device at fault.
+
+sbp.placement @dp cpu ranks [0, 1] mesh [2]
+plan.program @p {
+  plan.device @rank0 rank 0 {
+    plan.register @x : tensor<16x32xf32> bytes 2048 feed "x" of !sbp.dtensor<32x32xf32, @dp, S<0>>
+  }
+}
+// CHECK: 'plan.device' @rank0: memory is not allocated; run plan-allocate-memory
+
+// -----
+
+sbp.placement @dp cpu ranks [0, 1] mesh [2]
+plan.program @p {
+  plan.device @rank0 rank 0 arena 4096 persistent 0 {
+    plan.register @x : tensor<16x32xf32> bytes 2048 offset 0 feed "x" of !sbp.dtensor<32x32xf32, @dp, S<0>>
+    plan.register @y : tensor<16x32xf32> bytes 2048 of !sbp.dtensor<32x32xf32, @dp, S<0>>
+  }
+}
+// CHECK: 'plan.device' @rank0: register @y has no offset
+
+// -----
+
+sbp.placement @dp cpu ranks [0, 1] mesh [2]
+plan.program @p {
+  plan.device @rank0 rank 0 arena 4096 persistent 0 {
+    plan.register @x : tensor<16x32xf32> bytes 2048 offset 3072 feed "x" of !sbp.dtensor<32x32xf32, @dp, S<0>>
+  }
+}
+// CHECK: 'plan.device' @rank0: register @x needs bytes [3072, 5120) but the arena has 4096
+
+// -----
+
+sbp.placement @dp cpu ranks [0, 1] mesh [2]
+plan.program @p {
+  plan.device @rank0 rank 0 arena 0 persistent 1024 {
+    plan.register @w : tensor<32x32xf32> bytes 4096 offset 0 persistent param "w" init #lg.zeros of !sbp.dtensor<32x32xf32, @dp, B>
+  }
+}
+// CHECK: 'plan.device' @rank0: register @w needs bytes [0, 4096) but the persistent region has 1024
+
+// -----
+
+sbp.placement @dp cpu ranks [0, 1] mesh [2]
+plan.program @p {
+  plan.device @rank0 rank 0 arena 4096 persistent 0 {
+    plan.register @x : tensor<16x32xf32> bytes 2048 offset 0 feed "x" of !sbp.dtensor<32x32xf32, @dp, S<0>>
+    plan.register @y : tensor<16x32xf32> bytes 2048 offset 1024 of !sbp.dtensor<32x32xf32, @dp, S<0>>
+    plan.compute @k "lg.relu" [@x] -> [@y]
+  }
+}
+// CHECK: 'plan.device' @rank0: registers @x and @y are live together (positions 0..0) but overlap in the arena
+
+// -----
+
+sbp.placement @dp cpu ranks [0, 1] mesh [2]
+plan.program @p {
+  plan.device @rank0 rank 0 arena 0 persistent 4096 {
+    plan.register @w : tensor<16x32xf32> bytes 2048 offset 0 persistent param "w" init #lg.zeros of !sbp.dtensor<32x32xf32, @dp, S<0>>
+    plan.register @v : tensor<16x32xf32> bytes 2048 offset 1024 persistent param "v" init #lg.zeros of !sbp.dtensor<32x32xf32, @dp, S<0>>
+  }
+}
+// CHECK: 'plan.device' @rank0: persistent registers @v and @w overlap
+
+// -----
+
+sbp.placement @dp cpu ranks [0, 1] mesh [2]
+plan.program @p {
+  plan.device @rank0 rank 0 arena 8192 persistent 0 {
+    plan.register @x : tensor<16x32xf32> bytes 2048 offset 0 feed "x" of !sbp.dtensor<32x32xf32, @dp, S<0>>
+    plan.register @g : tensor<32x32xf32> bytes 4096 offset 2048 of !sbp.dtensor<32x32xf32, @dp, B>
+    plan.comm @c0 "all_gather" id 0 [@x] -> [@g] group [0, 1] over [0] from !sbp.dtensor<32x32xf32, @dp, S<0>> to !sbp.dtensor<32x32xf32, @dp, B>
+  }
+}
+// CHECK: 'plan.comm' @c0 (id 0) on rank 0: group member rank 1 has no part in this collective
+
+// -----
+
+sbp.placement @dp cpu ranks [0, 1] mesh [2]
+plan.program @p {
+  plan.device @rank0 rank 0 arena 8192 persistent 0 {
+    plan.register @x : tensor<16x32xf32> bytes 2048 offset 0 feed "x" of !sbp.dtensor<32x32xf32, @dp, S<0>>
+    plan.register @g : tensor<32x32xf32> bytes 4096 offset 2048 of !sbp.dtensor<32x32xf32, @dp, B>
+    plan.comm @c0 "all_gather" id 0 [@x] -> [@g] group [0, 1] over [0] from !sbp.dtensor<32x32xf32, @dp, S<0>> to !sbp.dtensor<32x32xf32, @dp, B>
+  }
+  plan.device @rank1 rank 1 arena 8192 persistent 0 {
+    plan.register @x : tensor<16x32xf32> bytes 2048 offset 0 feed "x" of !sbp.dtensor<32x32xf32, @dp, S<0>>
+    plan.register @g : tensor<32x32xf32> bytes 4096 offset 2048 of !sbp.dtensor<32x32xf32, @dp, B>
+    plan.comm @c0 "all_gather" id 0 [@x] -> [@g] group [1, 0] over [0] from !sbp.dtensor<32x32xf32, @dp, S<0>> to !sbp.dtensor<32x32xf32, @dp, B>
+  }
+}
+// CHECK: 'plan.comm' @c0 (id 0): rank 0 sees all_gather over [0, 1] but rank 1 sees all_gather over [1, 0]
+
+// -----
+
+sbp.placement @dp cpu ranks [0, 1] mesh [2]
+plan.program @p {
+  plan.device @rank0 rank 0 arena 12288 persistent 0 {
+    plan.register @x : tensor<16x32xf32> bytes 2048 offset 0 feed "x" of !sbp.dtensor<32x32xf32, @dp, S<0>>
+    plan.register @g : tensor<32x32xf32> bytes 4096 offset 2048 of !sbp.dtensor<32x32xf32, @dp, B>
+    plan.register @h : tensor<32x32xf32> bytes 4096 offset 6144 of !sbp.dtensor<32x32xf32, @dp, B>
+    plan.comm @c0 "all_gather" id 0 [@x] -> [@g] group [0, 1] over [0] from !sbp.dtensor<32x32xf32, @dp, S<0>> to !sbp.dtensor<32x32xf32, @dp, B>
+    plan.comm @c1 "all_gather" id 1 [@x] -> [@h] group [0, 1] over [0] from !sbp.dtensor<32x32xf32, @dp, S<0>> to !sbp.dtensor<32x32xf32, @dp, B>
+  }
+  plan.device @rank1 rank 1 arena 12288 persistent 0 {
+    plan.register @x : tensor<16x32xf32> bytes 2048 offset 0 feed "x" of !sbp.dtensor<32x32xf32, @dp, S<0>>
+    plan.register @g : tensor<32x32xf32> bytes 4096 offset 2048 of !sbp.dtensor<32x32xf32, @dp, B>
+    plan.register @h : tensor<32x32xf32> bytes 4096 offset 6144 of !sbp.dtensor<32x32xf32, @dp, B>
+    plan.comm @c1 "all_gather" id 1 [@x] -> [@h] group [0, 1] over [0] from !sbp.dtensor<32x32xf32, @dp, S<0>> to !sbp.dtensor<32x32xf32, @dp, B>
+    plan.comm @c0 "all_gather" id 0 [@x] -> [@g] group [0, 1] over [0] from !sbp.dtensor<32x32xf32, @dp, S<0>> to !sbp.dtensor<32x32xf32, @dp, B>
+  }
+}
+// CHECK: 'plan.program' @p: ranks 0 and 1 issue their shared collectives in different orders (rank 0: id 0, rank 1: id 1 at position 0); this would deadlock
+
+// -----
+
+// A correct plan passes unchanged.
+sbp.placement @dp cpu ranks [0, 1] mesh [2]
+plan.program @p {
+  plan.device @rank0 rank 0 arena 4096 persistent 0 {
+    plan.register @x : tensor<16x32xf32> bytes 2048 offset 0 feed "x" of !sbp.dtensor<32x32xf32, @dp, S<0>>
+    plan.register @y : tensor<16x32xf32> bytes 2048 offset 2048 fetch "y" of !sbp.dtensor<32x32xf32, @dp, S<0>>
+    plan.compute @k "lg.relu" [@x] -> [@y]
+  }
+}
+// CHECK:      plan.compute @k "lg.relu" [@x] -> [@y]
