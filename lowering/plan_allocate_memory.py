@@ -7,14 +7,15 @@ ones are reused. An elementwise compute actor writes in place into an input
 that dies there when type and slots match (the two registers become one
 buffer). Parameters and constants go to the device's persistent region.
 
-Placement is greedy by size: largest buffer first, each at the lowest
-offset that is free for its whole lifetime. Each device records its arena
+Placement is first fit (each buffer at the lowest offset free for its whole
+lifetime) in the best of a few orders, largest buffer first among them. Each device records its arena
 size, the live-set lower bound (most bytes live at any point of the
 schedule) and the total without any reuse.
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 
 from xdsl.context import Context
@@ -44,21 +45,57 @@ class Buffer:
     offset: int = -1
 
 
-def place(buffers: list[Buffer]) -> int:
-    """Greedy by size, lowest free offset over the lifetime; returns the arena size."""
-    placed: list[Buffer] = []
-    for buf in sorted(buffers, key=lambda b: (-b.size, -(b.end - b.start), b.start)):
-        busy = sorted(
-            (p.offset, p.offset + p.size) for p in placed if p.start <= buf.end and buf.start <= p.end
-        )
+ORDERS = (
+    lambda b: (-b.size, -(b.end - b.start), b.start),  # largest first
+    lambda b: (-b.size * (b.end - b.start + 1), b.start),  # largest area first
+    lambda b: (-(b.end - b.start), -b.size, b.start),  # longest-lived first
+    lambda b: (b.start, -b.size),  # in schedule order
+)
+"""Placement orders tried; the smallest arena wins. Largest-first is the
+classic heuristic; the others win on schedules where long-lived small
+buffers or the order of births matter."""
+
+
+def _first_fit(buffers: list[Buffer], order) -> tuple[int, dict[int, int]]:
+    placed: list[tuple[int, int, int, int]] = []  # start, end, offset, size
+    offsets = {}
+    for i, buf in sorted(enumerate(buffers), key=lambda ib: order(ib[1])):
+        busy = sorted((off, off + size) for start, end, off, size in placed if start <= buf.end and buf.start <= end)
         offset = 0
         for lo, hi in busy:
             if offset + buf.size <= lo:
                 break
             offset = max(offset, hi)
-        buf.offset = offset
-        placed.append(buf)
-    return max((b.offset + b.size for b in buffers), default=0)
+        offsets[i] = offset
+        placed.append((buf.start, buf.end, offset, buf.size))
+    return max((offsets[i] + b.size for i, b in enumerate(buffers)), default=0), offsets
+
+
+RANDOM_ORDERS = 64
+"""Seeded random orders tried after the fixed ones on devices with at most
+RANDOM_ORDER_LIMIT buffers, until one meets the lower bound (first fit is
+quadratic, so large devices keep the fixed orders)."""
+RANDOM_ORDER_LIMIT = 200
+
+
+def place(buffers: list[Buffer]) -> int:
+    """Each buffer at the lowest offset free over its whole lifetime, in the
+    best of several orders; returns the arena size."""
+    bound = live_bound(buffers)
+    arena, offsets = min((_first_fit(buffers, order) for order in ORDERS), key=lambda r: r[0])
+    if arena > bound and len(buffers) <= RANDOM_ORDER_LIMIT:
+        rng = random.Random(len(buffers))
+        for _ in range(RANDOM_ORDERS):
+            keys = [rng.random() for _ in buffers]
+            position = {id(b): k for b, k in zip(buffers, keys)}
+            tried, tried_offsets = _first_fit(buffers, lambda b: position[id(b)])
+            if tried < arena:
+                arena, offsets = tried, tried_offsets
+            if arena == bound:
+                break
+    for i, buf in enumerate(buffers):
+        buf.offset = offsets[i]
+    return arena
 
 
 def live_bound(buffers: list[Buffer]) -> int:

@@ -26,6 +26,19 @@ def _plan() -> Dialect:
     return PLAN
 
 
-DIALECTS = {"lg": _lg, "sbp": _sbp, "plan": _plan}
+def _dot():
+    from sbpc.visualize import DotTarget
 
-SBPC_UNIVERSE = Universe(all_dialects=dict(DIALECTS), all_passes=dict(PASSES))
+    return DotTarget
+
+
+def _memory_svg():
+    from sbpc.visualize import MemorySvgTarget
+
+    return MemorySvgTarget
+
+
+DIALECTS = {"lg": _lg, "sbp": _sbp, "plan": _plan}
+TARGETS = {"dot": _dot, "memory-svg": _memory_svg}
+
+SBPC_UNIVERSE = Universe(all_dialects=dict(DIALECTS), all_passes=dict(PASSES), all_targets=dict(TARGETS))

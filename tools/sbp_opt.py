@@ -25,6 +25,11 @@ class SbpOptMain(xDSLOptMain):
             if name not in known:
                 self.ctx.register_dialect(name, factory)
 
+    def register_all_targets(self):
+        super().register_all_targets()
+        for name, factory in SBPC_UNIVERSE.all_targets.items():
+            self.available_targets.setdefault(name, factory)
+
     def register_all_passes(self):
         super().register_all_passes()
         for name, factory in SBPC_UNIVERSE.all_passes.items():

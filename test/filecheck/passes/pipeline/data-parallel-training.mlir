@@ -1,7 +1,8 @@
-// RUN: sbp-opt %s --split-input-file -p sbp-infer,sbp-insert-boxing,sbp-simplify | filecheck %s
+// RUN: cat %S/../../../../examples/mlp_train.mlir %S/split.txt %S/../../../../examples/mlp_train_zero.mlir > %t.mlir
+// RUN: sbp-opt %t.mlir --split-input-file -p sbp-infer,sbp-insert-boxing,sbp-simplify | filecheck %s
 // The named pipeline runs the same chain:
-// RUN: sbp-opt %s --split-input-file -p 'compile{to_plan=false}' | filecheck %s
-// RUN: sbp-opt %s --split-input-file -p sbp-infer,sbp-insert-boxing,sbp-simplify,sbp-comm-summary 2>&1 >/dev/null | filecheck %s --check-prefix=SUMMARY
+// RUN: sbp-opt %t.mlir --split-input-file -p 'compile{to_plan=false}' | filecheck %s
+// RUN: sbp-opt %t.mlir --split-input-file -p sbp-infer,sbp-insert-boxing,sbp-simplify,sbp-comm-summary 2>&1 >/dev/null | filecheck %s --check-prefix=SUMMARY
 // SUMMARY:      // communication of @train_step on @dp, bytes a device receives:
 // SUMMARY-NEXT: //   all_reduce           2         18,432
 // SUMMARY-NEXT: //   total                2         18,432
@@ -16,41 +17,6 @@
 // Every weight gradient comes out P and gets exactly one all_reduce; nothing
 // else communicates.
 
-sbp.placement @dp cpu ranks [0, 1, 2, 3] mesh [4]
-lg.graph @train_step on @dp {
-  %x0 = lg.input "x" : tensor<64x32xf32>
-  %t0 = lg.input "t" : tensor<64x16xf32>
-  %lr = lg.input "lr" : tensor<f32>
-  %w1 = lg.param "w1" init #lg.normal<0.0, 0.1> : tensor<32x64xf32>
-  %w2 = lg.param "w2" init #lg.normal<0.0, 0.1> : tensor<64x16xf32>
-  %x = sbp.annotate %x0 : tensor<64x32xf32> -> !sbp.dtensor<64x32xf32, @dp, S<0>>
-  %t = sbp.annotate %t0 : tensor<64x16xf32> -> !sbp.dtensor<64x16xf32, @dp, S<0>>
-  // forward
-  %h = lg.matmul %x, %w1 : (!sbp.dtensor<64x32xf32, @dp, S<0>>, tensor<32x64xf32>) -> tensor<64x64xf32>
-  %a = lg.tanh %h : tensor<64x64xf32>
-  %y = lg.matmul %a, %w2 : (tensor<64x64xf32>, tensor<64x16xf32>) -> tensor<64x16xf32>
-  %loss = lg.mse_loss %y, %t : (tensor<64x16xf32>, !sbp.dtensor<64x16xf32, @dp, S<0>>) -> tensor<f32>
-  // backward of mse: dy = 2 (y - t) / N
-  %scale = lg.constant dense<0.001953125> : tensor<f32>
-  %diff = lg.sub %y, %t : (tensor<64x16xf32>, !sbp.dtensor<64x16xf32, @dp, S<0>>) -> tensor<64x16xf32>
-  %dy = lg.mul %diff, %scale : (tensor<64x16xf32>, tensor<f32>) -> tensor<64x16xf32>
-  %dw2 = lg.matmul %a, %dy transpose_lhs : (tensor<64x64xf32>, tensor<64x16xf32>) -> tensor<64x16xf32>
-  %da = lg.matmul %dy, %w2 transpose_rhs : (tensor<64x16xf32>, tensor<64x16xf32>) -> tensor<64x64xf32>
-  // tanh' = 1 - a^2
-  %one = lg.constant dense<1.0> : tensor<f32>
-  %a2 = lg.mul %a, %a : (tensor<64x64xf32>, tensor<64x64xf32>) -> tensor<64x64xf32>
-  %dtanh = lg.sub %one, %a2 : (tensor<f32>, tensor<64x64xf32>) -> tensor<64x64xf32>
-  %dh = lg.mul %da, %dtanh : (tensor<64x64xf32>, tensor<64x64xf32>) -> tensor<64x64xf32>
-  %dw1 = lg.matmul %x, %dh transpose_lhs : (!sbp.dtensor<64x32xf32, @dp, S<0>>, tensor<64x64xf32>) -> tensor<32x64xf32>
-  // SGD; the new parameters are replicated, as the next step reads them
-  %s1 = lg.mul %dw1, %lr : (tensor<32x64xf32>, tensor<f32>) -> tensor<32x64xf32>
-  %n1 = lg.sub %w1, %s1 : (tensor<32x64xf32>, tensor<32x64xf32>) -> tensor<32x64xf32>
-  %s2 = lg.mul %dw2, %lr : (tensor<64x16xf32>, tensor<f32>) -> tensor<64x16xf32>
-  %n2 = lg.sub %w2, %s2 : (tensor<64x16xf32>, tensor<64x16xf32>) -> tensor<64x16xf32>
-  %w1_new = sbp.annotate %n1 : tensor<32x64xf32> -> !sbp.dtensor<32x64xf32, @dp, B>
-  %w2_new = sbp.annotate %n2 : tensor<64x16xf32> -> !sbp.dtensor<64x16xf32, @dp, B>
-  lg.output ["loss", "w1", "w2"] %loss, %w1_new, %w2_new : tensor<f32>, !sbp.dtensor<32x64xf32, @dp, B>, !sbp.dtensor<64x16xf32, @dp, B>
-}
 
 // CHECK-LABEL: lg.graph @train_step
 // CHECK-NOT:   = sbp.
@@ -72,41 +38,6 @@ lg.graph @train_step on @dp {
 // gradient is reduce-scattered and each new parameter all-gathered; the only
 // other boxing is the free local slice of the replicated parameter.
 
-sbp.placement @dp cpu ranks [0, 1, 2, 3] mesh [4]
-lg.graph @zero_train_step on @dp {
-  %x0 = lg.input "x" : tensor<64x32xf32>
-  %t0 = lg.input "t" : tensor<64x16xf32>
-  %lr = lg.input "lr" : tensor<f32>
-  %w1 = lg.param "w1" init #lg.normal<0.0, 0.1> : tensor<32x64xf32>
-  %w2 = lg.param "w2" init #lg.normal<0.0, 0.1> : tensor<64x16xf32>
-  %x = sbp.annotate %x0 : tensor<64x32xf32> -> !sbp.dtensor<64x32xf32, @dp, S<0>>
-  %t = sbp.annotate %t0 : tensor<64x16xf32> -> !sbp.dtensor<64x16xf32, @dp, S<0>>
-  // forward
-  %h = lg.matmul %x, %w1 : (!sbp.dtensor<64x32xf32, @dp, S<0>>, tensor<32x64xf32>) -> tensor<64x64xf32>
-  %a = lg.tanh %h : tensor<64x64xf32>
-  %y = lg.matmul %a, %w2 : (tensor<64x64xf32>, tensor<64x16xf32>) -> tensor<64x16xf32>
-  %loss = lg.mse_loss %y, %t : (tensor<64x16xf32>, !sbp.dtensor<64x16xf32, @dp, S<0>>) -> tensor<f32>
-  // backward of mse: dy = 2 (y - t) / N
-  %scale = lg.constant dense<0.001953125> : tensor<f32>
-  %diff = lg.sub %y, %t : (tensor<64x16xf32>, !sbp.dtensor<64x16xf32, @dp, S<0>>) -> tensor<64x16xf32>
-  %dy = lg.mul %diff, %scale : (tensor<64x16xf32>, tensor<f32>) -> tensor<64x16xf32>
-  %dw2 = lg.matmul %a, %dy transpose_lhs : (tensor<64x64xf32>, tensor<64x16xf32>) -> tensor<64x16xf32>
-  %da = lg.matmul %dy, %w2 transpose_rhs : (tensor<64x16xf32>, tensor<64x16xf32>) -> tensor<64x64xf32>
-  // tanh' = 1 - a^2
-  %one = lg.constant dense<1.0> : tensor<f32>
-  %a2 = lg.mul %a, %a : (tensor<64x64xf32>, tensor<64x64xf32>) -> tensor<64x64xf32>
-  %dtanh = lg.sub %one, %a2 : (tensor<f32>, tensor<64x64xf32>) -> tensor<64x64xf32>
-  %dh = lg.mul %da, %dtanh : (tensor<64x64xf32>, tensor<64x64xf32>) -> tensor<64x64xf32>
-  %dw1 = lg.matmul %x, %dh transpose_lhs : (!sbp.dtensor<64x32xf32, @dp, S<0>>, tensor<64x64xf32>) -> tensor<32x64xf32>
-  // ZeRO: the update runs on shards (S<0>), then the new parameters are gathered
-  %s1 = lg.mul %dw1, %lr : (tensor<32x64xf32>, tensor<f32>) -> tensor<32x64xf32>
-  %n1 = lg.sub %w1, %s1 : (tensor<32x64xf32>, tensor<32x64xf32>) -> !sbp.dtensor<32x64xf32, @dp, S<0>>
-  %s2 = lg.mul %dw2, %lr : (tensor<64x16xf32>, tensor<f32>) -> tensor<64x16xf32>
-  %n2 = lg.sub %w2, %s2 : (tensor<64x16xf32>, tensor<64x16xf32>) -> !sbp.dtensor<64x16xf32, @dp, S<0>>
-  %w1_new = sbp.annotate %n1 : !sbp.dtensor<32x64xf32, @dp, S<0>> -> !sbp.dtensor<32x64xf32, @dp, B>
-  %w2_new = sbp.annotate %n2 : !sbp.dtensor<64x16xf32, @dp, S<0>> -> !sbp.dtensor<64x16xf32, @dp, B>
-  lg.output ["loss", "w1", "w2"] %loss, %w1_new, %w2_new : tensor<f32>, !sbp.dtensor<32x64xf32, @dp, B>, !sbp.dtensor<64x16xf32, @dp, B>
-}
 
 // CHECK-LABEL: lg.graph @zero_train_step
 // CHECK-NOT:   sbp.all_reduce
@@ -123,7 +54,7 @@ lg.graph @zero_train_step on @dp {
 
 // Counts over both graphs: two all_reduces (first graph), two reduce_scatters
 // and two all_gathers (second graph), no all_to_all.
-// RUN: sbp-opt %s --split-input-file -p sbp-infer,sbp-insert-boxing,sbp-simplify | grep -o "sbp\.[a-z_]* %" | sort | uniq -c | filecheck %s --check-prefix=COUNT
+// RUN: sbp-opt %t.mlir --split-input-file -p sbp-infer,sbp-insert-boxing,sbp-simplify | grep -o "sbp\.[a-z_]* %" | sort | uniq -c | filecheck %s --check-prefix=COUNT
 // COUNT:      2 sbp.all_gather %
 // COUNT-NEXT: 2 sbp.all_reduce %
 // COUNT-NEXT: 2 sbp.reduce_scatter %
