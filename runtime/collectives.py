@@ -1,0 +1,220 @@
+"""Communication actors on MPI: each plan.comm becomes a non-blocking
+collective (or point-to-point transfer) over its rank group.
+
+Pieces of a tensor are the same ones the simulator uses (local_eval.piece);
+where MPI needs contiguous per-member blocks (all_gather along an inner
+axis, reduce_scatter, all_to_all) the actor packs into or unpacks from
+buffers it allocated once at load time, so the steady state allocates
+nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from mpi4py import MPI
+from mpi4py.util.dtlib import from_numpy_dtype
+
+from sbpc.dialects import plan
+from sbpc.dialects.sbp import DTensorType, Mesh, nd_to_plain
+from sbpc.local_eval import coords, partial_kind, piece
+
+Region = tuple[slice, ...]
+
+
+def relative(region: Region, within: Region) -> Region:
+    return tuple(slice(r.start - w.start, r.stop - w.start) for r, w in zip(region, within))
+
+
+def intersect(a: Region, b: Region) -> Region | None:
+    out = tuple(slice(max(x.start, y.start), min(x.stop, y.stop)) for x, y in zip(a, b))
+    return out if all(s.start < s.stop for s in out) else (None if out else ())
+
+
+def size(region: Region) -> int:
+    return math.prod(s.stop - s.start for s in region)
+
+
+def shape(region: Region) -> tuple[int, ...]:
+    return tuple(s.stop - s.start for s in region)
+
+
+def regions_of(t: DTensorType, mesh: Mesh) -> dict[int, Region]:
+    """Every rank's piece of `t`."""
+    nd = nd_to_plain(t.nd_sbp)
+    return {
+        mesh.ranks[i]: piece(t.get_shape(), nd, mesh.shape, c) for i, c in enumerate(coords(mesh.shape))
+    }
+
+
+@dataclass
+class Pending:
+    """An issued communication: its requests, what to do once they complete,
+    and the byte ranges of the arena it still reads or writes."""
+
+    actor: plan.CommOp
+    requests: list[MPI.Request]
+    finish: object = None
+    ranges: list[tuple[int, int, int]] = field(default_factory=list)  # (buffer id, lo, hi)
+    start: float = 0.0
+
+
+class CommActor:
+    """One plan.comm on this rank, ready to issue each step."""
+
+    def __init__(self, actor: plan.CommOp, rank: int, meshes, views, comm: MPI.Comm | None):
+        self.actor = actor
+        self.kind = actor.kind.data
+        self.rank = rank
+        self.comm = comm  # the group communicator (None for local kinds and transfers)
+        self.group = list(actor.group.get_values())
+        src_t, dst_t = actor.source, actor.dest
+        self.src_mesh, self.dst_mesh = meshes(src_t), meshes(dst_t)
+        self.src_regions = regions_of(src_t, self.src_mesh)
+        self.dst_regions = regions_of(dst_t, self.dst_mesh)
+        self.in_name = actor.ins.data[0].string_value() if actor.ins.data else None
+        self.out_name = actor.outs.data[0].string_value() if actor.outs.data else None
+        self.views = views
+        kind = partial_kind(nd_to_plain(src_t.nd_sbp))
+        self.op = MPI.MAX if kind == "Pmax" else MPI.SUM
+        self.fill = -np.inf if partial_kind(nd_to_plain(dst_t.nd_sbp)) == "Pmax" else 0
+        self.dtype = None
+        sample = views(self.in_name or self.out_name, 0)
+        self.dtype = sample.dtype
+        self.mpi_type = from_numpy_dtype(self.dtype)
+        self._prepare()
+
+    # -- load-time plans for packing ------------------------------------------
+
+    def _prepare(self) -> None:
+        k = self.kind
+        if k == "all_gather":
+            self.counts = [size(self.src_regions[r]) for r in self.group]
+            self.displs = list(np.cumsum([0, *self.counts[:-1]]))
+            self.recv = np.empty(sum(self.counts), self.dtype)
+        elif k == "reduce_scatter":
+            self.counts = [size(self.dst_regions[r]) for r in self.group]
+            self.send = np.empty(sum(self.counts), self.dtype)
+        elif k == "all_to_all":
+            me = self.rank
+            self.send_parts = [intersect(self.src_regions[me], self.dst_regions[r]) for r in self.group]
+            self.recv_parts = [intersect(self.src_regions[r], self.dst_regions[me]) for r in self.group]
+            self.scounts = [size(p) if p is not None else 0 for p in self.send_parts]
+            self.rcounts = [size(p) if p is not None else 0 for p in self.recv_parts]
+            self.sdispl = list(np.cumsum([0, *self.scounts[:-1]]))
+            self.rdispl = list(np.cumsum([0, *self.rcounts[:-1]]))
+            self.send = np.empty(max(sum(self.scounts), 1), self.dtype)
+            self.recv = np.empty(max(sum(self.rcounts), 1), self.dtype)
+        elif k == "transfer":
+            self._prepare_transfer()
+
+    def _prepare_transfer(self) -> None:
+        """Who sends which piece to whom: every destination piece is cut from
+        the source pieces it meets; where several ranks hold the same piece
+        (B axes), the receiver itself if it holds one, else one chosen by the
+        receiver's position, so the load spreads."""
+        me = self.rank
+        self.sends: list[tuple[int, Region]] = []  # (to rank, region of my src piece)
+        self.recvs: list[tuple[int, Region]] = []  # (from rank, region of my dst piece)
+        self.local: list[tuple[Region, Region]] = []  # (src-relative, dst-relative)
+        holders: dict[tuple, list[int]] = {}
+        for r, region in self.src_regions.items():
+            holders.setdefault(tuple((s.start, s.stop) for s in region), []).append(r)
+        for i, (dst_rank, dst_region) in enumerate(sorted(self.dst_regions.items())):
+            for key, ranks in holders.items():
+                src_region = tuple(slice(a, b) for a, b in key)
+                part = intersect(src_region, dst_region)
+                if part is None:
+                    continue
+                sender = dst_rank if dst_rank in ranks else ranks[i % len(ranks)]
+                if sender == me and dst_rank == me:
+                    self.local.append((relative(part, src_region), relative(part, dst_region)))
+                elif sender == me:
+                    self.sends.append((dst_rank, relative(part, src_region)))
+                elif dst_rank == me:
+                    self.recvs.append((sender, relative(part, dst_region)))
+        self.send_bufs = [np.empty(shape(region), self.dtype) for _, region in self.sends]
+        self.recv_bufs = [np.empty(shape(region), self.dtype) for _, region in self.recvs]
+
+    # -- issuing -----------------------------------------------------------------
+
+    def issue(self, slot_in: int, slot_out: int) -> Pending:
+        k = self.kind
+        src = self.views(self.in_name, slot_in) if self.in_name else None
+        dst = self.views(self.out_name, slot_out) if self.out_name else None
+        pending = Pending(self.actor, [])
+        me = self.rank
+        if k == "all_reduce":
+            pending.requests.append(self.comm.Iallreduce(src, dst, self.op))
+        elif k == "all_gather":
+            pending.requests.append(
+                self.comm.Iallgatherv(src, [self.recv, self.counts, self.displs, self.mpi_type])
+            )
+
+            def finish():
+                for r, count, displ in zip(self.group, self.counts, self.displs):
+                    region = relative(self.src_regions[r], self.dst_regions[me])
+                    dst[region] = self.recv[displ : displ + count].reshape(shape(self.src_regions[r]))
+
+            pending.finish = finish
+        elif k == "reduce_scatter":
+            at = 0
+            for r, count in zip(self.group, self.counts):
+                block = src[relative(self.dst_regions[r], self.src_regions[me])]
+                self.send[at : at + count] = block.reshape(-1)
+                at += count
+            pending.requests.append(self.comm.Ireduce_scatter(self.send, dst.reshape(-1), self.counts, self.op))
+        elif k == "all_to_all":
+            at = 0
+            for part, count in zip(self.send_parts, self.scounts):
+                if count:
+                    self.send[at : at + count] = src[relative(part, self.src_regions[me])].reshape(-1)
+                    at += count
+            pending.requests.append(
+                self.comm.Ialltoallv(
+                    [self.send, self.scounts, self.sdispl, self.mpi_type],
+                    [self.recv, self.rcounts, self.rdispl, self.mpi_type],
+                )
+            )
+
+            def finish():
+                for part, count, displ in zip(self.recv_parts, self.rcounts, self.rdispl):
+                    if count:
+                        dst[relative(part, self.dst_regions[me])] = self.recv[displ : displ + count].reshape(shape(part))
+
+            pending.finish = finish
+        elif k == "slice":
+            dst[...] = src[relative(self.dst_regions[me], self.src_regions[me])]
+        elif k == "make_partial":
+            kept = src.copy() if np.shares_memory(src, dst) else src
+            dst.fill(self.fill)
+            here = plan_coord(self.src_mesh, me)
+            axes = list(self.actor.mesh_axes.get_values())
+            src_nd = nd_to_plain(self.actor.source.nd_sbp)
+            if not any(here[a] for a in axes if src_nd[a] == "B"):
+                dst[relative(self.src_regions[me], self.dst_regions[me])] = kept
+        elif k == "transfer":
+            world = MPI.COMM_WORLD
+            tag = self.actor.comm_id.value.data
+            for buf, (to, region) in zip(self.send_bufs, self.sends):
+                buf[...] = src[region]
+                pending.requests.append(world.Isend(buf, dest=to, tag=tag))
+            for buf, (frm, _) in zip(self.recv_bufs, self.recvs):
+                pending.requests.append(world.Irecv(buf, source=frm, tag=tag))
+            for src_rel, dst_rel in self.local:
+                dst[dst_rel] = src[src_rel]
+
+            def finish():
+                for buf, (_, region) in zip(self.recv_bufs, self.recvs):
+                    dst[region] = buf
+
+            pending.finish = finish
+        else:
+            raise ValueError(f"unknown collective '{k}'")
+        return pending
+
+
+def plan_coord(mesh: Mesh, rank: int) -> tuple[int, ...]:
+    return plan.device_coord(rank, mesh.ranks, mesh.shape)

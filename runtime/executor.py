@@ -1,0 +1,331 @@
+"""The actor executor of one rank: runs its device's schedule on real
+arenas, with communication on MPI overlapping computation.
+
+Memory: the device's arena is one byte buffer and its persistent region
+another; register slot k is a numpy view at offset + k * bytes, so the
+memory plan is what runs.
+
+Firing follows the register protocol: an actor fires for step s once its
+inputs hold step s (a communication result counts once its MPI requests
+complete) and the slot it writes (s mod slots) is free: nothing in flight
+still reads or writes those bytes. Actors are issued in schedule order, and
+so are communication actors, which makes every rank issue its collectives in
+the plan's order; non-blocking MPI lets the next compute actors run while a
+collective is in flight, and MPI is given a chance to progress between
+kernels. A rank moves on to the next step without waiting for its peers, so
+pipeline stages overlap through multi-slot registers.
+
+Every exception is reported with the rank, the actor and its registers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+from xdsl.dialects.builtin import ModuleOp
+
+from sbpc import make_context
+from sbpc.dialects import lg, plan
+from sbpc.dialects.sbp import DTensorType, lookup_placement, nd_to_plain
+from sbpc.local_eval import LocalContext, local_kernel, piece
+from sbpc.reference import constant_value, initialize, numpy_dtype
+
+from .collectives import CommActor, Pending
+from .kernels import run_into
+
+
+STREAMS = {"compute": 0, "comm": 1}
+"""Trace thread ids: one track per rank and stream."""
+
+
+class RuntimeFailure(Exception):
+    """A failure to report with where it happened."""
+
+
+def find_program(module: ModuleOp, name: str | None = None) -> plan.ProgramOp:
+    programs = [p for p in module.ops if isinstance(p, plan.ProgramOp)]
+    if name is not None:
+        programs = [p for p in programs if p.sym_name.data == name]
+    if len(programs) != 1:
+        raise RuntimeFailure("the module holds no plan.program" if not programs else "name the plan.program to run")
+    return programs[0]
+
+
+def feed_types(program: plan.ProgramOp) -> dict[str, DTensorType]:
+    """Every feed the program takes, with its global type."""
+    feeds = {}
+    for device in program.devices():
+        for reg in device.registers():
+            if reg.feed is not None:
+                feeds[reg.feed.data] = reg.value
+    return feeds
+
+
+def check_feeds(program: plan.ProgramOp, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Feeds with a wrong name, shape or dtype are rejected before anything runs."""
+    wanted = feed_types(program)
+    unknown = sorted(set(feeds) - set(wanted))
+    if unknown:
+        raise RuntimeFailure(f"feed {unknown[0]!r} is not an input of @{program.sym_name.data} (inputs: {sorted(wanted)})")
+    missing = sorted(set(wanted) - set(feeds))
+    if missing:
+        raise RuntimeFailure(f"feed {missing[0]!r} is missing")
+    checked = {}
+    for name, t in wanted.items():
+        value = np.asarray(feeds[name])
+        dtype = numpy_dtype(t.element_type)
+        if tuple(value.shape) != tuple(t.get_shape()):
+            raise RuntimeFailure(f"feed {name!r}: expected shape {list(t.get_shape())}, got {list(value.shape)}")
+        if value.dtype.kind != dtype.kind:
+            raise RuntimeFailure(f"feed {name!r}: expected {dtype} values, got {value.dtype}")
+        checked[name] = np.ascontiguousarray(value, dtype)
+    return checked
+
+
+class Executor:
+    def __init__(self, module: ModuleOp, program: plan.ProgramOp, world: MPI.Comm, trace: bool = False):
+        self.module = module
+        self.program = program
+        self.world = world
+        self.rank = world.rank
+        self.trace_on = trace
+        self.events: list[dict] = []
+        self.t0 = time.perf_counter()
+        devices = {d.rank.value.data: d for d in program.devices()}
+        self.device = devices.get(self.rank)
+        self.ctx = make_context()
+        if self.device is None:
+            self.schedule = []
+            return
+        if self.device.arena is None:
+            raise RuntimeFailure(f"rank {self.rank}: the plan is not allocated; run plan-allocate-memory")
+        self.arena = np.zeros(self.device.arena.value.data + 1, np.uint8)
+        self.persistent = np.zeros(self.device.persistent.value.data + 1, np.uint8)
+        self.registers = {r.sym_name.data: r for r in self.device.registers()}
+        self._views: dict[tuple[str, int], np.ndarray] = {}
+        for name, reg in self.registers.items():
+            buffer = self.persistent if reg.is_persistent is not None else self.arena
+            dtype = numpy_dtype(reg.type.element_type)
+            count = int(np.prod(reg.type.get_shape()))
+            for slot in range(reg.slots.value.data):
+                offset = reg.offset.value.data + slot * reg.bytes.value.data
+                self._views[(name, slot)] = np.frombuffer(buffer, dtype, count, offset).reshape(
+                    tuple(reg.type.get_shape())
+                )
+        self.schedule = self.device.actors()
+        self._meshes: dict[str, Any] = {}
+        self.kernels = {}
+        for actor in self.schedule:
+            if isinstance(actor, plan.ComputeOp):
+                out = self.registers[actor.outs.data[0].string_value()]
+                ins = [self.registers[r.string_value()] for r in actor.ins.data]
+                op = self.ctx.get_op(actor.kernel.data).create(properties=dict(actor.props.data), result_types=[out.type])
+                local = LocalContext(
+                    tuple(r.value.get_shape() for r in ins),
+                    out.value.get_shape(),
+                    tuple(self.piece_of(r.value) for r in ins),
+                    self.piece_of(out.value),
+                    nd_to_plain(out.value.nd_sbp),
+                )
+                self.kernels[actor] = (op, local)
+        self.comm_actors = self._build_comm_actors()
+
+    # -- helpers ---------------------------------------------------------------
+
+    def mesh(self, t: DTensorType):
+        name = t.placement_name
+        if name not in self._meshes:
+            self._meshes[name] = lookup_placement(self.program, t.placement).mesh()
+        return self._meshes[name]
+
+    def piece_of(self, t: DTensorType):
+        mesh = self.mesh(t)
+        return piece(t.get_shape(), nd_to_plain(t.nd_sbp), mesh.shape, plan.device_coord(self.rank, mesh.ranks, mesh.shape))
+
+    def view(self, name: str, slot: int) -> np.ndarray:
+        return self._views[(name, slot % self.registers[name].slots.value.data)]
+
+    def _build_comm_actors(self) -> dict:
+        """Group communicators, created in the order of the first collective
+        that uses them, which is the same on every member."""
+        groups: dict[tuple[int, ...], MPI.Comm] = {}
+        actors = {}
+        for actor in self.schedule:
+            if not isinstance(actor, plan.CommOp):
+                continue
+            group = tuple(actor.group.get_values())
+            kind = actor.kind.data
+            comm = None
+            if kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+                if group not in groups:
+                    groups[group] = self.world.Create_group(
+                        self.world.group.Incl(list(group)), tag=actor.comm_id.value.data
+                    )
+                comm = groups[group]
+            actors[actor] = CommActor(actor, self.rank, self.mesh, self.view, comm)
+        self.group_comms = list(groups.values())
+        return actors
+
+    def describe(self, actor) -> str:
+        ins = ", ".join(f"@{r.string_value()}" for r in actor.ins.data)
+        outs = ", ".join(f"@{r.string_value()}" for r in actor.outs.data)
+        what = actor.kernel.data if isinstance(actor, plan.ComputeOp) else actor.kind.data
+        return f"actor @{actor.sym_name.data} ({what}) reading [{ins}] writing [{outs}]"
+
+    # -- loading -----------------------------------------------------------------
+
+    def initialize(self, params: Mapping[str, np.ndarray] | None = None) -> None:
+        """Writes this rank's pieces of every parameter (from `params`, else
+        its initializer) and constant."""
+        if self.device is None:
+            return
+        params = params or {}
+        for name, reg in self.registers.items():
+            shape, dtype = reg.value.get_shape(), numpy_dtype(reg.value.element_type)
+            if reg.param is not None:
+                value = params.get(reg.param.data)
+                if value is None:
+                    value = initialize(reg.init, reg.seed.value.data if reg.seed else 0, reg.param.data, shape, dtype)
+            elif reg.constant is not None:
+                value = constant_value(reg.constant)
+            else:
+                continue
+            self._write(name, value)
+
+    def set_param(self, key: str, value: np.ndarray) -> None:
+        if self.device is None:
+            return
+        for name, reg in self.registers.items():
+            if reg.param is not None and reg.param.data == key:
+                self._write(name, value)
+
+    def feed(self, feeds: Mapping[str, np.ndarray]) -> None:
+        """Writes this rank's pieces of the (checked) feeds."""
+        if self.device is None:
+            return
+        for name, reg in self.registers.items():
+            if reg.feed is not None:
+                self._write(name, feeds[reg.feed.data])
+
+    def _write(self, name: str, value: np.ndarray) -> None:
+        reg = self.registers[name]
+        local = np.asarray(value, numpy_dtype(reg.value.element_type))[self.piece_of(reg.value)]
+        for slot in range(reg.slots.value.data):
+            self._views[(name, slot)][...] = local
+
+    def param_piece(self, key: str) -> tuple[DTensorType, tuple, np.ndarray] | None:
+        if self.device is None:
+            return None
+        for name, reg in self.registers.items():
+            if reg.param is not None and reg.param.data == key:
+                return reg.value, self.piece_of(reg.value), self.view(name, 0).copy()
+        return None
+
+    # -- running -------------------------------------------------------------------
+
+    def run(self, steps: int = 1) -> dict[str, tuple[DTensorType, tuple, np.ndarray]]:
+        """Runs `steps` steps; returns this rank's pieces of the fetched outputs."""
+        pending: list[Pending] = []
+        if self.device is not None:
+            for step in range(steps):
+                for actor in self.schedule:
+                    try:
+                        if isinstance(actor, plan.ComputeOp):
+                            self._wait_hazards(pending, actor, step)
+                            self._fire_compute(actor, step)
+                        else:
+                            self._wait_hazards(pending, actor, step)
+                            start = time.perf_counter()
+                            issued = self.comm_actors[actor].issue(step, step)
+                            issued.start = start
+                            issued.ranges = self._ranges(actor, step)
+                            if issued.requests:
+                                pending.append(issued)
+                            else:
+                                if issued.finish:
+                                    issued.finish()
+                                self._record(actor, "comm", start, time.perf_counter())
+                        self._progress(pending)
+                    except RuntimeFailure:
+                        raise
+                    except Exception as e:  # noqa: BLE001 - reported with its place, then the job ends
+                        raise RuntimeFailure(f"rank {self.rank}: step {step}: {self.describe(actor)}: {type(e).__name__}: {e}") from e
+            while pending:
+                self._complete(pending, pending[0])
+        fetched = {}
+        if self.device is not None:
+            for name, reg in self.registers.items():
+                if reg.fetch is not None:
+                    fetched[reg.fetch.data] = (reg.value, self.piece_of(reg.value), self.view(name, steps - 1).copy())
+        return fetched
+
+    def _fire_compute(self, actor: plan.ComputeOp, step: int) -> None:
+        op, local = self.kernels[actor]
+        inputs = [self.view(r.string_value(), step) for r in actor.ins.data]
+        out = self.view(actor.outs.data[0].string_value(), step)
+        start = time.perf_counter()
+        with np.errstate(all="ignore"):
+            if not run_into(op, inputs, out):
+                out[...] = local_kernel(op, local, *inputs)
+        self._record(actor, "compute", start, time.perf_counter())
+
+    def _ranges(self, actor, step: int) -> list[tuple[int, int, int]]:
+        """Byte ranges an actor touches: (buffer, lo, hi)."""
+        out = []
+        for ref in (*actor.ins.data, *actor.outs.data):
+            reg = self.registers[ref.string_value()]
+            buf = 1 if reg.is_persistent is not None else 0
+            slot = step % reg.slots.value.data
+            lo = reg.offset.value.data + slot * reg.bytes.value.data
+            out.append((buf, lo, lo + reg.bytes.value.data))
+        return out
+
+    def _wait_hazards(self, pending: list[Pending], actor, step: int) -> None:
+        """Completes in-flight communication whose bytes this actor touches."""
+        if not pending:
+            return
+        mine = self._ranges(actor, step)
+        for p in list(pending):
+            if any(b1 == b2 and lo1 < hi2 and lo2 < hi1 for b1, lo1, hi1 in mine for b2, lo2, hi2 in p.ranges):
+                self._complete(pending, p)
+
+    def _complete(self, pending: list[Pending], p: Pending) -> None:
+        MPI.Request.Waitall(p.requests)
+        if p.finish:
+            p.finish()
+        pending.remove(p)
+        self._record(p.actor, "comm", p.start, time.perf_counter())
+
+    def _progress(self, pending: list[Pending]) -> None:
+        for p in list(pending):
+            if MPI.Request.Testall(p.requests):
+                if p.finish:
+                    p.finish()
+                pending.remove(p)
+                self._record(p.actor, "comm", p.start, time.perf_counter())
+
+    def _record(self, actor, stream: str, start: float, end: float) -> None:
+        if not self.trace_on:
+            return
+        event = {
+            "name": actor.sym_name.data,
+            "ph": "X",
+            "pid": self.rank,
+            "tid": STREAMS[stream],
+            "ts": (start - self.t0) * 1e6,
+            "dur": (end - start) * 1e6,
+        }
+        if isinstance(actor, plan.CommOp):
+            event["args"] = {"kind": actor.kind.data, "bytes": actor.bytes.value.data if actor.bytes else 0,
+                             "group": list(actor.group.get_values())}
+        else:
+            event["args"] = {"kernel": actor.kernel.data}
+        self.events.append(event)
+
+
+def is_lg_module(module: ModuleOp) -> bool:
+    return any(isinstance(op, lg.GraphOp) for op in module.ops)

@@ -1,0 +1,30 @@
+"""Starting MPI ranks: the `mpiexec` that the mpich wheel installs next to
+the Python interpreter, one thread of BLAS per rank (ranks share cores)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+
+def mpiexec() -> str:
+    here = Path(sys.executable).parent / "mpiexec"
+    if here.exists():
+        return str(here)
+    found = shutil.which("mpiexec")
+    if found is None:
+        raise RuntimeError("no mpiexec: install the mpich wheel (pip install mpich) into this environment")
+    return found
+
+
+def rank_environment() -> dict[str, str]:
+    env = dict(os.environ)
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.setdefault(var, "1")
+    return env
+
+
+def command(n: int, module: str, *args: str) -> list[str]:
+    return [mpiexec(), "-n", str(n), sys.executable, "-m", module, *args]

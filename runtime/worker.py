@@ -1,0 +1,104 @@
+"""The program every MPI rank runs for `sbp-run`:
+
+    mpiexec -n N python -m sbpc.runtime.worker PLAN FEEDS OUT [--steps K] [--trace FILE] [--params FILE]
+
+Each rank loads the plan text, runs its device's actors, and sends its
+pieces of the fetched outputs to rank 0, which assembles the global arrays
+and writes them to OUT (.npz). Any exception ends every rank: the failing
+rank prints where it happened and aborts the MPI job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import sbpc
+from sbpc.dialects.sbp import lookup_placement, nd_to_plain
+from sbpc.local_eval import combine
+from sbpc.reference import numpy_dtype
+
+from .executor import STREAMS, Executor, check_feeds, find_program
+
+
+def gather_outputs(world: MPI.Comm, program, fetched: dict) -> dict[str, np.ndarray] | None:
+    """Assembles the fetched outputs on rank 0 (None elsewhere)."""
+    mine = {name: (rank_piece[1], rank_piece[2]) for name, rank_piece in fetched.items()}
+    everything = world.gather((world.rank, mine), root=0)
+    if world.rank != 0:
+        return None
+    types = {}
+    for device in program.devices():
+        for reg in device.registers():
+            if reg.fetch is not None:
+                types[reg.fetch.data] = reg.value
+    outputs = {}
+    for name, t in types.items():
+        mesh = lookup_placement(program, t.placement).mesh()
+        pieces = {}
+        for rank, got in everything:
+            if name in got and rank in mesh.ranks:
+                coord = np.unravel_index(mesh.ranks.index(rank), mesh.shape)
+                pieces[tuple(int(c) for c in coord)] = got[name][1]
+        outputs[name] = combine(pieces, nd_to_plain(t.nd_sbp), mesh.shape, t.get_shape(), numpy_dtype(t.element_type))
+    return outputs
+
+
+def fail(world: MPI.Comm, message: str) -> None:
+    sys.stderr.write(f"sbpc: {message}\n")
+    sys.stderr.flush()
+    world.Abort(1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="sbpc.runtime.worker")
+    parser.add_argument("plan")
+    parser.add_argument("feeds")
+    parser.add_argument("out")
+    parser.add_argument("--steps", type=int, default=1)
+    parser.add_argument("--trace")
+    parser.add_argument("--params")
+    args = parser.parse_args(argv)
+    world = MPI.COMM_WORLD
+    try:
+        with open(args.plan) as f:
+            module = sbpc.parse_module(f.read(), args.plan)
+        program = find_program(module)
+        with np.load(args.feeds) as data:
+            feeds = check_feeds(program, dict(data))
+        params = None
+        if args.params:
+            with np.load(args.params) as data:
+                params = dict(data)
+        executor = Executor(module, program, world, trace=bool(args.trace))
+        executor.initialize(params)
+        executor.feed(feeds)
+        fetched = executor.run(args.steps)
+        outputs = gather_outputs(world, program, fetched)
+        if args.trace:
+            events = world.gather(executor.events, root=0)
+        if world.rank == 0:
+            np.savez(args.out, **outputs)
+            if args.trace:
+                write_trace(args.trace, [e for rank_events in events for e in rank_events], world.size)
+    except Exception as e:  # noqa: BLE001 - every failure ends the whole job, with its place
+        fail(world, str(e) if str(e).startswith("rank ") else f"rank {world.rank}: {type(e).__name__}: {e}")
+
+
+def write_trace(path: str, events: list[dict], ranks: int) -> None:
+    """Chrome/Perfetto trace: one process per rank, one thread per stream."""
+    meta = []
+    for rank in range(ranks):
+        meta.append({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}})
+        for stream, tid in STREAMS.items():
+            meta.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": stream}})
+    with open(path, "w") as f:
+        json.dump({"traceEvents": meta + events, "displayTimeUnit": "ms"}, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""`sbp-run FILE -n N`: compiles (lg or sbp IR) or loads (plan IR) a
+program and runs it on N MPI ranks started with the mpich wheel's mpiexec.
+
+    sbp-run examples/mlp.mlir -n 2 --seed 0 -o out.npz --steps 3 --trace trace.json
+
+Feeds come from an .npz file (--feeds) or are generated from a seed; the
+outputs are gathered to rank 0 and written to an .npz file. Bad input, bad
+feeds and failures on any rank are reported as one message, exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from xdsl.context import Context
+from xdsl.passes import PassPipeline
+from xdsl.printer import Printer
+from xdsl.utils.exceptions import DiagnosticException, ParseError
+
+import sbpc
+from sbpc.dialects import plan
+from sbpc.lowering import PASSES
+from sbpc.reference import numpy_dtype
+from sbpc.runtime.executor import RuntimeFailure, check_feeds, feed_types, find_program
+from sbpc.runtime.launch import command, rank_environment
+
+
+def generated_feeds(program: plan.ProgramOp, seed: int) -> dict[str, np.ndarray]:
+    """Random feeds: normal floats; integers below what their consumers
+    accept (class count for cross_entropy labels, rows for embedding indices)."""
+    rng = np.random.default_rng(seed)
+    bounds: dict[str, int] = {}
+    for device in program.devices():
+        regs = {r.sym_name.data: r for r in device.registers()}
+        for actor in device.actors():
+            if not isinstance(actor, plan.ComputeOp):
+                continue
+            ins = [regs[r.string_value()] for r in actor.ins.data]
+            if actor.kernel.data == "lg.cross_entropy" and ins[1].feed is not None:
+                bounds[ins[1].feed.data] = ins[0].value.get_shape()[-1]
+            if actor.kernel.data == "lg.embedding" and ins[1].feed is not None:
+                bounds[ins[1].feed.data] = ins[0].value.get_shape()[0]
+    feeds = {}
+    for name, t in sorted(feed_types(program).items()):
+        dtype = numpy_dtype(t.element_type)
+        shape = t.get_shape()
+        if dtype.kind == "f":
+            feeds[name] = rng.normal(size=shape).astype(dtype)
+        else:
+            feeds[name] = rng.integers(0, bounds.get(name, 2), size=shape).astype(dtype)
+    return feeds
+
+
+def load_program(path: str, pipeline: str):
+    """The module holding a plan: parsed, and compiled first if it is not one."""
+    text = Path(path).read_text()
+    module = sbpc.parse_module(text, path)
+    if not any(isinstance(op, plan.ProgramOp) for op in module.ops):
+        PassPipeline.parse_spec(PASSES, pipeline).apply(Context(), module)
+        module.verify()
+    return module, find_program(module)
+
+
+def main(args: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sbp-run", description=__doc__.splitlines()[0])
+    parser.add_argument("file", help="lg/sbp IR (compiled first) or plan IR")
+    parser.add_argument("-n", "--ranks", type=int, required=True, help="MPI ranks to start")
+    parser.add_argument("--feeds", help=".npz file of inputs (default: generated from --seed)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--params", help=".npz file of parameter values (default: their initializers)")
+    parser.add_argument("-o", "--output", default="outputs.npz", help=".npz file for the fetched outputs")
+    parser.add_argument("--steps", type=int, default=1)
+    parser.add_argument("--trace", help="write a Chrome/Perfetto trace here")
+    parser.add_argument("-p", "--pipeline", default="compile", help="passes for non-plan input (default: compile)")
+    parser.add_argument("--emit-plan", help="also write the plan IR that runs here")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds before the job is killed")
+    options = parser.parse_args(args)
+    try:
+        module, program = load_program(options.file, options.pipeline)
+        ranks = sorted(d.rank.value.data for d in program.devices())
+        if ranks and ranks[-1] >= options.ranks:
+            raise RuntimeFailure(
+                f"@{program.sym_name.data} runs on ranks {ranks}, which -n {options.ranks} does not start"
+            )
+        if options.feeds:
+            with np.load(options.feeds) as data:
+                feeds = check_feeds(program, dict(data))
+        else:
+            feeds = generated_feeds(program, options.seed)
+        with tempfile.TemporaryDirectory(prefix="sbp-run-") as tmp:
+            plan_path = Path(options.emit_plan or Path(tmp) / "plan.mlir")
+            with open(plan_path, "w") as f:
+                Printer(stream=f).print_op(module)
+                f.write("\n")
+            feeds_path = Path(tmp) / "feeds.npz"
+            np.savez(feeds_path, **feeds)
+            worker = [str(plan_path), str(feeds_path), str(Path(options.output).resolve()), "--steps", str(options.steps)]
+            if options.trace:
+                worker += ["--trace", str(Path(options.trace).resolve())]
+            if options.params:
+                worker += ["--params", str(Path(options.params).resolve())]
+            try:
+                done = subprocess.run(
+                    command(options.ranks, "sbpc.runtime.worker", *worker),
+                    env=rank_environment(),
+                    timeout=options.timeout,
+                )
+            except subprocess.TimeoutExpired:
+                raise RuntimeFailure(f"the job did not finish in {options.timeout} s and was killed") from None
+            if done.returncode != 0:
+                print(f"sbp-run: the job failed (exit code {done.returncode})", file=sys.stderr)
+                return 1
+        with np.load(options.output) as out:
+            for name in out.files:
+                print(f"{name}: {list(out[name].shape)} {out[name].dtype}")
+        return 0
+    except (ParseError, DiagnosticException, RuntimeFailure, OSError, ValueError) as e:
+        print(f"sbp-run: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
