@@ -255,9 +255,8 @@ string "S<axis>" written "S0", "S1", ..., "B", "P" (sum) or "Pmax"."""
 
 
 def _split_ok(dim: int, p: int) -> bool:
-    # Splitting fewer elements than devices leaves devices empty: legal, never
-    # useful; and on a mesh axis of one device a split is just B.
-    return p > 1 and dim >= p
+    # Splitting fewer elements than devices leaves devices empty: legal, never useful.
+    return dim >= p
 
 
 def _source_signatures(out_shape: Shape, p: int) -> list[Signature]:

@@ -1,8 +1,9 @@
 """`plan-allocate-memory`: places every register of a device in its arena.
 
 A register is live from its producer's firing to its last consumer's (a feed
-from before the first actor, a fetched output to after the last), taking
-`bytes x slots`. Registers whose lifetimes overlap never share bytes; dead
+from before the first actor, a fetched output to after the last; what a
+collective reads, until its result is first read, as it is in flight),
+taking `bytes x slots`. Registers whose lifetimes overlap never share bytes; dead
 ones are reused. An elementwise compute actor writes in place into an input
 that dies there when type and slots match (the two registers become one
 buffer). Parameters and constants go to the device's persistent region.
@@ -125,6 +126,20 @@ def lifetimes(device: plan.DeviceOp) -> dict[str, tuple[int, int]]:
         for ref in actor.ins.data:
             s = span[ref.string_value()]
             s[1] = pos if s[1] is None else max(s[1], pos)
+    # Communication is asynchronous: what a collective reads stays in flight
+    # until its result is first needed (a send with no local result, until
+    # the step ends), so its bytes may not be reused before then.
+    first_read: dict[str, int] = {}
+    for pos, actor in enumerate(actors):
+        for ref in actor.ins.data:
+            first_read.setdefault(ref.string_value(), pos)
+    for pos, actor in enumerate(actors):
+        if isinstance(actor, plan.CommOp):
+            outs = [ref.string_value() for ref in actor.outs.data]
+            done = min((first_read.get(o, end) for o in outs), default=end)
+            for ref in actor.ins.data:
+                s = span[ref.string_value()]
+                s[1] = max(s[1] if s[1] is not None else pos, done)
     out = {}
     for name, (first, last) in span.items():
         first = -1 if first is None else first

@@ -256,7 +256,11 @@ def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:
             min([local_fraction(out, mesh.shape), *(local_fraction(nd, mesh.shape) for nd in ins)])
             for ins, out in candidates
         ]
-        compute = np.array([flops * f / device.flops + own_boxing for f in fractions])
+        # On a mesh axis of one device a split is B; a hair of cost keeps such
+        # splits for where a hint asks for them.
+        trivial = [sum(1 for nd in (*ins, out) for a, s in enumerate(nd) if s[0] == "S" and mesh.shape[a] == 1)
+                   for ins, out in candidates]
+        compute = np.array([flops * f / device.flops + own_boxing + 1e-15 * t for f, t in zip(fractions, trivial)])
         # Buffers of redistributions are not modelled (their cost is the
         # boxing); charging an annotation's would make inference depend on
         # whether its requests are already in the IR.

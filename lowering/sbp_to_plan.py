@@ -10,8 +10,9 @@
   device, with its rank group (the devices that differ only on the mesh axes
   it acts on) and a program-wide `id`.
 - One global schedule, restricted to each device: a topological order that
-  issues every communication actor as soon as its input is ready (so it can
-  overlap with the computation after it). Every device takes its actors in
+  issues every communication actor as soon as its input is ready, runs the
+  computation that feeds communication early and the computation that reads
+  its result late, so collectives overlap with the work in between. Every device takes its actors in
   this one order, so the collectives are issued in the same order on every
   rank, and no two ranks can wait on each other.
 """
@@ -45,15 +46,29 @@ from sbpc.local_eval import coords, piece
 
 
 def schedule(ops: list[Operation]) -> list[Operation]:
-    """Topological order; among ready ops, communication first, then program order."""
+    """Topological order by list scheduling. Among ready ops: communication
+    first; then compute that feeds communication (so it starts early); then
+    other compute; last, compute that reads a communication result (so the
+    collective has work to overlap with); ties in program order."""
     index = {op: i for i, op in enumerate(ops)}
-    waiting = {op: sum(1 for o in op.operands if o.owner in index) for op in ops}
+    is_comm = {op: isinstance(op, sbp.COLLECTIVE_OPS) for op in ops}
     users: dict[Operation, list[Operation]] = {op: [] for op in ops}
     for op in ops:
         for o in op.operands:
             if o.owner in index:
                 users[o.owner].append(op)
-    ready = [(0 if isinstance(op, sbp.COLLECTIVE_OPS) else 1, index[op], op) for op in ops if not waiting[op]]
+
+    def priority(op: Operation) -> int:
+        if is_comm[op]:
+            return 0
+        if any(is_comm[u] for u in users[op]):
+            return 1
+        if any(o.owner in index and is_comm[o.owner] for o in op.operands):
+            return 3
+        return 2
+
+    waiting = {op: sum(1 for o in op.operands if o.owner in index) for op in ops}
+    ready = [(priority(op), index[op], op) for op in ops if not waiting[op]]
     heapq.heapify(ready)
     order = []
     while ready:
@@ -62,7 +77,7 @@ def schedule(ops: list[Operation]) -> list[Operation]:
         for user in users[op]:
             waiting[user] -= 1
             if not waiting[user]:
-                heapq.heappush(ready, (0 if isinstance(user, sbp.COLLECTIVE_OPS) else 1, index[user], user))
+                heapq.heappush(ready, (priority(user), index[user], user))
     return order
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 
 import numpy as np
@@ -77,6 +79,8 @@ def main(argv: list[str] | None = None) -> None:
         executor = Executor(module, program, world, trace=bool(args.trace))
         executor.initialize(params)
         executor.feed(feeds)
+        if os.environ.get("SBPC_TEST_KILL_RANK") == str(world.rank):
+            os.kill(os.getpid(), signal.SIGKILL)  # tests: a rank that dies mid-job
         fetched = executor.run(args.steps)
         outputs = gather_outputs(world, program, fetched)
         if args.trace:

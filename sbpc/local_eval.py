@@ -23,7 +23,7 @@ from xdsl.ir import Operation
 
 from sbpc.dialects import lg
 from sbpc.dialects.sbp import PlainNd, split_axis
-from sbpc.reference import KERNELS
+from sbpc.reference import KERNELS, EvaluationError
 
 Coord = tuple[int, ...]
 
@@ -167,6 +167,12 @@ def _mse(op: lg.MseLossOp, ctx: LocalContext, a: np.ndarray, b: np.ndarray) -> n
 
 def _embedding(op: lg.EmbeddingOp, ctx: LocalContext, table: np.ndarray, indices: np.ndarray) -> np.ndarray:
     # A table split by rows holds rows [lo, hi): gather those, zero the rest.
+    # An index outside the whole table is an error, as in the reference.
+    total = ctx.in_shapes[0][0]
+    if indices.size and (indices.min() < 0 or indices.max() >= total):
+        raise EvaluationError(
+            f"'{op.name}': index out of range [0, {total}): min {indices.min()}, max {indices.max()}"
+        )
     rows = ctx.in_pieces[0][0]
     inside = (indices >= rows.start) & (indices < rows.stop)
     gathered = table[np.where(inside, indices - rows.start, 0)] if table.shape[0] else np.zeros(
