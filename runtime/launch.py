@@ -27,4 +27,10 @@ def rank_environment() -> dict[str, str]:
 
 
 def command(n: int, module: str, *args: str) -> list[str]:
+    """mpiexec running `python -m module args` on n ranks."""
     return [mpiexec(), "-n", str(n), sys.executable, "-m", module, *args]
+
+
+def script_command(n: int, script: str, *args: str) -> list[str]:
+    """mpiexec running `python script args` on n ranks."""
+    return [mpiexec(), "-n", str(n), sys.executable, script, *args]

@@ -1,8 +1,8 @@
 """sbpc: a compiler from single-device training graphs to distributed SBP
 plans (OneFlow's split/broadcast/partial), built on xDSL.
 
-The public API grows with the compiler; today it parses, builds, verifies
-and evaluates `lg` and `sbp` IR.
+Build a graph with the frontend (`sbpc.Graph`, ops as functions and
+operators, `S`/`B`/`P` hints), `sbpc.compile` it, and `run` it on MPI ranks.
 """
 
 from xdsl.context import Context
@@ -13,7 +13,13 @@ from sbpc.dialects.lg import LG
 from sbpc.dialects.plan import PLAN
 from sbpc.dialects.sbp import SBP
 
-__all__ = ["make_context", "parse_module"]
+__all__ = [
+    "make_context", "parse_module", "compile", "Executable", "Graph", "Tensor", "Placement", "placement",
+    "S", "B", "P", "zeros", "ones", "fill", "normal", "uniform",
+    "neg", "relu", "gelu", "tanh", "exp", "sqrt", "rsqrt", "add", "sub", "mul", "div", "matmul", "softmax",
+    "log_softmax", "layernorm", "reduce_sum", "reduce_mean", "reduce_max", "reshape", "transpose", "broadcast_to",
+    "concat", "slice", "embedding", "cross_entropy", "mse_loss",
+]
 
 
 def make_context() -> Context:
@@ -30,3 +36,11 @@ def parse_module(text: str, name: str = "<string>", verify: bool = True) -> Modu
     if verify:
         module.verify()
     return module
+
+
+from sbpc.api import Executable, compile  # noqa: E402
+from sbpc.frontend import (  # noqa: E402
+    B, P, Graph, Placement, S, Tensor, add, broadcast_to, concat, cross_entropy, div, embedding, exp, fill, gelu,
+    layernorm, log_softmax, matmul, mse_loss, mul, neg, normal, ones, placement, reduce_max, reduce_mean, reduce_sum,
+    relu, reshape, rsqrt, slice, softmax, sqrt, sub, tanh, transpose, uniform, zeros,
+)

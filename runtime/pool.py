@@ -1,0 +1,117 @@
+"""A pool of MPI ranks that a plain Python process starts once and reuses.
+
+    mpiexec -n N python -m sbpc.runtime.pool PORT
+
+Rank 0 connects to the driver on 127.0.0.1:PORT and serves its commands
+(load a plan, run steps, read or write parameters, stop), broadcasting each
+to the other ranks over MPI; results are gathered back to rank 0 and sent to
+the driver. Messages are length-prefixed pickles. A failure on any rank is
+sent to the driver (if it can be) and aborts the job.
+"""
+
+from __future__ import annotations
+
+import pickle
+import socket
+import struct
+import sys
+
+from mpi4py import MPI
+
+import sbpc
+
+from .executor import Executor, check_feeds, find_program
+from .worker import gather_outputs
+
+
+def send(sock: socket.socket, obj) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    sock.sendall(struct.pack("!Q", len(data)) + data)
+
+
+def receive(sock: socket.socket):
+    header = _exactly(sock, 8)
+    return pickle.loads(_exactly(sock, struct.unpack("!Q", header)[0]))
+
+
+def _exactly(sock: socket.socket, n: int) -> bytes:
+    chunks = []
+    while n:
+        chunk = sock.recv(min(n, 1 << 20))
+        if not chunk:
+            raise ConnectionError("the other side closed the connection")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def serve(port: int) -> None:
+    world = MPI.COMM_WORLD
+    sock = None
+    if world.rank == 0:
+        sock = socket.create_connection(("127.0.0.1", port))
+    executor = None
+    program = None
+    while True:
+        command = receive(sock) if world.rank == 0 else None
+        command = world.bcast(command, root=0)
+        kind = command[0]
+        try:
+            if kind == "stop":
+                break
+            if kind == "load":
+                module = sbpc.parse_module(command[1])
+                program = find_program(module)
+                executor = Executor(module, program, world, trace=False)
+                executor.initialize(command[2])
+                reply = "loaded"
+            elif kind == "run":
+                feeds = check_feeds(program, command[1])
+                executor.feed(feeds)
+                reply = gather_outputs(world, program, executor.run(command[2]))
+            elif kind == "get_param":
+                pieces = world.gather(executor.param_piece(command[1]), root=0)
+                reply = _assemble(program, command[1], pieces) if world.rank == 0 else None
+            elif kind == "set_param":
+                executor.set_param(command[1], command[2])
+                reply = "set"
+            else:
+                raise ValueError(f"unknown command {kind!r}")
+        except Exception as e:  # noqa: BLE001 - reported to the driver, then the job ends
+            message = str(e) if str(e).startswith("rank ") else f"rank {world.rank}: {type(e).__name__}: {e}"
+            sys.stderr.write(f"sbpc: {message}\n")
+            sys.stderr.flush()
+            if world.rank == 0:
+                try:
+                    send(sock, ("error", message))
+                except OSError:
+                    pass
+            world.Abort(1)
+        if world.rank == 0:
+            send(sock, ("ok", reply))
+    if sock is not None:
+        sock.close()
+
+
+def _assemble(program, key, pieces):
+    import numpy as np
+
+    from sbpc.dialects.sbp import lookup_placement, nd_to_plain
+    from sbpc.local_eval import combine
+    from sbpc.reference import numpy_dtype
+
+    found = [p for p in pieces if p is not None]
+    if not found:
+        raise KeyError(f"no parameter {key!r}")
+    t = found[0][0]
+    mesh = lookup_placement(program, t.placement).mesh()
+    by_coord = {}
+    for rank, got in enumerate(pieces):
+        if got is not None and rank in mesh.ranks:
+            coord = tuple(int(c) for c in np.unravel_index(mesh.ranks.index(rank), mesh.shape))
+            by_coord[coord] = got[2]
+    return combine(by_coord, nd_to_plain(t.nd_sbp), mesh.shape, t.get_shape(), numpy_dtype(t.element_type))
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]))

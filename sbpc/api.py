@@ -1,0 +1,259 @@
+"""Compile and run: `sbpc.compile(graph)` returns an Executable.
+
+    exe = sbpc.compile(g)                  # lg -> sbp -> boxing -> plan -> memory
+    out = exe.run({"x": x, "labels": y})   # dict of global numpy arrays
+    w = exe.params["w"]; exe.params["w"] = w * 0.5
+
+Where it runs:
+- from a plain Python process: on real MPI ranks it starts itself with the
+  mpich wheel's mpiexec, kept alive across `run` calls (one pool per rank
+  count, stopped at exit);
+- inside an `mpiexec` launch of the right size: every rank runs its share,
+  and every rank gets the gathered outputs;
+- `mode="simulate"`: in this process, device by device on real arenas
+  (sbpc.plan_simulator), for debugging. Never chosen silently.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import subprocess
+from collections.abc import Mapping
+from io import StringIO
+from typing import Any
+
+import numpy as np
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import PassPipeline
+from xdsl.printer import Printer
+
+import sbpc
+from sbpc.dialects import lg, plan
+from sbpc.frontend import Graph, Placement
+
+MODES = ("auto", "mpi", "simulate")
+
+
+def _text(module: ModuleOp) -> str:
+    stream = StringIO()
+    Printer(stream=stream).print_op(module)
+    return stream.getvalue()
+
+
+def compile(  # noqa: A001 - the verb users expect
+    graph: Graph | ModuleOp | str,
+    placement: Placement | None = None,
+    pipeline: str = "compile",
+    mode: str = "auto",
+) -> Executable:
+    """Runs the pass pipeline (default: the whole `compile` chain) on a
+    frontend graph, a module, or IR text, and returns an Executable."""
+    from sbpc.lowering import PASSES
+
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if isinstance(graph, Graph):
+        if placement is not None and graph.placement is None:
+            graph.placement = placement
+            graph.use(placement)
+            graph.builder.placement = placement.name
+        module = graph.module()
+    elif isinstance(graph, str):
+        module = sbpc.parse_module(graph)
+    else:
+        module = graph.clone()
+    if placement is not None and not isinstance(graph, Graph):
+        for g in module.ops:
+            if isinstance(g, lg.GraphOp) and g.placement is None:
+                from xdsl.dialects.builtin import SymbolRefAttr
+
+                g.placement = SymbolRefAttr(placement.name)
+                module.body.block.insert_op_before(placement.op(), module.body.block.first_op)
+    if not any(isinstance(op, plan.ProgramOp) for op in module.ops):
+        PassPipeline.parse_spec(PASSES, pipeline).apply(Context(), module)
+    module.verify()
+    return Executable(module, mode)
+
+
+class Executable:
+    def __init__(self, module: ModuleOp, mode: str):
+        from sbpc.runtime.executor import find_program
+
+        self.module = module
+        self.program = find_program(module)
+        self.plan_text = _text(module)
+        self.ranks = max(d.rank.value.data for d in self.program.devices()) + 1
+        self.mode = mode
+        self.params = Params(self)
+        self._local = None  # (executor, world) inside mpiexec
+        self._sim_params: dict[str, np.ndarray] = {}
+
+    # -- where to run ------------------------------------------------------------
+
+    def _where(self) -> str:
+        if self.mode == "simulate":
+            return "simulate"
+        size = int(os.environ.get("PMI_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
+        if size > 1 or "PMI_RANK" in os.environ:
+            if size < self.ranks:
+                raise RuntimeError(f"this plan needs {self.ranks} ranks but the mpiexec launch has {size}")
+            return "inside"
+        return "pool"
+
+    def run(self, feeds: Mapping[str, Any], steps: int = 1) -> dict[str, np.ndarray]:
+        from sbpc.runtime.executor import check_feeds
+
+        feeds = check_feeds(self.program, feeds)
+        where = self._where()
+        if where == "simulate":
+            from sbpc.plan_simulator import run_plan
+
+            return run_plan(self.module, feeds, self._sim_params)
+        if where == "inside":
+            return self._run_inside(feeds, steps)
+        pool = RankPool.get(self.ranks)
+        self.params.ensure_loaded(pool)
+        return pool.request("run", feeds, steps)
+
+    def _run_inside(self, feeds, steps):
+        from mpi4py import MPI
+
+        from sbpc.runtime.executor import Executor
+        from sbpc.runtime.worker import gather_outputs
+
+        world = MPI.COMM_WORLD
+        if self._local is None:
+            executor = Executor(self.module, self.program, world)
+            executor.initialize(None)
+            self._local = executor
+        self._local.feed(feeds)
+        outputs = gather_outputs(world, self.program, self._local.run(steps))
+        return world.bcast(outputs, root=0)
+
+    def param_keys(self) -> list[str]:
+        return sorted({r.param.data for d in self.program.devices() for r in d.registers() if r.param is not None})
+
+
+class Params:
+    """Parameters as global numpy arrays: read and write."""
+
+    def __init__(self, exe: Executable):
+        self.exe = exe
+
+    def keys(self) -> list[str]:
+        return self.exe.param_keys()
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        if key not in self.keys():
+            raise KeyError(f"no parameter {key!r} (parameters: {self.keys()})")
+        exe = self.exe
+        where = exe._where()
+        if where == "simulate":
+            if key not in exe._sim_params:
+                from sbpc.reference import initialize, numpy_dtype
+
+                reg = next(r for d in exe.program.devices() for r in d.registers()
+                           if r.param is not None and r.param.data == key)
+                exe._sim_params[key] = initialize(reg.init, reg.seed.value.data if reg.seed else 0, key,
+                                                  reg.value.get_shape(), numpy_dtype(reg.value.element_type))
+            return exe._sim_params[key].copy()
+        if where == "inside":
+            raise NotImplementedError("reading parameters inside an mpiexec launch: use the fetched outputs")
+        pool = RankPool.get(exe.ranks)
+        self.ensure_loaded(pool)
+        return pool.request("get_param", key)
+
+    def __setitem__(self, key: str, value) -> None:
+        if key not in self.keys():
+            raise KeyError(f"no parameter {key!r} (parameters: {self.keys()})")
+        exe = self.exe
+        where = exe._where()
+        if where == "simulate":
+            exe._sim_params[key] = np.asarray(value)
+            return
+        if where == "inside":
+            raise NotImplementedError("writing parameters inside an mpiexec launch is not supported yet")
+        pool = RankPool.get(exe.ranks)
+        self.ensure_loaded(pool)
+        pool.request("set_param", key, np.asarray(value))
+
+    def ensure_loaded(self, pool: RankPool) -> None:
+        """The pool runs one plan at a time; load this one (parameters from
+        their initializers) if another was last."""
+        if pool.loaded is not self.exe:
+            pool.request("load", self.exe.plan_text, None)
+            pool.loaded = self.exe
+
+
+class RankPool:
+    """N MPI ranks started once by this process and kept for later runs."""
+
+    pools: dict[int, RankPool] = {}
+
+    @classmethod
+    def get(cls, ranks: int) -> RankPool:
+        pool = cls.pools.get(ranks)
+        if pool is None or pool.process.poll() is not None:
+            pool = cls.pools[ranks] = RankPool(ranks)
+        return pool
+
+    def __init__(self, ranks: int):
+        from sbpc.runtime.launch import command, rank_environment
+
+        self.ranks = ranks
+        self.loaded = None
+        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        server.settimeout(60)
+        port = server.getsockname()[1]
+        self.process = subprocess.Popen(
+            command(ranks, "sbpc.runtime.pool", str(port)), env=rank_environment(), stderr=subprocess.PIPE, text=True
+        )
+        try:
+            self.sock, _ = server.accept()
+        except TimeoutError:
+            self.process.kill()
+            raise RuntimeError(f"the {ranks} MPI ranks did not start: {self._stderr()}") from None
+        finally:
+            server.close()
+        self.sock.settimeout(None)
+        atexit.register(self.close)
+
+    def _stderr(self) -> str:
+        try:
+            return self.process.communicate(timeout=10)[1].strip()
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return ""
+
+    def request(self, *command):
+        from sbpc.runtime.executor import RuntimeFailure
+        from sbpc.runtime.pool import receive, send
+
+        try:
+            send(self.sock, command)
+            status, reply = receive(self.sock)
+        except (ConnectionError, OSError):
+            self.process.wait(timeout=30)
+            RankPool.pools.pop(self.ranks, None)
+            raise RuntimeFailure(f"the MPI ranks failed: {self._stderr()}") from None
+        if status == "error":
+            self.process.wait(timeout=30)
+            RankPool.pools.pop(self.ranks, None)
+            raise RuntimeFailure(reply)
+        return reply
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                from sbpc.runtime.pool import send
+
+                send(self.sock, ("stop",))
+                self.process.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.process.kill()
+        RankPool.pools.pop(self.ranks, None)

@@ -1,0 +1,334 @@
+"""The graph-building frontend: write a model in Python, get `lg` IR.
+
+    import sbpc
+    from sbpc import S, B
+
+    mesh = sbpc.placement("cpu", ranks=2)
+    g = sbpc.Graph("mlp", placement=mesh)
+    x = g.input("x", (32, 64), sbp=S(0))
+    labels = g.input("labels", (32,), dtype="i64")
+    w = g.param("w", (64, 10), init=sbpc.normal(0.0, 0.1))
+    loss = sbpc.cross_entropy(x @ w, labels)
+    g.output(loss=loss)
+    module = g.module()
+
+Ops are functions (`sbpc.relu(x)`) and operators (`x @ w`, `x + y`, `2 * x`);
+`sbp=` on an input or parameter, or `t.to(S(0), B)` on any tensor, is a hint
+that SBP inference keeps. Result types are inferred by each op's own shape
+rule, so a graph that builds is a graph that verifies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, ModuleOp, TensorType
+from xdsl.ir import Operation, SSAValue
+
+from sbpc.dialects import lg, sbp
+from sbpc.dialects.sbp import DTensorType, PlacementOp, element_type, global_shape
+from sbpc.graph_builder import ELEMENT_TYPES, GraphBuilder, tensor_type
+
+def S(axis: int) -> sbp.SplitAttr:
+    """Split along tensor axis `axis`."""
+    return sbp.SplitAttr(axis)
+
+
+B = sbp.BroadcastAttr()
+"""Broadcast: every device holds the whole tensor."""
+
+P = sbp.PartialAttr()
+"""Partial sum: the tensor is the sum of the devices' pieces."""
+
+
+class Placement:
+    """A device mesh: device kind, ranks, and mesh shape (row-major)."""
+
+    def __init__(self, device: str, ranks: int | Sequence[int], mesh: Sequence[int] | None = None, name: str | None = None):
+        self.device = device
+        self.ranks = list(range(ranks)) if isinstance(ranks, int) else list(ranks)
+        self.mesh = tuple(mesh) if mesh is not None else (len(self.ranks),)
+        self.name = name or f"{device}{'x'.join(map(str, self.mesh))}_{'_'.join(map(str, self.ranks))}"
+
+    def op(self) -> PlacementOp:
+        op = PlacementOp(self.name, self.device, self.ranks, self.mesh)
+        op.verify()
+        return op
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+
+def placement(device: str, ranks: int | Sequence[int], mesh: Sequence[int] | None = None, name: str | None = None) -> Placement:
+    return Placement(device, ranks, mesh, name)
+
+
+def zeros() -> lg.InitializerAttr:
+    return lg.ZerosInitAttr()
+
+
+def ones() -> lg.InitializerAttr:
+    return lg.OnesInitAttr()
+
+
+def fill(value: float) -> lg.InitializerAttr:
+    return lg.FillInitAttr(value)
+
+
+def normal(mean: float = 0.0, std: float = 1.0) -> lg.InitializerAttr:
+    return lg.NormalInitAttr(mean, std)
+
+
+def uniform(low: float = -1.0, high: float = 1.0) -> lg.InitializerAttr:
+    return lg.UniformInitAttr(low, high)
+
+
+def _nd(sbps) -> list[sbp.SbpAttr]:
+    return list(sbps) if isinstance(sbps, list | tuple) else [sbps]
+
+
+class Tensor:
+    """A value of a graph under construction."""
+
+    def __init__(self, graph: Graph, value: SSAValue):
+        self.graph = graph
+        self.value = value
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return global_shape(self.value.type)
+
+    @property
+    def dtype(self):
+        return element_type(self.value.type)
+
+    def _lift(self, other) -> Tensor:
+        if isinstance(other, Tensor):
+            return other
+        return self.graph.constant(np.asarray(other, dtype=_numpy_of(self.dtype)))
+
+    def __matmul__(self, other):
+        return matmul(self, other)
+
+    def __add__(self, other):
+        return add(self, self._lift(other))
+
+    def __radd__(self, other):
+        return add(self._lift(other), self)
+
+    def __sub__(self, other):
+        return sub(self, self._lift(other))
+
+    def __rsub__(self, other):
+        return sub(self._lift(other), self)
+
+    def __mul__(self, other):
+        return mul(self, self._lift(other))
+
+    def __rmul__(self, other):
+        return mul(self._lift(other), self)
+
+    def __truediv__(self, other):
+        return div(self, self._lift(other))
+
+    def __rtruediv__(self, other):
+        return div(self._lift(other), self)
+
+    def __neg__(self):
+        return neg(self)
+
+    def relu(self):
+        return relu(self)
+
+    def sum(self, axes=None, keepdims=False):
+        return reduce_sum(self, axes, keepdims)
+
+    def mean(self, axes=None, keepdims=False):
+        return reduce_mean(self, axes, keepdims)
+
+    def max(self, axes=None, keepdims=False):
+        return reduce_max(self, axes, keepdims)
+
+    def reshape(self, *shape):
+        return reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], tuple | list) else shape)
+
+    def transpose(self, *perm):
+        return transpose(self, perm[0] if len(perm) == 1 and isinstance(perm[0], tuple | list) else perm)
+
+    @property
+    def T(self):
+        return transpose(self, [*range(len(self.shape) - 2), len(self.shape) - 1, len(self.shape) - 2])
+
+    def to(self, *sbps, placement: Placement | None = None) -> Tensor:
+        """A hint: this value is distributed so (boxing makes it so)."""
+        where = placement or self.graph.placement
+        if where is None:
+            raise ValueError("a hint needs a placement: give the graph one or pass placement=")
+        self.graph.use(where)
+        nd = _nd(sbps[0]) if len(sbps) == 1 else list(sbps)
+        t = DTensorType(self.shape, self.dtype, where.name, nd)
+        return self.graph.add(sbp.AnnotateOp(self.value, t))
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.value.type})"
+
+
+def _numpy_of(elem) -> np.dtype:
+    from sbpc.reference import numpy_dtype
+
+    return numpy_dtype(elem)
+
+
+class Graph:
+    """Builds one lg.graph."""
+
+    def __init__(self, name: str, placement: Placement | None = None):
+        self.name = name
+        self.placement = placement
+        self.placements: dict[str, Placement] = {}
+        if placement is not None:
+            self.use(placement)
+        self.builder = GraphBuilder(name, placement.name if placement else None)
+        self.outputs: dict[str, SSAValue] | None = None
+
+    def use(self, where: Placement) -> None:
+        self.placements.setdefault(where.name, where)
+
+    def add(self, op: Operation) -> Tensor:
+        if getattr(self, "_module", None) is not None:
+            raise ValueError(f"graph @{self.name} already has its outputs")
+        return Tensor(self, self.builder.add(op))
+
+    def _typed(self, shape, dtype, sbp_hint) -> TensorType | DTensorType:
+        if sbp_hint is None:
+            return tensor_type(shape, dtype)
+        if self.placement is None:
+            raise ValueError("an sbp hint needs the graph's placement")
+        elem = ELEMENT_TYPES[dtype] if isinstance(dtype, str) else dtype
+        return DTensorType(shape, elem, self.placement.name, _nd(sbp_hint))
+
+    def input(self, name: str, shape: Sequence[int], dtype: str = "f32", sbp=None) -> Tensor:
+        return self.add(lg.InputOp(name, self._typed(shape, dtype, sbp)))
+
+    def param(self, name: str, shape: Sequence[int], init: lg.InitializerAttr | None = None, seed: int = 0,
+              dtype: str = "f32", sbp=None) -> Tensor:
+        return self.add(lg.ParamOp(name, self._typed(shape, dtype, sbp), init or lg.ZerosInitAttr(), seed))
+
+    def constant(self, value) -> Tensor:
+        array = np.asarray(value)
+        dtype = {"float32": "f32", "float64": "f64", "float16": "f16", "int64": "i64", "int32": "i32"}[str(array.dtype)]
+        t = tensor_type(array.shape, dtype)
+        data = array.ravel().tolist() if array.size else []
+        return self.add(lg.ConstantOp(DenseIntOrFPElementsAttr.from_list(t, data)))
+
+    def output(self, **outputs: Tensor) -> None:
+        self.outputs = {name: t.value for name, t in outputs.items()}
+
+    def module(self) -> ModuleOp:
+        """The graph as a verified module (a fresh copy on every call)."""
+        if self.outputs is None:
+            raise ValueError(f"graph @{self.name} has no outputs: call output(name=tensor, ...)")
+        if getattr(self, "_module", None) is None:
+            placements = [p.op() for p in self.placements.values()]
+            self._module = ModuleOp([*placements, self.builder.graph(self.outputs)])
+            self._module.verify()
+        return self._module.clone()
+
+
+# -- ops as functions ------------------------------------------------------------
+
+
+def _unary(cls):
+    def fn(x: Tensor) -> Tensor:
+        return x.graph.add(cls(x.value))
+
+    fn.__name__ = cls.name.removeprefix("lg.")
+    fn.__doc__ = f"`{cls.name}`"
+    return fn
+
+
+neg, relu, gelu, tanh, exp, sqrt, rsqrt = (_unary(c) for c in lg.UNARY_OPS)
+
+
+def _binary(cls):
+    def fn(a: Tensor, b: Tensor) -> Tensor:
+        return a.graph.add(cls(a.value, b.value))
+
+    fn.__name__ = cls.name.removeprefix("lg.")
+    return fn
+
+
+add, sub, mul, div = (_binary(c) for c in lg.BINARY_OPS)
+
+
+def matmul(a: Tensor, b: Tensor, transpose_a: bool = False, transpose_b: bool = False) -> Tensor:
+    return a.graph.add(lg.MatmulOp(a.value, b.value, transpose_a, transpose_b))
+
+
+def softmax(x: Tensor, axis: int = -1) -> Tensor:
+    return x.graph.add(lg.SoftmaxOp(x.value, axis))
+
+
+def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
+    return x.graph.add(lg.LogSoftmaxOp(x.value, axis))
+
+
+def layernorm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, axis: int = -1, eps: float = 1e-5) -> Tensor:
+    return x.graph.add(lg.LayerNormOp(x.value, axis, eps, weight.value if weight else None, bias.value if bias else None))
+
+
+def _axes(x: Tensor, axes) -> list[int]:
+    if axes is None:
+        return list(range(len(x.shape)))
+    return [axes] if isinstance(axes, int) else list(axes)
+
+
+def reduce_sum(x: Tensor, axes=None, keepdims: bool = False) -> Tensor:
+    return x.graph.add(lg.ReduceSumOp(x.value, _axes(x, axes), keepdims))
+
+
+def reduce_mean(x: Tensor, axes=None, keepdims: bool = False) -> Tensor:
+    return x.graph.add(lg.ReduceMeanOp(x.value, _axes(x, axes), keepdims))
+
+
+def reduce_max(x: Tensor, axes=None, keepdims: bool = False) -> Tensor:
+    return x.graph.add(lg.ReduceMaxOp(x.value, _axes(x, axes), keepdims))
+
+
+def reshape(x: Tensor, shape: Sequence[int]) -> Tensor:
+    shape = list(shape)
+    if -1 in shape:
+        known = int(np.prod([d for d in shape if d != -1]))
+        shape[shape.index(-1)] = int(np.prod(x.shape)) // known
+    return x.graph.add(lg.ReshapeOp(x.value, shape))
+
+
+def transpose(x: Tensor, perm: Sequence[int]) -> Tensor:
+    return x.graph.add(lg.TransposeOp(x.value, list(perm)))
+
+
+def broadcast_to(x: Tensor, shape: Sequence[int]) -> Tensor:
+    return x.graph.add(lg.BroadcastToOp(x.value, shape))
+
+
+def concat(xs: Sequence[Tensor], axis: int = 0) -> Tensor:
+    return xs[0].graph.add(lg.ConcatOp([x.value for x in xs], axis))
+
+
+def slice(x: Tensor, starts: Sequence[int], limits: Sequence[int], strides: Sequence[int] | None = None) -> Tensor:  # noqa: A001
+    return x.graph.add(lg.SliceOp(x.value, starts, limits, strides))
+
+
+def embedding(table: Tensor, indices: Tensor) -> Tensor:
+    return table.graph.add(lg.EmbeddingOp(table.value, indices.value))
+
+
+def cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
+    return logits.graph.add(lg.CrossEntropyOp(logits.value, labels.value))
+
+
+def mse_loss(a: Tensor, b: Tensor) -> Tensor:
+    return a.graph.add(lg.MseLossOp(a.value, b.value))
+
