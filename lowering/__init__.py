@@ -60,6 +60,12 @@ def _plan_verify() -> type[ModulePass]:
     return PlanVerifyPass
 
 
+def _plan_codegen() -> type[ModulePass]:
+    from .plan_codegen import PlanCodegenPass
+
+    return PlanCodegenPass
+
+
 PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "sbp-erase": _sbp_erase,
     "sbp-infer": _sbp_infer,
@@ -69,5 +75,6 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "sbp-to-plan": _sbp_to_plan,
     "plan-allocate-memory": _plan_allocate_memory,
     "plan-verify": _plan_verify,
+    "plan-codegen": _plan_codegen,
     "compile": _compile,
 }
