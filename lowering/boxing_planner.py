@@ -59,12 +59,11 @@ def _targets(current: str, rank: int) -> list[str]:
     return [t for t in options if t != current and step_kind(current, t) is not None]
 
 
-@lru_cache(maxsize=65536)
-def plan(src: PlainNd, dst: PlainNd, mesh: tuple[int, ...], rank: int) -> tuple[tuple[Step, ...], float]:
-    """The cheapest steps from `src` to `dst` (volume in units of the global
-    tensor), or raises ValueError if `dst` cannot be reached."""
-    if src == dst:
-        return (), 0.0
+@lru_cache(maxsize=4096)
+def _search(src: PlainNd, mesh: tuple[int, ...], rank: int):
+    """Dijkstra from `src` over every reachable state: the best (volume,
+    peak) label of each state and the step that reaches it. One search
+    serves every destination (sbp-infer asks for many)."""
     start = (0.0, local_fraction(src, mesh), 0)
     best: dict[PlainNd, tuple[float, float, int]] = {src: start}
     previous: dict[PlainNd, tuple[PlainNd, Step]] = {}
@@ -74,24 +73,31 @@ def plan(src: PlainNd, dst: PlainNd, mesh: tuple[int, ...], rank: int) -> tuple[
         volume, peak, _, state = heapq.heappop(queue)
         if (volume, peak) > best[state][:2]:
             continue
-        if state == dst:
-            break
         for a, current in enumerate(state):
             for target in _targets(current, rank):
                 nxt = (*state[:a], target, *state[a + 1 :])
                 if ("P" in nxt and "Pmax" in nxt) or hierarchy_violation(state, nxt, [a]) is not None:
                     continue
                 units, _ = axis_volume(current, target, mesh[a])
+                # the piece a step moves: the tensor over the other axes that split it
+                # (the same before and after the step, which changes only axis a)
                 others = math.prod(mesh[b] for b in range(len(mesh)) if b != a and state[b][0] == "S")
-                if current[0] == "S" and target == "B":
-                    # a gather moves the grown piece; everything else the current one
-                    others = math.prod(mesh[b] for b in range(len(mesh)) if b != a and nxt[b][0] == "S")
                 label = (volume + units / others, max(peak, local_fraction(nxt, mesh)))
                 if nxt not in best or label < best[nxt][:2]:
                     counter += 1
                     best[nxt] = (*label, counter)
                     previous[nxt] = (state, Step(step_kind(current, target), a, state, nxt))
                     heapq.heappush(queue, (*label, counter, nxt))
+    return best, previous
+
+
+@lru_cache(maxsize=65536)
+def plan(src: PlainNd, dst: PlainNd, mesh: tuple[int, ...], rank: int) -> tuple[tuple[Step, ...], float]:
+    """The cheapest steps from `src` to `dst` (volume in units of the global
+    tensor), or raises ValueError if `dst` cannot be reached."""
+    if src == dst:
+        return (), 0.0
+    best, previous = _search(src, mesh, rank)
     if dst not in best:
         raise ValueError(f"no boxing from {src} to {dst} on mesh {list(mesh)}")
     steps = []
