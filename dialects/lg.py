@@ -615,6 +615,13 @@ class RsqrtOp(UnaryOp):
     FLOPS_PER_ELEMENT: ClassVar[float] = 4.0
 
 
+@irdl_op_definition
+class StepOp(UnaryOp):
+    """Heaviside step: 1 where x > 0, else 0 (relu's derivative)."""
+
+    name = "lg.step"
+
+
 class BinaryOp(LgOp, ABC):
     """An elementwise op of two float tensors with numpy broadcasting."""
 
@@ -1297,9 +1304,97 @@ class MseLossOp(LgOp):
         return 3.0 * math.prod(in_shapes[0])
 
 
+# --------------------------------------------------------------------------
+# Ops that gradients need
+# --------------------------------------------------------------------------
+
+
+@irdl_op_definition
+class OneHotOp(LgOp):
+    """Integer labels [...] to float rows [..., classes] with a 1 at each label."""
+
+    name = "lg.one_hot"
+
+    labels = operand_def(TensorLike)
+    classes = prop_def(IntegerAttr[I64])
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$labels `classes` $classes attr-dict `:` type($labels) `->` type($result)"
+
+    def __init__(self, labels: SSAValue, classes: int, elem: Attribute):
+        shape = (*global_shape(labels.type), classes)
+        super().__init__(
+            operands=[labels], properties={"classes": IntegerAttr(classes, i64)}, result_types=[TensorType(elem, shape)]
+        )
+
+    def params(self):
+        return {"classes": self.classes.value.data, "elem": element_type(self.result.type)}
+
+    @classmethod
+    def rule(cls, shapes, elems, classes, elem):
+        if not is_index(elems[0]):
+            raise ShapeError(f"labels must be i32 or i64, got {elems[0]}")
+        if classes < 1:
+            raise ShapeError(f"classes must be positive, got {classes}")
+        _require_float("result", elem)
+        return (*shapes[0], classes), elem
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, classes, elem):
+        sigs = [((f"S{i}",), (f"S{i}",)) for i, d in enumerate(in_shapes[0]) if _split_ok(d, p)]
+        return sigs + [(("B",), ("B",))]
+
+
+@irdl_op_definition
+class EmbeddingGradOp(LgOp):
+    """The gradient of lg.embedding for its table: rows [rows, D] where row r
+    is the sum of the gradient rows whose index is r (a scatter-add)."""
+
+    name = "lg.embedding_grad"
+
+    grad = operand_def(TensorLike)
+    indices = operand_def(TensorLike)
+    rows = prop_def(IntegerAttr[I64])
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$grad `,` $indices `rows` $rows attr-dict `:` functional-type(operands, results)"
+
+    def __init__(self, grad: SSAValue, indices: SSAValue, rows: int):
+        result_type = self.infer([grad, indices], rows=rows)
+        super().__init__(operands=[grad, indices], properties={"rows": IntegerAttr(rows, i64)}, result_types=[result_type])
+
+    def params(self):
+        return {"rows": self.rows.value.data}
+
+    @classmethod
+    def rule(cls, shapes, elems, rows):
+        grad, indices = shapes
+        _require_float("grad", elems[0])
+        if not is_index(elems[1]):
+            raise ShapeError(f"indices must be i32 or i64, got {elems[1]}")
+        if grad[:-1] != indices or not grad:
+            raise ShapeError(f"grad shape {list(grad)} must be the indices shape {list(indices)} plus one axis")
+        return (rows, grad[-1]), elems[0]
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, rows):
+        """Split index positions give partial tables (each device adds its
+        rows); a split embedding dim stays split; linear in the gradient."""
+        grad, indices = in_shapes
+        sigs = [((f"S{i}", f"S{i}"), ("P",)) for i, d in enumerate(indices) if _split_ok(d, p)]
+        if _split_ok(grad[-1], p):
+            sigs.append(((f"S{len(grad) - 1}", "B"), ("S1",)))
+        return sigs + [(("B", "B"), ("B",)), (("P", "B"), ("P",))]
+
+
 UNARY_OPS = (NegOp, ReluOp, GeluOp, TanhOp, ExpOp, SqrtOp, RsqrtOp)
 BINARY_OPS = (AddOp, SubOp, MulOp, DivOp)
 REDUCE_OPS = (ReduceSumOp, ReduceMeanOp, ReduceMaxOp)
+GRADIENT_OPS = (StepOp, OneHotOp, EmbeddingGradOp)
 
 LG = Dialect(
     "lg",
@@ -1324,6 +1419,169 @@ LG = Dialect(
         EmbeddingOp,
         CrossEntropyOp,
         MseLossOp,
+        *GRADIENT_OPS,
     ],
     [ZerosInitAttr, OnesInitAttr, FillInitAttr, NormalInitAttr, UniformInitAttr],
 )
+
+
+# --------------------------------------------------------------------------
+# Gradient rules: for each op kind, its vector-Jacobian product. A rule gets
+# the op, the gradient `g` of its result and an emitter `e` (which appends
+# ops: e.emit(op), e.scalar(value, like), e.unbroadcast(grad, shape)), and
+# returns one gradient per operand (None where none flows, e.g. indices).
+# --------------------------------------------------------------------------
+
+
+def _gelu_grad(op, g, e):
+    x = op.input
+    k, c = 0.7978845608028654, 0.044715
+    x2 = e.emit(MulOp(x, x))
+    x3 = e.emit(MulOp(x2, x))
+    inner = e.emit(MulOp(e.emit(AddOp(x, e.emit(MulOp(x3, e.scalar(c, x))))), e.scalar(k, x)))
+    t = e.emit(TanhOp(inner))
+    one_plus_t = e.emit(AddOp(t, e.scalar(1.0, x)))
+    sech2 = e.emit(SubOp(e.scalar(1.0, x), e.emit(MulOp(t, t))))
+    dinner = e.emit(MulOp(e.emit(AddOp(e.emit(MulOp(x2, e.scalar(3 * c, x))), e.scalar(1.0, x))), e.scalar(k, x)))
+    d = e.emit(AddOp(e.emit(MulOp(one_plus_t, e.scalar(0.5, x))),
+                     e.emit(MulOp(e.emit(MulOp(e.emit(MulOp(x, sech2)), dinner)), e.scalar(0.5, x)))))
+    return [e.emit(MulOp(g, d))]
+
+
+def _matmul_grad(op, g, e):
+    a, b = op.lhs, op.rhs
+    ta, tb = op.transpose_lhs is not None, op.transpose_rhs is not None
+    # C = A' B' with A' = A or A^T, B' = B or B^T
+    da_ = e.emit(MatmulOp(g, b, transpose_rhs=not tb))  # dA' = g B'^T
+    db_ = e.emit(MatmulOp(a, g, transpose_lhs=not ta))  # dB' = A'^T g
+    if ta:
+        da_ = e.swap_last(da_)
+    if tb:
+        db_ = e.swap_last(db_)
+    return [e.unbroadcast(da_, global_shape(a.type)), e.unbroadcast(db_, global_shape(b.type))]
+
+
+def _layernorm_grad(op, g, e):
+    x = op.input
+    shape = global_shape(x.type)
+    axis = op.axis.value.data
+    axes = list(range(axis, len(shape)))
+    mean = e.emit(ReduceMeanOp(x, axes, keepdims=True))
+    xc = e.emit(SubOp(x, mean))
+    var = e.emit(ReduceMeanOp(e.emit(MulOp(xc, xc)), axes, keepdims=True))
+    rstd = e.emit(RsqrtOp(e.emit(AddOp(var, e.scalar(op.epsilon.value.data, x)))))
+    xhat = e.emit(MulOp(xc, rstd))
+    grads = [None, None, None]
+    dxhat = g
+    if op.weight is not None:
+        dxhat = e.emit(MulOp(g, op.weight))
+        lead = list(range(axis))
+        gw = e.emit(MulOp(g, xhat))
+        grads[1] = e.emit(ReduceSumOp(gw, lead)) if lead else gw
+        grads[2] = e.emit(ReduceSumOp(g, lead)) if lead else g
+    m1 = e.emit(ReduceMeanOp(dxhat, axes, keepdims=True))
+    m2 = e.emit(ReduceMeanOp(e.emit(MulOp(dxhat, xhat)), axes, keepdims=True))
+    dx = e.emit(MulOp(rstd, e.emit(SubOp(e.emit(SubOp(dxhat, m1)), e.emit(MulOp(xhat, m2))))))
+    grads[0] = dx
+    return grads if op.weight is not None else [dx]
+
+
+def _reduce_grad(op, g, e, scale=None):
+    x_shape = global_shape(op.input.type)
+    axes = list(op.axes.get_values())
+    kept = tuple(1 if i in axes else d for i, d in enumerate(x_shape))
+    if global_shape(g.type) != kept:
+        g = e.emit(ReshapeOp(g, kept))
+    if scale is not None:
+        g = e.emit(MulOp(g, e.scalar(scale, g)))
+    return [e.emit(BroadcastToOp(g, x_shape))]
+
+
+def _concat_grad(op, g, e):
+    axis = op.axis.value.data
+    out, at = [], 0
+    full = global_shape(g.type)
+    for value in op.inputs:
+        n = global_shape(value.type)[axis]
+        starts = [at if i == axis else 0 for i in range(len(full))]
+        limits = [at + n if i == axis else d for i, d in enumerate(full)]
+        out.append(e.emit(SliceOp(g, starts, limits)))
+        at += n
+    return out
+
+
+def _slice_grad(op, g, e):
+    p = op.params()
+    if any(s != 1 for s in p["strides"]):
+        raise e.unsupported(op, "strided slices")
+    x_shape = list(global_shape(op.input.type))
+    current = g
+    for axis, (lo, hi) in enumerate(zip(p["starts"], p["limits"])):
+        parts = []
+        cur_shape = list(global_shape(current.type))
+        if lo:
+            parts.append(e.zeros([*cur_shape[:axis], lo, *cur_shape[axis + 1:]], current))
+        parts.append(current)
+        if x_shape[axis] - hi:
+            parts.append(e.zeros([*cur_shape[:axis], x_shape[axis] - hi, *cur_shape[axis + 1:]], current))
+        if len(parts) > 1:
+            current = e.emit(ConcatOp(parts, axis))
+    return [current]
+
+
+def _cross_entropy_grad(op, g, e):
+    logits, labels = op.logits, op.labels
+    count = math.prod(global_shape(labels.type)) or 1
+    probs = e.emit(SoftmaxOp(logits, len(global_shape(logits.type)) - 1))
+    onehot = e.emit(OneHotOp(labels, global_shape(logits.type)[-1], element_type(logits.type)))
+    scaled = e.emit(MulOp(g, e.scalar(1.0 / count, g)))
+    return [e.emit(MulOp(e.emit(SubOp(probs, onehot)), scaled)), None]
+
+
+def _mse_grad(op, g, e):
+    count = math.prod(global_shape(op.lhs.type)) or 1
+    diff = e.emit(SubOp(op.lhs, op.rhs))
+    da = e.emit(MulOp(diff, e.emit(MulOp(g, e.scalar(2.0 / count, g)))))
+    return [da, e.emit(NegOp(da))]
+
+
+GRADIENTS = {
+    NegOp: lambda op, g, e: [e.emit(NegOp(g))],
+    ReluOp: lambda op, g, e: [e.emit(MulOp(g, e.emit(StepOp(op.input))))],
+    GeluOp: _gelu_grad,
+    TanhOp: lambda op, g, e: [e.emit(MulOp(g, e.emit(SubOp(e.scalar(1.0, g), e.emit(MulOp(op.result, op.result))))))],
+    ExpOp: lambda op, g, e: [e.emit(MulOp(g, op.result))],
+    SqrtOp: lambda op, g, e: [e.emit(DivOp(e.emit(MulOp(g, e.scalar(0.5, g))), op.result))],
+    RsqrtOp: lambda op, g, e: [e.emit(MulOp(e.emit(MulOp(g, e.scalar(-0.5, g))),
+                                            e.emit(MulOp(op.result, e.emit(MulOp(op.result, op.result))))))],
+    StepOp: lambda op, g, e: [None],
+    AddOp: lambda op, g, e: [e.unbroadcast(g, global_shape(op.lhs.type)), e.unbroadcast(g, global_shape(op.rhs.type))],
+    SubOp: lambda op, g, e: [e.unbroadcast(g, global_shape(op.lhs.type)),
+                             e.unbroadcast(e.emit(NegOp(g)), global_shape(op.rhs.type))],
+    MulOp: lambda op, g, e: [e.unbroadcast(e.emit(MulOp(g, op.rhs)), global_shape(op.lhs.type)),
+                             e.unbroadcast(e.emit(MulOp(g, op.lhs)), global_shape(op.rhs.type))],
+    DivOp: lambda op, g, e: [
+        e.unbroadcast(e.emit(DivOp(g, op.rhs)), global_shape(op.lhs.type)),
+        e.unbroadcast(e.emit(NegOp(e.emit(DivOp(e.emit(MulOp(g, op.result)), op.rhs)))), global_shape(op.rhs.type)),
+    ],
+    MatmulOp: _matmul_grad,
+    SoftmaxOp: lambda op, g, e: [e.emit(MulOp(op.result, e.emit(SubOp(
+        g, e.emit(ReduceSumOp(e.emit(MulOp(g, op.result)), [op.axis.value.data], keepdims=True))))))],
+    LogSoftmaxOp: lambda op, g, e: [e.emit(SubOp(g, e.emit(MulOp(
+        e.emit(ExpOp(op.result)), e.emit(ReduceSumOp(g, [op.axis.value.data], keepdims=True))))))],
+    LayerNormOp: _layernorm_grad,
+    ReduceSumOp: lambda op, g, e: _reduce_grad(op, g, e),
+    ReduceMeanOp: lambda op, g, e: _reduce_grad(
+        op, g, e, 1.0 / math.prod(global_shape(op.input.type)[a] for a in op.axes.get_values())),
+    ReshapeOp: lambda op, g, e: [e.emit(ReshapeOp(g, global_shape(op.input.type)))],
+    TransposeOp: lambda op, g, e: [e.emit(TransposeOp(
+        g, [list(op.perm.get_values()).index(i) for i in range(len(op.perm.get_values()))]))],
+    BroadcastToOp: lambda op, g, e: [e.unbroadcast(g, global_shape(op.input.type))],
+    ConcatOp: _concat_grad,
+    SliceOp: _slice_grad,
+    EmbeddingOp: lambda op, g, e: [e.emit(EmbeddingGradOp(g, op.indices, global_shape(op.table.type)[0])), None],
+    CrossEntropyOp: _cross_entropy_grad,
+    MseLossOp: _mse_grad,
+}
+"""Ops missing here (reduce_max, one_hot, embedding_grad) are not
+differentiated; lg-autodiff names them when a gradient must flow through."""

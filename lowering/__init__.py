@@ -66,7 +66,14 @@ def _plan_codegen() -> type[ModulePass]:
     return PlanCodegenPass
 
 
+def _lg_autodiff() -> type[ModulePass]:
+    from .lg_autodiff import LgAutodiffPass
+
+    return LgAutodiffPass
+
+
 PASSES: dict[str, Callable[[], type[ModulePass]]] = {
+    "lg-autodiff": _lg_autodiff,
     "sbp-erase": _sbp_erase,
     "sbp-infer": _sbp_infer,
     "sbp-insert-boxing": _sbp_insert_boxing,

@@ -166,6 +166,22 @@ def _cross_entropy(op: lg.CrossEntropyOp, logits: np.ndarray, labels: np.ndarray
     return -np.mean(picked)
 
 
+def _one_hot(op: lg.OneHotOp, labels: np.ndarray) -> np.ndarray:
+    classes = op.classes.value.data
+    if labels.size and (labels.min() < 0 or labels.max() >= classes):
+        raise EvaluationError(f"'{op.name}': label out of range [0, {classes}): min {labels.min()}, max {labels.max()}")
+    return np.eye(classes)[labels]
+
+
+def _embedding_grad(op: lg.EmbeddingGradOp, grad: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    rows = op.rows.value.data
+    if indices.size and (indices.min() < 0 or indices.max() >= rows):
+        raise EvaluationError(f"'{op.name}': index out of range [0, {rows}): min {indices.min()}, max {indices.max()}")
+    table = np.zeros((rows, grad.shape[-1]), grad.dtype)
+    np.add.at(table, indices.reshape(-1), grad.reshape(-1, grad.shape[-1]))
+    return table
+
+
 def _identity(op: Operation, x: np.ndarray) -> np.ndarray:
     return x
 
@@ -197,6 +213,9 @@ KERNELS: dict[type[Operation], Callable[..., np.ndarray]] = {
     lg.EmbeddingOp: _embedding,
     lg.CrossEntropyOp: _cross_entropy,
     lg.MseLossOp: lambda op, a, b: np.mean((a - b) ** 2),
+    lg.StepOp: lambda op, x: (x > 0).astype(x.dtype),
+    lg.OneHotOp: lambda op, labels: _one_hot(op, labels),
+    lg.EmbeddingGradOp: lambda op, grad, indices: _embedding_grad(op, grad, indices),
     sbp.AnnotateOp: _identity,
     **{collective: _identity for collective in sbp.COLLECTIVE_OPS},
 }

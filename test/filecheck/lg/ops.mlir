@@ -48,6 +48,9 @@ lg.graph @all_ops on @mesh {
   %em = lg.embedding %w, %ids : (tensor<16x4xf32>, tensor<2x3xi32>) -> tensor<2x3x4xf32>
   %ce = lg.cross_entropy %ln, %labels : (tensor<8x4xf32>, tensor<8xi64>) -> tensor<f32>
   %mse = lg.mse_loss %ln, %relu : (tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<f32>
+  %step = lg.step %ln : tensor<8x4xf32>
+  %oh = lg.one_hot %labels classes 4 : tensor<8xi64> -> tensor<8x4xf32>
+  %eg = lg.embedding_grad %em, %ids rows 16 : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>
   lg.output ["loss", "mse", "emb"] %ce, %mse, %em : tensor<f32>, tensor<f32>, tensor<2x3x4xf32>
 }
 
@@ -94,6 +97,9 @@ lg.graph @all_ops on @mesh {
 // CHECK-NEXT:   %em = lg.embedding %w, %ids : (tensor<16x4xf32>, tensor<2x3xi32>) -> tensor<2x3x4xf32>
 // CHECK-NEXT:   %ce = lg.cross_entropy %ln, %labels : (tensor<8x4xf32>, tensor<8xi64>) -> tensor<f32>
 // CHECK-NEXT:   %mse = lg.mse_loss %ln, %relu : (tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<f32>
+// CHECK-NEXT:   %step = lg.step %ln : tensor<8x4xf32>
+// CHECK-NEXT:   %oh = lg.one_hot %labels classes 4 : tensor<8xi64> -> tensor<8x4xf32>
+// CHECK-NEXT:   %eg = lg.embedding_grad %em, %ids rows 16 : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>
 // CHECK-NEXT:   lg.output ["loss", "mse", "emb"] %ce, %mse, %em : tensor<f32>, tensor<f32>, tensor<2x3x4xf32>
 // CHECK-NEXT: }
 
@@ -112,6 +118,8 @@ lg.graph @all_ops on @mesh {
 // GENERIC:        %tr = "lg.transpose"(%bt) <{perm = array<i64: 2, 0, 1>}> : (tensor<3x8x4xf32>) -> tensor<4x3x8xf32>
 // GENERIC-NEXT:   %cc = "lg.concat"(%ln, %relu, %mm) <{axis = 1 : i64}> : (tensor<8x4xf32>, tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<8x12xf32>
 // GENERIC-NEXT:   %sl = "lg.slice"(%cc) <{starts = array<i64: 0, 1>, limits = array<i64: 8, 12>, strides = array<i64: 2, 3>}> : (tensor<8x12xf32>) -> tensor<4x4xf32>
+// GENERIC:        %oh = "lg.one_hot"(%labels) <{classes = 4 : i64}> : (tensor<8xi64>) -> tensor<8x4xf32>
+// GENERIC-NEXT:   %eg = "lg.embedding_grad"(%em, %ids) <{rows = 16 : i64}> : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>
 // GENERIC:        "lg.output"(%ce, %mse, %em) <{names = ["loss", "mse", "emb"]}> : (tensor<f32>, tensor<f32>, tensor<2x3x4xf32>) -> ()
 
 // -----

@@ -499,3 +499,69 @@ lg.graph @g {
   lg.output ["y"] %y : !sbp.dtensor<8xf32, @m, P>
 }
 // CHECK: 'lg.add': operand #0 has no distribution but the op has a signature
+
+// -----
+
+lg.graph @g {
+  %l = lg.input "l" : tensor<8xf32>
+  %y = lg.one_hot %l classes 4 : tensor<8xf32> -> tensor<8x4xf32>
+  lg.output ["y"] %y : tensor<8x4xf32>
+}
+// CHECK: 'lg.one_hot': labels must be i32 or i64, got f32
+
+// -----
+
+lg.graph @g {
+  %l = lg.input "l" : tensor<8xi64>
+  %y = lg.one_hot %l classes 4 : tensor<8xi64> -> tensor<8x5xf32>
+  lg.output ["y"] %y : tensor<8x5xf32>
+}
+// CHECK: 'lg.one_hot': result type 8x5xf32 does not match the inferred 8x4xf32
+
+// -----
+
+lg.graph @g {
+  %l = lg.input "l" : tensor<8xi64>
+  %y = lg.one_hot %l classes 0 : tensor<8xi64> -> tensor<8x0xf32>
+  lg.output ["y"] %y : tensor<8x0xf32>
+}
+// CHECK: 'lg.one_hot': classes must be positive, got 0
+
+// -----
+
+lg.graph @g {
+  %l = lg.input "l" : tensor<8xi64>
+  %y = lg.one_hot %l classes 4 : tensor<8xi64> -> tensor<8x4xi64>
+  lg.output ["y"] %y : tensor<8x4xi64>
+}
+// CHECK: 'lg.one_hot': result must have a float element type, got i64
+
+// -----
+
+lg.graph @g {
+  %g = lg.input "g" : tensor<3x4xf32>
+  %i = lg.input "i" : tensor<2xi64>
+  %y = lg.embedding_grad %g, %i rows 5 : (tensor<3x4xf32>, tensor<2xi64>) -> tensor<5x4xf32>
+  lg.output ["y"] %y : tensor<5x4xf32>
+}
+// CHECK: 'lg.embedding_grad': grad shape [3, 4] must be the indices shape [2] plus one axis
+
+// -----
+
+lg.graph @g {
+  %g = lg.input "g" : tensor<3x4xf32>
+  %i = lg.input "i" : tensor<3xf32>
+  %y = lg.embedding_grad %g, %i rows 5 : (tensor<3x4xf32>, tensor<3xf32>) -> tensor<5x4xf32>
+  lg.output ["y"] %y : tensor<5x4xf32>
+}
+// CHECK: 'lg.embedding_grad': indices must be i32 or i64, got f32
+
+// -----
+
+lg.graph @g {
+  %g = lg.input "g" : tensor<3x4xi64>
+  %i = lg.input "i" : tensor<3xi64>
+  %y = lg.embedding_grad %g, %i rows 5 : (tensor<3x4xi64>, tensor<3xi64>) -> tensor<5x4xi64>
+  lg.output ["y"] %y : tensor<5x4xi64>
+}
+// CHECK: 'lg.embedding_grad': grad must have a float element type, got i64

@@ -1,0 +1,124 @@
+"""`lg-autodiff`: appends the backward graph of a scalar loss.
+
+Walks the graph from the loss output backwards, applying each op's gradient
+rule (lg.GRADIENTS, next to the ops), adding up the contributions where a
+value has several uses, and appends an output `grad.<param>` for every
+parameter (zeros where the loss does not depend on it). SBP hints pass
+gradients through unchanged; sbp-infer then distributes forward and
+backward together (in data parallelism every weight gradient comes out P).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, ModuleOp, TensorType
+from xdsl.ir import Operation, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.utils.exceptions import PassFailedException
+
+from sbpc.dialects import lg, sbp
+from sbpc.dialects.sbp import element_type, global_shape
+
+
+class Emitter:
+    """Appends gradient ops before the graph's output."""
+
+    def __init__(self, anchor: Operation):
+        self.anchor = anchor
+
+    def emit(self, op: Operation) -> SSAValue:
+        self.anchor.parent_block().insert_op_before(op, self.anchor)
+        return op.results[0]
+
+    def constant(self, shape, like: SSAValue, value: float) -> SSAValue:
+        t = TensorType(element_type(like.type), list(shape))
+        return self.emit(lg.ConstantOp(DenseIntOrFPElementsAttr.from_list(t, [float(value)])))
+
+    def scalar(self, value: float, like: SSAValue) -> SSAValue:
+        return self.constant((), like, value)
+
+    def zeros(self, shape, like: SSAValue) -> SSAValue:
+        return self.constant(shape, like, 0.0)
+
+    def swap_last(self, value: SSAValue) -> SSAValue:
+        rank = len(global_shape(value.type))
+        return self.emit(lg.TransposeOp(value, [*range(rank - 2), rank - 1, rank - 2]))
+
+    def unbroadcast(self, grad: SSAValue, shape) -> SSAValue:
+        """Sums a gradient over the axes numpy broadcasting added or expanded."""
+        have = global_shape(grad.type)
+        shape = tuple(shape)
+        if have == shape:
+            return grad
+        lead = len(have) - len(shape)
+        axes = [*range(lead), *(i for i in range(lead, len(have)) if shape[i - lead] == 1 and have[i] != 1)]
+        if axes:
+            grad = self.emit(lg.ReduceSumOp(grad, axes, keepdims=True))
+        if global_shape(grad.type) != shape:
+            grad = self.emit(lg.ReshapeOp(grad, shape))
+        return grad
+
+    def unsupported(self, op: Operation, what: str) -> PassFailedException:
+        return PassFailedException(f"'{op.name}': lg-autodiff cannot differentiate {what}")
+
+
+def differentiate(graph: lg.GraphOp, loss: str) -> None:
+    output = graph.output()
+    names = [n.data for n in output.names.data]
+    if loss not in names:
+        raise PassFailedException(f"'lg.graph' @{graph.sym_name.data}: no output named \"{loss}\" to differentiate")
+    loss_value = output.values[names.index(loss)]
+    if global_shape(loss_value.type) != ():
+        raise PassFailedException(
+            f"'lg.graph' @{graph.sym_name.data}: the loss \"{loss}\" must be a scalar, got shape "
+            f"{list(global_shape(loss_value.type))}"
+        )
+    e = Emitter(output)
+    forward = [op for op in graph.body.ops if op is not output]
+    grads: dict[SSAValue, SSAValue] = {loss_value: e.scalar(1.0, loss_value)}
+    for op in reversed(forward):
+        if not op.results or op.results[0] not in grads or isinstance(op, lg.InputOp | lg.ParamOp | lg.ConstantOp):
+            continue
+        g = grads[op.results[0]]
+        if isinstance(op, sbp.AnnotateOp):
+            contributions = [g]
+        else:
+            rule = lg.GRADIENTS.get(type(op))
+            if rule is None:
+                raise e.unsupported(op, "this op (no gradient rule)")
+            contributions = rule(op, g, e)
+        for operand, contribution in zip(op.operands, contributions):
+            if contribution is None:
+                continue
+            if operand in grads:
+                grads[operand] = e.emit(lg.AddOp(grads[operand], contribution))
+            else:
+                grads[operand] = contribution
+    values, out_names = list(output.values), list(names)
+    for op in forward:
+        if isinstance(op, lg.ParamOp):
+            grad = grads.get(op.result)
+            if grad is None:
+                grad = e.zeros(global_shape(op.result.type), op.result)
+            values.append(grad)
+            out_names.append(f"grad.{op.key.data}")
+    new_output = lg.OutputOp(values, out_names)
+    output.parent_block().insert_op_before(new_output, output)
+    output.detach()
+    output.erase()
+
+
+@dataclass(frozen=True)
+class LgAutodiffPass(ModulePass):
+    name = "lg-autodiff"
+
+    loss: str = "loss"
+    """The output to differentiate (a scalar)."""
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for graph in [g for g in op.ops if isinstance(g, lg.GraphOp)]:
+            differentiate(graph, self.loss)
+
+
