@@ -72,8 +72,15 @@ def _lg_autodiff() -> type[ModulePass]:
     return LgAutodiffPass
 
 
+def _lg_optimizer() -> type[ModulePass]:
+    from .lg_optimizer import LgOptimizerPass
+
+    return LgOptimizerPass
+
+
 PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "lg-autodiff": _lg_autodiff,
+    "lg-optimizer": _lg_optimizer,
     "sbp-erase": _sbp_erase,
     "sbp-infer": _sbp_infer,
     "sbp-insert-boxing": _sbp_insert_boxing,

@@ -178,8 +178,9 @@ class Problem:
     def boxing_of(self, v: int, choice: Sequence[int]) -> np.ndarray:
         """Boxing cost of each candidate of v given its producers' choices."""
         total = np.zeros(len(self.nodes[v].candidates))
-        for u in set(p for p in self.nodes[v].producers if p is not None):
-            total += self.edges[(u, v)][choice[u]]
+        for (u, w), matrix in self.edges.items():
+            if w == v:
+                total += matrix[choice[u]]
         return total
 
 
@@ -289,7 +290,40 @@ def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:
                 )
             key = (u, v)
             problem.edges[key] = problem.edges[key] + matrix if key in problem.edges else matrix
+    # An updated parameter (output `new.<key>`, from lg-optimizer) is written
+    # back into the parameter, so it must come out in the parameter's
+    # distribution: tie the two, charging the boxing between them.
+    for param_node, producer_node in tied_updates(graph, index):
+        param, producer = nodes[param_node], nodes[producer_node]
+        nbytes = _nbytes(param.op.results[0])
+        rank = len(global_shape(param.op.results[0].type))
+        unit = {}
+        matrix = np.zeros((len(param.candidates), len(producer.candidates)))
+        for kp, pc in enumerate(param.candidates):
+            for ku, uc in enumerate(producer.candidates):
+                if param.mesh != producer.mesh:
+                    matrix[kp, ku] = transfer_cost(nbytes, device)
+                    continue
+                pair = (uc[1], pc[1])
+                if pair not in unit:
+                    unit[pair] = boxing_cost(pair[0], pair[1], param.mesh.shape, rank, nbytes, device)
+                matrix[kp, ku] = unit[pair]
+        key = (param_node, producer_node)
+        problem.edges[key] = problem.edges[key] + matrix if key in problem.edges else matrix
     return problem
+
+
+def tied_updates(graph: lg.GraphOp, index: dict) -> list[tuple[int, int]]:
+    """(parameter node, producer node of its `new.<key>` output) pairs."""
+    params = {op.key.data: op.result for op in graph.body.ops if isinstance(op, lg.ParamOp)}
+    output = graph.output()
+    pairs = []
+    for name, value in zip(output.names.data, output.values):
+        key = name.data.removeprefix("new.")
+        if name.data.startswith("new.") and key in params and value in index and params[key] in index:
+            if index[params[key]] != index[value]:
+                pairs.append((index[params[key]], index[value]))
+    return pairs
 
 
 # --------------------------------------------------------------------------
@@ -301,12 +335,17 @@ def solve_greedy(problem: Problem) -> list[int]:
     nodes = problem.nodes
     choice: list[int | None] = [None] * len(nodes)
     is_source = [all(p is None for p in node.producers) for node in nodes]
+    incoming: dict[int, list[int]] = {}
+    for u, v in problem.edges:
+        incoming.setdefault(v, []).append(u)
     for v, node in enumerate(nodes):
         if is_source[v]:
             continue
         total = node.cost.copy()
         deferred: dict[int, np.ndarray] = {}
-        for u in set(p for p in node.producers if p is not None):
+        for u in incoming.get(v, []):
+            if u > v:
+                continue  # a tie to a later node is charged when that node is decided
             edge = problem.edges[(u, v)]
             if choice[u] is None:
                 # an undecided source: decide it jointly with this consumer
@@ -449,6 +488,18 @@ def apply_solution(graph: lg.GraphOp, problem: Problem, choice: list[int], strat
             operands[j] = requests[key]
         if operands != list(node.op.operands):
             node.op.operands = operands
+
+    # Updated parameters are fetched in their parameter's distribution.
+    output = graph.output()
+    for param_node, producer_node in tied_updates(graph, {n.op.results[0]: i for i, n in enumerate(nodes)}):
+        want = nodes[param_node].op.results[0].type
+        operands = list(output.operands)
+        for j, value in enumerate(operands):
+            if value is nodes[producer_node].op.results[0] and value.type != want:
+                annotate = AnnotateOp(value, want)
+                output.parent_block().insert_op_before(annotate, output)
+                operands[j] = annotate.result
+        output.operands = operands
 
     graph.attributes["sbp.strategy"] = StringAttr(strategy)
     graph.attributes["sbp.total_cost"] = FloatAttr(problem.total(choice), f64)

@@ -82,7 +82,7 @@ def check_feeds(program: plan.ProgramOp, feeds: Mapping[str, Any]) -> dict[str, 
             raise RuntimeFailure(f"feed {name!r}: expected shape {list(t.get_shape())}, got {list(value.shape)}")
         if value.dtype.kind != dtype.kind:
             raise RuntimeFailure(f"feed {name!r}: expected {dtype} values, got {value.dtype}")
-        checked[name] = np.ascontiguousarray(value, dtype)
+        checked[name] = np.asarray(value, dtype=dtype, order="C")  # keeps 0-d feeds 0-d
     return checked
 
 

@@ -133,6 +133,16 @@ class Executable:
         outputs = gather_outputs(world, self.program, self._local.run(steps))
         return world.bcast(outputs, root=0)
 
+    def train_step(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Runs one step and writes every `new.<name>` output (updated
+        parameters and optimizer state, from lg-optimizer) back into the
+        parameter `<name>`; returns the other outputs."""
+        out = self.run(feeds)
+        for name, value in out.items():
+            if name.startswith("new."):
+                self.params[name.removeprefix("new.")] = value
+        return {k: v for k, v in out.items() if not k.startswith("new.")}
+
     def param_keys(self) -> list[str]:
         return sorted({r.param.data for d in self.program.devices() for r in d.registers() if r.param is not None})
 

@@ -1,0 +1,134 @@
+"""`lg-optimizer`: appends the parameter update to a differentiated graph.
+
+Reads the `grad.<param>` outputs that lg-autodiff added and replaces them by
+`new.<name>` outputs: the updated parameters and optimizer state. The state
+(momentum buffers, Adam's moments and the running powers of its betas for
+bias correction) is persistent parameters of the graph, so it is placed and
+distributed like any parameter. The learning rate is an input (`lr`, a
+scalar), so schedules are the caller's. Options:
+
+    algorithm     sgd | momentum | adam | adamw
+    momentum      momentum factor (momentum)
+    beta1, beta2, eps   Adam's
+    weight_decay  AdamW's decoupled decay
+    clip          clip the gradients to this global norm (0: off)
+
+A training step runs the graph and writes every `new.<name>` output back
+into the parameter `<name>` (Executable.train_step does this).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp, TensorType
+from xdsl.ir import SSAValue
+from xdsl.passes import ModulePass
+from xdsl.utils.exceptions import PassFailedException
+
+from sbpc.dialects import lg
+from sbpc.dialects.sbp import element_type, global_shape
+
+from .lg_autodiff import Emitter
+
+ALGORITHMS = ("sgd", "momentum", "adam", "adamw")
+
+
+@dataclass(frozen=True)
+class LgOptimizerPass(ModulePass):
+    name = "lg-optimizer"
+
+    algorithm: str = "sgd"
+    momentum: float = 0.9
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    clip: float = 0.0
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise PassFailedException(f"lg-optimizer: unknown algorithm '{self.algorithm}' (choose {', '.join(ALGORITHMS)})")
+        for graph in [g for g in op.ops if isinstance(g, lg.GraphOp)]:
+            self.update(graph)
+
+    def update(self, graph: lg.GraphOp) -> None:
+        output = graph.output()
+        names = [n.data for n in output.names.data]
+        params = {o.key.data: o for o in graph.body.ops if isinstance(o, lg.ParamOp)}
+        grads = {n.removeprefix("grad."): v for n, v in zip(names, output.values) if n.startswith("grad.")}
+        if not grads:
+            raise PassFailedException(
+                f"'lg.graph' @{graph.sym_name.data}: no grad.<param> outputs; run lg-autodiff first"
+            )
+        first = next(iter(params.values())).result
+        e = Emitter(output)
+        # the learning rate is a scalar input, so schedules stay outside the graph
+        existing = [o for o in graph.body.ops if isinstance(o, lg.InputOp) and o.key.data == "lr"]
+        lr = existing[0].result if existing else self._source(
+            graph, lg.InputOp("lr", TensorType(element_type(first.type), []))
+        )
+        if self.clip > 0:
+            grads = self._clip(e, grads, first)
+        kept = [(n, v) for n, v in zip(names, output.values) if not n.startswith("grad.")]
+        new: list[tuple[str, SSAValue]] = []
+        if self.algorithm in ("adam", "adamw"):
+            p1 = self._state(graph, "adam.beta1_power", (), lg.FillInitAttr(self.beta1), first)
+            p2 = self._state(graph, "adam.beta2_power", (), lg.FillInitAttr(self.beta2), first)
+            new += [("adam.beta1_power", e.emit(lg.MulOp(p1, e.scalar(self.beta1, p1)))),
+                    ("adam.beta2_power", e.emit(lg.MulOp(p2, e.scalar(self.beta2, p2))))]
+            bias1 = e.emit(lg.SubOp(e.scalar(1.0, p1), p1))
+            bias2 = e.emit(lg.SubOp(e.scalar(1.0, p2), p2))
+        for key, g in grads.items():
+            w = params[key].result
+            shape = global_shape(w.type)
+            if self.algorithm == "sgd":
+                step = g
+            elif self.algorithm == "momentum":
+                v = self._state(graph, f"momentum.{key}", shape, lg.ZerosInitAttr(), w)
+                v_new = e.emit(lg.AddOp(e.emit(lg.MulOp(v, e.scalar(self.momentum, v))), g))
+                new.append((f"momentum.{key}", v_new))
+                step = v_new
+            else:
+                m = self._state(graph, f"adam.m.{key}", shape, lg.ZerosInitAttr(), w)
+                v = self._state(graph, f"adam.v.{key}", shape, lg.ZerosInitAttr(), w)
+                m_new = e.emit(lg.AddOp(e.emit(lg.MulOp(m, e.scalar(self.beta1, m))),
+                                        e.emit(lg.MulOp(g, e.scalar(1 - self.beta1, g)))))
+                v_new = e.emit(lg.AddOp(e.emit(lg.MulOp(v, e.scalar(self.beta2, v))),
+                                        e.emit(lg.MulOp(e.emit(lg.MulOp(g, g)), e.scalar(1 - self.beta2, g)))))
+                new += [(f"adam.m.{key}", m_new), (f"adam.v.{key}", v_new)]
+                m_hat = e.emit(lg.DivOp(m_new, bias1))
+                v_hat = e.emit(lg.DivOp(v_new, bias2))
+                step = e.emit(lg.DivOp(m_hat, e.emit(lg.AddOp(e.emit(lg.SqrtOp(v_hat)), e.scalar(self.eps, v_hat)))))
+                if self.algorithm == "adamw":
+                    step = e.emit(lg.AddOp(step, e.emit(lg.MulOp(w, e.scalar(self.weight_decay, w)))))
+            new.append((key, e.emit(lg.SubOp(w, e.emit(lg.MulOp(step, lr))))))
+        values = [v for _, v in kept] + [v for _, v in new]
+        out_names = [n for n, _ in kept] + [f"new.{n}" for n, _ in new]
+        replacement = lg.OutputOp(values, out_names)
+        output.parent_block().insert_op_before(replacement, output)
+        output.detach()
+        output.erase()
+
+    def _source(self, graph: lg.GraphOp, op) -> SSAValue:
+        graph.body.block.insert_op_before(op, graph.body.block.first_op)
+        return op.results[0]
+
+    def _state(self, graph, key, shape, init, like) -> SSAValue:
+        return self._source(graph, lg.ParamOp(key, TensorType(element_type(like.type), list(shape)), init))
+
+    def _clip(self, e: Emitter, grads: dict[str, SSAValue], like: SSAValue) -> dict[str, SSAValue]:
+        """Scales every gradient by min(1, clip / global norm)."""
+        total = None
+        for g in grads.values():
+            rank = len(global_shape(g.type))
+            sq = e.emit(lg.MulOp(g, g))
+            part = e.emit(lg.ReduceSumOp(sq, list(range(rank)))) if rank else sq
+            total = part if total is None else e.emit(lg.AddOp(total, part))
+        ratio = e.emit(lg.DivOp(e.emit(lg.SqrtOp(total)), e.scalar(self.clip, like)))
+        # max(1, r) = (1 + r + |r - 1|) / 2, with |d| = sqrt(d * d)
+        d = e.emit(lg.SubOp(ratio, e.scalar(1.0, like)))
+        larger = e.emit(lg.MulOp(e.emit(lg.AddOp(e.emit(lg.AddOp(ratio, e.scalar(1.0, like))),
+                                                 e.emit(lg.SqrtOp(e.emit(lg.MulOp(d, d)))))), e.scalar(0.5, like)))
+        return {k: e.emit(lg.DivOp(g, larger)) for k, g in grads.items()}
