@@ -69,6 +69,7 @@ class LgOptimizerPass(ModulePass):
         lr = existing[0].result if existing else self._source(
             graph, lg.InputOp("lr", TensorType(element_type(first.type), []))
         )
+        lr.name_hint = lr.name_hint or "lr"
         if self.clip > 0:
             grads = self._clip(e, grads, first)
         kept = [(n, v) for n, v in zip(names, output.values) if not n.startswith("grad.")]
@@ -104,6 +105,8 @@ class LgOptimizerPass(ModulePass):
                 if self.algorithm == "adamw":
                     step = e.emit(lg.AddOp(step, e.emit(lg.MulOp(w, e.scalar(self.weight_decay, w)))))
             new.append((key, e.emit(lg.SubOp(w, e.emit(lg.MulOp(step, lr))))))
+        for key, value in new:
+            value.name_hint = key.replace(".", "_") + "_new"
         values = [v for _, v in kept] + [v for _, v in new]
         out_names = [n for n, _ in kept] + [f"new.{n}" for n, _ in new]
         replacement = lg.OutputOp(values, out_names)
@@ -116,7 +119,9 @@ class LgOptimizerPass(ModulePass):
         return op.results[0]
 
     def _state(self, graph, key, shape, init, like) -> SSAValue:
-        return self._source(graph, lg.ParamOp(key, TensorType(element_type(like.type), list(shape)), init))
+        value = self._source(graph, lg.ParamOp(key, TensorType(element_type(like.type), list(shape)), init))
+        value.name_hint = key.replace(".", "_")
+        return value
 
     def _clip(self, e: Emitter, grads: dict[str, SSAValue], like: SSAValue) -> dict[str, SSAValue]:
         """Scales every gradient by min(1, clip / global norm)."""
