@@ -20,6 +20,7 @@ $(VENV)/.installed: pyproject.toml
 run: setup
 	$(BIN)/sbp-opt examples/mlp.mlir -p 'compile{to_plan=false}',sbp-comm-summary
 	$(BIN)/python examples/mlp.py
+	$(BIN)/python examples/train_mlp.py --ranks 2 --steps 60
 
 test: lit pytest
 

@@ -104,3 +104,15 @@ def test_missing_gradients_are_diagnosed():
         LgOptimizerPass().apply(Context(), model().module())
     with pytest.raises(Exception, match="unknown algorithm 'lion'"):
         LgOptimizerPass(algorithm="lion").apply(Context(), model().module())
+
+
+def test_the_training_example_learns_on_two_ranks():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "train_mlp.py"
+    done = subprocess.run([sys.executable, str(example), "--ranks", "2", "--steps", "40"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "(learning)" in done.stdout and "MISMATCH" not in done.stdout
