@@ -31,7 +31,8 @@ from xdsl.dialects.builtin import ModuleOp
 from sbpc import make_context
 from sbpc.dialects import lg, plan
 from sbpc.dialects.sbp import DTensorType, lookup_placement, nd_to_plain
-from sbpc.local_eval import LocalContext, local_kernel, piece
+from sbpc.local_eval import local_kernel, piece
+from sbpc.plan_simulator import actor_kernel
 from sbpc.reference import constant_value, initialize, numpy_dtype
 
 from .collectives import CommActor, Pending
@@ -121,17 +122,7 @@ class Executor:
         self.kernels = {}
         for actor in self.schedule:
             if isinstance(actor, plan.ComputeOp):
-                out = self.registers[actor.outs.data[0].string_value()]
-                ins = [self.registers[r.string_value()] for r in actor.ins.data]
-                op = self.ctx.get_op(actor.kernel.data).create(properties=dict(actor.props.data), result_types=[out.type])
-                local = LocalContext(
-                    tuple(r.value.get_shape() for r in ins),
-                    out.value.get_shape(),
-                    tuple(self.piece_of(r.value) for r in ins),
-                    self.piece_of(out.value),
-                    nd_to_plain(out.value.nd_sbp),
-                )
-                self.kernels[actor] = (op, local)
+                self.kernels[actor] = actor_kernel(self.ctx, actor, self.registers, self.piece_of)
         self.comm_actors = self._build_comm_actors()
 
     # -- helpers ---------------------------------------------------------------

@@ -138,18 +138,27 @@ def run_plan(
     return outputs
 
 
-def _compute(ctx, state: DeviceState, actor: plan.ComputeOp) -> None:
-    ins = [state.registers[r.string_value()] for r in actor.ins.data]
-    out = state.registers[actor.outs.data[0].string_value()]
-    op_cls = ctx.get_op(actor.kernel.data)
-    kernel_op = op_cls.create(properties=dict(actor.props.data), result_types=[out.type])
+def actor_kernel(ctx, actor: plan.ComputeOp, registers: dict, piece_of) -> tuple:
+    """The lg op a compute actor runs (rebuilt from its kernel name and
+    properties, typed with the local result) and the LocalContext of its
+    pieces on this device: what both this simulator and the MPI runtime run."""
+    ins = [registers[r.string_value()] for r in actor.ins.data]
+    out = registers[actor.outs.data[0].string_value()]
+    op = ctx.get_op(actor.kernel.data).create(properties=dict(actor.props.data), result_types=[out.type])
     local = LocalContext(
         tuple(r.value.get_shape() for r in ins),
         out.value.get_shape(),
-        tuple(state.piece_of(r.value) for r in ins),
-        state.piece_of(out.value),
+        tuple(piece_of(r.value) for r in ins),
+        piece_of(out.value),
         nd_to_plain(out.value.nd_sbp),
     )
+    return op, local
+
+
+def _compute(ctx, state: DeviceState, actor: plan.ComputeOp) -> None:
+    ins = [state.registers[r.string_value()] for r in actor.ins.data]
+    out = state.registers[actor.outs.data[0].string_value()]
+    kernel_op, local = actor_kernel(ctx, actor, state.registers, state.piece_of)
     try:
         result = local_kernel(kernel_op, local, *(state.views[r.sym_name.data] for r in ins))
         state.views[out.sym_name.data][...] = result
