@@ -88,7 +88,8 @@ def check_feeds(program: plan.ProgramOp, feeds: Mapping[str, Any]) -> dict[str, 
 
 
 class Executor:
-    def __init__(self, module: ModuleOp, program: plan.ProgramOp, world: MPI.Comm, trace: bool = False):
+    def __init__(self, module: ModuleOp, program: plan.ProgramOp, world: MPI.Comm, trace: bool = False,
+                 write_back: bool = True):
         self.module = module
         self.program = program
         self.world = world
@@ -99,8 +100,10 @@ class Executor:
         devices = {d.rank.value.data: d for d in program.devices()}
         self.device = devices.get(self.rank)
         self.ctx = make_context()
+        self._feeds: dict[str, np.ndarray] = {}
         if self.device is None:
             self.schedule = []
+            self.updates = []
             return
         if self.device.arena is None:
             raise RuntimeFailure(f"rank {self.rank}: the plan is not allocated; run plan-allocate-memory")
@@ -124,6 +127,7 @@ class Executor:
             if isinstance(actor, plan.ComputeOp):
                 self.kernels[actor] = actor_kernel(self.ctx, actor, self.registers, self.piece_of)
         self.comm_actors = self._build_comm_actors()
+        self.updates = self._update_pairs() if write_back else []
 
     # -- helpers ---------------------------------------------------------------
 
@@ -195,12 +199,31 @@ class Executor:
                 self._write(name, value)
 
     def feed(self, feeds: Mapping[str, np.ndarray]) -> None:
-        """Writes this rank's pieces of the (checked) feeds."""
+        """Keeps this rank's pieces of the (checked) feeds; every step writes
+        them into their registers, whose bytes the memory plan reuses once
+        the feed is dead."""
         if self.device is None:
             return
-        for name, reg in self.registers.items():
-            if reg.feed is not None:
-                self._write(name, feeds[reg.feed.data])
+        self._feeds = {
+            name: np.asarray(feeds[reg.feed.data], numpy_dtype(reg.value.element_type))[self.piece_of(reg.value)].copy()
+            for name, reg in self.registers.items()
+            if reg.feed is not None
+        }
+
+    def _write_feeds(self, pending: list[Pending], step: int) -> None:
+        for name, piece_ in self._feeds.items():
+            self._wait_register(pending, name, step)
+            self.view(name, step)[...] = piece_
+
+    def _wait_register(self, pending: list[Pending], name: str, step: int) -> None:
+        """Completes in-flight communication touching a register's bytes."""
+        reg = self.registers[name]
+        buf = 1 if reg.is_persistent is not None else 0
+        lo = reg.offset.value.data + (step % reg.slots.value.data) * reg.bytes.value.data
+        hi = lo + reg.bytes.value.data
+        for p in list(pending):
+            if any(b == buf and lo < hi2 and lo2 < hi for b, lo2, hi2 in p.ranges):
+                self._complete(pending, p)
 
     def _write(self, name: str, value: np.ndarray) -> None:
         reg = self.registers[name]
@@ -223,6 +246,7 @@ class Executor:
         pending: list[Pending] = []
         if self.device is not None:
             for step in range(steps):
+                self._write_feeds(pending, step)
                 for actor in self.schedule:
                     try:
                         if isinstance(actor, plan.ComputeOp):
@@ -245,6 +269,8 @@ class Executor:
                         raise
                     except Exception as e:  # noqa: BLE001 - reported with its place, then the job ends
                         raise RuntimeFailure(f"rank {self.rank}: step {step}: {self.describe(actor)}: {type(e).__name__}: {e}") from e
+                if self.updates:
+                    self._write_back(pending, step)
             while pending:
                 self._complete(pending, pending[0])
         fetched = {}
@@ -253,6 +279,26 @@ class Executor:
                 if reg.fetch is not None:
                     fetched[reg.fetch.data] = (reg.value, self.piece_of(reg.value), self.view(name, steps - 1).copy())
         return fetched
+
+    def _update_pairs(self) -> list[tuple[str, str]]:
+        """(register of `new.<key>`, register of parameter <key>) pairs whose
+        local pieces match, so an update is written back in place."""
+        params = {r.param.data: name for name, r in self.registers.items() if r.param is not None}
+        pairs = []
+        for name, reg in self.registers.items():
+            if reg.fetch is not None and reg.fetch.data.startswith("new."):
+                target = params.get(reg.fetch.data.removeprefix("new."))
+                if target is not None and self.registers[target].value == reg.value:
+                    pairs.append((name, target))
+        return pairs
+
+    def _write_back(self, pending: list[Pending], step: int) -> None:
+        """After a step, updated parameters and optimizer state replace the
+        old ones (lg-optimizer's `new.<key>` outputs), so the next step and
+        the next run train on."""
+        for new, param in self.updates:
+            self._wait_register(pending, new, step)
+            self._views[(param, 0)][...] = self.view(new, step)
 
     def _fire_compute(self, actor: plan.ComputeOp, step: int) -> None:
         op, local = self.kernels[actor]

@@ -104,6 +104,9 @@ class Executable:
         return "pool"
 
     def run(self, feeds: Mapping[str, Any], steps: int = 1) -> dict[str, np.ndarray]:
+        """Runs `steps` steps on the same feeds; returns the outputs of the
+        last. A training graph (lg-optimizer) updates its parameters and
+        optimizer state in place after every step."""
         from sbpc.runtime.executor import check_feeds
 
         feeds = check_feeds(self.program, feeds)
@@ -138,10 +141,24 @@ class Executable:
         parameters and optimizer state, from lg-optimizer) back into the
         parameter `<name>`; returns the other outputs."""
         out = self.run(feeds)
+        # On MPI ranks each rank wrote its pieces back in place where the update
+        # has its parameter's distribution (sbp-infer ties them); the rest, and
+        # everything in the simulator, goes back as global arrays.
+        in_place = set() if self._where() == "simulate" else self._in_place_updates()
         for name, value in out.items():
-            if name.startswith("new."):
+            if name.startswith("new.") and name not in in_place:
                 self.params[name.removeprefix("new.")] = value
         return {k: v for k, v in out.items() if not k.startswith("new.")}
+
+    def _in_place_updates(self) -> set[str]:
+        names = set()
+        for device in self.program.devices():
+            params = {r.param.data: r.value for r in device.registers() if r.param is not None}
+            for r in device.registers():
+                if r.fetch is not None and r.fetch.data.startswith("new."):
+                    if params.get(r.fetch.data.removeprefix("new.")) == r.value:
+                        names.add(r.fetch.data)
+        return names
 
     def param_keys(self) -> list[str]:
         return sorted({r.param.data for d in self.program.devices() for r in d.registers() if r.param is not None})
