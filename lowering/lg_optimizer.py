@@ -12,6 +12,10 @@ scalar), so schedules are the caller's. Options:
     beta1, beta2, eps   Adam's
     weight_decay  AdamW's decoupled decay
     clip          clip the gradients to this global norm (0: off)
+    zero          ZeRO: hint the optimizer state split S<0> over the first
+                  (data) mesh axis of the graph's placement, so each rank
+                  keeps and updates 1/p of it; the update is gathered back
+                  into the parameter's own distribution
 
 A training step runs the graph and writes every `new.<name>` output back
 into the parameter `<name>` (Executable.train_step does this).
@@ -28,7 +32,7 @@ from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import lg
-from sbpc.dialects.sbp import element_type, global_shape
+from sbpc.dialects.sbp import BroadcastAttr, DTensorType, SplitAttr, element_type, global_shape, lookup_placement
 
 from .lg_autodiff import Emitter
 
@@ -46,6 +50,7 @@ class LgOptimizerPass(ModulePass):
     eps: float = 1e-8
     weight_decay: float = 0.01
     clip: float = 0.0
+    zero: bool = False
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -119,7 +124,13 @@ class LgOptimizerPass(ModulePass):
         return op.results[0]
 
     def _state(self, graph, key, shape, init, like) -> SSAValue:
-        value = self._source(graph, lg.ParamOp(key, TensorType(element_type(like.type), list(shape)), init))
+        t = TensorType(element_type(like.type), list(shape))
+        if self.zero and shape and graph.placement is not None:
+            mesh = lookup_placement(graph, graph.placement).mesh()
+            if shape[0] >= mesh.shape[0]:
+                t = DTensorType(shape, t.element_type, mesh.name,
+                                [SplitAttr(0), *(BroadcastAttr() for _ in mesh.shape[1:])])
+        value = self._source(graph, lg.ParamOp(key, t, init))
         value.name_hint = key.replace(".", "_")
         return value
 
