@@ -21,6 +21,7 @@ run: setup
 	$(BIN)/sbp-opt examples/mlp.mlir -p 'compile{to_plan=false}',sbp-comm-summary
 	$(BIN)/python examples/mlp.py
 	$(BIN)/python examples/train_mlp.py --ranks 2 --steps 60
+	$(BIN)/python examples/gpt.py --ranks 2 --steps 300
 
 test: lit pytest
 

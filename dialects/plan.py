@@ -135,6 +135,15 @@ class DeviceOp(IRDLOperation):
 
     def verify_(self) -> None:
         seen_actor = False
+        names = {r.sym_name.data for r in self.registers()}
+        for actor in self.actors():
+            for kind, refs in (("input", actor.ins), ("output", actor.outs)):
+                for ref in refs.data:
+                    if ref.string_value() not in names:
+                        raise VerifyException(
+                            f"'{actor.name}' @{actor.sym_name.data}: {kind} register {ref} does not exist on "
+                            f"@{self.sym_name.data}"
+                        )
         for op in self.body.block.ops:
             if isinstance(op, RegisterOp):
                 if seen_actor:
@@ -243,19 +252,12 @@ def device_coord(rank: int, ranks: Sequence[int], shape: Sequence[int]) -> tuple
 
 class ActorOp(IRDLOperation):
     """What compute and communication actors share: registers they read
-    (`ins`) and write (`outs`), by symbol."""
+    (`ins`) and write (`outs`), by symbol. That they exist on the device is
+    checked by plan.device (one pass over its registers, not one lookup per
+    reference)."""
 
     def verify_registers(self) -> None:
-        device = self.parent_op()
-        if not isinstance(device, DeviceOp):
-            return
-        for kind, refs in (("input", self.ins), ("output", self.outs)):
-            for ref in refs.data:
-                if device.register(ref) is None:
-                    raise VerifyException(
-                        f"'{self.name}' @{self.sym_name.data}: {kind} register {ref} does not exist on "
-                        f"@{device.sym_name.data}"
-                    )
+        pass
 
 
 @irdl_op_definition

@@ -444,14 +444,20 @@ def element_type(type: Attribute) -> Attribute:
 def lookup_placement(op: Operation, ref: SymbolRefAttr | str) -> PlacementOp:
     """Resolves a placement symbol from `op`, or raises a VerifyException naming it."""
     name = ref if isinstance(ref, str) else ref.string_value()
-    # Placements live at module level; nested symbol tables (plan devices)
-    # do not hide them.
-    found = None
+    # Placements live at module level: look in the outermost symbol table
+    # first (it is small; nested tables such as plan devices hold thousands
+    # of symbols and would make every lookup linear in their size).
+    tables = []
     anchor: Operation | None = op
-    while anchor is not None and not isinstance(found, PlacementOp):
+    while anchor is not None:
         if anchor.has_trait(SymbolTable):
-            found = SymbolTable.lookup_symbol(anchor, name)
+            tables.append(anchor)
         anchor = anchor.parent_op()
+    found = None
+    for table in reversed(tables):
+        found = SymbolTable.lookup_symbol(table, name)
+        if isinstance(found, PlacementOp):
+            break
     if not isinstance(found, PlacementOp):
         what = "is not a placement" if found is not None else "does not exist"
         raise VerifyException(f"'{op.name}': placement @{name} {what}")

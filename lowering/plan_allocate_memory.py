@@ -150,12 +150,13 @@ def lifetimes(device: plan.DeviceOp) -> dict[str, tuple[int, int]]:
 def in_place_pairs(device: plan.DeviceOp, life: dict[str, tuple[int, int]]) -> dict[str, str]:
     """output register -> input register it may overwrite."""
     pairs = {}
+    registers = {r.sym_name.data: r for r in device.registers()}
     for pos, actor in enumerate(device.actors()):
         if not isinstance(actor, plan.ComputeOp) or actor.kernel.data not in IN_PLACE_KERNELS:
             continue
-        out = device.register(actor.outs.data[0])
+        out = registers[actor.outs.data[0].string_value()]
         for ref in actor.ins.data:
-            src = device.register(ref)
+            src = registers[ref.string_value()]
             if (
                 src.type == out.type
                 and src.slots == out.slots

@@ -55,21 +55,23 @@ def verify_memory(device: plan.DeviceOp) -> None:
         if isinstance(actor, plan.ComputeOp) and actor.in_place is not None:
             out = actor.outs.data[0].string_value()
             in_place.update((ref.string_value(), out) for ref in actor.ins.data)
-    temporaries = [r for r in registers if r.is_persistent is None]
-    for i, a in enumerate(temporaries):
-        for b in temporaries[i + 1 :]:
-            na, nb = a.sym_name.data, b.sym_name.data
-            (s1, e1), (s2, e2) = life[na], life[nb]
-            if s1 > e2 or s2 > e1:
-                continue
-            lo1, lo2 = a.offset.value.data, b.offset.value.data
-            if lo1 < lo2 + b.size and lo2 < lo1 + a.size:
+    # (start, end, offset, size, name) of every temporary, swept by start
+    temporaries = sorted(
+        (*life[r.sym_name.data], r.offset.value.data, r.size, r.sym_name.data)
+        for r in registers
+        if r.is_persistent is None
+    )
+    for i, (s1, e1, lo1, n1, na) in enumerate(temporaries):
+        for s2, e2, lo2, n2, nb in temporaries[i + 1 :]:
+            if s2 > e1:
+                break  # sorted by start: nothing later is live with this one
+            if lo1 < lo2 + n2 and lo2 < lo1 + n1:
                 if (na, nb) in in_place or (nb, na) in in_place:
                     continue
                 _fail(
                     device,
-                    f"registers @{na} and @{nb} are live together (positions {max(s1, s2)}..{min(e1, e2)}) "
-                    f"but overlap in the arena",
+                    f"registers @{min(na, nb)} and @{max(na, nb)} are live together (positions "
+                    f"{max(s1, s2)}..{min(e1, e2)}) but overlap in the arena",
                 )
     for reg in (r for r in registers if r.is_persistent is not None):
         for other in (r for r in registers if r.is_persistent is not None and r is not reg):

@@ -164,3 +164,15 @@ def test_zero_shards_optimizer_state_over_the_data_axis():
     feeds = {"x": np.ones((64, 32), np.float32), "t": np.zeros((64, 16), np.float32), "lr": np.float32(0.01)}
     first = float(exe.train_step(feeds)["loss"])
     assert float(exe.train_step(feeds)["loss"]) < first
+
+
+def test_the_gpt_example_learns_and_matches_the_reference():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "gpt.py"
+    done = subprocess.run([sys.executable, str(example), "--ranks", "2", "--steps", "60", "--layers", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "(learning)" in done.stdout and "MISMATCH" not in done.stdout
