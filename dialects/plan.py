@@ -56,13 +56,11 @@ from xdsl.traits import HasParent, IsolatedFromAbove, NoTerminator, SymbolOpInte
 from xdsl.utils.exceptions import VerifyException
 
 from .lg import InitializerAttr
-from .sbp import DTensorType, lookup_placement, nd_to_plain
+from .sbp import DTensorType, element_bytes, lookup_placement, nd_to_plain
 
 
 def tensor_bytes(t: TensorType) -> int:
-    elem = t.element_type
-    width = getattr(elem, "bitwidth", None) or elem.width.data  # type: ignore[union-attr]
-    return math.prod(t.get_shape()) * max(1, width // 8)
+    return math.prod(t.get_shape()) * element_bytes(t.element_type)
 
 
 @irdl_op_definition
@@ -256,9 +254,6 @@ class ActorOp(IRDLOperation):
     checked by plan.device (one pass over its registers, not one lookup per
     reference)."""
 
-    def verify_registers(self) -> None:
-        pass
-
 
 @irdl_op_definition
 class ComputeOp(ActorOp):
@@ -282,7 +277,6 @@ class ComputeOp(ActorOp):
     def verify_(self) -> None:
         if len(self.outs.data) != 1:
             raise VerifyException(f"'{self.name}' @{self.sym_name.data}: a compute actor writes one register")
-        self.verify_registers()
 
 
 @irdl_op_definition
@@ -328,7 +322,6 @@ class CommOp(ActorOp):
             raise VerifyException(f"{where}: a {self.kind.data} reads one register and writes one")
         if self.kind.data == "transfer" and not (self.ins.data or self.outs.data):
             raise VerifyException(f"{where}: a transfer actor sends, receives, or both")
-        self.verify_registers()
 
 
 PLAN = Dialect("plan", [ProgramOp, DeviceOp, RegisterOp, ComputeOp, CommOp], [])

@@ -441,6 +441,12 @@ def element_type(type: Attribute) -> Attribute:
     return type.element_type
 
 
+def element_bytes(elem: Attribute) -> int:
+    """Bytes of one element of a float or integer type."""
+    width = getattr(elem, "bitwidth", None) or elem.width.data  # type: ignore[attr-defined]
+    return max(1, width // 8)
+
+
 def lookup_placement(op: Operation, ref: SymbolRefAttr | str) -> PlacementOp:
     """Resolves a placement symbol from `op`, or raises a VerifyException naming it."""
     name = ref if isinstance(ref, str) else ref.string_value()

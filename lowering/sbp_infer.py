@@ -53,6 +53,7 @@ from sbpc.dialects.sbp import (
     Mesh,
     PlainNd,
     SignatureAttr,
+    element_bytes,
     element_type,
     global_shape,
     lookup_placement,
@@ -185,9 +186,7 @@ class Problem:
 
 
 def _nbytes(value: SSAValue) -> float:
-    elem = element_type(value.type)
-    width = getattr(elem, "bitwidth", None) or getattr(getattr(elem, "width", None), "data", 32)
-    return math.prod(global_shape(value.type)) * width / 8
+    return math.prod(global_shape(value.type)) * element_bytes(element_type(value.type))
 
 
 def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:

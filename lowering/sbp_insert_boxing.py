@@ -28,6 +28,7 @@ from sbpc.dialects.sbp import (
     DTensorType,
     Mesh,
     PlainNd,
+    element_bytes,
     global_shape,
     hierarchy_violation,
     lookup_placement,
@@ -49,9 +50,7 @@ STEP_OPS: dict[str, type[sbp.CollectiveOp]] = {
 
 
 def itemsize(t: DTensorType) -> int:
-    elem = t.element_type
-    width = getattr(elem, "bitwidth", None) or elem.width.data  # type: ignore[union-attr]
-    return max(1, width // 8)
+    return element_bytes(t.element_type)
 
 
 def step_bytes(step: Step, shape: tuple[int, ...], nbytes_per_elem: int, mesh: tuple[int, ...]) -> int:

@@ -20,6 +20,10 @@ from mpi4py import MPI
 
 import sbpc
 
+from sbpc.dialects.sbp import lookup_placement
+from sbpc.local_eval import assemble
+from sbpc.reference import numpy_dtype
+
 from .executor import Executor, check_feeds, find_program
 from .worker import gather_outputs
 
@@ -94,23 +98,15 @@ def serve(port: int) -> None:
 
 
 def _assemble(program, key, pieces):
-    import numpy as np
-
-    from sbpc.dialects.sbp import lookup_placement, nd_to_plain
-    from sbpc.local_eval import combine
-    from sbpc.reference import numpy_dtype
-
+    """A parameter's global value from every rank's piece (None where a
+    rank holds none)."""
     found = [p for p in pieces if p is not None]
     if not found:
         raise KeyError(f"no parameter {key!r}")
     t = found[0][0]
     mesh = lookup_placement(program, t.placement).mesh()
-    by_coord = {}
-    for rank, got in enumerate(pieces):
-        if got is not None and rank in mesh.ranks:
-            coord = tuple(int(c) for c in np.unravel_index(mesh.ranks.index(rank), mesh.shape))
-            by_coord[coord] = got[2]
-    return combine(by_coord, nd_to_plain(t.nd_sbp), mesh.shape, t.get_shape(), numpy_dtype(t.element_type))
+    held = {rank: got[2] for rank, got in enumerate(pieces) if got is not None}
+    return assemble(t, mesh, held, numpy_dtype(t.element_type))
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ import numpy as np
 from mpi4py import MPI
 
 import sbpc
-from sbpc.dialects.sbp import lookup_placement, nd_to_plain
-from sbpc.local_eval import combine
+from sbpc.dialects.sbp import lookup_placement
+from sbpc.local_eval import assemble
 from sbpc.reference import numpy_dtype
 
 from .executor import STREAMS, Executor, check_feeds, find_program
@@ -38,16 +38,11 @@ def gather_outputs(world: MPI.Comm, program, fetched: dict) -> dict[str, np.ndar
         for reg in device.registers():
             if reg.fetch is not None:
                 types[reg.fetch.data] = reg.value
-    outputs = {}
-    for name, t in types.items():
-        mesh = lookup_placement(program, t.placement).mesh()
-        pieces = {}
-        for rank, got in everything:
-            if name in got and rank in mesh.ranks:
-                coord = np.unravel_index(mesh.ranks.index(rank), mesh.shape)
-                pieces[tuple(int(c) for c in coord)] = got[name][1]
-        outputs[name] = combine(pieces, nd_to_plain(t.nd_sbp), mesh.shape, t.get_shape(), numpy_dtype(t.element_type))
-    return outputs
+    return {
+        name: assemble(t, lookup_placement(program, t.placement).mesh(),
+                       {rank: got[name][1] for rank, got in everything if name in got}, numpy_dtype(t.element_type))
+        for name, t in types.items()
+    }
 
 
 def fail(world: MPI.Comm, message: str) -> None:

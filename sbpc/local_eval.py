@@ -22,7 +22,7 @@ import numpy as np
 from xdsl.ir import Operation
 
 from sbpc.dialects import lg
-from sbpc.dialects.sbp import PlainNd, split_axis
+from sbpc.dialects.sbp import PlainNd, nd_to_plain, split_axis
 from sbpc.reference import KERNELS, EvaluationError
 
 Coord = tuple[int, ...]
@@ -245,3 +245,14 @@ def run_distributed(
         )
         results[c] = local_kernel(op, ctx, *(pieces[c] for pieces in per_input)).astype(out_dtype)
     return combine(results, out_nd, mesh, out_shape, out_dtype)
+
+
+def assemble(t, mesh, pieces_by_rank: dict[int, np.ndarray], dtype) -> np.ndarray:
+    """The global value of dtensor type `t` from the pieces its placement's
+    ranks hold (ranks outside the placement are ignored)."""
+    by_coord = {}
+    for rank, local in pieces_by_rank.items():
+        if rank in mesh.ranks:
+            coord = tuple(int(c) for c in np.unravel_index(mesh.ranks.index(rank), mesh.shape))
+            by_coord[coord] = local
+    return combine(by_coord, nd_to_plain(t.nd_sbp), mesh.shape, t.get_shape(), dtype)
