@@ -73,6 +73,7 @@ from .sbp import (
     lookup_placement,
     parse_verified,
     verify_distribution,
+    verify_placement_attr,
     verify_signature,
 )
 
@@ -247,6 +248,7 @@ def verify_distributions(op: IRDLOperation) -> None:
             + ", ".join(f"@{p}" for p in sorted(placements))
         )
     verify_signature(op)
+    verify_placement_attr(op)
 
 
 Signature = tuple[tuple[str, ...], tuple[str, ...]]

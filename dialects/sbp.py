@@ -551,6 +551,30 @@ SIGNATURE_ATTR = "sbp.signature"
 """The discardable attribute by which an op records its chosen SBP signature."""
 
 
+PLACEMENT_ATTR = "sbp.placement"
+"""The discardable attribute placing an op on a placement (a pipeline stage)
+when no hint on its result says where it runs. Gradient and update ops
+inherit it from the op they come from, as OneFlow's backward ops inherit
+their forward op's placement."""
+
+
+def verify_placement_attr(op: Operation) -> None:
+    """An `sbp.placement` names a placement, and the op's dtensors lie on it."""
+    ref = op.attributes.get(PLACEMENT_ATTR)
+    if ref is None:
+        return
+    if not isinstance(ref, SymbolRefAttr):
+        raise VerifyException(f"'{op.name}': attribute '{PLACEMENT_ATTR}' must be a placement symbol (@name)")
+    lookup_placement(op, ref)
+    name = ref.string_value()
+    for kind, values in (("operand", op.operands), ("result", op.results)):
+        for i, value in enumerate(values):
+            if isinstance(value.type, DTensorType) and value.type.placement_name != name:
+                raise VerifyException(
+                    f"'{op.name}': {kind} #{i} is on @{value.type.placement_name} but the op is placed on @{name}"
+                )
+
+
 def verify_signature(op: Operation) -> None:
     """If `op` records an SBP signature, its operands and results must be
     dtensors whose nd-SBPs are exactly the signature's."""

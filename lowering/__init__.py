@@ -78,7 +78,14 @@ def _lg_optimizer() -> type[ModulePass]:
     return LgOptimizerPass
 
 
+def _lg_micro_batch() -> type[ModulePass]:
+    from .lg_micro_batch import LgMicroBatchPass
+
+    return LgMicroBatchPass
+
+
 PASSES: dict[str, Callable[[], type[ModulePass]]] = {
+    "lg-micro-batch": _lg_micro_batch,
     "lg-autodiff": _lg_autodiff,
     "lg-optimizer": _lg_optimizer,
     "sbp-erase": _sbp_erase,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, ModuleOp, TensorType
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
@@ -23,12 +23,20 @@ from sbpc.dialects.sbp import element_type, global_shape
 
 
 class Emitter:
-    """Appends gradient ops before the graph's output."""
+    """Appends gradient ops before the graph's output. Every op it emits is
+    placed where `placement` says (the forward op's `sbp.placement`), so a
+    pipeline stage's backward runs on that stage."""
 
     def __init__(self, anchor: Operation):
         self.anchor = anchor
+        self.placement: Attribute | None = None
+
+    def place_like(self, op: Operation) -> None:
+        self.placement = op.attributes.get(sbp.PLACEMENT_ATTR)
 
     def emit(self, op: Operation) -> SSAValue:
+        if self.placement is not None:
+            op.attributes[sbp.PLACEMENT_ATTR] = self.placement
         self.anchor.parent_block().insert_op_before(op, self.anchor)
         return op.results[0]
 
@@ -77,10 +85,13 @@ def differentiate(graph: lg.GraphOp, loss: str) -> None:
         )
     e = Emitter(output)
     forward = [op for op in graph.body.ops if op is not output]
+    if isinstance(loss_value.owner, Operation):
+        e.place_like(loss_value.owner)
     grads: dict[SSAValue, SSAValue] = {loss_value: e.scalar(1.0, loss_value)}
     for op in reversed(forward):
         if not op.results or op.results[0] not in grads or isinstance(op, lg.InputOp | lg.ParamOp | lg.ConstantOp):
             continue
+        e.place_like(op)
         g = grads[op.results[0]]
         if isinstance(op, sbp.AnnotateOp):
             contributions = [g]
@@ -101,6 +112,7 @@ def differentiate(graph: lg.GraphOp, loss: str) -> None:
         if isinstance(op, lg.ParamOp):
             grad = grads.get(op.result)
             if grad is None:
+                e.place_like(op)
                 grad = e.zeros(global_shape(op.result.type), op.result)
             values.append(grad)
             out_names.append(f"grad.{op.key.data}")

@@ -32,7 +32,15 @@ from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import lg
-from sbpc.dialects.sbp import BroadcastAttr, DTensorType, SplitAttr, element_type, global_shape, lookup_placement
+from sbpc.dialects.sbp import (
+    PLACEMENT_ATTR,
+    BroadcastAttr,
+    DTensorType,
+    SplitAttr,
+    element_type,
+    global_shape,
+    lookup_placement,
+)
 
 from .lg_autodiff import Emitter
 
@@ -80,25 +88,26 @@ class LgOptimizerPass(ModulePass):
         kept = [(n, v) for n, v in zip(names, output.values) if not n.startswith("grad.")]
         new: list[tuple[str, SSAValue]] = []
         if self.algorithm in ("adam", "adamw"):
-            p1 = self._state(graph, "adam.beta1_power", (), lg.FillInitAttr(self.beta1), first)
-            p2 = self._state(graph, "adam.beta2_power", (), lg.FillInitAttr(self.beta2), first)
+            p1 = self._state(graph, "adam.beta1_power", (), lg.FillInitAttr(self.beta1), first.owner)
+            p2 = self._state(graph, "adam.beta2_power", (), lg.FillInitAttr(self.beta2), first.owner)
             new += [("adam.beta1_power", e.emit(lg.MulOp(p1, e.scalar(self.beta1, p1)))),
                     ("adam.beta2_power", e.emit(lg.MulOp(p2, e.scalar(self.beta2, p2))))]
             bias1 = e.emit(lg.SubOp(e.scalar(1.0, p1), p1))
             bias2 = e.emit(lg.SubOp(e.scalar(1.0, p2), p2))
         for key, g in grads.items():
+            e.place_like(params[key])
             w = params[key].result
             shape = global_shape(w.type)
             if self.algorithm == "sgd":
                 step = g
             elif self.algorithm == "momentum":
-                v = self._state(graph, f"momentum.{key}", shape, lg.ZerosInitAttr(), w)
+                v = self._state(graph, f"momentum.{key}", shape, lg.ZerosInitAttr(), params[key])
                 v_new = e.emit(lg.AddOp(e.emit(lg.MulOp(v, e.scalar(self.momentum, v))), g))
                 new.append((f"momentum.{key}", v_new))
                 step = v_new
             else:
-                m = self._state(graph, f"adam.m.{key}", shape, lg.ZerosInitAttr(), w)
-                v = self._state(graph, f"adam.v.{key}", shape, lg.ZerosInitAttr(), w)
+                m = self._state(graph, f"adam.m.{key}", shape, lg.ZerosInitAttr(), params[key])
+                v = self._state(graph, f"adam.v.{key}", shape, lg.ZerosInitAttr(), params[key])
                 m_new = e.emit(lg.AddOp(e.emit(lg.MulOp(m, e.scalar(self.beta1, m))),
                                         e.emit(lg.MulOp(g, e.scalar(1 - self.beta1, g)))))
                 v_new = e.emit(lg.AddOp(e.emit(lg.MulOp(v, e.scalar(self.beta2, v))),
@@ -123,14 +132,21 @@ class LgOptimizerPass(ModulePass):
         graph.body.block.insert_op_before(op, graph.body.block.first_op)
         return op.results[0]
 
-    def _state(self, graph, key, shape, init, like) -> SSAValue:
+    def _state(self, graph, key, shape, init, param: lg.ParamOp) -> SSAValue:
+        """A persistent state parameter, placed where `param` is."""
+        like = param.result
         t = TensorType(element_type(like.type), list(shape))
-        if self.zero and shape and graph.placement is not None:
-            mesh = lookup_placement(graph, graph.placement).mesh()
+        placed = param.attributes.get(PLACEMENT_ATTR)
+        where = (like.type.placement if isinstance(like.type, DTensorType) else placed) or graph.placement
+        if self.zero and shape and where is not None:
+            mesh = lookup_placement(graph, where).mesh()
             if shape[0] >= mesh.shape[0]:
                 t = DTensorType(shape, t.element_type, mesh.name,
                                 [SplitAttr(0), *(BroadcastAttr() for _ in mesh.shape[1:])])
-        value = self._source(graph, lg.ParamOp(key, t, init))
+        state = lg.ParamOp(key, t, init)
+        if placed is not None and shape:
+            state.attributes[PLACEMENT_ATTR] = placed
+        value = self._source(graph, state)
         value.name_hint = key.replace(".", "_")
         return value
 

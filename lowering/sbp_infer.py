@@ -25,8 +25,9 @@ Strategies:
 
 Hints are constraints: a result typed `!sbp.dtensor` keeps its distribution,
 and `sbp.annotate` fixes the distribution of its result. Placement: an op
-runs where its result is hinted, else where its first operand runs, else on
-the graph's `on @mesh`.
+runs where its result is hinted, else where its `sbp.placement` attribute
+says (pipeline stages; gradient and update ops inherit it), else where its
+first operand runs, else on the graph's `on @mesh`.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from xdsl.context import Context
-from xdsl.dialects.builtin import ArrayAttr, FloatAttr, ModuleOp, StringAttr, f64
+from xdsl.dialects.builtin import ArrayAttr, FloatAttr, ModuleOp, StringAttr, SymbolRefAttr, f64
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import Rewriter
@@ -56,6 +57,7 @@ from sbpc.dialects.sbp import (
     element_bytes,
     element_type,
     global_shape,
+    PLACEMENT_ATTR,
     lookup_placement,
     nd_from_plain,
     nd_to_plain,
@@ -199,8 +201,11 @@ def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:
         producers = [index.get(o) for o in op.operands]
         result = op.results[0]
         hinted = result.type if isinstance(result.type, DTensorType) else None
+        placed = op.attributes.get(PLACEMENT_ATTR)
         if hinted is not None:
             mesh = lookup_placement(op, hinted.placement).mesh()
+        elif isinstance(placed, SymbolRefAttr):
+            mesh = lookup_placement(op, placed).mesh()
         elif any(p is not None for p in producers):
             mesh = nodes[next(p for p in producers if p is not None)].mesh
         elif default_mesh is not None:

@@ -14,20 +14,22 @@
 
 Ops are functions (`sbpc.relu(x)`) and operators (`x @ w`, `x + y`, `2 * x`);
 `sbp=` on an input or parameter, or `t.to(S(0), B)` on any tensor, is a hint
-that SBP inference keeps. Result types are inferred by each op's own shape
+that SBP inference keeps. `with g.on(stage):` places the ops built inside
+on another placement (pipeline stages). Result types are inferred by each op's own shape
 rule, so a graph that builds is a graph that verifies.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import numpy as np
-from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, ModuleOp, TensorType
+from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, ModuleOp, SymbolRefAttr, TensorType
 from xdsl.ir import Operation, SSAValue
 
 from sbpc.dialects import lg, sbp
-from sbpc.dialects.sbp import DTensorType, PlacementOp, element_type, global_shape
+from sbpc.dialects.sbp import PLACEMENT_ATTR, DTensorType, PlacementOp, element_type, global_shape
 from sbpc.graph_builder import ELEMENT_TYPES, GraphBuilder, tensor_type
 
 def S(axis: int) -> sbp.SplitAttr:
@@ -163,7 +165,7 @@ class Tensor:
 
     def to(self, *sbps, placement: Placement | None = None) -> Tensor:
         """A hint: this value is distributed so (boxing makes it so)."""
-        where = placement or self.graph.placement
+        where = placement or self.graph.current_placement
         if where is None:
             raise ValueError("a hint needs a placement: give the graph one or pass placement=")
         self.graph.use(where)
@@ -192,22 +194,43 @@ class Graph:
             self.use(placement)
         self.builder = GraphBuilder(name, placement.name if placement else None)
         self.outputs: dict[str, SSAValue] | None = None
+        self._scope: Placement | None = None
 
     def use(self, where: Placement) -> None:
         self.placements.setdefault(where.name, where)
 
+    @property
+    def current_placement(self) -> Placement | None:
+        """Where ops built now run: the innermost `with g.on(...)`, else the graph's."""
+        return self._scope or self.placement
+
+    @contextlib.contextmanager
+    def on(self, where: Placement):
+        """Places every op built inside on `where` (a pipeline stage): each
+        gets an `sbp.placement` attribute, and hints default to `where`.
+        Gradient and update ops inherit it from their forward op."""
+        self.use(where)
+        outer, self._scope = self._scope, where
+        try:
+            yield where
+        finally:
+            self._scope = outer
+
     def add(self, op: Operation) -> Tensor:
         if getattr(self, "_module", None) is not None:
             raise ValueError(f"graph @{self.name} already has its outputs")
+        if self._scope is not None:
+            op.attributes[PLACEMENT_ATTR] = SymbolRefAttr(self._scope.name)
         return Tensor(self, self.builder.add(op))
 
     def _typed(self, shape, dtype, sbp_hint) -> TensorType | DTensorType:
         if sbp_hint is None:
             return tensor_type(shape, dtype)
-        if self.placement is None:
+        where = self.current_placement
+        if where is None:
             raise ValueError("an sbp hint needs the graph's placement")
         elem = ELEMENT_TYPES[dtype] if isinstance(dtype, str) else dtype
-        return DTensorType(shape, elem, self.placement.name, _nd(sbp_hint))
+        return DTensorType(shape, elem, where.name, _nd(sbp_hint))
 
     def input(self, name: str, shape: Sequence[int], dtype: str = "f32", sbp=None) -> Tensor:
         return self.add(lg.InputOp(name, self._typed(shape, dtype, sbp)))

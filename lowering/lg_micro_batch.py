@@ -1,0 +1,189 @@
+"""`lg-micro-batch{count=K}`: one step runs K micro-batches.
+
+Run before lg-autodiff. Every input of rank >= 1 is a batch of examples
+along axis 0; the pass cuts it into K micro-batches (strided: micro-batch k
+holds examples k, k+K, k+2K, ..., so a batch split S(0) over the devices
+stays local: reshape (B, ...) -> (B/K, K, ...) and take index k of axis 1)
+and repeats, once per micro-batch, every op that depends on the batch.
+Parameters, constants and what depends only on them are shared. The
+batch-dependent outputs (the losses) become the mean of their K copies.
+
+Gradient accumulation then needs no op of its own: lg-autodiff adds up the
+contributions of all uses of a parameter, so each weight gradient is the sum
+over micro-batches of their gradients, and lg-optimizer makes one update per
+step. Because the copies are independent until that sum, the plan can run
+micro-batch k+1's forward while k's is still in flight: on pipeline stages
+(ops placed on disjoint rank sets with `sbp.placement`) the stages overlap,
+in GPipe order (all forwards, then the backwards in reverse), since the one
+schedule every rank follows is the program order of the unrolled graph.
+
+What must hold (checked, with a diagnostic naming the op): every value that
+depends on the batch keeps the batch as its axis 0, or is a scalar; outputs
+that depend on the batch are scalars that are means over the examples (a
+loss), so the mean of the K micro-batch means is the batch's mean. Shapes
+written in ops (reshape, broadcast_to, slice limits) have their leading B
+replaced by B/K.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import DenseArrayBase, DenseIntOrFPElementsAttr, ModuleOp, TensorType, i64
+from xdsl.ir import Operation, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.rewriter import Rewriter
+from xdsl.utils.exceptions import PassFailedException
+
+from sbpc.dialects import lg, sbp
+from sbpc.dialects.sbp import DTensorType, element_type, global_shape
+
+
+def _retyped(old, shape) -> TensorType | DTensorType:
+    if isinstance(old, DTensorType):
+        return DTensorType(shape, old.element_type, old.placement_name, list(old.nd_sbp.data))
+    return TensorType(element_type(old), list(shape))
+
+
+class Unroller:
+    def __init__(self, graph: lg.GraphOp, count: int):
+        self.graph = graph
+        self.count = count
+        self.batch: int | None = None
+
+    def fail(self, op: Operation, why: str) -> PassFailedException:
+        return PassFailedException(f"'{op.name}': lg-micro-batch{{count={self.count}}}: {why}")
+
+    def emit(self, op: Operation, before: Operation, placement) -> SSAValue:
+        if placement is not None:
+            op.attributes[sbp.PLACEMENT_ATTR] = placement
+        before.parent_block().insert_op_before(op, before)
+        return op.results[0]
+
+    def split_input(self, op: lg.InputOp, anchor: Operation) -> list[SSAValue]:
+        """Micro-batch k of the input: examples k, k+K, ..."""
+        shape = global_shape(op.result.type)
+        k = self.count
+        if self.batch is None:
+            self.batch = shape[0]
+        if shape[0] != self.batch:
+            raise self.fail(op, f"input \"{op.key.data}\" has {shape[0]} rows but the batch has {self.batch}")
+        if shape[0] % k:
+            raise self.fail(op, f"the batch of {shape[0]} does not divide into {k} micro-batches")
+        rest = list(shape[1:])
+        placement = op.attributes.get(sbp.PLACEMENT_ATTR)
+        grouped = self.emit(lg.ReshapeOp(op.result, [shape[0] // k, k, *rest]), anchor, placement)
+        pieces = []
+        for i in range(k):
+            one = self.emit(
+                lg.SliceOp(grouped, [0, i, *(0 for _ in rest)], [shape[0] // k, i + 1, *rest]), anchor, placement
+            )
+            piece = self.emit(lg.ReshapeOp(one, [shape[0] // k, *rest]), anchor, placement)
+            piece.name_hint = f"{op.key.data}_mb{i}"
+            pieces.append(piece)
+        return pieces
+
+    def check_batch_major(self, op: Operation, shape) -> None:
+        if shape and shape[0] != self.batch:
+            raise self.fail(
+                op, f"a value that depends on the batch must keep it as axis 0 (size {self.batch}) or be a "
+                f"scalar, got shape {list(shape)}"
+            )
+
+    def copy(self, op: Operation, mapping: dict[SSAValue, SSAValue]) -> Operation:
+        """`op` on micro-batch operands, with its written shapes and result type
+        made per micro-batch."""
+        new = op.clone(value_mapper=dict(mapping))
+        micro = self.batch // self.count
+        old_shape = global_shape(op.results[0].type)
+        self.check_batch_major(op, old_shape)
+        shape = (micro, *old_shape[1:]) if old_shape else ()
+        if isinstance(op, lg.SliceOp):
+            starts, limits = list(op.starts.get_values()), list(op.limits.get_values())
+            if starts[0] != 0 or limits[0] != self.batch or op.strides.get_values()[0] != 1:
+                raise self.fail(op, "a slice of a batch-dependent value must keep the whole batch axis")
+            limits[0] = micro
+            new.properties["limits"] = DenseArrayBase.from_list(i64, limits)
+        if isinstance(op, lg.LgOp):
+            try:
+                shape = tuple(type(op).infer(list(new.operands), **{**op.params(), **self._written(op, shape)}).get_shape())
+            except ValueError as e:
+                raise self.fail(op, str(e)) from None
+        Rewriter.replace_value_with_new_type(new.results[0], _retyped(op.results[0].type, shape))
+        return new
+
+    @staticmethod
+    def _written(op: Operation, shape) -> dict:
+        if isinstance(op, lg.ToShapeOp):
+            return {"shape": tuple(shape)}
+        if isinstance(op, lg.SliceOp):
+            return {"limits": (shape[0], *op.params()["limits"][1:])}
+        return {}
+
+    def run(self) -> None:
+        output = self.graph.output()
+        body = [op for op in self.graph.body.ops if op is not output]
+        inputs = [op for op in body if isinstance(op, lg.InputOp) and global_shape(op.result.type)]
+        if not inputs:
+            raise PassFailedException(
+                f"'lg.graph' @{self.graph.sym_name.data}: lg-micro-batch: no input has a batch axis"
+            )
+        copies: list[dict[SSAValue, SSAValue]] = [{} for _ in range(self.count)]
+        for op in inputs:
+            anchor = op.next_op
+            for k, piece in enumerate(self.split_input(op, anchor)):
+                copies[k][op.result] = piece
+        # Repeat each batch-dependent op per micro-batch, in program order, so
+        # micro-batch k's op comes before k+1's.
+        for op in body:
+            if isinstance(op, lg.InputOp) or not any(o in copies[0] for o in op.operands):
+                continue
+            for k in range(self.count):
+                new = self.copy(op, copies[k])
+                if op.results[0].name_hint:
+                    new.results[0].name_hint = f"{op.results[0].name_hint}_mb{k}"
+                op.parent_block().insert_op_before(new, op)
+                copies[k][op.results[0]] = new.results[0]
+        values = list(output.values)
+        for j, value in enumerate(values):
+            if value not in copies[0]:
+                continue
+            name = output.names.data[j].data
+            if global_shape(value.type):
+                raise self.fail(
+                    output, f"output \"{name}\" depends on the batch but is not a scalar; micro-batched outputs "
+                    "are averaged, so they must be means over the examples (a loss)"
+                )
+            owner = value.owner
+            placement = owner.attributes.get(sbp.PLACEMENT_ATTR) if isinstance(owner, Operation) else None
+            total = copies[0][value]
+            for k in range(1, self.count):
+                total = self.emit(lg.AddOp(total, copies[k][value]), output, placement)
+            scale = TensorType(element_type(value.type), [])
+            inv = self.emit(lg.ConstantOp(DenseIntOrFPElementsAttr.from_list(scale, [1.0 / self.count])), output, placement)
+            values[j] = self.emit(lg.MulOp(total, inv), output, placement)
+            values[j].name_hint = value.name_hint
+        output.operands = values
+        # The whole-batch ops are now unused; remove them, last first.
+        for op in reversed(body):
+            if not isinstance(op, lg.InputOp) and op.results and op.results[0] in copies[0]:
+                if op.results[0].uses:
+                    raise self.fail(op, "internal: the whole-batch op is still used")
+                Rewriter.erase_op(op)
+
+
+@dataclass(frozen=True)
+class LgMicroBatchPass(ModulePass):
+    name = "lg-micro-batch"
+
+    count: int = 1
+    """Micro-batches per step (1: no change)."""
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        if self.count < 1:
+            raise PassFailedException(f"lg-micro-batch: count must be at least 1, got {self.count}")
+        if self.count == 1:
+            return
+        for graph in [g for g in op.ops if isinstance(g, lg.GraphOp)]:
+            Unroller(graph, self.count).run()
