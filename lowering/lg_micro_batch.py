@@ -42,7 +42,7 @@ from sbpc.dialects.sbp import DTensorType, element_type, global_shape
 
 def _retyped(old, shape) -> TensorType | DTensorType:
     if isinstance(old, DTensorType):
-        return DTensorType(shape, old.element_type, old.placement_name, list(old.nd_sbp.data))
+        return DTensorType(shape, old.element_type, old.placement_name, old.nd_sbp)
     return TensorType(element_type(old), list(shape))
 
 

@@ -470,6 +470,11 @@ def apply_solution(graph: lg.GraphOp, problem: Problem, choice: list[int], strat
 
     # Where a consumer needs another distribution, request it with an annotation
     # right after the producer, shared by every consumer with the same need.
+    # A parameter is the exception: it is always there, so its redistribution
+    # is made right before each use (the cost model charges every use anyway).
+    # A parameter stored split and gathered for a use is then gathered again
+    # for the next (forward, backward) and each gathered copy dies at its use:
+    # FSDP / ZeRO-3.
     requests: dict[tuple[SSAValue, DTensorType], SSAValue] = {}
     for v, node in enumerate(nodes):
         if node.fixed_input:
@@ -482,11 +487,16 @@ def apply_solution(graph: lg.GraphOp, problem: Problem, choice: list[int], strat
             want = operand.type.with_distribution(node.mesh.name, nd_from_plain(ins[j]))
             if operand.type == want:
                 continue
+            owner = operand.owner
+            assert isinstance(owner, Operation)
+            if isinstance(owner, lg.ParamOp):
+                annotate = AnnotateOp(operand, want)
+                node.op.parent_block().insert_op_before(annotate, node.op)
+                operands[j] = annotate.result
+                continue
             key = (operand, want)
             if key not in requests:
                 annotate = AnnotateOp(operand, want)
-                owner = operand.owner
-                assert isinstance(owner, Operation)
                 owner.parent_block().insert_op_after(annotate, owner)
                 requests[key] = annotate.result
             operands[j] = requests[key]

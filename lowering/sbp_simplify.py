@@ -5,7 +5,9 @@
   identity on a distributed value: uses of its end read its start.
 - all_reduce then slice over the same mesh axes is one reduce_scatter.
 - The same collective applied twice to one value (boxing for several
-  consumers) keeps one result.
+  consumers) keeps one result, except on a parameter: sbp-infer
+  redistributes a parameter at each use on purpose, so a gathered copy
+  lives only until its use (FSDP).
 - Collectives nobody reads disappear.
 
 Collectives never change the global value, so two values in one chain with
@@ -27,7 +29,7 @@ from xdsl.pattern_rewriter import (
     RewritePattern,
 )
 
-from sbpc.dialects import sbp
+from sbpc.dialects import lg, sbp
 from sbpc.dialects.sbp import DTensorType, lookup_placement, nd_to_plain
 
 from .boxing_planner import Step
@@ -86,7 +88,7 @@ class ShareRepeatedBoxing(RewritePattern):
     """The same collective on the same value twice: keep the first."""
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
-        if not isinstance(op, BOXING_OPS):
+        if not isinstance(op, BOXING_OPS) or isinstance(op.operands[0].owner, lg.ParamOp):
             return
         block = op.parent_block()
         for use in op.operands[0].uses:

@@ -68,6 +68,10 @@ def schedule(ops: list[Operation]) -> list[Operation]:
         return 2
 
     waiting = {op: sum(1 for o in op.operands if o.owner in index) for op in ops}
+    for head, gate in _parameter_gathers(ops, index, is_comm, users).items():
+        for op in gate:
+            users[op].append(head)
+        waiting[head] += len(gate)
     ready = [(priority(op), index[op], op) for op in ops if not waiting[op]]
     heapq.heapify(ready)
     order = []
@@ -79,6 +83,42 @@ def schedule(ops: list[Operation]) -> list[Operation]:
             if not waiting[user]:
                 heapq.heappush(ready, (priority(user), index[user], user))
     return order
+
+
+def _parameter_gathers(ops, index, is_comm, users) -> dict[Operation, set[Operation]]:
+    """For each redistribution of a parameter (FSDP's gather): the ops it
+    waits for. A parameter is ready from the start, so without a gate its
+    gather would run first and the gathered copy would stay live until its
+    use. It is issued one op ahead of its use instead: once the producers of
+    the inputs of the use's other operands have run, so the gather overlaps
+    the op that makes the use's activation."""
+    chain: set[Operation] = set()
+    heads = []
+    for op in ops:
+        if is_comm[op]:
+            owner = op.operands[0].owner
+            if isinstance(owner, lg.ParamOp):
+                chain.add(op)
+                heads.append(op)
+            elif owner in chain:
+                chain.add(op)
+    gates = {}
+    for head in heads:
+        consumers, todo = [], [head]
+        while todo:
+            for user in users[todo.pop()]:
+                (todo if user in chain else consumers).append(user)
+        gate = set()
+        for consumer in consumers:
+            for operand in consumer.operands:
+                producer = operand.owner
+                if producer not in index or producer in chain or isinstance(producer, lg.ParamOp):
+                    continue
+                earlier = [o.owner for o in producer.operands if o.owner in index]
+                gate.update(earlier or [producer])
+        if gate:
+            gates[head] = gate
+    return gates
 
 
 def _coord(mesh: Mesh, rank: int) -> tuple[int, ...]:

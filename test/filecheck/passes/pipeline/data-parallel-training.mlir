@@ -41,12 +41,13 @@
 
 // CHECK-LABEL: lg.graph @zero_train_step
 // CHECK-NOT:   sbp.all_reduce
-// CHECK:       sbp.slice %w1 over [0] bytes 0
-// CHECK:       sbp.slice %w2 over [0] bytes 0
-// CHECK:       %2 = sbp.reduce_scatter %dw2 over [0] bytes 3072
-// CHECK:       %3 = sbp.reduce_scatter %dw1 over [0] bytes 6144
-// CHECK:       %n1 = lg.sub %0, %s1 {sbp.signature = #sbp.sig<(S<0>, S<0>) -> (S<0>)>}
-// CHECK:       %n2 = lg.sub %1, %s2 {sbp.signature = #sbp.sig<(S<0>, S<0>) -> (S<0>)>}
+// CHECK:       %0 = sbp.reduce_scatter %dw2 over [0] bytes 3072
+// CHECK:       %1 = sbp.reduce_scatter %dw1 over [0] bytes 6144
+// A parameter is redistributed right before its use.
+// CHECK:       %2 = sbp.slice %w1 over [0] bytes 0
+// CHECK-NEXT:  %n1 = lg.sub %2, %s1 {sbp.signature = #sbp.sig<(S<0>, S<0>) -> (S<0>)>}
+// CHECK:       %3 = sbp.slice %w2 over [0] bytes 0
+// CHECK-NEXT:  %n2 = lg.sub %3, %s2 {sbp.signature = #sbp.sig<(S<0>, S<0>) -> (S<0>)>}
 // CHECK-NEXT:  %w1_new = sbp.all_gather %n1 over [0] bytes 6144
 // CHECK-NEXT:  %w2_new = sbp.all_gather %n2 over [0] bytes 3072
 // CHECK-NEXT:  lg.output

@@ -1,0 +1,233 @@
+"""The example models, each in every parallel variant, written with the frontend.
+
+The compiler has no model-specific code: a variant is nothing but SBP hints
+and placements on an otherwise identical graph.
+
+    dp        data parallel: the batch S(0), parameters B; weight gradients
+              come out P and boxing all-reduces them
+    tp        tensor parallel (Megatron): the first weight of each MLP and the
+              q/k/v projections split by columns S(1) (attention heads split),
+              the second MLP weight and the output projection by rows S(0);
+              activations B
+    2d        a (data x model) mesh: [S(0), B] batch, [B, tp hint] weights
+    zero      dp, with the optimizer state split S(0) over the data axis
+              (lg-optimizer{zero=true})
+    fsdp      dp, with the parameters themselves stored S(0): gathered before
+              each use, gradients reduce-scattered
+    pipeline  two stages on disjoint rank sets (each data parallel inside),
+              the layers split between them, `micro_batches` micro-batches
+              per step flowing through them (lg-micro-batch)
+
+`training_module` differentiates the forward graph and appends the optimizer.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+from xdsl.context import Context
+
+import sbpc
+from sbpc import B, S
+from sbpc.lowering.lg_autodiff import LgAutodiffPass
+from sbpc.lowering.lg_micro_batch import LgMicroBatchPass
+from sbpc.lowering.lg_optimizer import LgOptimizerPass
+
+VARIANTS = ("dp", "tp", "2d", "zero", "fsdp", "pipeline")
+CORPUS = pathlib.Path(__file__).resolve().parent / "data" / "corpus.txt"
+
+
+class Layout:
+    """Where a variant puts things: placements, and the hints for inputs,
+    weights split by columns or rows, replicated weights and activations."""
+
+    def __init__(self, variant: str, ranks: int):
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown variant {variant!r} (choose {', '.join(VARIANTS)})")
+        self.variant = variant
+        self.stages = [sbpc.placement("cpu", ranks=ranks)]
+        data = S(0)
+        if variant == "2d":
+            if ranks % 2:
+                raise ValueError("the 2d variant needs an even number of ranks (a 2 x ranks/2 mesh)")
+            self.stages = [sbpc.placement("cpu", ranks=ranks, mesh=(2, ranks // 2))]
+        elif variant == "pipeline":
+            if ranks < 2 or ranks % 2:
+                raise ValueError("the pipeline variant needs an even number of ranks (two stages)")
+            half = ranks // 2
+            self.stages = [sbpc.placement("cpu", ranks=list(range(half)), name="stage0"),
+                           sbpc.placement("cpu", ranks=list(range(half, ranks)), name="stage1")]
+        model = variant in ("tp", "2d")
+        if variant == "2d":
+            self.batch, self.replicated = [data, B], [B, B]
+            self.columns, self.rows = [B, S(1)], [B, S(0)]
+            self.vector_split = [B, S(0)]
+        elif model:
+            self.batch, self.replicated, self.columns, self.rows, self.vector_split = B, B, S(1), S(0), S(0)
+        elif variant == "fsdp":
+            self.batch, self.replicated = data, S(0)
+            self.columns = self.rows = self.vector_split = S(0)
+        else:
+            self.batch = data
+            self.replicated = self.columns = self.rows = self.vector_split = B
+        self.zero = variant == "zero"
+        self.micro_batches = 1
+
+    @property
+    def placement(self):
+        return self.stages[0]
+
+    def stage(self, g: sbpc.Graph, i: int):
+        """The scope of stage i (a no-op where there is one placement)."""
+        import contextlib
+
+        return g.on(self.stages[i]) if len(self.stages) > 1 else contextlib.nullcontext()
+
+    def activation(self, t):
+        """FSDP keeps activations batch-split (without the hint, inference may
+        prefer moving activations to gathering weights on tiny models)."""
+        return t.to(S(0)) if self.variant == "fsdp" else t
+
+
+def training_module(g: sbpc.Graph, layout: Layout, algorithm: str = "adam", micro_batches: int = 1):
+    module = g.module()
+    LgMicroBatchPass(count=micro_batches).apply(Context(), module)
+    LgAutodiffPass().apply(Context(), module)
+    LgOptimizerPass(algorithm=algorithm, zero=layout.zero).apply(Context(), module)
+    module.verify()
+    return module
+
+
+# -- MLP ------------------------------------------------------------------------
+
+
+def mlp(variant: str, ranks: int, batch: int = 64, features: int = 32, hidden: int = 64, classes: int = 8,
+        algorithm: str = "adam", micro_batches: int | None = None):
+    """x -> gelu(x @ w1 + b1) @ w2 -> cross-entropy: a classifier."""
+    layout = Layout(variant, ranks)
+    if micro_batches is None:
+        micro_batches = 4 if variant == "pipeline" else 1
+    g = sbpc.Graph("mlp_train", placement=layout.placement)
+    x = g.input("x", (batch, features), sbp=layout.batch)
+    with layout.stage(g, 0):
+        w1 = g.param("w1", (features, hidden), init=sbpc.normal(0.0, features ** -0.5), seed=1, sbp=layout.columns)
+        b1 = g.param("b1", (hidden,), sbp=layout.vector_split)
+        h = layout.activation(sbpc.gelu(x @ w1 + b1))
+    with layout.stage(g, len(layout.stages) - 1):
+        if len(layout.stages) > 1:
+            h = h.to(layout.batch)
+        w2 = g.param("w2", (hidden, classes), init=sbpc.normal(0.0, hidden ** -0.5), seed=2, sbp=layout.rows)
+        labels = g.input("labels", (batch,), dtype="i64", sbp=layout.batch)
+        loss = sbpc.cross_entropy(h @ w2, labels)
+    g.output(loss=loss)
+    return training_module(g, layout, algorithm, micro_batches)
+
+
+def mlp_batches(batch: int = 64, features: int = 32, classes: int = 8, seed: int = 0, lr: float = 3e-3):
+    """Inputs from a normal distribution, labels from a fixed random teacher."""
+    rng = np.random.default_rng(seed)
+    teacher = rng.normal(size=(features, classes))
+    while True:
+        x = rng.normal(size=(batch, features)).astype(np.float32)
+        yield {"x": x, "labels": np.argmax(x @ teacher, axis=1).astype(np.int64), "lr": np.float32(lr)}
+
+
+# -- GPT ------------------------------------------------------------------------
+
+
+def gpt(variant: str, ranks: int, vocab: int, batch: int = 16, seq: int = 16, dim: int = 32, heads: int = 4,
+        layers: int = 2, tied: bool = False, algorithm: str = "adam", micro_batches: int | None = None):
+    """Token + position embeddings, `layers` pre-LN blocks of causal multi-head
+    attention and a GELU MLP, final layernorm, output head (tied to the token
+    embedding or its own), cross-entropy on the next token."""
+    layout = Layout(variant, ranks)
+    if micro_batches is None:
+        micro_batches = 4 if variant == "pipeline" else 1
+    if tied and len(layout.stages) > 1:
+        raise ValueError("a tied head needs the token embedding on the last stage: use an untied head to pipeline")
+    g = sbpc.Graph("gpt", placement=layout.placement)
+    tokens = g.input("tokens", (batch, seq), dtype="i64", sbp=layout.batch)
+    std = 0.02
+    hd = dim // heads
+    # a stage boundary after the first half of the blocks
+    boundary = layers // 2 if len(layout.stages) > 1 else None
+    stage = layout.stage(g, 0)
+    stage.__enter__()
+    wte = g.param("wte", (vocab, dim), init=sbpc.normal(0.0, std), seed=1, sbp=layout.replicated)
+    wpe = g.param("wpe", (seq, dim), init=sbpc.normal(0.0, std), seed=2, sbp=layout.replicated)
+    # causal mask: -1e9 above the diagonal, added to the attention scores
+    mask = g.constant(np.triu(np.full((seq, seq), -1e9, np.float32), k=1))
+    h = layout.activation(sbpc.embedding(wte, tokens) + wpe)
+    for i in range(layers):
+        if i == boundary:
+            stage.__exit__(None, None, None)
+            stage = layout.stage(g, 1)
+            stage.__enter__()
+            h = h.to(layout.batch)
+            mask = g.constant(np.triu(np.full((seq, seq), -1e9, np.float32), k=1))
+        p = f"block{i}."
+
+        def param(name, shape, sbp, init=None, seed=0):
+            return g.param(p + name, shape, init=init or sbpc.normal(0.0, std), seed=seed, sbp=sbp)
+
+        def norm(name, x):
+            return sbpc.layernorm(x, param(name + ".g", (dim,), layout.replicated, sbpc.ones()),
+                                  param(name + ".b", (dim,), layout.replicated, sbpc.zeros()))
+
+        def heads_of(t):
+            return t.reshape(batch, seq, heads, hd).transpose(0, 2, 1, 3)
+
+        x = norm("ln1", h)
+        q = heads_of(x @ param("wq", (dim, dim), layout.columns, seed=10 * i + 3))
+        k = heads_of(x @ param("wk", (dim, dim), layout.columns, seed=10 * i + 4))
+        v = heads_of(x @ param("wv", (dim, dim), layout.columns, seed=10 * i + 5))
+        scores = sbpc.matmul(q, k, transpose_b=True) * (1.0 / np.sqrt(hd)) + mask
+        att = sbpc.matmul(sbpc.softmax(scores, axis=3), v).transpose(0, 2, 1, 3).reshape(batch, seq, dim)
+        h = layout.activation(h + att @ param("wo", (dim, dim), layout.rows, seed=10 * i + 6))
+        x = norm("ln2", h)
+        up = sbpc.gelu(x @ param("w1", (dim, 4 * dim), layout.columns, seed=10 * i + 7))
+        h = layout.activation(h + up @ param("w2", (4 * dim, dim), layout.rows, seed=10 * i + 8))
+    if boundary is not None and boundary >= layers:
+        raise ValueError("the pipeline variant needs at least 2 layers")
+    h = sbpc.layernorm(h, g.param("lnf.g", (dim,), init=sbpc.ones(), sbp=layout.replicated),
+                       g.param("lnf.b", (dim,), sbp=layout.replicated))
+    if tied:
+        logits = sbpc.matmul(h, wte, transpose_b=True)
+    else:
+        logits = h @ g.param("head", (dim, vocab), init=sbpc.normal(0.0, std), seed=9, sbp=layout.replicated)
+    targets = g.input("targets", (batch, seq), dtype="i64", sbp=layout.batch)
+    loss = sbpc.cross_entropy(logits, targets)
+    stage.__exit__(None, None, None)
+    g.output(loss=loss)
+    return training_module(g, layout, algorithm, micro_batches)
+
+
+def corpus() -> tuple[str, dict[str, int]]:
+    text = CORPUS.read_text()
+    return text, {c: i for i, c in enumerate(sorted(set(text)))}
+
+
+def gpt_batches(batch: int = 16, seq: int = 16, seed: int = 0, lr: float = 3e-3):
+    """Random windows of the corpus: tokens and the next characters."""
+    text, stoi = corpus()
+    data = np.array([stoi[c] for c in text], np.int64)
+    rng = np.random.default_rng(seed)
+    while True:
+        starts = rng.integers(0, len(data) - seq - 1, batch)
+        tokens = np.stack([data[s : s + seq] for s in starts])
+        targets = np.stack([data[s + 1 : s + seq + 1] for s in starts])
+        yield {"tokens": tokens, "targets": targets, "lr": np.float32(lr)}
+
+
+def reference_losses(module, batches, steps: int) -> list[float]:
+    """The same training on one device, in the reference interpreter."""
+    from sbpc.reference import evaluate, initial_value
+
+    params = {op.key.data: initial_value(op) for op in module.ops.last.body.ops if op.name == "lg.param"}
+    losses = []
+    for _ in range(steps):
+        out = evaluate(module, next(batches), params)
+        params.update({k[4:]: v for k, v in out.items() if k.startswith("new.")})
+        losses.append(float(out["loss"]))
+    return losses
