@@ -85,13 +85,21 @@ class Layout:
         return g.on(self.stages[i]) if len(self.stages) > 1 else contextlib.nullcontext()
 
     def activation(self, t):
-        """FSDP keeps activations batch-split (without the hint, inference may
-        prefer moving activations to gathering weights on tiny models)."""
-        return t.to(S(0)) if self.variant == "fsdp" else t
+        """The residual stream between layers: batch-split for FSDP (without
+        the hint, inference may prefer moving activations to gathering
+        weights on tiny models), replicated over the model axis for tensor
+        parallelism (Megatron's layout, so each block ends in one all_reduce
+        per sublayer rather than a reduce_scatter the next layer gathers)."""
+        if self.variant in ("fsdp", "tp", "2d"):
+            return t.to(self.batch)
+        return t
 
 
-def training_module(g: sbpc.Graph, layout: Layout, algorithm: str = "adam", micro_batches: int = 1):
+def training_module(g: sbpc.Graph, layout: Layout, algorithm: str = "adam", micro_batches: int = 1,
+                    training: bool = True):
     module = g.module()
+    if not training:
+        return module
     LgMicroBatchPass(count=micro_batches).apply(Context(), module)
     LgAutodiffPass().apply(Context(), module)
     LgOptimizerPass(algorithm=algorithm, zero=layout.zero).apply(Context(), module)
@@ -103,7 +111,7 @@ def training_module(g: sbpc.Graph, layout: Layout, algorithm: str = "adam", micr
 
 
 def mlp(variant: str, ranks: int, batch: int = 64, features: int = 32, hidden: int = 64, classes: int = 8,
-        algorithm: str = "adam", micro_batches: int | None = None):
+        algorithm: str = "adam", micro_batches: int | None = None, training: bool = True):
     """x -> gelu(x @ w1 + b1) @ w2 -> cross-entropy: a classifier."""
     layout = Layout(variant, ranks)
     if micro_batches is None:
@@ -121,7 +129,7 @@ def mlp(variant: str, ranks: int, batch: int = 64, features: int = 32, hidden: i
         labels = g.input("labels", (batch,), dtype="i64", sbp=layout.batch)
         loss = sbpc.cross_entropy(h @ w2, labels)
     g.output(loss=loss)
-    return training_module(g, layout, algorithm, micro_batches)
+    return training_module(g, layout, algorithm, micro_batches, training)
 
 
 def mlp_batches(batch: int = 64, features: int = 32, classes: int = 8, seed: int = 0, lr: float = 3e-3):
@@ -137,7 +145,8 @@ def mlp_batches(batch: int = 64, features: int = 32, classes: int = 8, seed: int
 
 
 def gpt(variant: str, ranks: int, vocab: int, batch: int = 16, seq: int = 16, dim: int = 32, heads: int = 4,
-        layers: int = 2, tied: bool = False, algorithm: str = "adam", micro_batches: int | None = None):
+        layers: int = 2, tied: bool = False, algorithm: str = "adam", micro_batches: int | None = None,
+        training: bool = True):
     """Token + position embeddings, `layers` pre-LN blocks of causal multi-head
     attention and a GELU MLP, final layernorm, output head (tied to the token
     embedding or its own), cross-entropy on the next token."""
@@ -200,7 +209,7 @@ def gpt(variant: str, ranks: int, vocab: int, batch: int = 16, seq: int = 16, di
     loss = sbpc.cross_entropy(logits, targets)
     stage.__exit__(None, None, None)
     g.output(loss=loss)
-    return training_module(g, layout, algorithm, micro_batches)
+    return training_module(g, layout, algorithm, micro_batches, training)
 
 
 def corpus() -> tuple[str, dict[str, int]]:

@@ -13,9 +13,10 @@ scalar), so schedules are the caller's. Options:
     weight_decay  AdamW's decoupled decay
     clip          clip the gradients to this global norm (0: off)
     zero          ZeRO: hint the optimizer state split S<0> over the first
-                  (data) mesh axis of the graph's placement, so each rank
+                  (data) mesh axis of the parameter's placement, so each rank
                   keeps and updates 1/p of it; the update is gathered back
-                  into the parameter's own distribution
+                  into the parameter's own distribution. Without it, the state
+                  of a hinted parameter is hinted like the parameter.
 
 A training step runs the graph and writes every `new.<name>` output back
 into the parameter `<name>` (Executable.train_step does this).
@@ -143,6 +144,11 @@ class LgOptimizerPass(ModulePass):
             if shape[0] >= mesh.shape[0]:
                 t = DTensorType(shape, t.element_type, mesh.name,
                                 [SplitAttr(0), *(BroadcastAttr() for _ in mesh.shape[1:])])
+        elif shape and isinstance(like.type, DTensorType):
+            # a hinted parameter's state is distributed as the parameter is, so
+            # the update is local (the cost model's memory term would otherwise
+            # often shard state on its own: ZeRO is asked for with zero=true)
+            t = like.type
         state = lg.ParamOp(key, t, init)
         if placed is not None and shape:
             state.attributes[PLACEMENT_ATTR] = placed

@@ -172,6 +172,9 @@ class Problem:
     edges: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     """(producer, consumer) -> boxing cost [producer candidate, consumer candidate],
     parallel operands summed."""
+    ties: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
+    """(parameter, producer of its update) -> boxing cost [param candidate,
+    producer candidate]; also summed into `edges`."""
 
     def total(self, choice: Sequence[int]) -> float:
         cost = sum(float(node.cost[choice[i]]) for i, node in enumerate(self.nodes))
@@ -314,6 +317,7 @@ def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:
                 matrix[kp, ku] = unit[pair]
         key = (param_node, producer_node)
         problem.edges[key] = problem.edges[key] + matrix if key in problem.edges else matrix
+        problem.ties[key] = matrix
     return problem
 
 
@@ -442,7 +446,155 @@ def solve_auto(problem: Problem) -> list[int]:
             choice[v] = int(record[3][choice[record[2]]])
         else:
             choice[v] = int(record[4][choice[record[2]], choice[record[3]]])
-    return choice if problem.total(choice) <= problem.total(greedy) else greedy
+    exact = ExactCost(problem)
+    best = min((choice, greedy), key=exact.total)
+    return exact.refine(list(best))
+
+
+class ExactCost:
+    """The cost of a plan as it will be built, for the final local search.
+
+    The pairwise model the elimination works on charges boxing per use, but
+    sbp-infer's annotations are shared by every use that wants the same
+    distribution (a weight gradient read by three update ops is all-reduced
+    once). Here each producer pays once per distinct distribution its uses
+    want (per use for parameters and for sbp.annotate, which are
+    redistributed at each use). Moves: one node at a time, and a whole
+    connected region of split nodes at once to its replicated signature
+    (single moves cannot leave a plateau such as an elementwise chain
+    computed split whose result is gathered at the end)."""
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+        nodes = problem.nodes
+        self.slots: list[list[tuple[int, int]]] = [[] for _ in nodes]  # producer -> [(consumer, operand)]
+        for v, node in enumerate(nodes):
+            for j, u in enumerate(node.producers):
+                if u is not None:
+                    self.slots[u].append((v, j))
+        self.ties_of: list[list[tuple[int, int]]] = [[] for _ in nodes]
+        for key in problem.ties:
+            for n in key:
+                self.ties_of[n].append(key)
+        self.per_use = [isinstance(node.op, lg.ParamOp) for node in nodes]
+        self._unit: dict[tuple, float] = {}
+        self.replicated = [
+            next((k for k, (ins, out) in enumerate(node.candidates)
+                  if all(s == "B" for nd in (*ins, out) for s in nd)), None)
+            for node in nodes
+        ]
+
+    def unit(self, u: int, v: int, j: int, src, dst) -> float:
+        if src == dst and self.problem.nodes[u].mesh == self.problem.nodes[v].mesh:
+            return 0.0
+        node = self.problem.nodes[v]
+        operand = node.op.operands[j]
+        key = (u, node.mesh, src, dst)
+        cost = self._unit.get(key)
+        if cost is None:
+            device = self.problem.device
+            nbytes = _nbytes(operand)
+            if self.problem.nodes[u].mesh != node.mesh:
+                cost = transfer_cost(nbytes, device)
+            else:
+                cost = boxing_cost(src, dst, node.mesh.shape, len(global_shape(operand.type)), nbytes, device)
+            self._unit[key] = cost
+        return cost
+
+    def producer_cost(self, u: int, choice: Sequence[int]) -> float:
+        """Boxing of u's result for all its uses."""
+        nodes = self.problem.nodes
+        src = nodes[u].candidates[choice[u]][1]
+        total, seen = 0.0, set()
+        for v, j in self.slots[u]:
+            dst = nodes[v].candidates[choice[v]][0][j]
+            if dst == src and nodes[u].mesh == nodes[v].mesh:
+                continue
+            if self.per_use[u] or nodes[v].fixed_input:
+                total += self.unit(u, v, j, src, dst)
+            elif (nodes[v].mesh, dst) not in seen:
+                seen.add((nodes[v].mesh, dst))
+                total += self.unit(u, v, j, src, dst)
+        return total
+
+    def total(self, choice: Sequence[int]) -> float:
+        nodes = self.problem.nodes
+        cost = sum(float(node.cost[choice[i]]) for i, node in enumerate(nodes))
+        cost += sum(self.producer_cost(u, choice) for u in range(len(nodes)))
+        cost += sum(float(m[choice[a], choice[b]]) for (a, b), m in self.problem.ties.items())
+        return cost
+
+    def local(self, changed, choice: Sequence[int]) -> float:
+        """The part of the total that depends on the nodes in `changed`."""
+        nodes = self.problem.nodes
+        producers, ties = set(), set()
+        for v in changed:
+            producers.add(v)
+            producers.update(u for u in nodes[v].producers if u is not None)
+            ties.update(self.ties_of[v])
+        cost = sum(float(nodes[v].cost[choice[v]]) for v in changed)
+        cost += sum(self.producer_cost(u, choice) for u in producers)
+        cost += sum(float(self.problem.ties[k][choice[k[0]], choice[k[1]]]) for k in ties)
+        return cost
+
+    def region(self, v: int, choice: Sequence[int]) -> list[int]:
+        """v and the nodes connected to it that are not replicated but could be."""
+        nodes = self.problem.nodes
+
+        def flippable(n: int) -> bool:
+            return self.replicated[n] is not None and choice[n] != self.replicated[n]
+
+        if not flippable(v):
+            return []
+        region, todo = {v}, [v]
+        while todo:
+            n = todo.pop()
+            neighbours = [u for u in nodes[n].producers if u is not None] + [c for c, _ in self.slots[n]]
+            for m in neighbours:
+                if m not in region and flippable(m) and nodes[m].mesh == nodes[v].mesh:
+                    region.add(m)
+                    todo.append(m)
+        return sorted(region)
+
+    def refine(self, choice: list[int], rounds: int = 8) -> list[int]:
+        nodes = self.problem.nodes
+        for _ in range(rounds):
+            changed = False
+            for v, node in enumerate(nodes):
+                if len(node.candidates) < 2:
+                    continue
+                current = choice[v]
+                before = self.local([v], choice)
+                best, best_cost = current, before
+                for k in range(len(node.candidates)):
+                    if k == current:
+                        continue
+                    choice[v] = k
+                    cost = self.local([v], choice)
+                    if cost < best_cost - 1e-15:
+                        best, best_cost = k, cost
+                choice[v] = best
+                changed |= best != current
+            tried: set[int] = set()
+            for v in range(len(nodes)):
+                if v in tried:
+                    continue
+                region = self.region(v, choice)
+                tried.update(region)
+                if len(region) < 2:
+                    continue
+                old = [choice[n] for n in region]
+                before = self.local(region, choice)
+                for n in region:
+                    choice[n] = self.replicated[n]
+                if self.local(region, choice) < before - 1e-15:
+                    changed = True
+                else:
+                    for n, k in zip(region, old):
+                        choice[n] = k
+            if not changed:
+                break
+        return choice
 
 
 SOLVERS = {"greedy": solve_greedy, "auto": solve_auto}
@@ -516,7 +668,7 @@ def apply_solution(graph: lg.GraphOp, problem: Problem, choice: list[int], strat
         output.operands = operands
 
     graph.attributes["sbp.strategy"] = StringAttr(strategy)
-    graph.attributes["sbp.total_cost"] = FloatAttr(problem.total(choice), f64)
+    graph.attributes["sbp.total_cost"] = FloatAttr(ExactCost(problem).total(choice), f64)
 
 
 def _explanation(problem: Problem, v: int, choice: list[int]) -> ArrayAttr:

@@ -160,6 +160,51 @@ class Executable:
                         names.add(r.fetch.data)
         return names
 
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes every parameter (optimizer state included) as global arrays
+        to an .npz checkpoint, atomically: into a temporary file next to it,
+        then renamed over `path`, so a crash never leaves a torn checkpoint."""
+        import tempfile
+
+        path = os.fspath(path)
+        arrays = {key: self.params[key] for key in self.param_keys()}
+        directory = os.path.dirname(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".npz", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, **arrays)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def load(self, path: str | os.PathLike) -> None:
+        """Reads a checkpoint written by `save`: every parameter of this plan
+        must be there, with its global shape and dtype."""
+        with np.load(os.fspath(path)) as data:
+            missing = sorted(set(self.param_keys()) - set(data.files))
+            if missing:
+                raise ValueError(f"checkpoint {os.fspath(path)!r} lacks parameters {missing}")
+            shapes = self._param_types()
+            for key in self.param_keys():
+                value = data[key]
+                shape, dtype = shapes[key]
+                if value.shape != shape or value.dtype != dtype:
+                    raise ValueError(
+                        f"checkpoint {os.fspath(path)!r}: parameter {key!r} is {value.dtype}{list(value.shape)}, "
+                        f"the plan wants {dtype}{list(shape)}"
+                    )
+                self.params[key] = value
+
+    def _param_types(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        from sbpc.reference import numpy_dtype
+
+        return {r.param.data: (tuple(r.value.get_shape()), np.dtype(numpy_dtype(r.value.element_type)))
+                for d in self.program.devices() for r in d.registers() if r.param is not None}
+
     def param_keys(self) -> list[str]:
         return sorted({r.param.data for d in self.program.devices() for r in d.registers() if r.param is not None})
 

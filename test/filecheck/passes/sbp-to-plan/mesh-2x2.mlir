@@ -13,11 +13,11 @@ lg.graph @hybrid on @mesh {
   %x0 = lg.input "x" : tensor<8x16xf32>
   %x = sbp.annotate %x0 : tensor<8x16xf32> -> !sbp.dtensor<8x16xf32, @mesh, [S<0>, B]>
   %w = lg.param "w" init #lg.normal<0.0, 0.1> : !sbp.dtensor<16x8xf32, @mesh, [B, S<1>]>
-  %y = lg.matmul %x, %w : (!sbp.dtensor<8x16xf32, @mesh, [S<0>, B]>, !sbp.dtensor<16x8xf32, @mesh, [B, S<1>]>) -> tensor<8x8xf32>
-  %g = lg.matmul %x, %y transpose_lhs : (!sbp.dtensor<8x16xf32, @mesh, [S<0>, B]>, tensor<8x8xf32>) -> tensor<16x8xf32>
+  %y = lg.matmul %x, %w : (!sbp.dtensor<8x16xf32, @mesh, [S<0>, B]>, !sbp.dtensor<16x8xf32, @mesh, [B, S<1>]>) -> !sbp.dtensor<8x8xf32, @mesh, [S<0>, S<1>]>
+  %g = lg.matmul %x, %y transpose_lhs : (!sbp.dtensor<8x16xf32, @mesh, [S<0>, B]>, !sbp.dtensor<8x8xf32, @mesh, [S<0>, S<1>]>) -> tensor<16x8xf32>
   %gb = sbp.annotate %g : tensor<16x8xf32> -> !sbp.dtensor<16x8xf32, @mesh, [B, S<1>]>
-  %r = lg.relu %y : tensor<8x8xf32>
-  %rb = sbp.annotate %r : tensor<8x8xf32> -> !sbp.dtensor<8x8xf32, @mesh, [B, B]>
+  %r = lg.relu %y : !sbp.dtensor<8x8xf32, @mesh, [S<0>, S<1>]>
+  %rb = sbp.annotate %r : !sbp.dtensor<8x8xf32, @mesh, [S<0>, S<1>]> -> !sbp.dtensor<8x8xf32, @mesh, [B, B]>
   lg.output ["g", "r"] %gb, %rb : !sbp.dtensor<16x8xf32, @mesh, [B, S<1>]>, !sbp.dtensor<8x8xf32, @mesh, [B, B]>
 }
 
