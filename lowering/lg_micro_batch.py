@@ -14,8 +14,9 @@ over micro-batches of their gradients, and lg-optimizer makes one update per
 step. Because the copies are independent until that sum, the plan can run
 micro-batch k+1's forward while k's is still in flight: on pipeline stages
 (ops placed on disjoint rank sets with `sbp.placement`) the stages overlap,
-in GPipe order (all forwards, then the backwards in reverse), since the one
-schedule every rank follows is the program order of the unrolled graph.
+in GPipe order (the forwards micro-batch after micro-batch, then the
+backwards in reverse), since the one schedule every rank follows is the
+program order of the unrolled graph, which the pass makes micro-batch-major.
 
 What must hold (checked, with a diagnostic naming the op): every value that
 depends on the batch keeps the batch as its axis 0, or is a scalar; outputs
@@ -129,21 +130,30 @@ class Unroller:
             raise PassFailedException(
                 f"'lg.graph' @{self.graph.sym_name.data}: lg-micro-batch: no input has a batch axis"
             )
+        # What does not depend on the batch (parameters, constants, what is
+        # computed from them only) moves ahead, in its order, so that each
+        # micro-batch's ops can then follow one another: micro-batch 0's
+        # whole forward, then micro-batch 1's, ... The one schedule follows
+        # program order among ready ops, so stage 0 sends micro-batch 0 on
+        # while it computes micro-batch 1: the stages overlap.
+        dependent = {op.result for op in inputs}
+        batch_ops = []
+        for op in body:
+            if not isinstance(op, lg.InputOp) and any(o in dependent for o in op.operands):
+                dependent.add(op.results[0])
+                batch_ops.append(op)
+        for op in batch_ops:
+            op.detach()
         copies: list[dict[SSAValue, SSAValue]] = [{} for _ in range(self.count)]
         for op in inputs:
-            anchor = op.next_op
-            for k, piece in enumerate(self.split_input(op, anchor)):
+            for k, piece in enumerate(self.split_input(op, output)):
                 copies[k][op.result] = piece
-        # Repeat each batch-dependent op per micro-batch, in program order, so
-        # micro-batch k's op comes before k+1's.
-        for op in body:
-            if isinstance(op, lg.InputOp) or not any(o in copies[0] for o in op.operands):
-                continue
-            for k in range(self.count):
+        for k in range(self.count):
+            for op in batch_ops:
                 new = self.copy(op, copies[k])
                 if op.results[0].name_hint:
                     new.results[0].name_hint = f"{op.results[0].name_hint}_mb{k}"
-                op.parent_block().insert_op_before(new, op)
+                output.parent_block().insert_op_before(new, output)
                 copies[k][op.results[0]] = new.results[0]
         values = list(output.values)
         for j, value in enumerate(values):
@@ -165,12 +175,9 @@ class Unroller:
             values[j] = self.emit(lg.MulOp(total, inv), output, placement)
             values[j].name_hint = value.name_hint
         output.operands = values
-        # The whole-batch ops are now unused; remove them, last first.
-        for op in reversed(body):
-            if not isinstance(op, lg.InputOp) and op.results and op.results[0] in copies[0]:
-                if op.results[0].uses:
-                    raise self.fail(op, "internal: the whole-batch op is still used")
-                Rewriter.erase_op(op)
+        # The whole-batch ops (detached) are now unused; drop them, last first.
+        for op in reversed(batch_ops):
+            op.erase(safe_erase=False)
 
 
 @dataclass(frozen=True)

@@ -118,6 +118,13 @@ def main(args: list[str] | None = None) -> int:
         with np.load(options.output) as out:
             for name in out.files:
                 print(f"{name}: {list(out[name].shape)} {out[name].dtype}")
+        if options.trace:
+            from sbpc.trace_stats import load_events, stats
+
+            figures = stats(load_events(options.trace))
+            idle = ", ".join(f"rank {r} {f:.0%}" for r, f in sorted(figures.idle_fraction.items()))
+            print(f"trace: {options.trace}: {figures.span_us / 1e3:.1f} ms; compute idle {idle}; "
+                  f"bubble fraction {figures.bubble_fraction:.2f}")
         return 0
     except (ParseError, DiagnosticException, RuntimeFailure, OSError, ValueError) as e:
         print(f"sbp-run: error: {e}", file=sys.stderr)
