@@ -222,27 +222,10 @@ def test_the_backend_runs_on_an_emulated_gpu_in_process():
     assert ("dtod" in kinds) == bool(executors[0].updates)  # updated parameters, in place on the GPU
 
 
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_the_backend_on_an_emulated_gpu_matches_the_reference_on_mpi_ranks(ranks, tmp_path):
+def run_mlp_and_compare(ranks: int, tmp_path, env: dict, rtol: float, atol: float) -> None:
+    """sbp-run trains the MLP on `ranks` CUDA ranks; its outputs match the reference."""
     path = tmp_path / "mlp.mlir"
     path.write_text(mlp_train_text(ranks))
-    env = dict(os.environ, SBPC_CUDA_EMULATE="1")
-    done = subprocess.run([sys.executable, "-m", "sbpc.tools.sbp_run", str(path), "-n", str(ranks), "--seed", "3",
-                           "-o", str(tmp_path / "o.npz")], capture_output=True, text=True, timeout=180, env=env)
-    assert done.returncode == 0, done.stderr
-    _, program = cuda_plan(ranks)
-    expected = evaluate(sbpc.parse_module(path.read_text()), generated_feeds(program, 3))
-    with np.load(tmp_path / "o.npz") as got:
-        for name in expected:
-            np.testing.assert_allclose(got[name], expected[name], rtol=1e-4, atol=1e-5, err_msg=name)
-
-
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_mlp_forward_and_backward_on_gpus_match_the_reference(ranks, tmp_path):
-    gpu_or_skip()
-    path = tmp_path / "mlp.mlir"
-    path.write_text(mlp_train_text(ranks))
-    env = {k: v for k, v in os.environ.items() if k != "SBPC_CUDA_EMULATE"}
     done = subprocess.run([sys.executable, "-m", "sbpc.tools.sbp_run", str(path), "-n", str(ranks), "--seed", "3",
                            "-o", str(tmp_path / "o.npz")], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr
@@ -250,7 +233,19 @@ def test_mlp_forward_and_backward_on_gpus_match_the_reference(ranks, tmp_path):
     expected = evaluate(sbpc.parse_module(path.read_text()), generated_feeds(program, 3))
     with np.load(tmp_path / "o.npz") as got:
         for name in expected:
-            np.testing.assert_allclose(got[name], expected[name], rtol=1e-3, atol=1e-4, err_msg=name)
+            np.testing.assert_allclose(got[name], expected[name], rtol=rtol, atol=atol, err_msg=name)
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_the_backend_on_an_emulated_gpu_matches_the_reference_on_mpi_ranks(ranks, tmp_path):
+    run_mlp_and_compare(ranks, tmp_path, dict(os.environ, SBPC_CUDA_EMULATE="1"), 1e-4, 1e-5)
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_mlp_forward_and_backward_on_gpus_match_the_reference(ranks, tmp_path):
+    gpu_or_skip()
+    env = {k: v for k, v in os.environ.items() if k != "SBPC_CUDA_EMULATE"}
+    run_mlp_and_compare(ranks, tmp_path, env, 1e-3, 1e-4)
 
 
 def test_a_cuda_plan_without_a_gpu_is_a_clear_error(tmp_path):
