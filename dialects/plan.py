@@ -56,7 +56,7 @@ from xdsl.irdl import (
 from xdsl.traits import HasParent, IsolatedFromAbove, NoTerminator, SymbolOpInterface, SymbolTable
 from xdsl.utils.exceptions import VerifyException
 
-from .lg import InitializerAttr
+from .lg import BINARY_OPS, UNARY_OPS, InitializerAttr, StepOp
 from .sbp import DTensorType, element_bytes, lookup_placement, nd_to_plain
 
 
@@ -265,6 +265,11 @@ of step index - input count) and its local result `type`. The last step's
 result is the actor's output."""
 
 
+FUSABLE_KERNELS = frozenset(op.name for op in (*UNARY_OPS, *BINARY_OPS, StepOp))
+"""Property-less kernels computed element by element (with broadcasting):
+the same locally as globally, so a chain of them is one kernel."""
+
+
 @dataclass(frozen=True)
 class FusedStep:
     kernel: str
@@ -330,6 +335,8 @@ class ComputeOp(ActorOp):
             raise VerifyException(f"{where}: a {FUSED} actor needs at least one step")
         n = len(self.ins.data)
         for i, step in enumerate(steps):
+            if step.kernel not in FUSABLE_KERNELS:
+                raise VerifyException(f"{where}: step {i} runs {step.kernel}, which is not an elementwise kernel")
             if not step.args or any(a < 0 or a >= n + i for a in step.args):
                 raise VerifyException(
                     f"{where}: step {i} ({step.kernel}) reads {list(step.args)}; it may read inputs 0..{n - 1} "

@@ -39,15 +39,10 @@ from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr, SymbolRefAttr
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
-from sbpc.dialects import lg, plan
-
-ELEMENTWISE_KERNELS = frozenset(op.name for op in (*lg.UNARY_OPS, *lg.BINARY_OPS, lg.StepOp))
-"""Property-less kernels computed element by element (with broadcasting):
-they are the same locally as globally, so a chain of them is one kernel."""
-
+from sbpc.dialects import plan
 
 def _fusable(actor) -> bool:
-    return isinstance(actor, plan.ComputeOp) and (actor.kernel.data in ELEMENTWISE_KERNELS or actor.kernel.data == plan.FUSED)
+    return isinstance(actor, plan.ComputeOp) and (actor.kernel.data in plan.FUSABLE_KERNELS or actor.kernel.data == plan.FUSED)
 
 
 def _steps(actor: plan.ComputeOp, out_type) -> list[plan.FusedStep]:
