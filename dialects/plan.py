@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 from xdsl.dialects.builtin import (
@@ -55,7 +56,7 @@ from xdsl.irdl import (
 from xdsl.traits import HasParent, IsolatedFromAbove, NoTerminator, SymbolOpInterface, SymbolTable
 from xdsl.utils.exceptions import VerifyException
 
-from .lg import InitializerAttr
+from .lg import BINARY_OPS, UNARY_OPS, InitializerAttr, StepOp
 from .sbp import DTensorType, element_bytes, lookup_placement, nd_to_plain
 
 
@@ -255,11 +256,58 @@ class ActorOp(IRDLOperation):
     reference)."""
 
 
+FUSED = "plan.fused"
+"""The kernel of a compute actor that runs a chain of elementwise lg ops
+(plan-fuse-elementwise): its `props` hold `steps`, each a dictionary with
+the step's `kernel` (a property-less elementwise lg op), its `args` (an
+index below the actor's input count names that input, above it the result
+of step index - input count) and its local result `type`. The last step's
+result is the actor's output."""
+
+
+FUSABLE_KERNELS = frozenset(op.name for op in (*UNARY_OPS, *BINARY_OPS, StepOp))
+"""Property-less kernels computed element by element (with broadcasting):
+the same locally as globally, so a chain of them is one kernel."""
+
+
+@dataclass(frozen=True)
+class FusedStep:
+    kernel: str
+    args: tuple[int, ...]
+    type: TensorType
+
+    def attr(self) -> DictionaryAttr:
+        return DictionaryAttr({"kernel": StringAttr(self.kernel), "args": DenseArrayBase.from_list(i64, self.args),
+                               "type": self.type})
+
+
+def fused_props(steps: Sequence[FusedStep]) -> DictionaryAttr:
+    return DictionaryAttr({"steps": ArrayAttr([s.attr() for s in steps])})
+
+
+def fused_steps(actor: ComputeOp) -> list[FusedStep]:
+    """The steps of a `plan.fused` actor (checked by its verifier)."""
+    steps = actor.props.data.get("steps")
+    if not isinstance(steps, ArrayAttr):
+        raise VerifyException(f"'plan.compute' @{actor.sym_name.data}: a {FUSED} actor needs props {{steps = [...]}}")
+    out = []
+    for i, step in enumerate(steps.data):
+        fields = step.data if isinstance(step, DictionaryAttr) else {}
+        kernel, args, t = fields.get("kernel"), fields.get("args"), fields.get("type")
+        if not (isinstance(kernel, StringAttr) and isinstance(args, DenseArrayBase) and isinstance(t, TensorType)):
+            raise VerifyException(
+                f"'plan.compute' @{actor.sym_name.data}: step {i} needs kernel (string), args (array<i64>) and type (tensor)"
+            )
+        out.append(FusedStep(kernel.data, tuple(args.get_values()), t))
+    return out
+
+
 @irdl_op_definition
 class ComputeOp(ActorOp):
     """Runs one lg kernel (`kernel` names the op, `props` holds its
     properties) on the local pieces in its input registers, writing its
-    output register."""
+    output register; or, with kernel `plan.fused`, a chain of elementwise
+    ones (see FUSED)."""
 
     name = "plan.compute"
 
@@ -277,6 +325,28 @@ class ComputeOp(ActorOp):
     def verify_(self) -> None:
         if len(self.outs.data) != 1:
             raise VerifyException(f"'{self.name}' @{self.sym_name.data}: a compute actor writes one register")
+        if self.kernel.data == FUSED:
+            self._verify_fused()
+
+    def _verify_fused(self) -> None:
+        where = f"'{self.name}' @{self.sym_name.data}"
+        steps = fused_steps(self)
+        if not steps:
+            raise VerifyException(f"{where}: a {FUSED} actor needs at least one step")
+        n = len(self.ins.data)
+        for i, step in enumerate(steps):
+            if step.kernel not in FUSABLE_KERNELS:
+                raise VerifyException(f"{where}: step {i} runs {step.kernel}, which is not an elementwise kernel")
+            if not step.args or any(a < 0 or a >= n + i for a in step.args):
+                raise VerifyException(
+                    f"{where}: step {i} ({step.kernel}) reads {list(step.args)}; it may read inputs 0..{n - 1} "
+                    f"and the results of earlier steps ({n}..{n + i - 1})"
+                )
+        device = self.parent_op()
+        if isinstance(device, DeviceOp):
+            out = device.register(self.outs.data[0])
+            if out is not None and out.type != steps[-1].type:
+                raise VerifyException(f"{where}: the last step gives {steps[-1].type}, the output register is {out.type}")
 
 
 @irdl_op_definition

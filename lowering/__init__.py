@@ -60,6 +60,12 @@ def _plan_verify() -> type[ModulePass]:
     return PlanVerifyPass
 
 
+def _plan_fuse_elementwise() -> type[ModulePass]:
+    from .plan_fuse_elementwise import PlanFuseElementwisePass
+
+    return PlanFuseElementwisePass
+
+
 def _plan_codegen() -> type[ModulePass]:
     from .plan_codegen import PlanCodegenPass
 
@@ -96,6 +102,7 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "sbp-to-plan": _sbp_to_plan,
     "plan-allocate-memory": _plan_allocate_memory,
     "plan-verify": _plan_verify,
+    "plan-fuse-elementwise": _plan_fuse_elementwise,
     "plan-codegen": _plan_codegen,
     "compile": _compile,
 }

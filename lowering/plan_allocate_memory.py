@@ -29,7 +29,10 @@ ALIGNMENT = 64
 """Every buffer starts at a multiple of this many bytes (cache lines, and
 more than any element type needs)."""
 
-IN_PLACE_KERNELS = frozenset(op.name for op in (*lg.UNARY_OPS, *lg.BINARY_OPS))
+IN_PLACE_KERNELS = frozenset((*(op.name for op in (*lg.UNARY_OPS, *lg.BINARY_OPS)), plan.FUSED))
+"""Kernels that read each element before writing it, so their output may
+take the bytes of a dying input of its type (a fused chain keeps its
+intermediates elsewhere and writes the output last)."""
 
 
 def aligned(n: int) -> int:

@@ -10,7 +10,9 @@ and attached to the actor as discardable attributes:
 
 The runtime compiles the source with NVRTC to PTX for compute_90 and
 launches it with the kernel's inputs, then its output, as device pointers.
-Covered: elementwise unary and broadcasting binary ops, matmul (tiled
+Covered: elementwise unary and broadcasting binary ops and fused chains of
+them (`plan.fused`, from plan-fuse-elementwise: one thread per output
+element, intermediates in registers), matmul (tiled
 through shared memory, batched, transposes), reductions, softmax and
 log_softmax, layernorm, reshape and transpose. Other kernels are reported.
 `all=true` generates for every device (used to test generation on CPU
@@ -64,13 +66,14 @@ def _grid(n: int) -> list[int]:
 
 
 UNARY = {
-    "lg.neg": "-x",
-    "lg.relu": "x > (T)0 ? x : (T)0",
-    "lg.gelu": "(T)0.5 * x * ((T)1 + tanh((T)0.7978845608028654 * (x + (T)0.044715 * x * x * x)))",
-    "lg.tanh": "tanh(x)",
-    "lg.exp": "exp(x)",
-    "lg.sqrt": "sqrt(x)",
-    "lg.rsqrt": "rsqrt(x)",
+    "lg.neg": "-{x}",
+    "lg.relu": "{x} > (T)0 ? {x} : (T)0",
+    "lg.step": "{x} > (T)0 ? (T)1 : (T)0",
+    "lg.gelu": "(T)0.5 * {x} * ((T)1 + tanh((T)0.7978845608028654 * ({x} + (T)0.044715 * {x} * {x} * {x})))",
+    "lg.tanh": "tanh({x})",
+    "lg.exp": "exp({x})",
+    "lg.sqrt": "sqrt({x})",
+    "lg.rsqrt": "rsqrt({x})",
 }
 BINARY = {"lg.add": "+", "lg.sub": "-", "lg.mul": "*", "lg.div": "/"}
 
@@ -93,16 +96,31 @@ def _broadcast_strides(shape, out_shape) -> list[int]:
     return [0] * pad + [0 if shape[i] == 1 and out_shape[pad + i] != 1 else st[i] for i in range(len(shape))]
 
 
-def gen_elementwise(kernel, name, t, in_shapes, out_shape):
+def gen_fused(name, t, in_shapes, out_shape, steps):
+    """One kernel for a chain of elementwise steps (kernel, argument
+    indices: inputs first, then earlier steps), one thread per output
+    element. Broadcasting composes, so every input is read at the
+    broadcast image of the output index and every step lives in a
+    register; a lone elementwise op is a chain of one."""
     n = math.prod(out_shape)
-    if kernel in UNARY:
-        body = f"T x = a0[i];\n    out[i] = {UNARY[kernel]};"
-        params = "const T* __restrict__ a0, T* __restrict__ out"
-    else:
-        names = ["o0", "o1"]
-        index = _index_loop(out_shape, [_broadcast_strides(s, out_shape) for s in in_shapes], names)
-        body = f"{index}\n    out[i] = a0[o0] {BINARY[kernel]} a1[o1];"
-        params = "const T* __restrict__ a0, const T* __restrict__ a1, T* __restrict__ out"
+    params = ", ".join([f"const T* __restrict__ a{k}" for k in range(len(in_shapes))] + ["T* __restrict__ out"])
+    moved = [k for k, shape in enumerate(in_shapes) if tuple(shape) != tuple(out_shape)]
+    lines = []
+    if moved:
+        lines.append(_index_loop(out_shape, [_broadcast_strides(in_shapes[k], out_shape) for k in moved],
+                                 [f"o{k}" for k in moved]))
+    lines += [f"T v{k} = a{k}[{f'o{k}' if k in moved else 'i'}];" for k in range(len(in_shapes))]
+    for j, (kernel, args) in enumerate(steps):
+        vals = [f"v{a}" for a in args]
+        if kernel in UNARY:
+            expr = UNARY[kernel].format(x=vals[0])
+        elif kernel in BINARY:
+            expr = f"{vals[0]} {BINARY[kernel]} {vals[1]}"
+        else:
+            raise Unsupported(f"kernel {kernel} in a fused chain")
+        lines.append(f"T v{len(in_shapes) + j} = {expr};")
+    lines.append(f"out[i] = v{len(in_shapes) + len(steps) - 1};")
+    body = "\n    ".join(lines)
     src = (
         f'{_header(t)}extern "C" __global__ void {name}({params}) {{\n'
         f"  long i = blockIdx.x * (long)blockDim.x + threadIdx.x;\n  if (i >= {n}) return;\n    {body}\n}}\n"
@@ -247,7 +265,9 @@ def generate(actor: plan.ComputeOp, registers: dict) -> tuple[str, str, list[int
     props = {k: v for k, v in actor.props.data.items()}
     name = "k_" + "".join(c if c.isalnum() else "_" for c in actor.sym_name.data)
     if kernel in UNARY or kernel in BINARY:
-        src, launch = gen_elementwise(kernel, name, t, in_shapes, out_shape)
+        src, launch = gen_fused(name, t, in_shapes, out_shape, [(kernel, tuple(range(len(ins))))])
+    elif kernel == plan.FUSED:
+        src, launch = gen_fused(name, t, in_shapes, out_shape, [(s.kernel, s.args) for s in plan.fused_steps(actor)])
     elif kernel == "lg.matmul":
         src, launch = gen_matmul(name, t, in_shapes, out_shape, props)
     elif kernel in ("lg.reduce_sum", "lg.reduce_mean", "lg.reduce_max"):

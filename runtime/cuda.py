@@ -6,8 +6,9 @@ PyCUDA loads and launches them (GPU needed).
   cached on disk by source hash.
 - `check_ptx(ptx)`: runs `ptxas -arch=sm_90` where ptxas exists, which
   rejects what the driver would.
-- `driver()`: imports PyCUDA lazily and creates a context, or raises
-  CudaUnavailable with the reason (no pycuda, no driver, no device).
+- `driver(rank)`: imports PyCUDA lazily and creates a context on GPU
+  rank mod device count, or raises CudaUnavailable with the reason (no
+  pycuda, no driver, no device). runtime/cuda_backend.py runs whole plans.
 """
 
 from __future__ import annotations
@@ -91,19 +92,23 @@ def check_ptx(ptx: bytes) -> str:
 _DRIVER = None
 
 
-def driver():
-    """pycuda.driver with a context on device 0, or CudaUnavailable."""
+def driver(rank: int = 0):
+    """pycuda.driver with a context on this rank's GPU (rank mod the device
+    count), or CudaUnavailable with the reason."""
     global _DRIVER
     if _DRIVER is None:
         try:
             import pycuda.driver as cuda
         except ImportError as e:
             raise CudaUnavailable(f"PyCUDA cannot load ({e})") from None
+        except OSError as e:
+            raise CudaUnavailable(f"no CUDA driver ({e})") from None
         try:
             cuda.init()
-            if cuda.Device.count() == 0:
+            count = cuda.Device.count()
+            if count == 0:
                 raise CudaUnavailable("no CUDA device")
-            context = cuda.Device(0).make_context()
+            context = cuda.Device(rank % count).make_context()
         except cuda.Error as e:
             raise CudaUnavailable(f"no usable CUDA device ({e})") from None
         import atexit

@@ -31,12 +31,12 @@ from xdsl.dialects.builtin import ModuleOp
 from sbpc import make_context
 from sbpc.dialects import lg, plan
 from sbpc.dialects.sbp import DTensorType, lookup_placement, nd_to_plain
-from sbpc.local_eval import local_kernel, piece
+from sbpc.local_eval import piece
 from sbpc.plan_simulator import actor_kernel
 from sbpc.reference import constant_value, initialize, numpy_dtype
 
 from .collectives import CommActor, Pending
-from .kernels import run_into
+from . import kernels
 
 
 STREAMS = {"compute": 0, "comm": 1}
@@ -107,8 +107,8 @@ class Executor:
             return
         if self.device.arena is None:
             raise RuntimeFailure(f"rank {self.rank}: the plan is not allocated; run plan-allocate-memory")
-        self.arena = np.zeros(self.device.arena.value.data + 1, np.uint8)
-        self.persistent = np.zeros(self.device.persistent.value.data + 1, np.uint8)
+        self.arena = self._host_buffer(self.device.arena.value.data + 1)
+        self.persistent = self._host_buffer(self.device.persistent.value.data + 1)
         self.registers = {r.sym_name.data: r for r in self.device.registers()}
         self._views: dict[tuple[str, int], np.ndarray] = {}
         for name, reg in self.registers.items():
@@ -125,9 +125,21 @@ class Executor:
         self.kernels = {}
         for actor in self.schedule:
             if isinstance(actor, plan.ComputeOp):
-                self.kernels[actor] = actor_kernel(self.ctx, actor, self.registers, self.piece_of)
+                self.kernels[actor] = self._bind(actor)
         self.comm_actors = self._build_comm_actors()
         self.updates = self._update_pairs() if write_back else []
+
+    # -- backend hooks (the numpy backend's registers are its host views) -------
+
+    def _host_buffer(self, nbytes: int) -> np.ndarray:
+        """The bytes behind a region's host views."""
+        return np.zeros(nbytes, np.uint8)
+
+    def _host_written(self, name: str, slot: int) -> None:
+        """A register slot's host view was written (feed, parameter)."""
+
+    def _host_needed(self, name: str, slot: int) -> None:
+        """A register slot's host view is about to be read (fetch)."""
 
     # -- helpers ---------------------------------------------------------------
 
@@ -214,6 +226,7 @@ class Executor:
         for name, piece_ in self._feeds.items():
             self._wait_register(pending, name, step)
             self.view(name, step)[...] = piece_
+            self._host_written(name, step % self.registers[name].slots.value.data)
 
     def _wait_register(self, pending: list[Pending], name: str, step: int) -> None:
         """Completes in-flight communication touching a register's bytes."""
@@ -230,12 +243,14 @@ class Executor:
         local = np.asarray(value, numpy_dtype(reg.value.element_type))[self.piece_of(reg.value)]
         for slot in range(reg.slots.value.data):
             self._views[(name, slot)][...] = local
+            self._host_written(name, slot)
 
     def param_piece(self, key: str) -> tuple[DTensorType, tuple, np.ndarray] | None:
         if self.device is None:
             return None
         for name, reg in self.registers.items():
             if reg.param is not None and reg.param.data == key:
+                self._host_needed(name, 0)
                 return reg.value, self.piece_of(reg.value), self.view(name, 0).copy()
         return None
 
@@ -254,16 +269,7 @@ class Executor:
                             self._fire_compute(actor, step)
                         else:
                             self._wait_hazards(pending, actor, step)
-                            start = time.perf_counter()
-                            issued = self.comm_actors[actor].issue(step, step)
-                            issued.start = start
-                            issued.ranges = self._ranges(actor, step)
-                            if issued.requests:
-                                pending.append(issued)
-                            else:
-                                if issued.finish:
-                                    issued.finish()
-                                self._record(actor, "comm", start, time.perf_counter())
+                            self._issue_comm(pending, actor, step)
                         self._progress(pending)
                     except RuntimeFailure:
                         raise
@@ -277,8 +283,22 @@ class Executor:
         if self.device is not None:
             for name, reg in self.registers.items():
                 if reg.fetch is not None:
+                    self._host_needed(name, (steps - 1) % reg.slots.value.data)
                     fetched[reg.fetch.data] = (reg.value, self.piece_of(reg.value), self.view(name, steps - 1).copy())
         return fetched
+
+    def _issue_comm(self, pending: list[Pending], actor: plan.CommOp, step: int) -> Pending:
+        start = time.perf_counter()
+        issued = self.comm_actors[actor].issue(step, step)
+        issued.start = start
+        issued.ranges = self._ranges(actor, step)
+        if issued.requests:
+            pending.append(issued)
+        else:
+            if issued.finish:
+                issued.finish()
+            self._record(actor, "comm", start, time.perf_counter())
+        return issued
 
     def _update_pairs(self) -> list[tuple[str, str]]:
         """(register of `new.<key>`, register of parameter <key>) pairs whose
@@ -300,14 +320,21 @@ class Executor:
             self._wait_register(pending, new, step)
             self._views[(param, 0)][...] = self.view(new, step)
 
+    def _bind(self, actor: plan.ComputeOp) -> kernels.Fire:
+        """The actor's out= kernel, bound (scratch and all) at load time."""
+        op, local = actor_kernel(self.ctx, actor, self.registers, self.piece_of)
+        try:
+            return kernels.bind(op, local, [self.view(r.string_value(), 0) for r in actor.ins.data],
+                                self.view(actor.outs.data[0].string_value(), 0))
+        except Exception as e:  # noqa: BLE001 - reported with its place
+            raise RuntimeFailure(f"rank {self.rank}: {self.describe(actor)}: {e}") from None
+
     def _fire_compute(self, actor: plan.ComputeOp, step: int) -> None:
-        op, local = self.kernels[actor]
         inputs = [self.view(r.string_value(), step) for r in actor.ins.data]
         out = self.view(actor.outs.data[0].string_value(), step)
         start = time.perf_counter()
         with np.errstate(all="ignore"):
-            if not run_into(op, inputs, out):
-                out[...] = local_kernel(op, local, *inputs)
+            self.kernels[actor](inputs, out)
         self._record(actor, "compute", start, time.perf_counter())
 
     def _ranges(self, actor, step: int) -> list[tuple[int, int, int]]:

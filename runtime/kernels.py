@@ -1,60 +1,453 @@
-"""The numpy backend's kernels that write straight into their output
-register (`out=`), so the steady state allocates nothing for them. Ops
-without an entry here run sbpc.local_eval.local_kernel and copy its result
-into the register."""
+"""The numpy backend's kernels: every one writes straight into its output
+register (`out=`), so the memory plan is what runs and a steady-state step
+allocates no arrays.
+
+A kernel is bound once, at load time, to its op, its SBP-local context and
+the shapes of its registers (`bind`); binding preallocates the little
+scratch a kernel needs for intermediates (a softmax's row maxima, a
+layernorm's centred copy, an embedding's in-range mask), so firing reuses
+it. The semantics are sbpc.local_eval's local kernels exactly, including a
+split mean's division by the global count and a row-split table's masked
+gather; tests compare the two.
+
+Aliasing: the memory plan lets an elementwise output overwrite a dying
+input of the same type (`in_place`); elementwise kernels are written so
+that is safe (they read an element before writing it, and intermediates go
+to scratch). Any other kernel that finds its output sharing bytes with an
+input computes into a scratch output (allocated on first need, then
+reused) and copies.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
 from xdsl.ir import Operation
 
 from sbpc.dialects import lg
+from sbpc.local_eval import Fused, LocalContext
+from sbpc.reference import EvaluationError, numpy_dtype
+
+Fire = Callable[[Sequence[np.ndarray], np.ndarray], None]
+"""A bound kernel: fire(inputs, out) writes its result into `out`."""
+
+Binder = Callable[[Operation, LocalContext, Sequence[np.ndarray], np.ndarray], Fire]
+"""Binds a kernel to an op, its local context and example registers
+(their shapes and dtypes), preallocating scratch."""
 
 
-def _matmul(op: lg.MatmulOp, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-    if op.transpose_lhs is not None:
-        a = np.swapaxes(a, -1, -2)
-    if op.transpose_rhs is not None:
-        b = np.swapaxes(b, -1, -2)
-    np.matmul(a, b, out=out)
+def _scratch(shape, dtype) -> np.ndarray:
+    return np.empty(tuple(shape), dtype)
 
 
-def _binary(ufunc) -> Callable:
-    def kernel(op, a, b, out):
-        ufunc(a, b, out=out)
-
-    return kernel
+def _kept(shape, axes) -> tuple[int, ...]:
+    """`shape` with `axes` reduced to 1 (a keepdims reduction's shape)."""
+    return tuple(1 if d in axes else n for d, n in enumerate(shape))
 
 
-def _unary(ufunc) -> Callable:
-    def kernel(op, x, out):
-        ufunc(x, out=out)
-
-    return kernel
+# -- elementwise -------------------------------------------------------------
 
 
-OUT_KERNELS: dict[type[Operation], Callable[..., None]] = {
-    lg.MatmulOp: _matmul,
+def _unary(fn: Callable[[np.ndarray, np.ndarray], None]) -> Binder:
+    def bind(op, local, ins, out):
+        return lambda xs, o: fn(xs[0], o)
+
+    return bind
+
+
+def _binary(ufunc) -> Binder:
+    def bind(op, local, ins, out):
+        return lambda xs, o: ufunc(xs[0], xs[1], out=o)
+
+    return bind
+
+
+GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def _bind_gelu(op, local, ins, out) -> Fire:
+    # 0.5 * x * (1 + tanh(c * (x + 0.044715 * x**3))), as the reference; the
+    # chain runs in scratch so `out` may be `x` (in place).
+    t = _scratch(out.shape, out.dtype)
+
+    def fire(xs, o):
+        x = xs[0]
+        np.power(x, 3, out=t)
+        np.multiply(t, 0.044715, out=t)
+        np.add(x, t, out=t)
+        np.multiply(t, GELU_C, out=t)
+        np.tanh(t, out=t)
+        np.add(t, 1.0, out=t)
+        np.multiply(t, x, out=t)
+        np.multiply(t, 0.5, out=o)
+
+    return fire
+
+
+def _rsqrt(x, o):
+    np.sqrt(x, out=o)
+    np.divide(1.0, o, out=o)
+
+
+# -- matmul ---------------------------------------------------------------------
+
+
+def _bind_matmul(op: lg.MatmulOp, local, ins, out) -> Fire:
+    ta, tb = op.transpose_lhs is not None, op.transpose_rhs is not None
+
+    def fire(xs, o):
+        a, b = xs
+        np.matmul(np.swapaxes(a, -1, -2) if ta else a, np.swapaxes(b, -1, -2) if tb else b, out=o)
+
+    return fire
+
+
+# -- softmax, layernorm -------------------------------------------------------------
+
+
+def _bind_softmax(op: lg.SoftmaxOp, local, ins, out) -> Fire:
+    axis = op.axis.value.data
+    m = _scratch(_kept(out.shape, {axis}), out.dtype)
+
+    def fire(xs, o):
+        np.max(xs[0], axis=axis, keepdims=True, out=m)
+        np.subtract(xs[0], m, out=o)
+        np.exp(o, out=o)
+        np.sum(o, axis=axis, keepdims=True, out=m)
+        np.divide(o, m, out=o)
+
+    return fire
+
+
+def _bind_log_softmax(op: lg.LogSoftmaxOp, local, ins, out) -> Fire:
+    axis = op.axis.value.data
+    m = _scratch(_kept(out.shape, {axis}), out.dtype)
+    e = _scratch(out.shape, out.dtype)
+
+    def fire(xs, o):
+        np.max(xs[0], axis=axis, keepdims=True, out=m)
+        np.subtract(xs[0], m, out=o)  # shifted
+        np.exp(o, out=e)
+        np.sum(e, axis=axis, keepdims=True, out=m)
+        np.log(m, out=m)
+        np.subtract(o, m, out=o)
+
+    return fire
+
+
+def _mean_into(x: np.ndarray, o: np.ndarray, factor: float | None = None, **axes) -> None:
+    # np.mean with out= still allocates an input-sized temporary; a sum
+    # divided by the count is what it computes, bit for bit.
+    np.sum(x, out=o, **axes)
+    np.divide(o, x.size // max(o.size, 1), out=o)
+    if factor is not None:
+        np.multiply(o, factor, out=o)
+
+
+def _bind_layernorm(op: lg.LayerNormOp, local, ins, out) -> Fire:
+    axes = tuple(range(op.axis.value.data, out.ndim))
+    eps = op.epsilon.value.data
+    stat = _scratch(_kept(out.shape, set(axes)), out.dtype)
+    sq = _scratch(out.shape, out.dtype)
+
+    def fire(xs, o):
+        x = xs[0]
+        _mean_into(x, stat, axis=axes, keepdims=True)
+        np.subtract(x, stat, out=o)  # centred
+        np.multiply(o, o, out=sq)
+        _mean_into(sq, stat, axis=axes, keepdims=True)
+        np.add(stat, eps, out=stat)
+        np.sqrt(stat, out=stat)
+        np.divide(o, stat, out=o)
+        if len(xs) == 3:
+            np.multiply(o, xs[1], out=o)
+            np.add(o, xs[2], out=o)
+
+    return fire
+
+
+# -- reductions ----------------------------------------------------------------------
+
+
+def _bind_reduce(fn) -> Binder:
+    def bind(op: lg.ReduceOp, local, ins, out):
+        axes = tuple(op.axes.get_values())
+        keep = op.keepdims is not None
+
+        def fire(xs, o):
+            fn(xs[0], axis=axes, keepdims=keep, out=o)
+
+        return fire
+
+    return bind
+
+
+def _scale(local_n: int, global_n: int) -> float | None:
+    """A split mean's factor (local count / global count), as
+    local_eval._global_count_scaled; None where it is 1 or undefined."""
+    return local_n / global_n if global_n and local_n != global_n else None
+
+
+def _bind_reduce_mean(op: lg.ReduceMeanOp, local: LocalContext, ins, out) -> Fire:
+    axes = tuple(op.axes.get_values())
+    keep = op.keepdims is not None
+    factor = _scale(math.prod(ins[0].shape[a] for a in axes), math.prod(local.in_shapes[0][a] for a in axes))
+
+    def fire(xs, o):
+        _mean_into(xs[0], o, factor, axis=axes, keepdims=keep)
+
+    return fire
+
+
+# -- losses ---------------------------------------------------------------------------
+
+
+def _check_range(op, what: str, values: np.ndarray, limit: int) -> None:
+    if values.size:
+        lo, hi = values.min(), values.max()
+        if lo < 0 or hi >= limit:
+            raise EvaluationError(f"'{op.name}': {what} out of range [0, {limit}): min {lo}, max {hi}")
+
+
+def _bind_cross_entropy(op: lg.CrossEntropyOp, local: LocalContext, ins, out) -> Fire:
+    # -mean over rows of (x[r, label] - max_r) - log(sum exp(x[r] - max_r)):
+    # the reference's log_softmax, evaluated only where it is picked.
+    logits, labels = ins
+    classes = logits.shape[-1]
+    rows = labels.size
+    m = _scratch((*logits.shape[:-1], 1), logits.dtype)
+    e = _scratch(logits.shape, logits.dtype)
+    base = np.arange(rows, dtype=np.int64) * classes
+    flat = _scratch((rows,), np.int64)
+    picked = _scratch((rows,), logits.dtype)
+    factor = _scale(labels.size, math.prod(local.in_shapes[1]))
+
+    def fire(xs, o):
+        x, lab = xs
+        _check_range(op, "label", lab, classes)
+        np.max(x, axis=-1, keepdims=True, out=m)
+        np.subtract(x, m, out=e)
+        np.exp(e, out=e)
+        np.add(base, lab.reshape(-1), out=flat)
+        np.take(x.reshape(-1), flat, out=picked, mode="clip")
+        np.subtract(picked, m.reshape(-1), out=picked)
+        np.sum(e, axis=-1, keepdims=True, out=m)
+        np.log(m, out=m)
+        np.subtract(picked, m.reshape(-1), out=picked)
+        np.negative(picked, out=picked)
+        _mean_into(picked, o, factor)
+
+    return fire
+
+
+def _bind_mse(op: lg.MseLossOp, local: LocalContext, ins, out) -> Fire:
+    d = _scratch(np.broadcast_shapes(ins[0].shape, ins[1].shape), out.dtype)
+    factor = _scale(ins[0].size, math.prod(local.in_shapes[0]))
+
+    def fire(xs, o):
+        np.subtract(xs[0], xs[1], out=d)
+        np.square(d, out=d)
+        _mean_into(d, o, factor)
+
+    return fire
+
+
+# -- gathers and scatters ---------------------------------------------------------------
+
+
+def _bind_embedding(op: lg.EmbeddingOp, local: LocalContext, ins, out) -> Fire:
+    # A table split by rows holds rows [lo, hi): gather those, zero the rest
+    # (local_eval._embedding); an index outside the whole table is an error.
+    table, indices = ins
+    total = local.in_shapes[0][0]
+    rows = local.in_pieces[0][0]
+    lo, hi = rows.start, rows.stop
+    whole = (lo, hi) == (0, total)
+    idx = _scratch(indices.shape, np.int64)
+    outside = _scratch((*indices.shape, 1), np.bool_)
+    below = _scratch(indices.shape, np.bool_)
+
+    def fire(xs, o):
+        t, ind = xs
+        _check_range(op, "index", ind, total)
+        if whole:
+            np.take(t, ind, axis=0, out=o, mode="clip")
+            return
+        if t.shape[0] == 0:
+            o.fill(0)
+            return
+        np.subtract(ind, lo, out=idx)
+        np.less(idx, 0, out=below)
+        np.greater_equal(idx, hi - lo, out=outside[..., 0])
+        np.logical_or(outside[..., 0], below, out=outside[..., 0])
+        np.copyto(idx, 0, where=outside[..., 0])
+        np.take(t, idx, axis=0, out=o, mode="clip")
+        np.copyto(o, 0, where=outside)
+
+    return fire
+
+
+def _bind_one_hot(op: lg.OneHotOp, local, ins, out) -> Fire:
+    classes = op.classes.value.data
+    rows = ins[0].size
+    base = np.arange(rows, dtype=np.int64) * classes
+    flat = _scratch((rows,), np.int64)
+
+    def fire(xs, o):
+        _check_range(op, "label", xs[0], classes)
+        o.fill(0)
+        np.add(base, xs[0].reshape(-1), out=flat)
+        np.put(o, flat, 1, mode="clip")
+
+    return fire
+
+
+def _bind_embedding_grad(op: lg.EmbeddingGradOp, local, ins, out) -> Fire:
+    rows = op.rows.value.data
+
+    def fire(xs, o):
+        grad, ind = xs
+        _check_range(op, "index", ind, rows)
+        o.fill(0)
+        np.add.at(o, ind.reshape(-1), grad.reshape(-1, grad.shape[-1]))
+
+    return fire
+
+
+# -- data movement -----------------------------------------------------------------
+
+
+def _bind_reshape(op, local, ins, out) -> Fire:
+    return lambda xs, o: np.copyto(o, xs[0].reshape(o.shape))
+
+
+def _bind_broadcast(op, local, ins, out) -> Fire:
+    return lambda xs, o: np.copyto(o, xs[0])
+
+
+def _bind_transpose(op: lg.TransposeOp, local, ins, out) -> Fire:
+    perm = tuple(op.perm.get_values())
+    return lambda xs, o: np.copyto(o, xs[0].transpose(perm))
+
+
+def _bind_concat(op: lg.ConcatOp, local, ins, out) -> Fire:
+    axis = op.axis.value.data
+    places, start = [], 0
+    for x in ins:
+        index = [slice(None)] * out.ndim
+        index[axis] = slice(start, start + x.shape[axis])
+        places.append(tuple(index))
+        start += x.shape[axis]
+
+    def fire(xs, o):
+        for x, place in zip(xs, places):
+            np.copyto(o[place], x)
+
+    return fire
+
+
+def _bind_slice(op: lg.SliceOp, local: LocalContext, ins, out) -> Fire:
+    # only axes the slice keeps whole are split; those stay whole locally
+    p = op.params()
+    index = tuple(
+        slice(None) if (lo, hi, st) == (0, d, 1) else slice(lo, hi, st)
+        for lo, hi, st, d in zip(p["starts"], p["limits"], p["strides"], local.in_shapes[0])
+    )
+    return lambda xs, o: np.copyto(o, xs[0][index])
+
+
+def _bind_fused(op: Fused, local, ins, out) -> Fire:
+    # Intermediates go to scratch, reused once dead (same shape and dtype;
+    # every step is elementwise, so a step may write over an argument that
+    # dies there); the last step writes `out`.
+    n = len(ins)
+    last_use = {a: j for j, (_, args) in enumerate(op.steps) for a in args}
+    values: list[np.ndarray] = list(ins)
+    free: list[np.ndarray] = []
+    program = []
+    for j, (step, args) in enumerate(op.steps):
+        for a in set(args):
+            if a >= n and last_use[a] == j:
+                free.append(values[a])
+        if j == len(op.steps) - 1:
+            dest = None
+        else:
+            shape, dtype = tuple(step.result.type.get_shape()), numpy_dtype(step.result.type.element_type)
+            dest = next((f for f in free if f.shape == shape and f.dtype == dtype), None)
+            if dest is None:
+                dest = _scratch(shape, dtype)
+            else:
+                free = [f for f in free if f is not dest]
+        fire = BINDERS[type(step)](step, local, [values[a] for a in args], out if dest is None else dest)
+        values.append(out if dest is None else dest)
+        program.append((fire, args, dest))
+
+    def fire(xs, o):
+        vals = list(xs) + [None] * len(program)
+        for j, (step_fire, args, dest) in enumerate(program):
+            target = o if dest is None else dest
+            step_fire([vals[a] for a in args], target)
+            vals[n + j] = target
+
+    return fire
+
+
+BINDERS: dict[type, Binder] = {
+    lg.NegOp: _unary(lambda x, o: np.negative(x, out=o)),
+    lg.ReluOp: _unary(lambda x, o: np.maximum(x, 0, out=o)),
+    lg.GeluOp: _bind_gelu,
+    lg.TanhOp: _unary(lambda x, o: np.tanh(x, out=o)),
+    lg.ExpOp: _unary(lambda x, o: np.exp(x, out=o)),
+    lg.SqrtOp: _unary(lambda x, o: np.sqrt(x, out=o)),
+    lg.RsqrtOp: _unary(_rsqrt),
+    lg.StepOp: _unary(lambda x, o: np.greater(x, 0, out=o)),
     lg.AddOp: _binary(np.add),
     lg.SubOp: _binary(np.subtract),
     lg.MulOp: _binary(np.multiply),
     lg.DivOp: _binary(np.divide),
-    lg.NegOp: _unary(np.negative),
-    lg.ExpOp: _unary(np.exp),
-    lg.TanhOp: _unary(np.tanh),
-    lg.SqrtOp: _unary(np.sqrt),
-    lg.ReluOp: lambda op, x, out: np.maximum(x, 0, out=out),
+    lg.MatmulOp: _bind_matmul,
+    lg.SoftmaxOp: _bind_softmax,
+    lg.LogSoftmaxOp: _bind_log_softmax,
+    lg.LayerNormOp: _bind_layernorm,
+    lg.ReduceSumOp: _bind_reduce(np.sum),
+    lg.ReduceMeanOp: _bind_reduce_mean,
+    lg.ReduceMaxOp: _bind_reduce(np.max),
+    lg.ReshapeOp: _bind_reshape,
+    lg.BroadcastToOp: _bind_broadcast,
+    lg.TransposeOp: _bind_transpose,
+    lg.ConcatOp: _bind_concat,
+    lg.SliceOp: _bind_slice,
+    lg.EmbeddingOp: _bind_embedding,
+    lg.CrossEntropyOp: _bind_cross_entropy,
+    lg.MseLossOp: _bind_mse,
+    lg.OneHotOp: _bind_one_hot,
+    lg.EmbeddingGradOp: _bind_embedding_grad,
+    Fused: _bind_fused,
 }
 
+ALIAS_SAFE: frozenset[type] = frozenset((*lg.UNARY_OPS, *lg.BINARY_OPS, lg.StepOp, Fused))
+"""Kernels that may write over an input of their output's type."""
 
-def run_into(op: Operation, inputs: Sequence[np.ndarray], out: np.ndarray) -> bool:
-    """Runs `op` into `out` if it has an out= kernel; False otherwise."""
-    kernel = OUT_KERNELS.get(type(op))
-    if kernel is None:
-        return False
-    if any(np.shares_memory(x, out) for x in inputs) and type(op) is lg.MatmulOp:
-        return False  # matmul cannot write over its own operand
-    kernel(op, *inputs, out)
-    return True
+
+def bind(op: Operation, local: LocalContext, ins: Sequence[np.ndarray], out: np.ndarray) -> Fire:
+    """The out= kernel of `op` bound to registers shaped like `ins`/`out`."""
+    binder = BINDERS.get(type(op))
+    if binder is None:
+        raise EvaluationError(f"no numpy kernel for {op.name}")
+    fire = binder(op, local, ins, out)
+    if type(op) in ALIAS_SAFE:
+        return fire
+    spare: list[np.ndarray] = []
+
+    def guarded(xs, o):
+        if any(np.may_share_memory(x, o) for x in xs):
+            if not spare:
+                spare.append(np.empty_like(o))  # once: aliasing is fixed by the plan
+            fire(xs, spare[0])
+            np.copyto(o, spare[0])
+        else:
+            fire(xs, o)
+
+    return guarded

@@ -24,7 +24,8 @@ from sbpc.dialects.sbp import lookup_placement
 from sbpc.local_eval import assemble
 from sbpc.reference import numpy_dtype
 
-from .executor import Executor, check_feeds, find_program
+from .cuda_backend import make_executor
+from .executor import check_feeds, find_program
 from .worker import gather_outputs
 
 
@@ -66,7 +67,7 @@ def serve(port: int) -> None:
             if kind == "load":
                 module = sbpc.parse_module(command[1])
                 program = find_program(module)
-                executor = Executor(module, program, world, trace=False)
+                executor = make_executor(module, program, world, trace=False)
                 executor.initialize(command[2])
                 reply = "loaded"
             elif kind == "run":

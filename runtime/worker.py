@@ -24,7 +24,8 @@ from sbpc.dialects.sbp import lookup_placement
 from sbpc.local_eval import assemble
 from sbpc.reference import numpy_dtype
 
-from .executor import STREAMS, Executor, check_feeds, find_program
+from .cuda_backend import make_executor
+from .executor import STREAMS, check_feeds, find_program
 
 
 def gather_outputs(world: MPI.Comm, program, fetched: dict) -> dict[str, np.ndarray] | None:
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.params:
             with np.load(args.params) as data:
                 params = dict(data)
-        executor = Executor(module, program, world, trace=bool(args.trace))
+        executor = make_executor(module, program, world, trace=bool(args.trace))
         executor.initialize(params)
         executor.feed(feeds)
         if os.environ.get("SBPC_TEST_KILL_RANK") == str(world.rank):

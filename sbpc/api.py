@@ -124,12 +124,12 @@ class Executable:
     def _run_inside(self, feeds, steps):
         from mpi4py import MPI
 
-        from sbpc.runtime.executor import Executor
+        from sbpc.runtime.cuda_backend import make_executor
         from sbpc.runtime.worker import gather_outputs
 
         world = MPI.COMM_WORLD
         if self._local is None:
-            executor = Executor(self.module, self.program, world)
+            executor = make_executor(self.module, self.program, world)
             executor.initialize(None)
             self._local = executor
         self._local.feed(feeds)

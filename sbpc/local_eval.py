@@ -200,7 +200,27 @@ def _slice(op: lg.SliceOp, ctx: LocalContext, x: np.ndarray) -> np.ndarray:
     ]
 
 
+@dataclass(frozen=True)
+class Fused:
+    """A `plan.fused` actor's kernel: elementwise lg ops (typed with their
+    local results), each with the indices of its arguments among the
+    actor's inputs followed by the earlier steps' results. Elementwise ops
+    compute the same locally as globally, so each step runs its global
+    kernel."""
+
+    steps: tuple[tuple[Operation, tuple[int, ...]], ...]
+    name = "plan.fused"
+
+
+def _fused(op: Fused, ctx: LocalContext, *inputs: np.ndarray) -> np.ndarray:
+    values = list(inputs)
+    for step, args in op.steps:
+        values.append(np.asarray(KERNELS[type(step)](step, *(values[a] for a in args))))
+    return values[-1]
+
+
 LOCAL_KERNELS: dict[type[Operation], Callable[..., np.ndarray]] = {
+    Fused: _fused,
     lg.ReduceMeanOp: _reduce_mean,
     lg.CrossEntropyOp: _cross_entropy,
     lg.MseLossOp: _mse,

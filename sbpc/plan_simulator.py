@@ -23,7 +23,7 @@ from xdsl.dialects.builtin import ModuleOp
 from sbpc import make_context
 from sbpc.dialects import plan
 from sbpc.dialects.sbp import DTensorType, Mesh, lookup_placement, nd_to_plain
-from sbpc.local_eval import LocalContext, combine, local_kernel, piece
+from sbpc.local_eval import Fused, LocalContext, combine, local_kernel, piece
 from sbpc.reference import EvaluationError, constant_value, initialize, numpy_dtype
 from sbpc.simulator import Distributed, run_collective, run_transfer
 
@@ -144,7 +144,10 @@ def actor_kernel(ctx, actor: plan.ComputeOp, registers: dict, piece_of) -> tuple
     pieces on this device: what both this simulator and the MPI runtime run."""
     ins = [registers[r.string_value()] for r in actor.ins.data]
     out = registers[actor.outs.data[0].string_value()]
-    op = ctx.get_op(actor.kernel.data).create(properties=dict(actor.props.data), result_types=[out.type])
+    if actor.kernel.data == plan.FUSED:
+        op = Fused(tuple((ctx.get_op(s.kernel).create(result_types=[s.type]), s.args) for s in plan.fused_steps(actor)))
+    else:
+        op = ctx.get_op(actor.kernel.data).create(properties=dict(actor.props.data), result_types=[out.type])
     local = LocalContext(
         tuple(r.value.get_shape() for r in ins),
         out.value.get_shape(),

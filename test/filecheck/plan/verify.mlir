@@ -202,3 +202,51 @@ plan.program @p {
   }
 }
 // CHECK: 'plan.comm' @c: output register @y does not exist on @a
+
+// -----
+
+sbp.placement @dp cpu ranks [0, 1] mesh [2]
+plan.program @p {
+  plan.device @a rank 0 {
+    plan.register @x : tensor<16x32xf32> bytes 2048 feed "x" of !sbp.dtensor<32x32xf32, @dp, S<0>>
+    plan.register @y : tensor<16x32xf32> bytes 2048 of !sbp.dtensor<32x32xf32, @dp, S<0>>
+    plan.compute @k "plan.fused" [@x] -> [@y] props {steps = [{kernel = "lg.relu", args = array<i64: 0>, type = tensor<16x32xf32>}, {kernel = "lg.exp", args = array<i64: 2>, type = tensor<16x32xf32>}]}
+  }
+}
+// CHECK: 'plan.compute' @k: step 1 (lg.exp) reads [2]; it may read inputs 0..0 and the results of earlier steps (1..1)
+
+// -----
+
+sbp.placement @dp cpu ranks [0, 1] mesh [2]
+plan.program @p {
+  plan.device @a rank 0 {
+    plan.register @x : tensor<16x32xf32> bytes 2048 feed "x" of !sbp.dtensor<32x32xf32, @dp, S<0>>
+    plan.register @y : tensor<16x32xf32> bytes 2048 of !sbp.dtensor<32x32xf32, @dp, S<0>>
+    plan.compute @k "plan.fused" [@x] -> [@y] props {steps = [{kernel = "lg.relu", args = array<i64: 0>, type = tensor<16xf32>}]}
+  }
+}
+// CHECK: 'plan.compute' @k: the last step gives tensor<16xf32>, the output register is tensor<16x32xf32>
+
+// -----
+
+sbp.placement @dp cpu ranks [0, 1] mesh [2]
+plan.program @p {
+  plan.device @a rank 0 {
+    plan.register @x : tensor<16x32xf32> bytes 2048 feed "x" of !sbp.dtensor<32x32xf32, @dp, S<0>>
+    plan.register @y : tensor<16x32xf32> bytes 2048 of !sbp.dtensor<32x32xf32, @dp, S<0>>
+    plan.compute @k "plan.fused" [@x] -> [@y]
+  }
+}
+// CHECK: 'plan.compute' @k: a plan.fused actor needs props {steps = [...]}
+
+// -----
+
+sbp.placement @dp cpu ranks [0, 1] mesh [2]
+plan.program @p {
+  plan.device @a rank 0 {
+    plan.register @x : tensor<16x32xf32> bytes 2048 feed "x" of !sbp.dtensor<32x32xf32, @dp, S<0>>
+    plan.register @y : tensor<16x32xf32> bytes 2048 of !sbp.dtensor<32x32xf32, @dp, S<0>>
+    plan.compute @k "plan.fused" [@x] -> [@y] props {steps = [{kernel = "lg.softmax", args = array<i64: 0>, type = tensor<16x32xf32>}]}
+  }
+}
+// CHECK: 'plan.compute' @k: step 0 runs lg.softmax, which is not an elementwise kernel

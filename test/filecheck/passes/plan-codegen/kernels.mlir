@@ -21,6 +21,6 @@ lg.graph @k on @gpus {
 // CHECK-SAME:   if (row < 4 && col < 3)
 // CHECK-SAME:   cuda.entry = "k_y_matmul", cuda.launch = array<i64: 1, 1, 1, 16, 16, 1>}
 // CHECK:      plan.compute @r.relu "lg.relu" [@y] -> [@r] in_place {
-// CHECK-SAME:   out[i] = x > (T)0 ? x : (T)0;
+// CHECK-SAME:   T v1 = v0 > (T)0 ? v0 : (T)0;
 // CHECK:      plan.compute @m.reduce_mean "lg.reduce_mean" [@r] -> [@m] props {axes = array<i64: 0, 1>} {
 // CHECK-SAME:   acc = acc / (T)24;
