@@ -188,3 +188,33 @@ sbp.placement @m cpu ranks [0, 1, 2, 3] mesh [2, 2]
 %t = "test.op"() : () -> !sbp.dtensor<8xf32, @m, [S<0>, S<0>]>
 %a = sbp.all_gather %t over [0] : !sbp.dtensor<8xf32, @m, [S<0>, S<0>]> -> !sbp.dtensor<8xf32, @m, [B, S<0>]>
 // CHECK: 'sbp.all_gather': mesh axis 0 changes the split of tensor axis 0, which inner mesh axis 1 still splits; pieces are nested outer axis first, so change mesh axis 1 first
+
+// -----
+
+// An op placed (sbp.placement) on one placement with a value on another.
+sbp.placement @s0 cpu ranks [0] mesh [1]
+sbp.placement @s1 cpu ranks [1] mesh [1]
+lg.graph @g on @s0 {
+  %x = lg.input "x" : !sbp.dtensor<4xf32, @s0, B>
+  %y = lg.relu %x {sbp.placement = @s1} : !sbp.dtensor<4xf32, @s0, B>
+  lg.output ["y"] %y : !sbp.dtensor<4xf32, @s0, B>
+}
+// CHECK: 'lg.relu': operand #0 is on @s0 but the op is placed on @s1
+
+// -----
+
+sbp.placement @s0 cpu ranks [0] mesh [1]
+lg.graph @g on @s0 {
+  %x = lg.input "x" {sbp.placement = @nowhere} : tensor<4xf32>
+  lg.output ["x"] %x : tensor<4xf32>
+}
+// CHECK: 'lg.input': placement @nowhere does not exist
+
+// -----
+
+sbp.placement @s0 cpu ranks [0] mesh [1]
+lg.graph @g on @s0 {
+  %x = lg.input "x" {sbp.placement = "s0"} : tensor<4xf32>
+  lg.output ["x"] %x : tensor<4xf32>
+}
+// CHECK: 'lg.input': attribute 'sbp.placement' must be a placement symbol (@name)

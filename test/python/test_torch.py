@@ -1,0 +1,92 @@
+"""sbpc against PyTorch (CPU, the version pinned in the `test` extra): the
+example MLP and GPT, the same initial weights and data, 20 Adam steps, data
+parallel on 2 real MPI ranks in sbpc and one process in PyTorch. Skipped
+when torch is not installed."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import sbpc
+from sbpc.reference import initial_value
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples"))
+
+import models  # noqa: E402
+
+STEPS = 20
+TEXT, STOI = models.corpus()
+GPT_SIZE = dict(batch=8, seq=8, dim=16, heads=4, layers=2)
+
+
+def initial_params(module) -> dict[str, np.ndarray]:
+    return {op.key.data: initial_value(op) for op in module.ops.last.body.ops
+            if op.name == "lg.param" and not op.key.data.startswith("adam.")}
+
+
+def mlp_torch(p, feeds):
+    h = F.gelu(torch.from_numpy(feeds["x"]) @ p["w1"] + p["b1"], approximate="tanh")
+    return F.cross_entropy(h @ p["w2"], torch.from_numpy(feeds["labels"]))
+
+
+def gpt_torch(p, feeds, batch, seq, dim, heads, layers):
+    hd = dim // heads
+    mask = torch.triu(torch.full((seq, seq), -1e9), diagonal=1)
+    h = p["wte"][torch.from_numpy(feeds["tokens"])] + p["wpe"]
+    for i in range(layers):
+        b = f"block{i}."
+
+        def heads_of(t):
+            return t.reshape(batch, seq, heads, hd).transpose(1, 2)
+
+        x = F.layer_norm(h, (dim,), p[b + "ln1.g"], p[b + "ln1.b"], eps=1e-5)
+        q, k, v = (heads_of(x @ p[b + w]) for w in ("wq", "wk", "wv"))
+        scores = q @ k.transpose(-1, -2) * (1.0 / np.sqrt(hd)) + mask
+        att = (torch.softmax(scores, dim=3) @ v).transpose(1, 2).reshape(batch, seq, dim)
+        h = h + att @ p[b + "wo"]
+        x = F.layer_norm(h, (dim,), p[b + "ln2.g"], p[b + "ln2.b"], eps=1e-5)
+        h = h + F.gelu(x @ p[b + "w1"], approximate="tanh") @ p[b + "w2"]
+    h = F.layer_norm(h, (dim,), p["lnf.g"], p["lnf.b"], eps=1e-5)
+    logits = h @ p["head"]
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.from_numpy(feeds["targets"]).reshape(-1))
+
+
+def torch_losses(params, loss_fn, batches) -> list[float]:
+    p = {k: torch.tensor(v, requires_grad=True) for k, v in params.items()}
+    opt = torch.optim.Adam(p.values(), lr=3e-3, betas=(0.9, 0.999), eps=1e-8)
+    losses = []
+    for _ in range(STEPS):
+        opt.zero_grad()
+        loss = loss_fn(p, next(batches))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("model", ["mlp", "gpt"])
+def test_loss_curve_matches_pytorch(model):
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    if model == "mlp":
+        module = models.mlp("dp", 2)
+        batches, loss_fn = models.mlp_batches, mlp_torch
+    else:
+        module = models.gpt("dp", 2, len(STOI), **GPT_SIZE)
+        batches = lambda: models.gpt_batches(GPT_SIZE["batch"], GPT_SIZE["seq"])  # noqa: E731
+
+        def loss_fn(p, feeds):
+            return gpt_torch(p, feeds, **GPT_SIZE)
+
+    expected = torch_losses(initial_params(module), loss_fn, batches())
+    exe = sbpc.compile(module)
+    data = batches()
+    losses = [float(exe.train_step(next(data))["loss"]) for _ in range(STEPS)]
+    rel = np.abs(np.array(losses) - expected) / np.abs(expected)
+    assert rel.max() <= 1e-5, f"step {rel.argmax()}: sbpc {losses[rel.argmax()]} vs torch {expected[rel.argmax()]}"
