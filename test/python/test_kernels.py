@@ -153,7 +153,9 @@ def test_fusion_keeps_values_and_drops_registers(every_op):
     feeds = generated_feeds(fused, 4)
     assert len(list(fused.devices()[0].registers())) < len(list(plain.devices()[0].registers()))
     assert len(fused.devices()[0].actors()) < len(plain.devices()[0].actors())
-    assert fused.devices()[0].arena.value.data <= plain.devices()[0].arena.value.data
+    # fewer bytes in all; the peak may grow a little, since a fused actor keeps
+    # every input of its chain live until the chain ends
+    assert fused.devices()[0].no_reuse.value.data < plain.devices()[0].no_reuse.value.data
     expected = evaluate(every_op, feeds)
     got = run_plan(fused_module, feeds)
     for name in expected:
