@@ -85,7 +85,7 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]], widths: Seque
 
 def _fmt(v) -> str:
     if isinstance(v, float):
-        return f"{v:.3g}" if abs(v) < 1e4 else f"{v:.0f}"
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
     return "-" if v is None else str(v)
 
 
@@ -106,3 +106,68 @@ def stop_pools() -> None:
 
 def python() -> str:
     return sys.executable
+
+
+# -- traces of real runs (sbp-run --trace) -------------------------------------------
+
+
+def traced_run(module, ranks: int, steps: int, timeout: float = 300) -> list[dict]:
+    """Runs a compiled module on `ranks` MPI ranks with `sbp-run --trace`
+    (generated feeds, parameters from their initializers); returns the trace
+    events (compute and comm slices, microseconds)."""
+    import json
+    import subprocess
+    import tempfile
+
+    from xdsl.printer import Printer
+
+    with tempfile.TemporaryDirectory(prefix="sbpc-bench-") as tmp:
+        plan_path, trace_path = Path(tmp) / "plan.mlir", Path(tmp) / "trace.json"
+        with open(plan_path, "w") as f:
+            Printer(stream=f).print_op(module)
+            f.write("\n")
+        cmd = [sys.executable, "-m", "sbpc.tools.sbp_run", str(plan_path), "-n", str(ranks), "--steps", str(steps),
+               "--trace", str(trace_path), "-o", str(Path(tmp) / "out.npz"), "--timeout", str(timeout)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"sbp-run failed: {done.stderr[-2000:]}")
+        with open(trace_path) as f:
+            return [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+
+
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for lo, hi in sorted(intervals):
+        if hi <= end:
+            continue
+        total += hi - max(lo, end)
+        end = hi
+    return total
+
+
+def overlap_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Length of (union of a) intersected with (union of b)."""
+    return union_length(a) + union_length(b) - union_length(a + b)
+
+
+def trace_breakdown(events: list[dict], steps: int) -> dict[int, dict[str, float]]:
+    """Per rank, seconds per step: wall (first slice start to last slice end,
+    divided by steps), kernels (compute slices), comm (issue to completion),
+    comm hidden under kernels, exposed comm, outside both, bytes per step."""
+    out = {}
+    for rank in sorted({e["pid"] for e in events}):
+        mine = [e for e in events if e["pid"] == rank]
+        comp = [(e["ts"], e["ts"] + e["dur"]) for e in mine if e["tid"] == 0]
+        comm = [(e["ts"], e["ts"] + e["dur"]) for e in mine if e["tid"] == 1]
+        lo, hi = min(e["ts"] for e in mine), max(e["ts"] + e["dur"] for e in mine)
+        wall = hi - lo
+        busy = union_length(comp + comm)
+        hidden = overlap_length(comp, comm)
+        n = steps * 1e6
+        out[rank] = {
+            "wall": wall / n, "kernels": sum(b - a for a, b in comp) / n, "comm": union_length(comm) / n,
+            "hidden": hidden / n, "exposed": (busy - union_length(comp)) / n, "outside": (wall - busy) / n,
+            "bytes": sum(e["args"].get("bytes", 0) for e in mine if e["tid"] == 1) / steps,
+            "collectives": sum(1 for e in mine if e["tid"] == 1) / steps,
+        }
+    return out

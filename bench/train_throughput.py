@@ -3,10 +3,10 @@
 Two models: the MLP 1024 -> H -> H -> 1024 (bias, ReLU, MSE, SGD) and the
 GPT of examples/gpt.py (Adam), same global batch on both systems. Rows:
 - sbpc on R ranks (batch S<0>) and on 1 rank, in steps/s measured inside the
-  ranks (Executable.run(feeds, steps=1+N) minus run(feeds, steps=1), so the
-  per-call gather of the outputs is excluded) and through the user API
-  (one Executable.train_step per step, outputs and updated parameters
-  gathered to the driver each time);
+  ranks (the compiled plan run by mpiexec'd ranks timing Executor.run(N)
+  themselves, as the DDP peer does), and on R ranks through the user API
+  (one Executable.train_step from Python, which gathers every output and
+  updated parameter to the driver);
 - PyTorch: DistributedDataParallel over gloo on R processes, and one plain
   process (the peer; torch.set_num_threads(1) everywhere);
 - the compute limit: every matmul of the same step with the local shapes of
@@ -14,7 +14,7 @@ GPT of examples/gpt.py (Adam), same global batch on both systems. Rows:
   concurrent processes (1 BLAS thread each), nothing else.
 Every process has one BLAS thread; best of --repeats for every row.
 
-    python bench/train_throughput.py [--hidden 4096] [--batch 256] [--ranks 2] [--steps 4] [--repeats 3]
+    python bench/train_throughput.py [--hidden 4096] [--batch 256] [--ranks 2] [--steps 3] [--repeats 2]
     python bench/train_throughput.py --quick      # tiny sizes, seconds
 
 Goal (issue 9): sbpc >= 1.5x DDP and >= 75% of the compute limit at H=4096,
@@ -100,7 +100,13 @@ def plan_gemms(program, rank: int = 0) -> list[dict]:
     return out
 
 
-def measure_sbpc(model: str, ranks: int, cfg: dict, steps: int, repeats: int) -> dict:
+def measure_sbpc(model: str, ranks: int, cfg: dict, steps: int, repeats: int, api: bool) -> dict:
+    """Compiles here; the ranks (mpiexec, this script with --role sbpc) parse
+    the plan and time Executor.run(steps) themselves, like the DDP peer. With
+    `api`, also the user path: Executable.train_step from this process."""
+    import numpy as np
+    from xdsl.printer import Printer
+
     import sbpc
 
     t0 = time.perf_counter()
@@ -109,15 +115,46 @@ def measure_sbpc(model: str, ranks: int, cfg: dict, steps: int, repeats: int) ->
     compile_s = time.perf_counter() - t0
     feeds = (mlp_feeds(cfg["batch"], np.random.default_rng(0)) if model == "mlp"
              else gpt_feeds(cfg, np.random.default_rng(0)))
-    exe.run(feeds)  # starts the ranks, loads the plan, warms up
-    exe.run(feeds)
-    one = _common.best_of(lambda: _common.timed(lambda: exe.run(feeds, steps=1)), repeats)
-    many = _common.best_of(lambda: _common.timed(lambda: exe.run(feeds, steps=1 + steps)), repeats)
-    api = _common.best_of(lambda: _common.timed(lambda: exe.train_step(feeds)), repeats)
-    gemms = plan_gemms(exe.program)
-    _common.stop_pools()
-    return {"step_s": max(many - one, 1e-9) / steps, "api_step_s": api, "call_overhead_s": one - (many - one) / steps,
-            "compile_s": compile_s, "gemms": gemms}
+    with tempfile.TemporaryDirectory(prefix="sbpc-bench-") as tmp:
+        plan_path, feeds_path = os.path.join(tmp, "plan.mlir"), os.path.join(tmp, "feeds.npz")
+        with open(plan_path, "w") as f:
+            Printer(stream=f).print_op(exe.module)
+        np.savez(feeds_path, **feeds)
+        result = launch("sbpc", ranks, ["--plan", plan_path, "--feeds", feeds_path, "--steps", str(steps),
+                                        "--repeats", str(repeats)])
+    result.update(compile_s=compile_s, gemms=plan_gemms(exe.program), api_step_s=None)
+    if api:
+        exe.train_step(feeds)  # starts the rank pool, loads the plan
+        result["api_step_s"] = _common.timed(lambda: exe.train_step(feeds))
+        _common.stop_pools()
+    return result
+
+
+def role_sbpc(plan_path: str, feeds_path: str, steps: int, repeats: int) -> None:
+    from mpi4py import MPI
+
+    import sbpc
+    from sbpc.runtime.executor import Executor, check_feeds, find_program
+
+    world = MPI.COMM_WORLD
+    with open(plan_path) as f:
+        module = sbpc.parse_module(f.read(), plan_path)
+    program = find_program(module)
+    executor = Executor(module, program, world)
+    executor.initialize()
+    with np.load(feeds_path) as data:
+        executor.feed(check_feeds(program, dict(data)))
+    executor.run(1)
+
+    def once() -> float:
+        world.Barrier()
+        start = time.perf_counter()
+        executor.run(steps)
+        return world.allreduce((time.perf_counter() - start) / steps, op=MPI.MAX)
+
+    best = min(once() for _ in range(repeats))
+    if world.rank == 0:
+        print("RESULT " + json.dumps({"step_s": best}), flush=True)
 
 
 # -- peers, each run on R processes by mpiexec (this script with --role) -------------
@@ -287,19 +324,28 @@ def main() -> int:
     parser.add_argument("--gpt-seq", type=int, default=64)
     parser.add_argument("--gpt-batch", type=int, default=32)
     parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=4, help="steps per timed repeat")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="tiny sizes (for the smoke test)")
+    parser.add_argument("--steps", type=int, default=3, help="steps per timed repeat")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--single", action=argparse.BooleanOptionalAction, default=True,
+                        help="also the 1-rank rows (sbpc on 1 rank, one PyTorch process)")
+    parser.add_argument("--api", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time Executable.train_step from Python")
+    parser.add_argument("--quick", action="store_true", help="tiny MLP only, R ranks only (for the smoke test)")
     parser.add_argument("--role", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--cfg", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--gemms", help=argparse.SUPPRESS)
+    parser.add_argument("--plan", help=argparse.SUPPRESS)
+    parser.add_argument("--feeds", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
         args.hidden, args.batch, args.steps, args.repeats = 64, 16, 2, 1
-        args.gpt_dim, args.gpt_seq, args.gpt_batch, args.gpt_layers = 16, 8, 4, 1
+        args.models, args.single, args.api = ["mlp"], False, False
 
+    if args.role == "sbpc":
+        role_sbpc(args.plan, args.feeds, args.steps, args.repeats)
+        return 0
     if args.role == "gemm":
         role_gemm(args.gemms, args.steps, args.repeats)
         return 0
@@ -314,8 +360,10 @@ def main() -> int:
     for model in args.models:
         cfg = cfgs[model]
         r = {}
-        for ranks in (args.ranks, 1):
-            r[f"sbpc{ranks}"] = measure_sbpc(model, ranks, cfg, args.steps, args.repeats)
+        counts = (args.ranks, 1) if args.single and args.ranks > 1 else (args.ranks,)
+        for ranks in counts:
+            r[f"sbpc{ranks}"] = measure_sbpc(model, ranks, cfg, args.steps, args.repeats,
+                                             api=args.api and ranks == args.ranks)
             with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
                 json.dump(r[f"sbpc{ranks}"]["gemms"], f)
             try:
@@ -329,11 +377,12 @@ def main() -> int:
                                                              "--steps", str(args.steps),
                                                              "--repeats", str(args.repeats)])
         per_model[model] = r
-        for ranks in (args.ranks, 1):
+        for ranks in counts:
             s, lim = r[f"sbpc{ranks}"], r[f"limit{ranks}"]
             t = r.get(f"torch{ranks}")
             peer = "DDP gloo" if ranks > 1 else "torch 1 proc"
-            rows.append((f"{model} {ranks} rank{'s' if ranks > 1 else ''}", 1 / s["step_s"], 1 / s["api_step_s"],
+            rows.append((f"{model} {ranks} rank{'s' if ranks > 1 else ''}", 1 / s["step_s"],
+                         1 / s["api_step_s"] if s["api_step_s"] else None,
                          1 / t["step_s"] if t else None, 1 / lim["step_s"],
                          _common.ratio(t["step_s"] if t else None, s["step_s"]),
                          f"{lim['step_s'] / s['step_s']:.0%}",
@@ -349,9 +398,10 @@ def main() -> int:
                    "torch %limit", "torch peer"], rows)
     for model, r in per_model.items():
         s = r[f"sbpc{args.ranks}"]
-        print(f"{model}: compile {s['compile_s']:.2f} s; per run() call outside the steps "
-              f"{s['call_overhead_s'] * 1e3:.0f} ms; train_step() {s['api_step_s'] * 1e3:.0f} ms vs "
-              f"{s['step_s'] * 1e3:.0f} ms per step inside the ranks")
+        if s["api_step_s"]:
+            print(f"{model}: compile {s['compile_s']:.2f} s; one Executable.train_step() from Python "
+                  f"{s['api_step_s'] * 1e3:.0f} ms vs {s['step_s'] * 1e3:.0f} ms per step inside the ranks "
+                  f"(the API gathers every output, updated parameters included, to the driver)")
         t = r.get(f"torch{args.ranks}")
         summary.append(f"{model} {args.ranks} ranks sbpc/DDP {_common.ratio(t['step_s'], s['step_s']) if t else 'n/a'}"
                        f" (goal 1.50x), sbpc {r[f'limit{args.ranks}']['step_s'] / s['step_s']:.0%} of numpy limit"
