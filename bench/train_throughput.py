@@ -14,7 +14,7 @@ GPT of examples/gpt.py (Adam), same global batch on both systems. Rows:
   concurrent processes (1 BLAS thread each), nothing else.
 Every process has one BLAS thread; best of --repeats for every row.
 
-    python bench/train_throughput.py [--hidden 4096] [--batch 256] [--ranks 2] [--steps 3] [--repeats 2]
+    python bench/train_throughput.py [--hidden 4096] [--batch 256] [--ranks 2] [--steps 2] [--repeats 3] [--single mlp gpt]
     python bench/train_throughput.py --quick      # tiny sizes, seconds
 
 Goal (issue 9): sbpc >= 1.5x DDP and >= 75% of the compute limit at H=4096,
@@ -324,10 +324,10 @@ def main() -> int:
     parser.add_argument("--gpt-seq", type=int, default=64)
     parser.add_argument("--gpt-batch", type=int, default=32)
     parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=3, help="steps per timed repeat")
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--single", action=argparse.BooleanOptionalAction, default=True,
-                        help="also the 1-rank rows (sbpc on 1 rank, one PyTorch process)")
+    parser.add_argument("--steps", type=int, default=2, help="steps per timed repeat")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--single", nargs="*", default=["mlp"], choices=["mlp", "gpt"],
+                        help="models that also get the 1-rank rows (sbpc on 1 rank, one PyTorch process)")
     parser.add_argument("--api", action=argparse.BooleanOptionalAction, default=True,
                         help="also time Executable.train_step from Python")
     parser.add_argument("--quick", action="store_true", help="tiny MLP only, R ranks only (for the smoke test)")
@@ -341,7 +341,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.hidden, args.batch, args.steps, args.repeats = 64, 16, 2, 1
-        args.models, args.single, args.api = ["mlp"], False, False
+        args.models, args.single, args.api = ["mlp"], [], False
 
     if args.role == "sbpc":
         role_sbpc(args.plan, args.feeds, args.steps, args.repeats)
@@ -360,7 +360,7 @@ def main() -> int:
     for model in args.models:
         cfg = cfgs[model]
         r = {}
-        counts = (args.ranks, 1) if args.single and args.ranks > 1 else (args.ranks,)
+        counts = (args.ranks, 1) if model in args.single and args.ranks > 1 else (args.ranks,)
         for ranks in counts:
             r[f"sbpc{ranks}"] = measure_sbpc(model, ranks, cfg, args.steps, args.repeats,
                                              api=args.api and ranks == args.ranks)
