@@ -94,10 +94,13 @@ def main() -> int:
                                  f"{b['hidden'] / b['comm']:.0%}" if b["comm"] else "n/a",
                                  f"{b['exposed'] / b['wall']:.1%}"))
         worst = max(per_rank.values(), key=lambda b: b["exposed"])
-        summary.append(f"{name} bytes {r0['bytes'] / minimum:.2f}x the minimum, "
+        summary.append(f"{name} bytes {r0['bytes'] / minimum:.2f}x the DP all-reduce minimum, "
                        f"{worst['hidden'] / worst['comm']:.0%} of comm hidden" if worst["comm"] else f"{name}: no comm")
     print(f"{args.ranks} ranks, data parallel; MB per rank per step (1 MB = 1e6 B)")
-    _common.table(["model", "grad MB", "min MB", "plan MB", "trace MB", "trace/min", "colls/step", "plan.comm kinds"],
+    print("DP min: one bandwidth-optimal all-reduce of the gradients; trace MB: bytes of the comm slices that ran "
+          "(their plan.comm `bytes`), summed per step")
+    _common.table(["model", "grad MB", "DP min MB", "plan MB", "trace MB", "trace/DP min", "colls/step",
+                   "plan.comm kinds"],
                   rows)
     print(f"\noverlap from the trace ({args.steps} steps), ms per step")
     _common.table(["model / rank", "step", "kernels", "comm in flight", "comm hidden", "comm exposed", "hidden %",
