@@ -122,7 +122,7 @@ def main() -> int:
     rng = np.random.default_rng(0)
     rows, fractions = [], {}
     for actor, ins, out in found:
-        host = [rng.standard_normal(r.type.get_shape(), dtype=np.float32) for r in ins]
+        host = [np.asarray(rng.standard_normal(r.type.get_shape(), dtype=np.float32)) for r in ins]
         mod = drv.module_from_buffer(ptx[actor] + b"\0")
         fn = mod.get_function(actor.attributes["cuda.entry"].data)
         bufs = [drv.to_device(h) for h in host]
