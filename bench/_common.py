@@ -1,0 +1,173 @@
+"""Shared helpers for the benchmarks: one BLAS/OpenMP thread per process
+(set before numpy is imported), optional peers, timing, tables.
+
+Import this module first in a benchmark script (`import _common` works when
+the script is run as `python bench/X.py`, since bench/ is then on sys.path).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+# Every process of every system gets one thread of BLAS/OpenMP, so sbpc ranks,
+# PyTorch processes and the numpy peer are compared on equal terms (sbpc's
+# launcher sets the same defaults for its ranks: runtime/launch.py).
+THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+for _var in THREAD_VARS:
+    os.environ.setdefault(_var, "1")
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+BENCH = ROOT / "bench"
+
+
+def have(module: str) -> bool:
+    """Whether an optional peer can be imported (without importing it)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def missing_peers(peers: dict[str, str]) -> list[str]:
+    """Prints one line per missing peer ({module: what it is for}); returns their names."""
+    missing = [name for name in peers if not have(name)]
+    for name in missing:
+        print(f"peer missing: {name} ({peers[name]}); install the bench extra: pip install -e '.[bench]'")
+    return missing
+
+
+def load_example(name: str):
+    """An examples/*.py file as a module (examples/ is not a package)."""
+    path = EXAMPLES / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"sbpc_example_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def best_of(fn: Callable[[], float], repeats: int) -> float:
+    """Runs fn (which returns seconds) `repeats` times: the best value."""
+    return min(fn() for _ in range(max(1, repeats)))
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[object]], widths: Sequence[int] | None = None) -> None:
+    """Prints a left-aligned first column and right-aligned others."""
+    widths = widths or [max(len(str(h)), *(len(_fmt(r[i])) for r in rows)) if rows else len(str(h))
+                        for i, h in enumerate(header)]
+    print("  ".join(f"{h:<{w}}" if i == 0 else f"{h:>{w}}" for i, (h, w) in enumerate(zip(header, widths))))
+    for row in rows:
+        print("  ".join(f"{_fmt(v):<{w}}" if i == 0 else f"{_fmt(v):>{w}}" for i, (v, w) in enumerate(zip(row, widths))))
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+    return "-" if v is None else str(v)
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    if a is None or b is None or b == 0:
+        return "n/a"
+    return f"{a / b:.2f}x"
+
+
+def stop_pools() -> None:
+    """Stops the MPI rank pools sbpc.compile(...).run started (idle MPI ranks
+    poll and would steal the cores from the next measurement)."""
+    from sbpc.api import RankPool
+
+    for pool in list(RankPool.pools.values()):
+        pool.close()
+
+
+def python() -> str:
+    return sys.executable
+
+
+# -- traces of real runs (sbp-run --trace) -------------------------------------------
+
+
+def traced_run(module, ranks: int, steps: int, timeout: float = 300) -> list[dict]:
+    """Runs a compiled module on `ranks` MPI ranks with `sbp-run --trace`
+    (generated feeds, parameters from their initializers); returns the trace
+    events (compute and comm slices, microseconds)."""
+    import json
+    import subprocess
+    import tempfile
+
+    from xdsl.printer import Printer
+
+    with tempfile.TemporaryDirectory(prefix="sbpc-bench-") as tmp:
+        plan_path, trace_path = Path(tmp) / "plan.mlir", Path(tmp) / "trace.json"
+        with open(plan_path, "w") as f:
+            Printer(stream=f).print_op(module)
+            f.write("\n")
+        cmd = [sys.executable, "-m", "sbpc.tools.sbp_run", str(plan_path), "-n", str(ranks), "--steps", str(steps),
+               "--trace", str(trace_path), "-o", str(Path(tmp) / "out.npz"), "--timeout", str(timeout)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"sbp-run failed: {done.stderr[-2000:]}")
+        with open(trace_path) as f:
+            return [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+
+
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for lo, hi in sorted(intervals):
+        if hi <= end:
+            continue
+        total += hi - max(lo, end)
+        end = hi
+    return total
+
+
+def overlap_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Length of (union of a) intersected with (union of b)."""
+    return union_length(a) + union_length(b) - union_length(a + b)
+
+
+def trace_breakdown(events: list[dict], steps: int) -> dict[int, dict[str, float]]:
+    """Per rank, seconds per step: wall (first slice start to last slice end,
+    divided by steps), kernels (compute slices), comm (issue to completion),
+    comm hidden under kernels, exposed comm, outside both, bytes per step."""
+    out = {}
+    for rank in sorted({e["pid"] for e in events}):
+        mine = [e for e in events if e["pid"] == rank]
+        comp = [(e["ts"], e["ts"] + e["dur"]) for e in mine if e["tid"] == 0]
+        comm = [(e["ts"], e["ts"] + e["dur"]) for e in mine if e["tid"] == 1]
+        lo, hi = min(e["ts"] for e in mine), max(e["ts"] + e["dur"] for e in mine)
+        wall = hi - lo
+        busy = union_length(comp + comm)
+        hidden = overlap_length(comp, comm)
+        n = steps * 1e6
+        out[rank] = {
+            "wall": wall / n, "kernels": sum(b - a for a, b in comp) / n, "comm": union_length(comm) / n,
+            "hidden": hidden / n, "exposed": (busy - union_length(comp)) / n, "outside": (wall - busy) / n,
+            "bytes": sum(e["args"].get("bytes", 0) for e in mine if e["tid"] == 1) / steps,
+            "collectives": sum(1 for e in mine if e["tid"] == 1) / steps,
+        }
+    return out

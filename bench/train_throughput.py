@@ -1,0 +1,428 @@
+"""Training throughput: sbpc data-parallel vs PyTorch DDP (gloo), same machine, same run.
+
+Two models: the MLP 1024 -> H -> H -> 1024 (bias, ReLU, MSE, SGD) and the
+GPT of examples/gpt.py (Adam), same global batch on both systems. Rows:
+- sbpc on R ranks (batch S<0>) and on 1 rank, in steps/s measured inside the
+  ranks (the compiled plan run by mpiexec'd ranks timing Executor.run(N)
+  themselves, as the DDP peer does), and on R ranks through the user API
+  (one Executable.train_step from Python, which gathers every output and
+  updated parameter to the driver);
+- PyTorch: DistributedDataParallel over gloo on R processes, and one plain
+  process (the peer; torch.set_num_threads(1) everywhere);
+- the compute limit: every matmul of the same step with the local shapes of
+  the sbpc plan (rank 0's actors), run back to back by bare numpy on R
+  concurrent processes (1 BLAS thread each), nothing else.
+Every process has one BLAS thread; best of --repeats for every row.
+
+    python bench/train_throughput.py [--hidden 4096] [--batch 256] [--ranks 2] [--steps 2] [--repeats 3] [--single mlp gpt]
+    python bench/train_throughput.py --quick      # tiny sizes, seconds
+
+Goal (issue 9): sbpc >= 1.5x DDP and >= 75% of the compute limit at H=4096,
+batch 256, 2 ranks.
+"""
+
+from __future__ import annotations
+
+import _common  # noqa: F401  (first: one BLAS thread per process)
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+SCRIPT = os.path.abspath(__file__)
+D_IO = 1024  # MLP input and output width
+
+
+# -- the models, in sbpc ----------------------------------------------------------
+
+
+def sbpc_mlp(ranks: int, batch: int, hidden: int, d_io: int = D_IO):
+    from xdsl.context import Context
+
+    import sbpc
+    from sbpc import S
+    from sbpc.lowering.lg_autodiff import LgAutodiffPass
+    from sbpc.lowering.lg_optimizer import LgOptimizerPass
+
+    g = sbpc.Graph("mlp", placement=sbpc.placement("cpu", ranks=ranks))
+    x = g.input("x", (batch, d_io), sbp=S(0))
+    y = g.input("y", (batch, d_io), sbp=S(0))
+    h = x
+    for i, (a, b) in enumerate([(d_io, hidden), (hidden, hidden), (hidden, d_io)]):
+        w = g.param(f"w{i}", (a, b), init=sbpc.normal(0.0, a ** -0.5), seed=i + 1)
+        h = h @ w + g.param(f"b{i}", (b,))
+        if i < 2:
+            h = sbpc.relu(h)
+    g.output(loss=sbpc.mse_loss(h, y))
+    module = g.module()
+    LgAutodiffPass().apply(Context(), module)
+    LgOptimizerPass(algorithm="sgd").apply(Context(), module)
+    return module
+
+
+def mlp_feeds(batch: int, rng) -> dict:
+    return {"x": rng.standard_normal((batch, D_IO), dtype=np.float32),
+            "y": rng.standard_normal((batch, D_IO), dtype=np.float32), "lr": np.float32(1e-3)}
+
+
+def gpt_feeds(cfg: dict, rng) -> dict:
+    shape = (cfg["batch"], cfg["seq"])
+    return {"tokens": rng.integers(0, cfg["vocab"], shape), "targets": rng.integers(0, cfg["vocab"], shape),
+            "lr": np.float32(1e-3)}
+
+
+def sbpc_module(model: str, ranks: int, cfg: dict):
+    if model == "mlp":
+        return sbpc_mlp(ranks, cfg["batch"], cfg["hidden"])
+    gpt = _common.load_example("gpt")
+    return gpt.gpt(cfg["vocab"], ranks, cfg["batch"], cfg["seq"], cfg["dim"], cfg["heads"], cfg["layers"])
+
+
+def plan_gemms(program, rank: int = 0) -> list[dict]:
+    """Every matmul actor of one rank: local operand shapes and transposes."""
+    from sbpc.dialects import plan
+
+    device = next(d for d in program.devices() if d.rank.value.data == rank)
+    regs = {r.sym_name.data: r for r in device.registers()}
+    out = []
+    for actor in device.actors():
+        if isinstance(actor, plan.ComputeOp) and actor.kernel.data == "lg.matmul":
+            a, b = (tuple(regs[r.string_value()].type.get_shape()) for r in actor.ins.data)
+            o = tuple(regs[actor.outs.data[0].string_value()].type.get_shape())
+            props = actor.props.data
+            out.append({"a": a, "b": b, "out": o, "ta": "transpose_lhs" in props, "tb": "transpose_rhs" in props})
+    return out
+
+
+def measure_sbpc(model: str, ranks: int, cfg: dict, steps: int, repeats: int, api: bool) -> dict:
+    """Compiles here; the ranks (mpiexec, this script with --role sbpc) parse
+    the plan and time Executor.run(steps) themselves, like the DDP peer. With
+    `api`, also the user path: Executable.train_step from this process."""
+    import numpy as np
+    from xdsl.printer import Printer
+
+    import sbpc
+
+    t0 = time.perf_counter()
+    module = sbpc_module(model, ranks, cfg)
+    exe = sbpc.compile(module)
+    compile_s = time.perf_counter() - t0
+    feeds = (mlp_feeds(cfg["batch"], np.random.default_rng(0)) if model == "mlp"
+             else gpt_feeds(cfg, np.random.default_rng(0)))
+    with tempfile.TemporaryDirectory(prefix="sbpc-bench-") as tmp:
+        plan_path, feeds_path = os.path.join(tmp, "plan.mlir"), os.path.join(tmp, "feeds.npz")
+        with open(plan_path, "w") as f:
+            Printer(stream=f).print_op(exe.module)
+        np.savez(feeds_path, **feeds)
+        result = launch("sbpc", ranks, ["--plan", plan_path, "--feeds", feeds_path, "--steps", str(steps),
+                                        "--repeats", str(repeats)])
+    result.update(compile_s=compile_s, gemms=plan_gemms(exe.program), api_step_s=None)
+    if api:
+        exe.train_step(feeds)  # starts the rank pool, loads the plan
+        result["api_step_s"] = _common.timed(lambda: exe.train_step(feeds))
+        _common.stop_pools()
+    return result
+
+
+def role_sbpc(plan_path: str, feeds_path: str, steps: int, repeats: int) -> None:
+    from mpi4py import MPI
+
+    import sbpc
+    from sbpc.runtime.executor import Executor, check_feeds, find_program
+
+    world = MPI.COMM_WORLD
+    with open(plan_path) as f:
+        module = sbpc.parse_module(f.read(), plan_path)
+    program = find_program(module)
+    executor = Executor(module, program, world)
+    executor.initialize()
+    with np.load(feeds_path) as data:
+        executor.feed(check_feeds(program, dict(data)))
+    executor.run(1)
+
+    def once() -> float:
+        world.Barrier()
+        start = time.perf_counter()
+        executor.run(steps)
+        return world.allreduce((time.perf_counter() - start) / steps, op=MPI.MAX)
+
+    best = min(once() for _ in range(repeats))
+    if world.rank == 0:
+        print("RESULT " + json.dumps({"step_s": best}), flush=True)
+
+
+# -- peers, each run on R processes by mpiexec (this script with --role) -------------
+
+
+def launch(role: str, ranks: int, args: list[str]) -> dict:
+    from sbpc.runtime.launch import rank_environment, script_command
+
+    cmd = script_command(ranks, SCRIPT, "--role", role, *args)
+    done = subprocess.run(cmd, env=rank_environment(), capture_output=True, text=True, timeout=600)
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"{role} on {ranks} processes failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+
+
+def gemm_work(gemms: list[dict], seed: int) -> list:
+    rng = np.random.default_rng(seed)
+    work = []
+    for g in gemms:
+        a = rng.standard_normal(g["a"], dtype=np.float32)
+        b = rng.standard_normal(g["b"], dtype=np.float32)
+        a = np.swapaxes(a, -1, -2) if g["ta"] else a
+        b = np.swapaxes(b, -1, -2) if g["tb"] else b
+        work.append((a, b, np.empty(g["out"], np.float32)))
+    return work
+
+
+def gemm_step(work) -> None:
+    for a, b, out in work:
+        np.matmul(a, b, out=out)
+
+
+def role_gemm(path: str, steps: int, repeats: int) -> None:
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    with open(path) as f:
+        work = gemm_work(json.load(f), world.rank)
+
+    def once() -> float:
+        world.Barrier()
+        start = time.perf_counter()
+        for _ in range(steps):
+            gemm_step(work)
+        return world.allreduce((time.perf_counter() - start) / steps, op=MPI.MAX)
+
+    once()
+    best = min(once() for _ in range(repeats))
+    if world.rank == 0:
+        print("RESULT " + json.dumps({"step_s": best}), flush=True)
+
+
+class TorchGPT:
+    """examples/gpt.py's model in PyTorch (pre-layernorm blocks, causal attention, tanh GELU)."""
+
+    @staticmethod
+    def build(cfg: dict):
+        import torch
+        from torch import nn
+
+        vocab, seq, dim, heads, layers = cfg["vocab"], cfg["seq"], cfg["dim"], cfg["heads"], cfg["layers"]
+
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+                self.q, self.k, self.v, self.o = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+                self.w1, self.w2 = nn.Linear(dim, 4 * dim, bias=False), nn.Linear(4 * dim, dim, bias=False)
+
+            def forward(self, h, mask):
+                b, t, d = h.shape
+                x = self.ln1(h)
+
+                def heads_of(z):
+                    return z.reshape(b, t, heads, d // heads).transpose(1, 2)
+
+                q, k, v = heads_of(self.q(x)), heads_of(self.k(x)), heads_of(self.v(x))
+                att = torch.softmax(q @ k.transpose(-1, -2) * (1.0 / (d // heads) ** 0.5) + mask, dim=-1) @ v
+                h = h + self.o(att.transpose(1, 2).reshape(b, t, d))
+                return h + self.w2(nn.functional.gelu(self.w1(self.ln2(h)), approximate="tanh"))
+
+        class GPT(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.wte, self.wpe = nn.Embedding(vocab, dim), nn.Parameter(torch.zeros(seq, dim))
+                self.blocks = nn.ModuleList(Block() for _ in range(layers))
+                self.lnf, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
+                self.register_buffer("mask", torch.triu(torch.full((seq, seq), -1e9), diagonal=1))
+
+            def forward(self, tokens):
+                h = self.wte(tokens) + self.wpe
+                for block in self.blocks:
+                    h = block(h, self.mask)
+                return self.head(self.lnf(h))
+
+        return GPT()
+
+
+def role_torch(model: str, cfg: dict, port: int, steps: int, repeats: int) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    torch.set_num_threads(1)
+    torch.set_num_interop_threads(1)
+    rank, size = int(os.environ.get("PMI_RANK", "0")), int(os.environ.get("PMI_SIZE", "1"))
+    if size > 1:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+    torch.manual_seed(0)
+    local = cfg["batch"] // size
+    if model == "mlp":
+        h = cfg["hidden"]
+        net = nn.Sequential(nn.Linear(D_IO, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, D_IO))
+        x, y = torch.randn(local, D_IO), torch.randn(local, D_IO)
+        loss_fn = nn.MSELoss()
+    else:
+        net = TorchGPT.build(cfg)
+        x = torch.randint(0, cfg["vocab"], (local, cfg["seq"]))
+        y = torch.randint(0, cfg["vocab"], (local, cfg["seq"]))
+
+        def loss_fn(logits, targets):
+            return nn.functional.cross_entropy(logits.reshape(-1, cfg["vocab"]), targets.reshape(-1))
+
+    if size > 1:
+        net = nn.parallel.DistributedDataParallel(net)
+    opt = (torch.optim.SGD(net.parameters(), lr=1e-3) if model == "mlp"
+           else torch.optim.Adam(net.parameters(), lr=1e-3))
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss_fn(net(x), y).backward()
+        opt.step()
+
+    def once() -> float:
+        if size > 1:
+            dist.barrier()
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        elapsed = torch.tensor([(time.perf_counter() - start) / steps])
+        if size > 1:
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        return float(elapsed[0])
+
+    step()
+    step()
+    best = min(once() for _ in range(repeats))
+    if rank == 0:
+        print("RESULT " + json.dumps({"step_s": best}), flush=True)
+    if size > 1:
+        dist.destroy_process_group()
+
+
+# -- driver ------------------------------------------------------------------------
+
+
+def configs(args) -> dict:
+    text = (_common.EXAMPLES / "data" / "corpus.txt").read_text()
+    return {
+        "mlp": {"batch": args.batch, "hidden": args.hidden},
+        "gpt": {"batch": args.gpt_batch, "seq": args.gpt_seq, "dim": args.gpt_dim, "heads": args.gpt_heads,
+                "layers": args.gpt_layers, "vocab": len(set(text))},
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["mlp", "gpt"], choices=["mlp", "gpt"])
+    parser.add_argument("--hidden", type=int, default=4096)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--gpt-layers", type=int, default=2)
+    parser.add_argument("--gpt-dim", type=int, default=128)
+    parser.add_argument("--gpt-heads", type=int, default=4)
+    parser.add_argument("--gpt-seq", type=int, default=64)
+    parser.add_argument("--gpt-batch", type=int, default=32)
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=2, help="steps per timed repeat")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--single", nargs="*", default=["mlp"], choices=["mlp", "gpt"],
+                        help="models that also get the 1-rank rows (sbpc on 1 rank, one PyTorch process)")
+    parser.add_argument("--api", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time Executable.train_step from Python")
+    parser.add_argument("--quick", action="store_true", help="tiny MLP only, R ranks only (for the smoke test)")
+    parser.add_argument("--role", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--cfg", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--gemms", help=argparse.SUPPRESS)
+    parser.add_argument("--plan", help=argparse.SUPPRESS)
+    parser.add_argument("--feeds", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.quick:
+        args.hidden, args.batch, args.steps, args.repeats = 64, 16, 2, 1
+        args.models, args.single, args.api = ["mlp"], [], False
+
+    if args.role == "sbpc":
+        role_sbpc(args.plan, args.feeds, args.steps, args.repeats)
+        return 0
+    if args.role == "gemm":
+        role_gemm(args.gemms, args.steps, args.repeats)
+        return 0
+    if args.role == "torch":
+        role_torch(args.model, json.loads(args.cfg), args.port, args.steps, args.repeats)
+        return 0
+
+    have_torch = not _common.missing_peers({"torch": "PyTorch DDP and single-process rows"})
+    cfgs = configs(args)
+    rows, summary = [], []
+    per_model = {}
+    for model in args.models:
+        cfg = cfgs[model]
+        r = {}
+        counts = (args.ranks, 1) if model in args.single and args.ranks > 1 else (args.ranks,)
+        for ranks in counts:
+            r[f"sbpc{ranks}"] = measure_sbpc(model, ranks, cfg, args.steps, args.repeats,
+                                             api=args.api and ranks == args.ranks)
+            if args.quick:  # one process here, no launch: the smoke test only checks that it runs
+                work = gemm_work(r[f"sbpc{ranks}"]["gemms"], 0)
+                r[f"limit{ranks}"] = {"step_s": _common.timed(lambda: gemm_step(work))}
+            else:
+                with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+                    json.dump(r[f"sbpc{ranks}"]["gemms"], f)
+                try:
+                    r[f"limit{ranks}"] = launch("gemm", ranks, ["--gemms", f.name, "--steps", str(args.steps),
+                                                                "--repeats", str(args.repeats)])
+                finally:
+                    os.unlink(f.name)
+            if have_torch:
+                r[f"torch{ranks}"] = launch("torch", ranks, ["--model", model, "--cfg", json.dumps(cfg),
+                                                             "--port", str(_common.free_port()),
+                                                             "--steps", str(args.steps),
+                                                             "--repeats", str(args.repeats)])
+        per_model[model] = r
+        for ranks in counts:
+            s, lim = r[f"sbpc{ranks}"], r[f"limit{ranks}"]
+            t = r.get(f"torch{ranks}")
+            peer = "DDP gloo" if ranks > 1 else "torch 1 proc"
+            rows.append((f"{model} {ranks} rank{'s' if ranks > 1 else ''}", 1 / s["step_s"],
+                         1 / s["api_step_s"] if s["api_step_s"] else None,
+                         1 / t["step_s"] if t else None, 1 / lim["step_s"],
+                         _common.ratio(t["step_s"] if t else None, s["step_s"]),
+                         f"{lim['step_s'] / s['step_s']:.0%}",
+                         f"{lim['step_s'] / t['step_s']:.0%}" if t else "n/a", peer))
+    desc = []
+    if "mlp" in cfgs and "mlp" in args.models:
+        desc.append(f"mlp 1024-{args.hidden}-{args.hidden}-1024 batch {args.batch} SGD")
+    if "gpt" in args.models:
+        c = cfgs["gpt"]
+        desc.append(f"gpt {c['layers']} layers dim {c['dim']} seq {c['seq']} batch {c['batch']} Adam")
+    print("; ".join(desc) + f"; {args.ranks} ranks x 1 thread; steps/s, best of {args.repeats}")
+    _common.table(["model / ranks", "sbpc", "sbpc API", "torch", "numpy limit", "sbpc/torch", "sbpc %limit",
+                   "torch %limit", "torch peer"], rows)
+    for model, r in per_model.items():
+        s = r[f"sbpc{args.ranks}"]
+        if s["api_step_s"]:
+            print(f"{model}: compile {s['compile_s']:.2f} s; one Executable.train_step() from Python "
+                  f"{s['api_step_s'] * 1e3:.0f} ms vs {s['step_s'] * 1e3:.0f} ms per step inside the ranks "
+                  f"(the API gathers every output, updated parameters included, to the driver)")
+        t = r.get(f"torch{args.ranks}")
+        summary.append(f"{model} {args.ranks} ranks sbpc/DDP {_common.ratio(t['step_s'], s['step_s']) if t else 'n/a'}"
+                       f" (goal 1.50x), sbpc {r[f'limit{args.ranks}']['step_s'] / s['step_s']:.0%} of numpy limit"
+                       f" (goal 75%)")
+    if not have_torch:
+        summary.append("torch missing: no DDP peer")
+    print("summary: " + "; ".join(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
