@@ -47,6 +47,8 @@ def missing_peers(peers: dict[str, str]) -> list[str]:
 def load_example(name: str):
     """An examples/*.py file as a module (examples/ is not a package)."""
     path = EXAMPLES / f"{name}.py"
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))  # the examples import examples/models.py
     spec = importlib.util.spec_from_file_location(f"sbpc_example_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -64,24 +64,9 @@ def residual_stack(blocks: int, ranks: int, batch: int = 64, width: int = 256):
 
 def gpt_forward(layers: int, ranks: int, cfg: dict):
     """examples/gpt.py's graph before its autodiff/optimizer passes (they are timed here)."""
-    gpt = _common.load_example("gpt")
-
-    class Stop(Exception):
-        pass
-
-    captured = {}
-
-    class Capture:  # stands in for LgAutodiffPass inside gpt.gpt: keeps the forward module
-        def apply(self, ctx, module):
-            captured["module"] = module
-            raise Stop
-
-    gpt.LgAutodiffPass = Capture
-    try:
-        gpt.gpt(cfg["vocab"], ranks, cfg["batch"], cfg["seq"], cfg["dim"], cfg["heads"], layers)
-    except Stop:
-        pass
-    return captured["module"]
+    models = _common.load_example("models")
+    return models.gpt("dp", ranks, cfg["vocab"], batch=cfg["batch"], seq=cfg["seq"], dim=cfg["dim"],
+                      heads=cfg["heads"], layers=layers, training=False)
 
 
 def count_ops(module) -> int:

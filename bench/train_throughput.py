@@ -80,8 +80,8 @@ def gpt_feeds(cfg: dict, rng) -> dict:
 def sbpc_module(model: str, ranks: int, cfg: dict):
     if model == "mlp":
         return sbpc_mlp(ranks, cfg["batch"], cfg["hidden"])
-    gpt = _common.load_example("gpt")
-    return gpt.gpt(cfg["vocab"], ranks, cfg["batch"], cfg["seq"], cfg["dim"], cfg["heads"], cfg["layers"])
+    models = _common.load_example("models")
+    return models.gpt("dp", ranks, cfg["vocab"], batch=cfg["batch"], seq=cfg["seq"], dim=cfg["dim"], heads=cfg["heads"], layers=cfg["layers"])
 
 
 def plan_gemms(program, rank: int = 0) -> list[dict]:
