@@ -106,7 +106,7 @@ def find_graph(module: ModuleOp | lg.GraphOp, name: str | None = None) -> lg.Gra
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * (x * x * x))))
 
 
 def _log_softmax(x: np.ndarray, axis: int) -> np.ndarray:
