@@ -1,16 +1,19 @@
 """A pool of MPI ranks that a plain Python process starts once and reuses.
 
-    mpiexec -n N python -m sbpc.runtime.pool PORT
+    mpiexec -n N python -m sbpc.runtime.pool PORT [ERRORS_DIR]
 
 Rank 0 connects to the driver on 127.0.0.1:PORT and serves its commands
 (load a plan, run steps, read or write parameters, stop), broadcasting each
 to the other ranks over MPI; results are gathered back to rank 0 and sent to
 the driver. Messages are length-prefixed pickles. A failure on any rank is
-sent to the driver (if it can be) and aborts the job.
+written to ERRORS_DIR/rank<R>.err (a file survives the abort, where output
+forwarded by mpiexec may be cut off), sent to the driver if the failing rank
+is 0, and aborts the job.
 """
 
 from __future__ import annotations
 
+import os
 import pickle
 import socket
 import struct
@@ -50,7 +53,7 @@ def _exactly(sock: socket.socket, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def serve(port: int) -> None:
+def serve(port: int, errors: str | None = None) -> None:
     world = MPI.COMM_WORLD
     sock = None
     if world.rank == 0:
@@ -86,6 +89,11 @@ def serve(port: int) -> None:
             message = str(e) if str(e).startswith("rank ") else f"rank {world.rank}: {type(e).__name__}: {e}"
             sys.stderr.write(f"sbpc: {message}\n")
             sys.stderr.flush()
+            if errors:
+                with open(os.path.join(errors, f"rank{world.rank}.err"), "w") as f:
+                    f.write(message)
+                    f.flush()
+                    os.fsync(f.fileno())
             if world.rank == 0:
                 try:
                     send(sock, ("error", message))
@@ -111,4 +119,4 @@ def _assemble(program, key, pieces):
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]))
+    serve(int(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)

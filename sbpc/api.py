@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import atexit
 import os
+import pathlib
 import socket
 import subprocess
+import tempfile
 from collections.abc import Mapping
 from io import StringIO
 from typing import Any
@@ -282,8 +284,10 @@ class RankPool:
         server.listen(1)
         server.settimeout(60)
         port = server.getsockname()[1]
+        self.errors = tempfile.TemporaryDirectory(prefix="sbpc-pool-")
         self.process = subprocess.Popen(
-            command(ranks, "sbpc.runtime.pool", str(port)), env=rank_environment(), stderr=subprocess.PIPE, text=True
+            command(ranks, "sbpc.runtime.pool", str(port), self.errors.name),
+            env=rank_environment(), stderr=subprocess.PIPE, text=True,
         )
         try:
             self.sock, _ = server.accept()
@@ -296,11 +300,15 @@ class RankPool:
         atexit.register(self.close)
 
     def _stderr(self) -> str:
+        """Why the ranks failed: the messages failing ranks wrote to their
+        error files, else what mpiexec forwarded."""
         try:
-            return self.process.communicate(timeout=10)[1].strip()
+            forwarded = self.process.communicate(timeout=10)[1].strip()
         except subprocess.TimeoutExpired:
             self.process.kill()
-            return ""
+            forwarded = ""
+        reports = sorted(pathlib.Path(self.errors.name).glob("rank*.err"))
+        return "; ".join(r.read_text() for r in reports) or forwarded
 
     def request(self, *command):
         from sbpc.runtime.executor import RuntimeFailure
