@@ -14,7 +14,7 @@ from sbpc.dialects import lg
 from sbpc.dialects.sbp import SIGNATURE_ATTR, AnnotateOp, DTensorType, nd_from_plain, nd_to_plain
 from sbpc.local_eval import run_distributed
 from sbpc.lowering.cost_model import DEVICES
-from sbpc.lowering.sbp_infer import SbpInferPass, build_problem, solve_auto, solve_greedy
+from sbpc.lowering.sbp_infer import ExactCost, SbpInferPass, build_problem, solve_auto, solve_greedy
 from sbpc.reference import evaluate, numpy_dtype
 
 MESHES = ((2,), (3,), (4,), (2, 2))
@@ -67,7 +67,10 @@ def test_inferred_signatures_are_valid(case, strategy, seed):
     }
 
     problem = build_problem(graph, DEVICES["cpu"])
-    assert problem.total(solve_auto(problem)) <= problem.total(solve_greedy(problem)) * (1 + 1e-9)
+    # auto is never worse than greedy on the cost it minimizes: the plan as
+    # built, where one redistribution serves every use that wants it
+    exact = ExactCost(problem)
+    assert exact.total(solve_auto(problem)) <= exact.total(solve_greedy(problem)) * (1 + 1e-9)
 
     SbpInferPass(strategy=strategy).apply(Context(), module)
     module.verify()
