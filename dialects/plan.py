@@ -166,7 +166,9 @@ class RegisterOp(IRDLOperation):
     `slots` copies (how far its producer may run ahead), its offset in the
     device's arena (or in its persistent region) once allocated, and its role:
     a feed, a trained parameter (with its initializer), a constant, or a
-    fetched output."""
+    fetched output. `alias @p` says it takes the bytes of register @p (an
+    updated parameter written over the parameter, which is dead by then),
+    so the update needs no copy back."""
 
     name = "plan.register"
 
@@ -182,6 +184,7 @@ class RegisterOp(IRDLOperation):
     seed = opt_prop_def(IntegerAttr[I64])
     constant = opt_prop_def(Attribute)
     fetch = opt_prop_def(StringAttr)
+    alias = opt_prop_def(SymbolRefAttr)
     value = prop_def(DTensorType)
 
     traits = traits_def(SymbolOpInterface(), HasParent(DeviceOp))
@@ -189,7 +192,7 @@ class RegisterOp(IRDLOperation):
     assembly_format = (
         "$sym_name `:` $type `bytes` $bytes (`slots` $slots^)? (`offset` $offset^)? (`persistent` $persistent^)? "
         "(`feed` $feed^)? (`param` $param^)? (`init` qualified($init)^)? (`seed` $seed^)? (`constant` $constant^)? "
-        "(`fetch` $fetch^)? `of` qualified($value) attr-dict"
+        "(`fetch` $fetch^)? (`alias` $alias^)? `of` qualified($value) attr-dict"
     )
 
     @property

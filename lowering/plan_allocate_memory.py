@@ -7,6 +7,11 @@ taking `bytes x slots`. Registers whose lifetimes overlap never share bytes; dea
 ones are reused. An elementwise compute actor writes in place into an input
 that dies there when type and slots match (the two registers become one
 buffer). Parameters and constants go to the device's persistent region.
+An updated parameter or optimizer state (lg-optimizer's `new.<key>`) with
+the parameter's own type takes the parameter's persistent bytes when every
+read of the old value comes before the update is written (or is the
+elementwise update itself): the step then updates in place, with no copy
+back and no extra buffer (`alias`).
 
 Placement is first fit (each buffer at the lowest offset free for its whole
 lifetime) in the best of a few orders, largest buffer first among them. Each device records its arena
@@ -20,7 +25,7 @@ import random
 from dataclasses import dataclass, field
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import IntegerAttr, ModuleOp, UnitAttr, i64
+from xdsl.dialects.builtin import IntegerAttr, ModuleOp, SymbolRefAttr, UnitAttr, i64
 from xdsl.passes import ModulePass
 
 from sbpc.dialects import lg, plan
@@ -174,10 +179,43 @@ def in_place_pairs(device: plan.DeviceOp, life: dict[str, tuple[int, int]]) -> d
     return pairs
 
 
+def update_aliases(device: plan.DeviceOp, life: dict[str, tuple[int, int]]) -> tuple[dict[str, str], set[str]]:
+    """`new.<key>` register -> parameter register <key> whose bytes it may
+    take, and the actors that then write in place over the parameter.
+
+    Safe when the old value has no reader left once the update is written:
+    its last read (a collective's, until that completes) comes before the
+    update's first write, or is the in-place elementwise kernel writing it."""
+    registers = {r.sym_name.data: r for r in device.registers()}
+    params = {r.param.data: r for r in registers.values() if r.param is not None}
+    writers: dict[str, list] = {}
+    for pos, actor in enumerate(device.actors()):
+        for ref in actor.outs.data:
+            writers.setdefault(ref.string_value(), []).append((pos, actor))
+    aliases, in_place_actors = {}, set()
+    for name, reg in registers.items():
+        if reg.fetch is None or not reg.fetch.data.startswith("new.") or len(writers.get(name, ())) != 1:
+            continue
+        param = params.get(reg.fetch.data.removeprefix("new."))
+        if (param is None or param.value != reg.value or param.type != reg.type
+                or param.slots.value.data != 1 or reg.slots.value.data != 1):
+            continue
+        (pos, writer), = writers[name]
+        last_read = life[param.sym_name.data][1]
+        if last_read < pos:
+            aliases[name] = param.sym_name.data
+        elif (last_read == pos and isinstance(writer, plan.ComputeOp) and writer.kernel.data in IN_PLACE_KERNELS
+              and param.sym_name.data in [r.string_value() for r in writer.ins.data]):
+            aliases[name] = param.sym_name.data
+            in_place_actors.add(writer.sym_name.data)
+    return aliases, in_place_actors
+
+
 def allocate_device(device: plan.DeviceOp, in_place: bool = True) -> None:
     life = lifetimes(device)
     registers = {r.sym_name.data: r for r in device.registers()}
-    pairs = in_place_pairs(device, life) if in_place else {}
+    aliases, alias_writers = update_aliases(device, life) if in_place else ({}, set())
+    pairs = {out: src for out, src in (in_place_pairs(device, life) if in_place else {}).items() if out not in aliases}
     # registers written in place join the buffer of the input they overwrite
     root = {}
     for name in registers:
@@ -188,6 +226,8 @@ def allocate_device(device: plan.DeviceOp, in_place: bool = True) -> None:
     buffers: dict[str, Buffer] = {}
     persistent_offset = 0
     for name, reg in registers.items():
+        if name in aliases:
+            continue
         if reg.is_persistent is not None:
             reg.offset = IntegerAttr(persistent_offset, i64)
             persistent_offset += aligned(reg.size)
@@ -199,8 +239,14 @@ def allocate_device(device: plan.DeviceOp, in_place: bool = True) -> None:
     for buf in buffers.values():
         for name in buf.registers:
             registers[name].offset = IntegerAttr(buf.offset, i64)
+    for name, param in aliases.items():
+        registers[name].is_persistent = UnitAttr()
+        registers[name].offset = registers[param].offset
+        registers[name].alias = SymbolRefAttr(param)
     for actor in device.actors():
-        if isinstance(actor, plan.ComputeOp) and actor.outs.data[0].string_value() in pairs:
+        if isinstance(actor, plan.ComputeOp) and (
+            actor.outs.data[0].string_value() in pairs or actor.sym_name.data in alias_writers
+        ):
             actor.in_place = UnitAttr()
     device.arena = IntegerAttr(arena, i64)
     device.persistent = IntegerAttr(persistent_offset, i64)

@@ -4,7 +4,9 @@
 - every register has an offset, and lies inside its region (the arena, or
   the persistent region), with the regions' sizes recorded;
 - no two registers live at the same time share bytes, except an input and
-  the output an in-place actor writes over it;
+  the output an in-place actor writes over it, and a register that aliases
+  another (an in-place parameter update), which is only written once every
+  read of the other is done;
 - every collective's group is the same ordered list of ranks on each member,
   every member takes part, with the same kind;
 - any two devices issue the collectives they share in the same order (so no
@@ -73,11 +75,50 @@ def verify_memory(device: plan.DeviceOp) -> None:
                     f"registers @{min(na, nb)} and @{max(na, nb)} are live together (positions "
                     f"{max(s1, s2)}..{min(e1, e2)}) but overlap in the arena",
                 )
+    aliased = verify_aliases(device, registers, life)
     for reg in (r for r in registers if r.is_persistent is not None):
         for other in (r for r in registers if r.is_persistent is not None and r is not reg):
             lo1, lo2 = reg.offset.value.data, other.offset.value.data
             if lo1 < lo2 + other.size and lo2 < lo1 + reg.size and reg.sym_name.data < other.sym_name.data:
+                if (reg.sym_name.data, other.sym_name.data) in aliased or (other.sym_name.data, reg.sym_name.data) in aliased:
+                    continue
                 _fail(device, f"persistent registers @{reg.sym_name.data} and @{other.sym_name.data} overlap")
+
+
+def verify_aliases(device: plan.DeviceOp, registers: list[plan.RegisterOp], life) -> set[tuple[str, str]]:
+    """(register, the register whose bytes it takes) pairs, each checked: the
+    same bytes, and no read of the old value after the new one is written
+    (except by the in-place kernel that writes it)."""
+    by_name = {r.sym_name.data: r for r in registers}
+    writes: dict[str, list[tuple[int, plan.ComputeOp | plan.CommOp]]] = {}
+    for pos, actor in enumerate(device.actors()):
+        for ref in actor.outs.data:
+            writes.setdefault(ref.string_value(), []).append((pos, actor))
+    pairs = set()
+    for reg in registers:
+        if reg.alias is None:
+            continue
+        name, target = reg.sym_name.data, reg.alias.string_value()
+        old = by_name.get(target)
+        if old is None:
+            _fail(device, f"register @{name} aliases @{target}, which is not a register of this device")
+        if old.alias is not None or old.type != reg.type or old.slots != reg.slots or old.offset != reg.offset or (
+            (old.is_persistent is None) != (reg.is_persistent is None)
+        ):
+            _fail(device, f"register @{name} aliases @{target} but does not take exactly its bytes (same type, "
+                          f"slots, region and offset)")
+        for pos, actor in writes.get(name, ()):
+            last_read = life[target][1]
+            reads_in_place = (
+                isinstance(actor, plan.ComputeOp)
+                and actor.in_place is not None
+                and target in [r.string_value() for r in actor.ins.data]
+            )
+            if last_read > pos or (last_read == pos and not reads_in_place):
+                _fail(device, f"register @{name} aliases @{target} but @{actor.sym_name.data} writes it at "
+                              f"position {pos} while @{target} is still read (until position {last_read})")
+        pairs.add((name, target))
+    return pairs
 
 
 def verify_collectives(program: plan.ProgramOp) -> None:

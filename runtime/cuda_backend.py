@@ -340,8 +340,8 @@ class CudaExecutor(Executor):
             src, dst = span(self.registers[new], step), span(self.registers[param], 0)
             self.gpu.copy(pointer(self.bases, dst), pointer(self.bases, src), src.nbytes)
 
-    def run(self, steps: int = 1):
-        fetched = super().run(steps)
+    def run(self, steps: int = 1, outputs=None):
+        fetched = super().run(steps, outputs)
         if self.device is not None:
             self.gpu.synchronize()
         return fetched

@@ -21,7 +21,7 @@ Every exception is reported with the rank, the actor and its registers.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import numpy as np
@@ -256,8 +256,9 @@ class Executor:
 
     # -- running -------------------------------------------------------------------
 
-    def run(self, steps: int = 1) -> dict[str, tuple[DTensorType, tuple, np.ndarray]]:
-        """Runs `steps` steps; returns this rank's pieces of the fetched outputs."""
+    def run(self, steps: int = 1, outputs: Collection[str] | None = None) -> dict[str, tuple[DTensorType, tuple, np.ndarray]]:
+        """Runs `steps` steps; returns this rank's pieces of the fetched
+        outputs (of those named in `outputs`, when given)."""
         pending: list[Pending] = []
         if self.device is not None:
             for step in range(steps):
@@ -282,7 +283,7 @@ class Executor:
         fetched = {}
         if self.device is not None:
             for name, reg in self.registers.items():
-                if reg.fetch is not None:
+                if reg.fetch is not None and (outputs is None or reg.fetch.data in outputs):
                     self._host_needed(name, (steps - 1) % reg.slots.value.data)
                     fetched[reg.fetch.data] = (reg.value, self.piece_of(reg.value), self.view(name, steps - 1).copy())
         return fetched
@@ -302,12 +303,16 @@ class Executor:
 
     def _update_pairs(self) -> list[tuple[str, str]]:
         """(register of `new.<key>`, register of parameter <key>) pairs whose
-        local pieces match, so an update is written back in place."""
+        local pieces match, so an update is copied back in place; an update
+        the memory plan already wrote over its parameter (`alias`) needs no
+        copy."""
         params = {r.param.data: name for name, r in self.registers.items() if r.param is not None}
         pairs = []
         for name, reg in self.registers.items():
             if reg.fetch is not None and reg.fetch.data.startswith("new."):
                 target = params.get(reg.fetch.data.removeprefix("new."))
+                if reg.alias is not None and reg.alias.string_value() == target:
+                    continue
                 if target is not None and self.registers[target].value == reg.value:
                     pairs.append((name, target))
         return pairs

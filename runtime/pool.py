@@ -76,7 +76,8 @@ def serve(port: int, errors: str | None = None) -> None:
             elif kind == "run":
                 feeds = check_feeds(program, command[1])
                 executor.feed(feeds)
-                reply = gather_outputs(world, program, executor.run(command[2]))
+                outputs = command[3] if len(command) > 3 else None
+                reply = gather_outputs(world, program, executor.run(command[2], outputs), outputs)
             elif kind == "get_param":
                 pieces = world.gather(executor.param_piece(command[1]), root=0)
                 reply = _assemble(program, command[1], pieces) if world.rank == 0 else None

@@ -28,8 +28,9 @@ from .cuda_backend import make_executor
 from .executor import STREAMS, check_feeds, find_program
 
 
-def gather_outputs(world: MPI.Comm, program, fetched: dict) -> dict[str, np.ndarray] | None:
-    """Assembles the fetched outputs on rank 0 (None elsewhere)."""
+def gather_outputs(world: MPI.Comm, program, fetched: dict, outputs=None) -> dict[str, np.ndarray] | None:
+    """Assembles the fetched outputs (those named in `outputs`, when given)
+    on rank 0 (None elsewhere)."""
     mine = {name: (rank_piece[1], rank_piece[2]) for name, rank_piece in fetched.items()}
     everything = world.gather((world.rank, mine), root=0)
     if world.rank != 0:
@@ -37,7 +38,7 @@ def gather_outputs(world: MPI.Comm, program, fetched: dict) -> dict[str, np.ndar
     types = {}
     for device in program.devices():
         for reg in device.registers():
-            if reg.fetch is not None:
+            if reg.fetch is not None and (outputs is None or reg.fetch.data in outputs):
                 types[reg.fetch.data] = reg.value
     return {
         name: assemble(t, lookup_placement(program, t.placement).mesh(),

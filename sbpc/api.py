@@ -22,7 +22,7 @@ import pathlib
 import socket
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from io import StringIO
 from typing import Any
 
@@ -105,10 +105,11 @@ class Executable:
             return "inside"
         return "pool"
 
-    def run(self, feeds: Mapping[str, Any], steps: int = 1) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, Any], steps: int = 1, outputs: Collection[str] | None = None) -> dict[str, np.ndarray]:
         """Runs `steps` steps on the same feeds; returns the outputs of the
-        last. A training graph (lg-optimizer) updates its parameters and
-        optimizer state in place after every step."""
+        last (only those named in `outputs`, when given: the others are not
+        gathered from the ranks). A training graph (lg-optimizer) updates
+        its parameters and optimizer state in place after every step."""
         from sbpc.runtime.executor import check_feeds
 
         feeds = check_feeds(self.program, feeds)
@@ -116,14 +117,17 @@ class Executable:
         if where == "simulate":
             from sbpc.plan_simulator import run_plan
 
-            return run_plan(self.module, feeds, self._sim_params)
+            everything = run_plan(self.module, feeds, self._sim_params)
+            return {k: v for k, v in everything.items() if outputs is None or k in outputs}
+        if outputs is not None:
+            outputs = sorted(outputs)
         if where == "inside":
-            return self._run_inside(feeds, steps)
+            return self._run_inside(feeds, steps, outputs)
         pool = RankPool.get(self.ranks)
         self.params.ensure_loaded(pool)
-        return pool.request("run", feeds, steps)
+        return pool.request("run", feeds, steps, outputs)
 
-    def _run_inside(self, feeds, steps):
+    def _run_inside(self, feeds, steps, outputs=None):
         from mpi4py import MPI
 
         from sbpc.runtime.cuda_backend import make_executor
@@ -135,18 +139,19 @@ class Executable:
             executor.initialize(None)
             self._local = executor
         self._local.feed(feeds)
-        outputs = gather_outputs(world, self.program, self._local.run(steps))
-        return world.bcast(outputs, root=0)
+        gathered = gather_outputs(world, self.program, self._local.run(steps, outputs), outputs)
+        return world.bcast(gathered, root=0)
 
     def train_step(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Runs one step and writes every `new.<name>` output (updated
         parameters and optimizer state, from lg-optimizer) back into the
         parameter `<name>`; returns the other outputs."""
-        out = self.run(feeds)
         # On MPI ranks each rank wrote its pieces back in place where the update
-        # has its parameter's distribution (sbp-infer ties them); the rest, and
-        # everything in the simulator, goes back as global arrays.
+        # has its parameter's distribution (sbp-infer ties them), and those are
+        # not gathered at all; the rest, and everything in the simulator, goes
+        # back as global arrays.
         in_place = set() if self._where() == "simulate" else self._in_place_updates()
+        out = self.run(feeds, outputs=[name for name in self.output_names() if name not in in_place])
         for name, value in out.items():
             if name.startswith("new.") and name not in in_place:
                 self.params[name.removeprefix("new.")] = value
@@ -209,6 +214,10 @@ class Executable:
 
     def param_keys(self) -> list[str]:
         return sorted({r.param.data for d in self.program.devices() for r in d.registers() if r.param is not None})
+
+    def output_names(self) -> list[str]:
+        """Every output the plan fetches."""
+        return sorted({r.fetch.data for d in self.program.devices() for r in d.registers() if r.fetch is not None})
 
 
 class Params:

@@ -11,6 +11,7 @@ plan.program @step {
     plan.register @x : tensor<16x32xf32> bytes 2048 offset 0 feed "x" of !sbp.dtensor<32x32xf32, @dp, S<0>>
     plan.register @w : tensor<32x8xf32> bytes 1024 offset 0 persistent param "w" init #lg.normal<0.0, 0.1> seed 3 of !sbp.dtensor<32x8xf32, @dp, B>
     plan.register @c : tensor<8xf32> bytes 32 offset 1024 persistent constant dense<1.0> : tensor<8xf32> of !sbp.dtensor<8xf32, @dp, B>
+    plan.register @w_new : tensor<32x8xf32> bytes 1024 offset 0 persistent fetch "new.w" alias @w of !sbp.dtensor<32x8xf32, @dp, B>
     plan.register @y : tensor<16x8xf32> bytes 512 offset 2048 of !sbp.dtensor<32x8xf32, @dp, S<0>>
     plan.register @r : tensor<16x8xf32> bytes 512 offset 2048 of !sbp.dtensor<32x8xf32, @dp, S<0>>
     plan.register @z : tensor<32x8xf32> bytes 1024 slots 2 offset 2560 fetch "z" of !sbp.dtensor<32x8xf32, @dp, B>
@@ -30,6 +31,7 @@ plan.program @step {
 // CHECK-NEXT:     plan.register @x : tensor<16x32xf32> bytes 2048 offset 0 feed "x" of !sbp.dtensor<32x32xf32, @dp, S<0>>
 // CHECK-NEXT:     plan.register @w : tensor<32x8xf32> bytes 1024 offset 0 persistent param "w" init #lg.normal<0.0, 0.1> seed 3 of !sbp.dtensor<32x8xf32, @dp, B>
 // CHECK-NEXT:     plan.register @c : tensor<8xf32> bytes 32 offset 1024 persistent constant dense<1.000000e+00> : tensor<8xf32> of !sbp.dtensor<8xf32, @dp, B>
+// CHECK-NEXT:     plan.register @w_new : tensor<32x8xf32> bytes 1024 offset 0 persistent fetch "new.w" alias @w of !sbp.dtensor<32x8xf32, @dp, B>
 // CHECK-NEXT:     plan.register @y : tensor<16x8xf32> bytes 512 offset 2048 of !sbp.dtensor<32x8xf32, @dp, S<0>>
 // CHECK-NEXT:     plan.register @r : tensor<16x8xf32> bytes 512 offset 2048 of !sbp.dtensor<32x8xf32, @dp, S<0>>
 // CHECK-NEXT:     plan.register @z : tensor<32x8xf32> bytes 1024 slots 2 offset 2560 fetch "z" of !sbp.dtensor<32x8xf32, @dp, B>
@@ -47,6 +49,7 @@ plan.program @step {
 // GENERIC:      "plan.program"() <{sym_name = "step"}> ({
 // GENERIC-NEXT:   "plan.device"() <{sym_name = "rank0", rank = 0 : i64, arena = 4096 : i64, persistent = 1088 : i64, live_bound = 3584 : i64, no_reuse = 5632 : i64}> ({
 // GENERIC-NEXT:     "plan.register"() <{sym_name = "x", type = tensor<16x32xf32>, bytes = 2048 : i64, offset = 0 : i64, feed = "x", value = !sbp.dtensor<32x32xf32, @dp, S<0>>, slots = 1 : i64}> : () -> ()
+// GENERIC:          "plan.register"() <{sym_name = "w_new", type = tensor<32x8xf32>, bytes = 1024 : i64, offset = 0 : i64, persistent, fetch = "new.w", alias = @w, value = !sbp.dtensor<32x8xf32, @dp, B>, slots = 1 : i64}> : () -> ()
 // GENERIC:          "plan.compute"() <{sym_name = "y.matmul", kernel = "lg.matmul", ins = [@x, @w], outs = [@y], props = {transpose_rhs}}> : () -> ()
 // GENERIC-NEXT:     "plan.compute"() <{sym_name = "r.relu", kernel = "lg.relu", ins = [@y], outs = [@r], in_place, props = {}}> : () -> ()
 // GENERIC-NEXT:     "plan.comm"() <{sym_name = "z.all_gather", kind = "all_gather", id = 0 : i64, ins = [@r], outs = [@z], group = array<i64: 0, 1>, mesh_axes = array<i64: 0>, bytes = 512 : i64, from = !sbp.dtensor<32x8xf32, @dp, S<0>>, to = !sbp.dtensor<32x8xf32, @dp, B>}> : () -> ()

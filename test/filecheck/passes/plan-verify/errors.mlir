@@ -116,6 +116,46 @@ plan.program @p {
 
 // -----
 
+// An in-place update (alias) must take exactly its parameter's bytes...
+sbp.placement @one cpu ranks [0] mesh [1]
+plan.program @p {
+  plan.device @rank0 rank 0 arena 0 persistent 2048 {
+    plan.register @w : tensor<16x16xf32> bytes 1024 offset 0 persistent param "w" init #lg.zeros of !sbp.dtensor<16x16xf32, @one, B>
+    plan.register @w_new : tensor<16x16xf32> bytes 1024 offset 1024 persistent fetch "new.w" alias @w of !sbp.dtensor<16x16xf32, @one, B>
+    plan.compute @k "lg.relu" [@w] -> [@w_new] in_place
+  }
+}
+// CHECK: 'plan.device' @rank0: register @w_new aliases @w but does not take exactly its bytes (same type, slots, region and offset)
+
+// -----
+
+// ...name a register of its device...
+sbp.placement @one cpu ranks [0] mesh [1]
+plan.program @p {
+  plan.device @rank0 rank 0 arena 0 persistent 1024 {
+    plan.register @w_new : tensor<16x16xf32> bytes 1024 offset 0 persistent fetch "new.w" alias @w of !sbp.dtensor<16x16xf32, @one, B>
+  }
+}
+// CHECK: 'plan.device' @rank0: register @w_new aliases @w, which is not a register of this device
+
+// -----
+
+// ...and be written only once the old value has no reader left: here the
+// matmul still reads @w after the update overwrote it.
+sbp.placement @one cpu ranks [0] mesh [1]
+plan.program @p {
+  plan.device @rank0 rank 0 arena 1024 persistent 1024 {
+    plan.register @w : tensor<16x16xf32> bytes 1024 offset 0 persistent param "w" init #lg.zeros of !sbp.dtensor<16x16xf32, @one, B>
+    plan.register @w_new : tensor<16x16xf32> bytes 1024 offset 0 persistent fetch "new.w" alias @w of !sbp.dtensor<16x16xf32, @one, B>
+    plan.register @y : tensor<16x16xf32> bytes 1024 offset 0 fetch "y" of !sbp.dtensor<16x16xf32, @one, B>
+    plan.compute @update "lg.relu" [@w] -> [@w_new] in_place
+    plan.compute @use "lg.matmul" [@w, @w] -> [@y]
+  }
+}
+// CHECK: 'plan.device' @rank0: register @w_new aliases @w but @update writes it at position 0 while @w is still read (until position 1)
+
+// -----
+
 // A correct plan passes unchanged.
 sbp.placement @dp cpu ranks [0, 1] mesh [2]
 plan.program @p {
