@@ -54,7 +54,9 @@ def main() -> None:
     if args.quick:
         args.ops, args.steps, args.hidden, args.batch, args.train_steps = 40, 5, 64, 16, 2
     module = chain(args.ops)
-    CompilePass().apply(Context(), module)
+    # Unfused: plan-fuse-elementwise would make the whole chain one actor,
+    # and this measures the cost of a firing.
+    CompilePass(fuse=False).apply(Context(), module)
     program = find_program(module)
     executor = Executor(module, program, MPI.COMM_WORLD)
     executor.initialize()

@@ -297,13 +297,13 @@ class CudaExecutor(Executor):
 
     # -- running ----------------------------------------------------------------------
 
-    def _fire_compute(self, actor: plan.ComputeOp, step: int) -> None:
+    def _fire_compute(self, actor: plan.ComputeOp, step: int, ins, out) -> None:
         start = time.perf_counter()
         if actor in self.on_host:
             down, up = comm_staging(actor, self.registers, step)
             for s in down:
                 self._down(s)
-            super()._fire_compute(actor, step)
+            super()._fire_compute(actor, step, ins, out)
             for s in up:
                 self._up(s)
             return
@@ -311,7 +311,7 @@ class CudaExecutor(Executor):
         self.launches[actor](launch_arguments(actor, self.registers, step, self.bases), grid, block)
         self._record(actor, "compute", start, time.perf_counter())
 
-    def _issue_comm(self, pending, actor, step):
+    def _issue_comm(self, pending, actor, step, ranges=None):
         down, up = comm_staging(actor, self.registers, step)
         for s in down:
             self._down(s)

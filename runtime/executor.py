@@ -20,6 +20,7 @@ Every exception is reported with the rank, the actor and its registers.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -110,6 +111,7 @@ class Executor:
         self.arena = self._host_buffer(self.device.arena.value.data + 1)
         self.persistent = self._host_buffer(self.device.persistent.value.data + 1)
         self.registers = {r.sym_name.data: r for r in self.device.registers()}
+        self._slots = {name: reg.slots.value.data for name, reg in self.registers.items()}
         self._views: dict[tuple[str, int], np.ndarray] = {}
         for name, reg in self.registers.items():
             buffer = self.persistent if reg.is_persistent is not None else self.arena
@@ -128,6 +130,18 @@ class Executor:
                 self.kernels[actor] = self._bind(actor)
         self.comm_actors = self._build_comm_actors()
         self.updates = self._update_pairs() if write_back else []
+        # What each firing needs, read off the IR once (xDSL attribute access
+        # costs microseconds, which tiny kernels would feel): per actor, its
+        # registers and, for each slot phase, their views and byte ranges.
+        self._spans = {name: (1 if reg.is_persistent is not None else 0, reg.offset.value.data, reg.bytes.value.data)
+                       for name, reg in self.registers.items()}
+        self._firing: list[tuple[Any, bool, list[str], list[str], int]] = []
+        for actor in self.schedule:
+            ins = [r.string_value() for r in actor.ins.data]
+            outs = [r.string_value() for r in actor.outs.data]
+            period = math.lcm(1, *(self._slots[n] for n in (*ins, *outs)))
+            self._firing.append((actor, isinstance(actor, plan.ComputeOp), ins, outs, period))
+        self._phase_cache: dict[tuple[int, int], tuple[list[np.ndarray], np.ndarray | None, list]] = {}
 
     # -- backend hooks (the numpy backend's registers are its host views) -------
 
@@ -154,7 +168,25 @@ class Executor:
         return piece(t.get_shape(), nd_to_plain(t.nd_sbp), mesh.shape, plan.device_coord(self.rank, mesh.ranks, mesh.shape))
 
     def view(self, name: str, slot: int) -> np.ndarray:
-        return self._views[(name, slot % self.registers[name].slots.value.data)]
+        return self._views[(name, slot % self._slots[name])]
+
+    def _phase(self, index: int, step: int) -> tuple[list[np.ndarray], np.ndarray | None, list]:
+        """Actor `index` at `step`: its input views, its output view, and the
+        byte ranges it touches, computed once per slot phase."""
+        actor, _, ins, outs, period = self._firing[index]
+        key = (index, step % period)
+        found = self._phase_cache.get(key)
+        if found is None:
+            found = ([self.view(n, step) for n in ins], self.view(outs[0], step) if outs else None,
+                     [self._range(n, step) for n in (*ins, *outs)])
+            self._phase_cache[key] = found
+        return found
+
+    def _range(self, name: str, step: int) -> tuple[int, int, int]:
+        """(buffer, lo, hi) of a register's slot at `step`."""
+        buf, offset, nbytes = self._spans[name]
+        lo = offset + (step % self._slots[name]) * nbytes
+        return buf, lo, lo + nbytes
 
     def _build_comm_actors(self) -> dict:
         """Group communicators, created in the order of the first collective
@@ -230,13 +262,7 @@ class Executor:
 
     def _wait_register(self, pending: list[Pending], name: str, step: int) -> None:
         """Completes in-flight communication touching a register's bytes."""
-        reg = self.registers[name]
-        buf = 1 if reg.is_persistent is not None else 0
-        lo = reg.offset.value.data + (step % reg.slots.value.data) * reg.bytes.value.data
-        hi = lo + reg.bytes.value.data
-        for p in list(pending):
-            if any(b == buf and lo < hi2 and lo2 < hi for b, lo2, hi2 in p.ranges):
-                self._complete(pending, p)
+        self._wait_ranges(pending, [self._range(name, step)])
 
     def _write(self, name: str, value: np.ndarray) -> None:
         reg = self.registers[name]
@@ -261,25 +287,14 @@ class Executor:
         outputs (of those named in `outputs`, when given)."""
         pending: list[Pending] = []
         if self.device is not None:
-            for step in range(steps):
-                self._write_feeds(pending, step)
-                for actor in self.schedule:
-                    try:
-                        if isinstance(actor, plan.ComputeOp):
-                            self._wait_hazards(pending, actor, step)
-                            self._fire_compute(actor, step)
-                        else:
-                            self._wait_hazards(pending, actor, step)
-                            self._issue_comm(pending, actor, step)
-                        self._progress(pending)
-                    except RuntimeFailure:
-                        raise
-                    except Exception as e:  # noqa: BLE001 - reported with its place, then the job ends
-                        raise RuntimeFailure(f"rank {self.rank}: step {step}: {self.describe(actor)}: {type(e).__name__}: {e}") from e
-                if self.updates:
-                    self._write_back(pending, step)
-            while pending:
-                self._complete(pending, pending[0])
+            with np.errstate(all="ignore"):
+                for step in range(steps):
+                    self._write_feeds(pending, step)
+                    self._run_step(pending, step)
+                    if self.updates:
+                        self._write_back(pending, step)
+                while pending:
+                    self._complete(pending, pending[0])
         fetched = {}
         if self.device is not None:
             for name, reg in self.registers.items():
@@ -288,11 +303,28 @@ class Executor:
                     fetched[reg.fetch.data] = (reg.value, self.piece_of(reg.value), self.view(name, steps - 1).copy())
         return fetched
 
-    def _issue_comm(self, pending: list[Pending], actor: plan.CommOp, step: int) -> Pending:
+    def _run_step(self, pending: list[Pending], step: int) -> None:
+        for index, (actor, is_compute, *_) in enumerate(self._firing):
+            try:
+                ins, out, ranges = self._phase(index, step)
+                if pending:
+                    self._wait_ranges(pending, ranges)
+                if is_compute:
+                    self._fire_compute(actor, step, ins, out)
+                else:
+                    self._issue_comm(pending, actor, step, ranges)
+                if pending:
+                    self._progress(pending)
+            except RuntimeFailure:
+                raise
+            except Exception as e:  # noqa: BLE001 - reported with its place, then the job ends
+                raise RuntimeFailure(f"rank {self.rank}: step {step}: {self.describe(actor)}: {type(e).__name__}: {e}") from e
+
+    def _issue_comm(self, pending: list[Pending], actor: plan.CommOp, step: int, ranges=None) -> Pending:
         start = time.perf_counter()
         issued = self.comm_actors[actor].issue(step, step)
         issued.start = start
-        issued.ranges = self._ranges(actor, step)
+        issued.ranges = ranges if ranges is not None else self._ranges(actor, step)
         if issued.requests:
             pending.append(issued)
         else:
@@ -334,30 +366,20 @@ class Executor:
         except Exception as e:  # noqa: BLE001 - reported with its place
             raise RuntimeFailure(f"rank {self.rank}: {self.describe(actor)}: {e}") from None
 
-    def _fire_compute(self, actor: plan.ComputeOp, step: int) -> None:
-        inputs = [self.view(r.string_value(), step) for r in actor.ins.data]
-        out = self.view(actor.outs.data[0].string_value(), step)
-        start = time.perf_counter()
-        with np.errstate(all="ignore"):
-            self.kernels[actor](inputs, out)
-        self._record(actor, "compute", start, time.perf_counter())
+    def _fire_compute(self, actor: plan.ComputeOp, step: int, ins: list[np.ndarray], out: np.ndarray) -> None:
+        if self.trace_on:
+            start = time.perf_counter()
+            self.kernels[actor](ins, out)
+            self._record(actor, "compute", start, time.perf_counter())
+        else:
+            self.kernels[actor](ins, out)
 
     def _ranges(self, actor, step: int) -> list[tuple[int, int, int]]:
         """Byte ranges an actor touches: (buffer, lo, hi)."""
-        out = []
-        for ref in (*actor.ins.data, *actor.outs.data):
-            reg = self.registers[ref.string_value()]
-            buf = 1 if reg.is_persistent is not None else 0
-            slot = step % reg.slots.value.data
-            lo = reg.offset.value.data + slot * reg.bytes.value.data
-            out.append((buf, lo, lo + reg.bytes.value.data))
-        return out
+        return [self._range(ref.string_value(), step) for ref in (*actor.ins.data, *actor.outs.data)]
 
-    def _wait_hazards(self, pending: list[Pending], actor, step: int) -> None:
-        """Completes in-flight communication whose bytes this actor touches."""
-        if not pending:
-            return
-        mine = self._ranges(actor, step)
+    def _wait_ranges(self, pending: list[Pending], mine: list[tuple[int, int, int]]) -> None:
+        """Completes in-flight communication touching any of these bytes."""
         for p in list(pending):
             if any(b1 == b2 and lo1 < hi2 and lo2 < hi1 for b1, lo1, hi1 in mine for b2, lo2, hi2 in p.ranges):
                 self._complete(pending, p)
@@ -370,12 +392,16 @@ class Executor:
         self._record(p.actor, "comm", p.start, time.perf_counter())
 
     def _progress(self, pending: list[Pending]) -> None:
-        for p in list(pending):
-            if MPI.Request.Testall(p.requests):
-                if p.finish:
-                    p.finish()
-                pending.remove(p)
-                self._record(p.actor, "comm", p.start, time.perf_counter())
+        """Lets MPI progress (any test advances every operation in flight)
+        and retires what completed, oldest first. Collectives mostly complete
+        in issue order, so testing stops at the first one still running: a
+        backward pass with many gradients in flight costs one test per actor
+        (one that completed out of order is retired at its next hazard)."""
+        while pending and MPI.Request.Testall(pending[0].requests):
+            p = pending.pop(0)
+            if p.finish:
+                p.finish()
+            self._record(p.actor, "comm", p.start, time.perf_counter())
 
     def _record(self, actor, stream: str, start: float, end: float) -> None:
         if not self.trace_on:
