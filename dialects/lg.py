@@ -1455,7 +1455,17 @@ def _matmul_grad(op, g, e):
     ta, tb = op.transpose_lhs is not None, op.transpose_rhs is not None
     # C = A' B' with A' = A or A^T, B' = B or B^T
     da_ = e.emit(MatmulOp(g, b, transpose_rhs=not tb))  # dA' = g B'^T
-    db_ = e.emit(MatmulOp(a, g, transpose_lhs=not ta))  # dB' = A'^T g
+    a_shape, g_shape = global_shape(a.type), global_shape(g.type)
+    if len(global_shape(b.type)) == 2 and len(a_shape) > 2 and not ta:
+        # A weight applied to a batch of matrices (tokens of sequences): its
+        # gradient is one GEMM over every row, A and g flattened to
+        # [rows, K] and [rows, N], not a batched product summed over the batch.
+        rows = math.prod(a_shape[:-1])
+        a2 = e.emit(ReshapeOp(a, (rows, a_shape[-1])))
+        g2 = e.emit(ReshapeOp(g, (rows, g_shape[-1])))
+        db_ = e.emit(MatmulOp(a2, g2, transpose_lhs=True))
+    else:
+        db_ = e.emit(MatmulOp(a, g, transpose_lhs=not ta))  # dB' = A'^T g
     if ta:
         da_ = e.swap_last(da_)
     if tb:

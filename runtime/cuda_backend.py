@@ -297,7 +297,7 @@ class CudaExecutor(Executor):
 
     # -- running ----------------------------------------------------------------------
 
-    def _fire_compute(self, actor: plan.ComputeOp, step: int, ins, out) -> None:
+    def _fire_compute(self, actor: plan.ComputeOp, step: int, ins, out, pending=None) -> None:
         start = time.perf_counter()
         if actor in self.on_host:
             down, up = comm_staging(actor, self.registers, step)

@@ -128,6 +128,7 @@ class Executor:
         for actor in self.schedule:
             if isinstance(actor, plan.ComputeOp):
                 self.kernels[actor] = self._bind(actor)
+        self._parts = {a: p for a in self.kernels if a.kernel.data == "lg.matmul" and (p := self._bind_parts(a)) is not None}
         self.comm_actors = self._build_comm_actors()
         self.updates = self._update_pairs() if write_back else []
         # What each firing needs, read off the IR once (xDSL attribute access
@@ -310,7 +311,7 @@ class Executor:
                 if pending:
                     self._wait_ranges(pending, ranges)
                 if is_compute:
-                    self._fire_compute(actor, step, ins, out)
+                    self._fire_compute(actor, step, ins, out, pending)
                 else:
                     self._issue_comm(pending, actor, step, ranges)
                 if pending:
@@ -366,13 +367,27 @@ class Executor:
         except Exception as e:  # noqa: BLE001 - reported with its place
             raise RuntimeFailure(f"rank {self.rank}: {self.describe(actor)}: {e}") from None
 
-    def _fire_compute(self, actor: plan.ComputeOp, step: int, ins: list[np.ndarray], out: np.ndarray) -> None:
+    def _bind_parts(self, actor: plan.ComputeOp):
+        """A long matmul's column blocks (kernels.bind_parts), when its
+        output shares no bytes with an input."""
+        ins = [self.view(r.string_value(), 0) for r in actor.ins.data]
+        out = self.view(actor.outs.data[0].string_value(), 0)
+        if any(np.may_share_memory(x, out) for x in ins):
+            return None
+        op, _ = actor_kernel(self.ctx, actor, self.registers, self.piece_of)
+        return kernels.bind_parts(op, ins, out)
+
+    def _fire_compute(self, actor: plan.ComputeOp, step: int, ins: list[np.ndarray], out: np.ndarray,
+                      pending: list[Pending] | None = None) -> None:
+        start = time.perf_counter() if self.trace_on else 0.0
+        parts = self._parts.get(actor) if pending else None
+        if parts is None:
+            self.kernels[actor](ins, out)
+        else:  # communication in flight: let MPI progress between blocks
+            for _ in parts(ins, out):
+                self._progress(pending)
         if self.trace_on:
-            start = time.perf_counter()
-            self.kernels[actor](ins, out)
             self._record(actor, "compute", start, time.perf_counter())
-        else:
-            self.kernels[actor](ins, out)
 
     def _ranges(self, actor, step: int) -> list[tuple[int, int, int]]:
         """Byte ranges an actor touches: (buffer, lo, hi)."""

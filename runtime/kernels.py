@@ -106,6 +106,41 @@ def _bind_matmul(op: lg.MatmulOp, local, ins, out) -> Fire:
     return fire
 
 
+PART_FLOPS = 400e6
+"""A long matmul runs in column blocks of about this many flops (a few ms on
+one core) when communication is in flight, so MPI, which progresses only
+inside MPI calls, gets a call between blocks."""
+MIN_PART_COLUMNS = 256
+"""Narrower blocks lose GEMM efficiency."""
+
+
+def bind_parts(op: Operation, ins: Sequence[np.ndarray], out: np.ndarray):
+    """For a matmul long enough to split: parts(xs, o), a generator that
+    computes `o` one block of output columns at a time and yields after
+    each; None for anything else. The blocks write disjoint columns of the
+    output, each a strided view BLAS takes as is."""
+    if not isinstance(op, lg.MatmulOp) or out.ndim < 2:
+        return None
+    ta, tb = op.transpose_lhs is not None, op.transpose_rhs is not None
+    k = ins[0].shape[-2] if ta else ins[0].shape[-1]
+    columns = out.shape[-1]
+    flops = 2.0 * math.prod(out.shape) * k
+    count = min(int(flops // PART_FLOPS), columns // MIN_PART_COLUMNS)
+    if count < 2:
+        return None
+    width = -(-columns // count)
+
+    def parts(xs, o):
+        a, b = xs
+        a = np.swapaxes(a, -1, -2) if ta else a
+        b = np.swapaxes(b, -1, -2) if tb else b
+        for j in range(0, columns, width):
+            np.matmul(a, b[..., j:j + width], out=o[..., j:j + width])
+            yield
+
+    return parts
+
+
 # -- softmax, layernorm -------------------------------------------------------------
 
 

@@ -200,3 +200,35 @@ def test_a_steady_state_step_allocates_no_arrays(tmp_path):
     assert len(report["per_kernel"]) > 40
     worst = max(report["per_kernel"].items(), key=lambda kv: kv[1])
     assert worst[1] <= BOUND, f"{worst[0]} allocated {worst[1]} bytes in a steady-state firing"
+
+
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+@pytest.mark.parametrize("batch", [(), (3,)])
+def test_matmul_in_column_blocks_equals_one_call(monkeypatch, ta, tb, batch):
+    """A long matmul run in column blocks (so MPI can progress between them)
+    writes exactly what one call writes, for every transpose and a batch."""
+    monkeypatch.setattr(kernels, "PART_FLOPS", 500)
+    monkeypatch.setattr(kernels, "MIN_PART_COLUMNS", 8)
+    rng = np.random.default_rng(0)
+    m, k, n = 6, 5, 40
+    a = rng.standard_normal((*batch, k, m) if ta else (*batch, m, k), dtype=np.float32)
+    b = rng.standard_normal((n, k) if tb else (k, n), dtype=np.float32)
+    lhs = plan_free_value(a.shape)
+    rhs = plan_free_value(b.shape)
+    op = sbpc.dialects.lg.MatmulOp(lhs, rhs, transpose_lhs=ta, transpose_rhs=tb)
+    out = np.full((*batch, m, n), np.nan, np.float32)
+    parts = kernels.bind_parts(op, [a, b], out)
+    assert parts is not None
+    blocks = sum(1 for _ in parts([a, b], out))
+    assert blocks >= 2
+    expected = np.matmul(np.swapaxes(a, -1, -2) if ta else a, b.T if tb else b)
+    np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
+
+
+def plan_free_value(shape):
+    """An SSA value of a float32 tensor type, to build an lg op on."""
+    from xdsl.dialects.builtin import TensorType, f32
+    from xdsl.ir import Block
+
+    return Block(arg_types=[TensorType(f32, shape)]).args[0]
