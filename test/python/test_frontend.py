@@ -75,6 +75,10 @@ def test_run_on_real_ranks_matches_the_reference_and_reuses_them(ranks, mesh):
     again = exe.run(feeds(1))
     assert RankPool.pools[ranks].process.pid == pid, "a second run started new ranks"
     np.testing.assert_allclose(again["loss"], evaluate(g.module(), feeds(1))["loss"], rtol=1e-4)
+    # only the outputs asked for come back from the ranks
+    only = exe.run(feeds(1), outputs=["loss"])
+    assert sorted(only) == ["loss"]
+    np.testing.assert_allclose(only["loss"], again["loss"], rtol=1e-6)
 
 
 def test_parameters_read_and_write_as_global_arrays():
