@@ -6,7 +6,8 @@ collective reads, until its result is first read, as it is in flight),
 taking `bytes x slots`. Registers whose lifetimes overlap never share bytes; dead
 ones are reused. An elementwise compute actor writes in place into an input
 that dies there when type and slots match (the two registers become one
-buffer). Parameters and constants go to the device's persistent region.
+buffer), and so does a reshape (same bytes, same order). Parameters and
+constants go to the device's persistent region.
 An updated parameter or optimizer state (lg-optimizer's `new.<key>`) with
 the parameter's own type takes the parameter's persistent bytes when every
 read of the old value comes before the update is written (or is the
@@ -38,6 +39,11 @@ IN_PLACE_KERNELS = frozenset((*(op.name for op in (*lg.UNARY_OPS, *lg.BINARY_OPS
 """Kernels that read each element before writing it, so their output may
 take the bytes of a dying input of its type (a fused chain keeps its
 intermediates elsewhere and writes the output last)."""
+
+
+REINTERPRETING_KERNELS = frozenset((lg.ReshapeOp.name,))
+"""Kernels whose output is their input's bytes in the same order under
+another shape: written over a dying input, they have nothing to do."""
 
 
 def aligned(n: int) -> int:
@@ -160,13 +166,15 @@ def in_place_pairs(device: plan.DeviceOp, life: dict[str, tuple[int, int]]) -> d
     pairs = {}
     registers = {r.sym_name.data: r for r in device.registers()}
     for pos, actor in enumerate(device.actors()):
-        if not isinstance(actor, plan.ComputeOp) or actor.kernel.data not in IN_PLACE_KERNELS:
+        if not isinstance(actor, plan.ComputeOp) or actor.kernel.data not in IN_PLACE_KERNELS | REINTERPRETING_KERNELS:
             continue
         out = registers[actor.outs.data[0].string_value()]
+        reinterprets = actor.kernel.data in REINTERPRETING_KERNELS
         for ref in actor.ins.data:
             src = registers[ref.string_value()]
             if (
-                src.type == out.type
+                (src.type == out.type or (reinterprets and src.bytes == out.bytes
+                                          and src.type.element_type == out.type.element_type))
                 and src.slots == out.slots
                 and src.is_persistent is None
                 and src.fetch is None

@@ -239,7 +239,9 @@ def gen_layernorm(name, t, shape, axis, eps, affine):
 
 
 def gen_copy(name, t, n):
-    src = (f'{_header(t)}extern "C" __global__ void {name}(const T* __restrict__ a0, T* __restrict__ out) {{\n'
+    # No __restrict__: a reshape may be planned in place (out == a0), and
+    # each thread reads its element before writing it.
+    src = (f'{_header(t)}extern "C" __global__ void {name}(const T* a0, T* out) {{\n'
            f"  long i = blockIdx.x * (long)blockDim.x + threadIdx.x;\n  if (i < {n}) out[i] = a0[i];\n}}\n")
     return src, _grid(n)
 

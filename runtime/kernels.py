@@ -341,23 +341,47 @@ def _bind_one_hot(op: lg.OneHotOp, local, ins, out) -> Fire:
     return fire
 
 
+ONE_HOT_ELEMENTS = 1 << 22
+"""An embedding gradient whose one-hot matrix (indices x table rows) has at
+most this many elements is one GEMM, one_hot^T @ grad; a larger table (a
+real vocabulary) scatters with np.add.at, which is slower per index but
+needs no scratch."""
+
+
 def _bind_embedding_grad(op: lg.EmbeddingGradOp, local, ins, out) -> Fire:
     rows = op.rows.value.data
+    count = ins[1].size
+    if rows * count <= ONE_HOT_ELEMENTS:
+        hot = _scratch((count, rows), out.dtype)
+        positions = np.arange(count)
 
-    def fire(xs, o):
+        def fire(xs, o):
+            grad, ind = xs
+            _check_range(op, "index", ind, rows)
+            hot.fill(0)
+            hot[positions, ind.reshape(-1)] = 1
+            np.matmul(hot.T, grad.reshape(count, grad.shape[-1]), out=o)
+
+        return fire
+
+    def scatter(xs, o):
         grad, ind = xs
         _check_range(op, "index", ind, rows)
         o.fill(0)
         np.add.at(o, ind.reshape(-1), grad.reshape(-1, grad.shape[-1]))
 
-    return fire
+    return scatter
 
 
 # -- data movement -----------------------------------------------------------------
 
 
 def _bind_reshape(op, local, ins, out) -> Fire:
-    return lambda xs, o: np.copyto(o, xs[0].reshape(o.shape))
+    def fire(xs, o):
+        if xs[0].ctypes.data != o.ctypes.data:  # written in place: the bytes are already there
+            np.copyto(o, xs[0].reshape(o.shape))
+
+    return fire
 
 
 def _bind_broadcast(op, local, ins, out) -> Fire:
@@ -464,8 +488,9 @@ BINDERS: dict[type, Binder] = {
     Fused: _bind_fused,
 }
 
-ALIAS_SAFE: frozenset[type] = frozenset((*lg.UNARY_OPS, *lg.BINARY_OPS, lg.StepOp, Fused))
-"""Kernels that may write over an input of their output's type."""
+ALIAS_SAFE: frozenset[type] = frozenset((*lg.UNARY_OPS, *lg.BINARY_OPS, lg.StepOp, Fused, lg.ReshapeOp))
+"""Kernels that may write over an input of their output's type (a reshape
+over its input: same bytes in the same order)."""
 
 
 def bind(op: Operation, local: LocalContext, ins: Sequence[np.ndarray], out: np.ndarray) -> Fire:
