@@ -5,8 +5,8 @@ GPT of examples/gpt.py (Adam), same global batch on both systems. Rows:
 - sbpc on R ranks (batch S<0>) and on 1 rank, in steps/s measured inside the
   ranks (the compiled plan run by mpiexec'd ranks timing Executor.run(N)
   themselves, as the DDP peer does), and on R ranks through the user API
-  (one Executable.train_step from Python, which gathers every output and
-  updated parameter to the driver);
+  (one Executable.train_step from Python: feeds sent to the ranks, the
+  loss gathered back; updated parameters stay on the ranks);
 - PyTorch: DistributedDataParallel over gloo on R processes, and one plain
   process (the peer; torch.set_num_threads(1) everywhere);
 - the compute limit: every matmul of the same step with the local shapes of
@@ -413,7 +413,7 @@ def main() -> int:
         if s["api_step_s"]:
             print(f"{model}: compile {s['compile_s']:.2f} s; one Executable.train_step() from Python "
                   f"{s['api_step_s'] * 1e3:.0f} ms vs {s['step_s'] * 1e3:.0f} ms per step inside the ranks "
-                  f"(the API gathers every output, updated parameters included, to the driver)")
+                  f"(feeds sent from the driver, the loss gathered back)")
         t = r.get(f"torch{args.ranks}")
         summary.append(f"{model} {args.ranks} ranks sbpc/DDP {_common.ratio(t['step_s'], s['step_s']) if t else 'n/a'}"
                        f" (goal 1.50x), sbpc {r[f'limit{args.ranks}']['step_s'] / s['step_s']:.0%} of numpy limit"
