@@ -41,6 +41,33 @@ def shape(region: Region) -> tuple[int, ...]:
     return tuple(s.stop - s.start for s in region)
 
 
+def flat_range(region: Region, full: tuple[int, ...]) -> tuple[int, int] | None:
+    """(start, stop) of `region` in the C-order flat layout of an array of
+    shape `full` when the region is one contiguous run there (every axis
+    after its last partial one whole, every axis before it one index wide);
+    else None."""
+    partial = [a for a, (r, n) in enumerate(zip(region, full)) if (r.start, r.stop) != (0, n)]
+    if partial and any(region[a].stop - region[a].start != 1 for a in range(partial[-1])):
+        return None
+    start = 0
+    for r, n in zip(region, full):
+        start = start * n + r.start
+    return start, start + size(region)
+
+
+def in_order(regions: list[Region], full: tuple[int, ...]) -> bool:
+    """Whether `regions` are contiguous runs that tile an array of shape
+    `full` back to back in this order (so MPI can read or write them in
+    place, with no packing)."""
+    at = 0
+    for region in regions:
+        run = flat_range(region, full)
+        if run is None or run[0] != at:
+            return False
+        at = run[1]
+    return at == math.prod(full)
+
+
 def regions_of(t: DTensorType, mesh: Mesh) -> dict[int, Region]:
     """Every rank's piece of `t`."""
     nd = nd_to_plain(t.nd_sbp)
@@ -90,15 +117,21 @@ class CommActor:
 
     def _prepare(self) -> None:
         k = self.kind
+        me = self.rank
         if k == "all_gather":
             self.counts = [size(self.src_regions[r]) for r in self.group]
             self.displs = list(np.cumsum([0, *self.counts[:-1]]))
-            self.recv = np.empty(sum(self.counts), self.dtype)
+            # Pieces that lie back to back in the result (a split along the
+            # outermost axis) are received straight into it.
+            dst_shape = shape(self.dst_regions[me])
+            self.direct = in_order([relative(self.src_regions[r], self.dst_regions[me]) for r in self.group], dst_shape)
+            self.recv = None if self.direct else np.empty(sum(self.counts), self.dtype)
         elif k == "reduce_scatter":
             self.counts = [size(self.dst_regions[r]) for r in self.group]
-            self.send = np.empty(sum(self.counts), self.dtype)
+            src_shape = shape(self.src_regions[me])
+            self.direct = in_order([relative(self.dst_regions[r], self.src_regions[me]) for r in self.group], src_shape)
+            self.send = None if self.direct else np.empty(sum(self.counts), self.dtype)
         elif k == "all_to_all":
-            me = self.rank
             self.send_parts = [intersect(self.src_regions[me], self.dst_regions[r]) for r in self.group]
             self.recv_parts = [intersect(self.src_regions[r], self.dst_regions[me]) for r in self.group]
             self.scounts = [size(p) if p is not None else 0 for p in self.send_parts]
@@ -148,6 +181,10 @@ class CommActor:
         me = self.rank
         if k == "all_reduce":
             pending.requests.append(self.comm.Iallreduce(src, dst, self.op))
+        elif k == "all_gather" and self.direct:
+            pending.requests.append(
+                self.comm.Iallgatherv(src, [dst.reshape(-1), self.counts, self.displs, self.mpi_type])
+            )
         elif k == "all_gather":
             pending.requests.append(
                 self.comm.Iallgatherv(src, [self.recv, self.counts, self.displs, self.mpi_type])
@@ -159,6 +196,8 @@ class CommActor:
                     dst[region] = self.recv[displ : displ + count].reshape(shape(self.src_regions[r]))
 
             pending.finish = finish
+        elif k == "reduce_scatter" and self.direct:
+            pending.requests.append(self.comm.Ireduce_scatter(src.reshape(-1), dst.reshape(-1), self.counts, self.op))
         elif k == "reduce_scatter":
             at = 0
             for r, count in zip(self.group, self.counts):
