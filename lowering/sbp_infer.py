@@ -461,6 +461,7 @@ class ExactCost:
     want (per use for parameters and for sbp.annotate, which are
     redistributed at each use). Moves: one node at a time, and a whole
     connected region of split nodes at once to its replicated signature
+    (first regions joined without boxing, then any connected region)
     (single moves cannot leave a plateau such as an elementwise chain
     computed split whose result is gathered at the end)."""
 
@@ -537,23 +538,35 @@ class ExactCost:
         cost += sum(float(self.problem.ties[k][choice[k[0]], choice[k[1]]]) for k in ties)
         return cost
 
-    def region(self, v: int, choice: Sequence[int]) -> list[int]:
-        """v and the nodes connected to it that are not replicated but could be."""
+    def region(self, v: int, choice: Sequence[int], direct: bool = False) -> list[int]:
+        """v and the nodes connected to it that are not replicated but could
+        be; with `direct`, only through edges that need no boxing (a chain
+        computed split between two redistributions, such as an optimizer
+        update between its gradient's reduce-scatter and the all-gather of
+        its result, without the rest of the graph it touches)."""
         nodes = self.problem.nodes
 
         def flippable(n: int) -> bool:
             return self.replicated[n] is not None and choice[n] != self.replicated[n]
+
+        def unboxed(producer: int, consumer: int, operand: int) -> bool:
+            return nodes[producer].candidates[choice[producer]][1] == nodes[consumer].candidates[choice[consumer]][0][operand]
 
         if not flippable(v):
             return []
         region, todo = {v}, [v]
         while todo:
             n = todo.pop()
-            neighbours = [u for u in nodes[n].producers if u is not None] + [c for c, _ in self.slots[n]]
-            for m in neighbours:
-                if m not in region and flippable(m) and nodes[m].mesh == nodes[v].mesh:
-                    region.add(m)
-                    todo.append(m)
+            neighbours = [(u, n, j) for j, u in enumerate(nodes[n].producers) if u is not None]
+            neighbours += [(n, c, j) for c, j in self.slots[n]]
+            for producer, consumer, j in neighbours:
+                m = producer if consumer == n else consumer
+                if m in region or not flippable(m) or nodes[m].mesh != nodes[v].mesh:
+                    continue
+                if direct and not unboxed(producer, consumer, j):
+                    continue
+                region.add(m)
+                todo.append(m)
         return sorted(region)
 
     def refine(self, choice: list[int], rounds: int = 8) -> list[int]:
@@ -575,23 +588,24 @@ class ExactCost:
                         best, best_cost = k, cost
                 choice[v] = best
                 changed |= best != current
-            tried: set[int] = set()
-            for v in range(len(nodes)):
-                if v in tried:
-                    continue
-                region = self.region(v, choice)
-                tried.update(region)
-                if len(region) < 2:
-                    continue
-                old = [choice[n] for n in region]
-                before = self.local(region, choice)
-                for n in region:
-                    choice[n] = self.replicated[n]
-                if self.local(region, choice) < before - 1e-15:
-                    changed = True
-                else:
-                    for n, k in zip(region, old):
-                        choice[n] = k
+            for direct in (True, False):
+                tried: set[int] = set()
+                for v in range(len(nodes)):
+                    if v in tried:
+                        continue
+                    region = self.region(v, choice, direct)
+                    tried.update(region)
+                    if len(region) < 2:
+                        continue
+                    old = [choice[n] for n in region]
+                    before = self.local(region, choice)
+                    for n in region:
+                        choice[n] = self.replicated[n]
+                    if self.local(region, choice) < before - 1e-15:
+                        changed = True
+                    else:
+                        for n, k in zip(region, old):
+                            choice[n] = k
             if not changed:
                 break
         return choice
