@@ -18,6 +18,7 @@ Syntax, in short form inside lists, types and signatures:
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC
 from collections.abc import Sequence
@@ -547,6 +548,14 @@ def nd_to_plain(nd: NdSbpAttr) -> PlainNd:
 
 
 def nd_from_plain(nd: Sequence[PlainSbp]) -> NdSbpAttr:
+    return _nd_attr(tuple(nd))
+
+
+@functools.lru_cache(maxsize=4096)
+def _nd_attr(nd: PlainNd) -> NdSbpAttr:
+    # Attributes are immutable, so one per distinct nd-SBP can be shared;
+    # passes build one per value and signature, and building (which verifies)
+    # was a large part of sbp-infer's time.
     return NdSbpAttr([from_plain(e) for e in nd])
 
 
