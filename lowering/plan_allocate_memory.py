@@ -292,6 +292,7 @@ def lifetimes(device: plan.DeviceOp) -> dict[str, tuple[int, int]]:
 def in_place_pairs(device: plan.DeviceOp, life: dict[str, tuple[int, int]]) -> dict[str, str]:
     """output register -> input register it may overwrite."""
     pairs = {}
+    overwritten = set()  # the values of `pairs`, as a set: each input is overwritten at most once
     registers = {r.sym_name.data: r for r in device.registers()}
     for pos, actor in enumerate(device.actors()):
         if not isinstance(actor, plan.ComputeOp) or actor.kernel.data not in IN_PLACE_KERNELS | REINTERPRETING_KERNELS:
@@ -308,9 +309,10 @@ def in_place_pairs(device: plan.DeviceOp, life: dict[str, tuple[int, int]]) -> d
                 and src.fetch is None
                 and src.feed is None
                 and life[src.sym_name.data][1] == pos
-                and src.sym_name.data not in pairs.values()
+                and src.sym_name.data not in overwritten
             ):
                 pairs[out.sym_name.data] = src.sym_name.data
+                overwritten.add(src.sym_name.data)
                 break
     return pairs
 
