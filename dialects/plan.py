@@ -25,6 +25,7 @@ is all the runtime loads.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -221,16 +222,24 @@ class RegisterOp(IRDLOperation):
         rank = device.rank.value.data
         if rank not in mesh.ranks:
             raise VerifyException(f"{where}: rank {rank} is not in placement @{mesh.name}")
-        from sbpc.local_eval import piece
-
-        coord = tuple(int(c) for c in _unravel(mesh.ranks.index(rank), mesh.shape))
-        region = piece(self.value.get_shape(), nd_to_plain(self.value.nd_sbp), mesh.shape, coord)
-        expected = tuple(s.stop - s.start for s in region)
+        expected = _local_shape(self.value.get_shape(), nd_to_plain(self.value.nd_sbp), mesh.shape, mesh.ranks, rank)
         if tuple(self.type.get_shape()) != expected:
             raise VerifyException(
                 f"{where}: local shape {list(self.type.get_shape())} is not the piece {list(expected)} that "
                 f"rank {rank} holds of {list(self.value.get_shape())} under {_nd_text(self.value)}"
             )
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _local_shape(shape: tuple[int, ...], nd: tuple[str, ...], mesh_shape: tuple[int, ...], ranks: tuple[int, ...],
+                 rank: int) -> tuple[int, ...]:
+    """The local shape `rank` holds of a global shape under an nd-SBP. Memoized:
+    a plan has thousands of registers but few distinct (shape, SBP, rank)
+    cases, and every module verification checks every register."""
+    from sbpc.local_eval import piece
+
+    coord = tuple(int(c) for c in _unravel(ranks.index(rank), mesh_shape))
+    return tuple(s.stop - s.start for s in piece(shape, nd, mesh_shape, coord))
 
 
 def _unravel(index: int, shape: Sequence[int]) -> list[int]:

@@ -18,6 +18,7 @@ Syntax, in short form inside lists, types and signatures:
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC
 from collections.abc import Sequence
@@ -331,12 +332,22 @@ class PlacementOp(IRDLOperation):
         )
 
     def mesh(self) -> Mesh:
-        return Mesh(
+        # Verifiers ask for the mesh of every dtensor of every op; unpacking
+        # the attributes each time dominated module verification. The cache
+        # holds the attributes it was built from and is rebuilt when any
+        # differs (properties are replaced, never mutated).
+        key = (self.sym_name, self.device, self.ranks, self.shape)
+        cached = self.__dict__.get("_mesh_cache")
+        if cached is not None and all(a is b for a, b in zip(cached[0], key)):
+            return cached[1]
+        mesh = Mesh(
             self.sym_name.data,
             self.device.data,
             tuple(self.ranks.get_values()),
             tuple(self.shape.get_values()),
         )
+        self.__dict__["_mesh_cache"] = (key, mesh)
+        return mesh
 
     def verify_(self) -> None:
         ranks = self.ranks.get_values()
@@ -461,13 +472,24 @@ def lookup_placement(op: Operation, ref: SymbolRefAttr | str) -> PlacementOp:
         anchor = anchor.parent_op()
     found = None
     for table in reversed(tables):
-        found = SymbolTable.lookup_symbol(table, name)
+        found = _symbol(table, name)
         if isinstance(found, PlacementOp):
             break
     if not isinstance(found, PlacementOp):
         what = "is not a placement" if found is not None else "does not exist"
         raise VerifyException(f"'{op.name}': placement @{name} {what}")
     return found
+
+
+def _symbol(table: Operation, name: str) -> Operation | None:
+    """The op named `name` directly in symbol table `table`: what
+    SymbolTable.lookup_symbol finds for a flat name, without building a
+    SymbolRefAttr per call (verifiers look up a placement per dtensor)."""
+    for op in table.regions[0].block.ops:
+        sym = op.get_attr_or_prop("sym_name")
+        if isinstance(sym, StringAttr) and sym.data == name and op.get_trait(SymbolOpInterface) is not None:
+            return op
+    return None
 
 
 def verify_distribution(op: Operation, type: Attribute, what: str) -> Mesh | None:
@@ -526,6 +548,14 @@ def nd_to_plain(nd: NdSbpAttr) -> PlainNd:
 
 
 def nd_from_plain(nd: Sequence[PlainSbp]) -> NdSbpAttr:
+    return _nd_attr(tuple(nd))
+
+
+@functools.lru_cache(maxsize=4096)
+def _nd_attr(nd: PlainNd) -> NdSbpAttr:
+    # Attributes are immutable, so one per distinct nd-SBP can be shared;
+    # passes build one per value and signature, and building (which verifies)
+    # was a large part of sbp-infer's time.
     return NdSbpAttr([from_plain(e) for e in nd])
 
 

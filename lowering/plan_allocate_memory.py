@@ -22,6 +22,7 @@ schedule) and the total without any reuse.
 
 from __future__ import annotations
 
+import bisect
 import random
 from dataclasses import dataclass, field
 
@@ -71,7 +72,9 @@ classic heuristic; the others win on schedules where long-lived small
 buffers or the order of births matter."""
 
 
-def _first_fit(buffers: list[Buffer], order) -> tuple[int, dict[int, int]]:
+def _first_fit_pairwise(buffers: list[Buffer], order) -> tuple[int, dict[int, int]]:
+    """First fit by scanning every placed buffer for each new one: quadratic.
+    The reference that _first_fit must agree with exactly (tests compare them)."""
     placed: list[tuple[int, int, int, int]] = []  # start, end, offset, size
     offsets = {}
     for i, buf in sorted(enumerate(buffers), key=lambda ib: order(ib[1])):
@@ -86,6 +89,125 @@ def _first_fit(buffers: list[Buffer], order) -> tuple[int, dict[int, int]]:
     return max((offsets[i] + b.size for i, b in enumerate(buffers)), default=0), offsets
 
 
+class _ByteRanges:
+    """A union of byte ranges [lo, hi), kept as sorted, disjoint, non-touching
+    ranges (touching ones merge: first fit only asks whether a range is
+    free, so merging stacks of adjacent buffers keeps the lists short)."""
+
+    __slots__ = ("los", "his")
+
+    def __init__(self) -> None:
+        self.los: list[int] = []
+        self.his: list[int] = []
+
+    def add(self, lo: int, hi: int) -> None:
+        los, his = self.los, self.his
+        i = bisect.bisect_left(his, lo)  # the first range ending at or after lo: it touches or follows
+        j = bisect.bisect_right(los, hi, i)  # ranges i..j-1 start at or before hi: they merge with [lo, hi)
+        if i == j:
+            los.insert(i, lo)
+            his.insert(i, hi)
+        else:
+            los[i:j] = [min(lo, los[i])]
+            his[i:j] = [max(hi, his[j - 1])]
+
+
+class _Occupancy:
+    """The bytes placed buffers take over the schedule, for first fit without
+    looking at every placed buffer: a segment tree over schedule positions.
+    A buffer is stored at the O(log T) nodes that exactly cover its lifetime
+    (`covering`), and its bytes are merged into the union of every node at or
+    above those (`within`: all bytes taken anywhere inside the node's span).
+    The bytes taken at some position of [start, end] are then the union of
+    `within` of the nodes that exactly cover [start, end] and `covering` of
+    the nodes above them (the ancestors of the two end positions' leaves)."""
+
+    def __init__(self, first: int, last: int) -> None:
+        self.first = first
+        self.leaves = 1
+        while self.leaves < last - first + 1:
+            self.leaves *= 2
+        self.covering: dict[int, _ByteRanges] = {}
+        self.within: dict[int, _ByteRanges] = {}
+
+    def _cover(self, start: int, end: int) -> list[int]:
+        """The nodes whose spans exactly tile [start, end]."""
+        lo, hi = start - self.first + self.leaves, end - self.first + self.leaves + 1
+        nodes = []
+        while lo < hi:
+            if lo & 1:
+                nodes.append(lo)
+                lo += 1
+            if hi & 1:
+                hi -= 1
+                nodes.append(hi)
+            lo >>= 1
+            hi >>= 1
+        return nodes
+
+    def _above(self, start: int, end: int) -> set[int]:
+        """The strict ancestors of the leaves of start and end: every node
+        that spans past [start, end] yet meets it is one of them."""
+        nodes = set()
+        for leaf in (start - self.first + self.leaves, end - self.first + self.leaves):
+            leaf >>= 1
+            while leaf and leaf not in nodes:
+                nodes.add(leaf)
+                leaf >>= 1
+        return nodes
+
+    def add(self, start: int, end: int, lo: int, hi: int) -> None:
+        """Bytes [lo, hi) are taken at every position of [start, end]."""
+        done: set[int] = set()
+        for node in self._cover(start, end):
+            self.covering.setdefault(node, _ByteRanges()).add(lo, hi)
+            while node and node not in done:  # the node and its ancestors, each once
+                done.add(node)
+                self.within.setdefault(node, _ByteRanges()).add(lo, hi)
+                node >>= 1
+
+    def lowest_free(self, start: int, end: int, size: int) -> int:
+        """The lowest offset where `size` bytes are free at every position of
+        [start, end]: what first fit over the sorted busy ranges finds."""
+        cover = self._cover(start, end)
+        ranges = [self.within[n] for n in cover if n in self.within]
+        ranges += [self.covering[n] for n in self._above(start, end).difference(cover) if n in self.covering]
+        offset, i, calm, count = 0, 0, 0, len(ranges)
+        bisect_right = bisect.bisect_right
+        # Raise the offset past every range in the way, set by set, until a
+        # whole round of the sets leaves it where it is.
+        while calm < count:
+            los, his = ranges[i].los, ranges[i].his
+            j = bisect_right(his, offset)  # the first range ending above the offset
+            calm += 1
+            while j < len(his) and los[j] < offset + size:
+                offset = his[j]
+                j += 1
+                calm = 1
+            i = i + 1 if i + 1 < count else 0
+        return offset
+
+
+def _first_fit(buffers: list[Buffer], order) -> tuple[int, dict[int, int]]:
+    """Each buffer, in `order`, at the lowest offset free over its whole
+    lifetime; returns the arena size and the offsets by buffer index. Same
+    offsets as _first_fit_pairwise, in O(n log^2 n)-ish time rather than
+    quadratic (a training step keeps the forward pass's activations live
+    together, so most pairs of buffers overlap in time)."""
+    if not buffers:
+        return 0, {}
+    occupancy = _Occupancy(min(b.start for b in buffers), max(b.end for b in buffers))
+    offsets = {}
+    for i, buf in sorted(enumerate(buffers), key=lambda ib: order(ib[1])):
+        if buf.size == 0:
+            offsets[i] = 0  # fits anywhere; the pairwise scan puts it at 0, and at 0 it blocks nothing
+            continue
+        offset = occupancy.lowest_free(buf.start, buf.end, buf.size)
+        offsets[i] = offset
+        occupancy.add(buf.start, buf.end, offset, offset + buf.size)
+    return max((offsets[i] + b.size for i, b in enumerate(buffers)), default=0), offsets
+
+
 RANDOM_ORDERS = 64
 """Seeded random orders tried after the fixed ones on devices with at most
 RANDOM_ORDER_LIMIT buffers, until one meets the lower bound (first fit is
@@ -97,7 +219,13 @@ def place(buffers: list[Buffer]) -> int:
     """Each buffer at the lowest offset free over its whole lifetime, in the
     best of several orders; returns the arena size."""
     bound = live_bound(buffers)
-    arena, offsets = min((_first_fit(buffers, order) for order in ORDERS), key=lambda r: r[0])
+    arena, offsets = _first_fit(buffers, ORDERS[0])
+    # The other orders only where the first misses the bound: none can beat
+    # it there, and on a tie the first order wins anyway.
+    for order in ORDERS[1:] if arena > bound else ():
+        tried, tried_offsets = _first_fit(buffers, order)
+        if tried < arena:
+            arena, offsets = tried, tried_offsets
     if arena > bound and len(buffers) <= RANDOM_ORDER_LIMIT:
         rng = random.Random(len(buffers))
         for _ in range(RANDOM_ORDERS):
@@ -164,6 +292,7 @@ def lifetimes(device: plan.DeviceOp) -> dict[str, tuple[int, int]]:
 def in_place_pairs(device: plan.DeviceOp, life: dict[str, tuple[int, int]]) -> dict[str, str]:
     """output register -> input register it may overwrite."""
     pairs = {}
+    overwritten = set()  # the values of `pairs`, as a set: each input is overwritten at most once
     registers = {r.sym_name.data: r for r in device.registers()}
     for pos, actor in enumerate(device.actors()):
         if not isinstance(actor, plan.ComputeOp) or actor.kernel.data not in IN_PLACE_KERNELS | REINTERPRETING_KERNELS:
@@ -180,9 +309,10 @@ def in_place_pairs(device: plan.DeviceOp, life: dict[str, tuple[int, int]]) -> d
                 and src.fetch is None
                 and src.feed is None
                 and life[src.sym_name.data][1] == pos
-                and src.sym_name.data not in pairs.values()
+                and src.sym_name.data not in overwritten
             ):
                 pairs[out.sym_name.data] = src.sym_name.data
+                overwritten.add(src.sym_name.data)
                 break
     return pairs
 

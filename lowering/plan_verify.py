@@ -19,6 +19,8 @@ register or actor.
 
 from __future__ import annotations
 
+import bisect
+import heapq
 from dataclasses import dataclass
 
 from xdsl.context import Context
@@ -63,6 +65,36 @@ def verify_memory(device: plan.DeviceOp) -> None:
         for r in registers
         if r.is_persistent is None
     )
+    # The sweeps prove a plan sound in O(n log n); only where one finds a
+    # suspect pair does the exhaustive pairwise check run, to decide and to
+    # name the first offending pair exactly as it always has.
+    if not temporaries_disjoint(temporaries, in_place):
+        pair = first_shared_bytes(temporaries, in_place)
+        if pair is not None:
+            (s1, e1, _, _, na), (s2, e2, _, _, nb) = pair
+            _fail(
+                device,
+                f"registers @{min(na, nb)} and @{max(na, nb)} are live together (positions "
+                f"{max(s1, s2)}..{min(e1, e2)}) but overlap in the arena",
+            )
+    aliased = verify_aliases(device, registers, life)
+    # An aliasing register has exactly its target's bytes (checked just
+    # above), so with every target aliased at most once, leaving the aliasing
+    # ones out of the sorted check hides no overlap the pairwise check would
+    # report: whatever overlaps one overlaps its target too.
+    aliasing = {name: target for name, target in aliased}
+    skipped = set(aliasing) if len(set(aliasing.values())) == len(aliasing) else set()
+    persistent = sorted((r.offset.value.data, r.offset.value.data + r.size) for r in registers
+                        if r.is_persistent is not None and r.sym_name.data not in skipped)
+    if not _sorted_disjoint(persistent):
+        _check_persistent_pairwise(device, registers, aliased)
+
+
+def first_shared_bytes(temporaries: list[tuple[int, int, int, int, str]],
+                       in_place: set[tuple[str, str]]) -> tuple[tuple[int, int, int, int, str], ...] | None:
+    """The first two registers live together that share bytes (not an
+    in-place pair), by checking every pair live together: quadratic in the
+    live set. `temporaries` as for temporaries_disjoint."""
     for i, (s1, e1, lo1, n1, na) in enumerate(temporaries):
         for s2, e2, lo2, n2, nb in temporaries[i + 1 :]:
             if s2 > e1:
@@ -70,12 +102,14 @@ def verify_memory(device: plan.DeviceOp) -> None:
             if lo1 < lo2 + n2 and lo2 < lo1 + n1:
                 if (na, nb) in in_place or (nb, na) in in_place:
                     continue
-                _fail(
-                    device,
-                    f"registers @{min(na, nb)} and @{max(na, nb)} are live together (positions "
-                    f"{max(s1, s2)}..{min(e1, e2)}) but overlap in the arena",
-                )
-    aliased = verify_aliases(device, registers, life)
+                return temporaries[i], (s2, e2, lo2, n2, nb)
+    return None
+
+
+def _check_persistent_pairwise(device: plan.DeviceOp, registers: list[plan.RegisterOp],
+                               aliased: set[tuple[str, str]]) -> None:
+    """Every pair of persistent registers (quadratic): fails on the first
+    that shares bytes, bar a register and the one it aliases."""
     for reg in (r for r in registers if r.is_persistent is not None):
         for other in (r for r in registers if r.is_persistent is not None and r is not reg):
             lo1, lo2 = reg.offset.value.data, other.offset.value.data
@@ -119,6 +153,65 @@ def verify_aliases(device: plan.DeviceOp, registers: list[plan.RegisterOp], life
                               f"position {pos} while @{target} is still read (until position {last_read})")
         pairs.add((name, target))
     return pairs
+
+
+def _sorted_disjoint(ranges: list[tuple[int, int]]) -> bool:
+    """No two of `ranges` (sorted by start) overlap; may answer False for an
+    empty range that only touches another (the pairwise check then decides)."""
+    reach = -1
+    for lo, hi in ranges:
+        if lo < reach:
+            return False
+        reach = max(reach, hi)
+    return True
+
+
+def temporaries_disjoint(temporaries: list[tuple[int, int, int, int, str]], in_place: set[tuple[str, str]]) -> bool:
+    """True when no two registers live at the same position share bytes, bar
+    an input and the in-place output written over it at the position where
+    the input dies. `temporaries` is (start, end, offset, size, name) sorted by
+    start, lifetimes inclusive. False means a suspect pair: perhaps a real
+    overlap, perhaps one the pairwise check allows (an in-place pair whose
+    input lives on), so the caller checks pairwise then.
+
+    A sweep over positions keeps the live registers sorted by offset; they are
+    pairwise disjoint, so their ends are sorted too and a new register meets
+    only a contiguous run of them, found by bisection. O(n log n) where the
+    pairwise check is quadratic in the live set (the whole forward pass's
+    activations in a training step)."""
+    active: list[tuple[int, int, str, int]] = []  # (lo, hi, name, end) of the live registers, sorted
+    dying: list[tuple[int, tuple[int, int, str, int]]] = []  # heap of (end, active entry)
+    i, n = 0, len(temporaries)
+    while i < n:
+        t = temporaries[i][0]
+        while dying and dying[0][0] < t:
+            _, entry = heapq.heappop(dying)
+            del active[bisect.bisect_left(active, entry)]
+        born = []  # registers first live at t, checked against each other below
+        while i < n and temporaries[i][0] == t:
+            _, end, lo, size, name = temporaries[i]
+            hi = lo + size
+            j = bisect.bisect_left(active, (hi,)) - 1  # the last live register starting below hi
+            while j >= 0 and active[j][1] > lo:
+                other = active[j][2]
+                # allowed only where the other dies here: it leaves `active` before this one enters
+                if not ((other, name) in in_place or (name, other) in in_place) or active[j][3] != t:
+                    return False
+                j -= 1
+            born.append((lo, hi, name, end))
+            i += 1
+        born.sort()
+        if not _sorted_disjoint([(lo, hi) for lo, hi, _, _ in born]):
+            return False
+        while dying and dying[0][0] <= t:
+            _, entry = heapq.heappop(dying)
+            del active[bisect.bisect_left(active, entry)]
+        for lo, hi, name, end in born:
+            if end > t:
+                entry = (lo, hi, name, end)
+                bisect.insort(active, entry)
+                heapq.heappush(dying, (end, entry))
+    return True
 
 
 def verify_collectives(program: plan.ProgramOp) -> None:

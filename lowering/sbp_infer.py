@@ -32,6 +32,7 @@ first operand runs, else on the graph's `on @mesh`.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections.abc import Sequence
@@ -473,12 +474,26 @@ class ExactCost:
             for j, u in enumerate(node.producers):
                 if u is not None:
                     self.slots[u].append((v, j))
+        # The uses that can cost anything: a use whose every signature wants
+        # the distribution of every signature of its producer, on the same
+        # mesh, never adds to producer_cost. Leaving those out is exact and
+        # keeps producer_cost short where a value has a great many uses of
+        # that kind (the learning rate, read by every parameter's update).
+        self.costly_slots = [
+            [(v, j) for v, j in uses
+             if nodes[v].mesh != nodes[u].mesh
+             or len({c[0][j] for c in nodes[v].candidates} | {c[1] for c in nodes[u].candidates}) != 1]
+            for u, uses in enumerate(self.slots)
+        ]
         self.ties_of: list[list[tuple[int, int]]] = [[] for _ in nodes]
         for key in problem.ties:
             for n in key:
                 self.ties_of[n].append(key)
         self.per_use = [isinstance(node.op, lg.ParamOp) for node in nodes]
         self._unit: dict[tuple, float] = {}
+        self._tracked: list[int] | None = None  # the choice list refine is changing, if any
+        self._trackers: dict[int, _UseTracker] = {}
+        self._tracked_producers: list[list[int]] = [[] for _ in nodes]
         self.replicated = [
             next((k for k, (ins, out) in enumerate(node.candidates)
                   if all(s == "B" for nd in (*ins, out) for s in nd)), None)
@@ -504,10 +519,12 @@ class ExactCost:
 
     def producer_cost(self, u: int, choice: Sequence[int]) -> float:
         """Boxing of u's result for all its uses."""
+        if choice is self._tracked and u in self._trackers:
+            return self._trackers[u].cost(choice)
         nodes = self.problem.nodes
         src = nodes[u].candidates[choice[u]][1]
         total, seen = 0.0, set()
-        for v, j in self.slots[u]:
+        for v, j in self.costly_slots[u]:
             dst = nodes[v].candidates[choice[v]][0][j]
             if dst == src and nodes[u].mesh == nodes[v].mesh:
                 continue
@@ -569,8 +586,36 @@ class ExactCost:
                 todo.append(m)
         return sorted(region)
 
+    def _track(self, choice: list[int] | None) -> None:
+        """Keep use trackers for the producers with many uses while refine
+        changes `choice` (through _assign), or stop (None)."""
+        self._tracked = choice
+        self._trackers = {}
+        self._tracked_producers = [[] for _ in self.problem.nodes]
+        if choice is None:
+            return
+        for u, uses in enumerate(self.costly_slots):
+            if len(uses) > TRACKED_USES:
+                self._trackers[u] = _UseTracker(self, u, choice)
+                for v in dict.fromkeys(v for v, _ in uses):
+                    self._tracked_producers[v].append(u)
+
+    def _assign(self, choice: list[int], v: int, k: int) -> None:
+        if choice[v] != k:
+            choice[v] = k
+            for u in self._tracked_producers[v]:
+                self._trackers[u].move(v, choice)
+
     def refine(self, choice: list[int], rounds: int = 8) -> list[int]:
+        self._track(choice)
+        try:
+            return self._refine(choice, rounds)
+        finally:
+            self._track(None)
+
+    def _refine(self, choice: list[int], rounds: int) -> list[int]:
         nodes = self.problem.nodes
+        assign = self._assign
         for _ in range(rounds):
             changed = False
             for v, node in enumerate(nodes):
@@ -582,11 +627,11 @@ class ExactCost:
                 for k in range(len(node.candidates)):
                     if k == current:
                         continue
-                    choice[v] = k
+                    assign(choice, v, k)
                     cost = self.local([v], choice)
                     if cost < best_cost - 1e-15:
                         best, best_cost = k, cost
-                choice[v] = best
+                assign(choice, v, best)
                 changed |= best != current
             for direct in (True, False):
                 tried: set[int] = set()
@@ -600,15 +645,74 @@ class ExactCost:
                     old = [choice[n] for n in region]
                     before = self.local(region, choice)
                     for n in region:
-                        choice[n] = self.replicated[n]
+                        assign(choice, n, self.replicated[n])
                     if self.local(region, choice) < before - 1e-15:
                         changed = True
                     else:
                         for n, k in zip(region, old):
-                            choice[n] = k
+                            assign(choice, n, k)
             if not changed:
                 break
         return choice
+
+
+TRACKED_USES = 16
+"""Producers with more uses that can cost than this get a _UseTracker in refine."""
+
+
+class _UseTracker:
+    """Which distribution each use of one producer wants, kept up to date as
+    refine changes choices, so that ExactCost.producer_cost need not walk
+    every use: refine tries each candidate of each consumer, and a value
+    read by every parameter's update (the learning rate) made that
+    quadratic in the parameter count. producer_cost adds, in use order, the
+    boxing of every per-use use and of the first use of each distinct
+    (mesh, distribution); this adds the very same terms in the same order,
+    so the sum is the same float."""
+
+    def __init__(self, exact: ExactCost, u: int, choice: list[int]):
+        nodes = exact.problem.nodes
+        self.exact, self.u = exact, u
+        self.uses = exact.costly_slots[u]
+        self.key: list[tuple] = []  # per use: (consumer mesh, wanted distribution) now
+        self.of_consumer: dict[int, list[int]] = {}  # consumer -> its use indices
+        self.first: dict[tuple, list[int]] = {}  # key -> sorted indices of the shared (not per-use) uses wanting it
+        self.per_use = [i for i, (v, _) in enumerate(self.uses) if exact.per_use[u] or nodes[v].fixed_input]
+        per_use = set(self.per_use)
+        for i, (v, j) in enumerate(self.uses):
+            self.of_consumer.setdefault(v, []).append(i)
+            key = (nodes[v].mesh, nodes[v].candidates[choice[v]][0][j])
+            self.key.append(key)
+            if i not in per_use:
+                self.first.setdefault(key, []).append(i)
+        self.shared = [i not in per_use for i in range(len(self.uses))]
+
+    def move(self, v: int, choice: list[int]) -> None:
+        """Consumer v's choice changed."""
+        nodes = self.exact.problem.nodes
+        for i in self.of_consumer[v]:
+            key = (nodes[v].mesh, nodes[v].candidates[choice[v]][0][self.uses[i][1]])
+            old = self.key[i]
+            if key == old:
+                continue
+            self.key[i] = key
+            if self.shared[i]:
+                wanting = self.first[old]
+                del wanting[bisect.bisect_left(wanting, i)]
+                bisect.insort(self.first.setdefault(key, []), i)
+
+    def cost(self, choice: list[int]) -> float:
+        nodes = self.exact.problem.nodes
+        u = self.u
+        src = nodes[u].candidates[choice[u]][1]
+        free = (nodes[u].mesh, src)  # what the producer gives: no boxing
+        terms = [wanting[0] for key, wanting in self.first.items() if wanting and key != free]
+        terms += [i for i in self.per_use if self.key[i] != free]
+        total = 0.0
+        for i in sorted(terms):
+            v, j = self.uses[i]
+            total += self.exact.unit(u, v, j, src, self.key[i][1])
+        return total
 
 
 SOLVERS = {"greedy": solve_greedy, "auto": solve_auto}
@@ -671,15 +775,15 @@ def apply_solution(graph: lg.GraphOp, problem: Problem, choice: list[int], strat
 
     # Updated parameters are fetched in their parameter's distribution.
     output = graph.output()
+    operands = list(output.operands)  # set once at the end: each setting re-registers every use
     for param_node, producer_node in tied_updates(graph, {n.op.results[0]: i for i, n in enumerate(nodes)}):
         want = nodes[param_node].op.results[0].type
-        operands = list(output.operands)
         for j, value in enumerate(operands):
             if value is nodes[producer_node].op.results[0] and value.type != want:
                 annotate = AnnotateOp(value, want)
                 output.parent_block().insert_op_before(annotate, output)
                 operands[j] = annotate.result
-        output.operands = operands
+    output.operands = operands
 
     graph.attributes["sbp.strategy"] = StringAttr(strategy)
     graph.attributes["sbp.total_cost"] = FloatAttr(ExactCost(problem).total(choice), f64)

@@ -140,18 +140,35 @@ class Lowering:
     def __post_init__(self):
         self.names: dict[SSAValue, str] = {}
         self.meshes: dict[SSAValue, Mesh] = {}
+        self.taken: set[str] = set()  # the values of `names`, kept as a set for the uniqueness test
         self.devices: dict[int, list[Operation]] = {}
         self.comm_count = 0
+        # Attributes are immutable, so every register and actor that needs
+        # the same one can share it; building them (each verifies itself) was
+        # most of this pass's time.
+        self.ref_attrs: dict[SSAValue, SymbolRefAttr] = {}
+        self.local_types: dict[tuple, TensorType] = {}
+        self.ints: dict[int, IntegerAttr] = {}
 
     def name_of(self, value: SSAValue) -> str:
         if value not in self.names:
             base = value.name_hint or f"v{len(self.names)}"
-            taken = set(self.names.values())
             name, k = base, 1
-            while name in taken:
+            while name in self.taken:
                 name, k = f"{base}_{k}", k + 1
             self.names[value] = name
+            self.taken.add(name)
         return self.names[value]
+
+    def ref(self, value: SSAValue) -> SymbolRefAttr:
+        if value not in self.ref_attrs:
+            self.ref_attrs[value] = SymbolRefAttr(self.name_of(value))
+        return self.ref_attrs[value]
+
+    def int_attr(self, n: int) -> IntegerAttr:
+        if n not in self.ints:
+            self.ints[n] = IntegerAttr(n, i64)
+        return self.ints[n]
 
     def mesh_of(self, value: SSAValue) -> Mesh:
         t = value.type
@@ -165,15 +182,18 @@ class Lowering:
         t = value.type
         mesh = self.mesh_of(value)
         region = piece(t.get_shape(), nd_to_plain(t.nd_sbp), mesh.shape, _coord(mesh, rank))
-        local = TensorType(t.element_type, [s.stop - s.start for s in region])
+        key = (t.element_type, tuple(s.stop - s.start for s in region))
+        if key not in self.local_types:
+            self.local_types[key] = TensorType(t.element_type, list(key[1]))
+        local = self.local_types[key]
         props = {
             "sym_name": StringAttr(self.name_of(value)),
             "type": local,
-            "bytes": IntegerAttr(plan.tensor_bytes(local), i64),
+            "bytes": self.int_attr(plan.tensor_bytes(local)),
             "value": t,
         }
         if value in crossing:
-            props["slots"] = IntegerAttr(self.pipeline_slots, i64)
+            props["slots"] = self.int_attr(self.pipeline_slots)
         owner = value.owner
         if isinstance(owner, lg.InputOp):
             props["feed"] = owner.key
@@ -186,7 +206,7 @@ class Lowering:
         return plan.RegisterOp.create(properties=props)
 
     def refs(self, values) -> ArrayAttr:
-        return ArrayAttr([SymbolRefAttr(self.name_of(v)) for v in values])
+        return ArrayAttr([self.ref(v) for v in values])
 
     def lower(self) -> plan.ProgramOp:
         body = [op for op in self.graph.body.ops if not isinstance(op, lg.OutputOp)]
