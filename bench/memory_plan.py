@@ -38,8 +38,7 @@ MODELS = ["mlp.mlir", "gpt_block.mlir", "mlp_train.mlir", "mlp_train_zero.mlir"]
 
 def gpt_module(ranks: int, zero: bool, cfg: dict):
     models = _common.load_example("models")
-    gpt.LgOptimizerPass = functools.partial(gpt.LgOptimizerPass, zero=zero)
-    return models.gpt("dp", ranks, cfg["vocab"], batch=cfg["batch"], seq=cfg["seq"], dim=cfg["dim"], heads=cfg["heads"], layers=cfg["layers"])
+    return models.gpt("zero" if zero else "dp", ranks, cfg["vocab"], batch=cfg["batch"], seq=cfg["seq"], dim=cfg["dim"], heads=cfg["heads"], layers=cfg["layers"])
 
 
 def mlp_module(ranks: int, hidden: int, zero: bool):
