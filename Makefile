@@ -22,8 +22,8 @@ run: setup
 	$(BIN)/python examples/mlp.py
 	$(BIN)/python examples/train_mlp.py --ranks 2 --steps 60
 	$(BIN)/python examples/gpt.py --ranks 2 --steps 300
-	$(BIN)/python examples/gpt.py --ranks 4 --parallel tp --steps 40
-	$(BIN)/python examples/gpt.py --ranks 4 --parallel pipeline --steps 40
+	$(BIN)/python examples/gpt.py --ranks 4 --parallel tp --steps 120
+	$(BIN)/python examples/gpt.py --ranks 4 --parallel pipeline --steps 120
 
 test: lit pytest
 
