@@ -47,9 +47,17 @@ def gather_outputs(world: MPI.Comm, program, fetched: dict, outputs=None) -> dic
     }
 
 
-def fail(world: MPI.Comm, message: str) -> None:
+def fail(world: MPI.Comm, message: str, errors: str | None = None) -> None:
+    """Reports and ends the whole job. The message also goes to
+    errors/rank<R>.err when the driver gave a directory: the abort can cut
+    off the stderr that mpiexec forwards."""
     sys.stderr.write(f"sbpc: {message}\n")
     sys.stderr.flush()
+    if errors:
+        with open(os.path.join(errors, f"rank{world.rank}.err"), "w") as f:
+            f.write(message)
+            f.flush()
+            os.fsync(f.fileno())
     world.Abort(1)
 
 
@@ -61,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--trace")
     parser.add_argument("--params")
+    parser.add_argument("--errors", help="directory for a failing rank's message")
     args = parser.parse_args(argv)
     world = MPI.COMM_WORLD
     try:
@@ -87,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
             if args.trace:
                 write_trace(args.trace, [e for rank_events in events for e in rank_events], world.size)
     except Exception as e:  # noqa: BLE001 - every failure ends the whole job, with its place
-        fail(world, str(e) if str(e).startswith("rank ") else f"rank {world.rank}: {type(e).__name__}: {e}")
+        fail(world, str(e) if str(e).startswith("rank ") else f"rank {world.rank}: {type(e).__name__}: {e}", args.errors)
 
 
 def write_trace(path: str, events: list[dict], ranks: int) -> None:

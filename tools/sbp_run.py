@@ -104,6 +104,9 @@ def main(args: list[str] | None = None) -> int:
                 worker += ["--trace", str(Path(options.trace).resolve())]
             if options.params:
                 worker += ["--params", str(Path(options.params).resolve())]
+            errors = Path(tmp) / "errors"
+            errors.mkdir()
+            worker += ["--errors", str(errors)]
             try:
                 done = subprocess.run(
                     command(options.ranks, "sbpc.runtime.worker", *worker),
@@ -113,7 +116,9 @@ def main(args: list[str] | None = None) -> int:
             except subprocess.TimeoutExpired:
                 raise RuntimeFailure(f"the job did not finish in {options.timeout} s and was killed") from None
             if done.returncode != 0:
-                print(f"sbp-run: the job failed (exit code {done.returncode})", file=sys.stderr)
+                reports = "; ".join(r.read_text() for r in sorted(errors.glob("rank*.err")))
+                print(f"sbp-run: error: {reports}" if reports else
+                      f"sbp-run: the job failed (exit code {done.returncode})", file=sys.stderr)
                 return 1
         with np.load(options.output) as out:
             for name in out.files:

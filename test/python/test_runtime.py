@@ -121,6 +121,10 @@ def test_a_raising_kernel_ends_every_rank_with_its_place(tmp_path):
     assert "sbpc: rank " in done.stderr
     assert "actor @e.embedding (lg.embedding) reading [@t, @ids] writing [@e]" in done.stderr
     assert "index out of range [0, 4)" in done.stderr
+    # the driver's own line, from the failing rank's error file (mpiexec's
+    # forwarded stderr may be cut off by the abort)
+    line = next(ln for ln in done.stderr.splitlines() if ln.startswith("sbp-run: error: "))
+    assert "actor @e.embedding (lg.embedding)" in line and "index out of range [0, 4)" in line
 
 
 def test_a_killed_rank_ends_the_job(tmp_path):
