@@ -23,6 +23,7 @@ and placements on an otherwise identical graph.
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 
 import numpy as np
@@ -161,8 +162,8 @@ def gpt(variant: str, ranks: int, vocab: int, batch: int = 16, seq: int = 16, di
     hd = dim // heads
     # a stage boundary after the first half of the blocks
     boundary = layers // 2 if len(layout.stages) > 1 else None
-    stage = layout.stage(g, 0)
-    stage.__enter__()
+    scope = contextlib.ExitStack()  # the current stage's placement scope
+    scope.enter_context(layout.stage(g, 0))
     wte = g.param("wte", (vocab, dim), init=sbpc.normal(0.0, std), seed=1, sbp=layout.replicated)
     wpe = g.param("wpe", (seq, dim), init=sbpc.normal(0.0, std), seed=2, sbp=layout.replicated)
     # causal mask: -1e9 above the diagonal, added to the attention scores
@@ -170,9 +171,8 @@ def gpt(variant: str, ranks: int, vocab: int, batch: int = 16, seq: int = 16, di
     h = layout.activation(sbpc.embedding(wte, tokens) + wpe)
     for i in range(layers):
         if i == boundary:
-            stage.__exit__(None, None, None)
-            stage = layout.stage(g, 1)
-            stage.__enter__()
+            scope.close()
+            scope.enter_context(layout.stage(g, 1))
             h = h.to(layout.batch)
             mask = g.constant(np.triu(np.full((seq, seq), -1e9, np.float32), k=1))
         p = f"block{i}."
@@ -207,7 +207,7 @@ def gpt(variant: str, ranks: int, vocab: int, batch: int = 16, seq: int = 16, di
         logits = h @ g.param("head", (dim, vocab), init=sbpc.normal(0.0, std), seed=9, sbp=layout.replicated)
     targets = g.input("targets", (batch, seq), dtype="i64", sbp=layout.batch)
     loss = sbpc.cross_entropy(logits, targets)
-    stage.__exit__(None, None, None)
+    scope.close()
     g.output(loss=loss)
     return training_module(g, layout, algorithm, micro_batches, training)
 
