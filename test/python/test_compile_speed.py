@@ -138,3 +138,25 @@ def test_refine_with_use_trackers_matches_without(case):
     finally:
         sbp_infer.TRACKED_USES, sbp_infer._UseTracker.cost = saved_limit, saved_cost
     assert tracked == plain
+
+
+def test_compile_verifies_the_plan_once():
+    """`compile` verifies after every sbp-level pass, not after the plan
+    passes that plan-verify follows (it verifies the module itself first),
+    and after every pass where no plan-verify follows."""
+    from sbpc.lowering.compile import CompilePass, skips_verify
+    from sbpc.lowering.plan_allocate_memory import PlanAllocateMemoryPass
+    from sbpc.lowering.plan_verify import PlanVerifyPass
+    from sbpc.lowering.sbp_to_plan import SbpToPlanPass
+
+    def verified_after(passes):
+        return [type(p).__name__ for i, p in enumerate(passes) if not skips_verify(p, passes[i + 1:])]
+
+    assert verified_after(CompilePass().passes()) == ["SbpInferPass", "SbpInsertBoxingPass", "SbpSimplifyPass"]
+    assert verified_after(CompilePass(to_plan=False).passes()) == [
+        "SbpInferPass", "SbpInsertBoxingPass", "SbpSimplifyPass"]
+    # no plan-verify after them: every plan pass is verified
+    assert verified_after([SbpToPlanPass(), PlanAllocateMemoryPass()]) == ["SbpToPlanPass", "PlanAllocateMemoryPass"]
+    # a non-plan pass between: what comes before it is verified
+    passes = [SbpToPlanPass(), CompilePass(to_plan=False), PlanVerifyPass()]
+    assert verified_after(passes) == ["SbpToPlanPass", "CompilePass"]
