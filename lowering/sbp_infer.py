@@ -54,14 +54,14 @@ from sbpc.dialects.sbp import (
     DTensorType,
     Mesh,
     PlainNd,
-    SignatureAttr,
     element_bytes,
     element_type,
     global_shape,
     PLACEMENT_ATTR,
+    dtensor_of,
     lookup_placement,
-    nd_from_plain,
     nd_to_plain,
+    signature_of,
     split_axis,
 )
 
@@ -728,13 +728,11 @@ def apply_solution(graph: lg.GraphOp, problem: Problem, choice: list[int], strat
     for v, node in enumerate(nodes):
         ins, out = node.candidates[choice[v]]
         result = node.op.results[0]
-        new_type = DTensorType(global_shape(result.type), element_type(result.type), node.mesh.name, nd_from_plain(out))
+        new_type = dtensor_of(global_shape(result.type), element_type(result.type), node.mesh.name, out)
         if result.type != new_type:
             Rewriter.replace_value_with_new_type(result, new_type)
         if isinstance(node.op, lg.SbpRules):
-            node.op.attributes[SIGNATURE_ATTR] = SignatureAttr(
-                [nd_from_plain(nd) for nd in ins], [nd_from_plain(out)]
-            )
+            node.op.attributes[SIGNATURE_ATTR] = signature_of(ins, [out])
         if explain:
             node.op.attributes["sbp.explain"] = _explanation(problem, v, choice)
 
@@ -754,7 +752,7 @@ def apply_solution(graph: lg.GraphOp, problem: Problem, choice: list[int], strat
         for j, operand in enumerate(operands):
             if not isinstance(operand.type, DTensorType):
                 continue
-            want = operand.type.with_distribution(node.mesh.name, nd_from_plain(ins[j]))
+            want = dtensor_of(operand.type.get_shape(), operand.type.element_type, node.mesh.name, ins[j])
             if operand.type == want:
                 continue
             owner = operand.owner
@@ -776,10 +774,15 @@ def apply_solution(graph: lg.GraphOp, problem: Problem, choice: list[int], strat
     # Updated parameters are fetched in their parameter's distribution.
     output = graph.output()
     operands = list(output.operands)  # set once at the end: each setting re-registers every use
+    positions: dict[SSAValue, list[int]] = {}  # where each value is fetched (a scan per update was quadratic)
+    for j, value in enumerate(operands):
+        positions.setdefault(value, []).append(j)
     for param_node, producer_node in tied_updates(graph, {n.op.results[0]: i for i, n in enumerate(nodes)}):
         want = nodes[param_node].op.results[0].type
-        for j, value in enumerate(operands):
-            if value is nodes[producer_node].op.results[0] and value.type != want:
+        produced = nodes[producer_node].op.results[0]
+        for j in positions.get(produced, ()):
+            value = operands[j]
+            if value is produced and value.type != want:
                 annotate = AnnotateOp(value, want)
                 output.parent_block().insert_op_before(annotate, output)
                 operands[j] = annotate.result
