@@ -197,6 +197,7 @@ def _nbytes(value: SSAValue) -> float:
 
 def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:
     nodes: list[Node] = []
+    sizes: list[tuple[float, int]] = []  # per node: bytes and rank of its result
     index: dict[SSAValue, int] = {}
     default_mesh = lookup_placement(graph, graph.placement).mesh() if graph.placement is not None else None
     for op in graph.body.ops:
@@ -278,21 +279,33 @@ def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:
         )
         index[result] = len(nodes)
         nodes.append(Node(op, mesh, candidates, compute, memory, producers, fixed_input))
+        sizes.append((nbytes, len(out_shape)))
 
+    # Edges. Operand j of v is u's result, so its size is u's; and boxing
+    # costs are memoized by their arguments: a deep graph repeats the same
+    # few (shape, distribution) pairs on thousands of edges.
     problem = Problem(nodes, device)
+    boxing: dict[tuple, float] = {}
+
+    def boxing_of(s: PlainNd, d: PlainNd, mesh_shape: tuple[int, ...], rank: int, nbytes: float) -> float:
+        key = (s, d, mesh_shape, rank, nbytes)
+        cost = boxing.get(key)
+        if cost is None:
+            cost = boxing[key] = boxing_cost(s, d, mesh_shape, rank, nbytes, device)
+        return cost
+
     for v, node in enumerate(nodes):
         for j, u in enumerate(node.producers):
             if u is None:
                 continue
             producer = nodes[u]
-            nbytes = _nbytes(node.op.operands[j])
+            nbytes, rank = sizes[u]
             if producer.mesh != node.mesh:
                 matrix = np.full((len(producer.candidates), len(node.candidates)), transfer_cost(nbytes, device))
             else:
                 outs = sorted({c[1] for c in producer.candidates})
                 ins = sorted({c[0][j] for c in node.candidates})
-                rank = len(global_shape(node.op.operands[j].type))
-                unit = {(s, d): boxing_cost(s, d, node.mesh.shape, rank, nbytes, device) for s in outs for d in ins}
+                unit = {(s, d): boxing_of(s, d, node.mesh.shape, rank, nbytes) for s in outs for d in ins}
                 matrix = np.array(
                     [[unit[(pc[1], nc[0][j])] for nc in node.candidates] for pc in producer.candidates]
                 )
@@ -504,10 +517,10 @@ class ExactCost:
         if src == dst and self.problem.nodes[u].mesh == self.problem.nodes[v].mesh:
             return 0.0
         node = self.problem.nodes[v]
-        operand = node.op.operands[j]
         key = (u, node.mesh, src, dst)
         cost = self._unit.get(key)
         if cost is None:
+            operand = node.op.operands[j]
             device = self.problem.device
             nbytes = _nbytes(operand)
             if self.problem.nodes[u].mesh != node.mesh:
