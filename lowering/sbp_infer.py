@@ -176,6 +176,19 @@ class Problem:
     ties: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     """(parameter, producer of its update) -> boxing cost [param candidate,
     producer candidate]; also summed into `edges`."""
+    sizes: list[tuple[float, int]] = field(default_factory=list)
+    """Per node: bytes and rank of its result (what every use of it moves)."""
+    _boxing: dict[tuple, float] = field(default_factory=dict)
+
+    def boxing(self, src: PlainNd, dst: PlainNd, mesh_shape: tuple[int, ...], rank: int, nbytes: float) -> float:
+        """boxing_cost on this problem's device, memoized by its arguments: a
+        deep graph repeats the same few (size, distribution) pairs on
+        thousands of edges."""
+        key = (src, dst, mesh_shape, rank, nbytes)
+        cost = self._boxing.get(key)
+        if cost is None:
+            cost = self._boxing[key] = boxing_cost(src, dst, mesh_shape, rank, nbytes, self.device)
+        return cost
 
     def total(self, choice: Sequence[int]) -> float:
         cost = sum(float(node.cost[choice[i]]) for i, node in enumerate(self.nodes))
@@ -281,19 +294,8 @@ def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:
         nodes.append(Node(op, mesh, candidates, compute, memory, producers, fixed_input))
         sizes.append((nbytes, len(out_shape)))
 
-    # Edges. Operand j of v is u's result, so its size is u's; and boxing
-    # costs are memoized by their arguments: a deep graph repeats the same
-    # few (shape, distribution) pairs on thousands of edges.
-    problem = Problem(nodes, device)
-    boxing: dict[tuple, float] = {}
-
-    def boxing_of(s: PlainNd, d: PlainNd, mesh_shape: tuple[int, ...], rank: int, nbytes: float) -> float:
-        key = (s, d, mesh_shape, rank, nbytes)
-        cost = boxing.get(key)
-        if cost is None:
-            cost = boxing[key] = boxing_cost(s, d, mesh_shape, rank, nbytes, device)
-        return cost
-
+    # Edges. Operand j of v is u's result, so its size is u's.
+    problem = Problem(nodes, device, sizes=sizes)
     for v, node in enumerate(nodes):
         for j, u in enumerate(node.producers):
             if u is None:
@@ -305,7 +307,7 @@ def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:
             else:
                 outs = sorted({c[1] for c in producer.candidates})
                 ins = sorted({c[0][j] for c in node.candidates})
-                unit = {(s, d): boxing_of(s, d, node.mesh.shape, rank, nbytes) for s in outs for d in ins}
+                unit = {(s, d): problem.boxing(s, d, node.mesh.shape, rank, nbytes) for s in outs for d in ins}
                 matrix = np.array(
                     [[unit[(pc[1], nc[0][j])] for nc in node.candidates] for pc in producer.candidates]
                 )
@@ -520,13 +522,11 @@ class ExactCost:
         key = (u, node.mesh, src, dst)
         cost = self._unit.get(key)
         if cost is None:
-            operand = node.op.operands[j]
-            device = self.problem.device
-            nbytes = _nbytes(operand)
+            nbytes, rank = self.problem.sizes[u]  # operand j of v is u's result
             if self.problem.nodes[u].mesh != node.mesh:
-                cost = transfer_cost(nbytes, device)
+                cost = transfer_cost(nbytes, self.problem.device)
             else:
-                cost = boxing_cost(src, dst, node.mesh.shape, len(global_shape(operand.type)), nbytes, device)
+                cost = self.problem.boxing(src, dst, node.mesh.shape, rank, nbytes)
             self._unit[key] = cost
         return cost
 
