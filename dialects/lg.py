@@ -67,6 +67,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from .irdl_verify import op_definition
 from .sbp import (
+    PlacementOp,
     TensorLike,
     element_type,
     global_shape,
@@ -238,9 +239,10 @@ def verify_distributions(op: IRDLOperation) -> None:
     """Every dtensor of `op` is valid on its placement, all of them share one
     placement (an op runs on one mesh), and a recorded signature matches."""
     placements = set()
+    found: dict[str, PlacementOp] = {}  # one placement lookup per name, not per dtensor
     for kind, values in (("operand", op.operands), ("result", op.results)):
         for i, value in enumerate(values):
-            if verify_distribution(op, value.type, f"{kind} #{i}") is not None:
+            if verify_distribution(op, value.type, f"{kind} #{i}", found) is not None:
                 placements.add(value.type.placement_name)
     if len(placements) > 1:
         raise VerifyException(

@@ -508,13 +508,23 @@ def _class_has_trait(cls: type[Operation], trait: type) -> bool:
     return found
 
 
-def verify_distribution(op: Operation, type: Attribute, what: str) -> Mesh | None:
+def verify_distribution(op: Operation, type: Attribute, what: str,
+                        placements: dict[str, PlacementOp] | None = None) -> Mesh | None:
     """Checks a dtensor against its placement: the placement exists, the nd-SBP
     has one entry per mesh axis, and every split axis is in range. Returns the
-    mesh, or None for a builtin tensor."""
+    mesh, or None for a builtin tensor. `placements` keeps the placements
+    `op` found by name, for a caller checking several dtensors of one op
+    (they nearly always share one placement)."""
     if not isinstance(type, DTensorType):
         return None
-    mesh = lookup_placement(op, type.placement).mesh()
+    if placements is None:
+        placement = lookup_placement(op, type.placement)
+    else:
+        name = type.placement.string_value()
+        placement = placements.get(name)
+        if placement is None:
+            placement = placements[name] = lookup_placement(op, name)
+    mesh = placement.mesh()
     if len(type.nd_sbp) != len(mesh.shape):
         raise VerifyException(
             f"'{op.name}': {what} has {len(type.nd_sbp)} SBP entries but placement @{mesh.name} "
