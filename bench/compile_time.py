@@ -5,9 +5,9 @@ lg-optimizer (SGD for the generated residual stacks, Adam for GPT), then the
 `compile` chain stage by stage: sbp-infer greedy (timed on a copy) and
 auto (the one kept), sbp-insert-boxing, sbp-simplify, sbp-to-plan,
 plan-allocate-memory, plan-verify, with the module verifier between stages
-as `compile` runs it (not around plan-verify, which verifies the module
-itself). Sizes are ops of the lg training graph (after
-autodiff and optimizer). Graphs are data parallel on R ranks.
+as `compile` runs it (not after the plan passes that plan-verify follows, nor
+after plan-verify: it verifies the module itself). Sizes are ops of the lg
+training graph (after autodiff and optimizer). Graphs are data parallel on R ranks.
 
 Peer: JAX/XLA compiling the same GPT training step (jit of loss, grad and
 Adam, batch sharded over R forced host devices:
@@ -115,8 +115,8 @@ def compile_stages(build, optimizer: str) -> tuple[int, dict[str, float]]:
             start = time.process_time()
             p.apply(ctx, module)
             t[stage] = time.process_time() - start
-            if skips_verify(p, stages[i + 1][1] if i + 1 < len(stages) else None):
-                continue  # as `compile` does: plan-verify verifies the module itself
+            if skips_verify(p, [q for _, q in stages[i + 1:]]):
+                continue  # as `compile` does: plan-verify verifies the plan itself
             start = time.process_time()
             module.verify()
             t["verify"] += time.process_time() - start

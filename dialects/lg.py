@@ -50,7 +50,6 @@ from xdsl.irdl import (
     IRDLOperation,
     VarConstraint,
     irdl_attr_definition,
-    irdl_op_definition,
     lazy_traits_def,
     operand_def,
     opt_operand_def,
@@ -66,7 +65,9 @@ from xdsl.printer import Printer
 from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator, Pure, SymbolOpInterface
 from xdsl.utils.exceptions import VerifyException
 
+from .irdl_verify import op_definition
 from .sbp import (
+    PlacementOp,
     TensorLike,
     element_type,
     global_shape,
@@ -238,9 +239,10 @@ def verify_distributions(op: IRDLOperation) -> None:
     """Every dtensor of `op` is valid on its placement, all of them share one
     placement (an op runs on one mesh), and a recorded signature matches."""
     placements = set()
+    found: dict[str, PlacementOp] = {}  # one placement lookup per name, not per dtensor
     for kind, values in (("operand", op.operands), ("result", op.results)):
         for i, value in enumerate(values):
-            if verify_distribution(op, value.type, f"{kind} #{i}") is not None:
+            if verify_distribution(op, value.type, f"{kind} #{i}", found) is not None:
                 placements.add(value.type.placement_name)
     if len(placements) > 1:
         raise VerifyException(
@@ -351,7 +353,7 @@ class LgOp(SbpRules, IRDLOperation, ABC):
 # --------------------------------------------------------------------------
 
 
-@irdl_op_definition
+@op_definition
 class GraphOp(IRDLOperation):
     """One graph: its inputs, parameters, computation and outputs. `on @mesh`
     names the default placement that SBP inference distributes it over."""
@@ -391,7 +393,7 @@ class GraphOp(IRDLOperation):
                 seen[key] = op.name
 
 
-@irdl_op_definition
+@op_definition
 class OutputOp(IRDLOperation):
     """The graph's named results (what a run fetches)."""
 
@@ -431,7 +433,7 @@ def _verify_source(op: IRDLOperation, float_only: bool) -> None:
     verify_distributions(op)
 
 
-@irdl_op_definition
+@op_definition
 class InputOp(SbpRules, IRDLOperation):
     """A named feed."""
 
@@ -455,7 +457,7 @@ class InputOp(SbpRules, IRDLOperation):
         _verify_source(self, float_only=False)
 
 
-@irdl_op_definition
+@op_definition
 class ParamOp(SbpRules, IRDLOperation):
     """A named trainable tensor and how it is first initialized."""
 
@@ -484,7 +486,7 @@ class ParamOp(SbpRules, IRDLOperation):
         _verify_source(self, float_only=True)
 
 
-@irdl_op_definition
+@op_definition
 class ConstantOp(SbpRules, IRDLOperation):
     """A literal tensor: `lg.constant dense<1.0> : tensor<4xf32>`; after SBP
     inference its distributed type follows `->`."""
@@ -569,19 +571,19 @@ class UnaryOp(LgOp, ABC):
         return _aligned_splits(in_shapes, out_shape, p) + _passthrough(1, cls.PARTIALS)
 
 
-@irdl_op_definition
+@op_definition
 class NegOp(UnaryOp):
     name = "lg.neg"
     PARTIALS: ClassVar[tuple[str, ...]] = ("P",)
 
 
-@irdl_op_definition
+@op_definition
 class ReluOp(UnaryOp):
     name = "lg.relu"
     PARTIALS: ClassVar[tuple[str, ...]] = ("Pmax",)
 
 
-@irdl_op_definition
+@op_definition
 class GeluOp(UnaryOp):
     """GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
 
@@ -589,21 +591,21 @@ class GeluOp(UnaryOp):
     FLOPS_PER_ELEMENT: ClassVar[float] = 8.0
 
 
-@irdl_op_definition
+@op_definition
 class TanhOp(UnaryOp):
     name = "lg.tanh"
     PARTIALS: ClassVar[tuple[str, ...]] = ("Pmax",)
     FLOPS_PER_ELEMENT: ClassVar[float] = 4.0
 
 
-@irdl_op_definition
+@op_definition
 class ExpOp(UnaryOp):
     name = "lg.exp"
     PARTIALS: ClassVar[tuple[str, ...]] = ("Pmax",)
     FLOPS_PER_ELEMENT: ClassVar[float] = 4.0
 
 
-@irdl_op_definition
+@op_definition
 class SqrtOp(UnaryOp):
     """No Pmax: a device's candidate may lie outside sqrt's domain."""
 
@@ -611,13 +613,13 @@ class SqrtOp(UnaryOp):
     FLOPS_PER_ELEMENT: ClassVar[float] = 4.0
 
 
-@irdl_op_definition
+@op_definition
 class RsqrtOp(UnaryOp):
     name = "lg.rsqrt"
     FLOPS_PER_ELEMENT: ClassVar[float] = 4.0
 
 
-@irdl_op_definition
+@op_definition
 class StepOp(UnaryOp):
     """Heaviside step: 1 where x > 0, else 0 (relu's derivative)."""
 
@@ -651,25 +653,25 @@ class BinaryOp(LgOp, ABC):
         return _aligned_splits(in_shapes, out_shape, p) + [(("B", "B"), ("B",)), *cls.PARTIAL_SIGNATURES]
 
 
-@irdl_op_definition
+@op_definition
 class AddOp(BinaryOp):
     name = "lg.add"
     PARTIAL_SIGNATURES: ClassVar[tuple[Signature, ...]] = ((("P", "P"), ("P",)), (("Pmax", "B"), ("Pmax",)), (("B", "Pmax"), ("Pmax",)))
 
 
-@irdl_op_definition
+@op_definition
 class SubOp(BinaryOp):
     name = "lg.sub"
     PARTIAL_SIGNATURES: ClassVar[tuple[Signature, ...]] = ((("P", "P"), ("P",)), (("Pmax", "B"), ("Pmax",)))
 
 
-@irdl_op_definition
+@op_definition
 class MulOp(BinaryOp):
     name = "lg.mul"
     PARTIAL_SIGNATURES: ClassVar[tuple[Signature, ...]] = ((("P", "B"), ("P",)), (("B", "P"), ("P",)))
 
 
-@irdl_op_definition
+@op_definition
 class DivOp(BinaryOp):
     name = "lg.div"
     PARTIAL_SIGNATURES: ClassVar[tuple[Signature, ...]] = ((("P", "B"), ("P",)),)
@@ -681,7 +683,7 @@ class DivOp(BinaryOp):
 # --------------------------------------------------------------------------
 
 
-@irdl_op_definition
+@op_definition
 class MatmulOp(LgOp):
     """Matrix product of the last two axes; leading (batch) axes broadcast as
     in numpy.matmul. `transpose_lhs`/`transpose_rhs` swap an operand's last two
@@ -800,17 +802,17 @@ class AxisOp(LgOp, ABC):
         return sigs + _passthrough(1, ())
 
 
-@irdl_op_definition
+@op_definition
 class SoftmaxOp(AxisOp):
     name = "lg.softmax"
 
 
-@irdl_op_definition
+@op_definition
 class LogSoftmaxOp(AxisOp):
     name = "lg.log_softmax"
 
 
-@irdl_op_definition
+@op_definition
 class LayerNormOp(LgOp):
     """Normalizes over the axes `axis..rank-1` (ONNX LayerNormalization); with
     `weight` and `bias` (affine) it then scales and shifts, both shaped like
@@ -946,17 +948,17 @@ class ReduceOp(LgOp, ABC):
         return float(math.prod(in_shapes[0]))
 
 
-@irdl_op_definition
+@op_definition
 class ReduceSumOp(ReduceOp):
     name = "lg.reduce_sum"
 
 
-@irdl_op_definition
+@op_definition
 class ReduceMeanOp(ReduceOp):
     name = "lg.reduce_mean"
 
 
-@irdl_op_definition
+@op_definition
 class ReduceMaxOp(ReduceOp):
     name = "lg.reduce_max"
     PARTIAL: ClassVar[str] = "Pmax"
@@ -984,7 +986,7 @@ class ToShapeOp(LgOp, ABC):
         return {"shape": global_shape(self.result.type)}
 
 
-@irdl_op_definition
+@op_definition
 class ReshapeOp(ToShapeOp):
     """Same elements, row-major, in a new shape."""
 
@@ -1017,7 +1019,7 @@ class ReshapeOp(ToShapeOp):
         return sigs + _passthrough(1, ("P", "Pmax"))
 
 
-@irdl_op_definition
+@op_definition
 class BroadcastToOp(ToShapeOp):
     """Expands size-1 and missing leading axes, as numpy.broadcast_to."""
 
@@ -1036,7 +1038,7 @@ class BroadcastToOp(ToShapeOp):
         return _aligned_splits(in_shapes, out_shape, p) + _passthrough(1, ("P", "Pmax"))
 
 
-@irdl_op_definition
+@op_definition
 class TransposeOp(LgOp):
     """Permutes axes: result axis i is operand axis perm[i]."""
 
@@ -1072,7 +1074,7 @@ class TransposeOp(LgOp):
         return sigs + _passthrough(1, ("P", "Pmax"))
 
 
-@irdl_op_definition
+@op_definition
 class ConcatOp(LgOp):
     """Joins tensors along `axis`; all other axes must agree."""
 
@@ -1114,7 +1116,7 @@ class ConcatOp(LgOp):
         return sigs + _passthrough(n, ("P", "Pmax"))
 
 
-@irdl_op_definition
+@op_definition
 class SliceOp(LgOp):
     """Strided slice: per axis, elements start, start+stride, ... below limit."""
 
@@ -1183,7 +1185,7 @@ class SliceOp(LgOp):
 # --------------------------------------------------------------------------
 
 
-@irdl_op_definition
+@op_definition
 class EmbeddingOp(LgOp):
     """Row gather: result[..., :] = table[indices[...], :]."""
 
@@ -1225,7 +1227,7 @@ class EmbeddingOp(LgOp):
         return sigs + [(("B", "B"), ("B",)), (("P", "B"), ("P",))]
 
 
-@irdl_op_definition
+@op_definition
 class CrossEntropyOp(LgOp):
     """Mean softmax cross-entropy: logits [..., C], integer labels [...]."""
 
@@ -1273,7 +1275,7 @@ class CrossEntropyOp(LgOp):
         return cls.FLOPS_PER_ELEMENT * math.prod(in_shapes[0])
 
 
-@irdl_op_definition
+@op_definition
 class MseLossOp(LgOp):
     """Mean squared error of two tensors of one shape."""
 
@@ -1311,7 +1313,7 @@ class MseLossOp(LgOp):
 # --------------------------------------------------------------------------
 
 
-@irdl_op_definition
+@op_definition
 class OneHotOp(LgOp):
     """Integer labels [...] to float rows [..., classes] with a 1 at each label."""
 
@@ -1349,7 +1351,7 @@ class OneHotOp(LgOp):
         return sigs + [(("B",), ("B",))]
 
 
-@irdl_op_definition
+@op_definition
 class EmbeddingGradOp(LgOp):
     """The gradient of lg.embedding for its table: rows [rows, D] where row r
     is the sum of the gradient rows whose index is r (a scatter-add)."""

@@ -47,7 +47,6 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import Attribute, Block, Dialect, Region
 from xdsl.irdl import (
     IRDLOperation,
-    irdl_op_definition,
     lazy_traits_def,
     opt_prop_def,
     prop_def,
@@ -57,6 +56,7 @@ from xdsl.irdl import (
 from xdsl.traits import HasParent, IsolatedFromAbove, NoTerminator, SymbolOpInterface, SymbolTable
 from xdsl.utils.exceptions import VerifyException
 
+from .irdl_verify import op_definition
 from .lg import BINARY_OPS, UNARY_OPS, InitializerAttr, StepOp
 from .sbp import DTensorType, element_bytes, lookup_placement, nd_to_plain
 
@@ -65,7 +65,7 @@ def tensor_bytes(t: TensorType) -> int:
     return math.prod(t.get_shape()) * element_bytes(t.element_type)
 
 
-@irdl_op_definition
+@op_definition
 class ProgramOp(IRDLOperation):
     """The physical plan of one graph: one device per rank."""
 
@@ -93,7 +93,7 @@ class ProgramOp(IRDLOperation):
                 raise VerifyException(f"'{self.name}': holds only plan.device, not '{op.name}'")
 
 
-@irdl_op_definition
+@op_definition
 class DeviceOp(IRDLOperation):
     """One rank: its registers, then its actors in schedule order. After
     memory allocation it records the arena size, the persistent region's size,
@@ -161,7 +161,7 @@ class DeviceOp(IRDLOperation):
                 raise VerifyException(f"'{self.name}' @{self.sym_name.data}: {field} size must be non-negative")
 
 
-@irdl_op_definition
+@op_definition
 class RegisterOp(IRDLOperation):
     """A buffer: the local piece of a global value on this device, with
     `slots` copies (how far its producer may run ahead), its offset in the
@@ -314,7 +314,7 @@ def fused_steps(actor: ComputeOp) -> list[FusedStep]:
     return out
 
 
-@irdl_op_definition
+@op_definition
 class ComputeOp(ActorOp):
     """Runs one lg kernel (`kernel` names the op, `props` holds its
     properties) on the local pieces in its input registers, writing its
@@ -361,7 +361,7 @@ class ComputeOp(ActorOp):
                 raise VerifyException(f"{where}: the last step gives {steps[-1].type}, the output register is {out.type}")
 
 
-@irdl_op_definition
+@op_definition
 class CommOp(ActorOp):
     """This device's part in one collective (`id` names it on every member):
     its kind, its rank group in order, the mesh axes it acts on, and the

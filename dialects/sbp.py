@@ -51,7 +51,6 @@ from xdsl.irdl import (
     IRDLOperation,
     base,
     irdl_attr_definition,
-    irdl_op_definition,
     operand_def,
     opt_prop_def,
     prop_def,
@@ -63,6 +62,8 @@ from xdsl.printer import Printer
 from xdsl.traits import Pure, SymbolOpInterface, SymbolTable
 from xdsl.utils.exceptions import VerifyException
 from xdsl.utils.str_enum import StrEnum
+
+from .irdl_verify import op_definition
 
 # --------------------------------------------------------------------------
 # SBP attributes
@@ -302,7 +303,7 @@ class Mesh:
         return len(self.ranks)
 
 
-@irdl_op_definition
+@op_definition
 class PlacementOp(IRDLOperation):
     """A named device mesh: device kind, the ranks it uses, and its shape.
 
@@ -467,7 +468,7 @@ def lookup_placement(op: Operation, ref: SymbolRefAttr | str) -> PlacementOp:
     tables = []
     anchor: Operation | None = op
     while anchor is not None:
-        if anchor.has_trait(SymbolTable):
+        if _class_has_trait(type(anchor), SymbolTable):
             tables.append(anchor)
         anchor = anchor.parent_op()
     found = None
@@ -487,18 +488,43 @@ def _symbol(table: Operation, name: str) -> Operation | None:
     SymbolRefAttr per call (verifiers look up a placement per dtensor)."""
     for op in table.regions[0].block.ops:
         sym = op.get_attr_or_prop("sym_name")
-        if isinstance(sym, StringAttr) and sym.data == name and op.get_trait(SymbolOpInterface) is not None:
+        if isinstance(sym, StringAttr) and sym.data == name and _class_has_trait(type(op), SymbolOpInterface):
             return op
     return None
 
 
-def verify_distribution(op: Operation, type: Attribute, what: str) -> Mesh | None:
+_CLASS_TRAITS: dict[tuple[type, type], bool] = {}
+
+
+def _class_has_trait(cls: type[Operation], trait: type) -> bool:
+    """`cls.has_trait(trait)`, memoized per op class: an op class's traits
+    are fixed, and lookup_placement asks it of every ancestor of every op a
+    verifier checks (xDSL scans the trait list each time; that was a sixth
+    of verifying a large graph)."""
+    key = (cls, trait)
+    found = _CLASS_TRAITS.get(key)
+    if found is None:
+        found = _CLASS_TRAITS[key] = cls.has_trait(trait)
+    return found
+
+
+def verify_distribution(op: Operation, type: Attribute, what: str,
+                        placements: dict[str, PlacementOp] | None = None) -> Mesh | None:
     """Checks a dtensor against its placement: the placement exists, the nd-SBP
     has one entry per mesh axis, and every split axis is in range. Returns the
-    mesh, or None for a builtin tensor."""
+    mesh, or None for a builtin tensor. `placements` keeps the placements
+    `op` found by name, for a caller checking several dtensors of one op
+    (they nearly always share one placement)."""
     if not isinstance(type, DTensorType):
         return None
-    mesh = lookup_placement(op, type.placement).mesh()
+    if placements is None:
+        placement = lookup_placement(op, type.placement)
+    else:
+        name = type.placement.string_value()
+        placement = placements.get(name)
+        if placement is None:
+            placement = placements[name] = lookup_placement(op, name)
+    mesh = placement.mesh()
     if len(type.nd_sbp) != len(mesh.shape):
         raise VerifyException(
             f"'{op.name}': {what} has {len(type.nd_sbp)} SBP entries but placement @{mesh.name} "
@@ -549,6 +575,29 @@ def nd_to_plain(nd: NdSbpAttr) -> PlainNd:
 
 def nd_from_plain(nd: Sequence[PlainSbp]) -> NdSbpAttr:
     return _nd_attr(tuple(nd))
+
+
+def dtensor_of(shape: Sequence[int], element_type: Attribute, placement: str, nd: Sequence[PlainSbp]) -> DTensorType:
+    """`DTensorType(shape, element_type, placement, nd_from_plain(nd))`, one
+    shared instance per distinct type: sbp-infer writes a type per value and
+    per redistribution request, and building each (which verifies every
+    parameter) was a fifth of its time on large graphs."""
+    return _dtensor(tuple(shape), element_type, placement, tuple(nd))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _dtensor(shape: tuple[int, ...], element_type: Attribute, placement: str, nd: PlainNd) -> DTensorType:
+    return DTensorType(shape, element_type, placement, _nd_attr(nd))
+
+
+def signature_of(ins: Sequence[Sequence[PlainSbp]], outs: Sequence[Sequence[PlainSbp]]) -> SignatureAttr:
+    """`SignatureAttr` of plain nd-SBPs, one shared instance per distinct signature."""
+    return _signature(tuple(tuple(nd) for nd in ins), tuple(tuple(nd) for nd in outs))
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _signature(ins: tuple[PlainNd, ...], outs: tuple[PlainNd, ...]) -> SignatureAttr:
+    return SignatureAttr([_nd_attr(nd) for nd in ins], [_nd_attr(nd) for nd in outs])
 
 
 @functools.lru_cache(maxsize=4096)
@@ -655,7 +704,7 @@ def _same_global(op: Operation, source: Attribute, dest: Attribute) -> None:
         )
 
 
-@irdl_op_definition
+@op_definition
 class AnnotateOp(IRDLOperation):
     """Attaches a placement and an nd-SBP to a value: a user hint before
     inference, or a requested redistribution of a dtensor. Globally the value
@@ -746,7 +795,7 @@ class CollectiveOp(IRDLOperation, ABC):
             )
 
 
-@irdl_op_definition
+@op_definition
 class AllReduceOp(CollectiveOp):
     """P -> B: every device gets the reduction of all pieces."""
 
@@ -757,7 +806,7 @@ class AllReduceOp(CollectiveOp):
         return isinstance(source, PartialAttr) and isinstance(dest, BroadcastAttr)
 
 
-@irdl_op_definition
+@op_definition
 class AllGatherOp(CollectiveOp):
     """S(i) -> B: every device gets the concatenation of all slices."""
 
@@ -768,7 +817,7 @@ class AllGatherOp(CollectiveOp):
         return isinstance(source, SplitAttr) and isinstance(dest, BroadcastAttr)
 
 
-@irdl_op_definition
+@op_definition
 class ReduceScatterOp(CollectiveOp):
     """P -> S(i): every device gets its slice of the reduction."""
 
@@ -779,7 +828,7 @@ class ReduceScatterOp(CollectiveOp):
         return isinstance(source, PartialAttr) and isinstance(dest, SplitAttr)
 
 
-@irdl_op_definition
+@op_definition
 class AllToAllOp(CollectiveOp):
     """S(i) -> S(j), i != j: every device trades slices with every other."""
 
@@ -790,7 +839,7 @@ class AllToAllOp(CollectiveOp):
         return isinstance(source, SplitAttr) and isinstance(dest, SplitAttr) and source.axis != dest.axis
 
 
-@irdl_op_definition
+@op_definition
 class SliceOp(CollectiveOp):
     """B -> S(i) with no communication: every device keeps its own slice."""
 
@@ -801,7 +850,7 @@ class SliceOp(CollectiveOp):
         return isinstance(source, BroadcastAttr) and isinstance(dest, SplitAttr)
 
 
-@irdl_op_definition
+@op_definition
 class MakePartialOp(CollectiveOp):
     """B or S<i> -> P (or P<max>) with no communication: a B value stays on
     the group's first device and the others hold zeros (-inf for max); a split
@@ -814,7 +863,7 @@ class MakePartialOp(CollectiveOp):
         return isinstance(source, BroadcastAttr | SplitAttr) and isinstance(dest, PartialAttr)
 
 
-@irdl_op_definition
+@op_definition
 class TransferOp(IRDLOperation):
     """Moves a tensor between two placements: every destination piece is
     assembled from the source pieces it intersects, each sent once from a

@@ -362,12 +362,19 @@ def allocate_device(device: plan.DeviceOp, in_place: bool = True) -> None:
             r = pairs[r]
         root[name] = r
     buffers: dict[str, Buffer] = {}
+    ints: dict[int, IntegerAttr] = {}  # one (immutable) attribute per distinct offset, shared by its registers
+
+    def int_attr(n: int) -> IntegerAttr:
+        if n not in ints:
+            ints[n] = IntegerAttr(n, i64)
+        return ints[n]
+
     persistent_offset = 0
     for name, reg in registers.items():
         if name in aliases:
             continue
         if reg.is_persistent is not None:
-            reg.offset = IntegerAttr(persistent_offset, i64)
+            reg.offset = int_attr(persistent_offset)
             persistent_offset += aligned(reg.size)
             continue
         buf = buffers.setdefault(root[name], Buffer(aligned(reg.size), *life[name]))
@@ -376,7 +383,7 @@ def allocate_device(device: plan.DeviceOp, in_place: bool = True) -> None:
     arena = place(list(buffers.values()))
     for buf in buffers.values():
         for name in buf.registers:
-            registers[name].offset = IntegerAttr(buf.offset, i64)
+            registers[name].offset = int_attr(buf.offset)
     for name, param in aliases.items():
         registers[name].is_persistent = UnitAttr()
         registers[name].offset = registers[param].offset

@@ -54,14 +54,14 @@ from sbpc.dialects.sbp import (
     DTensorType,
     Mesh,
     PlainNd,
-    SignatureAttr,
     element_bytes,
     element_type,
     global_shape,
     PLACEMENT_ATTR,
+    dtensor_of,
     lookup_placement,
-    nd_from_plain,
     nd_to_plain,
+    signature_of,
     split_axis,
 )
 
@@ -176,6 +176,19 @@ class Problem:
     ties: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     """(parameter, producer of its update) -> boxing cost [param candidate,
     producer candidate]; also summed into `edges`."""
+    sizes: list[tuple[float, int]] = field(default_factory=list)
+    """Per node: bytes and rank of its result (what every use of it moves)."""
+    _boxing: dict[tuple, float] = field(default_factory=dict)
+
+    def boxing(self, src: PlainNd, dst: PlainNd, mesh_shape: tuple[int, ...], rank: int, nbytes: float) -> float:
+        """boxing_cost on this problem's device, memoized by its arguments: a
+        deep graph repeats the same few (size, distribution) pairs on
+        thousands of edges."""
+        key = (src, dst, mesh_shape, rank, nbytes)
+        cost = self._boxing.get(key)
+        if cost is None:
+            cost = self._boxing[key] = boxing_cost(src, dst, mesh_shape, rank, nbytes, self.device)
+        return cost
 
     def total(self, choice: Sequence[int]) -> float:
         cost = sum(float(node.cost[choice[i]]) for i, node in enumerate(self.nodes))
@@ -197,6 +210,7 @@ def _nbytes(value: SSAValue) -> float:
 
 def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:
     nodes: list[Node] = []
+    sizes: list[tuple[float, int]] = []  # per node: bytes and rank of its result
     index: dict[SSAValue, int] = {}
     default_mesh = lookup_placement(graph, graph.placement).mesh() if graph.placement is not None else None
     for op in graph.body.ops:
@@ -278,21 +292,22 @@ def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:
         )
         index[result] = len(nodes)
         nodes.append(Node(op, mesh, candidates, compute, memory, producers, fixed_input))
+        sizes.append((nbytes, len(out_shape)))
 
-    problem = Problem(nodes, device)
+    # Edges. Operand j of v is u's result, so its size is u's.
+    problem = Problem(nodes, device, sizes=sizes)
     for v, node in enumerate(nodes):
         for j, u in enumerate(node.producers):
             if u is None:
                 continue
             producer = nodes[u]
-            nbytes = _nbytes(node.op.operands[j])
+            nbytes, rank = sizes[u]
             if producer.mesh != node.mesh:
                 matrix = np.full((len(producer.candidates), len(node.candidates)), transfer_cost(nbytes, device))
             else:
                 outs = sorted({c[1] for c in producer.candidates})
                 ins = sorted({c[0][j] for c in node.candidates})
-                rank = len(global_shape(node.op.operands[j].type))
-                unit = {(s, d): boxing_cost(s, d, node.mesh.shape, rank, nbytes, device) for s in outs for d in ins}
+                unit = {(s, d): problem.boxing(s, d, node.mesh.shape, rank, nbytes) for s in outs for d in ins}
                 matrix = np.array(
                     [[unit[(pc[1], nc[0][j])] for nc in node.candidates] for pc in producer.candidates]
                 )
@@ -504,16 +519,14 @@ class ExactCost:
         if src == dst and self.problem.nodes[u].mesh == self.problem.nodes[v].mesh:
             return 0.0
         node = self.problem.nodes[v]
-        operand = node.op.operands[j]
         key = (u, node.mesh, src, dst)
         cost = self._unit.get(key)
         if cost is None:
-            device = self.problem.device
-            nbytes = _nbytes(operand)
+            nbytes, rank = self.problem.sizes[u]  # operand j of v is u's result
             if self.problem.nodes[u].mesh != node.mesh:
-                cost = transfer_cost(nbytes, device)
+                cost = transfer_cost(nbytes, self.problem.device)
             else:
-                cost = boxing_cost(src, dst, node.mesh.shape, len(global_shape(operand.type)), nbytes, device)
+                cost = self.problem.boxing(src, dst, node.mesh.shape, rank, nbytes)
             self._unit[key] = cost
         return cost
 
@@ -728,13 +741,11 @@ def apply_solution(graph: lg.GraphOp, problem: Problem, choice: list[int], strat
     for v, node in enumerate(nodes):
         ins, out = node.candidates[choice[v]]
         result = node.op.results[0]
-        new_type = DTensorType(global_shape(result.type), element_type(result.type), node.mesh.name, nd_from_plain(out))
+        new_type = dtensor_of(global_shape(result.type), element_type(result.type), node.mesh.name, out)
         if result.type != new_type:
             Rewriter.replace_value_with_new_type(result, new_type)
         if isinstance(node.op, lg.SbpRules):
-            node.op.attributes[SIGNATURE_ATTR] = SignatureAttr(
-                [nd_from_plain(nd) for nd in ins], [nd_from_plain(out)]
-            )
+            node.op.attributes[SIGNATURE_ATTR] = signature_of(ins, [out])
         if explain:
             node.op.attributes["sbp.explain"] = _explanation(problem, v, choice)
 
@@ -754,7 +765,7 @@ def apply_solution(graph: lg.GraphOp, problem: Problem, choice: list[int], strat
         for j, operand in enumerate(operands):
             if not isinstance(operand.type, DTensorType):
                 continue
-            want = operand.type.with_distribution(node.mesh.name, nd_from_plain(ins[j]))
+            want = dtensor_of(operand.type.get_shape(), operand.type.element_type, node.mesh.name, ins[j])
             if operand.type == want:
                 continue
             owner = operand.owner
@@ -776,10 +787,15 @@ def apply_solution(graph: lg.GraphOp, problem: Problem, choice: list[int], strat
     # Updated parameters are fetched in their parameter's distribution.
     output = graph.output()
     operands = list(output.operands)  # set once at the end: each setting re-registers every use
+    positions: dict[SSAValue, list[int]] = {}  # where each value is fetched (a scan per update was quadratic)
+    for j, value in enumerate(operands):
+        positions.setdefault(value, []).append(j)
     for param_node, producer_node in tied_updates(graph, {n.op.results[0]: i for i, n in enumerate(nodes)}):
         want = nodes[param_node].op.results[0].type
-        for j, value in enumerate(operands):
-            if value is nodes[producer_node].op.results[0] and value.type != want:
+        produced = nodes[producer_node].op.results[0]
+        for j in positions.get(produced, ()):
+            value = operands[j]
+            if value is produced and value.type != want:
                 annotate = AnnotateOp(value, want)
                 output.parent_block().insert_op_before(annotate, output)
                 operands[j] = annotate.result

@@ -214,6 +214,7 @@ class Lowering:
         self.ref_attrs: dict[SSAValue, SymbolRefAttr] = {}
         self.local_types: dict[tuple, TensorType] = {}
         self.ints: dict[int, IntegerAttr] = {}
+        self.name_attrs: dict[SSAValue, StringAttr] = {}
 
     def name_of(self, value: SSAValue) -> str:
         if value not in self.names:
@@ -224,6 +225,12 @@ class Lowering:
             self.names[value] = name
             self.taken.add(name)
         return self.names[value]
+
+    def name_attr(self, value: SSAValue) -> StringAttr:
+        """The register name of `value` as an attribute, shared by its registers on every rank."""
+        if value not in self.name_attrs:
+            self.name_attrs[value] = StringAttr(self.name_of(value))
+        return self.name_attrs[value]
 
     def ref(self, value: SSAValue) -> SymbolRefAttr:
         if value not in self.ref_attrs:
@@ -252,7 +259,7 @@ class Lowering:
             self.local_types[key] = TensorType(t.element_type, list(key[1]))
         local = self.local_types[key]
         props = {
-            "sym_name": StringAttr(self.name_of(value)),
+            "sym_name": self.name_attr(value),
             "type": local,
             "bytes": self.int_attr(plan.tensor_bytes(local)),
             "value": t,
@@ -297,18 +304,16 @@ class Lowering:
             out = op.results[0]
             name = self.name_of(out)
             if isinstance(op, lg.SbpRules):
+                # one set of (immutable) attributes for the actor on every rank
+                props = {
+                    "sym_name": StringAttr(f"{name}.{op.name.removeprefix('lg.')}"),
+                    "kernel": StringAttr(op.name),
+                    "props": DictionaryAttr(dict(op.properties)),
+                    "ins": self.refs(op.operands),
+                    "outs": self.refs([out]),
+                }
                 for rank in self.mesh_of(out).ranks:
-                    actors[rank].append(
-                        plan.ComputeOp.create(
-                            properties={
-                                "sym_name": StringAttr(f"{name}.{op.name.removeprefix('lg.')}"),
-                                "kernel": StringAttr(op.name),
-                                "props": DictionaryAttr(dict(op.properties)),
-                                "ins": self.refs(op.operands),
-                                "outs": self.refs([out]),
-                            }
-                        )
-                    )
+                    actors[rank].append(plan.ComputeOp.create(properties=dict(props)))
             elif isinstance(op, sbp.COLLECTIVE_OPS):
                 self.lower_collective(op, actors)
             else:

@@ -138,3 +138,100 @@ def test_refine_with_use_trackers_matches_without(case):
     finally:
         sbp_infer.TRACKED_USES, sbp_infer._UseTracker.cost = saved_limit, saved_cost
     assert tracked == plain
+
+
+def test_compile_verifies_the_plan_once():
+    """`compile` verifies after every sbp-level pass, not after the plan
+    passes that plan-verify follows (it verifies the module itself first),
+    and after every pass where no plan-verify follows."""
+    from sbpc.lowering.compile import CompilePass, skips_verify
+    from sbpc.lowering.plan_allocate_memory import PlanAllocateMemoryPass
+    from sbpc.lowering.plan_verify import PlanVerifyPass
+    from sbpc.lowering.sbp_to_plan import SbpToPlanPass
+
+    def verified_after(passes):
+        return [type(p).__name__ for i, p in enumerate(passes) if not skips_verify(p, passes[i + 1:])]
+
+    assert verified_after(CompilePass().passes()) == ["SbpInferPass", "SbpInsertBoxingPass", "SbpSimplifyPass"]
+    assert verified_after(CompilePass(to_plan=False).passes()) == [
+        "SbpInferPass", "SbpInsertBoxingPass", "SbpSimplifyPass"]
+    # no plan-verify after them: every plan pass is verified
+    assert verified_after([SbpToPlanPass(), PlanAllocateMemoryPass()]) == ["SbpToPlanPass", "PlanAllocateMemoryPass"]
+    # a non-plan pass between: what comes before it is verified
+    passes = [SbpToPlanPass(), CompilePass(to_plan=False), PlanVerifyPass()]
+    assert verified_after(passes) == ["SbpToPlanPass", "CompilePass"]
+
+
+def _ops_of_compiled_models():
+    """Every op of examples/mlp_train.mlir and gpt_block.mlir at the sbp level
+    (after sbp-simplify) and as a plan: valid ops of every kind compile makes."""
+    from pathlib import Path
+
+    from xdsl.context import Context
+
+    import sbpc
+    from sbpc.lowering.compile import CompilePass
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    modules = []
+    for name in ("mlp_train.mlir", "gpt_block.mlir"):
+        text = (examples / name).read_text()
+        modules.append(sbpc.parse_module(text))
+        m = sbpc.parse_module(text)
+        CompilePass(to_plan=False).apply(Context(), m)
+        modules.append(m)
+        m = sbpc.parse_module(text)
+        CompilePass().apply(Context(), m)
+        modules.append(m)
+    return modules
+
+
+def test_fast_op_verifier_accepts_only_what_xdsl_accepts():
+    """dialects/irdl_verify's fast path against xDSL's OpDef.verify, on every
+    op of compiled models and on each op with one property dropped, swapped
+    for a wrong kind of attribute, or an unknown one added, and with an
+    operand dropped or added: whatever the fast path accepts, OpDef.verify
+    accepts, and it accepts every valid op (so the fast path is taken)."""
+    from xdsl.dialects.builtin import IntegerAttr, StringAttr, i64
+    from xdsl.irdl import IRDLOperation
+    from xdsl.utils.exceptions import VerifyException
+
+    from sbpc.dialects.irdl_verify import fast_accepts
+
+    def generic_accepts(op_def, op) -> bool:
+        try:
+            op_def.verify(op)
+        except VerifyException:
+            return False
+        return True
+
+    checks, seen = {}, 0
+    for module in _ops_of_compiled_models():
+        for op in module.walk():
+            if not isinstance(op, IRDLOperation):
+                continue
+            op_def = type(op).get_irdl_definition()
+            if type(op) not in checks:
+                checks[type(op)] = fast_accepts(op_def)
+            accepts = checks[type(op)]
+            if accepts is None:
+                continue
+            seen += 1
+            assert accepts(op), op.name
+            props, operands = dict(op.properties), tuple(op.operands)
+            variants = []
+            for name in props:
+                variants.append({k: v for k, v in props.items() if k != name})
+                for wrong in (StringAttr("x"), IntegerAttr(-1, i64)):
+                    variants.append({**props, name: wrong})
+            variants.append({**props, "bogus": StringAttr("x")})
+            for variant in variants:
+                op.properties = variant
+                assert not accepts(op) or generic_accepts(op_def, op), (op.name, variant)
+            op.properties = props
+            for changed in ([*operands[:-1]], [*operands, *operands[:1]]) if operands else ():
+                op.operands = changed
+                assert not accepts(op) or generic_accepts(op_def, op), op.name
+                op.operands = operands
+            assert accepts(op) and generic_accepts(op_def, op)
+    assert seen > 100 and len(checks) > 10
