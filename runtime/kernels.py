@@ -453,10 +453,67 @@ def _bind_slice(op: lg.SliceOp, local: LocalContext, ins, out) -> Fire:
     return lambda xs, o: np.copyto(o, xs[0][index])
 
 
+FUSED_TILE_ELEMENTS = 1 << 18
+"""A fused chain over a larger output runs on blocks of rows of about this
+many elements (1 MiB of float32), so its intermediates stay in cache: the
+chain reads and writes memory once instead of once per step."""
+
+
 def _bind_fused(op: Fused, local, ins, out) -> Fire:
+    tiled = _bind_fused_rows(op, local, ins, out)
+    return tiled if tiled is not None else _bind_fused_whole(op, local, ins, out)
+
+
+def _row_tiled(shape: Sequence[int], out_shape: Sequence[int]) -> bool | None:
+    """Whether a value of `shape` in a chain with output `out_shape` is cut
+    into the same blocks of rows (axis 0) as the output (True), used whole
+    because it broadcasts along axis 0 (False), or neither (None)."""
+    if len(shape) == len(out_shape) and shape[0] == out_shape[0]:
+        return True
+    if len(shape) < len(out_shape) or shape[0] == 1:
+        return False
+    return None
+
+
+def _bind_fused_rows(op: Fused, local, ins, out) -> Fire | None:
+    """The chain run block of rows by block of rows (see
+    FUSED_TILE_ELEMENTS), when every input and intermediate either has the
+    output's rows or broadcasts along them; None otherwise. Each block reads
+    its rows of every input before writing its rows of the output, so an
+    output written in place over an input stays correct."""
+    if out.ndim == 0 or out.size <= FUSED_TILE_ELEMENTS:
+        return None
+    shapes = [x.shape for x in ins] + [tuple(step.result.type.get_shape()) for step, _ in op.steps]
+    cut = [_row_tiled(shape, out.shape) for shape in shapes]
+    if None in cut or not cut[-1]:
+        return None
+    rows = max(1, FUSED_TILE_ELEMENTS // (out.size // out.shape[0]))
+    if rows >= out.shape[0]:
+        return None
+    cut_inputs = cut[: len(ins)]
+
+    def block(xs, count):
+        return [x[:count] if c else x for x, c in zip(xs, cut_inputs)]
+
+    full = _bind_fused_whole(op, local, block(ins, rows), out[:rows], rows)
+    rest = out.shape[0] % rows
+    last = _bind_fused_whole(op, local, block(ins, rest), out[:rest], rest) if rest else None
+
+    def fire(xs, o):
+        total = o.shape[0]
+        for r0 in range(0, total, rows):
+            r1 = min(total, r0 + rows)
+            part = [x[r0:r1] if c else x for x, c in zip(xs, cut_inputs)]
+            (full if r1 - r0 == rows else last)(part, o[r0:r1])
+
+    return fire
+
+
+def _bind_fused_whole(op: Fused, local, ins, out, rows: int | None = None) -> Fire:
     # Intermediates go to scratch, reused once dead (same shape and dtype;
     # every step is elementwise, so a step may write over an argument that
-    # dies there); the last step writes `out`.
+    # dies there); the last step writes `out`. With `rows`, the chain is
+    # bound for a block of that many of the output's rows.
     n = len(ins)
     last_use = {a: j for j, (_, args) in enumerate(op.steps) for a in args}
     values: list[np.ndarray] = list(ins)
@@ -470,6 +527,8 @@ def _bind_fused(op: Fused, local, ins, out) -> Fire:
             dest = None
         else:
             shape, dtype = tuple(step.result.type.get_shape()), numpy_dtype(step.result.type.element_type)
+            if rows is not None and _row_tiled(shape, op.steps[-1][0].result.type.get_shape()):
+                shape = (rows, *shape[1:])
             dest = next((f for f in free if f.shape == shape and f.dtype == dtype), None)
             if dest is None:
                 dest = _scratch(shape, dtype)

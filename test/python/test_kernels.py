@@ -232,3 +232,38 @@ def plan_free_value(shape):
     from xdsl.ir import Block
 
     return Block(arg_types=[TensorType(f32, shape)]).args[0]
+
+
+@pytest.mark.parametrize("rows", [3, 4, 7])
+def test_fused_chain_in_blocks_of_rows_equals_whole(monkeypatch, rows):
+    """A long fused chain runs block of rows by block of rows (its
+    intermediates stay in cache): same result as the whole chain, with
+    inputs that broadcast along the rows, a last block shorter than the
+    others, and the output written in place over an input."""
+    from xdsl.dialects.builtin import TensorType, f32
+    from xdsl.ir import Block
+
+    from sbpc.dialects import lg
+    from sbpc.local_eval import Fused
+
+    n, d = 10, 6
+    full, row, scalar = TensorType(f32, (n, d)), TensorType(f32, (d,)), TensorType(f32, ())
+    x, b, s = Block(arg_types=[full, row, scalar]).args
+    add = lg.AddOp(x, b)  # broadcast of a row
+    mul = lg.MulOp(add.results[0], s)  # of a scalar
+    gelu = lg.GeluOp(mul.results[0])
+    sub = lg.SubOp(x, gelu.results[0])
+    op = Fused(((add, (0, 1)), (mul, (3, 2)), (gelu, (4,)), (sub, (0, 5))))
+    rng = np.random.default_rng(1)
+    ins = [rng.standard_normal((n, d), dtype=np.float32), rng.standard_normal(d, dtype=np.float32),
+           np.float32(0.7)]
+    whole = np.empty((n, d), np.float32)
+    kernels.bind(op, None, ins, whole)(ins, whole)
+    monkeypatch.setattr(kernels, "FUSED_TILE_ELEMENTS", rows * d)
+    assert kernels._bind_fused_rows(op, None, ins, whole) is not None
+    out = np.full((n, d), np.nan, np.float32)
+    kernels.bind(op, None, ins, out)(ins, out)
+    np.testing.assert_array_equal(out, whole)
+    in_place = ins[0].copy()  # the output over the input x, which it reads
+    kernels.bind(op, None, [in_place, *ins[1:]], in_place)([in_place, *ins[1:]], in_place)
+    np.testing.assert_array_equal(in_place, whole)
