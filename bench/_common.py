@@ -55,6 +55,18 @@ def load_example(name: str):
     return module
 
 
+def gpt_vocab() -> int:
+    """The GPT's vocabulary: the characters of the examples' corpus."""
+    return len(load_example("models").corpus()[1])
+
+
+def gpt(variant: str, ranks: int, cfg: dict, **options):
+    """examples/models.py's GPT (`variant`: dp, zero, ...) with a benchmark
+    configuration: vocab, batch, seq, dim, heads, layers."""
+    return load_example("models").gpt(variant, ranks, cfg["vocab"], batch=cfg["batch"], seq=cfg["seq"],
+                                      dim=cfg["dim"], heads=cfg["heads"], layers=cfg["layers"], **options)
+
+
 def best_of(fn: Callable[[], float], repeats: int) -> float:
     """Runs fn (which returns seconds) `repeats` times: the best value."""
     return min(fn() for _ in range(max(1, repeats)))

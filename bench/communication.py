@@ -69,9 +69,8 @@ def main() -> int:
     if args.quick:
         args.hidden, args.batch, args.steps, args.gpt_layers, args.gpt_dim = 64, 16, 2, 1, 16
     train = __import__("train_throughput")
-    text = (_common.EXAMPLES / "data" / "corpus.txt").read_text()
     gpt_cfg = {"batch": 32 if not args.quick else 4, "seq": 64 if not args.quick else 8, "dim": args.gpt_dim,
-               "heads": 4, "layers": args.gpt_layers, "vocab": len(set(text))}
+               "heads": 4, "layers": args.gpt_layers, "vocab": _common.gpt_vocab()}
     models = {f"mlp H={args.hidden}": (train.sbpc_mlp(args.ranks, args.batch, args.hidden), None)}
     if not args.quick:
         models[f"gpt {args.gpt_layers}L d={args.gpt_dim}"] = (train.sbpc_module("gpt", args.ranks, gpt_cfg), None)

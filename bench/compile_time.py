@@ -65,9 +65,7 @@ def residual_stack(blocks: int, ranks: int, batch: int = 64, width: int = 256):
 
 def gpt_forward(layers: int, ranks: int, cfg: dict):
     """examples/gpt.py's graph before its autodiff/optimizer passes (they are timed here)."""
-    models = _common.load_example("models")
-    return models.gpt("dp", ranks, cfg["vocab"], batch=cfg["batch"], seq=cfg["seq"], dim=cfg["dim"],
-                      heads=cfg["heads"], layers=layers, training=False)
+    return _common.gpt("dp", ranks, {**cfg, "layers": layers}, training=False)
 
 
 def count_ops(module) -> int:
@@ -269,11 +267,11 @@ def main() -> int:
         blocks = max(1, round((size - base) / per_block))
         ops, t = compile_stages(lambda b=blocks: residual_stack(b, args.ranks), "sgd")
         gen.append((ops, add_row(f"stack {blocks} blocks", ops, t)))
-    text = (_common.EXAMPLES / "data" / "corpus.txt").read_text()
+    vocab = _common.gpt_vocab()
     jax_rows = []
     gpt_rows = []
     for layers in args.gpt_layers:
-        cfg = {"vocab": len(set(text)), "batch": 8, "seq": 32, "dim": args.gpt_dim, "heads": 4, "layers": layers}
+        cfg = {"vocab": vocab, "batch": 8, "seq": 32, "dim": args.gpt_dim, "heads": 4, "layers": layers}
         ops, t = compile_stages(lambda c=cfg: gpt_forward(c["layers"], args.ranks, c), "adam")
         total = add_row(f"gpt {layers} layers", ops, t)
         gpt_rows.append((layers, ops, total))

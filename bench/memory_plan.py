@@ -37,8 +37,7 @@ MODELS = ["mlp.mlir", "gpt_block.mlir", "mlp_train.mlir", "mlp_train_zero.mlir"]
 
 
 def gpt_module(ranks: int, zero: bool, cfg: dict):
-    models = _common.load_example("models")
-    return models.gpt("zero" if zero else "dp", ranks, cfg["vocab"], batch=cfg["batch"], seq=cfg["seq"], dim=cfg["dim"], heads=cfg["heads"], layers=cfg["layers"])
+    return _common.gpt("zero" if zero else "dp", ranks, cfg)
 
 
 def mlp_module(ranks: int, hidden: int, zero: bool):
@@ -83,8 +82,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.hidden = 64
-    text = (_common.EXAMPLES / "data" / "corpus.txt").read_text()
-    cfg = {"vocab": len(set(text)), "batch": 16, "seq": 16, "dim": 32, "heads": 4, "layers": 2 if not args.quick else 1}
+    cfg = {"vocab": _common.gpt_vocab(), "batch": 16, "seq": 16, "dim": 32, "heads": 4, "layers": 2 if not args.quick else 1}
     modules = [(name, sbpc.parse_module((EXAMPLES / name).read_text(), name)) for name in MODELS]
     if not args.quick:
         modules.append((f"gpt.py {cfg['layers']}L train", gpt_module(args.ranks, False, cfg)))

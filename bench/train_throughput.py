@@ -80,8 +80,7 @@ def gpt_feeds(cfg: dict, rng) -> dict:
 def sbpc_module(model: str, ranks: int, cfg: dict):
     if model == "mlp":
         return sbpc_mlp(ranks, cfg["batch"], cfg["hidden"])
-    models = _common.load_example("models")
-    return models.gpt("dp", ranks, cfg["vocab"], batch=cfg["batch"], seq=cfg["seq"], dim=cfg["dim"], heads=cfg["heads"], layers=cfg["layers"])
+    return _common.gpt("dp", ranks, cfg)
 
 
 def plan_gemms(program, rank: int = 0) -> list[dict]:
@@ -313,11 +312,10 @@ def role_torch(model: str, cfg: dict, port: int, steps: int, repeats: int) -> No
 
 
 def configs(args) -> dict:
-    text = (_common.EXAMPLES / "data" / "corpus.txt").read_text()
     return {
         "mlp": {"batch": args.batch, "hidden": args.hidden},
         "gpt": {"batch": args.gpt_batch, "seq": args.gpt_seq, "dim": args.gpt_dim, "heads": args.gpt_heads,
-                "layers": args.gpt_layers, "vocab": len(set(text))},
+                "layers": args.gpt_layers, "vocab": _common.gpt_vocab()},
     }
 
 
