@@ -20,7 +20,6 @@ whole device (arena + persistent); the ratio plain / ZeRO of the state
 import _common  # noqa: F401  (first: one BLAS thread per process)
 
 import argparse
-import functools
 import pathlib
 import statistics
 
@@ -41,16 +40,8 @@ def gpt_module(ranks: int, zero: bool, cfg: dict):
 
 
 def mlp_module(ranks: int, hidden: int, zero: bool):
-    train = __import__("train_throughput")
-    import sbpc.lowering.lg_optimizer as opt
-
-    real = opt.LgOptimizerPass
-    train_opt = functools.partial(real, algorithm="adam", zero=zero)
-    try:  # the throughput MLP, with Adam (it has state) instead of SGD
-        opt.LgOptimizerPass = lambda algorithm, **kw: train_opt(**kw)
-        return train.sbpc_mlp(ranks, 64, hidden)
-    finally:
-        opt.LgOptimizerPass = real
+    # the throughput MLP, with Adam (it has state) instead of SGD
+    return __import__("train_throughput").sbpc_mlp(ranks, 64, hidden, algorithm="adam", zero=zero)
 
 
 def per_rank_bytes(module) -> list[tuple[int, int, int, int, int, int]]:

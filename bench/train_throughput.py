@@ -42,7 +42,7 @@ D_IO = 1024  # MLP input and output width
 # -- the models, in sbpc ----------------------------------------------------------
 
 
-def sbpc_mlp(ranks: int, batch: int, hidden: int, d_io: int = D_IO):
+def sbpc_mlp(ranks: int, batch: int, hidden: int, d_io: int = D_IO, algorithm: str = "sgd", zero: bool = False):
     from xdsl.context import Context
 
     import sbpc
@@ -62,7 +62,7 @@ def sbpc_mlp(ranks: int, batch: int, hidden: int, d_io: int = D_IO):
     g.output(loss=sbpc.mse_loss(h, y))
     module = g.module()
     LgAutodiffPass().apply(Context(), module)
-    LgOptimizerPass(algorithm="sgd").apply(Context(), module)
+    LgOptimizerPass(algorithm=algorithm, zero=zero).apply(Context(), module)
     return module
 
 
