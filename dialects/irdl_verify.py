@@ -54,6 +54,18 @@ def op_definition(cls: OpT) -> OpT:
     return cls
 
 
+def _fields_pass(fields, present: dict[str, Attribute], context: VerificationContext) -> bool:
+    """Every (name, check, optional) field is present unless optional, and
+    its check passes (a failing check raises)."""
+    for name, check, optional in fields:
+        if name not in present:
+            if optional:
+                continue
+            return False
+        check(present[name], context)
+    return True
+
+
 def fast_accepts(op_def: OpDef) -> Callable[[IRDLOperation], bool] | None:
     """A check that returns True only for ops `op_def.verify` accepts
     (False means: ask `op_def.verify`), or None where the definition has
@@ -87,22 +99,10 @@ def fast_accepts(op_def: OpDef) -> Callable[[IRDLOperation], bool] | None:
                 entry = region.first_block
                 if entry is not None:
                     entry_args.verify(entry.arg_types, context)
-            props = op.properties
-            for name, check, optional in properties:
-                if name not in props:
-                    if optional:
-                        continue
-                    return False
-                check(props[name], context)
-            if not known_properties.issuperset(props):
+            if not _fields_pass(properties, op.properties, context) or not known_properties.issuperset(op.properties):
                 return False
-            attrs = op.attributes
-            for name, check, optional in attributes:
-                if name not in attrs:
-                    if optional:
-                        continue
-                    return False
-                check(attrs[name], context)
+            if not _fields_pass(attributes, op.attributes, context):
+                return False
             for trait in traits:
                 trait.verify(op)
         except Exception:  # noqa: BLE001  (the generic verifier reports it, in its words)
