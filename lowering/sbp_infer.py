@@ -179,6 +179,14 @@ class Problem:
     sizes: list[tuple[float, int]] = field(default_factory=list)
     """Per node: bytes and rank of its result (what every use of it moves)."""
     _boxing: dict[tuple, float] = field(default_factory=dict)
+    _exact: ExactCost | None = None
+
+    def exact(self) -> ExactCost:
+        """The exact cost model of this problem, built once (the search
+        refines on it and the answer's recorded cost is read from it)."""
+        if self._exact is None:
+            self._exact = ExactCost(self)
+        return self._exact
 
     def boxing(self, src: PlainNd, dst: PlainNd, mesh_shape: tuple[int, ...], rank: int, nbytes: float) -> float:
         """boxing_cost on this problem's device, memoized by its arguments: a
@@ -462,7 +470,7 @@ def solve_auto(problem: Problem) -> list[int]:
             choice[v] = int(record[3][choice[record[2]]])
         else:
             choice[v] = int(record[4][choice[record[2]], choice[record[3]]])
-    exact = ExactCost(problem)
+    exact = problem.exact()
     best = min((choice, greedy), key=exact.total)
     return exact.refine(list(best))
 
@@ -802,7 +810,7 @@ def apply_solution(graph: lg.GraphOp, problem: Problem, choice: list[int], strat
     output.operands = operands
 
     graph.attributes["sbp.strategy"] = StringAttr(strategy)
-    graph.attributes["sbp.total_cost"] = FloatAttr(ExactCost(problem).total(choice), f64)
+    graph.attributes["sbp.total_cost"] = FloatAttr(problem.exact().total(choice), f64)
 
 
 def _explanation(problem: Problem, v: int, choice: list[int]) -> ArrayAttr:
