@@ -3,8 +3,9 @@
 Every graph is a training step: the forward graph, lg-autodiff, then
 lg-optimizer (SGD for the generated residual stacks, Adam for GPT), then the
 `compile` chain stage by stage: sbp-infer greedy (timed on a copy) and
-auto (the one kept), sbp-insert-boxing, sbp-simplify, sbp-to-plan,
-plan-allocate-memory, plan-verify, with the module verifier between stages
+auto (the one kept), then each pass of `compile` (sbp-insert-boxing,
+sbp-simplify, sbp-to-plan, plan-fuse-elementwise, plan-allocate-memory,
+plan-verify), with the module verifier between stages
 as `compile` runs it (not after the plan passes that plan-verify follows, nor
 after plan-verify: it verifies the module itself). Sizes are ops of the lg
 training graph (after autodiff and optimizer). Graphs are data parallel on R ranks.
@@ -40,8 +41,12 @@ import sys
 import time
 
 SCRIPT = os.path.abspath(__file__)
-STAGES = ["build", "autodiff", "optimizer", "infer greedy", "infer auto", "boxing", "simplify", "to-plan",
+STAGES = ["build", "autodiff", "optimizer", "infer greedy", "infer auto", "boxing", "simplify", "to-plan", "fuse",
           "allocate", "plan-verify", "verify"]
+STAGE_OF_PASS = {"sbp-infer": "infer auto", "sbp-insert-boxing": "boxing", "sbp-simplify": "simplify",
+                 "sbp-to-plan": "to-plan", "plan-fuse-elementwise": "fuse", "plan-allocate-memory": "allocate",
+                 "plan-verify": "plan-verify"}
+"""Column of each pass of `compile`, which this times pass by pass."""
 
 
 def residual_stack(blocks: int, ranks: int, batch: int = 64, width: int = 256):
@@ -78,15 +83,10 @@ def count_ops(module) -> int:
 def compile_stages(build, optimizer: str) -> tuple[int, dict[str, float]]:
     from xdsl.context import Context
 
-    from sbpc.lowering.compile import skips_verify
+    from sbpc.lowering.compile import CompilePass, skips_verify
     from sbpc.lowering.lg_autodiff import LgAutodiffPass
     from sbpc.lowering.lg_optimizer import LgOptimizerPass
-    from sbpc.lowering.plan_allocate_memory import PlanAllocateMemoryPass
-    from sbpc.lowering.plan_verify import PlanVerifyPass
     from sbpc.lowering.sbp_infer import SbpInferPass
-    from sbpc.lowering.sbp_insert_boxing import SbpInsertBoxingPass
-    from sbpc.lowering.sbp_simplify import SbpSimplifyPass
-    from sbpc.lowering.sbp_to_plan import SbpToPlanPass
 
     ctx = Context()
     t = {s: 0.0 for s in STAGES}
@@ -106,9 +106,7 @@ def compile_stages(build, optimizer: str) -> tuple[int, dict[str, float]]:
         SbpInferPass(strategy="greedy").apply(ctx, copy)
         t["infer greedy"] = time.process_time() - start
         del copy
-        stages = [("infer auto", SbpInferPass(strategy="auto")), ("boxing", SbpInsertBoxingPass()),
-                  ("simplify", SbpSimplifyPass()), ("to-plan", SbpToPlanPass()),
-                  ("allocate", PlanAllocateMemoryPass()), ("plan-verify", PlanVerifyPass())]
+        stages = [(STAGE_OF_PASS[p.name], p) for p in CompilePass().passes()]
         for i, (stage, p) in enumerate(stages):
             start = time.process_time()
             p.apply(ctx, module)
@@ -254,13 +252,11 @@ def main() -> int:
     per_block, base = o2 - o1, o1 - (o2 - o1)
 
     rows, gen = [], []
-    short = ["build", "autodiff", "optimizer", "infer greedy", "infer auto", "boxing", "simplify", "to-plan",
-             "allocate", "plan-verify", "verify"]
-    header = ["graph", "ops", "total s", "us/op", *short]
+    header = ["graph", "ops", "total s", "us/op", *STAGES]
 
     def add_row(name, ops, t):
         total = sum(v for k, v in t.items() if k != "infer greedy")
-        rows.append((name, ops, total, total / ops * 1e6, *(t[s] for s in short)))
+        rows.append((name, ops, total, total / ops * 1e6, *(t[s] for s in STAGES)))
         return total
 
     for size in args.sizes:
