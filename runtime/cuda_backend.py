@@ -326,7 +326,7 @@ class CudaExecutor(Executor):
 
         issued.finish = staged_finish
         issued.start = time.perf_counter()
-        issued.ranges = self._ranges(actor, step)
+        issued.ranges = ranges if ranges is not None else self._ranges(actor, step)
         if issued.requests:
             pending.append(issued)
         else:

@@ -174,12 +174,17 @@ class Executor:
     def _phase(self, index: int, step: int) -> tuple[list[np.ndarray], np.ndarray | None, list]:
         """Actor `index` at `step`: its input views, its output view, and the
         byte ranges it touches, computed once per slot phase."""
-        actor, _, ins, outs, period = self._firing[index]
+        actor, is_compute, ins, outs, period = self._firing[index]
         key = (index, step % period)
         found = self._phase_cache.get(key)
         if found is None:
-            found = ([self.view(n, step) for n in ins], self.view(outs[0], step) if outs else None,
-                     [self._range(n, step) for n in (*ins, *outs)])
+            ranges = [self._range(n, step) for n in (*ins, *outs)]
+            if not is_compute:
+                # A collective's own pack and unpack buffers are reused by its
+                # next issue, whose registers may be other slots: it waits for
+                # this one (a range no other actor has).
+                ranges.append((2 + index, 0, 1))
+            found = ([self.view(n, step) for n in ins], self.view(outs[0], step) if outs else None, ranges)
             self._phase_cache[key] = found
         return found
 
