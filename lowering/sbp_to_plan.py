@@ -47,14 +47,13 @@ from sbpc.local_eval import coords, piece
 
 def schedule(ops: list[Operation]) -> list[Operation]:
     """Topological order by list scheduling. Among ready ops: communication
-    first; then the computation of parameter updates (so an update runs as
-    soon as its gradient is ready, and the communication of its result
-    overlaps the rest of the backward pass, as DDP's gradient buckets do);
-    then compute that feeds communication (so it starts early); then other
-    compute; last, compute that reads a communication result (so the
-    collective has work to overlap with); ties in program order. A
-    parameter's update is made only after the last read of its old value
-    (so it can be written in place)."""
+    first; then compute that feeds communication (so it starts early); then
+    other compute; last, compute that reads the result of a collective (so
+    the collective has work to overlap with; a local slice is no
+    collective, so an optimizer update that reads the slice of its
+    parameter runs as soon as its gradient is ready, and the communication
+    of its result overlaps the rest of the backward pass); ties in program
+    order."""
     index = {op: i for i, op in enumerate(ops)}
     is_comm = {op: isinstance(op, sbp.COLLECTIVE_OPS) for op in ops}
     users: dict[Operation, list[Operation]] = {op: [] for op in ops}
@@ -64,24 +63,18 @@ def schedule(ops: list[Operation]) -> list[Operation]:
                 users[o.owner].append(op)
 
     local = (sbp.SliceOp, sbp.MakePartialOp)  # redistributions without communication
-    updates = _update_chains(ops, index, users)
 
     def priority(op: Operation) -> int:
         if is_comm[op]:
             return 0
         if any(o.owner in index and is_comm[o.owner] and not isinstance(o.owner, local) for o in op.operands):
-            return 4
-        if op in updates:
-            return 1
+            return 3
         if any(is_comm[u] for u in users[op]):
-            return 2
-        return 3
+            return 1
+        return 2
 
     waiting = {op: sum(1 for o in op.operands if o.owner in index) for op in ops}
-    gates = _parameter_gathers(ops, index, is_comm, users)
-    for head, gate in _update_after_reads(ops, index, is_comm, users).items():
-        gates.setdefault(head, set()).update(gate)
-    for head, gate in gates.items():
+    for head, gate in _parameter_gathers(ops, index, is_comm, users).items():
         for op in gate:
             users[op].append(head)
         waiting[head] += len(gate)
@@ -95,6 +88,9 @@ def schedule(ops: list[Operation]) -> list[Operation]:
             waiting[user] -= 1
             if not waiting[user]:
                 heapq.heappush(ready, (priority(user), index[user], user))
+    if len(order) != len(ops):
+        stuck = next(op for op in ops if waiting[op])
+        raise PassFailedException(f"sbp-to-plan: no schedule: '{stuck.name}' waits on a cycle")
     return order
 
 
@@ -129,60 +125,19 @@ def _parameter_gathers(ops, index, is_comm, users) -> dict[Operation, set[Operat
                     continue
                 earlier = [o.owner for o in producer.operands if o.owner in index]
                 gate.update(earlier or [producer])
+        # What needs the gathered value cannot gate the gather (a cycle). Program
+        # order is topological, so only the first consumer and later ops can.
+        first = min(index[c] for c in consumers) if consumers else len(ops)
+        if any(index[op] >= first for op in gate):
+            after, todo = set(), list(consumers)
+            while todo:
+                op = todo.pop()
+                if op not in after:
+                    after.add(op)
+                    todo.extend(users[op])
+            gate -= after
         if gate:
             gates[head] = gate
-    return gates
-
-
-def _update_chains(ops, index, users) -> set[Operation]:
-    """The ops whose results serve only parameter updates (`new.<key>`
-    outputs): the optimizer update and the gradient computation that feeds
-    nothing else."""
-    output = next((op for op in ops if isinstance(op, lg.OutputOp)), None)
-    if output is None:
-        return set()
-    update_values = {v for n, v in zip(output.names.data, output.values) if n.data.startswith("new.")}
-    chain: set[Operation] = set()
-    for op in reversed(ops):  # users come after their producers in program order
-        if op is output or not op.results or not users[op]:
-            continue
-        if all(u in chain or (u is output and all(r in update_values for r in op.results)) for u in users[op]):
-            chain.add(op)
-    return chain
-
-
-def _update_after_reads(ops, index, is_comm, users) -> dict[Operation, set[Operation]]:
-    """For each updated parameter (an output `new.<key>` of the parameter
-    <key>): the op that makes the new value waits for every read of the old
-    one that does not lead to the update itself (direct, or through the
-    parameter's redistributions). The memory plan can then write the update
-    over the parameter, however early the update is scheduled."""
-    output = next((op for op in ops if isinstance(op, lg.OutputOp)), None)
-    if output is None:
-        return {}
-    params = {op.key.data: op for op in ops if isinstance(op, lg.ParamOp)}
-    gates: dict[Operation, set[Operation]] = {}
-    for name, value in zip((n.data for n in output.names.data), output.values):
-        param = params.get(name.removeprefix("new.")) if name.startswith("new.") else None
-        maker = value.owner
-        if param is None or maker not in index:
-            continue
-        ancestors, todo = set(), [maker]
-        while todo:
-            op = todo.pop()
-            for o in op.operands:
-                if o.owner in index and o.owner not in ancestors:
-                    ancestors.add(o.owner)
-                    todo.append(o.owner)
-        readers, todo = set(), [param]
-        while todo:
-            for user in users[todo.pop()]:
-                if is_comm[user]:
-                    todo.append(user)  # a redistribution of the parameter: its readers read it too
-                if user is not maker and user not in ancestors and not isinstance(user, lg.OutputOp):
-                    readers.add(user)
-        if readers:
-            gates[maker] = readers
     return gates
 
 

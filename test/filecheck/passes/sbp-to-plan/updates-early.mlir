@@ -5,11 +5,12 @@
 // sbp-infer computes each weight gradient split over rows (moving the
 // activations costs less than all-reducing the gradient), so each update is
 // computed on the rank's rows and its result all-gathered. The schedule runs
-// an update as soon as its gradient is ready and after the last read of the
-// old weight: the last layer's update and the all-gather of its result come
-// right after its gradient, before the first layers' gradients, so the
-// gather overlaps the rest of the backward pass. Each gathered weight is
-// written over the old one (alias): no copy back after the step.
+// an update as soon as its gradient is ready (it reads a local slice of its
+// weight, no collective's result): the last layer's update and the
+// all-gather of its result come right after its gradient, before the first
+// layers' gradients, so the gather overlaps the rest of the backward pass.
+// The old weight's last read comes before, so each gathered weight is
+// written over it (alias): no copy back after the step.
 
 sbp.placement @cpu2_0_1 cpu ranks [0, 1] mesh [2]
 lg.graph @mlp on @cpu2_0_1 {
