@@ -103,7 +103,9 @@ def gen_fused(name, t, in_shapes, out_shape, steps):
     broadcast image of the output index and every step lives in a
     register; a lone elementwise op is a chain of one."""
     n = math.prod(out_shape)
-    params = ", ".join([f"const T* __restrict__ a{k}" for k in range(len(in_shapes))] + ["T* __restrict__ out"])
+    # No __restrict__: the memory plan may write the output over an input
+    # (in place); each thread reads its elements before writing its own.
+    params = ", ".join([f"const T* a{k}" for k in range(len(in_shapes))] + ["T* out"])
     moved = [k for k, shape in enumerate(in_shapes) if tuple(shape) != tuple(out_shape)]
     lines = []
     if moved:

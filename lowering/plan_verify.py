@@ -30,7 +30,7 @@ from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import plan
 
-from .plan_allocate_memory import lifetimes
+from .plan_allocate_memory import IN_PLACE_KERNELS, REINTERPRETING_KERNELS, lifetimes
 
 
 def _fail(device: plan.DeviceOp, what: str) -> None:
@@ -54,11 +54,16 @@ def verify_memory(device: plan.DeviceOp) -> None:
                 f"{reg.offset.value.data + reg.size}) but the {where} has {regions[persistent]}",
             )
     life = lifetimes(device)
+    # An in-place actor may share bytes with an input only where its kernel
+    # can run in place and the two start at the same offset.
+    offsets = {r.sym_name.data: r.offset.value.data for r in registers}
     in_place = set()
-    for pos, actor in enumerate(device.actors()):
-        if isinstance(actor, plan.ComputeOp) and actor.in_place is not None:
+    for actor in device.actors():
+        if (isinstance(actor, plan.ComputeOp) and actor.in_place is not None
+                and actor.kernel.data in IN_PLACE_KERNELS | REINTERPRETING_KERNELS):
             out = actor.outs.data[0].string_value()
-            in_place.update((ref.string_value(), out) for ref in actor.ins.data)
+            in_place.update((ref.string_value(), out) for ref in actor.ins.data
+                            if offsets[ref.string_value()] == offsets[out])
     # (start, end, offset, size, name) of every temporary, swept by start
     temporaries = sorted(
         (*life[r.sym_name.data], r.offset.value.data, r.size, r.sym_name.data)

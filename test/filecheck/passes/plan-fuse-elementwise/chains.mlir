@@ -53,7 +53,7 @@ lg.graph @chain on @two {
 // One kernel for the chain: the broadcast %v is read at the output's column,
 // the intermediates are values in registers.
 // CUDA:       plan.compute @b.mul "plan.fused" [@x, @v] -> [@b]
-// CUDA-SAME:  void k_b_mul(const T* __restrict__ a0, const T* __restrict__ a1, T* __restrict__ out)
+// CUDA-SAME:  void k_b_mul(const T* a0, const T* a1, T* out)
 // CUDA-SAME:  long o1 = 0;
 // CUDA-SAME:  T v0 = a0[i];
 // CUDA-SAME:  T v1 = a1[o1];

@@ -156,6 +156,20 @@ plan.program @p {
 
 // -----
 
+// `in_place` lets an output share bytes with an input only for a kernel
+// that can run in place: a matmul's output may not overwrite its operand.
+sbp.placement @one cpu ranks [0] mesh [1]
+plan.program @p {
+  plan.device @rank0 rank 0 arena 1024 persistent 0 {
+    plan.register @x : tensor<16x16xf32> bytes 1024 offset 0 feed "x" of !sbp.dtensor<16x16xf32, @one, B>
+    plan.register @y : tensor<16x16xf32> bytes 1024 offset 0 fetch "y" of !sbp.dtensor<16x16xf32, @one, B>
+    plan.compute @k "lg.matmul" [@x, @x] -> [@y] in_place
+  }
+}
+// CHECK: 'plan.device' @rank0: registers @x and @y are live together (positions 0..0) but overlap in the arena
+
+// -----
+
 // A correct plan passes unchanged.
 sbp.placement @dp cpu ranks [0, 1] mesh [2]
 plan.program @p {
