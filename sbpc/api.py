@@ -17,6 +17,7 @@ Where it runs:
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import pathlib
 import socket
@@ -150,13 +151,14 @@ class Executable:
         # has its parameter's distribution (sbp-infer ties them), and those are
         # not gathered at all; the rest, and everything in the simulator, goes
         # back as global arrays.
-        in_place = set() if self._where() == "simulate" else self._in_place_updates()
-        out = self.run(feeds, outputs=[name for name in self.output_names() if name not in in_place])
+        in_place = set() if self._where() == "simulate" else self._in_place_updates
+        out = self.run(feeds, outputs=[name for name in self.output_names if name not in in_place])
         for name, value in out.items():
             if name.startswith("new.") and name not in in_place:
                 self.params[name.removeprefix("new.")] = value
         return {k: v for k, v in out.items() if not k.startswith("new.")}
 
+    @functools.cached_property
     def _in_place_updates(self) -> set[str]:
         names = set()
         for device in self.program.devices():
@@ -215,6 +217,7 @@ class Executable:
     def param_keys(self) -> list[str]:
         return sorted({r.param.data for d in self.program.devices() for r in d.registers() if r.param is not None})
 
+    @functools.cached_property
     def output_names(self) -> list[str]:
         """Every output the plan fetches."""
         return sorted({r.fetch.data for d in self.program.devices() for r in d.registers() if r.fetch is not None})

@@ -3,8 +3,7 @@
 - busy and idle time of each rank's compute stream between the first and
   the last event of the whole run: in a pipeline, the idle share is the
   bubble (stages waiting for activations or gradients), plus any wait for
-  communication that did not overlap;
-- whether computation overlapped communication, or other ranks' computation.
+  communication that did not overlap.
 """
 
 from __future__ import annotations
@@ -48,23 +47,3 @@ def stats(events: list[dict]) -> TraceStats:
         if e["tid"] == STREAMS["compute"]:
             busy[e["pid"]] += e["dur"]
     return TraceStats(end - start, busy)
-
-
-def _intervals(events, pids, tid):
-    return sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e["pid"] in pids and e["tid"] == tid)
-
-
-def overlap_us(events: list[dict], pids_a, tid_a: int, pids_b, tid_b: int) -> float:
-    """Microseconds during which a slice of (ranks a, stream a) and one of
-    (ranks b, stream b) ran at the same time (time stamps are per rank, from
-    each rank's own start, which mpiexec launches together)."""
-    a, b = _intervals(events, set(pids_a), tid_a), _intervals(events, set(pids_b), tid_b)
-    total, j = 0.0, 0
-    for s, e in a:
-        while j < len(b) and b[j][1] <= s:
-            j += 1
-        k = j
-        while k < len(b) and b[k][0] < e:
-            total += max(0.0, min(e, b[k][1]) - max(s, b[k][0]))
-            k += 1
-    return total
