@@ -59,7 +59,9 @@ def main() -> int:
     if args.save:
         exe.save(args.save)
         print(f"saved parameters and optimizer state to {args.save}")
-    learned = losses[-1] < 0.7 * losses[0] or args.load is not None
+    # From scratch the loss must fall by 30%; resumed from a checkpoint, where
+    # much of that is done, it must still fall.
+    learned = losses[-1] < (1.0 if args.load else 0.7) * losses[0]
     print(f"\ntrained {args.parallel} on {args.ranks} MPI ranks: loss {losses[0]:.4f} -> {losses[-1]:.4f}"
           f" ({'learning' if learned else 'NOT LEARNING'})")
     return 0 if ok and learned else 1
