@@ -20,18 +20,17 @@ rank 0, from the IR) is printed next to the trace's.
 
 from __future__ import annotations
 
-import _common  # noqa: F401  (first: one BLAS thread per process)
-
 import argparse
 import collections
 import sys
 
+import _common  # noqa: F401  (first: one BLAS thread per process)
 import numpy as np
 from xdsl.context import Context
 
 from sbpc.dialects import plan
+from sbpc.dialects.layout import numpy_dtype
 from sbpc.lowering.compile import CompilePass
-from sbpc.reference import numpy_dtype
 
 
 def plan_comm(program, rank: int = 0) -> tuple[float, collections.Counter]:

@@ -29,8 +29,6 @@ fit (time = a * ops^b) of the generated sizes; pass the sizes to measure.
 
 from __future__ import annotations
 
-import _common  # noqa: F401  (first: one BLAS thread per process)
-
 import argparse
 import gc
 import json
@@ -39,6 +37,8 @@ import re
 import subprocess
 import sys
 import time
+
+import _common  # noqa: F401  (first: one BLAS thread per process)
 
 SCRIPT = os.path.abspath(__file__)
 STAGES = ["build", "autodiff", "optimizer", "infer greedy", "infer auto", "boxing", "simplify", "to-plan", "fuse",
@@ -89,7 +89,7 @@ def compile_stages(build, optimizer: str) -> tuple[int, dict[str, float]]:
     from sbpc.lowering.sbp_infer import SbpInferPass
 
     ctx = Context()
-    t = {s: 0.0 for s in STAGES}
+    t = dict.fromkeys(STAGES, 0.0)
     gc.collect()
     gc.disable()
     try:
@@ -128,7 +128,8 @@ def role_jax(cfg: dict, ranks: int) -> None:
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     vocab, seq, dim, heads, layers, batch = (cfg[k] for k in ("vocab", "seq", "dim", "heads", "layers", "batch"))
     hd = dim // heads

@@ -14,12 +14,11 @@ as fast). Without a GPU (or PyCUDA) it says so and exits 0.
 
 from __future__ import annotations
 
-import _common  # noqa: F401  (first: one BLAS thread per process)
-
 import argparse
 import sys
 import time
 
+import _common  # noqa: F401  (first: one BLAS thread per process)
 import numpy as np
 
 

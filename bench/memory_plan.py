@@ -17,14 +17,12 @@ whole device (arena + persistent); the ratio plain / ZeRO of the state
     python bench/memory_plan.py [--ranks 2] [--hidden 1024]
 """
 
-import _common  # noqa: F401  (first: one BLAS thread per process)
-
 import argparse
 import pathlib
 import statistics
 
+import _common  # noqa: F401  (first: one BLAS thread per process)
 import numpy as np
-
 from xdsl.context import Context
 
 import sbpc

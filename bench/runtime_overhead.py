@@ -17,11 +17,10 @@ difference, which is the runtime's overhead, and firings per second.
     python bench/runtime_overhead.py [--ops 400] [--steps 50] [--hidden 1024] [--batch 256] [--ranks 2] [--train-steps 5]
 """
 
-import _common  # noqa: F401  (first: one BLAS thread per process)
-
 import argparse
 import time
 
+import _common  # noqa: F401  (first: one BLAS thread per process)
 import numpy as np
 from mpi4py import MPI
 from xdsl.context import Context

@@ -23,8 +23,6 @@ batch 256, 2 ranks.
 
 from __future__ import annotations
 
-import _common  # noqa: F401  (first: one BLAS thread per process)
-
 import argparse
 import json
 import os
@@ -33,6 +31,7 @@ import sys
 import tempfile
 import time
 
+import _common  # noqa: F401  (first: one BLAS thread per process)
 import numpy as np
 
 SCRIPT = os.path.abspath(__file__)

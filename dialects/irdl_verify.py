@@ -30,10 +30,10 @@ from xdsl.irdl import IRDLOperation, irdl_op_definition
 from xdsl.irdl.constraints import VerificationContext
 from xdsl.irdl.operations import OpDef, OptAttributeDef, OptPropertyDef, SingleBlockRegionDef, VariadicDef
 
-OpT = TypeVar("OpT", bound=type[IRDLOperation])
+OpT = TypeVar("OpT", bound=IRDLOperation)
 
 
-def op_definition(cls: OpT) -> OpT:
+def op_definition(cls: type[OpT]) -> type[OpT]:
     """`irdl_op_definition`, with the fast generic verifier where the
     definition allows it (see the module doc); the op's own `verify_` runs
     after it, as with xDSL."""
@@ -50,7 +50,10 @@ def op_definition(cls: OpT) -> OpT:
         if custom is not None:
             custom(self)
 
-    cls.verify_ = verify_
+    # replacing the method is the point (irdl_op_definition does it with
+    # setattr); mypy forbids it, and types `verify_` as taking any Operation
+    # though it only ever runs on instances of `cls`
+    cls.verify_ = verify_  # type: ignore[method-assign, assignment]
     return cls
 
 
@@ -79,7 +82,9 @@ def fast_accepts(op_def: OpDef) -> Callable[[IRDLOperation], bool] | None:
     regions = tuple((isinstance(d, SingleBlockRegionDef), d.entry_args) for _, d in op_def.regions)
     n_operands, n_results, n_regions = len(operand_checks), len(result_checks), len(regions)
     properties = tuple((name, _check(d.constr), isinstance(d, OptPropertyDef)) for name, d in op_def.properties.items())
-    attributes = tuple((name, _check(d.constr), isinstance(d, OptAttributeDef)) for name, d in op_def.attributes.items())
+    attributes = tuple(
+        (name, _check(d.constr), isinstance(d, OptAttributeDef)) for name, d in op_def.attributes.items()
+    )
     known_properties = frozenset(op_def.properties)
     traits = op_def.traits
 

@@ -141,7 +141,7 @@ def _check_axis(axis: int, rank: int, what: str = "axis") -> None:
 
 
 class InitializerAttr(ParametrizedAttribute, ABC):
-    """How a parameter gets its first value (see sbpc.reference.initial_value)."""
+    """How a parameter gets its first value (see sbpc.semantics.reference.initial_value)."""
 
 
 def _parse_floats(cls, parser: AttrParser, count: int) -> Sequence[Attribute]:

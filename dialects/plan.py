@@ -25,7 +25,6 @@ is all the runtime loads.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -57,8 +56,9 @@ from xdsl.traits import HasParent, IsolatedFromAbove, NoTerminator, SymbolOpInte
 from xdsl.utils.exceptions import VerifyException
 
 from .irdl_verify import op_definition
+from .layout import local_shape
 from .lg import BINARY_OPS, UNARY_OPS, InitializerAttr, StepOp
-from .sbp import DTensorType, element_bytes, lookup_placement, nd_to_plain
+from .sbp import DTensorType, element_bytes, format_nd, lookup_placement
 
 
 def tensor_bytes(t: TensorType) -> int:
@@ -222,7 +222,7 @@ class RegisterOp(IRDLOperation):
         rank = device.rank.value.data
         if rank not in mesh.ranks:
             raise VerifyException(f"{where}: rank {rank} is not in placement @{mesh.name}")
-        expected = _local_shape(self.value.get_shape(), nd_to_plain(self.value.nd_sbp), mesh.shape, mesh.ranks, rank)
+        expected = local_shape(self.value, mesh, rank)
         if tuple(self.type.get_shape()) != expected:
             raise VerifyException(
                 f"{where}: local shape {list(self.type.get_shape())} is not the piece {list(expected)} that "
@@ -230,35 +230,8 @@ class RegisterOp(IRDLOperation):
             )
 
 
-@functools.lru_cache(maxsize=1 << 14)
-def _local_shape(shape: tuple[int, ...], nd: tuple[str, ...], mesh_shape: tuple[int, ...], ranks: tuple[int, ...],
-                 rank: int) -> tuple[int, ...]:
-    """The local shape `rank` holds of a global shape under an nd-SBP. Memoized:
-    a plan has thousands of registers but few distinct (shape, SBP, rank)
-    cases, and every module verification checks every register."""
-    from sbpc.local_eval import piece
-
-    coord = tuple(int(c) for c in _unravel(ranks.index(rank), mesh_shape))
-    return tuple(s.stop - s.start for s in piece(shape, nd, mesh_shape, coord))
-
-
-def _unravel(index: int, shape: Sequence[int]) -> list[int]:
-    out = []
-    for d in reversed(shape):
-        out.append(index % d)
-        index //= d
-    return list(reversed(out))
-
-
 def _nd_text(t: DTensorType) -> str:
-    from .sbp import format_nd
-
     return format_nd(t.nd_sbp)
-
-
-def device_coord(rank: int, ranks: Sequence[int], shape: Sequence[int]) -> tuple[int, ...]:
-    """Where `rank` sits in a row-major mesh."""
-    return tuple(_unravel(list(ranks).index(rank), shape))
 
 
 class ActorOp(IRDLOperation):

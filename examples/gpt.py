@@ -20,7 +20,7 @@ import numpy as np
 from models import VARIANTS, corpus, gpt, gpt_batches
 
 import sbpc
-from sbpc.reference import evaluate, initial_value
+from sbpc.semantics.reference import evaluate, initial_value
 
 
 def main() -> int:

@@ -19,19 +19,20 @@ import numpy as np
 from xdsl.context import Context
 
 import sbpc
-from sbpc.dialects import lg
+from sbpc.dialects import lg, plan
+from sbpc.dialects.layout import numpy_dtype
 from sbpc.dialects.sbp import SIGNATURE_ATTR, format_nd, nd_to_plain
-from sbpc.local_eval import run_distributed
+from sbpc.lowering.plan_allocate_memory import PlanAllocateMemoryPass
+from sbpc.lowering.plan_verify import PlanVerifyPass
 from sbpc.lowering.sbp_comm_summary import summarize
 from sbpc.lowering.sbp_infer import SbpInferPass
 from sbpc.lowering.sbp_insert_boxing import SbpInsertBoxingPass
 from sbpc.lowering.sbp_simplify import SbpSimplifyPass
-from sbpc.dialects import plan
-from sbpc.lowering.plan_allocate_memory import PlanAllocateMemoryPass
-from sbpc.lowering.plan_verify import PlanVerifyPass
 from sbpc.lowering.sbp_to_plan import SbpToPlanPass
-from sbpc.plan_simulator import run_plan
-from sbpc.reference import evaluate, initial_value, numpy_dtype, simulate
+from sbpc.semantics.local_eval import run_distributed
+from sbpc.semantics.plan_simulator import run_plan
+from sbpc.semantics.reference import evaluate, initial_value
+from sbpc.semantics.simulator import simulate
 
 HERE = pathlib.Path(__file__).parent
 

@@ -231,7 +231,7 @@ def gpt_batches(batch: int = 16, seq: int = 16, seed: int = 0, lr: float = 3e-3)
 
 def reference_losses(module, batches, steps: int) -> list[float]:
     """The same training on one device, in the reference interpreter."""
-    from sbpc.reference import evaluate, initial_value
+    from sbpc.semantics.reference import evaluate, initial_value
 
     params = {op.key.data: initial_value(op) for op in module.ops.last.body.ops if op.name == "lg.param"}
     losses = []

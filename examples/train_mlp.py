@@ -18,7 +18,7 @@ import sys
 from models import VARIANTS, mlp, mlp_batches
 
 import sbpc
-from sbpc.reference import evaluate, initial_value
+from sbpc.semantics.reference import evaluate, initial_value
 
 
 def main() -> int:

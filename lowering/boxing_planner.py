@@ -86,7 +86,9 @@ def _search(src: PlainNd, mesh: tuple[int, ...], rank: int):
                 if nxt not in best or label < best[nxt][:2]:
                     counter += 1
                     best[nxt] = (*label, counter)
-                    previous[nxt] = (state, Step(step_kind(current, target), a, state, nxt))
+                    kind = step_kind(current, target)
+                    assert kind is not None  # _targets yields only targets one collective reaches
+                    previous[nxt] = (state, Step(kind, a, state, nxt))
                     heapq.heappush(queue, (*label, counter, nxt))
     return best, previous
 

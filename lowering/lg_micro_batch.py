@@ -59,7 +59,9 @@ class Unroller:
     def emit(self, op: Operation, before: Operation, placement) -> SSAValue:
         if placement is not None:
             op.attributes[sbp.PLACEMENT_ATTR] = placement
-        before.parent_block().insert_op_before(op, before)
+        block = before.parent_block()
+        assert block is not None  # `before` is an op of the graph
+        block.insert_op_before(op, before)
         return op.results[0]
 
     def split_input(self, op: lg.InputOp, anchor: Operation) -> list[SSAValue]:
@@ -96,6 +98,7 @@ class Unroller:
         """`op` on micro-batch operands, with its written shapes and result type
         made per micro-batch."""
         new = op.clone(value_mapper=dict(mapping))
+        assert self.batch is not None  # run splits the inputs, which sets it, before any copy
         micro = self.batch // self.count
         old_shape = global_shape(op.results[0].type)
         self.check_batch_major(op, old_shape)
@@ -108,7 +111,8 @@ class Unroller:
             new.properties["limits"] = DenseArrayBase.from_list(i64, limits)
         if isinstance(op, lg.LgOp):
             try:
-                shape = tuple(type(op).infer(list(new.operands), **{**op.params(), **self._written(op, shape)}).get_shape())
+                params = {**op.params(), **self._written(op, shape)}
+                shape = tuple(type(op).infer(list(new.operands), **params).get_shape())
             except ValueError as e:
                 raise self.fail(op, str(e)) from None
         Rewriter.replace_value_with_new_type(new.results[0], _retyped(op.results[0].type, shape))
@@ -171,7 +175,9 @@ class Unroller:
             for k in range(1, self.count):
                 total = self.emit(lg.AddOp(total, copies[k][value]), output, placement)
             scale = TensorType(element_type(value.type), [])
-            inv = self.emit(lg.ConstantOp(DenseIntOrFPElementsAttr.from_list(scale, [1.0 / self.count])), output, placement)
+            inv = self.emit(
+                lg.ConstantOp(DenseIntOrFPElementsAttr.from_list(scale, [1.0 / self.count])), output, placement
+            )
             values[j] = self.emit(lg.MulOp(total, inv), output, placement)
             values[j].name_hint = value.name_hint
         output.operands = values

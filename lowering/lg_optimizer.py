@@ -63,7 +63,9 @@ class LgOptimizerPass(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.algorithm not in ALGORITHMS:
-            raise PassFailedException(f"lg-optimizer: unknown algorithm '{self.algorithm}' (choose {', '.join(ALGORITHMS)})")
+            raise PassFailedException(
+                f"lg-optimizer: unknown algorithm '{self.algorithm}' (choose {', '.join(ALGORITHMS)})"
+            )
         for graph in [g for g in op.ops if isinstance(g, lg.GraphOp)]:
             self.update(graph)
 

@@ -41,6 +41,7 @@ from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import plan
 
+
 def _fusable(actor) -> bool:
     return isinstance(actor, plan.ComputeOp) and (actor.kernel.data in plan.FUSABLE_KERNELS or actor.kernel.data == plan.FUSED)
 

@@ -49,16 +49,16 @@ from xdsl.utils.exceptions import PassFailedException
 from sbpc.dialects import lg
 from sbpc.dialects.sbp import (
     COLLECTIVE_OPS,
+    PLACEMENT_ATTR,
     SIGNATURE_ATTR,
     AnnotateOp,
     DTensorType,
     Mesh,
     PlainNd,
+    dtensor_of,
     element_bytes,
     element_type,
     global_shape,
-    PLACEMENT_ATTR,
-    dtensor_of,
     lookup_placement,
     nd_to_plain,
     signature_of,
@@ -296,7 +296,10 @@ def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:
         # boxing); charging an annotation's would make inference depend on
         # whether its requests are already in the IR.
         memory = np.array(
-            [0.0 if fixed_input else device.memory_cost(nbytes * local_fraction(out, mesh.shape)) for _, out in candidates]
+            [
+                0.0 if fixed_input else device.memory_cost(nbytes * local_fraction(out, mesh.shape))
+                for _, out in candidates
+            ]
         )
         index[result] = len(nodes)
         nodes.append(Node(op, mesh, candidates, compute, memory, producers, fixed_input))
@@ -352,9 +355,14 @@ def tied_updates(graph: lg.GraphOp, index: dict) -> list[tuple[int, int]]:
     pairs = []
     for name, value in zip(output.names.data, output.values):
         key = name.data.removeprefix("new.")
-        if name.data.startswith("new.") and key in params and value in index and params[key] in index:
-            if index[params[key]] != index[value]:
-                pairs.append((index[params[key]], index[value]))
+        if (
+            name.data.startswith("new.")
+            and key in params
+            and value in index
+            and params[key] in index
+            and index[params[key]] != index[value]
+        ):
+            pairs.append((index[params[key]], index[value]))
     return pairs
 
 
@@ -403,7 +411,7 @@ def solve_auto(problem: Problem) -> list[int]:
     greedy = solve_greedy(problem)
     nodes = problem.nodes
     cost = [node.cost.copy() for node in nodes]
-    adj: list[dict[int, np.ndarray]] = [dict() for _ in nodes]  # adj[a][b]: [k_a, k_b]
+    adj: list[dict[int, np.ndarray]] = [{} for _ in nodes]  # adj[a][b]: [k_a, k_b]
 
     def add_edge(a: int, b: int, m: np.ndarray) -> None:
         if b in adj[a]:
@@ -471,8 +479,8 @@ def solve_auto(problem: Problem) -> list[int]:
         else:
             choice[v] = int(record[4][choice[record[2]], choice[record[3]]])
     exact = problem.exact()
-    best = min((choice, greedy), key=exact.total)
-    return exact.refine(list(best))
+    winner = min((choice, greedy), key=exact.total)
+    return exact.refine(list(winner))
 
 
 class ExactCost:
@@ -588,7 +596,8 @@ class ExactCost:
             return self.replicated[n] is not None and choice[n] != self.replicated[n]
 
         def unboxed(producer: int, consumer: int, operand: int) -> bool:
-            return nodes[producer].candidates[choice[producer]][1] == nodes[consumer].candidates[choice[consumer]][0][operand]
+            produced = nodes[producer].candidates[choice[producer]][1]
+            return produced == nodes[consumer].candidates[choice[consumer]][0][operand]
 
         if not flippable(v):
             return []
@@ -666,7 +675,9 @@ class ExactCost:
                     old = [choice[n] for n in region]
                     before = self.local(region, choice)
                     for n in region:
-                        assign(choice, n, self.replicated[n])
+                        replicated = self.replicated[n]
+                        assert replicated is not None  # a region holds only flippable nodes
+                        assign(choice, n, replicated)
                     if self.local(region, choice) < before - 1e-15:
                         changed = True
                     else:
@@ -780,13 +791,17 @@ def apply_solution(graph: lg.GraphOp, problem: Problem, choice: list[int], strat
             assert isinstance(owner, Operation)
             if isinstance(owner, lg.ParamOp):
                 annotate = AnnotateOp(operand, want)
-                node.op.parent_block().insert_op_before(annotate, node.op)
+                block = node.op.parent_block()
+                assert block is not None  # node.op is an op of the graph
+                block.insert_op_before(annotate, node.op)
                 operands[j] = annotate.result
                 continue
             key = (operand, want)
             if key not in requests:
                 annotate = AnnotateOp(operand, want)
-                owner.parent_block().insert_op_after(annotate, owner)
+                block = owner.parent_block()
+                assert block is not None  # owner is an op of the graph
+                block.insert_op_after(annotate, owner)
                 requests[key] = annotate.result
             operands[j] = requests[key]
         if operands != list(node.op.operands):
@@ -844,7 +859,9 @@ class SbpInferPass(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.strategy not in SOLVERS:
-            raise PassFailedException(f"sbp-infer: unknown strategy '{self.strategy}' (choose {' or '.join(STRATEGIES)})")
+            raise PassFailedException(
+                f"sbp-infer: unknown strategy '{self.strategy}' (choose {' or '.join(STRATEGIES)})"
+            )
         try:
             device = load_device(self.device)
         except ValueError as e:

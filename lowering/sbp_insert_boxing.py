@@ -65,7 +65,7 @@ def step_bytes(step: Step, shape: tuple[int, ...], nbytes_per_elem: int, mesh: t
 def transfer_bytes(shape, src_nd: PlainNd, src_mesh: Mesh, dst_nd: PlainNd, dst_mesh: Mesh, nbytes: int) -> int:
     """Average bytes a destination device receives: its piece, less what its
     own rank already held on the source placement."""
-    from sbpc.local_eval import coords, piece
+    from sbpc.dialects.layout import coords, piece
 
     held = {
         src_mesh.ranks[i]: piece(shape, src_nd, src_mesh.shape, c) for i, c in enumerate(coords(src_mesh.shape))
@@ -88,7 +88,9 @@ class BoxingBuilder:
         self.anchor = anchor
 
     def emit(self, op: Operation) -> SSAValue:
-        self.anchor.parent_block().insert_op_after(op, self.anchor)
+        block = self.anchor.parent_block()
+        assert block is not None  # the anchor is an op of the graph
+        block.insert_op_after(op, self.anchor)
         self.anchor = op
         return op.results[0]
 

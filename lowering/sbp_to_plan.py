@@ -41,8 +41,8 @@ from xdsl.rewriter import Rewriter
 from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import lg, plan, sbp
-from sbpc.dialects.sbp import DTensorType, Mesh, lookup_placement, nd_to_plain
-from sbpc.local_eval import coords, piece
+from sbpc.dialects.layout import coords, mesh_coord, piece_of
+from sbpc.dialects.sbp import DTensorType, Mesh, lookup_placement
 
 
 def schedule(ops: list[Operation]) -> list[Operation]:
@@ -59,7 +59,7 @@ def schedule(ops: list[Operation]) -> list[Operation]:
     users: dict[Operation, list[Operation]] = {op: [] for op in ops}
     for op in ops:
         for o in op.operands:
-            if o.owner in index:
+            if isinstance(o.owner, Operation) and o.owner in index:
                 users[o.owner].append(op)
 
     local = (sbp.SliceOp, sbp.MakePartialOp)  # redistributions without communication
@@ -67,7 +67,10 @@ def schedule(ops: list[Operation]) -> list[Operation]:
     def priority(op: Operation) -> int:
         if is_comm[op]:
             return 0
-        if any(o.owner in index and is_comm[o.owner] and not isinstance(o.owner, local) for o in op.operands):
+        if any(
+            isinstance(o.owner, Operation) and o.owner in index and is_comm[o.owner] and not isinstance(o.owner, local)
+            for o in op.operands
+        ):
             return 3
         if any(is_comm[u] for u in users[op]):
             return 1
@@ -111,19 +114,25 @@ def _parameter_gathers(ops, index, is_comm, users) -> dict[Operation, set[Operat
                 heads.append(op)
             elif owner in chain:
                 chain.add(op)
-    gates = {}
+    gates: dict[Operation, set[Operation]] = {}
     for head in heads:
-        consumers, todo = [], [head]
+        consumers: list[Operation] = []
+        todo = [head]
         while todo:
             for user in users[todo.pop()]:
                 (todo if user in chain else consumers).append(user)
-        gate = set()
+        gate: set[Operation] = set()
         for consumer in consumers:
             for operand in consumer.operands:
                 producer = operand.owner
-                if producer not in index or producer in chain or isinstance(producer, lg.ParamOp):
+                if (
+                    not isinstance(producer, Operation)
+                    or producer not in index
+                    or producer in chain
+                    or isinstance(producer, lg.ParamOp)
+                ):
                     continue
-                earlier = [o.owner for o in producer.operands if o.owner in index]
+                earlier = [o.owner for o in producer.operands if isinstance(o.owner, Operation) and o.owner in index]
                 gate.update(earlier or [producer])
         # What needs the gathered value cannot gate the gather (a cycle). Program
         # order is topological, so only the first consumer and later ops can.
@@ -141,13 +150,9 @@ def _parameter_gathers(ops, index, is_comm, users) -> dict[Operation, set[Operat
     return gates
 
 
-def _coord(mesh: Mesh, rank: int) -> tuple[int, ...]:
-    return plan.device_coord(rank, mesh.ranks, mesh.shape)
-
-
 def rank_group(mesh: Mesh, rank: int, axes: list[int]) -> list[int]:
     """The ranks that differ from `rank` only on `axes`, in mesh order."""
-    here = _coord(mesh, rank)
+    here = mesh_coord(mesh, rank)
     members = [c for c in coords(mesh.shape) if all(c[a] == here[a] for a in range(len(here)) if a not in axes)]
     return [mesh.ranks[coords(mesh.shape).index(c)] for c in members]
 
@@ -157,7 +162,7 @@ class Lowering:
     graph: lg.GraphOp
     pipeline_slots: int
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.names: dict[SSAValue, str] = {}
         self.meshes: dict[SSAValue, Mesh] = {}
         self.taken: set[str] = set()  # the values of `names`, kept as a set for the uniqueness test
@@ -200,7 +205,9 @@ class Lowering:
     def mesh_of(self, value: SSAValue) -> Mesh:
         t = value.type
         if not isinstance(t, DTensorType):
-            raise PassFailedException(f"'{value.owner.name}': its result has no distribution; run sbp-infer first")
+            owner = value.owner
+            what = f"'{owner.name}': its result" if isinstance(owner, Operation) else "a block argument"
+            raise PassFailedException(f"{what} has no distribution; run sbp-infer first")
         if value not in self.meshes:
             self.meshes[value] = lookup_placement(self.graph, t.placement).mesh()
         return self.meshes[value]
@@ -208,7 +215,8 @@ class Lowering:
     def register(self, value: SSAValue, rank: int, fetched: dict[SSAValue, str], crossing: set[SSAValue]):
         t = value.type
         mesh = self.mesh_of(value)
-        region = piece(t.get_shape(), nd_to_plain(t.nd_sbp), mesh.shape, _coord(mesh, rank))
+        assert isinstance(t, DTensorType)  # mesh_of raised otherwise
+        region = piece_of(t, mesh, rank)
         key = (t.element_type, tuple(s.stop - s.start for s in region))
         if key not in self.local_types:
             self.local_types[key] = TensorType(t.element_type, list(key[1]))
@@ -238,10 +246,10 @@ class Lowering:
     def lower(self) -> plan.ProgramOp:
         body = [op for op in self.graph.body.ops if not isinstance(op, lg.OutputOp)]
         output = self.graph.output()
-        fetched = {}
+        fetched: dict[SSAValue, str] = {}
         for name, v in zip(output.names.data, output.values):
             fetched.setdefault(v, name.data)
-        crossing = set()
+        crossing: set[SSAValue] = set()
         for op in body:
             if isinstance(op, sbp.AnnotateOp):
                 raise PassFailedException(f"'{op.name}': a redistribution is left; run sbp-insert-boxing first")
@@ -279,6 +287,7 @@ class Lowering:
         return plan.ProgramOp(self.graph.sym_name.data, devices)
 
     def lower_collective(self, op: Operation, actors: dict[int, list[Operation]]) -> None:
+        assert isinstance(op, sbp.CollectiveOp | sbp.TransferOp)  # what COLLECTIVE_OPS holds
         source, out = op.operands[0], op.results[0]
         src_mesh, dst_mesh = self.mesh_of(source), self.mesh_of(out)
         kind = op.name.removeprefix("sbp.")

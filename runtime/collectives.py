@@ -18,8 +18,8 @@ from mpi4py import MPI
 from mpi4py.util.dtlib import from_numpy_dtype
 
 from sbpc.dialects import plan
+from sbpc.dialects.layout import coords, mesh_coord, partial_kind, piece
 from sbpc.dialects.sbp import DTensorType, Mesh, nd_to_plain
-from sbpc.local_eval import coords, partial_kind, piece
 
 Region = tuple[slice, ...]
 
@@ -229,7 +229,7 @@ class CommActor:
         elif k == "make_partial":
             kept = src.copy() if np.shares_memory(src, dst) else src
             dst.fill(self.fill)
-            here = plan_coord(self.src_mesh, me)
+            here = mesh_coord(self.src_mesh, me)
             axes = list(self.actor.mesh_axes.get_values())
             src_nd = nd_to_plain(self.actor.source.nd_sbp)
             if not any(here[a] for a in axes if src_nd[a] == "B"):
@@ -255,5 +255,3 @@ class CommActor:
         return pending
 
 
-def plan_coord(mesh: Mesh, rank: int) -> tuple[int, ...]:
-    return plan.device_coord(rank, mesh.ranks, mesh.shape)

@@ -46,8 +46,8 @@ from typing import Any
 import numpy as np
 
 from sbpc.dialects import plan
-from sbpc.dialects.sbp import lookup_placement, DeviceKind
-from sbpc.reference import numpy_dtype
+from sbpc.dialects.layout import numpy_dtype
+from sbpc.dialects.sbp import DeviceKind, lookup_placement
 
 from . import cuda
 from .executor import Executor, RuntimeFailure

@@ -29,16 +29,14 @@ import numpy as np
 from mpi4py import MPI
 from xdsl.dialects.builtin import ModuleOp
 
-from sbpc import make_context
-from sbpc.dialects import lg, plan
-from sbpc.dialects.sbp import DTensorType, lookup_placement, nd_to_plain
-from sbpc.local_eval import piece
-from sbpc.plan_simulator import actor_kernel
-from sbpc.reference import constant_value, initialize, numpy_dtype
+from sbpc.dialects import lg, make_context, plan
+from sbpc.dialects.layout import numpy_dtype, piece_of
+from sbpc.dialects.sbp import DTensorType, lookup_placement
+from sbpc.semantics.plan_simulator import actor_kernel
+from sbpc.semantics.reference import constant_value, initialize
 
-from .collectives import CommActor, Pending
 from . import kernels
-
+from .collectives import CommActor, Pending
 
 STREAMS = {"compute": 0, "comm": 1}
 """Trace thread ids: one track per rank and stream."""
@@ -165,8 +163,7 @@ class Executor:
         return self._meshes[name]
 
     def piece_of(self, t: DTensorType):
-        mesh = self.mesh(t)
-        return piece(t.get_shape(), nd_to_plain(t.nd_sbp), mesh.shape, plan.device_coord(self.rank, mesh.ranks, mesh.shape))
+        return piece_of(t, self.mesh(t), self.rank)
 
     def view(self, name: str, slot: int) -> np.ndarray:
         return self._views[(name, slot % self._slots[name])]

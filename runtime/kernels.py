@@ -6,7 +6,7 @@ A kernel is bound once, at load time, to its op, its SBP-local context and
 the shapes of its registers (`bind`); binding preallocates the little
 scratch a kernel needs for intermediates (a softmax's row maxima, a
 layernorm's centred copy, an embedding's in-range mask), so firing reuses
-it. The semantics are sbpc.local_eval's local kernels exactly, including a
+it. The semantics are sbpc.semantics.local_eval's local kernels exactly, including a
 split mean's division by the global count and a row-split table's masked
 gather; tests compare the two.
 
@@ -27,8 +27,9 @@ import numpy as np
 from xdsl.ir import Operation
 
 from sbpc.dialects import lg
-from sbpc.local_eval import Fused, LocalContext
-from sbpc.reference import EvaluationError, numpy_dtype
+from sbpc.dialects.layout import numpy_dtype
+from sbpc.semantics.local_eval import Fused, LocalContext
+from sbpc.semantics.reference import EvaluationError
 
 Fire = Callable[[Sequence[np.ndarray], np.ndarray], None]
 """A bound kernel: fire(inputs, out) writes its result into `out`."""

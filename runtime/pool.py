@@ -21,11 +21,10 @@ import sys
 
 from mpi4py import MPI
 
-import sbpc
-
+from sbpc.dialects import parse_module
+from sbpc.dialects.layout import numpy_dtype
 from sbpc.dialects.sbp import lookup_placement
-from sbpc.local_eval import assemble
-from sbpc.reference import numpy_dtype
+from sbpc.semantics.local_eval import assemble
 
 from .cuda_backend import make_executor
 from .executor import check_feeds, find_program
@@ -68,7 +67,7 @@ def serve(port: int, errors: str | None = None) -> None:
             if kind == "stop":
                 break
             if kind == "load":
-                module = sbpc.parse_module(command[1])
+                module = parse_module(command[1])
                 program = find_program(module)
                 executor = make_executor(module, program, world, trace=False)
                 executor.initialize(command[2])

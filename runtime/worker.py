@@ -19,10 +19,10 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-import sbpc
+from sbpc.dialects import parse_module
+from sbpc.dialects.layout import numpy_dtype
 from sbpc.dialects.sbp import lookup_placement
-from sbpc.local_eval import assemble
-from sbpc.reference import numpy_dtype
+from sbpc.semantics.local_eval import assemble
 
 from .cuda_backend import make_executor
 from .executor import STREAMS, check_feeds, find_program
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     world = MPI.COMM_WORLD
     try:
         with open(args.plan) as f:
-            module = sbpc.parse_module(f.read(), args.plan)
+            module = parse_module(f.read(), args.plan)
         program = find_program(module)
         with np.load(args.feeds) as data:
             feeds = check_feeds(program, dict(data))

@@ -3,44 +3,87 @@ plans (OneFlow's split/broadcast/partial), built on xDSL.
 
 Build a graph with the frontend (`sbpc.Graph`, ops as functions and
 operators, `S`/`B`/`P` hints), `sbpc.compile` it, and `run` it on MPI ranks.
+
+This package is the top layer (the API). Its names are loaded on first use
+(PEP 562), so importing a lower layer (`sbpc.dialects.lg`, which Python
+reaches through this package) does not load the API, the runtime or MPI.
 """
 
-from xdsl.context import Context
-from xdsl.dialects.builtin import Builtin, ModuleOp
-from xdsl.parser import Parser
+from __future__ import annotations
 
-from sbpc.dialects.lg import LG
-from sbpc.dialects.plan import PLAN
-from sbpc.dialects.sbp import SBP
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "make_context", "parse_module", "compile", "Executable", "Graph", "Tensor", "Placement", "placement",
-    "S", "B", "P", "zeros", "ones", "fill", "normal", "uniform",
+_FRONTEND = [
+    "Graph", "Tensor", "Placement", "placement", "S", "B", "P", "zeros", "ones", "fill", "normal", "uniform",
     "neg", "relu", "gelu", "tanh", "exp", "sqrt", "rsqrt", "add", "sub", "mul", "div", "matmul", "softmax",
     "log_softmax", "layernorm", "reduce_sum", "reduce_mean", "reduce_max", "reshape", "transpose", "broadcast_to",
     "concat", "slice", "embedding", "cross_entropy", "mse_loss",
 ]
+_WHERE = {
+    "make_context": "sbpc.dialects",
+    "parse_module": "sbpc.dialects",
+    "compile": "sbpc.api",
+    "Executable": "sbpc.api",
+    **dict.fromkeys(_FRONTEND, "sbpc.frontend"),
+}
+
+__all__ = list(_WHERE)
 
 
-def make_context() -> Context:
-    """A context with the builtin, `lg`, `sbp` and `plan` dialects loaded."""
-    ctx = Context()
-    for dialect in (Builtin, LG, SBP, PLAN):
-        ctx.load_dialect(dialect)
-    return ctx
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sbpc' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 
-def parse_module(text: str, name: str = "<string>", verify: bool = True) -> ModuleOp:
-    """Parses (and by default verifies) textual IR into a module."""
-    module = Parser(make_context(), text, name).parse_module()
-    if verify:
-        module.verify()
-    return module
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
 
 
-from sbpc.api import Executable, compile  # noqa: E402
-from sbpc.frontend import (  # noqa: E402
-    B, P, Graph, Placement, S, Tensor, add, broadcast_to, concat, cross_entropy, div, embedding, exp, fill, gelu,
-    layernorm, log_softmax, matmul, mse_loss, mul, neg, normal, ones, placement, reduce_max, reduce_mean, reduce_sum,
-    relu, reshape, rsqrt, slice, softmax, sqrt, sub, tanh, transpose, uniform, zeros,
-)
+if TYPE_CHECKING:
+    from sbpc.api import Executable, compile
+    from sbpc.dialects import make_context, parse_module
+    from sbpc.frontend import (
+        B,
+        Graph,
+        P,
+        Placement,
+        S,
+        Tensor,
+        add,
+        broadcast_to,
+        concat,
+        cross_entropy,
+        div,
+        embedding,
+        exp,
+        fill,
+        gelu,
+        layernorm,
+        log_softmax,
+        matmul,
+        mse_loss,
+        mul,
+        neg,
+        normal,
+        ones,
+        placement,
+        reduce_max,
+        reduce_mean,
+        reduce_sum,
+        relu,
+        reshape,
+        rsqrt,
+        slice,
+        softmax,
+        sqrt,
+        sub,
+        tanh,
+        transpose,
+        uniform,
+        zeros,
+    )

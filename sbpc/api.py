@@ -11,7 +11,7 @@ Where it runs:
 - inside an `mpiexec` launch of the right size: every rank runs its share,
   and every rank gets the gathered outputs;
 - `mode="simulate"`: in this process, device by device on real arenas
-  (sbpc.plan_simulator), for debugging. Never chosen silently.
+  (sbpc.semantics.plan_simulator), for debugging. Never chosen silently.
 """
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import PassPipeline
 from xdsl.printer import Printer
 
-import sbpc
-from sbpc.dialects import lg, plan
+from sbpc.dialects import lg, parse_module, plan
 from sbpc.frontend import Graph, Placement
 
 MODES = ("auto", "mpi", "simulate")
@@ -65,7 +64,7 @@ def compile(  # noqa: A001 - the verb users expect
             graph.builder.placement = placement.name
         module = graph.module()
     elif isinstance(graph, str):
-        module = sbpc.parse_module(graph)
+        module = parse_module(graph)
     else:
         module = graph.clone()
     if placement is not None and not isinstance(graph, Graph):
@@ -116,7 +115,7 @@ class Executable:
         feeds = check_feeds(self.program, feeds)
         where = self._where()
         if where == "simulate":
-            from sbpc.plan_simulator import run_plan
+            from sbpc.semantics.plan_simulator import run_plan
 
             everything = run_plan(self.module, feeds, self._sim_params)
             return {k: v for k, v in everything.items() if outputs is None or k in outputs}
@@ -209,7 +208,7 @@ class Executable:
                 self.params[key] = value
 
     def _param_types(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        from sbpc.reference import numpy_dtype
+        from sbpc.dialects.layout import numpy_dtype
 
         return {r.param.data: (tuple(r.value.get_shape()), np.dtype(numpy_dtype(r.value.element_type)))
                 for d in self.program.devices() for r in d.registers() if r.param is not None}
@@ -239,7 +238,8 @@ class Params:
         where = exe._where()
         if where == "simulate":
             if key not in exe._sim_params:
-                from sbpc.reference import initialize, numpy_dtype
+                from sbpc.dialects.layout import numpy_dtype
+                from sbpc.semantics.reference import initialize
 
                 reg = next(r for d in exe.program.devices() for r in d.registers()
                            if r.param is not None and r.param.data == key)

@@ -32,6 +32,7 @@ from sbpc.dialects import lg, sbp
 from sbpc.dialects.sbp import PLACEMENT_ATTR, DTensorType, PlacementOp, element_type, global_shape
 from sbpc.graph_builder import ELEMENT_TYPES, GraphBuilder, tensor_type
 
+
 def S(axis: int) -> sbp.SplitAttr:
     """Split along tensor axis `axis`."""
     return sbp.SplitAttr(axis)
@@ -178,7 +179,7 @@ class Tensor:
 
 
 def _numpy_of(elem) -> np.dtype:
-    from sbpc.reference import numpy_dtype
+    from sbpc.dialects.layout import numpy_dtype
 
     return numpy_dtype(elem)
 

@@ -11,7 +11,7 @@ import warnings
 from xdsl.utils.exceptions import DiagnosticException, ParseError
 from xdsl.xdsl_opt_main import xDSLOptMain
 
-from sbpc.universe import SBPC_UNIVERSE
+from sbpc.tools.universe import SBPC_UNIVERSE
 
 
 class SbpOptMain(xDSLOptMain):

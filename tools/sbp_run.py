@@ -22,10 +22,9 @@ from xdsl.passes import PassPipeline
 from xdsl.printer import Printer
 from xdsl.utils.exceptions import DiagnosticException, ParseError
 
-import sbpc
-from sbpc.dialects import plan
+from sbpc.dialects import parse_module, plan
+from sbpc.dialects.layout import numpy_dtype
 from sbpc.lowering import PASSES
-from sbpc.reference import numpy_dtype
 from sbpc.runtime.executor import RuntimeFailure, check_feeds, feed_types, find_program
 from sbpc.runtime.launch import command, rank_environment
 
@@ -59,7 +58,7 @@ def generated_feeds(program: plan.ProgramOp, seed: int) -> dict[str, np.ndarray]
 def load_program(path: str, pipeline: str):
     """The module holding a plan: parsed, and compiled first if it is not one."""
     text = Path(path).read_text()
-    module = sbpc.parse_module(text, path)
+    module = parse_module(text, path)
     if not any(isinstance(op, plan.ProgramOp) for op in module.ops):
         PassPipeline.parse_spec(PASSES, pipeline).apply(Context(), module)
         module.verify()
@@ -124,7 +123,7 @@ def main(args: list[str] | None = None) -> int:
             for name in out.files:
                 print(f"{name}: {list(out[name].shape)} {out[name].dtype}")
         if options.trace:
-            from sbpc.trace_stats import load_events, stats
+            from sbpc.runtime.trace_stats import load_events, stats
 
             figures = stats(load_events(options.trace))
             idle = ", ".join(f"rank {r} {f:.0%}" for r, f in sorted(figures.idle_fraction.items()))

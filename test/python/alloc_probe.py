@@ -12,10 +12,10 @@ from mpi4py import MPI
 from xdsl.context import Context
 
 import sbpc
-from sbpc.local_eval import local_kernel
 from sbpc.lowering.compile import CompilePass
-from sbpc.plan_simulator import actor_kernel
 from sbpc.runtime.executor import Executor, find_program
+from sbpc.semantics.local_eval import local_kernel
+from sbpc.semantics.plan_simulator import actor_kernel
 from sbpc.tools.sbp_run import generated_feeds
 
 

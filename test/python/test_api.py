@@ -79,7 +79,7 @@ def test_package_imports_from_outside_the_checkout(tmp_path):
 
 
 def test_every_registered_pass_loads():
-    from sbpc.universe import SBPC_UNIVERSE
+    from sbpc.tools.universe import SBPC_UNIVERSE
 
     for name, factory in SBPC_UNIVERSE.all_passes.items():
         assert factory().name == name

@@ -8,7 +8,7 @@ from xdsl.context import Context
 
 import sbpc
 from sbpc.lowering.lg_autodiff import LgAutodiffPass
-from sbpc.reference import evaluate, initial_value
+from sbpc.semantics.reference import evaluate, initial_value
 
 
 def params_of(module):

@@ -25,7 +25,8 @@ from sbpc.graph_builder import GraphBuilder
 from sbpc.lowering.sbp_infer import SbpInferPass
 from sbpc.lowering.sbp_insert_boxing import SbpInsertBoxingPass
 from sbpc.lowering.sbp_simplify import SbpSimplifyPass
-from sbpc.reference import evaluate, simulate
+from sbpc.semantics.reference import evaluate
+from sbpc.semantics.simulator import simulate
 
 MESHES = ((2,), (3,), (4,), (2, 2), (2, 3))
 

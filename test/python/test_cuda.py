@@ -10,12 +10,12 @@ from xdsl.context import Context
 import sbpc
 from sbpc import B, S
 from sbpc.dialects import plan
+from sbpc.dialects.layout import numpy_dtype, piece
 from sbpc.dialects.sbp import lookup_placement, nd_to_plain
-from sbpc.local_eval import LocalContext, local_kernel, piece
 from sbpc.lowering.compile import CompilePass
 from sbpc.lowering.plan_codegen import PlanCodegenPass
-from sbpc.reference import numpy_dtype
 from sbpc.runtime import cuda
+from sbpc.semantics.local_eval import LocalContext, local_kernel
 
 nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="the NVRTC binding is part of sbpc[test]")
 
@@ -144,7 +144,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from sbpc.reference import evaluate  # noqa: E402
+from sbpc.semantics.reference import evaluate  # noqa: E402
 from sbpc.tools.sbp_run import generated_feeds  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

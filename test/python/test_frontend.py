@@ -12,8 +12,8 @@ import pytest
 import sbpc
 from sbpc import B, S
 from sbpc.api import RankPool
-from sbpc.reference import evaluate, initial_value
 from sbpc.runtime.executor import RuntimeFailure
+from sbpc.semantics.reference import evaluate, initial_value
 
 
 def mlp(ranks=2, mesh=None, hints=True):

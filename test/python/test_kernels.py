@@ -1,7 +1,7 @@
 """The numpy backend's out= kernels and plan-fuse-elementwise.
 
 - Every kernel, bound to its registers the way the executor binds it, writes
-  what sbpc.local_eval's local kernel computes, on every device of a 2-rank
+  what sbpc.semantics.local_eval's local kernel computes, on every device of a 2-rank
   plan that uses every op (split means, a row-split embedding table, losses
   over a split batch, fused chains).
 - That plan runs on 1 and 2 MPI ranks and matches the reference.
@@ -23,14 +23,15 @@ from xdsl.context import Context
 import sbpc
 from sbpc import S
 from sbpc.dialects import plan
-from sbpc.dialects.sbp import lookup_placement, nd_to_plain
-from sbpc.local_eval import local_kernel, piece
+from sbpc.dialects.layout import numpy_dtype, piece_of
+from sbpc.dialects.sbp import lookup_placement
 from sbpc.lowering.compile import CompilePass
 from sbpc.lowering.lg_autodiff import LgAutodiffPass
-from sbpc.plan_simulator import actor_kernel, run_plan
-from sbpc.reference import evaluate, numpy_dtype
 from sbpc.runtime import kernels
-from sbpc.runtime.launch import script_command, rank_environment
+from sbpc.runtime.launch import rank_environment, script_command
+from sbpc.semantics.local_eval import local_kernel
+from sbpc.semantics.plan_simulator import actor_kernel, run_plan
+from sbpc.semantics.reference import evaluate
 from sbpc.tools.sbp_run import generated_feeds
 
 HERE = Path(__file__).resolve().parent
@@ -115,14 +116,13 @@ def test_out_kernels_write_what_local_kernels_compute(every_op, fuse):
         registers = {r.sym_name.data: r for r in device.registers()}
         rank = device.rank.value.data
 
-        def piece_of(t):
-            mesh = lookup_placement(device, t.placement).mesh()
-            return piece(t.get_shape(), nd_to_plain(t.nd_sbp), mesh.shape, plan.device_coord(rank, mesh.ranks, mesh.shape))
+        def piece_here(t, device=device, rank=rank):
+            return piece_of(t, lookup_placement(device, t.placement).mesh(), rank)
 
         for actor in device.actors():
             if not isinstance(actor, plan.ComputeOp):
                 continue
-            op, local = actor_kernel(ctx, actor, registers, piece_of)
+            op, local = actor_kernel(ctx, actor, registers, piece_here)
             inputs = _device_inputs(rng, registers, actor)
             out_reg = registers[actor.outs.data[0].string_value()]
             out = np.full(out_reg.type.get_shape(), np.nan, numpy_dtype(out_reg.type.element_type))
@@ -244,7 +244,7 @@ def test_fused_chain_in_blocks_of_rows_equals_whole(monkeypatch, rows):
     from xdsl.ir import Block
 
     from sbpc.dialects import lg
-    from sbpc.local_eval import Fused
+    from sbpc.semantics.local_eval import Fused
 
     n, d = 10, 6
     full, row, scalar = TensorType(f32, (n, d)), TensorType(f32, (d,)), TensorType(f32, ())

@@ -9,7 +9,7 @@ from xdsl.context import Context
 import sbpc
 from sbpc.lowering.lg_autodiff import LgAutodiffPass
 from sbpc.lowering.lg_optimizer import LgOptimizerPass
-from sbpc.reference import evaluate, initial_value
+from sbpc.semantics.reference import evaluate, initial_value
 
 
 def model(ranks=1):

@@ -13,8 +13,8 @@ from xdsl.context import Context
 import sbpc
 from sbpc.lowering.compile import CompilePass
 from sbpc.lowering.plan_allocate_memory import Buffer, live_bound, place
-from sbpc.plan_simulator import run_plan
-from sbpc.reference import evaluate
+from sbpc.semantics.plan_simulator import run_plan
+from sbpc.semantics.reference import evaluate
 
 
 @st.composite
@@ -38,7 +38,7 @@ RATIOS: list[float] = []
 def test_allocator_never_overlaps_live_buffers(buffers):
     arena = place(buffers)
     for i, a in enumerate(buffers):
-        assert 0 <= a.offset and a.offset + a.size <= arena
+        assert a.offset >= 0 and a.offset + a.size <= arena
         for b in buffers[i + 1 :]:
             if a.start <= b.end and b.start <= a.end:
                 assert a.offset + a.size <= b.offset or b.offset + b.size <= a.offset, (a, b)

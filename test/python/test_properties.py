@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from random_graphs import random_graphs, text
 
 import sbpc
-from sbpc.reference import evaluate
+from sbpc.semantics.reference import evaluate
 
 
 def _same(a: dict, b: dict) -> None:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import sbpc
-from sbpc.reference import EvaluationError, evaluate, initial_value
+from sbpc.semantics.reference import EvaluationError, evaluate, initial_value
 
 
 def run(body: str, feeds: dict, outputs: str, types: str, params: dict | None = None) -> dict:

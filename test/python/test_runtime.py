@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import sbpc
-from sbpc.reference import evaluate
+from sbpc.semantics.reference import evaluate
 from sbpc.tools.sbp_run import generated_feeds, load_program
 
 ROOT = Path(__file__).resolve().parents[2]

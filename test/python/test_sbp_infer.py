@@ -11,11 +11,12 @@ from xdsl.context import Context
 
 import sbpc
 from sbpc.dialects import lg
+from sbpc.dialects.layout import numpy_dtype
 from sbpc.dialects.sbp import SIGNATURE_ATTR, AnnotateOp, DTensorType, nd_from_plain, nd_to_plain
-from sbpc.local_eval import run_distributed
 from sbpc.lowering.cost_model import DEVICES
 from sbpc.lowering.sbp_infer import ExactCost, SbpInferPass, build_problem, solve_auto, solve_greedy
-from sbpc.reference import evaluate, numpy_dtype
+from sbpc.semantics.local_eval import run_distributed
+from sbpc.semantics.reference import evaluate
 
 MESHES = ((2,), (3,), (4,), (2, 2))
 SOURCES = (lg.InputOp, lg.ParamOp, lg.ConstantOp)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import sbpc
-from sbpc.reference import initial_value
+from sbpc.semantics.reference import initial_value
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional

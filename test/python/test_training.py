@@ -135,7 +135,7 @@ def test_fsdp_stores_a_1_over_p_share_of_the_parameters(ranks):
 def test_micro_batches_give_the_full_batch_step():
     """lg-micro-batch: K micro-batches accumulate to the whole batch's
     gradient (the reference interpreter on both graphs)."""
-    from sbpc.reference import evaluate, initial_value
+    from sbpc.semantics.reference import evaluate, initial_value
 
     data = models.mlp_batches()
     feeds = next(data)

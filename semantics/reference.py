@@ -16,35 +16,16 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-from xdsl.dialects.builtin import (
-    BFloat16Type,
-    Float16Type,
-    Float32Type,
-    Float64Type,
-    IntegerType,
-    ModuleOp,
-)
+from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Attribute, Operation
 
 from sbpc.dialects import lg, sbp
+from sbpc.dialects.layout import numpy_dtype
 from sbpc.dialects.sbp import element_type, global_shape
 
 
 class EvaluationError(Exception):
     """A graph cannot be evaluated with the given feeds and parameters."""
-
-
-def numpy_dtype(elem: Attribute) -> np.dtype:
-    """The numpy dtype of an IR element type (bf16 computes in float32)."""
-    if isinstance(elem, Float16Type):
-        return np.dtype(np.float16)
-    if isinstance(elem, Float32Type | BFloat16Type):
-        return np.dtype(np.float32)
-    if isinstance(elem, Float64Type):
-        return np.dtype(np.float64)
-    if isinstance(elem, IntegerType):
-        return np.dtype(f"int{elem.width.data}")
-    raise EvaluationError(f"no numpy dtype for element type {elem}")
 
 
 def initial_value(param: lg.ParamOp) -> np.ndarray:
@@ -217,7 +198,7 @@ KERNELS: dict[type[Operation], Callable[..., np.ndarray]] = {
     lg.OneHotOp: lambda op, labels: _one_hot(op, labels),
     lg.EmbeddingGradOp: lambda op, grad, indices: _embedding_grad(op, grad, indices),
     sbp.AnnotateOp: _identity,
-    **{collective: _identity for collective in sbp.COLLECTIVE_OPS},
+    **dict.fromkeys(sbp.COLLECTIVE_OPS, _identity),
 }
 
 
@@ -280,10 +261,3 @@ def evaluate(
             result = np.asarray(result, dtype=numpy_dtype(element_type(op.results[0].type)))
         values[op.results[0]] = result
     raise EvaluationError(f"graph @{graph_op.sym_name.data} has no lg.output")
-
-
-def simulate(module, feeds, params=None, graph=None):
-    """Evaluates sbp-level IR device by device; see sbpc.simulator."""
-    from sbpc.simulator import simulate as run
-
-    return run(module, feeds, params, graph)

@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp
 
-from sbpc import make_context
-from sbpc.dialects import plan
+from sbpc.dialects import make_context, plan
+from sbpc.dialects.layout import mesh_coord, numpy_dtype, piece_of
 from sbpc.dialects.sbp import DTensorType, Mesh, lookup_placement, nd_to_plain
-from sbpc.local_eval import Fused, LocalContext, combine, local_kernel, piece
-from sbpc.reference import EvaluationError, constant_value, initialize, numpy_dtype
-from sbpc.simulator import Distributed, run_collective, run_transfer
+from sbpc.semantics.local_eval import Fused, LocalContext, combine, local_kernel
+from sbpc.semantics.reference import EvaluationError, constant_value, initialize
+from sbpc.semantics.simulator import Distributed, run_collective, run_transfer
 
 
 class DeviceState:
@@ -53,11 +53,10 @@ class DeviceState:
         return lookup_placement(self.device, t.placement).mesh()
 
     def coord(self, t: DTensorType) -> tuple[int, ...]:
-        mesh = self.mesh(t)
-        return plan.device_coord(self.rank, mesh.ranks, mesh.shape)
+        return mesh_coord(self.mesh(t), self.rank)
 
     def piece_of(self, t: DTensorType) -> tuple[slice, ...]:
-        return piece(t.get_shape(), nd_to_plain(t.nd_sbp), self.mesh(t).shape, self.coord(t))
+        return piece_of(t, self.mesh(t), self.rank)
 
 
 def run_plan(

@@ -27,13 +27,13 @@ def _plan() -> Dialect:
 
 
 def _dot():
-    from sbpc.visualize import DotTarget
+    from sbpc.tools.visualize import DotTarget
 
     return DotTarget
 
 
 def _memory_svg():
-    from sbpc.visualize import MemorySvgTarget
+    from sbpc.tools.visualize import MemorySvgTarget
 
     return MemorySvgTarget
 

@@ -6,15 +6,13 @@ that the tests check SBP rules against: distribute the global operands by a
 signature, run each device's local kernel, combine the local results by the
 result's nd-SBP, and compare with the reference interpreter.
 
-Pieces: a tensor axis split over mesh axes is cut hierarchically, outer mesh
-axis first, into balanced pieces (the first `n % parts` pieces get one more
-element). A partial nd-SBP holds, on each device, a summand (P) or a
-candidate (Pmax) of the global value; one nd-SBP never mixes P and Pmax.
+Pieces are sbpc.dialects.layout's. A partial nd-SBP holds, on each device,
+a summand (P) or a candidate (Pmax) of the global value; one nd-SBP never
+mixes P and Pmax.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -22,40 +20,9 @@ import numpy as np
 from xdsl.ir import Operation
 
 from sbpc.dialects import lg
-from sbpc.dialects.sbp import PlainNd, nd_to_plain, split_axis
-from sbpc.reference import KERNELS, EvaluationError
-
-Coord = tuple[int, ...]
-
-
-def balanced(n: int, parts: int, index: int) -> tuple[int, int]:
-    """The [start, stop) of piece `index` of `n` elements cut in `parts`."""
-    base, extra = divmod(n, parts)
-    start = index * base + min(index, extra)
-    return start, start + base + (1 if index < extra else 0)
-
-
-def piece(shape: Sequence[int], nd: PlainNd, mesh: Sequence[int], coord: Coord) -> tuple[slice, ...]:
-    """The global index ranges of the piece held at mesh coordinate `coord`."""
-    ranges = [(0, d) for d in shape]
-    for mesh_axis, sbp in enumerate(nd):
-        axis = split_axis(sbp)
-        if axis is None:
-            continue
-        lo, hi = ranges[axis]
-        start, stop = balanced(hi - lo, mesh[mesh_axis], coord[mesh_axis])
-        ranges[axis] = (lo + start, lo + stop)
-    return tuple(slice(lo, hi) for lo, hi in ranges)
-
-
-def coords(mesh: Sequence[int]) -> list[Coord]:
-    return list(itertools.product(*(range(p) for p in mesh)))
-
-
-def partial_kind(nd: PlainNd) -> str | None:
-    kinds = {s for s in nd if s in ("P", "Pmax")}
-    assert len(kinds) <= 1, f"nd-SBP {nd} mixes partial kinds"
-    return kinds.pop() if kinds else None
+from sbpc.dialects.layout import Coord, coords, mesh_coord, partial_kind, piece
+from sbpc.dialects.sbp import PlainNd, nd_to_plain
+from sbpc.semantics.reference import KERNELS, EvaluationError
 
 
 def distribute(value: np.ndarray, nd: PlainNd, mesh: Sequence[int], rng: np.random.Generator) -> dict[Coord, np.ndarray]:
@@ -273,6 +240,5 @@ def assemble(t, mesh, pieces_by_rank: dict[int, np.ndarray], dtype) -> np.ndarra
     by_coord = {}
     for rank, local in pieces_by_rank.items():
         if rank in mesh.ranks:
-            coord = tuple(int(c) for c in np.unravel_index(mesh.ranks.index(rank), mesh.shape))
-            by_coord[coord] = local
+            by_coord[mesh_coord(mesh, rank)] = local
     return combine(by_coord, nd_to_plain(t.nd_sbp), mesh.shape, t.get_shape(), dtype)

@@ -3,7 +3,7 @@ every device's local tensor in numpy, running each op's local kernel and
 each collective by its semantics, then assembling the global outputs.
 
 It is the oracle for every pass after sbp-infer: on every graph it must agree
-with the global reference interpreter (`sbpc.reference.evaluate`). It also
+with the global reference interpreter (`sbpc.semantics.reference.evaluate`). It also
 measures the bytes every collective moves (the average, over the devices of
 the mesh, of what a device receives from other ranks), which the boxing pass
 records and the tests compare.
@@ -21,9 +21,10 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
 
 from sbpc.dialects import lg, sbp
+from sbpc.dialects.layout import Coord, coords, numpy_dtype, partial_kind, piece
 from sbpc.dialects.sbp import DTensorType, Mesh, PlainNd, global_shape, lookup_placement, nd_to_plain
-from sbpc.local_eval import Coord, LocalContext, combine, coords, local_kernel, partial_kind, piece
-from sbpc.reference import EvaluationError, evaluate, find_graph, numpy_dtype
+from sbpc.semantics.local_eval import LocalContext, combine, local_kernel
+from sbpc.semantics.reference import EvaluationError, evaluate, find_graph
 
 Pieces = dict[Coord, np.ndarray]
 

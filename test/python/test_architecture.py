@@ -1,0 +1,136 @@
+"""The architecture, checked: layers import only downward, nothing imports
+in a loop, and importing the IR does not drag in the API, the runtime or
+MPI (docs/ARCHITECTURE.md describes the layers)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PACKAGES = {
+    "sbpc.dialects": "dialects",
+    "sbpc.semantics": "semantics",
+    "sbpc.lowering": "lowering",
+    "sbpc.runtime": "runtime",
+    "sbpc": "sbpc",
+    "sbpc.tools": "tools",
+}
+"""Package -> folder (pyproject's package-dir), bottom layer first: the
+order is the layering."""
+
+LAYERS = {package: level for level, package in enumerate(PACKAGES)}
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package, folder in PACKAGES.items():
+        for path in sorted((ROOT / folder).glob("*.py")):
+            found[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+    return found
+
+
+def layer(module: str) -> int:
+    package = module if module in LAYERS else module.rsplit(".", 1)[0]
+    return LAYERS[package]
+
+
+def imports(module: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """Every sbpc module `module` imports, at any depth (inside functions
+    too): `from X import name` counts as importing X.name where that is a
+    module, else X."""
+    package = module if path.stem == "__init__" else module.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+        else:
+            continue
+        found.update(t for t in targets if t in known and t != module)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports(name, path, known) for name, path in known.items()}
+
+
+def test_every_module_has_a_layer():
+    assert len(modules()) > 40
+    for name in modules():
+        layer(name)
+
+
+def test_imports_point_only_downward():
+    upward = [
+        f"{a} (layer {layer(a)}) imports {b} (layer {layer(b)})"
+        for a, targets in graph().items()
+        for b in targets
+        if layer(b) > layer(a)
+    ]
+    assert not upward, "\n".join(sorted(upward))
+
+
+def test_no_import_cycles():
+    edges = graph()
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join([*stack[stack.index(nxt):], nxt]))
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node)
+    assert not cycles, "\n".join(cycles)
+
+
+def test_the_checker_sees_upward_and_cyclic_imports(tmp_path):
+    # The checks above must be able to fail: a lower module importing a
+    # higher one, and a loop, are both found.
+    known = {"sbpc.dialects.a": tmp_path / "a.py", "sbpc.runtime.b": tmp_path / "b.py"}
+    known["sbpc.dialects.a"].write_text("def f():\n    from sbpc.runtime import b\n")
+    known["sbpc.runtime.b"].write_text("from sbpc.dialects.a import f\n")
+    a = imports("sbpc.dialects.a", known["sbpc.dialects.a"], known)
+    b = imports("sbpc.runtime.b", known["sbpc.runtime.b"], known)
+    assert a == {"sbpc.runtime.b"} and b == {"sbpc.dialects.a"}
+    assert layer("sbpc.runtime.b") > layer("sbpc.dialects.a")
+
+
+def test_importing_the_ir_loads_no_api_runtime_or_mpi():
+    code = (
+        "import sys\n"
+        "import sbpc.dialects.lg, sbpc.dialects.sbp, sbpc.dialects.plan, sbpc.semantics.reference\n"
+        "import sbpc.lowering.sbp_infer, sbpc.lowering.sbp_to_plan\n"
+        "loaded = [m for m in sys.modules if m.startswith(('sbpc.api', 'sbpc.frontend', 'sbpc.runtime', 'mpi4py'))]\n"
+        "print(loaded)\n"
+        "assert not loaded, loaded\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_api_still_reaches_everything_lazily():
+    import sbpc
+
+    assert sbpc.Graph.__module__ == "sbpc.frontend"
+    assert callable(sbpc.compile) and callable(sbpc.parse_module)
+    assert set(sbpc.__all__) <= set(dir(sbpc))
