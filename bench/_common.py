@@ -94,7 +94,9 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]], widths: Seque
                         for i, h in enumerate(header)]
     print("  ".join(f"{h:<{w}}" if i == 0 else f"{h:>{w}}" for i, (h, w) in enumerate(zip(header, widths))))
     for row in rows:
-        print("  ".join(f"{_fmt(v):<{w}}" if i == 0 else f"{_fmt(v):>{w}}" for i, (v, w) in enumerate(zip(row, widths))))
+        print(
+            "  ".join(f"{_fmt(v):<{w}}" if i == 0 else f"{_fmt(v):>{w}}" for i, (v, w) in enumerate(zip(row, widths)))
+        )
 
 
 def _fmt(v) -> str:

@@ -302,7 +302,7 @@ def main() -> int:
         b, log_a = np.polyfit(np.log([n for n, _ in gen]), np.log([t for _, t in gen]), 1)
         summary.append(f"fit time ~ ops^{b:.2f}: projected 10k ops {np.exp(log_a) * 1e4 ** b:.0f} s (goal < 10 s), "
                        f"50k ops {np.exp(log_a) * 5e4 ** b:.0f} s")
-    for layers, ops, total, j in jax_rows:
+    for layers, _ops, total, j in jax_rows:
         if isinstance(j, dict):
             summary.append(f"gpt {layers}L jax/sbpc {(j['lower'] + j['compile']) / total:.2f}x")
     if not have_jax:

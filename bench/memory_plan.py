@@ -71,7 +71,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.hidden = 64
-    cfg = {"vocab": _common.gpt_vocab(), "batch": 16, "seq": 16, "dim": 32, "heads": 4, "layers": 2 if not args.quick else 1}
+    cfg = {
+        "vocab": _common.gpt_vocab(), "batch": 16, "seq": 16, "dim": 32, "heads": 4,
+        "layers": 2 if not args.quick else 1,
+    }
     modules = [(name, sbpc.parse_module((EXAMPLES / name).read_text(), name)) for name in MODELS]
     if not args.quick:
         modules.append((f"gpt.py {cfg['layers']}L train", gpt_module(args.ranks, False, cfg)))

@@ -1,4 +1,5 @@
-"""The executor's own cost: actor firings per second, and the share of a training step outside kernels and communication.
+"""The executor's own cost: actor firings per second, and the share of a
+training step outside kernels and communication.
 
 1. Builds a chain of N tiny elementwise ops (so kernels cost almost nothing),
 compiles it for one rank, and times steps of the real executor (arena
@@ -14,7 +15,8 @@ difference, which is the runtime's overhead, and firings per second.
    --profile also runs the same step on one rank in this process under
    cProfile and prints where the executor's own time goes.
 
-    python bench/runtime_overhead.py [--ops 400] [--steps 50] [--hidden 1024] [--batch 256] [--ranks 2] [--train-steps 5]
+    python bench/runtime_overhead.py [--ops 400] [--steps 50] [--hidden 1024] [--batch 256] [--ranks 2]
+        [--train-steps 5]
 """
 
 import argparse
@@ -40,7 +42,8 @@ def chain(ops: int):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # the summary paragraph (two lines; argparse refills it into one)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ops", type=int, default=400)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--hidden", type=int, default=1024)

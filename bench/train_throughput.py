@@ -14,7 +14,8 @@ GPT of examples/gpt.py (Adam), same global batch on both systems. Rows:
   concurrent processes (1 BLAS thread each), nothing else.
 Every process has one BLAS thread; best of --repeats for every row.
 
-    python bench/train_throughput.py [--hidden 4096] [--batch 256] [--ranks 2] [--steps 2] [--repeats 3] [--single mlp gpt]
+    python bench/train_throughput.py [--hidden 4096] [--batch 256] [--ranks 2] [--steps 2] [--repeats 3]
+        [--single mlp gpt]
     python bench/train_throughput.py --quick      # tiny sizes, seconds
 
 Goal (issue 9): sbpc >= 1.5x DDP and >= 75% of the compute limit at H=4096,
@@ -371,7 +372,7 @@ def main() -> int:
                                              api=args.api and ranks == args.ranks)
             if args.quick:  # one process here, no launch: the smoke test only checks that it runs
                 work = gemm_work(r[f"sbpc{ranks}"]["gemms"], 0)
-                r[f"limit{ranks}"] = {"step_s": _common.timed(lambda: gemm_step(work))}
+                r[f"limit{ranks}"] = {"step_s": _common.timed(lambda work=work: gemm_step(work))}
             else:
                 with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
                     json.dump(r[f"sbpc{ranks}"]["gemms"], f)

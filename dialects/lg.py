@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from abc import ABC
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from xdsl.dialects.builtin import (
     I64,
@@ -44,7 +44,7 @@ from xdsl.dialects.builtin import (
     f64,
     i64,
 )
-from xdsl.ir import Attribute, Dialect, ParametrizedAttribute, Region, SSAValue
+from xdsl.ir import Attribute, Dialect, Operation, ParametrizedAttribute, Region, SSAValue
 from xdsl.irdl import (
     AttrSizedOperandSegments,
     IRDLOperation,
@@ -62,7 +62,7 @@ from xdsl.irdl import (
 )
 from xdsl.parser import AttrParser, Parser
 from xdsl.printer import Printer
-from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator, Pure, SymbolOpInterface
+from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator, OpTrait, Pure, SymbolOpInterface
 from xdsl.utils.exceptions import VerifyException
 
 from .irdl_verify import op_definition
@@ -83,6 +83,34 @@ Shape = tuple[int, ...]
 
 class ShapeError(Exception):
     """An op's operands do not fit its shape-and-dtype rule."""
+
+
+# --------------------------------------------------------------------------
+# Op properties, as traits: the passes and backends ask the op, never a list
+# --------------------------------------------------------------------------
+
+
+class Elementwise(OpTrait):
+    """Computed element by element, with numpy broadcasting and no
+    properties: the same on local pieces as on global tensors. So a chain of
+    them is one kernel (plan-fuse-elementwise), and its output may be
+    written over a dying input of the output's type (every implementation
+    reads an element before writing it)."""
+
+
+class SameBytes(OpTrait):
+    """The result is the operand's bytes in the same order (a reshape): it
+    may live in the operand's register."""
+
+
+def is_elementwise(op: type[Operation]) -> bool:
+    return op.has_trait(Elementwise)
+
+
+def may_run_in_place(op: type[Operation]) -> bool:
+    """Whether the output may share bytes with an input: elementwise ops
+    (over an input of the output's type) and byte-preserving ones."""
+    return op.has_trait(Elementwise) or op.has_trait(SameBytes)
 
 
 # --------------------------------------------------------------------------
@@ -314,6 +342,19 @@ class SbpRules:
         return cls.FLOPS_PER_ELEMENT * math.prod(out_shape)
 
 
+class GradientEmitter(Protocol):
+    """What a gradient rule may ask of lg-autodiff: append an op (returning
+    its result), make constants like a value, sum a gradient back to an
+    operand's shape, and report what it cannot differentiate."""
+
+    def emit(self, op: Operation) -> SSAValue: ...
+    def scalar(self, value: float, like: SSAValue) -> SSAValue: ...
+    def zeros(self, shape: Sequence[int], like: SSAValue) -> SSAValue: ...
+    def unbroadcast(self, grad: SSAValue, shape: Sequence[int]) -> SSAValue: ...
+    def swap_last(self, value: SSAValue) -> SSAValue: ...
+    def unsupported(self, op: Operation, what: str) -> Exception: ...
+
+
 class LgOp(SbpRules, IRDLOperation, ABC):
     """A compute op: its result's global type follows from `rule`."""
 
@@ -330,6 +371,18 @@ class LgOp(SbpRules, IRDLOperation, ABC):
         except ShapeError as e:
             raise ValueError(f"{cls.name}: {e}") from None
         return TensorType(elem, shape)
+
+    def gradient(self, g: SSAValue, e: GradientEmitter) -> list[SSAValue | None]:
+        """The vector-Jacobian product: one gradient per operand (None where
+        none flows, as into indices) from the gradient `g` of the result, the
+        ops it needs appended through `e`. An op that does not override it
+        (reduce_max, one_hot, embedding_grad) is not differentiable, and
+        lg-autodiff says so when a gradient must flow through one."""
+        raise NotImplementedError(f"{self.name} has no gradient rule")
+
+    @classmethod
+    def differentiable(cls) -> bool:
+        return cls.gradient is not LgOp.gradient
 
     def verify_(self) -> None:
         types = [o.type for o in self.operands]
@@ -550,7 +603,7 @@ class UnaryOp(LgOp, ABC):
     input = operand_def(T)
     result = result_def(T)
 
-    traits = traits_def(Pure())
+    traits = traits_def(Pure(), Elementwise())
 
     assembly_format = "$input attr-dict `:` type($input)"
 
@@ -576,11 +629,17 @@ class NegOp(UnaryOp):
     name = "lg.neg"
     PARTIALS: ClassVar[tuple[str, ...]] = ("P",)
 
+    def gradient(self, g, e):
+        return [e.emit(NegOp(g))]
+
 
 @op_definition
 class ReluOp(UnaryOp):
     name = "lg.relu"
     PARTIALS: ClassVar[tuple[str, ...]] = ("Pmax",)
+
+    def gradient(self, g, e):
+        return [e.emit(MulOp(g, e.emit(StepOp(self.input))))]
 
 
 @op_definition
@@ -590,6 +649,20 @@ class GeluOp(UnaryOp):
     name = "lg.gelu"
     FLOPS_PER_ELEMENT: ClassVar[float] = 8.0
 
+    def gradient(self, g, e):
+        x = self.input
+        k, c = 0.7978845608028654, 0.044715
+        x2 = e.emit(MulOp(x, x))
+        x3 = e.emit(MulOp(x2, x))
+        inner = e.emit(MulOp(e.emit(AddOp(x, e.emit(MulOp(x3, e.scalar(c, x))))), e.scalar(k, x)))
+        t = e.emit(TanhOp(inner))
+        one_plus_t = e.emit(AddOp(t, e.scalar(1.0, x)))
+        sech2 = e.emit(SubOp(e.scalar(1.0, x), e.emit(MulOp(t, t))))
+        dinner = e.emit(MulOp(e.emit(AddOp(e.emit(MulOp(x2, e.scalar(3 * c, x))), e.scalar(1.0, x))), e.scalar(k, x)))
+        d = e.emit(AddOp(e.emit(MulOp(one_plus_t, e.scalar(0.5, x))),
+                         e.emit(MulOp(e.emit(MulOp(e.emit(MulOp(x, sech2)), dinner)), e.scalar(0.5, x)))))
+        return [e.emit(MulOp(g, d))]
+
 
 @op_definition
 class TanhOp(UnaryOp):
@@ -597,12 +670,18 @@ class TanhOp(UnaryOp):
     PARTIALS: ClassVar[tuple[str, ...]] = ("Pmax",)
     FLOPS_PER_ELEMENT: ClassVar[float] = 4.0
 
+    def gradient(self, g, e):
+        return [e.emit(MulOp(g, e.emit(SubOp(e.scalar(1.0, g), e.emit(MulOp(self.result, self.result))))))]
+
 
 @op_definition
 class ExpOp(UnaryOp):
     name = "lg.exp"
     PARTIALS: ClassVar[tuple[str, ...]] = ("Pmax",)
     FLOPS_PER_ELEMENT: ClassVar[float] = 4.0
+
+    def gradient(self, g, e):
+        return [e.emit(MulOp(g, self.result))]
 
 
 @op_definition
@@ -612,11 +691,18 @@ class SqrtOp(UnaryOp):
     name = "lg.sqrt"
     FLOPS_PER_ELEMENT: ClassVar[float] = 4.0
 
+    def gradient(self, g, e):
+        return [e.emit(DivOp(e.emit(MulOp(g, e.scalar(0.5, g))), self.result))]
+
 
 @op_definition
 class RsqrtOp(UnaryOp):
     name = "lg.rsqrt"
     FLOPS_PER_ELEMENT: ClassVar[float] = 4.0
+
+    def gradient(self, g, e):
+        cube = e.emit(MulOp(self.result, e.emit(MulOp(self.result, self.result))))
+        return [e.emit(MulOp(e.emit(MulOp(g, e.scalar(-0.5, g))), cube))]
 
 
 @op_definition
@@ -624,6 +710,9 @@ class StepOp(UnaryOp):
     """Heaviside step: 1 where x > 0, else 0 (relu's derivative)."""
 
     name = "lg.step"
+
+    def gradient(self, g, e):
+        return [None]  # zero almost everywhere
 
 
 class BinaryOp(LgOp, ABC):
@@ -633,7 +722,7 @@ class BinaryOp(LgOp, ABC):
     rhs = operand_def(TensorLike)
     result = result_def(TensorLike)
 
-    traits = traits_def(Pure())
+    traits = traits_def(Pure(), Elementwise())
 
     assembly_format = "$lhs `,` $rhs attr-dict `:` functional-type(operands, results)"
 
@@ -658,11 +747,18 @@ class AddOp(BinaryOp):
     name = "lg.add"
     PARTIAL_SIGNATURES: ClassVar[tuple[Signature, ...]] = ((("P", "P"), ("P",)), (("Pmax", "B"), ("Pmax",)), (("B", "Pmax"), ("Pmax",)))
 
+    def gradient(self, g, e):
+        return [e.unbroadcast(g, global_shape(self.lhs.type)), e.unbroadcast(g, global_shape(self.rhs.type))]
+
 
 @op_definition
 class SubOp(BinaryOp):
     name = "lg.sub"
     PARTIAL_SIGNATURES: ClassVar[tuple[Signature, ...]] = ((("P", "P"), ("P",)), (("Pmax", "B"), ("Pmax",)))
+
+    def gradient(self, g, e):
+        return [e.unbroadcast(g, global_shape(self.lhs.type)),
+                e.unbroadcast(e.emit(NegOp(g)), global_shape(self.rhs.type))]
 
 
 @op_definition
@@ -670,12 +766,21 @@ class MulOp(BinaryOp):
     name = "lg.mul"
     PARTIAL_SIGNATURES: ClassVar[tuple[Signature, ...]] = ((("P", "B"), ("P",)), (("B", "P"), ("P",)))
 
+    def gradient(self, g, e):
+        return [e.unbroadcast(e.emit(MulOp(g, self.rhs)), global_shape(self.lhs.type)),
+                e.unbroadcast(e.emit(MulOp(g, self.lhs)), global_shape(self.rhs.type))]
+
 
 @op_definition
 class DivOp(BinaryOp):
     name = "lg.div"
     PARTIAL_SIGNATURES: ClassVar[tuple[Signature, ...]] = ((("P", "B"), ("P",)),)
     FLOPS_PER_ELEMENT: ClassVar[float] = 4.0
+
+    def gradient(self, g, e):
+        quotient = e.emit(NegOp(e.emit(DivOp(e.emit(MulOp(g, self.result)), self.rhs))))
+        return [e.unbroadcast(e.emit(DivOp(g, self.rhs)), global_shape(self.lhs.type)),
+                e.unbroadcast(quotient, global_shape(self.rhs.type))]
 
 
 # --------------------------------------------------------------------------
@@ -763,6 +868,28 @@ class MatmulOp(LgOp):
         k = a[-2] if transpose_lhs else a[-1]
         return 2.0 * math.prod(out_shape) * k
 
+    def gradient(self, g, e):
+        a, b = self.lhs, self.rhs
+        ta, tb = self.transpose_lhs is not None, self.transpose_rhs is not None
+        # C = A' B' with A' = A or A^T, B' = B or B^T
+        da_ = e.emit(MatmulOp(g, b, transpose_rhs=not tb))  # dA' = g B'^T
+        a_shape, g_shape = global_shape(a.type), global_shape(g.type)
+        if len(global_shape(b.type)) == 2 and len(a_shape) > 2 and not ta:
+            # A weight applied to a batch of matrices (tokens of sequences): its
+            # gradient is one GEMM over every row, A and g flattened to
+            # [rows, K] and [rows, N], not a batched product summed over the batch.
+            rows = math.prod(a_shape[:-1])
+            a2 = e.emit(ReshapeOp(a, (rows, a_shape[-1])))
+            g2 = e.emit(ReshapeOp(g, (rows, g_shape[-1])))
+            db_ = e.emit(MatmulOp(a2, g2, transpose_lhs=True))
+        else:
+            db_ = e.emit(MatmulOp(a, g, transpose_lhs=not ta))  # dB' = A'^T g
+        if ta:
+            da_ = e.swap_last(da_)
+        if tb:
+            db_ = e.swap_last(db_)
+        return [e.unbroadcast(da_, global_shape(a.type)), e.unbroadcast(db_, global_shape(b.type))]
+
 
 # --------------------------------------------------------------------------
 # Normalizations
@@ -806,10 +933,18 @@ class AxisOp(LgOp, ABC):
 class SoftmaxOp(AxisOp):
     name = "lg.softmax"
 
+    def gradient(self, g, e):
+        dot = e.emit(ReduceSumOp(e.emit(MulOp(g, self.result)), [self.axis.value.data], keepdims=True))
+        return [e.emit(MulOp(self.result, e.emit(SubOp(g, dot))))]
+
 
 @op_definition
 class LogSoftmaxOp(AxisOp):
     name = "lg.log_softmax"
+
+    def gradient(self, g, e):
+        total = e.emit(ReduceSumOp(g, [self.axis.value.data], keepdims=True))
+        return [e.emit(SubOp(g, e.emit(MulOp(e.emit(ExpOp(self.result)), total))))]
 
 
 @op_definition
@@ -879,6 +1014,30 @@ class LayerNormOp(LgOp):
             raise VerifyException(f"'{self.name}': eps must be positive, got {self.epsilon.value.data}")
         super().verify_()
 
+    def gradient(self, g, e):
+        x = self.input
+        shape = global_shape(x.type)
+        axis = self.axis.value.data
+        axes = list(range(axis, len(shape)))
+        mean = e.emit(ReduceMeanOp(x, axes, keepdims=True))
+        xc = e.emit(SubOp(x, mean))
+        var = e.emit(ReduceMeanOp(e.emit(MulOp(xc, xc)), axes, keepdims=True))
+        rstd = e.emit(RsqrtOp(e.emit(AddOp(var, e.scalar(self.epsilon.value.data, x)))))
+        xhat = e.emit(MulOp(xc, rstd))
+        grads: list[SSAValue | None] = [None, None, None]
+        dxhat = g
+        if self.weight is not None:
+            dxhat = e.emit(MulOp(g, self.weight))
+            lead = list(range(axis))
+            gw = e.emit(MulOp(g, xhat))
+            grads[1] = e.emit(ReduceSumOp(gw, lead)) if lead else gw
+            grads[2] = e.emit(ReduceSumOp(g, lead)) if lead else g
+        m1 = e.emit(ReduceMeanOp(dxhat, axes, keepdims=True))
+        m2 = e.emit(ReduceMeanOp(e.emit(MulOp(dxhat, xhat)), axes, keepdims=True))
+        dx = e.emit(MulOp(rstd, e.emit(SubOp(e.emit(SubOp(dxhat, m1)), e.emit(MulOp(xhat, m2))))))
+        grads[0] = dx
+        return grads if self.weight is not None else [dx]
+
 
 # --------------------------------------------------------------------------
 # Reductions
@@ -947,15 +1106,32 @@ class ReduceOp(LgOp, ABC):
     def flops(cls, in_shapes, out_shape, **params):
         return float(math.prod(in_shapes[0]))
 
+    def _spread(self, g, e, scale: float | None = None) -> list[SSAValue | None]:
+        """The gradient of a sum (times `scale`): g broadcast back over the reduced axes."""
+        x_shape = global_shape(self.input.type)
+        axes = list(self.axes.get_values())
+        kept = tuple(1 if i in axes else d for i, d in enumerate(x_shape))
+        if global_shape(g.type) != kept:
+            g = e.emit(ReshapeOp(g, kept))
+        if scale is not None:
+            g = e.emit(MulOp(g, e.scalar(scale, g)))
+        return [e.emit(BroadcastToOp(g, x_shape))]
+
 
 @op_definition
 class ReduceSumOp(ReduceOp):
     name = "lg.reduce_sum"
 
+    def gradient(self, g, e):
+        return self._spread(g, e)
+
 
 @op_definition
 class ReduceMeanOp(ReduceOp):
     name = "lg.reduce_mean"
+
+    def gradient(self, g, e):
+        return self._spread(g, e, 1.0 / math.prod(global_shape(self.input.type)[a] for a in self.axes.get_values()))
 
 
 @op_definition
@@ -992,6 +1168,8 @@ class ReshapeOp(ToShapeOp):
 
     name = "lg.reshape"
 
+    traits = traits_def(SameBytes())
+
     @classmethod
     def rule(cls, shapes, elems, shape):
         if math.prod(shapes[0]) != math.prod(shape):
@@ -1018,6 +1196,9 @@ class ReshapeOp(ToShapeOp):
                     break
         return sigs + _passthrough(1, ("P", "Pmax"))
 
+    def gradient(self, g, e):
+        return [e.emit(ReshapeOp(g, global_shape(self.input.type)))]
+
 
 @op_definition
 class BroadcastToOp(ToShapeOp):
@@ -1036,6 +1217,9 @@ class BroadcastToOp(ToShapeOp):
         """A kept axis splits alike; an expanded axis can be split from a whole
         (B) input, each device materializing only its slice."""
         return _aligned_splits(in_shapes, out_shape, p) + _passthrough(1, ("P", "Pmax"))
+
+    def gradient(self, g, e):
+        return [e.unbroadcast(g, global_shape(self.input.type))]
 
 
 @op_definition
@@ -1072,6 +1256,10 @@ class TransposeOp(LgOp):
     def sbp_rule(cls, in_shapes, out_shape, p, perm):
         sigs = [((f"S{src}",), (f"S{i}",)) for i, src in enumerate(perm) if _split_ok(out_shape[i], p)]
         return sigs + _passthrough(1, ("P", "Pmax"))
+
+    def gradient(self, g, e):
+        perm = list(self.perm.get_values())
+        return [e.emit(TransposeOp(g, [perm.index(i) for i in range(len(perm))]))]
 
 
 @op_definition
@@ -1114,6 +1302,19 @@ class ConcatOp(LgOp):
         n = len(in_shapes)
         sigs = [((f"S{i}",) * n, (f"S{i}",)) for i, d in enumerate(out_shape) if i != axis and _split_ok(d, p)]
         return sigs + _passthrough(n, ("P", "Pmax"))
+
+    def gradient(self, g, e):
+        axis = self.axis.value.data
+        out: list[SSAValue | None] = []
+        at = 0
+        full = global_shape(g.type)
+        for value in self.inputs:
+            n = global_shape(value.type)[axis]
+            starts = [at if i == axis else 0 for i in range(len(full))]
+            limits = [at + n if i == axis else d for i, d in enumerate(full)]
+            out.append(e.emit(SliceOp(g, starts, limits)))
+            at += n
+        return out
 
 
 @op_definition
@@ -1179,6 +1380,24 @@ class SliceOp(LgOp):
         ]
         return sigs + _passthrough(1, ("P", "Pmax"))
 
+    def gradient(self, g, e):
+        p = self.params()
+        if any(s != 1 for s in p["strides"]):
+            raise e.unsupported(self, "strided slices")
+        x_shape = list(global_shape(self.input.type))
+        current = g
+        for axis, (lo, hi) in enumerate(zip(p["starts"], p["limits"])):
+            parts = []
+            cur_shape = list(global_shape(current.type))
+            if lo:
+                parts.append(e.zeros([*cur_shape[:axis], lo, *cur_shape[axis + 1:]], current))
+            parts.append(current)
+            if x_shape[axis] - hi:
+                parts.append(e.zeros([*cur_shape[:axis], x_shape[axis] - hi, *cur_shape[axis + 1:]], current))
+            if len(parts) > 1:
+                current = e.emit(ConcatOp(parts, axis))
+        return [current]
+
 
 # --------------------------------------------------------------------------
 # Gathers and losses
@@ -1225,6 +1444,9 @@ class EmbeddingOp(LgOp):
         if _split_ok(table[1], p):
             sigs.append((("S1", "B"), (f"S{last}",)))
         return sigs + [(("B", "B"), ("B",)), (("P", "B"), ("P",))]
+
+    def gradient(self, g, e):
+        return [e.emit(EmbeddingGradOp(g, self.indices, global_shape(self.table.type)[0])), None]
 
 
 @op_definition
@@ -1274,6 +1496,14 @@ class CrossEntropyOp(LgOp):
     def flops(cls, in_shapes, out_shape, **params):
         return cls.FLOPS_PER_ELEMENT * math.prod(in_shapes[0])
 
+    def gradient(self, g, e):
+        logits, labels = self.logits, self.labels
+        count = math.prod(global_shape(labels.type)) or 1
+        probs = e.emit(SoftmaxOp(logits, len(global_shape(logits.type)) - 1))
+        onehot = e.emit(OneHotOp(labels, global_shape(logits.type)[-1], element_type(logits.type)))
+        scaled = e.emit(MulOp(g, e.scalar(1.0 / count, g)))
+        return [e.emit(MulOp(e.emit(SubOp(probs, onehot)), scaled)), None]
+
 
 @op_definition
 class MseLossOp(LgOp):
@@ -1306,6 +1536,12 @@ class MseLossOp(LgOp):
     @classmethod
     def flops(cls, in_shapes, out_shape, **params):
         return 3.0 * math.prod(in_shapes[0])
+
+    def gradient(self, g, e):
+        count = math.prod(global_shape(self.lhs.type)) or 1
+        diff = e.emit(SubOp(self.lhs, self.rhs))
+        da = e.emit(MulOp(diff, e.emit(MulOp(g, e.scalar(2.0 / count, g)))))
+        return [da, e.emit(NegOp(da))]
 
 
 # --------------------------------------------------------------------------
@@ -1428,174 +1664,15 @@ LG = Dialect(
     [ZerosInitAttr, OnesInitAttr, FillInitAttr, NormalInitAttr, UniformInitAttr],
 )
 
+COMPUTE_OPS: tuple[type[LgOp], ...] = tuple(op for op in LG.operations if issubclass(op, LgOp))
+"""The ops that are kernels: every backend implements each of them."""
 
-# --------------------------------------------------------------------------
-# Gradient rules: for each op kind, its vector-Jacobian product. A rule gets
-# the op, the gradient `g` of its result and an emitter `e` (which appends
-# ops: e.emit(op), e.scalar(value, like), e.unbroadcast(grad, shape)), and
-# returns one gradient per operand (None where none flows, e.g. indices).
-# --------------------------------------------------------------------------
+_BY_NAME: dict[str, type[IRDLOperation]] = {op.name: op for op in LG.operations}
 
 
-def _gelu_grad(op, g, e):
-    x = op.input
-    k, c = 0.7978845608028654, 0.044715
-    x2 = e.emit(MulOp(x, x))
-    x3 = e.emit(MulOp(x2, x))
-    inner = e.emit(MulOp(e.emit(AddOp(x, e.emit(MulOp(x3, e.scalar(c, x))))), e.scalar(k, x)))
-    t = e.emit(TanhOp(inner))
-    one_plus_t = e.emit(AddOp(t, e.scalar(1.0, x)))
-    sech2 = e.emit(SubOp(e.scalar(1.0, x), e.emit(MulOp(t, t))))
-    dinner = e.emit(MulOp(e.emit(AddOp(e.emit(MulOp(x2, e.scalar(3 * c, x))), e.scalar(1.0, x))), e.scalar(k, x)))
-    d = e.emit(AddOp(e.emit(MulOp(one_plus_t, e.scalar(0.5, x))),
-                     e.emit(MulOp(e.emit(MulOp(e.emit(MulOp(x, sech2)), dinner)), e.scalar(0.5, x)))))
-    return [e.emit(MulOp(g, d))]
-
-
-def _matmul_grad(op, g, e):
-    a, b = op.lhs, op.rhs
-    ta, tb = op.transpose_lhs is not None, op.transpose_rhs is not None
-    # C = A' B' with A' = A or A^T, B' = B or B^T
-    da_ = e.emit(MatmulOp(g, b, transpose_rhs=not tb))  # dA' = g B'^T
-    a_shape, g_shape = global_shape(a.type), global_shape(g.type)
-    if len(global_shape(b.type)) == 2 and len(a_shape) > 2 and not ta:
-        # A weight applied to a batch of matrices (tokens of sequences): its
-        # gradient is one GEMM over every row, A and g flattened to
-        # [rows, K] and [rows, N], not a batched product summed over the batch.
-        rows = math.prod(a_shape[:-1])
-        a2 = e.emit(ReshapeOp(a, (rows, a_shape[-1])))
-        g2 = e.emit(ReshapeOp(g, (rows, g_shape[-1])))
-        db_ = e.emit(MatmulOp(a2, g2, transpose_lhs=True))
-    else:
-        db_ = e.emit(MatmulOp(a, g, transpose_lhs=not ta))  # dB' = A'^T g
-    if ta:
-        da_ = e.swap_last(da_)
-    if tb:
-        db_ = e.swap_last(db_)
-    return [e.unbroadcast(da_, global_shape(a.type)), e.unbroadcast(db_, global_shape(b.type))]
-
-
-def _layernorm_grad(op, g, e):
-    x = op.input
-    shape = global_shape(x.type)
-    axis = op.axis.value.data
-    axes = list(range(axis, len(shape)))
-    mean = e.emit(ReduceMeanOp(x, axes, keepdims=True))
-    xc = e.emit(SubOp(x, mean))
-    var = e.emit(ReduceMeanOp(e.emit(MulOp(xc, xc)), axes, keepdims=True))
-    rstd = e.emit(RsqrtOp(e.emit(AddOp(var, e.scalar(op.epsilon.value.data, x)))))
-    xhat = e.emit(MulOp(xc, rstd))
-    grads = [None, None, None]
-    dxhat = g
-    if op.weight is not None:
-        dxhat = e.emit(MulOp(g, op.weight))
-        lead = list(range(axis))
-        gw = e.emit(MulOp(g, xhat))
-        grads[1] = e.emit(ReduceSumOp(gw, lead)) if lead else gw
-        grads[2] = e.emit(ReduceSumOp(g, lead)) if lead else g
-    m1 = e.emit(ReduceMeanOp(dxhat, axes, keepdims=True))
-    m2 = e.emit(ReduceMeanOp(e.emit(MulOp(dxhat, xhat)), axes, keepdims=True))
-    dx = e.emit(MulOp(rstd, e.emit(SubOp(e.emit(SubOp(dxhat, m1)), e.emit(MulOp(xhat, m2))))))
-    grads[0] = dx
-    return grads if op.weight is not None else [dx]
-
-
-def _reduce_grad(op, g, e, scale=None):
-    x_shape = global_shape(op.input.type)
-    axes = list(op.axes.get_values())
-    kept = tuple(1 if i in axes else d for i, d in enumerate(x_shape))
-    if global_shape(g.type) != kept:
-        g = e.emit(ReshapeOp(g, kept))
-    if scale is not None:
-        g = e.emit(MulOp(g, e.scalar(scale, g)))
-    return [e.emit(BroadcastToOp(g, x_shape))]
-
-
-def _concat_grad(op, g, e):
-    axis = op.axis.value.data
-    out, at = [], 0
-    full = global_shape(g.type)
-    for value in op.inputs:
-        n = global_shape(value.type)[axis]
-        starts = [at if i == axis else 0 for i in range(len(full))]
-        limits = [at + n if i == axis else d for i, d in enumerate(full)]
-        out.append(e.emit(SliceOp(g, starts, limits)))
-        at += n
-    return out
-
-
-def _slice_grad(op, g, e):
-    p = op.params()
-    if any(s != 1 for s in p["strides"]):
-        raise e.unsupported(op, "strided slices")
-    x_shape = list(global_shape(op.input.type))
-    current = g
-    for axis, (lo, hi) in enumerate(zip(p["starts"], p["limits"])):
-        parts = []
-        cur_shape = list(global_shape(current.type))
-        if lo:
-            parts.append(e.zeros([*cur_shape[:axis], lo, *cur_shape[axis + 1:]], current))
-        parts.append(current)
-        if x_shape[axis] - hi:
-            parts.append(e.zeros([*cur_shape[:axis], x_shape[axis] - hi, *cur_shape[axis + 1:]], current))
-        if len(parts) > 1:
-            current = e.emit(ConcatOp(parts, axis))
-    return [current]
-
-
-def _cross_entropy_grad(op, g, e):
-    logits, labels = op.logits, op.labels
-    count = math.prod(global_shape(labels.type)) or 1
-    probs = e.emit(SoftmaxOp(logits, len(global_shape(logits.type)) - 1))
-    onehot = e.emit(OneHotOp(labels, global_shape(logits.type)[-1], element_type(logits.type)))
-    scaled = e.emit(MulOp(g, e.scalar(1.0 / count, g)))
-    return [e.emit(MulOp(e.emit(SubOp(probs, onehot)), scaled)), None]
-
-
-def _mse_grad(op, g, e):
-    count = math.prod(global_shape(op.lhs.type)) or 1
-    diff = e.emit(SubOp(op.lhs, op.rhs))
-    da = e.emit(MulOp(diff, e.emit(MulOp(g, e.scalar(2.0 / count, g)))))
-    return [da, e.emit(NegOp(da))]
-
-
-GRADIENTS = {
-    NegOp: lambda op, g, e: [e.emit(NegOp(g))],
-    ReluOp: lambda op, g, e: [e.emit(MulOp(g, e.emit(StepOp(op.input))))],
-    GeluOp: _gelu_grad,
-    TanhOp: lambda op, g, e: [e.emit(MulOp(g, e.emit(SubOp(e.scalar(1.0, g), e.emit(MulOp(op.result, op.result))))))],
-    ExpOp: lambda op, g, e: [e.emit(MulOp(g, op.result))],
-    SqrtOp: lambda op, g, e: [e.emit(DivOp(e.emit(MulOp(g, e.scalar(0.5, g))), op.result))],
-    RsqrtOp: lambda op, g, e: [e.emit(MulOp(e.emit(MulOp(g, e.scalar(-0.5, g))),
-                                            e.emit(MulOp(op.result, e.emit(MulOp(op.result, op.result))))))],
-    StepOp: lambda op, g, e: [None],
-    AddOp: lambda op, g, e: [e.unbroadcast(g, global_shape(op.lhs.type)), e.unbroadcast(g, global_shape(op.rhs.type))],
-    SubOp: lambda op, g, e: [e.unbroadcast(g, global_shape(op.lhs.type)),
-                             e.unbroadcast(e.emit(NegOp(g)), global_shape(op.rhs.type))],
-    MulOp: lambda op, g, e: [e.unbroadcast(e.emit(MulOp(g, op.rhs)), global_shape(op.lhs.type)),
-                             e.unbroadcast(e.emit(MulOp(g, op.lhs)), global_shape(op.rhs.type))],
-    DivOp: lambda op, g, e: [
-        e.unbroadcast(e.emit(DivOp(g, op.rhs)), global_shape(op.lhs.type)),
-        e.unbroadcast(e.emit(NegOp(e.emit(DivOp(e.emit(MulOp(g, op.result)), op.rhs)))), global_shape(op.rhs.type)),
-    ],
-    MatmulOp: _matmul_grad,
-    SoftmaxOp: lambda op, g, e: [e.emit(MulOp(op.result, e.emit(SubOp(
-        g, e.emit(ReduceSumOp(e.emit(MulOp(g, op.result)), [op.axis.value.data], keepdims=True))))))],
-    LogSoftmaxOp: lambda op, g, e: [e.emit(SubOp(g, e.emit(MulOp(
-        e.emit(ExpOp(op.result)), e.emit(ReduceSumOp(g, [op.axis.value.data], keepdims=True))))))],
-    LayerNormOp: _layernorm_grad,
-    ReduceSumOp: lambda op, g, e: _reduce_grad(op, g, e),
-    ReduceMeanOp: lambda op, g, e: _reduce_grad(
-        op, g, e, 1.0 / math.prod(global_shape(op.input.type)[a] for a in op.axes.get_values())),
-    ReshapeOp: lambda op, g, e: [e.emit(ReshapeOp(g, global_shape(op.input.type)))],
-    TransposeOp: lambda op, g, e: [e.emit(TransposeOp(
-        g, [list(op.perm.get_values()).index(i) for i in range(len(op.perm.get_values()))]))],
-    BroadcastToOp: lambda op, g, e: [e.unbroadcast(g, global_shape(op.input.type))],
-    ConcatOp: _concat_grad,
-    SliceOp: _slice_grad,
-    EmbeddingOp: lambda op, g, e: [e.emit(EmbeddingGradOp(g, op.indices, global_shape(op.table.type)[0])), None],
-    CrossEntropyOp: _cross_entropy_grad,
-    MseLossOp: _mse_grad,
-}
-"""Ops missing here (reduce_max, one_hot, embedding_grad) are not
-differentiated; lg-autodiff names them when a gradient must flow through."""
+def op_class(name: str) -> type[IRDLOperation]:
+    """The lg op class named `name` (a plan's compute actors name their kernel)."""
+    found = _BY_NAME.get(name)
+    if found is None:
+        raise KeyError(f"no lg op named '{name}'")
+    return found

@@ -57,7 +57,8 @@ from xdsl.utils.exceptions import VerifyException
 
 from .irdl_verify import op_definition
 from .layout import local_shape
-from .lg import BINARY_OPS, UNARY_OPS, InitializerAttr, StepOp
+from . import lg
+from .lg import InitializerAttr
 from .sbp import DTensorType, element_bytes, format_nd, lookup_placement
 
 
@@ -250,9 +251,20 @@ of step index - input count) and its local result `type`. The last step's
 result is the actor's output."""
 
 
-FUSABLE_KERNELS = frozenset(op.name for op in (*UNARY_OPS, *BINARY_OPS, StepOp))
+FUSABLE_KERNELS = frozenset(op.name for op in lg.COMPUTE_OPS if lg.is_elementwise(op))
 """Property-less kernels computed element by element (with broadcasting):
-the same locally as globally, so a chain of them is one kernel."""
+the same locally as globally, so a chain of them is one kernel (the ops
+with the lg.Elementwise trait)."""
+
+IN_PLACE_KERNELS = FUSABLE_KERNELS | {FUSED}
+"""Kernels that read each element before writing it, so their output may
+take the bytes of a dying input of its type (a fused chain keeps its
+intermediates elsewhere and writes the output last)."""
+
+REINTERPRETING_KERNELS = frozenset(op.name for op in lg.COMPUTE_OPS if op.has_trait(lg.SameBytes))
+"""Kernels whose output is their input's bytes in the same order under
+another shape (lg.SameBytes): written over a dying input, they have
+nothing to do."""
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,8 @@ def main() -> int:
     SbpInferPass().apply(Context(), module)
     module.verify()
     mesh = next(op for op in module.ops if not isinstance(op, lg.GraphOp)).mesh()
-    print(f"\nsbp-infer on {mesh.size} {mesh.device} devices (cost {graph.attributes['sbp.total_cost'].value.data:.3g} s):")
+    cost = graph.attributes["sbp.total_cost"].value.data
+    print(f"\nsbp-infer on {mesh.size} {mesh.device} devices (cost {cost:.3g} s):")
     trace = {}
     evaluate(module, feeds, params, trace=trace)
     for op in graph.body.ops:
@@ -101,7 +102,8 @@ def main() -> int:
     planned = run_plan(module, feeds, params)
     same = all(np.allclose(planned[k], out[k], rtol=1e-4, atol=1e-5) for k in out)
     ok &= same
-    print(f"plan run on real arenas: loss {float(planned['loss']):.6f} ({'matches' if same else 'DIFFERS FROM'} the reference)")
+    verdict = "matches" if same else "DIFFERS FROM"
+    print(f"plan run on real arenas: loss {float(planned['loss']):.6f} ({verdict} the reference)")
     print("\nmatch" if ok else "\nMISMATCH")
     return 0 if ok else 1
 

@@ -177,8 +177,9 @@ def gpt(variant: str, ranks: int, vocab: int, batch: int = 16, seq: int = 16, di
             mask = g.constant(np.triu(np.full((seq, seq), -1e9, np.float32), k=1))
         p = f"block{i}."
 
+        # called only in this iteration (B023 is a false positive): `p` is this block's prefix
         def param(name, shape, sbp, init=None, seed=0):
-            return g.param(p + name, shape, init=init or sbpc.normal(0.0, std), seed=seed, sbp=sbp)
+            return g.param(p + name, shape, init=init or sbpc.normal(0.0, std), seed=seed, sbp=sbp)  # noqa: B023
 
         def norm(name, x):
             return sbpc.layernorm(x, param(name + ".g", (dim,), layout.replicated, sbpc.ones()),

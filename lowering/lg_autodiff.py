@@ -1,7 +1,7 @@
 """`lg-autodiff`: appends the backward graph of a scalar loss.
 
 Walks the graph from the loss output backwards, applying each op's gradient
-rule (lg.GRADIENTS, next to the ops), adding up the contributions where a
+rule (its `gradient` method, defined with the op in dialects/lg.py), adding up the contributions where a
 value has several uses, and appends an output `grad.<param>` for every
 parameter (zeros where the loss does not depend on it). SBP hints pass
 gradients through unchanged; sbp-infer then distributes forward and
@@ -96,10 +96,9 @@ def differentiate(graph: lg.GraphOp, loss: str) -> None:
         if isinstance(op, sbp.AnnotateOp):
             contributions = [g]
         else:
-            rule = lg.GRADIENTS.get(type(op))
-            if rule is None:
+            if not isinstance(op, lg.LgOp) or not op.differentiable():
                 raise e.unsupported(op, "this op (no gradient rule)")
-            contributions = rule(op, g, e)
+            contributions = op.gradient(g, e)
         for operand, contribution in zip(op.operands, contributions):
             if contribution is None:
                 continue

@@ -36,17 +36,6 @@ ALIGNMENT = 64
 """Every buffer starts at a multiple of this many bytes (cache lines, and
 more than any element type needs)."""
 
-IN_PLACE_KERNELS = frozenset((*(op.name for op in (*lg.UNARY_OPS, *lg.BINARY_OPS)), plan.FUSED))
-"""Kernels that read each element before writing it, so their output may
-take the bytes of a dying input of its type (a fused chain keeps its
-intermediates elsewhere and writes the output last)."""
-
-
-REINTERPRETING_KERNELS = frozenset((lg.ReshapeOp.name,))
-"""Kernels whose output is their input's bytes in the same order under
-another shape: written over a dying input, they have nothing to do."""
-
-
 def aligned(n: int) -> int:
     return -(-n // ALIGNMENT) * ALIGNMENT
 
@@ -295,10 +284,10 @@ def in_place_pairs(device: plan.DeviceOp, life: dict[str, tuple[int, int]]) -> d
     overwritten = set()  # the values of `pairs`, as a set: each input is overwritten at most once
     registers = {r.sym_name.data: r for r in device.registers()}
     for pos, actor in enumerate(device.actors()):
-        if not isinstance(actor, plan.ComputeOp) or actor.kernel.data not in IN_PLACE_KERNELS | REINTERPRETING_KERNELS:
+        if not isinstance(actor, plan.ComputeOp) or actor.kernel.data not in plan.IN_PLACE_KERNELS | plan.REINTERPRETING_KERNELS:
             continue
         out = registers[actor.outs.data[0].string_value()]
-        reinterprets = actor.kernel.data in REINTERPRETING_KERNELS
+        reinterprets = actor.kernel.data in plan.REINTERPRETING_KERNELS
         for ref in actor.ins.data:
             src = registers[ref.string_value()]
             if (
@@ -342,7 +331,7 @@ def update_aliases(device: plan.DeviceOp, life: dict[str, tuple[int, int]]) -> t
         last_read = life[param.sym_name.data][1]
         if last_read < pos:
             aliases[name] = param.sym_name.data
-        elif (last_read == pos and isinstance(writer, plan.ComputeOp) and writer.kernel.data in IN_PLACE_KERNELS
+        elif (last_read == pos and isinstance(writer, plan.ComputeOp) and writer.kernel.data in plan.IN_PLACE_KERNELS
               and param.sym_name.data in [r.string_value() for r in writer.ins.data]):
             aliases[name] = param.sym_name.data
             in_place_actors.add(writer.sym_name.data)

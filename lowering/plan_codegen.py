@@ -22,14 +22,17 @@ plans).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from xdsl.context import Context
+from xdsl.ir import Attribute
 from xdsl.dialects.builtin import DenseArrayBase, ModuleOp, StringAttr, i64
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
-from sbpc.dialects import plan
+from sbpc.dialects import lg, plan
+from sbpc.dialects.backends import Backend
 from sbpc.dialects.sbp import DeviceKind, lookup_placement
 
 BLOCK = 256
@@ -65,17 +68,60 @@ def _grid(n: int) -> list[int]:
     return [max(1, -(-n // BLOCK)), 1, 1, BLOCK, 1, 1]
 
 
-UNARY = {
-    "lg.neg": "-{x}",
-    "lg.relu": "{x} > (T)0 ? {x} : (T)0",
-    "lg.step": "{x} > (T)0 ? (T)1 : (T)0",
-    "lg.gelu": "(T)0.5 * {x} * ((T)1 + tanh((T)0.7978845608028654 * ({x} + (T)0.044715 * {x} * {x} * {x})))",
-    "lg.tanh": "tanh({x})",
-    "lg.exp": "exp({x})",
-    "lg.sqrt": "sqrt({x})",
-    "lg.rsqrt": "rsqrt({x})",
-}
-BINARY = {"lg.add": "+", "lg.sub": "-", "lg.mul": "*", "lg.div": "/"}
+Generator = Callable[["Site"], tuple[str, list[int]]]
+"""gen(site) -> (CUDA C source, launch [grid x, y, z, block x, y, z])"""
+
+CUDA: Backend[Generator | ElementwiseExpr | OnHost] = Backend("the CUDA code generator")
+"""Every lg op's CUDA implementation: a generator, an elementwise C
+expression (so it also fuses), or ON_HOST: the executor runs the actor's
+numpy kernel on the host mirror (staged through pinned memory)."""
+
+class OnHost:
+    """The registration of an op with no CUDA kernel: its actors run their
+    numpy kernel on the host (runtime/cuda_backend.py stages the bytes)."""
+
+
+ON_HOST = OnHost()
+
+
+@dataclass(frozen=True)
+class ElementwiseExpr:
+    """An elementwise op as a C expression over its operands {0}, {1}, of
+    type T: alone it is a chain of one step (gen_fused), and a fused chain
+    inlines it."""
+
+    expr: str
+
+    def __call__(self, site: Site) -> tuple[str, list[int]]:
+        return gen_fused(site.name, site.t, site.in_shapes, site.out_shape, [(site.kernel, tuple(range(len(site.in_shapes))))])
+
+
+for _op, _expr in (
+    (lg.NegOp, "-{0}"),
+    (lg.ReluOp, "{0} > (T)0 ? {0} : (T)0"),
+    (lg.StepOp, "{0} > (T)0 ? (T)1 : (T)0"),
+    (lg.GeluOp, "(T)0.5 * {0} * ((T)1 + tanh((T)0.7978845608028654 * ({0} + (T)0.044715 * {0} * {0} * {0})))"),
+    (lg.TanhOp, "tanh({0})"),
+    (lg.ExpOp, "exp({0})"),
+    (lg.SqrtOp, "sqrt({0})"),
+    (lg.RsqrtOp, "rsqrt({0})"),
+    (lg.AddOp, "{0} + {1}"),
+    (lg.SubOp, "{0} - {1}"),
+    (lg.MulOp, "{0} * {1}"),
+    (lg.DivOp, "{0} / {1}"),
+):
+    CUDA.register(_op, ElementwiseExpr(_expr))
+
+for _op in (lg.BroadcastToOp, lg.ConcatOp, lg.SliceOp, lg.EmbeddingOp, lg.CrossEntropyOp, lg.MseLossOp, lg.OneHotOp,
+            lg.EmbeddingGradOp):
+    CUDA.register(_op, ON_HOST)
+
+
+def elementwise_expr(kernel: str) -> ElementwiseExpr:
+    impl = CUDA.get(lg.op_class(kernel))
+    if not isinstance(impl, ElementwiseExpr):
+        raise Unsupported(f"kernel {kernel} in a fused chain")
+    return impl
 
 
 def _index_loop(out_shape, operand_strides: list[list[int]], names: list[str]) -> str:
@@ -113,13 +159,7 @@ def gen_fused(name, t, in_shapes, out_shape, steps):
                                  [f"o{k}" for k in moved]))
     lines += [f"T v{k} = a{k}[{f'o{k}' if k in moved else 'i'}];" for k in range(len(in_shapes))]
     for j, (kernel, args) in enumerate(steps):
-        vals = [f"v{a}" for a in args]
-        if kernel in UNARY:
-            expr = UNARY[kernel].format(x=vals[0])
-        elif kernel in BINARY:
-            expr = f"{vals[0]} {BINARY[kernel]} {vals[1]}"
-        else:
-            raise Unsupported(f"kernel {kernel} in a fused chain")
+        expr = elementwise_expr(kernel).expr.format(*(f"v{a}" for a in args))
         lines.append(f"T v{len(in_shapes) + j} = {expr};")
     lines.append(f"out[i] = v{len(in_shapes) + len(steps) - 1};")
     body = "\n    ".join(lines)
@@ -130,9 +170,11 @@ def gen_fused(name, t, in_shapes, out_shape, steps):
     return src, _grid(n)
 
 
-def gen_matmul(name, t, in_shapes, out_shape, props):
-    a, b = in_shapes
-    ta, tb = "transpose_lhs" in props, "transpose_rhs" in props
+@CUDA.impl(lg.MatmulOp)
+def gen_matmul(site: Site) -> tuple[str, list[int]]:
+    name, t, out_shape = site.name, site.t, site.out_shape
+    a, b = site.in_shapes
+    ta, tb = "transpose_lhs" in site.props, "transpose_rhs" in site.props
     M, N = out_shape[-2], out_shape[-1]
     K = a[-2] if ta else a[-1]
     batch = out_shape[:-2]
@@ -165,8 +207,10 @@ def gen_matmul(name, t, in_shapes, out_shape, props):
     return src, [-(-N // TILE), -(-M // TILE), max(nb, 1), TILE, TILE, 1]
 
 
-def gen_reduce(kernel, name, t, in_shape, out_shape, props, global_in):
-    axes = list(props["axes"])
+@CUDA.impl(lg.ReduceSumOp, lg.ReduceMeanOp, lg.ReduceMaxOp)
+def gen_reduce(site: Site) -> tuple[str, list[int]]:
+    kernel, name, t, in_shape = site.kernel, site.name, site.t, site.in_shapes[0]
+    axes = list(site.props["axes"].get_values())
     kept = [d for d in range(len(in_shape)) if d not in axes]
     st = strides(in_shape)
     n_out = max(math.prod(in_shape[d] for d in kept), 1)
@@ -180,7 +224,7 @@ def gen_reduce(kernel, name, t, in_shape, out_shape, props, global_in):
     update = "acc = acc > a0[b + r] ? acc : a0[b + r];" if is_max else "acc += a0[b + r];"
     scale = ""
     if kernel == "lg.reduce_mean":
-        scale = f"acc = acc / (T){math.prod(global_in[d] for d in axes)};"
+        scale = f"acc = acc / (T){math.prod(site.global_in[d] for d in axes)};"
     src = f"""{_header(t)}extern "C" __global__ void {name}(const T* __restrict__ a0, T* __restrict__ out) {{
   long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
   if (i >= {n_out}) return;
@@ -197,7 +241,10 @@ def gen_reduce(kernel, name, t, in_shape, out_shape, props, global_in):
     return src, _grid(n_out)
 
 
-def gen_softmax(kernel, name, t, shape, axis):
+@CUDA.impl(lg.SoftmaxOp, lg.LogSoftmaxOp)
+def gen_softmax(site: Site) -> tuple[str, list[int]]:
+    kernel, name, t, shape = site.kernel, site.name, site.t, site.in_shapes[0]
+    axis = site.props["axis"].value.data
     inner = math.prod(shape[axis + 1 :])
     rows = math.prod(shape) // shape[axis]
     n = shape[axis]
@@ -217,7 +264,11 @@ def gen_softmax(kernel, name, t, shape, axis):
     return src, _grid(rows)
 
 
-def gen_layernorm(name, t, shape, axis, eps, affine):
+@CUDA.impl(lg.LayerNormOp)
+def gen_layernorm(site: Site) -> tuple[str, list[int]]:
+    name, t, shape = site.name, site.t, site.in_shapes[0]
+    axis, eps = site.props["axis"].value.data, site.props["epsilon"].value.data
+    affine = len(site.in_shapes) == 3
     inner = math.prod(shape[axis:])
     rows = math.prod(shape[:axis])
     params = "const T* __restrict__ a0, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ out" if affine \
@@ -240,7 +291,9 @@ def gen_layernorm(name, t, shape, axis, eps, affine):
     return src, _grid(rows)
 
 
-def gen_copy(name, t, n):
+@CUDA.impl(lg.ReshapeOp)
+def gen_copy(site: Site) -> tuple[str, list[int]]:
+    name, t, n = site.name, site.t, math.prod(site.out_shape)
     # No __restrict__: a reshape may be planned in place (out == a0), and
     # each thread reads its element before writing it.
     src = (f'{_header(t)}extern "C" __global__ void {name}(const T* a0, T* out) {{\n'
@@ -248,7 +301,10 @@ def gen_copy(name, t, n):
     return src, _grid(n)
 
 
-def gen_transpose(name, t, in_shape, out_shape, perm):
+@CUDA.impl(lg.TransposeOp)
+def gen_transpose(site: Site) -> tuple[str, list[int]]:
+    name, t, in_shape, out_shape = site.name, site.t, site.in_shapes[0], site.out_shape
+    perm = list(site.props["perm"].get_values())
     st = strides(in_shape)
     n = math.prod(out_shape)
     index = _index_loop(out_shape, [[st[p] for p in perm]], ["s"])
@@ -258,38 +314,48 @@ def gen_transpose(name, t, in_shape, out_shape, perm):
     return src, _grid(n)
 
 
+@dataclass(frozen=True)
+class Site:
+    """What a generator knows of one compute actor: its kernel's name (the
+    C entry point), the lg kernel, the C element type, local shapes, the
+    lg op's properties, and the global shape of the first input (a mean
+    over a split axis divides by the global count)."""
+
+    name: str
+    kernel: str
+    t: str
+    in_shapes: tuple[tuple[int, ...], ...]
+    out_shape: tuple[int, ...]
+    props: dict[str, Attribute]
+    global_in: tuple[int, ...]
+
+
 def generate(actor: plan.ComputeOp, registers: dict) -> tuple[str, str, list[int]]:
     """(source, entry, launch) for one compute actor."""
     kernel = actor.kernel.data
     ins = [registers[r.string_value()] for r in actor.ins.data]
     out = registers[actor.outs.data[0].string_value()]
-    t = c_type(out.type.element_type)
-    in_shapes = [tuple(r.type.get_shape()) for r in ins]
-    out_shape = tuple(out.type.get_shape())
-    props = {k: v for k, v in actor.props.data.items()}
-    name = "k_" + "".join(c if c.isalnum() else "_" for c in actor.sym_name.data)
-    if kernel in UNARY or kernel in BINARY:
-        src, launch = gen_fused(name, t, in_shapes, out_shape, [(kernel, tuple(range(len(ins))))])
-    elif kernel == plan.FUSED:
-        src, launch = gen_fused(name, t, in_shapes, out_shape, [(s.kernel, s.args) for s in plan.fused_steps(actor)])
-    elif kernel == "lg.matmul":
-        src, launch = gen_matmul(name, t, in_shapes, out_shape, props)
-    elif kernel in ("lg.reduce_sum", "lg.reduce_mean", "lg.reduce_max"):
-        global_in = tuple(ins[0].value.get_shape())
-        src, launch = gen_reduce(kernel, name, t, in_shapes[0], out_shape,
-                                 {"axes": props["axes"].get_values()}, global_in)
-    elif kernel in ("lg.softmax", "lg.log_softmax"):
-        src, launch = gen_softmax(kernel, name, t, in_shapes[0], props["axis"].value.data)
-    elif kernel == "lg.layernorm":
-        src, launch = gen_layernorm(name, t, in_shapes[0], props["axis"].value.data,
-                                    props["epsilon"].value.data, len(ins) == 3)
-    elif kernel == "lg.reshape":
-        src, launch = gen_copy(name, t, math.prod(out_shape))
-    elif kernel == "lg.transpose":
-        src, launch = gen_transpose(name, t, in_shapes[0], out_shape, list(props["perm"].get_values()))
+    site = Site(
+        name="k_" + "".join(c if c.isalnum() else "_" for c in actor.sym_name.data),
+        kernel=kernel,
+        t=c_type(out.type.element_type),
+        in_shapes=tuple(tuple(r.type.get_shape()) for r in ins),
+        out_shape=tuple(out.type.get_shape()),
+        props=dict(actor.props.data),
+        global_in=tuple(ins[0].value.get_shape()) if ins else (),
+    )
+    if kernel == plan.FUSED:
+        steps = [(step.kernel, step.args) for step in plan.fused_steps(actor)]
+        src, launch = gen_fused(site.name, site.t, site.in_shapes, site.out_shape, steps)
     else:
-        raise Unsupported(f"kernel {kernel}")
-    return src, name, launch
+        try:
+            impl = CUDA.get(lg.op_class(kernel))
+        except KeyError:
+            impl = None
+        if impl is None or isinstance(impl, OnHost):
+            raise Unsupported(f"kernel {kernel}")
+        src, launch = impl(site)
+    return src, site.name, launch
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import plan
 
-from .plan_allocate_memory import IN_PLACE_KERNELS, REINTERPRETING_KERNELS, lifetimes
+from .plan_allocate_memory import lifetimes
 
 
 def _fail(device: plan.DeviceOp, what: str) -> None:
@@ -60,7 +60,7 @@ def verify_memory(device: plan.DeviceOp) -> None:
     in_place = set()
     for actor in device.actors():
         if (isinstance(actor, plan.ComputeOp) and actor.in_place is not None
-                and actor.kernel.data in IN_PLACE_KERNELS | REINTERPRETING_KERNELS):
+                and actor.kernel.data in plan.IN_PLACE_KERNELS | plan.REINTERPRETING_KERNELS):
             out = actor.outs.data[0].string_value()
             in_place.update((ref.string_value(), out) for ref in actor.ins.data
                             if offsets[ref.string_value()] == offsets[out])

@@ -221,7 +221,8 @@ class CommActor:
             def finish():
                 for part, count, displ in zip(self.recv_parts, self.rcounts, self.rdispl):
                     if count:
-                        dst[relative(part, self.dst_regions[me])] = self.recv[displ : displ + count].reshape(shape(part))
+                        received = self.recv[displ : displ + count].reshape(shape(part))
+                        dst[relative(part, self.dst_regions[me])] = received
 
             pending.finish = finish
         elif k == "slice":

@@ -27,9 +27,10 @@ import numpy as np
 from xdsl.ir import Operation
 
 from sbpc.dialects import lg
+from sbpc.dialects.backends import Backend
 from sbpc.dialects.layout import numpy_dtype
 from sbpc.semantics.local_eval import Fused, LocalContext
-from sbpc.semantics.reference import EvaluationError
+from sbpc.semantics.reference import EvaluationError, check_range
 
 Fire = Callable[[Sequence[np.ndarray], np.ndarray], None]
 """A bound kernel: fire(inputs, out) writes its result into `out`."""
@@ -37,6 +38,8 @@ Fire = Callable[[Sequence[np.ndarray], np.ndarray], None]
 Binder = Callable[[Operation, LocalContext, Sequence[np.ndarray], np.ndarray], Fire]
 """Binds a kernel to an op, its local context and example registers
 (their shapes and dtypes), preallocating scratch."""
+
+NUMPY: Backend[Binder] = Backend("the runtime's numpy kernels")
 
 
 def _scratch(shape, dtype) -> np.ndarray:
@@ -68,6 +71,7 @@ def _binary(ufunc) -> Binder:
 GELU_C = math.sqrt(2.0 / math.pi)
 
 
+@NUMPY.impl(lg.GeluOp)
 def _bind_gelu(op, local, ins, out) -> Fire:
     # 0.5 * x * (1 + tanh(c * (x + 0.044715 * x*x*x))), as the reference
     # (x*x*x, not np.power: float32 power is ~1000x slower); the chain runs in
@@ -97,6 +101,7 @@ def _rsqrt(x, o):
 # -- matmul ---------------------------------------------------------------------
 
 
+@NUMPY.impl(lg.MatmulOp)
 def _bind_matmul(op: lg.MatmulOp, local, ins, out) -> Fire:
     ta, tb = op.transpose_lhs is not None, op.transpose_rhs is not None
 
@@ -145,6 +150,7 @@ def bind_parts(op: Operation, ins: Sequence[np.ndarray], out: np.ndarray):
 # -- softmax, layernorm -------------------------------------------------------------
 
 
+@NUMPY.impl(lg.SoftmaxOp)
 def _bind_softmax(op: lg.SoftmaxOp, local, ins, out) -> Fire:
     axis = op.axis.value.data
     m = _scratch(_kept(out.shape, {axis}), out.dtype)
@@ -159,6 +165,7 @@ def _bind_softmax(op: lg.SoftmaxOp, local, ins, out) -> Fire:
     return fire
 
 
+@NUMPY.impl(lg.LogSoftmaxOp)
 def _bind_log_softmax(op: lg.LogSoftmaxOp, local, ins, out) -> Fire:
     axis = op.axis.value.data
     m = _scratch(_kept(out.shape, {axis}), out.dtype)
@@ -211,6 +218,7 @@ def _mean_into(x: np.ndarray, o: np.ndarray, factor: float | None = None, summer
         np.multiply(o, factor, out=o)
 
 
+@NUMPY.impl(lg.LayerNormOp)
 def _bind_layernorm(op: lg.LayerNormOp, local, ins, out) -> Fire:
     axes = tuple(range(op.axis.value.data, out.ndim))
     eps = op.epsilon.value.data
@@ -250,6 +258,7 @@ def _bind_reduce(fn) -> Binder:
     return bind
 
 
+@NUMPY.impl(lg.ReduceSumOp)
 def _bind_reduce_sum(op: lg.ReduceSumOp, local, ins, out) -> Fire:
     summer = _summer(ins[0].shape, tuple(op.axes.get_values()), op.keepdims is not None, out.dtype)
     return lambda xs, o: summer(xs[0], o)
@@ -261,6 +270,7 @@ def _scale(local_n: int, global_n: int) -> float | None:
     return local_n / global_n if global_n and local_n != global_n else None
 
 
+@NUMPY.impl(lg.ReduceMeanOp)
 def _bind_reduce_mean(op: lg.ReduceMeanOp, local: LocalContext, ins, out) -> Fire:
     axes = tuple(op.axes.get_values())
     keep = op.keepdims is not None
@@ -276,13 +286,7 @@ def _bind_reduce_mean(op: lg.ReduceMeanOp, local: LocalContext, ins, out) -> Fir
 # -- losses ---------------------------------------------------------------------------
 
 
-def _check_range(op, what: str, values: np.ndarray, limit: int) -> None:
-    if values.size:
-        lo, hi = values.min(), values.max()
-        if lo < 0 or hi >= limit:
-            raise EvaluationError(f"'{op.name}': {what} out of range [0, {limit}): min {lo}, max {hi}")
-
-
+@NUMPY.impl(lg.CrossEntropyOp)
 def _bind_cross_entropy(op: lg.CrossEntropyOp, local: LocalContext, ins, out) -> Fire:
     # -mean over rows of (x[r, label] - max_r) - log(sum exp(x[r] - max_r)):
     # the reference's log_softmax, evaluated only where it is picked.
@@ -298,7 +302,7 @@ def _bind_cross_entropy(op: lg.CrossEntropyOp, local: LocalContext, ins, out) ->
 
     def fire(xs, o):
         x, lab = xs
-        _check_range(op, "label", lab, classes)
+        check_range(op, "label", lab, classes)
         np.max(x, axis=-1, keepdims=True, out=m)
         np.subtract(x, m, out=e)
         np.exp(e, out=e)
@@ -314,6 +318,7 @@ def _bind_cross_entropy(op: lg.CrossEntropyOp, local: LocalContext, ins, out) ->
     return fire
 
 
+@NUMPY.impl(lg.MseLossOp)
 def _bind_mse(op: lg.MseLossOp, local: LocalContext, ins, out) -> Fire:
     d = _scratch(np.broadcast_shapes(ins[0].shape, ins[1].shape), out.dtype)
     factor = _scale(ins[0].size, math.prod(local.in_shapes[0]))
@@ -329,6 +334,7 @@ def _bind_mse(op: lg.MseLossOp, local: LocalContext, ins, out) -> Fire:
 # -- gathers and scatters ---------------------------------------------------------------
 
 
+@NUMPY.impl(lg.EmbeddingOp)
 def _bind_embedding(op: lg.EmbeddingOp, local: LocalContext, ins, out) -> Fire:
     # A table split by rows holds rows [lo, hi): gather those, zero the rest
     # (local_eval._embedding); an index outside the whole table is an error.
@@ -343,7 +349,7 @@ def _bind_embedding(op: lg.EmbeddingOp, local: LocalContext, ins, out) -> Fire:
 
     def fire(xs, o):
         t, ind = xs
-        _check_range(op, "index", ind, total)
+        check_range(op, "index", ind, total)
         if whole:
             np.take(t, ind, axis=0, out=o, mode="clip")
             return
@@ -361,6 +367,7 @@ def _bind_embedding(op: lg.EmbeddingOp, local: LocalContext, ins, out) -> Fire:
     return fire
 
 
+@NUMPY.impl(lg.OneHotOp)
 def _bind_one_hot(op: lg.OneHotOp, local, ins, out) -> Fire:
     classes = op.classes.value.data
     rows = ins[0].size
@@ -368,7 +375,7 @@ def _bind_one_hot(op: lg.OneHotOp, local, ins, out) -> Fire:
     flat = _scratch((rows,), np.int64)
 
     def fire(xs, o):
-        _check_range(op, "label", xs[0], classes)
+        check_range(op, "label", xs[0], classes)
         o.fill(0)
         np.add(base, xs[0].reshape(-1), out=flat)
         np.put(o, flat, 1, mode="clip")
@@ -383,6 +390,7 @@ real vocabulary) scatters with np.add.at, which is slower per index but
 needs no scratch."""
 
 
+@NUMPY.impl(lg.EmbeddingGradOp)
 def _bind_embedding_grad(op: lg.EmbeddingGradOp, local, ins, out) -> Fire:
     rows = op.rows.value.data
     count = ins[1].size
@@ -392,7 +400,7 @@ def _bind_embedding_grad(op: lg.EmbeddingGradOp, local, ins, out) -> Fire:
 
         def fire(xs, o):
             grad, ind = xs
-            _check_range(op, "index", ind, rows)
+            check_range(op, "index", ind, rows)
             hot.fill(0)
             hot[positions, ind.reshape(-1)] = 1
             np.matmul(hot.T, grad.reshape(count, grad.shape[-1]), out=o)
@@ -401,7 +409,7 @@ def _bind_embedding_grad(op: lg.EmbeddingGradOp, local, ins, out) -> Fire:
 
     def scatter(xs, o):
         grad, ind = xs
-        _check_range(op, "index", ind, rows)
+        check_range(op, "index", ind, rows)
         o.fill(0)
         np.add.at(o, ind.reshape(-1), grad.reshape(-1, grad.shape[-1]))
 
@@ -411,6 +419,7 @@ def _bind_embedding_grad(op: lg.EmbeddingGradOp, local, ins, out) -> Fire:
 # -- data movement -----------------------------------------------------------------
 
 
+@NUMPY.impl(lg.ReshapeOp)
 def _bind_reshape(op, local, ins, out) -> Fire:
     def fire(xs, o):
         if xs[0].ctypes.data != o.ctypes.data:  # written in place: the bytes are already there
@@ -419,15 +428,18 @@ def _bind_reshape(op, local, ins, out) -> Fire:
     return fire
 
 
+@NUMPY.impl(lg.BroadcastToOp)
 def _bind_broadcast(op, local, ins, out) -> Fire:
     return lambda xs, o: np.copyto(o, xs[0])
 
 
+@NUMPY.impl(lg.TransposeOp)
 def _bind_transpose(op: lg.TransposeOp, local, ins, out) -> Fire:
     perm = tuple(op.perm.get_values())
     return lambda xs, o: np.copyto(o, xs[0].transpose(perm))
 
 
+@NUMPY.impl(lg.ConcatOp)
 def _bind_concat(op: lg.ConcatOp, local, ins, out) -> Fire:
     axis = op.axis.value.data
     places, start = [], 0
@@ -444,6 +456,7 @@ def _bind_concat(op: lg.ConcatOp, local, ins, out) -> Fire:
     return fire
 
 
+@NUMPY.impl(lg.SliceOp)
 def _bind_slice(op: lg.SliceOp, local: LocalContext, ins, out) -> Fire:
     # only axes the slice keeps whole are split; those stay whole locally
     p = op.params()
@@ -460,6 +473,7 @@ many elements (1 MiB of float32), so its intermediates stay in cache: the
 chain reads and writes memory once instead of once per step."""
 
 
+@NUMPY.impl(Fused)
 def _bind_fused(op: Fused, local, ins, out) -> Fire:
     tiled = _bind_fused_rows(op, local, ins, out)
     return tiled if tiled is not None else _bind_fused_whole(op, local, ins, out)
@@ -535,7 +549,7 @@ def _bind_fused_whole(op: Fused, local, ins, out, rows: int | None = None) -> Fi
                 dest = _scratch(shape, dtype)
             else:
                 free = [f for f in free if f is not dest]
-        fire = BINDERS[type(step)](step, local, [values[a] for a in args], out if dest is None else dest)
+        fire = NUMPY[type(step)](step, local, [values[a] for a in args], out if dest is None else dest)
         values.append(out if dest is None else dest)
         program.append((fire, args, dest))
 
@@ -549,51 +563,34 @@ def _bind_fused_whole(op: Fused, local, ins, out, rows: int | None = None) -> Fi
     return fire
 
 
-BINDERS: dict[type, Binder] = {
-    lg.NegOp: _unary(lambda x, o: np.negative(x, out=o)),
-    lg.ReluOp: _unary(lambda x, o: np.maximum(x, 0, out=o)),
-    lg.GeluOp: _bind_gelu,
-    lg.TanhOp: _unary(lambda x, o: np.tanh(x, out=o)),
-    lg.ExpOp: _unary(lambda x, o: np.exp(x, out=o)),
-    lg.SqrtOp: _unary(lambda x, o: np.sqrt(x, out=o)),
-    lg.RsqrtOp: _unary(_rsqrt),
-    lg.StepOp: _unary(lambda x, o: np.greater(x, 0, out=o)),
-    lg.AddOp: _binary(np.add),
-    lg.SubOp: _binary(np.subtract),
-    lg.MulOp: _binary(np.multiply),
-    lg.DivOp: _binary(np.divide),
-    lg.MatmulOp: _bind_matmul,
-    lg.SoftmaxOp: _bind_softmax,
-    lg.LogSoftmaxOp: _bind_log_softmax,
-    lg.LayerNormOp: _bind_layernorm,
-    lg.ReduceSumOp: _bind_reduce_sum,
-    lg.ReduceMeanOp: _bind_reduce_mean,
-    lg.ReduceMaxOp: _bind_reduce(np.max),
-    lg.ReshapeOp: _bind_reshape,
-    lg.BroadcastToOp: _bind_broadcast,
-    lg.TransposeOp: _bind_transpose,
-    lg.ConcatOp: _bind_concat,
-    lg.SliceOp: _bind_slice,
-    lg.EmbeddingOp: _bind_embedding,
-    lg.CrossEntropyOp: _bind_cross_entropy,
-    lg.MseLossOp: _bind_mse,
-    lg.OneHotOp: _bind_one_hot,
-    lg.EmbeddingGradOp: _bind_embedding_grad,
-    Fused: _bind_fused,
-}
+NUMPY.register(lg.NegOp, _unary(lambda x, o: np.negative(x, out=o)))
+NUMPY.register(lg.ReluOp, _unary(lambda x, o: np.maximum(x, 0, out=o)))
+NUMPY.register(lg.TanhOp, _unary(lambda x, o: np.tanh(x, out=o)))
+NUMPY.register(lg.ExpOp, _unary(lambda x, o: np.exp(x, out=o)))
+NUMPY.register(lg.SqrtOp, _unary(lambda x, o: np.sqrt(x, out=o)))
+NUMPY.register(lg.RsqrtOp, _unary(_rsqrt))
+NUMPY.register(lg.StepOp, _unary(lambda x, o: np.greater(x, 0, out=o)))
+NUMPY.register(lg.AddOp, _binary(np.add))
+NUMPY.register(lg.SubOp, _binary(np.subtract))
+NUMPY.register(lg.MulOp, _binary(np.multiply))
+NUMPY.register(lg.DivOp, _binary(np.divide))
+NUMPY.register(lg.ReduceMaxOp, _bind_reduce(np.max))
 
-ALIAS_SAFE: frozenset[type] = frozenset((*lg.UNARY_OPS, *lg.BINARY_OPS, lg.StepOp, Fused, lg.ReshapeOp))
-"""Kernels that may write over an input of their output's type (a reshape
-over its input: same bytes in the same order)."""
+
+def _alias_safe(op: type) -> bool:
+    """Kernels that may write over an input of their output's type:
+    elementwise ones and fused chains of them (they read an element before
+    writing it) and byte-preserving ones (a reshape over its input)."""
+    return op is Fused or lg.may_run_in_place(op)
 
 
 def bind(op: Operation, local: LocalContext, ins: Sequence[np.ndarray], out: np.ndarray) -> Fire:
     """The out= kernel of `op` bound to registers shaped like `ins`/`out`."""
-    binder = BINDERS.get(type(op))
+    binder = NUMPY.get(type(op))
     if binder is None:
         raise EvaluationError(f"no numpy kernel for {op.name}")
     fire = binder(op, local, ins, out)
-    if type(op) in ALIAS_SAFE:
+    if _alias_safe(type(op)):
         return fire
     spare: list[np.ndarray] = []
 

@@ -13,6 +13,7 @@ is 0, and aborts the job.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import socket
@@ -95,10 +96,8 @@ def serve(port: int, errors: str | None = None) -> None:
                     f.flush()
                     os.fsync(f.fileno())
             if world.rank == 0:
-                try:
+                with contextlib.suppress(OSError):
                     send(sock, ("error", message))
-                except OSError:
-                    pass
             world.Abort(1)
         if world.rank == 0:
             send(sock, ("ok", reply))

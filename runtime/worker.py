@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> None:
             if args.trace:
                 write_trace(args.trace, [e for rank_events in events for e in rank_events], world.size)
     except Exception as e:  # noqa: BLE001 - every failure ends the whole job, with its place
-        fail(world, str(e) if str(e).startswith("rank ") else f"rank {world.rank}: {type(e).__name__}: {e}", args.errors)
+        message = str(e) if str(e).startswith("rank ") else f"rank {world.rank}: {type(e).__name__}: {e}"
+        fail(world, message, args.errors)
 
 
 def write_trace(path: str, events: list[dict], ranks: int) -> None:

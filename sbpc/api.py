@@ -105,7 +105,8 @@ class Executable:
             return "inside"
         return "pool"
 
-    def run(self, feeds: Mapping[str, Any], steps: int = 1, outputs: Collection[str] | None = None) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, Any], steps: int = 1,
+            outputs: Collection[str] | None = None) -> dict[str, np.ndarray]:
         """Runs `steps` steps on the same feeds; returns the outputs of the
         last (only those named in `outputs`, when given: the others are not
         gathered from the ranks). A training graph (lg-optimizer) updates
@@ -163,9 +164,9 @@ class Executable:
         for device in self.program.devices():
             params = {r.param.data: r.value for r in device.registers() if r.param is not None}
             for r in device.registers():
-                if r.fetch is not None and r.fetch.data.startswith("new."):
-                    if params.get(r.fetch.data.removeprefix("new.")) == r.value:
-                        names.add(r.fetch.data)
+                if (r.fetch is not None and r.fetch.data.startswith("new.")
+                        and params.get(r.fetch.data.removeprefix("new.")) == r.value):
+                    names.add(r.fetch.data)
         return names
 
     def save(self, path: str | os.PathLike) -> None:

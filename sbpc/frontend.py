@@ -48,7 +48,8 @@ P = sbp.PartialAttr()
 class Placement:
     """A device mesh: device kind, ranks, and mesh shape (row-major)."""
 
-    def __init__(self, device: str, ranks: int | Sequence[int], mesh: Sequence[int] | None = None, name: str | None = None):
+    def __init__(self, device: str, ranks: int | Sequence[int], mesh: Sequence[int] | None = None,
+                 name: str | None = None):
         self.device = device
         self.ranks = list(range(ranks)) if isinstance(ranks, int) else list(ranks)
         self.mesh = tuple(mesh) if mesh is not None else (len(self.ranks),)
@@ -64,7 +65,8 @@ class Placement:
         return len(self.ranks)
 
 
-def placement(device: str, ranks: int | Sequence[int], mesh: Sequence[int] | None = None, name: str | None = None) -> Placement:
+def placement(device: str, ranks: int | Sequence[int], mesh: Sequence[int] | None = None,
+              name: str | None = None) -> Placement:
     return Placement(device, ranks, mesh, name)
 
 
@@ -299,8 +301,11 @@ def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
     return x.graph.add(lg.LogSoftmaxOp(x.value, axis))
 
 
-def layernorm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, axis: int = -1, eps: float = 1e-5) -> Tensor:
-    return x.graph.add(lg.LayerNormOp(x.value, axis, eps, weight.value if weight else None, bias.value if bias else None))
+def layernorm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, axis: int = -1,
+              eps: float = 1e-5) -> Tensor:
+    w = weight.value if weight else None
+    b = bias.value if bias else None
+    return x.graph.add(lg.LayerNormOp(x.value, axis, eps, w, b))
 
 
 def _axes(x: Tensor, axes) -> list[int]:

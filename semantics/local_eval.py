@@ -20,9 +20,10 @@ import numpy as np
 from xdsl.ir import Operation
 
 from sbpc.dialects import lg
+from sbpc.dialects.backends import Backend
 from sbpc.dialects.layout import Coord, coords, mesh_coord, partial_kind, piece
 from sbpc.dialects.sbp import PlainNd, nd_to_plain
-from sbpc.semantics.reference import KERNELS, EvaluationError
+from sbpc.semantics.reference import REFERENCE, check_range
 
 
 def distribute(value: np.ndarray, nd: PlainNd, mesh: Sequence[int], rng: np.random.Generator) -> dict[Coord, np.ndarray]:
@@ -108,38 +109,46 @@ class LocalContext:
         return tuple(s.stop - s.start for s in self.out_piece)
 
 
+LocalKernel = Callable[..., np.ndarray]
+"""kernel(op, ctx: LocalContext, *local operands) -> local result"""
+
+LOCAL: Backend[LocalKernel] = Backend("SBP-local evaluation")
+"""Ops whose local kernel is not their global (reference) kernel applied to
+local pieces; every other op runs its reference kernel."""
+
+
 def _global_count_scaled(op: Operation, ctx: LocalContext, local: np.ndarray, local_n: int, global_n: int) -> np.ndarray:
     # A mean over a split axis: each device sums its part and divides by the
     # global count, so the pieces add up to the global mean.
     return local * (local_n / global_n) if global_n else local
 
 
+@LOCAL.impl(lg.ReduceMeanOp)
 def _reduce_mean(op: lg.ReduceMeanOp, ctx: LocalContext, x: np.ndarray) -> np.ndarray:
     axes = tuple(op.axes.get_values())
-    local = KERNELS[lg.ReduceMeanOp](op, x)
+    local = REFERENCE[lg.ReduceMeanOp](op, x)
     local_n = int(np.prod([x.shape[a] for a in axes]))
     global_n = int(np.prod([ctx.in_shapes[0][a] for a in axes]))
     return _global_count_scaled(op, ctx, local, local_n, global_n)
 
 
+@LOCAL.impl(lg.CrossEntropyOp)
 def _cross_entropy(op: lg.CrossEntropyOp, ctx: LocalContext, logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    local = KERNELS[lg.CrossEntropyOp](op, logits, labels)
+    local = REFERENCE[lg.CrossEntropyOp](op, logits, labels)
     return _global_count_scaled(op, ctx, local, labels.size, int(np.prod(ctx.in_shapes[1])))
 
 
+@LOCAL.impl(lg.MseLossOp)
 def _mse(op: lg.MseLossOp, ctx: LocalContext, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    local = KERNELS[lg.MseLossOp](op, a, b)
+    local = REFERENCE[lg.MseLossOp](op, a, b)
     return _global_count_scaled(op, ctx, local, a.size, int(np.prod(ctx.in_shapes[0])))
 
 
+@LOCAL.impl(lg.EmbeddingOp)
 def _embedding(op: lg.EmbeddingOp, ctx: LocalContext, table: np.ndarray, indices: np.ndarray) -> np.ndarray:
     # A table split by rows holds rows [lo, hi): gather those, zero the rest.
     # An index outside the whole table is an error, as in the reference.
-    total = ctx.in_shapes[0][0]
-    if indices.size and (indices.min() < 0 or indices.max() >= total):
-        raise EvaluationError(
-            f"'{op.name}': index out of range [0, {total}): min {indices.min()}, max {indices.max()}"
-        )
+    check_range(op, "index", indices, ctx.in_shapes[0][0])
     rows = ctx.in_pieces[0][0]
     inside = (indices >= rows.start) & (indices < rows.stop)
     gathered = table[np.where(inside, indices - rows.start, 0)] if table.shape[0] else np.zeros(
@@ -155,6 +164,7 @@ def _to_local_shape(kernel: Callable) -> Callable:
     return local
 
 
+@LOCAL.impl(lg.SliceOp)
 def _slice(op: lg.SliceOp, ctx: LocalContext, x: np.ndarray) -> np.ndarray:
     # Only axes the slice keeps whole are split; those stay whole locally.
     p = op.params()
@@ -179,32 +189,24 @@ class Fused:
     name = "plan.fused"
 
 
+@LOCAL.impl(Fused)
 def _fused(op: Fused, ctx: LocalContext, *inputs: np.ndarray) -> np.ndarray:
     values = list(inputs)
     for step, args in op.steps:
-        values.append(np.asarray(KERNELS[type(step)](step, *(values[a] for a in args))))
+        values.append(np.asarray(REFERENCE[type(step)](step, *(values[a] for a in args))))
     return values[-1]
 
 
-LOCAL_KERNELS: dict[type[Operation], Callable[..., np.ndarray]] = {
-    Fused: _fused,
-    lg.ReduceMeanOp: _reduce_mean,
-    lg.CrossEntropyOp: _cross_entropy,
-    lg.MseLossOp: _mse,
-    lg.EmbeddingOp: _embedding,
-    lg.ReshapeOp: _to_local_shape(np.reshape),
-    lg.BroadcastToOp: _to_local_shape(np.broadcast_to),
-    lg.SliceOp: _slice,
-}
-"""Ops whose local kernel is not the global kernel applied to local pieces."""
+LOCAL.register(lg.ReshapeOp, _to_local_shape(np.reshape))
+LOCAL.register(lg.BroadcastToOp, _to_local_shape(np.broadcast_to))
 
 
 def local_kernel(op: Operation, ctx: LocalContext, *inputs: np.ndarray) -> np.ndarray:
-    special = LOCAL_KERNELS.get(type(op))
+    special = LOCAL.get(type(op))
     with np.errstate(all="ignore"):
         if special is not None:
             return np.asarray(special(op, ctx, *inputs))
-        return np.asarray(KERNELS[type(op)](op, *inputs))
+        return np.asarray(REFERENCE[type(op)](op, *inputs))
 
 
 def run_distributed(

@@ -108,7 +108,7 @@ def run_plan(
         for r, actor in waiting.items():
             by_id.setdefault(actor.comm_id.value.data, []).append(r)
         ran = False
-        for comm_id, ranks in sorted(by_id.items()):
+        for _comm_id, ranks in sorted(by_id.items()):
             members = _members(states, waiting[ranks[0]])
             if set(members) <= set(ranks):
                 _communicate(states, [waiting[r] for r in members], members)

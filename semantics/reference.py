@@ -20,6 +20,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Attribute, Operation
 
 from sbpc.dialects import lg, sbp
+from sbpc.dialects.backends import Backend
 from sbpc.dialects.layout import numpy_dtype
 from sbpc.dialects.sbp import element_type, global_shape
 
@@ -82,8 +83,21 @@ def find_graph(module: ModuleOp | lg.GraphOp, name: str | None = None) -> lg.Gra
 
 
 # --------------------------------------------------------------------------
-# Kernels: one numpy function per op kind, on global values
+# Kernels: one numpy function per op kind, on global values:
+# kernel(op, *operands) -> result
 # --------------------------------------------------------------------------
+
+Kernel = Callable[..., np.ndarray]
+
+REFERENCE: Backend[Kernel] = Backend("the reference interpreter")
+
+
+def check_range(op: Operation, what: str, values: np.ndarray, limit: int) -> None:
+    """Indices and labels must lie in [0, limit): an error names the op."""
+    if values.size:
+        lo, hi = values.min(), values.max()
+        if lo < 0 or hi >= limit:
+            raise EvaluationError(f"'{op.name}': {what} out of range [0, {limit}): min {lo}, max {hi}")
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
@@ -100,6 +114,28 @@ def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
+REFERENCE.register(lg.NegOp, lambda op, x: -x)
+REFERENCE.register(lg.ReluOp, lambda op, x: np.maximum(x, 0))
+REFERENCE.register(lg.GeluOp, lambda op, x: _gelu(x))
+REFERENCE.register(lg.TanhOp, lambda op, x: np.tanh(x))
+REFERENCE.register(lg.ExpOp, lambda op, x: np.exp(x))
+REFERENCE.register(lg.SqrtOp, lambda op, x: np.sqrt(x))
+REFERENCE.register(lg.RsqrtOp, lambda op, x: 1.0 / np.sqrt(x))
+REFERENCE.register(lg.StepOp, lambda op, x: (x > 0).astype(x.dtype))
+REFERENCE.register(lg.AddOp, lambda op, a, b: a + b)
+REFERENCE.register(lg.SubOp, lambda op, a, b: a - b)
+REFERENCE.register(lg.MulOp, lambda op, a, b: a * b)
+REFERENCE.register(lg.DivOp, lambda op, a, b: a / b)
+REFERENCE.register(lg.SoftmaxOp, lambda op, x: _softmax(x, op.axis.value.data))
+REFERENCE.register(lg.LogSoftmaxOp, lambda op, x: _log_softmax(x, op.axis.value.data))
+REFERENCE.register(lg.ReshapeOp, lambda op, x: np.reshape(x, global_shape(op.result.type)))
+REFERENCE.register(lg.BroadcastToOp, lambda op, x: np.broadcast_to(x, global_shape(op.result.type)))
+REFERENCE.register(lg.TransposeOp, lambda op, x: np.transpose(x, tuple(op.perm.get_values())))
+REFERENCE.register(lg.ConcatOp, lambda op, *xs: np.concatenate(xs, axis=op.axis.value.data))
+REFERENCE.register(lg.MseLossOp, lambda op, a, b: np.mean((a - b) ** 2))
+
+
+@REFERENCE.impl(lg.LayerNormOp)
 def _layernorm(op: lg.LayerNormOp, x: np.ndarray, *affine: np.ndarray) -> np.ndarray:
     axes = tuple(range(op.axis.value.data, x.ndim))
     mean = np.mean(x, axis=axes, keepdims=True)
@@ -110,6 +146,7 @@ def _layernorm(op: lg.LayerNormOp, x: np.ndarray, *affine: np.ndarray) -> np.nda
     return y
 
 
+@REFERENCE.impl(lg.MatmulOp)
 def _matmul(op: lg.MatmulOp, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if op.transpose_lhs is not None:
         a = np.swapaxes(a, -1, -2)
@@ -118,88 +155,58 @@ def _matmul(op: lg.MatmulOp, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.matmul(a, b)
 
 
-def _reduce(fn: Callable[..., np.ndarray]) -> Callable[[lg.ReduceOp, np.ndarray], np.ndarray]:
+def _reduce(fn: Callable[..., np.ndarray]) -> Kernel:
     def kernel(op: lg.ReduceOp, x: np.ndarray) -> np.ndarray:
         return fn(x, axis=tuple(op.axes.get_values()), keepdims=op.keepdims is not None)
 
     return kernel
 
 
+REFERENCE.register(lg.ReduceSumOp, _reduce(np.sum))
+REFERENCE.register(lg.ReduceMeanOp, _reduce(np.mean))
+REFERENCE.register(lg.ReduceMaxOp, _reduce(np.max))
+
+
+@REFERENCE.impl(lg.SliceOp)
 def _slice(op: lg.SliceOp, x: np.ndarray) -> np.ndarray:
     p = op.params()
     return x[tuple(slice(lo, hi, st) for lo, hi, st in zip(p["starts"], p["limits"], p["strides"]))]
 
 
+@REFERENCE.impl(lg.EmbeddingOp)
 def _embedding(op: lg.EmbeddingOp, table: np.ndarray, indices: np.ndarray) -> np.ndarray:
-    if indices.size and (indices.min() < 0 or indices.max() >= table.shape[0]):
-        raise EvaluationError(
-            f"'{op.name}': index out of range [0, {table.shape[0]}): min {indices.min()}, max {indices.max()}"
-        )
+    check_range(op, "index", indices, table.shape[0])
     return table[indices]
 
 
+@REFERENCE.impl(lg.CrossEntropyOp)
 def _cross_entropy(op: lg.CrossEntropyOp, logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    classes = logits.shape[-1]
-    if labels.size and (labels.min() < 0 or labels.max() >= classes):
-        raise EvaluationError(f"'{op.name}': label out of range [0, {classes}): min {labels.min()}, max {labels.max()}")
+    check_range(op, "label", labels, logits.shape[-1])
     logp = _log_softmax(logits, -1)
     picked = np.take_along_axis(logp, labels[..., None].astype(np.int64), axis=-1)
     return -np.mean(picked)
 
 
+@REFERENCE.impl(lg.OneHotOp)
 def _one_hot(op: lg.OneHotOp, labels: np.ndarray) -> np.ndarray:
     classes = op.classes.value.data
-    if labels.size and (labels.min() < 0 or labels.max() >= classes):
-        raise EvaluationError(f"'{op.name}': label out of range [0, {classes}): min {labels.min()}, max {labels.max()}")
+    check_range(op, "label", labels, classes)
     return np.eye(classes)[labels]
 
 
+@REFERENCE.impl(lg.EmbeddingGradOp)
 def _embedding_grad(op: lg.EmbeddingGradOp, grad: np.ndarray, indices: np.ndarray) -> np.ndarray:
     rows = op.rows.value.data
-    if indices.size and (indices.min() < 0 or indices.max() >= rows):
-        raise EvaluationError(f"'{op.name}': index out of range [0, {rows}): min {indices.min()}, max {indices.max()}")
+    check_range(op, "index", indices, rows)
     table = np.zeros((rows, grad.shape[-1]), grad.dtype)
     np.add.at(table, indices.reshape(-1), grad.reshape(-1, grad.shape[-1]))
     return table
 
 
+@REFERENCE.impl(sbp.AnnotateOp, *sbp.COLLECTIVE_OPS)
 def _identity(op: Operation, x: np.ndarray) -> np.ndarray:
+    """Distributions and boxing change how a value lies, not its global value."""
     return x
-
-
-KERNELS: dict[type[Operation], Callable[..., np.ndarray]] = {
-    lg.NegOp: lambda op, x: -x,
-    lg.ReluOp: lambda op, x: np.maximum(x, 0),
-    lg.GeluOp: lambda op, x: _gelu(x),
-    lg.TanhOp: lambda op, x: np.tanh(x),
-    lg.ExpOp: lambda op, x: np.exp(x),
-    lg.SqrtOp: lambda op, x: np.sqrt(x),
-    lg.RsqrtOp: lambda op, x: 1.0 / np.sqrt(x),
-    lg.AddOp: lambda op, a, b: a + b,
-    lg.SubOp: lambda op, a, b: a - b,
-    lg.MulOp: lambda op, a, b: a * b,
-    lg.DivOp: lambda op, a, b: a / b,
-    lg.MatmulOp: _matmul,
-    lg.SoftmaxOp: lambda op, x: _softmax(x, op.axis.value.data),
-    lg.LogSoftmaxOp: lambda op, x: _log_softmax(x, op.axis.value.data),
-    lg.LayerNormOp: _layernorm,
-    lg.ReduceSumOp: _reduce(np.sum),
-    lg.ReduceMeanOp: _reduce(np.mean),
-    lg.ReduceMaxOp: _reduce(np.max),
-    lg.ReshapeOp: lambda op, x: np.reshape(x, global_shape(op.result.type)),
-    lg.BroadcastToOp: lambda op, x: np.broadcast_to(x, global_shape(op.result.type)),
-    lg.TransposeOp: lambda op, x: np.transpose(x, tuple(op.perm.get_values())),
-    lg.ConcatOp: lambda op, *xs: np.concatenate(xs, axis=op.axis.value.data),
-    lg.SliceOp: _slice,
-    lg.EmbeddingOp: _embedding,
-    lg.CrossEntropyOp: _cross_entropy,
-    lg.MseLossOp: lambda op, a, b: np.mean((a - b) ** 2),
-    lg.StepOp: lambda op, x: (x > 0).astype(x.dtype),
-    lg.OneHotOp: lambda op, labels: _one_hot(op, labels),
-    lg.EmbeddingGradOp: lambda op, grad, indices: _embedding_grad(op, grad, indices),
-    sbp.AnnotateOp: _identity,
-    **dict.fromkeys(sbp.COLLECTIVE_OPS, _identity),
-}
 
 
 # --------------------------------------------------------------------------
@@ -253,7 +260,7 @@ def evaluate(
         elif isinstance(op, lg.ConstantOp):
             result = constant_value(op.value)
         else:
-            kernel = KERNELS.get(type(op))
+            kernel = REFERENCE.get(type(op))
             if kernel is None:
                 raise EvaluationError(f"'{op.name}': the reference interpreter has no kernel for this op")
             with np.errstate(all="ignore"):

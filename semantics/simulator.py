@@ -110,7 +110,7 @@ def run_collective(kind: str, value: Distributed, dst_nd: PlainNd, axes: list[in
         hi = [max(src_regions[c][k].stop for c in group) for k in range(len(value.shape))]
         box = tuple(slice(a, b) for a, b in zip(lo, hi))
 
-        def rel(region):
+        def rel(region, box=box):
             return tuple(slice(r.start - b.start, r.stop - b.start) for r, b in zip(region, box))
 
         partial_source = any(value.nd[a] in ("P", "Pmax") for a in axes)

@@ -98,7 +98,9 @@ def main(args: list[str] | None = None) -> int:
                 f.write("\n")
             feeds_path = Path(tmp) / "feeds.npz"
             np.savez(feeds_path, **feeds)
-            worker = [str(plan_path), str(feeds_path), str(Path(options.output).resolve()), "--steps", str(options.steps)]
+            worker = [
+                str(plan_path), str(feeds_path), str(Path(options.output).resolve()), "--steps", str(options.steps)
+            ]
             if options.trace:
                 worker += ["--trace", str(Path(options.trace).resolve())]
             if options.params:

@@ -166,7 +166,9 @@ def memory_svg(module: ModuleOp) -> str:
                     f'{reg.offset.value.data}, live {start}..{end}</title></rect>'
                 )
                 if h > 11 and w > 30:
-                    parts.append(f'<text x="{x + 3:.1f}" y="{y + 11:.1f}" font-size="9">@{html.escape(reg.sym_name.data)}</text>')
+                    parts.append(
+                        f'<text x="{x + 3:.1f}" y="{y + 11:.1f}" font-size="9">@{html.escape(reg.sym_name.data)}</text>'
+                    )
             parts.append(f'<text x="{left + width / 2}" y="{top + height + 16}" font-size="10" '
                          f'text-anchor="middle">schedule position</text>')
             parts.append("</g>")

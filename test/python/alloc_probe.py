@@ -27,7 +27,8 @@ def rise(fn) -> int:
 
 
 def main() -> None:
-    module = sbpc.parse_module(open(sys.argv[1]).read())
+    with open(sys.argv[1]) as f:
+        module = sbpc.parse_module(f.read())
     CompilePass().apply(Context(), module)
     program = find_program(module)
     ex = Executor(module, program, MPI.COMM_WORLD, write_back=False)

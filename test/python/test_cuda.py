@@ -118,7 +118,7 @@ def test_kernels_launch_and_match_numpy(module):
         inputs = [rng.normal(size=r.type.get_shape()).astype(numpy_dtype(r.type.element_type)) for r in ins]
         op = sbpc.make_context().get_op(actor.kernel.data).create(properties=dict(actor.props.data),
                                                                    result_types=[out.type])
-        def piece_of(t):
+        def piece_of(t, device=device):
             mesh = lookup_placement(device, t.placement).mesh()
             return piece(t.get_shape(), nd_to_plain(t.nd_sbp), mesh.shape, (0,))
 
@@ -189,8 +189,12 @@ def test_launch_pointers_and_staging_follow_the_memory_plan():
                         assert base <= address and address + reg.bytes.value.data <= base + limits[base]
                 else:
                     down, up = cb.comm_staging(actor, registers, step)
-                    assert [s.nbytes for s in down] == [registers[r.string_value()].bytes.value.data for r in actor.ins.data]
-                    assert [s.nbytes for s in up] == [registers[r.string_value()].bytes.value.data for r in actor.outs.data]
+                    assert [s.nbytes for s in down] == [
+                        registers[r.string_value()].bytes.value.data for r in actor.ins.data
+                    ]
+                    assert [s.nbytes for s in up] == [
+                        registers[r.string_value()].bytes.value.data for r in actor.outs.data
+                    ]
                     comm_seen += 1
         assert comm_seen, "a 2-rank data-parallel step has collectives to stage"
 

@@ -138,7 +138,8 @@ def test_a_failing_rank_is_reported_by_run():
     ids = g.input("ids", (6,), dtype="i64")
     g.output(s=sbpc.embedding(table.to(B), ids).sum())
     exe = sbpc.compile(g)
-    with pytest.raises(RuntimeFailure, match=r"rank \d: step 0: actor @\S+ \(lg.embedding\).*index out of range \[0, 4\)"):
+    failure = r"rank \d: step 0: actor @\S+ \(lg.embedding\).*index out of range \[0, 4\)"
+    with pytest.raises(RuntimeFailure, match=failure):
         exe.run({"ids": np.array([0, 1, 2, 3, 9, 1])})
     # the next run starts fresh ranks
     np.testing.assert_allclose(exe.run({"ids": np.array([0, 1, 2, 3, 3, 1])})["s"],

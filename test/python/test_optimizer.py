@@ -75,7 +75,9 @@ def compiled(algorithm, clip=0.0, ranks=1):
     return module
 
 
-@pytest.mark.parametrize("algorithm, clip", [("sgd", 0.0), ("momentum", 0.0), ("adam", 0.0), ("adamw", 0.0), ("sgd", 0.5)])
+@pytest.mark.parametrize(
+    "algorithm, clip", [("sgd", 0.0), ("momentum", 0.0), ("adam", 0.0), ("adamw", 0.0), ("sgd", 0.5)]
+)
 def test_updates_match_numpy(algorithm, clip):
     module = compiled(algorithm, clip)
     params = {o.key.data: initial_value(o) for o in module.ops.last.body.ops if o.name == "lg.param"}

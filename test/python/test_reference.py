@@ -89,8 +89,12 @@ def test_matmul_plain_transposed_and_batched():
   %xw = lg.matmul %x, %w : (tensor<3x2x4xf32>, tensor<4x5xf32>) -> tensor<3x2x5xf32>
   %xy = lg.matmul %x, %y transpose_rhs : (tensor<3x2x4xf32>, tensor<3x5x4xf32>) -> tensor<3x2x5xf32>"""
     out = run(body, {"x": x, "w": w, "y": y}, "%xw, %xy", "tensor<3x2x5xf32>, tensor<3x2x5xf32>")
-    expected_xw = np.array([[[sum(x[b, i, k] * w[k, j] for k in range(4)) for j in range(5)] for i in range(2)] for b in range(3)])
-    expected_xy = np.array([[[sum(x[b, i, k] * y[b, j, k] for k in range(4)) for j in range(5)] for i in range(2)] for b in range(3)])
+    expected_xw = np.array(
+        [[[sum(x[b, i, k] * w[k, j] for k in range(4)) for j in range(5)] for i in range(2)] for b in range(3)]
+    )
+    expected_xy = np.array(
+        [[[sum(x[b, i, k] * y[b, j, k] for k in range(4)) for j in range(5)] for i in range(2)] for b in range(3)]
+    )
     np.testing.assert_allclose(out["xw"], expected_xw, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out["xy"], expected_xy, rtol=1e-5, atol=1e-6)
 
@@ -214,7 +218,8 @@ lg.graph @g {
   %n = lg.param "n" init #lg.normal<1.0, 0.5> seed 7 : tensor<200x100xf32>
   %n2 = lg.param "n2" init #lg.normal<1.0, 0.5> seed 7 : tensor<200x100xf32>
   %u = lg.param "u" init #lg.uniform<-3.0, -1.0> seed 7 : tensor<200x100xf32>
-  lg.output ["z", "o", "f", "n", "n2", "u"] %z, %o, %f, %n, %n2, %u : tensor<2x3xf32>, tensor<3xf64>, tensor<2xf32>, tensor<200x100xf32>, tensor<200x100xf32>, tensor<200x100xf32>
+  lg.output ["z", "o", "f", "n", "n2", "u"] %z, %o, %f, %n, %n2, %u
+      : tensor<2x3xf32>, tensor<3xf64>, tensor<2xf32>, tensor<200x100xf32>, tensor<200x100xf32>, tensor<200x100xf32>
 }"""
 
 

@@ -24,9 +24,18 @@ MEGATRON = ROOT / "test" / "filecheck" / "passes" / "sbp-infer" / "megatron-mlp.
 
 PLACEMENTS = {
     # (model, rank count) -> the placement line that replaces the model's own
-    "mlp": ("sbp.placement @dp cpu ranks [0, 1] mesh [2]", {1: "[0] mesh [1]", 2: "[0, 1] mesh [2]", 4: "[0, 1, 2, 3] mesh [4]"}),
-    "megatron": ("sbp.placement @tp cpu ranks [0, 1] mesh [2]", {1: "[0] mesh [1]", 2: "[0, 1] mesh [2]", 4: "[0, 1, 2, 3] mesh [4]"}),
-    "gpt_block": ("sbp.placement @mesh cpu ranks [0, 1, 2, 3] mesh [2, 2]", {1: "[0] mesh [1, 1]", 2: "[0, 1] mesh [1, 2]", 4: "[0, 1, 2, 3] mesh [2, 2]"}),
+    "mlp": (
+        "sbp.placement @dp cpu ranks [0, 1] mesh [2]",
+        {1: "[0] mesh [1]", 2: "[0, 1] mesh [2]", 4: "[0, 1, 2, 3] mesh [4]"},
+    ),
+    "megatron": (
+        "sbp.placement @tp cpu ranks [0, 1] mesh [2]",
+        {1: "[0] mesh [1]", 2: "[0, 1] mesh [2]", 4: "[0, 1, 2, 3] mesh [4]"},
+    ),
+    "gpt_block": (
+        "sbp.placement @mesh cpu ranks [0, 1, 2, 3] mesh [2, 2]",
+        {1: "[0] mesh [1, 1]", 2: "[0, 1] mesh [1, 2]", 4: "[0, 1, 2, 3] mesh [2, 2]"},
+    ),
 }
 SOURCES = {"mlp": EXAMPLES / "mlp.mlir", "megatron": MEGATRON, "gpt_block": EXAMPLES / "gpt_block.mlir"}
 

@@ -22,7 +22,7 @@ import models  # noqa: E402
 
 STEPS = 20
 TEXT, STOI = models.corpus()
-GPT_SIZE = dict(batch=8, seq=8, dim=16, heads=4, layers=2)
+GPT_SIZE = {"batch": 8, "seq": 8, "dim": 16, "heads": 4, "layers": 2}
 
 
 def initial_params(module) -> dict[str, np.ndarray]:

@@ -26,7 +26,7 @@ import models  # noqa: E402
 
 STEPS = 20
 TEXT, STOI = models.corpus()
-GPT_SIZE = dict(batch=8, seq=8, dim=16, heads=4, layers=2)
+GPT_SIZE = {"batch": 8, "seq": 8, "dim": 16, "heads": 4, "layers": 2}
 
 
 def build(model: str, variant: str, ranks: int, **kw):
@@ -115,7 +115,7 @@ def test_fsdp_stores_a_1_over_p_share_of_the_parameters(ranks):
     parallel's; each weight is gathered once in forward and again in backward
     (the first layer's input gradient is not needed); gradients are
     reduce-scattered; the arena never holds all gathered weights at once."""
-    kw = dict(batch=64, features=32, hidden=64, algorithm="sgd")
+    kw = {"batch": 64, "features": 32, "hidden": 64, "algorithm": "sgd"}
     dp = plan_of(models.mlp("dp", ranks, **kw)).devices()[0]
     fsdp_module = models.mlp("fsdp", ranks, **kw)
     fsdp = plan_of(fsdp_module).devices()[0]

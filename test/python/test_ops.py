@@ -1,0 +1,102 @@
+"""The op is the unit of change: every lg op carries its rules and
+properties, and every backend implements every op (or says, in its one
+registry, that the op runs elsewhere). A new op that misses a backend, or
+a property set that disagrees with the ops' traits, fails here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from xdsl.dialects.builtin import TensorType, f32
+from xdsl.ir import Block
+
+from sbpc.dialects import lg, plan
+from sbpc.dialects.backends import Backend
+from sbpc.lowering import plan_codegen
+from sbpc.runtime import kernels
+from sbpc.semantics.local_eval import LOCAL
+from sbpc.semantics.reference import REFERENCE
+
+STRUCTURE = {lg.GraphOp, lg.OutputOp, lg.InputOp, lg.ParamOp, lg.ConstantOp}
+"""lg ops that are not kernels: the graph's frame and its sources."""
+
+BACKENDS: list[Backend] = [REFERENCE, kernels.NUMPY, plan_codegen.CUDA]
+
+NOT_DIFFERENTIABLE = {lg.ReduceMaxOp, lg.OneHotOp, lg.EmbeddingGradOp}
+"""Ops lg-autodiff refuses to differentiate through (by design: they only
+appear in backward graphs, or have no useful gradient here)."""
+
+
+def test_every_lg_op_is_structure_or_a_kernel():
+    ops = list(lg.LG.operations)
+    assert set(ops) == STRUCTURE | set(lg.COMPUTE_OPS)
+    assert len(lg.COMPUTE_OPS) == len(ops) - len(STRUCTURE)
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.name)
+def test_every_backend_implements_every_op(backend: Backend):
+    missing = backend.missing(lg.COMPUTE_OPS)
+    assert not missing, f"{backend.name} lacks {[op.name for op in missing]}"
+
+
+def test_backends_hold_only_known_ops():
+    known = {*lg.COMPUTE_OPS}
+    assert set(kernels.NUMPY.ops()) - known == {kernels.Fused}
+    assert set(plan_codegen.CUDA.ops()) <= known
+    assert set(LOCAL.ops()) - known == {kernels.Fused}
+
+
+def test_a_missing_implementation_is_reported():
+    class Unregistered(lg.NegOp):
+        name = "lg.unregistered"
+
+    for backend in BACKENDS:
+        assert backend.missing([*lg.COMPUTE_OPS, Unregistered]) == [Unregistered]
+    with pytest.raises(KeyError, match="lg.unregistered"):
+        REFERENCE[Unregistered]
+    twice = Backend("test")
+    twice.register(lg.NegOp, 1)
+    with pytest.raises(ValueError, match="registered twice"):
+        twice.register(lg.NegOp, 2)
+
+
+def test_property_sets_follow_the_traits():
+    elementwise = {op for op in lg.COMPUTE_OPS if lg.is_elementwise(op)}
+    assert plan.FUSABLE_KERNELS == {op.name for op in elementwise}
+    assert plan.IN_PLACE_KERNELS == plan.FUSABLE_KERNELS | {plan.FUSED}
+    assert plan.REINTERPRETING_KERNELS == {lg.ReshapeOp.name}
+    for op in lg.COMPUTE_OPS:
+        # CUDA fuses exactly the elementwise ops; the runtime lets exactly the
+        # in-place ones write over an input.
+        cuda = plan_codegen.CUDA[op]
+        assert isinstance(cuda, plan_codegen.ElementwiseExpr) == (op in elementwise), op.name
+        assert kernels._alias_safe(op) == (op.name in plan.IN_PLACE_KERNELS | plan.REINTERPRETING_KERNELS), op.name
+
+
+def test_elementwise_ops_are_elementwise():
+    # The trait's claim, checked against the reference kernels: a kernel of
+    # pieces is the piece of the kernel, with broadcasting.
+    rng = np.random.default_rng(0)
+    x = np.abs(rng.normal(size=(6, 4))).astype(np.float32) + 0.5
+    y = np.abs(rng.normal(size=(4,))).astype(np.float32) + 0.5
+    block = Block(arg_types=[TensorType(f32, [6, 4]), TensorType(f32, [4])])
+    a, b = block.args
+    for op_cls in (op for op in lg.COMPUTE_OPS if lg.is_elementwise(op)):
+        op = op_cls(a) if issubclass(op_cls, lg.UnaryOp) else op_cls(a, b)
+        args = (x,) if issubclass(op_cls, lg.UnaryOp) else (x, y)
+        whole = REFERENCE[op_cls](op, *args)
+        rows = REFERENCE[op_cls](op, *(v[2:5] if v.ndim == 2 else v for v in args))
+        np.testing.assert_allclose(rows, whole[2:5], rtol=1e-6, err_msg=op_cls.name)
+
+
+def test_gradient_rules_live_with_the_ops():
+    assert {op for op in lg.COMPUTE_OPS if not op.differentiable()} == NOT_DIFFERENTIABLE
+    for op in lg.COMPUTE_OPS:
+        assert op.sbp_rule is not lg.SbpRules.sbp_rule, f"{op.name} has no SBP rule"
+        assert op.rule is not lg.LgOp.rule, f"{op.name} has no shape rule"
+
+
+def test_op_class_by_name():
+    assert lg.op_class("lg.matmul") is lg.MatmulOp
+    with pytest.raises(KeyError, match="lg.nothing"):
+        lg.op_class("lg.nothing")
