@@ -67,6 +67,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from .irdl_verify import op_definition
 from .sbp import (
+    DTensorType,
     PlacementOp,
     TensorLike,
     element_type,
@@ -271,6 +272,7 @@ def verify_distributions(op: IRDLOperation) -> None:
     for kind, values in (("operand", op.operands), ("result", op.results)):
         for i, value in enumerate(values):
             if verify_distribution(op, value.type, f"{kind} #{i}", found) is not None:
+                assert isinstance(value.type, DTensorType)  # a mesh comes back only for a dtensor
                 placements.add(value.type.placement_name)
     if len(placements) > 1:
         raise VerifyException(
@@ -292,14 +294,15 @@ def _split_ok(dim: int, p: int) -> bool:
 
 
 def _source_signatures(out_shape: Shape, p: int) -> list[Signature]:
-    return [((), ("B",))] + [((), (f"S{i}",)) for i, d in enumerate(out_shape) if _split_ok(d, p)]
+    sigs: list[Signature] = [((), ("B",))]
+    return sigs + [((), (f"S{i}",)) for i, d in enumerate(out_shape) if _split_ok(d, p)]
 
 
 def _aligned_splits(in_shapes: Sequence[Shape], out_shape: Shape, p: int) -> list[Signature]:
     """Elementwise with numpy broadcasting: splitting result axis i splits
     each operand on its aligned axis, or needs it whole (B) where the operand
     broadcasts along i."""
-    sigs = []
+    sigs: list[Signature] = []
     rank = len(out_shape)
     for i, d in enumerate(out_shape):
         if not _split_ok(d, p):
@@ -315,7 +318,8 @@ def _aligned_splits(in_shapes: Sequence[Shape], out_shape: Shape, p: int) -> lis
 def _passthrough(count: int, kinds: Sequence[str]) -> list[Signature]:
     """All-B gives B; for each partial kind the op is linear (or monotone, for
     max) in, all operands of that kind give it."""
-    return [(("B",) * count, ("B",))] + [((k,) * count, (k,)) for k in kinds]
+    sigs: list[Signature] = [(("B",) * count, ("B",))]
+    return sigs + [((k,) * count, (k,)) for k in kinds]
 
 
 class SbpRules:
@@ -745,7 +749,11 @@ class BinaryOp(LgOp, ABC):
 @op_definition
 class AddOp(BinaryOp):
     name = "lg.add"
-    PARTIAL_SIGNATURES: ClassVar[tuple[Signature, ...]] = ((("P", "P"), ("P",)), (("Pmax", "B"), ("Pmax",)), (("B", "Pmax"), ("Pmax",)))
+    PARTIAL_SIGNATURES: ClassVar[tuple[Signature, ...]] = (
+        (("P", "P"), ("P",)),
+        (("Pmax", "B"), ("Pmax",)),
+        (("B", "Pmax"), ("Pmax",)),
+    )
 
     def gradient(self, g, e):
         return [e.unbroadcast(g, global_shape(self.lhs.type)), e.unbroadcast(g, global_shape(self.rhs.type))]
@@ -1044,7 +1052,7 @@ class LayerNormOp(LgOp):
 # --------------------------------------------------------------------------
 
 
-def _axes_prop(axes: Sequence[int], rank: int) -> DenseArrayBase:
+def _axes_prop(axes: Sequence[int], rank: int) -> DenseArrayBase[IntegerType]:
     return DenseArrayBase.from_list(i64, sorted({a % max(rank, 1) for a in axes}))
 
 
@@ -1475,7 +1483,9 @@ class CrossEntropyOp(LgOp):
         if not is_index(elems[1]):
             raise ShapeError(f"labels must be i32 or i64, got {elems[1]}")
         if labels != logits[:-1]:
-            raise ShapeError(f"labels shape {list(labels)} must be the logits shape without its class axis {list(logits[:-1])}")
+            raise ShapeError(
+                f"labels shape {list(labels)} must be the logits shape without its class axis {list(logits[:-1])}"
+            )
         return (), elems[0]
 
     FLOPS_PER_ELEMENT: ClassVar[float] = 6.0
@@ -1605,7 +1615,9 @@ class EmbeddingGradOp(LgOp):
 
     def __init__(self, grad: SSAValue, indices: SSAValue, rows: int):
         result_type = self.infer([grad, indices], rows=rows)
-        super().__init__(operands=[grad, indices], properties={"rows": IntegerAttr(rows, i64)}, result_types=[result_type])
+        super().__init__(
+            operands=[grad, indices], properties={"rows": IntegerAttr(rows, i64)}, result_types=[result_type]
+        )
 
     def params(self):
         return {"rows": self.rows.value.data}
@@ -1667,10 +1679,10 @@ LG = Dialect(
 COMPUTE_OPS: tuple[type[LgOp], ...] = tuple(op for op in LG.operations if issubclass(op, LgOp))
 """The ops that are kernels: every backend implements each of them."""
 
-_BY_NAME: dict[str, type[IRDLOperation]] = {op.name: op for op in LG.operations}
+_BY_NAME: dict[str, type[Operation]] = {op.name: op for op in LG.operations}
 
 
-def op_class(name: str) -> type[IRDLOperation]:
+def op_class(name: str) -> type[Operation]:
     """The lg op class named `name` (a plan's compute actors name their kernel)."""
     found = _BY_NAME.get(name)
     if found is None:

@@ -55,11 +55,11 @@ from xdsl.irdl import (
 from xdsl.traits import HasParent, IsolatedFromAbove, NoTerminator, SymbolOpInterface, SymbolTable
 from xdsl.utils.exceptions import VerifyException
 
+from . import lg
 from .irdl_verify import op_definition
 from .layout import local_shape
-from . import lg
 from .lg import InitializerAttr
-from .sbp import DTensorType, element_bytes, format_nd, lookup_placement
+from .sbp import COLLECTIVES, TRANSFER, DTensorType, element_bytes, format_nd, lookup_placement
 
 
 def tensor_bytes(t: TensorType) -> int:
@@ -205,7 +205,9 @@ class RegisterOp(IRDLOperation):
     def verify_(self) -> None:
         where = f"'{self.name}' @{self.sym_name.data}"
         if self.bytes.value.data != tensor_bytes(self.type):
-            raise VerifyException(f"{where}: {self.type} takes {tensor_bytes(self.type)} bytes, not {self.bytes.value.data}")
+            raise VerifyException(
+                f"{where}: {self.type} takes {tensor_bytes(self.type)} bytes, not {self.bytes.value.data}"
+            )
         if self.slots.value.data < 1:
             raise VerifyException(f"{where}: needs at least one slot")
         if self.offset is not None and self.offset.value.data < 0:
@@ -215,7 +217,9 @@ class RegisterOp(IRDLOperation):
         if (self.param is not None or self.constant is not None) and self.is_persistent is None:
             raise VerifyException(f"{where}: parameters and constants live in the persistent region")
         if self.type.element_type != self.value.element_type:
-            raise VerifyException(f"{where}: element type {self.type.element_type} is not the value's {self.value.element_type}")
+            raise VerifyException(
+                f"{where}: element type {self.type.element_type} is not the value's {self.value.element_type}"
+            )
         device = self.parent_op()
         if not isinstance(device, DeviceOp):
             return
@@ -293,7 +297,8 @@ def fused_steps(actor: ComputeOp) -> list[FusedStep]:
         kernel, args, t = fields.get("kernel"), fields.get("args"), fields.get("type")
         if not (isinstance(kernel, StringAttr) and isinstance(args, DenseArrayBase) and isinstance(t, TensorType)):
             raise VerifyException(
-                f"'plan.compute' @{actor.sym_name.data}: step {i} needs kernel (string), args (array<i64>) and type (tensor)"
+                f"'plan.compute' @{actor.sym_name.data}: step {i} needs kernel (string), args (array<i64>) "
+                "and type (tensor)"
             )
         out.append(FusedStep(kernel.data, tuple(args.get_values()), t))
     return out
@@ -343,7 +348,9 @@ class ComputeOp(ActorOp):
         if isinstance(device, DeviceOp):
             out = device.register(self.outs.data[0])
             if out is not None and out.type != steps[-1].type:
-                raise VerifyException(f"{where}: the last step gives {steps[-1].type}, the output register is {out.type}")
+                raise VerifyException(
+                    f"{where}: the last step gives {steps[-1].type}, the output register is {out.type}"
+                )
 
 
 @op_definition
@@ -373,7 +380,7 @@ class CommOp(ActorOp):
         "`from` qualified($from) `to` qualified($to) attr-dict"
     )
 
-    KINDS: ClassVar[tuple[str, ...]] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "slice", "make_partial", "transfer")
+    KINDS: ClassVar[tuple[str, ...]] = (*COLLECTIVES, TRANSFER)
 
     def verify_(self) -> None:
         where = f"'{self.name}' @{self.sym_name.data}"

@@ -690,6 +690,65 @@ def format_nd(nd: NdSbpAttr) -> str:
 
 
 # --------------------------------------------------------------------------
+# Collectives: one table of the single-axis redistributions. The ops, the
+# boxing planner, the plan's communication kinds, the simulator and the
+# runtime all read it.
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One redistribution on one mesh axis: which (source, destination) SBP
+    kinds it connects ("S", "B" or "P", the first letter of a plain SBP),
+    whether devices exchange data, and its text for diagnostics."""
+
+    kind: str
+    steps: frozenset[tuple[str, str]]
+    communicates: bool
+    transition: str
+    doc: str
+
+    def performs(self, source: PlainSbp, dest: PlainSbp) -> bool:
+        """Whether it takes a mesh axis from `source` to `dest` (two splits
+        must split different tensor axes)."""
+        return (source[0], dest[0]) in self.steps and source != dest
+
+
+COLLECTIVES: dict[str, Collective] = {
+    c.kind: c
+    for c in (
+        Collective("all_reduce", frozenset({("P", "B")}), True, "P -> B",
+                   "P -> B: every device gets the reduction of all pieces."),
+        Collective("all_gather", frozenset({("S", "B")}), True, "S<i> -> B",
+                   "S(i) -> B: every device gets the concatenation of all slices."),
+        Collective("reduce_scatter", frozenset({("P", "S")}), True, "P -> S<i>",
+                   "P -> S(i): every device gets its slice of the reduction."),
+        Collective("all_to_all", frozenset({("S", "S")}), True, "S<i> -> S<j> with i != j",
+                   "S(i) -> S(j), i != j: every device trades slices with every other."),
+        Collective("slice", frozenset({("B", "S")}), False, "B -> S<i> (a local slice)",
+                   "B -> S(i) with no communication: every device keeps its own slice."),
+        Collective("make_partial", frozenset({("B", "P"), ("S", "P")}), False, "B or S<i> -> P (local)",
+                   "B or S<i> -> P (or P<max>) with no communication: a B value stays on the group's first "
+                   "device and the others hold zeros (-inf for max); a split value is embedded in zeros "
+                   "(-inf) at its place."),
+    )
+}
+"""The collectives by kind (`sbp.<kind>` is the op, `plan.comm` names the kind)."""
+
+TRANSFER = "transfer"
+"""The communication between placements (sbp.transfer), outside the table:
+it moves pieces between meshes rather than changing one mesh axis."""
+
+
+def step_collective(source: PlainSbp, dest: PlainSbp) -> Collective | None:
+    """The collective that changes one mesh axis from `source` to `dest`, if one does."""
+    return _STEP_COLLECTIVE.get((source[0], dest[0]))
+
+
+_STEP_COLLECTIVE = {step: c for c in COLLECTIVES.values() for step in c.steps}
+
+
+# --------------------------------------------------------------------------
 # Ops
 # --------------------------------------------------------------------------
 
@@ -751,12 +810,6 @@ class CollectiveOp(IRDLOperation, ABC):
             props["bytes"] = IntegerAttr(bytes, i64)
         super().__init__(operands=[input], result_types=[result_type], properties=props)
 
-    TRANSITION: ClassVar[str]
-    """The transition on each listed axis, for diagnostics."""
-
-    def check_axis(self, source: SbpAttr, dest: SbpAttr) -> bool:
-        raise NotImplementedError
-
     def verify_(self) -> None:
         source, dest = self.input.type, self.result.type
         assert isinstance(source, DTensorType) and isinstance(dest, DTensorType)
@@ -769,6 +822,7 @@ class CollectiveOp(IRDLOperation, ABC):
                 f"'{self.name}': operand and result must share a placement "
                 f"(@{source.placement_name} vs @{dest.placement_name}); use sbp.transfer to move between placements"
             )
+        collective = COLLECTIVES[self.name.removeprefix("sbp.")]
         axes = list(self.mesh_axes.get_values())
         if not axes or len(set(axes)) != len(axes) or any(not 0 <= a < len(mesh.shape) for a in axes):
             raise VerifyException(
@@ -776,10 +830,10 @@ class CollectiveOp(IRDLOperation, ABC):
             )
         for a in range(len(mesh.shape)):
             s, d = source.nd_sbp[a], dest.nd_sbp[a]
-            if a in axes and not self.check_axis(s, d):
+            if a in axes and not collective.performs(to_plain(s), to_plain(d)):
                 raise VerifyException(
                     f"'{self.name}': mesh axis {a} goes from {format_nd(NdSbpAttr([s]))} to "
-                    f"{format_nd(NdSbpAttr([d]))}, but {self.name} performs {self.TRANSITION}"
+                    f"{format_nd(NdSbpAttr([d]))}, but {self.name} performs {collective.transition}"
                 )
             if a not in axes and s != d:
                 raise VerifyException(
@@ -795,72 +849,15 @@ class CollectiveOp(IRDLOperation, ABC):
             )
 
 
-@op_definition
-class AllReduceOp(CollectiveOp):
-    """P -> B: every device gets the reduction of all pieces."""
-
-    name = "sbp.all_reduce"
-    TRANSITION: ClassVar[str] = "P -> B"
-
-    def check_axis(self, source: SbpAttr, dest: SbpAttr) -> bool:
-        return isinstance(source, PartialAttr) and isinstance(dest, BroadcastAttr)
+def _collective_op(c: Collective) -> type[CollectiveOp]:
+    """The op class of a row of COLLECTIVES: `sbp.<kind>`."""
+    class_name = "".join(part.title() for part in c.kind.split("_")) + "Op"
+    body = {"name": f"sbp.{c.kind}", "__doc__": c.doc, "__module__": __name__, "__qualname__": class_name}
+    return op_definition(type(class_name, (CollectiveOp,), body))
 
 
-@op_definition
-class AllGatherOp(CollectiveOp):
-    """S(i) -> B: every device gets the concatenation of all slices."""
-
-    name = "sbp.all_gather"
-    TRANSITION: ClassVar[str] = "S<i> -> B"
-
-    def check_axis(self, source: SbpAttr, dest: SbpAttr) -> bool:
-        return isinstance(source, SplitAttr) and isinstance(dest, BroadcastAttr)
-
-
-@op_definition
-class ReduceScatterOp(CollectiveOp):
-    """P -> S(i): every device gets its slice of the reduction."""
-
-    name = "sbp.reduce_scatter"
-    TRANSITION: ClassVar[str] = "P -> S<i>"
-
-    def check_axis(self, source: SbpAttr, dest: SbpAttr) -> bool:
-        return isinstance(source, PartialAttr) and isinstance(dest, SplitAttr)
-
-
-@op_definition
-class AllToAllOp(CollectiveOp):
-    """S(i) -> S(j), i != j: every device trades slices with every other."""
-
-    name = "sbp.all_to_all"
-    TRANSITION: ClassVar[str] = "S<i> -> S<j> with i != j"
-
-    def check_axis(self, source: SbpAttr, dest: SbpAttr) -> bool:
-        return isinstance(source, SplitAttr) and isinstance(dest, SplitAttr) and source.axis != dest.axis
-
-
-@op_definition
-class SliceOp(CollectiveOp):
-    """B -> S(i) with no communication: every device keeps its own slice."""
-
-    name = "sbp.slice"
-    TRANSITION: ClassVar[str] = "B -> S<i> (a local slice)"
-
-    def check_axis(self, source: SbpAttr, dest: SbpAttr) -> bool:
-        return isinstance(source, BroadcastAttr) and isinstance(dest, SplitAttr)
-
-
-@op_definition
-class MakePartialOp(CollectiveOp):
-    """B or S<i> -> P (or P<max>) with no communication: a B value stays on
-    the group's first device and the others hold zeros (-inf for max); a split
-    value is embedded in zeros (-inf) at its place."""
-
-    name = "sbp.make_partial"
-    TRANSITION: ClassVar[str] = "B or S<i> -> P (local)"
-
-    def check_axis(self, source: SbpAttr, dest: SbpAttr) -> bool:
-        return isinstance(source, BroadcastAttr | SplitAttr) and isinstance(dest, PartialAttr)
+COLLECTIVE_OP_OF_KIND: dict[str, type[CollectiveOp]] = {kind: _collective_op(c) for kind, c in COLLECTIVES.items()}
+AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp, SliceOp, MakePartialOp = COLLECTIVE_OP_OF_KIND.values()
 
 
 @op_definition

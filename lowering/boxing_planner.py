@@ -26,24 +26,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from sbpc.dialects.sbp import PlainNd, hierarchy_violation
+from sbpc.dialects.sbp import COLLECTIVES, PlainNd, hierarchy_violation, step_collective
 
 from .cost_model import DeviceSpec, axis_volume, local_fraction
 
-COLLECTIVE_OF_STEP = {
-    ("P", "B"): "all_reduce",
-    ("P", "S"): "reduce_scatter",
-    ("S", "B"): "all_gather",
-    ("S", "S"): "all_to_all",
-    ("B", "S"): "slice",
-    ("B", "P"): "make_partial",
-    ("S", "P"): "make_partial",
-}
-
-
 def step_kind(src: str, dst: str) -> str | None:
     """The collective that changes one mesh axis from `src` to `dst`, if one does."""
-    return COLLECTIVE_OF_STEP.get((src[0], dst[0]))
+    collective = step_collective(src, dst)
+    return None if collective is None else collective.kind
 
 
 @dataclass(frozen=True)
@@ -113,7 +103,7 @@ def plan(src: PlainNd, dst: PlainNd, mesh: tuple[int, ...], rank: int) -> tuple[
 def plan_volume(src: PlainNd, dst: PlainNd, mesh: Sequence[int], rank: int) -> tuple[float, int]:
     """Units of |T| moved per device, and the number of collectives, of the best plan."""
     steps, volume = plan(tuple(src), tuple(dst), tuple(mesh), rank)
-    return volume, sum(1 for s in steps if s.kind not in ("slice", "make_partial"))
+    return volume, sum(1 for s in steps if COLLECTIVES[s.kind].communicates)
 
 
 def boxing_cost(src: PlainNd, dst: PlainNd, mesh: Sequence[int], rank: int, nbytes: float, device: DeviceSpec) -> float:

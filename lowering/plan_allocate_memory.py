@@ -30,7 +30,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import IntegerAttr, ModuleOp, SymbolRefAttr, UnitAttr, i64
 from xdsl.passes import ModulePass
 
-from sbpc.dialects import lg, plan
+from sbpc.dialects import plan
 
 ALIGNMENT = 64
 """Every buffer starts at a multiple of this many bytes (cache lines, and
@@ -220,7 +220,7 @@ def place(buffers: list[Buffer]) -> int:
         for _ in range(RANDOM_ORDERS):
             keys = [rng.random() for _ in buffers]
             position = {id(b): k for b, k in zip(buffers, keys)}
-            tried, tried_offsets = _first_fit(buffers, lambda b: position[id(b)])
+            tried, tried_offsets = _first_fit(buffers, lambda b: position[id(b)])  # noqa: B023 (used only during the call)
             if tried < arena:
                 arena, offsets = tried, tried_offsets
             if arena == bound:
@@ -245,7 +245,7 @@ def lifetimes(device: plan.DeviceOp) -> dict[str, tuple[int, int]]:
     fetched outputs to the end)."""
     actors = device.actors()
     end = len(actors)
-    span: dict[str, list[int]] = {}
+    span: dict[str, list[int | None]] = {}
     for reg in device.registers():
         first = -1 if reg.feed is not None else None
         last = end if reg.fetch is not None else None
@@ -284,7 +284,10 @@ def in_place_pairs(device: plan.DeviceOp, life: dict[str, tuple[int, int]]) -> d
     overwritten = set()  # the values of `pairs`, as a set: each input is overwritten at most once
     registers = {r.sym_name.data: r for r in device.registers()}
     for pos, actor in enumerate(device.actors()):
-        if not isinstance(actor, plan.ComputeOp) or actor.kernel.data not in plan.IN_PLACE_KERNELS | plan.REINTERPRETING_KERNELS:
+        if (
+            not isinstance(actor, plan.ComputeOp)
+            or actor.kernel.data not in plan.IN_PLACE_KERNELS | plan.REINTERPRETING_KERNELS
+        ):
             continue
         out = registers[actor.outs.data[0].string_value()]
         reinterprets = actor.kernel.data in plan.REINTERPRETING_KERNELS

@@ -24,10 +24,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from xdsl.context import Context
+from xdsl.dialects.builtin import DenseArrayBase, FloatAttr, IntegerAttr, IntegerType, ModuleOp, StringAttr, i64
 from xdsl.ir import Attribute
-from xdsl.dialects.builtin import DenseArrayBase, ModuleOp, StringAttr, i64
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
@@ -93,7 +94,9 @@ class ElementwiseExpr:
     expr: str
 
     def __call__(self, site: Site) -> tuple[str, list[int]]:
-        return gen_fused(site.name, site.t, site.in_shapes, site.out_shape, [(site.kernel, tuple(range(len(site.in_shapes))))])
+        return gen_fused(
+            site.name, site.t, site.in_shapes, site.out_shape, [(site.kernel, tuple(range(len(site.in_shapes))))]
+        )
 
 
 for _op, _expr in (
@@ -185,8 +188,13 @@ def gen_matmul(site: Site) -> tuple[str, list[int]]:
     # element strides inside one matrix
     sam, sak = (1, M) if ta else (K, 1)
     sbk, sbn = (1, K) if tb else (N, 1)
-    boff = _index_loop(batch, [[s * a_mat for s in a_b], [s * b_mat for s in b_b]], ["oa", "ob"]) if batch else "long oa = 0, ob = 0;"
-    src = f"""{_header(t)}extern "C" __global__ void {name}(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C) {{
+    boff = (
+        _index_loop(batch, [[s * a_mat for s in a_b], [s * b_mat for s in b_b]], ["oa", "ob"])
+        if batch
+        else "long oa = 0, ob = 0;"
+    )
+    params = "const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C"
+    src = f"""{_header(t)}extern "C" __global__ void {name}({params}) {{
   __shared__ T As[{TILE}][{TILE}];
   __shared__ T Bs[{TILE}][{TILE}];
   long i = blockIdx.z;
@@ -210,7 +218,7 @@ def gen_matmul(site: Site) -> tuple[str, list[int]]:
 @CUDA.impl(lg.ReduceSumOp, lg.ReduceMeanOp, lg.ReduceMaxOp)
 def gen_reduce(site: Site) -> tuple[str, list[int]]:
     kernel, name, t, in_shape = site.kernel, site.name, site.t, site.in_shapes[0]
-    axes = list(site.props["axes"].get_values())
+    axes = list(cast(DenseArrayBase[IntegerType], site.props["axes"]).get_values())
     kept = [d for d in range(len(in_shape)) if d not in axes]
     st = strides(in_shape)
     n_out = max(math.prod(in_shape[d] for d in kept), 1)
@@ -244,7 +252,7 @@ def gen_reduce(site: Site) -> tuple[str, list[int]]:
 @CUDA.impl(lg.SoftmaxOp, lg.LogSoftmaxOp)
 def gen_softmax(site: Site) -> tuple[str, list[int]]:
     kernel, name, t, shape = site.kernel, site.name, site.t, site.in_shapes[0]
-    axis = site.props["axis"].value.data
+    axis = cast(IntegerAttr, site.props["axis"]).value.data
     inner = math.prod(shape[axis + 1 :])
     rows = math.prod(shape) // shape[axis]
     n = shape[axis]
@@ -267,12 +275,16 @@ def gen_softmax(site: Site) -> tuple[str, list[int]]:
 @CUDA.impl(lg.LayerNormOp)
 def gen_layernorm(site: Site) -> tuple[str, list[int]]:
     name, t, shape = site.name, site.t, site.in_shapes[0]
-    axis, eps = site.props["axis"].value.data, site.props["epsilon"].value.data
+    axis = cast(IntegerAttr, site.props["axis"]).value.data
+    eps = cast(FloatAttr, site.props["epsilon"]).value.data
     affine = len(site.in_shapes) == 3
     inner = math.prod(shape[axis:])
     rows = math.prod(shape[:axis])
-    params = "const T* __restrict__ a0, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ out" if affine \
+    params = (
+        "const T* __restrict__ a0, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ out"
+        if affine
         else "const T* __restrict__ a0, T* __restrict__ out"
+    )
     scale = " * w[k] + bias[k]" if affine else ""
     src = f"""{_header(t)}extern "C" __global__ void {name}({params}) {{
   long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
@@ -304,7 +316,7 @@ def gen_copy(site: Site) -> tuple[str, list[int]]:
 @CUDA.impl(lg.TransposeOp)
 def gen_transpose(site: Site) -> tuple[str, list[int]]:
     name, t, in_shape, out_shape = site.name, site.t, site.in_shapes[0], site.out_shape
-    perm = list(site.props["perm"].get_values())
+    perm = list(cast(DenseArrayBase[IntegerType], site.props["perm"]).get_values())
     st = strides(in_shape)
     n = math.prod(out_shape)
     index = _index_loop(out_shape, [[st[p] for p in perm]], ["s"])

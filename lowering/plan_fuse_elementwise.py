@@ -43,7 +43,9 @@ from sbpc.dialects import plan
 
 
 def _fusable(actor) -> bool:
-    return isinstance(actor, plan.ComputeOp) and (actor.kernel.data in plan.FUSABLE_KERNELS or actor.kernel.data == plan.FUSED)
+    return isinstance(actor, plan.ComputeOp) and (
+        actor.kernel.data in plan.FUSABLE_KERNELS or actor.kernel.data == plan.FUSED
+    )
 
 
 def _steps(actor: plan.ComputeOp, out_type) -> list[plan.FusedStep]:
@@ -57,7 +59,9 @@ def _is_intermediate(reg: plan.RegisterOp) -> bool:
             and reg.is_persistent is None)
 
 
-def merge(producer: plan.ComputeOp, consumer: plan.ComputeOp, via: str, registers: dict) -> tuple[list, list[plan.FusedStep]]:
+def merge(
+    producer: plan.ComputeOp, consumer: plan.ComputeOp, via: str, registers: dict
+) -> tuple[list, list[plan.FusedStep]]:
     """The inputs and steps of `consumer` with `producer` (which writes
     register `via`) folded in front of it."""
     p_ins = [r.string_value() for r in producer.ins.data]

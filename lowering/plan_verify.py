@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from dataclasses import dataclass
+from typing import NoReturn
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
@@ -33,7 +34,7 @@ from sbpc.dialects import plan
 from .plan_allocate_memory import lifetimes
 
 
-def _fail(device: plan.DeviceOp, what: str) -> None:
+def _fail(device: plan.DeviceOp, what: str) -> NoReturn:
     raise PassFailedException(f"'plan.device' @{device.sym_name.data}: {what}")
 
 
@@ -57,7 +58,7 @@ def verify_memory(device: plan.DeviceOp) -> None:
     # An in-place actor may share bytes with an input only where its kernel
     # can run in place and the two start at the same offset.
     offsets = {r.sym_name.data: r.offset.value.data for r in registers}
-    in_place = set()
+    in_place: set[tuple[str, str]] = set()
     for actor in device.actors():
         if (isinstance(actor, plan.ComputeOp) and actor.in_place is not None
                 and actor.kernel.data in plan.IN_PLACE_KERNELS | plan.REINTERPRETING_KERNELS):
@@ -87,11 +88,11 @@ def verify_memory(device: plan.DeviceOp) -> None:
     # above), so with every target aliased at most once, leaving the aliasing
     # ones out of the sorted check hides no overlap the pairwise check would
     # report: whatever overlaps one overlaps its target too.
-    aliasing = {name: target for name, target in aliased}
+    aliasing = dict(aliased)
     skipped = set(aliasing) if len(set(aliasing.values())) == len(aliasing) else set()
-    persistent = sorted((r.offset.value.data, r.offset.value.data + r.size) for r in registers
-                        if r.is_persistent is not None and r.sym_name.data not in skipped)
-    if not _sorted_disjoint(persistent):
+    persistent_ranges = sorted((r.offset.value.data, r.offset.value.data + r.size) for r in registers
+                               if r.is_persistent is not None and r.sym_name.data not in skipped)
+    if not _sorted_disjoint(persistent_ranges):
         _check_persistent_pairwise(device, registers, aliased)
 
 
@@ -100,7 +101,7 @@ def first_shared_bytes(temporaries: list[tuple[int, int, int, int, str]],
     """The first two registers live together that share bytes (not an
     in-place pair), by checking every pair live together: quadratic in the
     live set. `temporaries` as for temporaries_disjoint."""
-    for i, (s1, e1, lo1, n1, na) in enumerate(temporaries):
+    for i, (_s1, e1, lo1, n1, na) in enumerate(temporaries):
         for s2, e2, lo2, n2, nb in temporaries[i + 1 :]:
             if s2 > e1:
                 break  # sorted by start: nothing later is live with this one
@@ -119,7 +120,8 @@ def _check_persistent_pairwise(device: plan.DeviceOp, registers: list[plan.Regis
         for other in (r for r in registers if r.is_persistent is not None and r is not reg):
             lo1, lo2 = reg.offset.value.data, other.offset.value.data
             if lo1 < lo2 + other.size and lo2 < lo1 + reg.size and reg.sym_name.data < other.sym_name.data:
-                if (reg.sym_name.data, other.sym_name.data) in aliased or (other.sym_name.data, reg.sym_name.data) in aliased:
+                if ((reg.sym_name.data, other.sym_name.data) in aliased
+                        or (other.sym_name.data, reg.sym_name.data) in aliased):
                     continue
                 _fail(device, f"persistent registers @{reg.sym_name.data} and @{other.sym_name.data} overlap")
 

@@ -39,14 +39,6 @@ from sbpc.dialects.sbp import (
 from .boxing_planner import Step, plan
 from .cost_model import axis_volume
 
-STEP_OPS: dict[str, type[sbp.CollectiveOp]] = {
-    "all_reduce": sbp.AllReduceOp,
-    "all_gather": sbp.AllGatherOp,
-    "reduce_scatter": sbp.ReduceScatterOp,
-    "all_to_all": sbp.AllToAllOp,
-    "slice": sbp.SliceOp,
-    "make_partial": sbp.MakePartialOp,
-}
 
 
 def itemsize(t: DTensorType) -> int:
@@ -100,7 +92,7 @@ class BoxingBuilder:
         shape = t.get_shape()
         for step in steps:
             result_type = t.with_distribution(mesh.name, nd_from_plain(step.dst))
-            op_cls = STEP_OPS[step.kind]
+            op_cls = sbp.COLLECTIVE_OP_OF_KIND[step.kind]
             moved = step_bytes(step, shape, itemsize(t), mesh.shape)
             value = self.emit(op_cls(value, [step.mesh_axis], result_type, bytes=moved))
             t = result_type

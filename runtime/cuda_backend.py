@@ -18,7 +18,7 @@ Communication stages through the pinned mirrors (this MPI is not
 CUDA-aware): before a collective is issued its input slots are copied
 device to host, the unchanged numpy collectives run on the mirror, and once
 they complete (the executor's hazard tracking decides when) the output
-slots are copied host to device (`comm_staging`). Copies are synchronous
+slots are copied host to device (`staging`). Copies are synchronous
 on the default stream, so they are ordered after the kernels that wrote the
 bytes and before the kernels that read them.
 
@@ -94,9 +94,10 @@ def launch_dims(actor: plan.ComputeOp) -> tuple[tuple[int, int, int], tuple[int,
     return (gx, gy, gz), (bx, by, bz)
 
 
-def comm_staging(actor, registers: dict, step: int) -> tuple[list[Span], list[Span]]:
-    """(copied down before the collective is issued, copied up once it
-    completes): its input slots, then its output slots."""
+def staging(actor, registers: dict, step: int) -> tuple[list[Span], list[Span]]:
+    """(copied down before host work on the actor: a collective issued, a
+    host kernel run; copied up once it completes): its input slots, then its
+    output slots."""
     down = [span(registers[r.string_value()], step) for r in actor.ins.data]
     up = [span(registers[r.string_value()], step) for r in actor.outs.data]
     return down, up
@@ -297,42 +298,26 @@ class CudaExecutor(Executor):
 
     # -- running ----------------------------------------------------------------------
 
+    STAGED = True
+
+    def _stage_in(self, actor, step: int) -> None:
+        for s in staging(actor, self.registers, step)[0]:
+            self._down(s)
+
+    def _stage_out(self, actor, step: int) -> None:
+        for s in staging(actor, self.registers, step)[1]:
+            self._up(s)
+
     def _fire_compute(self, actor: plan.ComputeOp, step: int, ins, out, pending=None) -> None:
         start = time.perf_counter()
         if actor in self.on_host:
-            down, up = comm_staging(actor, self.registers, step)
-            for s in down:
-                self._down(s)
+            self._stage_in(actor, step)
             super()._fire_compute(actor, step, ins, out)
-            for s in up:
-                self._up(s)
+            self._stage_out(actor, step)
             return
         grid, block = launch_dims(actor)
         self.launches[actor](launch_arguments(actor, self.registers, step, self.bases), grid, block)
         self._record(actor, "compute", start, time.perf_counter())
-
-    def _issue_comm(self, pending, actor, step, ranges=None):
-        down, up = comm_staging(actor, self.registers, step)
-        for s in down:
-            self._down(s)
-        issued = self.comm_actors[actor].issue(step, step)
-        finish = issued.finish
-
-        def staged_finish():
-            if finish:
-                finish()
-            for s in up:
-                self._up(s)
-
-        issued.finish = staged_finish
-        issued.start = time.perf_counter()
-        issued.ranges = ranges if ranges is not None else self._ranges(actor, step)
-        if issued.requests:
-            pending.append(issued)
-        else:
-            staged_finish()
-            self._record(actor, "comm", issued.start, time.perf_counter())
-        return issued
 
     def _write_back(self, pending, step: int) -> None:
         for new, param in self.updates:

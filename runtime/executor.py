@@ -31,7 +31,7 @@ from xdsl.dialects.builtin import ModuleOp
 
 from sbpc.dialects import lg, make_context, plan
 from sbpc.dialects.layout import numpy_dtype, piece_of
-from sbpc.dialects.sbp import DTensorType, lookup_placement
+from sbpc.dialects.sbp import COLLECTIVES, DTensorType, lookup_placement
 from sbpc.semantics.plan_simulator import actor_kernel
 from sbpc.semantics.reference import constant_value, initialize
 
@@ -154,6 +154,18 @@ class Executor:
     def _host_needed(self, name: str, slot: int) -> None:
         """A register slot's host view is about to be read (fetch)."""
 
+    STAGED = False
+    """Whether registers live elsewhere than their host views (a GPU): then
+    host work on an actor's registers (a collective, a kernel run on the
+    host) reads its inputs through _stage_in and publishes its outputs
+    through _stage_out."""
+
+    def _stage_in(self, actor, step: int) -> None:
+        """Host work is about to read the actor's input slots for `step`."""
+
+    def _stage_out(self, actor, step: int) -> None:
+        """Host work wrote the actor's output slots for `step`."""
+
     # -- helpers ---------------------------------------------------------------
 
     def mesh(self, t: DTensorType):
@@ -202,7 +214,7 @@ class Executor:
             group = tuple(actor.group.get_values())
             kind = actor.kind.data
             comm = None
-            if kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+            if kind in COLLECTIVES and COLLECTIVES[kind].communicates:
                 if group not in groups:
                     groups[group] = self.world.Create_group(
                         self.world.group.Incl(list(group)), tag=actor.comm_id.value.data
@@ -324,17 +336,36 @@ class Executor:
                 raise RuntimeFailure(f"rank {self.rank}: step {step}: {self.describe(actor)}: {type(e).__name__}: {e}") from e
 
     def _issue_comm(self, pending: list[Pending], actor: plan.CommOp, step: int, ranges=None) -> Pending:
+        """Issues a collective (the one path of every backend): its input
+        slots are staged to the host views first, and once it completes (now,
+        or when a hazard or progress retires it) its outputs are staged back."""
         start = time.perf_counter()
+        if self.STAGED:
+            self._stage_in(actor, step)
         issued = self.comm_actors[actor].issue(step, step)
+        if self.STAGED:
+            issued.finish = self._staged_finish(actor, step, issued.finish)
         issued.start = start
         issued.ranges = ranges if ranges is not None else self._ranges(actor, step)
         if issued.requests:
             pending.append(issued)
         else:
-            if issued.finish:
-                issued.finish()
-            self._record(actor, "comm", start, time.perf_counter())
+            self._retire(issued)
         return issued
+
+    def _staged_finish(self, actor, step: int, finish):
+        def staged() -> None:
+            if finish:
+                finish()
+            self._stage_out(actor, step)
+
+        return staged
+
+    def _retire(self, p: Pending) -> None:
+        """A collective completed: unpack its results and record it."""
+        if p.finish:
+            p.finish()
+        self._record(p.actor, "comm", p.start, time.perf_counter())
 
     def _update_pairs(self) -> list[tuple[str, str]]:
         """(register of `new.<key>`, register of parameter <key>) pairs whose
@@ -403,10 +434,8 @@ class Executor:
 
     def _complete(self, pending: list[Pending], p: Pending) -> None:
         MPI.Request.Waitall(p.requests)
-        if p.finish:
-            p.finish()
         pending.remove(p)
-        self._record(p.actor, "comm", p.start, time.perf_counter())
+        self._retire(p)
 
     def _progress(self, pending: list[Pending]) -> None:
         """Lets MPI progress (any test advances every operation in flight)
@@ -415,10 +444,7 @@ class Executor:
         backward pass with many gradients in flight costs one test per actor
         (one that completed out of order is retired at its next hazard)."""
         while pending and MPI.Request.Testall(pending[0].requests):
-            p = pending.pop(0)
-            if p.finish:
-                p.finish()
-            self._record(p.actor, "comm", p.start, time.perf_counter())
+            self._retire(pending.pop(0))
 
     def _record(self, actor, stream: str, start: float, end: float) -> None:
         if not self.trace_on:

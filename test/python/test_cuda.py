@@ -188,7 +188,7 @@ def test_launch_pointers_and_staging_follow_the_memory_plan():
                         assert address == base + reg.offset.value.data + slot * reg.bytes.value.data
                         assert base <= address and address + reg.bytes.value.data <= base + limits[base]
                 else:
-                    down, up = cb.comm_staging(actor, registers, step)
+                    down, up = cb.staging(actor, registers, step)
                     assert [s.nbytes for s in down] == [
                         registers[r.string_value()].bytes.value.data for r in actor.ins.data
                     ]
