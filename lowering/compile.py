@@ -19,18 +19,16 @@ from xdsl.passes import ModulePass
 from .plan_allocate_memory import PlanAllocateMemoryPass
 from .plan_fuse_elementwise import PlanFuseElementwisePass
 from .plan_verify import PlanVerifyPass
-from .sbp_infer import SbpInferPass
+from .sbp_infer import SbpInferOptions, SbpInferPass
 from .sbp_insert_boxing import SbpInsertBoxingPass
 from .sbp_simplify import SbpSimplifyPass
 from .sbp_to_plan import SbpToPlanPass
 
 
 @dataclass(frozen=True)
-class CompilePass(ModulePass):
+class CompilePass(SbpInferOptions, ModulePass):
     name = "compile"
 
-    strategy: str = "auto"
-    device: str = "cpu"
     to_plan: bool = True
     """Lower to the physical plan; false stops at boxed sbp-level IR."""
     fuse: bool = True
@@ -38,7 +36,7 @@ class CompilePass(ModulePass):
 
     def passes(self) -> list[ModulePass]:
         passes: list[ModulePass] = [
-            SbpInferPass(strategy=self.strategy, device=self.device),
+            SbpInferPass(**self.infer_options()),
             SbpInsertBoxingPass(),
             SbpSimplifyPass(),
         ]

@@ -36,7 +36,7 @@ import bisect
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields, field
 
 import numpy as np
 from xdsl.context import Context
@@ -845,15 +845,24 @@ def _explanation(problem: Problem, v: int, choice: list[int]) -> ArrayAttr:
 
 
 @dataclass(frozen=True)
-class SbpInferPass(ModulePass):
-    """Chooses an SBP signature for every op; see the module docstring."""
-
-    name = "sbp-infer"
+class SbpInferOptions:
+    """The options of sbp-infer that pipelines running it (compile) expose too."""
 
     strategy: str = "auto"
     """`auto` (global search) or `greedy`."""
     device: str = "cpu"
     """`cpu`, `cuda`, or a JSON file of cost_model.DeviceSpec fields."""
+
+    def infer_options(self) -> dict[str, str]:
+        return {f.name: getattr(self, f.name) for f in fields(SbpInferOptions)}
+
+
+@dataclass(frozen=True)
+class SbpInferPass(SbpInferOptions, ModulePass):
+    """Chooses an SBP signature for every op; see the module docstring."""
+
+    name = "sbp-infer"
+
     explain: bool = False
     """Record every op's candidates and their costs in `sbp.explain`."""
 

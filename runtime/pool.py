@@ -14,7 +14,6 @@ is 0, and aborts the job.
 from __future__ import annotations
 
 import contextlib
-import os
 import pickle
 import socket
 import struct
@@ -29,7 +28,7 @@ from sbpc.semantics.local_eval import assemble
 
 from .cuda_backend import make_executor
 from .executor import check_feeds, find_program
-from .worker import gather_outputs
+from .worker import fail, gather_outputs
 
 
 def send(sock: socket.socket, obj) -> None:
@@ -88,21 +87,16 @@ def serve(port: int, errors: str | None = None) -> None:
                 raise ValueError(f"unknown command {kind!r}")
         except Exception as e:  # noqa: BLE001 - reported to the driver, then the job ends
             message = str(e) if str(e).startswith("rank ") else f"rank {world.rank}: {type(e).__name__}: {e}"
-            sys.stderr.write(f"sbpc: {message}\n")
-            sys.stderr.flush()
-            if errors:
-                with open(os.path.join(errors, f"rank{world.rank}.err"), "w") as f:
-                    f.write(message)
-                    f.flush()
-                    os.fsync(f.fileno())
-            if world.rank == 0:
-                with contextlib.suppress(OSError):
-                    send(sock, ("error", message))
-            world.Abort(1)
+            fail(world, message, errors, tell=(lambda m: _tell_driver(sock, m)) if world.rank == 0 else None)
         if world.rank == 0:
             send(sock, ("ok", reply))
     if sock is not None:
         sock.close()
+
+
+def _tell_driver(sock, message: str) -> None:
+    with contextlib.suppress(OSError):
+        send(sock, ("error", message))
 
 
 def _assemble(program, key, pieces):

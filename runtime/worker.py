@@ -47,10 +47,11 @@ def gather_outputs(world: MPI.Comm, program, fetched: dict, outputs=None) -> dic
     }
 
 
-def fail(world: MPI.Comm, message: str, errors: str | None = None) -> None:
+def fail(world: MPI.Comm, message: str, errors: str | None = None, tell=None) -> None:
     """Reports and ends the whole job. The message also goes to
-    errors/rank<R>.err when the driver gave a directory: the abort can cut
-    off the stderr that mpiexec forwards."""
+    errors/rank<R>.err when the driver gave a directory (the abort can cut
+    off the stderr that mpiexec forwards), and to `tell` (a driver waiting
+    on a socket) before the abort."""
     sys.stderr.write(f"sbpc: {message}\n")
     sys.stderr.flush()
     if errors:
@@ -58,6 +59,8 @@ def fail(world: MPI.Comm, message: str, errors: str | None = None) -> None:
             f.write(message)
             f.flush()
             os.fsync(f.fileno())
+    if tell is not None:
+        tell(message)
     world.Abort(1)
 
 
