@@ -22,7 +22,7 @@ import numpy as np
 from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float32Type, Float64Type, IntegerType
 from xdsl.ir import Attribute
 
-from .sbp import DTensorType, Mesh, PlainNd, nd_to_plain, split_axis
+from .sbp import DTensorType, Mesh, PlainNd, Sbp, nd_to_plain
 
 Coord = tuple[int, ...]
 Region = tuple[slice, ...]
@@ -39,7 +39,7 @@ def piece(shape: Sequence[int], nd: PlainNd, mesh_shape: Sequence[int], coord: C
     """The global index ranges of the piece held at mesh coordinate `coord`."""
     ranges = [(0, d) for d in shape]
     for mesh_axis, sbp in enumerate(nd):
-        axis = split_axis(sbp)
+        axis = Sbp.of(sbp).axis
         if axis is None:
             continue
         lo, hi = ranges[axis]
@@ -89,9 +89,9 @@ def _piece_of(shape: tuple[int, ...], nd: PlainNd, mesh_shape: tuple[int, ...], 
     return piece(shape, nd, mesh_shape, unravel(ranks.index(rank), mesh_shape))
 
 
-def partial_kind(nd: PlainNd) -> str | None:
-    """"P" or "Pmax" if some mesh axis of `nd` holds partial values, else None."""
-    kinds = {s for s in nd if s in ("P", "Pmax")}
+def partial_kind(nd: PlainNd) -> Sbp | None:
+    """Sbp.P or Sbp.PMAX if some mesh axis of `nd` holds partial values, else None."""
+    kinds = {s for s in nd if s.is_partial}
     assert len(kinds) <= 1, f"nd-SBP {nd} mixes partial kinds"
     return kinds.pop() if kinds else None
 

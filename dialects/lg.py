@@ -18,6 +18,7 @@ Axes are non-negative in the IR (builders normalize Python-style negatives).
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC
 from collections.abc import Sequence
@@ -69,11 +70,13 @@ from .irdl_verify import op_definition
 from .sbp import (
     DTensorType,
     PlacementOp,
+    PlainNd,
     TensorLike,
     element_type,
     global_shape,
     lookup_placement,
     parse_verified,
+    plain_nd,
     verify_distribution,
     verify_placement_attr,
     verify_signature,
@@ -337,8 +340,22 @@ class SbpRules:
 
     @classmethod
     def sbp_rule(cls, in_shapes: Sequence[Shape], out_shape: Shape, p: int, **params: Any) -> list[Signature]:
-        """Every valid 1-D signature on a mesh axis of `p` devices."""
+        """Every valid 1-D signature on a mesh axis of `p` devices, written
+        in the SBP text form ("S0", "B", "P", "Pmax")."""
         raise NotImplementedError
+
+    @classmethod
+    @functools.lru_cache(maxsize=1 << 14)
+    def signatures(
+        cls, in_shapes: tuple[Shape, ...], out_shape: Shape, p: int, params: tuple[tuple[str, Any], ...] = ()
+    ) -> list[tuple[PlainNd, PlainNd]]:
+        """sbp_rule's signatures as Sbp values, computed once per distinct
+        (shapes, mesh axis size, properties): graphs repeat a few layer
+        shapes many times. The list is shared: do not change it."""
+        return [
+            (plain_nd(ins), plain_nd(outs))
+            for ins, outs in cls.sbp_rule(list(in_shapes), out_shape, p, **dict(params))
+        ]
 
     @classmethod
     def flops(cls, in_shapes: Sequence[Shape], out_shape: Shape, **params: Any) -> float:

@@ -88,8 +88,7 @@ class SbpAttr(ParametrizedAttribute, ABC):
 
     def print_short(self, printer: Printer) -> None:
         """Prints the form used inside lists: `S<0>`, `B`, `P`, `P<max>`."""
-        printer.print_string(self.name.removeprefix("sbp."))
-        self.print_parameters(printer)
+        printer.print_string(format_nd((to_plain(self),)))
 
 
 @irdl_attr_definition
@@ -204,11 +203,7 @@ class NdSbpAttr(ParametrizedAttribute):
         return cls(entries)
 
     def print_short(self, printer: Printer) -> None:
-        if len(self) == 1:
-            self[0].print_short(printer)
-            return
-        with printer.in_square_brackets():
-            printer.print_list(self.entries.data, lambda e: e.print_short(printer))
+        printer.print_string(format_nd(self))
 
     @classmethod
     def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
@@ -540,33 +535,89 @@ def verify_distribution(op: Operation, type: Attribute, what: str,
 
 
 # --------------------------------------------------------------------------
-# Plain data: passes that search (sbp-infer, boxing) work on strings, not
-# attributes: "S0", "S1", ... for splits, "B", "P" (sum) and "Pmax". An
-# nd-SBP is a tuple of them, one per mesh axis.
+# Plain data: the passes that search (sbp-infer, boxing), the simulators and
+# the runtime work on Sbp values, not attributes. An nd-SBP is a tuple of
+# them, one per mesh axis.
 # --------------------------------------------------------------------------
 
-PlainSbp = str
-PlainNd = tuple[str, ...]
+
+class Sbp(str):
+    """One mesh axis' distribution as plain data: "S0", "S1", ... (split),
+    "B", "P" (partial sum) or "Pmax" (partial max). It is a str, so it
+    hashes, compares, sorts and prints as that text at str speed (sbp-infer
+    handles millions); it is built only by `Sbp.of`, `Sbp.split` and the
+    constants, and read through its properties, so no other code parses
+    the text."""
+
+    __slots__ = ()
+
+    B: ClassVar[Sbp]
+    P: ClassVar[Sbp]
+    PMAX: ClassVar[Sbp]
+
+    @staticmethod
+    @functools.lru_cache(maxsize=None)
+    def of(text: str) -> Sbp:
+        """The (shared) value of a text form; a ValueError if it is none."""
+        if text in ("B", "P", "Pmax") or (text[:1] == "S" and text[1:].isdigit()):
+            return Sbp(text)
+        raise ValueError(f"'{text}' is not an SBP (S<axis> as S0, S1, ..., B, P or Pmax)")
+
+    @staticmethod
+    def split(axis: int) -> Sbp:
+        return Sbp.of(f"S{axis}")
+
+    @property
+    def kind(self) -> str:
+        """"S", "B" or "P" (either partial)."""
+        return self[0]
+
+    @property
+    def is_split(self) -> bool:
+        return self[0] == "S"
+
+    @property
+    def is_partial(self) -> bool:
+        return self[0] == "P"
+
+    @property
+    def axis(self) -> int | None:
+        """The tensor axis of a split, else None."""
+        return _split_axis(self)
 
 
-def to_plain(attr: SbpAttr) -> PlainSbp:
+@functools.lru_cache(maxsize=None)
+def _split_axis(sbp: str) -> int | None:
+    return int(sbp[1:]) if sbp[0] == "S" else None
+
+
+Sbp.B, Sbp.P, Sbp.PMAX = Sbp.of("B"), Sbp.of("P"), Sbp.of("Pmax")
+
+PlainSbp = Sbp
+PlainNd = tuple[Sbp, ...]
+
+
+def plain_nd(texts: Sequence[str]) -> PlainNd:
+    """An nd-SBP from text forms: ("S0", "B") -> (Sbp, Sbp)."""
+    return tuple(Sbp.of(t) for t in texts)
+
+
+def to_plain(attr: SbpAttr) -> Sbp:
     if isinstance(attr, SplitAttr):
-        return f"S{attr.axis.data}"
+        return Sbp.split(attr.axis.data)
     if isinstance(attr, BroadcastAttr):
-        return "B"
+        return Sbp.B
     assert isinstance(attr, PartialAttr)
-    return "P" if attr.reduce_kind is ReduceKind.SUM else "Pmax"
+    return Sbp.P if attr.reduce_kind is ReduceKind.SUM else Sbp.PMAX
 
 
-def from_plain(sbp: PlainSbp) -> SbpAttr:
-    if sbp == "B":
+def from_plain(sbp: Sbp | str) -> SbpAttr:
+    sbp = Sbp.of(sbp)
+    if sbp.is_split:
+        return SplitAttr(sbp.axis)
+    if sbp == Sbp.B:
         return BroadcastAttr()
-    if sbp == "P":
-        return PartialAttr()
-    if sbp == "Pmax":
-        return PartialAttr(ReduceKind.MAX)
-    assert sbp[0] == "S", sbp
-    return SplitAttr(int(sbp[1:]))
+    return PartialAttr(ReduceKind.MAX if sbp == Sbp.PMAX else ReduceKind.SUM)
 
 
 def nd_to_plain(nd: NdSbpAttr) -> PlainNd:
@@ -608,20 +659,15 @@ def _nd_attr(nd: PlainNd) -> NdSbpAttr:
     return NdSbpAttr([from_plain(e) for e in nd])
 
 
-def split_axis(sbp: PlainSbp) -> int | None:
-    """The tensor axis of a plain split, or None."""
-    return int(sbp[1:]) if sbp[0] == "S" else None
-
-
 def hierarchy_violation(src: PlainNd, dst: PlainNd, axes: Sequence[int]) -> tuple[int, int, int] | None:
     """Pieces nest outer mesh axis first, so a step on mesh axis `a` may add
     or remove a split of tensor axis k only while no inner mesh axis outside
     the step splits k. Returns (a, k, b) for the first violation, or None."""
     for a in axes:
-        touched = {split_axis(x) for x in (src[a], dst[a]) if x[0] == "S"} if src[a] != dst[a] else set()
+        touched = {x.axis for x in (src[a], dst[a]) if x.is_split} if src[a] != dst[a] else set()
         for k in touched:
             for b in range(a + 1, len(src)):
-                if b not in axes and k in (split_axis(src[b]), split_axis(dst[b])):
+                if b not in axes and k in (src[b].axis, dst[b].axis):
                     return a, k, b
     return None
 
@@ -680,13 +726,21 @@ def verify_signature(op: Operation) -> None:
                 )
 
 
-def format_nd(nd: NdSbpAttr) -> str:
-    """The short text of an nd-SBP, for diagnostics."""
-    from io import StringIO
+def format_nd(nd: NdSbpAttr | PlainNd) -> str:
+    """The short text of an nd-SBP, as the IR writes it inside lists and types
+    (`S<0>`, `[S<0>, B]`, `P<max>`): what the printer prints, and diagnostics."""
+    plain = nd_to_plain(nd) if isinstance(nd, NdSbpAttr) else nd
+    return _format_plain(tuple(plain))
 
-    stream = StringIO()
-    nd.print_short(Printer(stream=stream))
-    return stream.getvalue()
+
+@functools.lru_cache(maxsize=4096)
+def _format_plain(nd: PlainNd) -> str:
+    def one(s: Sbp) -> str:
+        if s.is_split:
+            return f"S<{s.axis}>"
+        return "P<max>" if s == Sbp.PMAX else str(s)
+
+    return one(nd[0]) if len(nd) == 1 else "[" + ", ".join(one(s) for s in nd) + "]"
 
 
 # --------------------------------------------------------------------------
@@ -711,7 +765,7 @@ class Collective:
     def performs(self, source: PlainSbp, dest: PlainSbp) -> bool:
         """Whether it takes a mesh axis from `source` to `dest` (two splits
         must split different tensor axes)."""
-        return (source[0], dest[0]) in self.steps and source != dest
+        return (source.kind, dest.kind) in self.steps and source != dest
 
 
 COLLECTIVES: dict[str, Collective] = {
@@ -742,7 +796,7 @@ it moves pieces between meshes rather than changing one mesh axis."""
 
 def step_collective(source: PlainSbp, dest: PlainSbp) -> Collective | None:
     """The collective that changes one mesh axis from `source` to `dest`, if one does."""
-    return _STEP_COLLECTIVE.get((source[0], dest[0]))
+    return _STEP_COLLECTIVE.get((source.kind, dest.kind))
 
 
 _STEP_COLLECTIVE = {step: c for c in COLLECTIVES.values() for step in c.steps}

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from sbpc.dialects.sbp import COLLECTIVES, PlainNd, hierarchy_violation, step_collective
+from sbpc.dialects.sbp import COLLECTIVES, PlainNd, Sbp, hierarchy_violation, step_collective
 
 from .cost_model import DeviceSpec, axis_volume, local_fraction
 
@@ -45,7 +45,7 @@ class Step:
 
 
 def _targets(current: str, rank: int) -> list[str]:
-    options = ["B", "P", "Pmax", *(f"S{i}" for i in range(rank))]
+    options = [Sbp.B, Sbp.P, Sbp.PMAX, *(Sbp.split(i) for i in range(rank))]
     return [t for t in options if t != current and step_kind(current, t) is not None]
 
 
@@ -66,12 +66,12 @@ def _search(src: PlainNd, mesh: tuple[int, ...], rank: int):
         for a, current in enumerate(state):
             for target in _targets(current, rank):
                 nxt = (*state[:a], target, *state[a + 1 :])
-                if ("P" in nxt and "Pmax" in nxt) or hierarchy_violation(state, nxt, [a]) is not None:
+                if (Sbp.P in nxt and Sbp.PMAX in nxt) or hierarchy_violation(state, nxt, [a]) is not None:
                     continue
                 units, _ = axis_volume(current, target, mesh[a])
                 # the piece a step moves: the tensor over the other axes that split it
                 # (the same before and after the step, which changes only axis a)
-                others = math.prod(mesh[b] for b in range(len(mesh)) if b != a and state[b][0] == "S")
+                others = math.prod(mesh[b] for b in range(len(mesh)) if b != a and state[b].is_split)
                 label = (volume + units / others, max(peak, local_fraction(nxt, mesh)))
                 if nxt not in best or label < best[nxt][:2]:
                     counter += 1

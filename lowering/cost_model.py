@@ -18,7 +18,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
-from sbpc.dialects.sbp import PlainNd, PlainSbp
+from sbpc.dialects.sbp import PlainNd, PlainSbp, Sbp
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def local_fraction(nd: PlainNd, mesh: Sequence[int]) -> float:
     """The share of a tensor one device holds (partials hold full size)."""
     frac = 1.0
     for sbp, p in zip(nd, mesh):
-        if sbp[0] == "S":
+        if sbp.is_split:
             frac /= p
     return frac
 
@@ -82,15 +82,15 @@ def axis_volume(src: PlainSbp, dst: PlainSbp, p: int) -> tuple[float, int]:
     `dst` on one mesh axis of p devices, and the number of collectives."""
     if src == dst or p == 1:
         return 0.0, 0
-    s_split, d_split = src[0] == "S", dst[0] == "S"
-    s_partial, d_partial = src[0] == "P", dst[0] == "P"
-    if src == "B" or (s_split and d_partial) or (src[0] != "P" and dst == "Pmax"):
+    s_split, d_split = src.is_split, dst.is_split
+    s_partial, d_partial = src.is_partial, dst.is_partial
+    if src == Sbp.B or (s_split and d_partial) or (not s_partial and dst == Sbp.PMAX):
         return 0.0, 0  # local: slice, or keep own piece as a summand/candidate
-    if s_partial and dst == "B":
+    if s_partial and dst == Sbp.B:
         return 2 * (p - 1) / p, 1  # all_reduce
     if s_partial and d_split:
         return (p - 1) / p, 1  # reduce_scatter
-    if s_split and dst == "B":
+    if s_split and dst == Sbp.B:
         return (p - 1) / p, 1  # all_gather
     if s_split and d_split:
         return (p - 1) / p**2, 1  # all_to_all

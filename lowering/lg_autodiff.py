@@ -37,7 +37,9 @@ class Emitter:
     def emit(self, op: Operation) -> SSAValue:
         if self.placement is not None:
             op.attributes[sbp.PLACEMENT_ATTR] = self.placement
-        self.anchor.parent_block().insert_op_before(op, self.anchor)
+        block = self.anchor.parent_block()
+        assert block is not None  # the anchor is the graph's output op, always in the graph's block
+        block.insert_op_before(op, self.anchor)
         return op.results[0]
 
     def constant(self, shape, like: SSAValue, value: float) -> SSAValue:

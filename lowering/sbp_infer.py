@@ -62,7 +62,8 @@ from sbpc.dialects.sbp import (
     lookup_placement,
     nd_to_plain,
     signature_of,
-    split_axis,
+    Sbp,
+    format_nd,
 )
 
 from .boxing_planner import boxing_cost
@@ -74,33 +75,17 @@ NdSignature = tuple[tuple[PlainNd, ...], PlainNd]
 STRATEGIES = ("greedy", "auto")
 
 
-def format_plain_nd(nd: PlainNd) -> str:
-    def one(s: str) -> str:
-        if s[0] == "S":
-            return f"S<{s[1:]}>"
-        return "P<max>" if s == "Pmax" else s
-
-    return one(nd[0]) if len(nd) == 1 else "[" + ", ".join(one(s) for s in nd) + "]"
-
-
 def format_signature(sig: NdSignature) -> str:
     ins, out = sig
-    return f"({', '.join(format_plain_nd(nd) for nd in ins)}) -> ({format_plain_nd(out)})"
+    return f"({', '.join(format_nd(nd) for nd in ins)}) -> ({format_nd(out)})"
 
 
 # --------------------------------------------------------------------------
 # N-D signatures from 1-D rules
 # --------------------------------------------------------------------------
 
-_RULE_CACHE: dict = {}
-
-
 def _rule(op_cls, in_shapes, out_shape, p, params_key) -> list:
-    key = (op_cls, in_shapes, out_shape, p, params_key)
-    found = _RULE_CACHE.get(key)
-    if found is None:
-        found = _RULE_CACHE[key] = op_cls.sbp_rule(list(in_shapes), out_shape, p, **dict(params_key))
-    return found
+    return op_cls.signatures(in_shapes, out_shape, p, params_key)
 
 
 def nd_signatures(op_cls, in_shapes, out_shape, mesh: tuple[int, ...], params: dict) -> list[NdSignature]:
@@ -125,11 +110,11 @@ def nd_signatures(op_cls, in_shapes, out_shape, mesh: tuple[int, ...], params: d
 
 def _nested_splits_ok(op_cls, in_shapes, out_shape, mesh, params_key, combo, nds) -> bool:
     for nd in nds:
-        if "P" in nd and "Pmax" in nd:
+        if Sbp.P in nd and Sbp.PMAX in nd:
             return False
         by_axis: dict[int, list[int]] = {}
         for mesh_axis, sbp in enumerate(nd):
-            axis = split_axis(sbp)
+            axis = sbp.axis
             if axis is not None:
                 by_axis.setdefault(axis, []).append(mesh_axis)
         for mesh_axes in by_axis.values():
@@ -272,10 +257,10 @@ def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:
                 want = nd_to_plain(hinted.nd_sbp)
                 allowed = [c for c in candidates if c[1] == want]
                 if not allowed:
-                    results = sorted({format_plain_nd(c[1]) for c in candidates})
+                    results = sorted({format_nd(c[1]) for c in candidates})
                     note = f"; {type(op).SBP_NOTE}" if type(op).SBP_NOTE else ""
                     raise PassFailedException(
-                        f"'{op.name}': the hint {format_plain_nd(want)} on its result cannot be met: no SBP "
+                        f"'{op.name}': the hint {format_nd(want)} on its result cannot be met: no SBP "
                         f"signature gives it (it can give {', '.join(results)}){note}"
                     )
                 candidates = allowed
@@ -289,7 +274,7 @@ def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:
         ]
         # On a mesh axis of one device a split is B; a hair of cost keeps such
         # splits for where a hint asks for them.
-        trivial = [sum(1 for nd in (*ins, out) for a, s in enumerate(nd) if s[0] == "S" and mesh.shape[a] == 1)
+        trivial = [sum(1 for nd in (*ins, out) for a, s in enumerate(nd) if s.is_split and mesh.shape[a] == 1)
                    for ins, out in candidates]
         compute = np.array([flops * f / device.flops + own_boxing + 1e-15 * t for f, t in zip(fractions, trivial)])
         # Buffers of redistributions are not modelled (their cost is the
@@ -527,7 +512,7 @@ class ExactCost:
         self._tracked_producers: list[list[int]] = [[] for _ in nodes]
         self.replicated = [
             next((k for k, (ins, out) in enumerate(node.candidates)
-                  if all(s == "B" for nd in (*ins, out) for s in nd)), None)
+                  if all(s == Sbp.B for nd in (*ins, out) for s in nd)), None)
             for node in nodes
         ]
 

@@ -28,6 +28,7 @@ from sbpc.dialects.sbp import (
     DTensorType,
     Mesh,
     PlainNd,
+    Sbp,
     element_bytes,
     global_shape,
     hierarchy_violation,
@@ -50,7 +51,7 @@ def step_bytes(step: Step, shape: tuple[int, ...], nbytes_per_elem: int, mesh: t
     The group tensor of a step on mesh axis a is the global tensor divided by
     the other mesh axes that split it (the same before and after the step)."""
     units, _ = axis_volume(step.src[step.mesh_axis], step.dst[step.mesh_axis], mesh[step.mesh_axis])
-    others = math.prod(mesh[b] for b in range(len(mesh)) if b != step.mesh_axis and step.src[b][0] == "S")
+    others = math.prod(mesh[b] for b in range(len(mesh)) if b != step.mesh_axis and step.src[b].is_split)
     return round(units * math.prod(shape) * nbytes_per_elem / others)
 
 
@@ -101,11 +102,11 @@ class BoxingBuilder:
 
 def _unpartial(nd: PlainNd, mesh: tuple[int, ...], rank: int) -> tuple[PlainNd, tuple[Step, ...]]:
     """The cheapest non-partial distribution a partial one reduces to, and how."""
-    partial_axes = [a for a, s in enumerate(nd) if s in ("P", "Pmax")]
+    partial_axes = [a for a, s in enumerate(nd) if s.is_partial]
     if not partial_axes:
         return nd, ()
     best = None
-    options = ["B", *(f"S{i}" for i in range(rank))]
+    options = [Sbp.B, *(Sbp.split(i) for i in range(rank))]
     for choice in itertools.product(options, repeat=len(partial_axes)):
         target = list(nd)
         for a, s in zip(partial_axes, choice):
@@ -122,9 +123,9 @@ def _unpartial(nd: PlainNd, mesh: tuple[int, ...], rank: int) -> tuple[PlainNd, 
 
 def _unpartial_options(nd: PlainNd, rank: int) -> list[PlainNd]:
     """Non-partial distributions from which `nd` is reached by make_partial."""
-    partial_axes = [a for a, s in enumerate(nd) if s in ("P", "Pmax")]
+    partial_axes = [a for a, s in enumerate(nd) if s.is_partial]
     options = []
-    for choice in itertools.product(["B", *(f"S{i}" for i in range(rank))], repeat=len(partial_axes)):
+    for choice in itertools.product([Sbp.B, *(Sbp.split(i) for i in range(rank))], repeat=len(partial_axes)):
         target = list(nd)
         for a, s in zip(partial_axes, choice):
             target[a] = s

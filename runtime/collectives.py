@@ -19,7 +19,7 @@ from mpi4py.util.dtlib import from_numpy_dtype
 
 from sbpc.dialects import plan
 from sbpc.dialects.layout import coords, mesh_coord, partial_kind, piece
-from sbpc.dialects.sbp import DTensorType, Mesh, nd_to_plain
+from sbpc.dialects.sbp import DTensorType, Mesh, Sbp, nd_to_plain
 
 Region = tuple[slice, ...]
 
@@ -105,8 +105,8 @@ class CommActor:
         self.out_name = actor.outs.data[0].string_value() if actor.outs.data else None
         self.views = views
         kind = partial_kind(nd_to_plain(src_t.nd_sbp))
-        self.op = MPI.MAX if kind == "Pmax" else MPI.SUM
-        self.fill = -np.inf if partial_kind(nd_to_plain(dst_t.nd_sbp)) == "Pmax" else 0
+        self.op = MPI.MAX if kind == Sbp.PMAX else MPI.SUM
+        self.fill = -np.inf if partial_kind(nd_to_plain(dst_t.nd_sbp)) == Sbp.PMAX else 0
         self.dtype = None
         sample = views(self.in_name or self.out_name, 0)
         self.dtype = sample.dtype
@@ -233,7 +233,7 @@ class CommActor:
             here = mesh_coord(self.src_mesh, me)
             axes = list(self.actor.mesh_axes.get_values())
             src_nd = nd_to_plain(self.actor.source.nd_sbp)
-            if not any(here[a] for a in axes if src_nd[a] == "B"):
+            if not any(here[a] for a in axes if src_nd[a] == Sbp.B):
                 dst[relative(self.src_regions[me], self.dst_regions[me])] = kept
         elif k == "transfer":
             world = MPI.COMM_WORLD

@@ -22,7 +22,7 @@ from xdsl.ir import Operation
 from sbpc.dialects import lg
 from sbpc.dialects.backends import Backend
 from sbpc.dialects.layout import Coord, coords, mesh_coord, partial_kind, piece
-from sbpc.dialects.sbp import PlainNd, nd_to_plain
+from sbpc.dialects.sbp import PlainNd, Sbp, nd_to_plain, plain_nd
 from sbpc.semantics.reference import REFERENCE, check_range
 
 
@@ -30,9 +30,10 @@ def distribute(value: np.ndarray, nd: PlainNd, mesh: Sequence[int], rng: np.rand
     """Every device's local piece of `value`. Partial pieces are random: P
     summands that add up to the value, Pmax candidates at most the value with
     one device holding it exactly. B axes hold identical copies."""
+    nd = plain_nd(nd)
     kind = partial_kind(nd)
-    partial_axes = [a for a, s in enumerate(nd) if s in ("P", "Pmax")]
-    broadcast_axes = [a for a, s in enumerate(nd) if s == "B"]
+    partial_axes = [a for a, s in enumerate(nd) if s.is_partial]
+    broadcast_axes = [a for a, s in enumerate(nd) if s == Sbp.B]
     out: dict[Coord, np.ndarray] = {}
     for c in coords(mesh):
         # the representative holds B axes at 0; copies are filled in below
@@ -45,7 +46,7 @@ def distribute(value: np.ndarray, nd: PlainNd, mesh: Sequence[int], rng: np.rand
             groups.setdefault(tuple(0 if a in partial_axes else x for a, x in enumerate(c)), []).append(c)
         for members in groups.values():
             base = out[members[0]]
-            if kind == "P":
+            if kind == Sbp.P:
                 noise = rng.normal(size=(len(members), *base.shape)).astype(base.dtype)
                 noise -= noise.mean(axis=0)
                 for c, n in zip(members, noise):
@@ -66,9 +67,10 @@ def combine(
 ) -> np.ndarray:
     """The global tensor that local `pieces` stand for under `nd`. Copies on B
     axes must agree (checked); P pieces are summed, Pmax pieces maxed."""
+    nd = plain_nd(nd)
     kind = partial_kind(nd)
-    broadcast_axes = [a for a, s in enumerate(nd) if s == "B"]
-    fill = -np.inf if kind == "Pmax" else 0
+    broadcast_axes = [a for a, s in enumerate(nd) if s == Sbp.B]
+    fill = -np.inf if kind == Sbp.PMAX else 0
     result = np.full(shape, fill, dtype=np.float64 if np.dtype(dtype).kind == "f" else dtype)
     for c in coords(mesh):
         region = piece(shape, nd, mesh, c)
@@ -80,9 +82,9 @@ def combine(
             twin = tuple(0 if a in broadcast_axes else x for a, x in enumerate(c))
             np.testing.assert_allclose(local, pieces[twin], rtol=1e-5, atol=1e-6, err_msg=f"B copies differ at {c}")
             continue
-        if kind == "P":
+        if kind == Sbp.P:
             result[region] += local
-        elif kind == "Pmax":
+        elif kind == Sbp.PMAX:
             result[region] = np.maximum(result[region], local)
         else:
             result[region] = local
@@ -221,6 +223,7 @@ def run_distributed(
 ) -> np.ndarray:
     """Evaluates `op` on every device of `mesh` under the signature
     (in_nds -> out_nd) and returns the combined global result."""
+    in_nds, out_nd = [plain_nd(nd) for nd in in_nds], plain_nd(out_nd)
     in_shapes = tuple(tuple(x.shape) for x in global_inputs)
     per_input = [distribute(x, nd, mesh, rng) for x, nd in zip(global_inputs, in_nds)]
     results = {}

@@ -22,7 +22,7 @@ from xdsl.ir import Operation, SSAValue
 
 from sbpc.dialects import lg, sbp
 from sbpc.dialects.layout import Coord, coords, numpy_dtype, partial_kind, piece
-from sbpc.dialects.sbp import DTensorType, Mesh, PlainNd, global_shape, lookup_placement, nd_to_plain
+from sbpc.dialects.sbp import DTensorType, Mesh, PlainNd, Sbp, global_shape, lookup_placement, nd_to_plain
 from sbpc.semantics.local_eval import LocalContext, combine, local_kernel
 from sbpc.semantics.reference import EvaluationError, evaluate, find_graph
 
@@ -51,7 +51,7 @@ class SimulationResult:
 
 
 def _fill(kind: str | None) -> float:
-    return -np.inf if kind == "Pmax" else 0.0
+    return -np.inf if kind == Sbp.PMAX else 0.0
 
 
 def _regions(shape, nd, mesh_shape) -> dict[Coord, tuple[slice, ...]]:
@@ -70,7 +70,7 @@ def distribute_exact(value: np.ndarray, nd: PlainNd, mesh_shape) -> Pieces:
     """Deterministic pieces of a global value: partial axes hold the value on
     their first device and zeros (-inf for max) on the others."""
     kind = partial_kind(nd)
-    partial_axes = [a for a, s in enumerate(nd) if s in ("P", "Pmax")]
+    partial_axes = [a for a, s in enumerate(nd) if s.is_partial]
     out = {}
     for c, region in _regions(value.shape, nd, mesh_shape).items():
         local = np.array(value[region])
@@ -113,12 +113,12 @@ def run_collective(kind: str, value: Distributed, dst_nd: PlainNd, axes: list[in
         def rel(region, box=box):
             return tuple(slice(r.start - b.start, r.stop - b.start) for r, b in zip(region, box))
 
-        partial_source = any(value.nd[a] in ("P", "Pmax") for a in axes)
+        partial_source = any(value.nd[a].is_partial for a in axes)
         if kind == "make_partial":
             # A split axis keeps every piece in place; a whole (B) axis keeps
             # it on the group's first device only; the rest is the identity
             # of the reduction.
-            whole_axes = [a for a in axes if value.nd[a] == "B"]
+            whole_axes = [a for a in axes if value.nd[a] == Sbp.B]
             for c in group:
                 local = np.full([s.stop - s.start for s in dst_regions[c]], _fill(dst_kind), value.dtype)
                 if not any(c[a] for a in whole_axes):
@@ -127,7 +127,7 @@ def run_collective(kind: str, value: Distributed, dst_nd: PlainNd, axes: list[in
             continue
         if partial_source:
             stack = np.stack([value.pieces[c] for c in group])
-            whole = stack.max(axis=0) if src_kind == "Pmax" else stack.sum(axis=0)
+            whole = stack.max(axis=0) if src_kind == Sbp.PMAX else stack.sum(axis=0)
         else:
             whole = np.zeros([b - a for a, b in zip(lo, hi)], value.dtype)
             covered = np.zeros(whole.shape, bool)

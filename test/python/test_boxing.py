@@ -20,7 +20,7 @@ from xdsl.dialects.builtin import f32
 
 import sbpc
 from sbpc.dialects import lg, sbp
-from sbpc.dialects.sbp import DTensorType, PlacementOp, nd_from_plain, nd_to_plain
+from sbpc.dialects.sbp import DTensorType, PlacementOp, Sbp, nd_from_plain, nd_to_plain
 from sbpc.graph_builder import GraphBuilder
 from sbpc.lowering.sbp_infer import SbpInferPass
 from sbpc.lowering.sbp_insert_boxing import SbpInsertBoxingPass
@@ -33,8 +33,8 @@ MESHES = ((2,), (3,), (4,), (2, 2), (2, 3))
 
 @st.composite
 def distributions(draw, rank, mesh):
-    kind = draw(st.sampled_from(["P", "Pmax"]))
-    options = ["B", kind, *(f"S{i}" for i in range(rank))]
+    kind = draw(st.sampled_from([Sbp.P, Sbp.PMAX]))
+    options = [Sbp.B, kind, *(Sbp.split(i) for i in range(rank))]
     return tuple(draw(st.sampled_from(options)) for _ in mesh)
 
 

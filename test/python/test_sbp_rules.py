@@ -39,5 +39,6 @@ def test_every_1d_signature_reproduces_the_reference(case, p, seed):
         if isinstance(op, (lg.OutputOp, *SOURCES)):
             continue
         shapes = [global_shape(o.type) for o in op.operands]
-        for ins, outs in type(op).sbp_rule(shapes, global_shape(op.results[0].type), p, **op.params()):
+        out_shape = global_shape(op.results[0].type)
+        for ins, outs in type(op).signatures(tuple(shapes), out_shape, p, tuple(sorted(op.params().items()))):
             check_op(op, [(s,) for s in ins], (outs[0],), (p,), trace, rng)
