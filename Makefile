@@ -1,13 +1,13 @@
 # The two commands of the README:
 #   make run    set up, then run the main job
-#   make test   set up, then run every test (lit + pytest)
+#   make test   set up, then run every test (ruff, mypy, lit, pytest)
 # Both create the virtual environment .venv on first use.
 
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: run test lit pytest setup clean
+.PHONY: run test lint typecheck lit pytest setup clean
 
 setup: $(VENV)/.installed
 
@@ -25,7 +25,13 @@ run: setup
 	$(BIN)/python examples/gpt.py --ranks 4 --parallel tp --steps 120
 	$(BIN)/python examples/gpt.py --ranks 4 --parallel pipeline --steps 120
 
-test: lit pytest
+test: lint typecheck lit pytest
+
+lint: setup
+	$(BIN)/ruff check .
+
+typecheck: setup
+	$(BIN)/mypy
 
 lit: setup
 	$(BIN)/lit -v test/filecheck
@@ -34,4 +40,4 @@ pytest: setup
 	$(BIN)/python -m pytest -q test/python
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache

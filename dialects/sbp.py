@@ -351,7 +351,9 @@ class PlacementOp(IRDLOperation):
         if not shape:
             raise VerifyException(f"'{self.name}' @{self.sym_name.data}: the mesh needs at least one axis")
         if any(d <= 0 for d in shape):
-            raise VerifyException(f"'{self.name}' @{self.sym_name.data}: mesh dimensions must be positive, got {list(shape)}")
+            raise VerifyException(
+                f"'{self.name}' @{self.sym_name.data}: mesh dimensions must be positive, got {list(shape)}"
+            )
         if math.prod(shape) != len(ranks):
             raise VerifyException(
                 f"'{self.name}' @{self.sym_name.data}: mesh shape {list(shape)} holds {math.prod(shape)} devices "
@@ -516,9 +518,10 @@ def verify_distribution(op: Operation, type: Attribute, what: str,
         placement = lookup_placement(op, type.placement)
     else:
         name = type.placement.string_value()
-        placement = placements.get(name)
-        if placement is None:
-            placement = placements[name] = lookup_placement(op, name)
+        found = placements.get(name)
+        if found is None:
+            found = placements[name] = lookup_placement(op, name)
+        placement = found
     mesh = placement.mesh()
     if len(type.nd_sbp) != len(mesh.shape):
         raise VerifyException(
@@ -556,7 +559,7 @@ class Sbp(str):
     PMAX: ClassVar[Sbp]
 
     @staticmethod
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def of(text: str) -> Sbp:
         """The (shared) value of a text form; a ValueError if it is none."""
         if text in ("B", "P", "Pmax") or (text[:1] == "S" and text[1:].isdigit()):
@@ -564,7 +567,8 @@ class Sbp(str):
         raise ValueError(f"'{text}' is not an SBP (S<axis> as S0, S1, ..., B, P or Pmax)")
 
     @staticmethod
-    def split(axis: int) -> Sbp:
+    def S(axis: int) -> Sbp:
+        """The split of tensor axis `axis` (OneFlow writes it S(axis))."""
         return Sbp.of(f"S{axis}")
 
     @property
@@ -586,7 +590,7 @@ class Sbp(str):
         return _split_axis(self)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _split_axis(sbp: str) -> int | None:
     return int(sbp[1:]) if sbp[0] == "S" else None
 
@@ -604,7 +608,7 @@ def plain_nd(texts: Sequence[str]) -> PlainNd:
 
 def to_plain(attr: SbpAttr) -> Sbp:
     if isinstance(attr, SplitAttr):
-        return Sbp.split(attr.axis.data)
+        return Sbp.S(attr.axis.data)
     if isinstance(attr, BroadcastAttr):
         return Sbp.B
     assert isinstance(attr, PartialAttr)
@@ -613,7 +617,7 @@ def to_plain(attr: SbpAttr) -> Sbp:
 
 def from_plain(sbp: Sbp | str) -> SbpAttr:
     sbp = Sbp.of(sbp)
-    if sbp.is_split:
+    if sbp.axis is not None:
         return SplitAttr(sbp.axis)
     if sbp == Sbp.B:
         return BroadcastAttr()
@@ -664,7 +668,7 @@ def hierarchy_violation(src: PlainNd, dst: PlainNd, axes: Sequence[int]) -> tupl
     or remove a split of tensor axis k only while no inner mesh axis outside
     the step splits k. Returns (a, k, b) for the first violation, or None."""
     for a in axes:
-        touched = {x.axis for x in (src[a], dst[a]) if x.is_split} if src[a] != dst[a] else set()
+        touched = {k for x in (src[a], dst[a]) if (k := x.axis) is not None} if src[a] != dst[a] else set()
         for k in touched:
             for b in range(a + 1, len(src)):
                 if b not in axes and k in (src[b].axis, dst[b].axis):

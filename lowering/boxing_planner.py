@@ -30,6 +30,7 @@ from sbpc.dialects.sbp import COLLECTIVES, PlainNd, Sbp, hierarchy_violation, st
 
 from .cost_model import DeviceSpec, axis_volume, local_fraction
 
+
 def step_kind(src: str, dst: str) -> str | None:
     """The collective that changes one mesh axis from `src` to `dst`, if one does."""
     collective = step_collective(src, dst)
@@ -45,7 +46,7 @@ class Step:
 
 
 def _targets(current: str, rank: int) -> list[str]:
-    options = [Sbp.B, Sbp.P, Sbp.PMAX, *(Sbp.split(i) for i in range(rank))]
+    options = [Sbp.B, Sbp.P, Sbp.PMAX, *(Sbp.S(i) for i in range(rank))]
     return [t for t in options if t != current and step_kind(current, t) is not None]
 
 

@@ -36,7 +36,8 @@ import bisect
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 from xdsl.context import Context
@@ -55,15 +56,15 @@ from sbpc.dialects.sbp import (
     DTensorType,
     Mesh,
     PlainNd,
+    Sbp,
     dtensor_of,
     element_bytes,
     element_type,
+    format_nd,
     global_shape,
     lookup_placement,
     nd_to_plain,
     signature_of,
-    Sbp,
-    format_nd,
 )
 
 from .boxing_planner import boxing_cost
@@ -838,7 +839,7 @@ class SbpInferOptions:
     device: str = "cpu"
     """`cpu`, `cuda`, or a JSON file of cost_model.DeviceSpec fields."""
 
-    def infer_options(self) -> dict[str, str]:
+    def infer_options(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(SbpInferOptions)}
 
 

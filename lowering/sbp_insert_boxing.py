@@ -41,7 +41,6 @@ from .boxing_planner import Step, plan
 from .cost_model import axis_volume
 
 
-
 def itemsize(t: DTensorType) -> int:
     return element_bytes(t.element_type)
 
@@ -106,7 +105,7 @@ def _unpartial(nd: PlainNd, mesh: tuple[int, ...], rank: int) -> tuple[PlainNd, 
     if not partial_axes:
         return nd, ()
     best = None
-    options = [Sbp.B, *(Sbp.split(i) for i in range(rank))]
+    options = [Sbp.B, *(Sbp.S(i) for i in range(rank))]
     for choice in itertools.product(options, repeat=len(partial_axes)):
         target = list(nd)
         for a, s in zip(partial_axes, choice):
@@ -125,7 +124,7 @@ def _unpartial_options(nd: PlainNd, rank: int) -> list[PlainNd]:
     """Non-partial distributions from which `nd` is reached by make_partial."""
     partial_axes = [a for a, s in enumerate(nd) if s.is_partial]
     options = []
-    for choice in itertools.product([Sbp.B, *(Sbp.split(i) for i in range(rank))], repeat=len(partial_axes)):
+    for choice in itertools.product([Sbp.B, *(Sbp.S(i) for i in range(rank))], repeat=len(partial_axes)):
         target = list(nd)
         for a, s in zip(partial_axes, choice):
             target[a] = s

@@ -339,5 +339,7 @@ def make_executor(module, program, world, trace: bool = False, write_back: bool 
         try:
             return CudaExecutor(module, program, world, trace=trace, write_back=write_back)
         except cuda.CudaUnavailable as e:
-            raise RuntimeFailure(f"rank {world.rank}: the plan is placed on CUDA devices but this rank has none: {e}") from None
+            raise RuntimeFailure(
+                f"rank {world.rank}: the plan is placed on CUDA devices but this rank has none: {e}"
+            ) from None
     return Executor(module, program, world, trace=trace, write_back=write_back)

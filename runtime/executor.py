@@ -70,7 +70,9 @@ def check_feeds(program: plan.ProgramOp, feeds: Mapping[str, Any]) -> dict[str, 
     wanted = feed_types(program)
     unknown = sorted(set(feeds) - set(wanted))
     if unknown:
-        raise RuntimeFailure(f"feed {unknown[0]!r} is not an input of @{program.sym_name.data} (inputs: {sorted(wanted)})")
+        raise RuntimeFailure(
+            f"feed {unknown[0]!r} is not an input of @{program.sym_name.data} (inputs: {sorted(wanted)})"
+        )
     missing = sorted(set(wanted) - set(feeds))
     if missing:
         raise RuntimeFailure(f"feed {missing[0]!r} is missing")
@@ -126,7 +128,9 @@ class Executor:
         for actor in self.schedule:
             if isinstance(actor, plan.ComputeOp):
                 self.kernels[actor] = self._bind(actor)
-        self._parts = {a: p for a in self.kernels if a.kernel.data == "lg.matmul" and (p := self._bind_parts(a)) is not None}
+        self._parts = {
+            a: p for a in self.kernels if a.kernel.data == "lg.matmul" and (p := self._bind_parts(a)) is not None
+        }
         self.comm_actors = self._build_comm_actors()
         self.updates = self._update_pairs() if write_back else []
         # What each firing needs, read off the IR once (xDSL attribute access
@@ -297,7 +301,9 @@ class Executor:
 
     # -- running -------------------------------------------------------------------
 
-    def run(self, steps: int = 1, outputs: Collection[str] | None = None) -> dict[str, tuple[DTensorType, tuple, np.ndarray]]:
+    def run(
+        self, steps: int = 1, outputs: Collection[str] | None = None
+    ) -> dict[str, tuple[DTensorType, tuple, np.ndarray]]:
         """Runs `steps` steps; returns this rank's pieces of the fetched
         outputs (of those named in `outputs`, when given)."""
         pending: list[Pending] = []
@@ -333,7 +339,9 @@ class Executor:
             except RuntimeFailure:
                 raise
             except Exception as e:  # noqa: BLE001 - reported with its place, then the job ends
-                raise RuntimeFailure(f"rank {self.rank}: step {step}: {self.describe(actor)}: {type(e).__name__}: {e}") from e
+                raise RuntimeFailure(
+                    f"rank {self.rank}: step {step}: {self.describe(actor)}: {type(e).__name__}: {e}"
+                ) from e
 
     def _issue_comm(self, pending: list[Pending], actor: plan.CommOp, step: int, ranges=None) -> Pending:
         """Issues a collective (the one path of every backend): its input

@@ -26,7 +26,9 @@ from sbpc.dialects.sbp import PlainNd, Sbp, nd_to_plain, plain_nd
 from sbpc.semantics.reference import REFERENCE, check_range
 
 
-def distribute(value: np.ndarray, nd: PlainNd, mesh: Sequence[int], rng: np.random.Generator) -> dict[Coord, np.ndarray]:
+def distribute(
+    value: np.ndarray, nd: PlainNd, mesh: Sequence[int], rng: np.random.Generator
+) -> dict[Coord, np.ndarray]:
     """Every device's local piece of `value`. Partial pieces are random: P
     summands that add up to the value, Pmax candidates at most the value with
     one device holding it exactly. B axes hold identical copies."""
@@ -119,7 +121,9 @@ LOCAL: Backend[LocalKernel] = Backend("SBP-local evaluation")
 local pieces; every other op runs its reference kernel."""
 
 
-def _global_count_scaled(op: Operation, ctx: LocalContext, local: np.ndarray, local_n: int, global_n: int) -> np.ndarray:
+def _global_count_scaled(
+    op: Operation, ctx: LocalContext, local: np.ndarray, local_n: int, global_n: int
+) -> np.ndarray:
     # A mean over a split axis: each device sums its part and divides by the
     # global count, so the pieces add up to the global mean.
     return local * (local_n / global_n) if global_n else local

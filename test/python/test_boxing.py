@@ -34,7 +34,7 @@ MESHES = ((2,), (3,), (4,), (2, 2), (2, 3))
 @st.composite
 def distributions(draw, rank, mesh):
     kind = draw(st.sampled_from([Sbp.P, Sbp.PMAX]))
-    options = [Sbp.B, kind, *(Sbp.split(i) for i in range(rank))]
+    options = [Sbp.B, kind, *(Sbp.S(i) for i in range(rank))]
     return tuple(draw(st.sampled_from(options)) for _ in mesh)
 
 

@@ -62,9 +62,9 @@ def test_a_missing_implementation_is_reported():
 
 def test_property_sets_follow_the_traits():
     elementwise = {op for op in lg.COMPUTE_OPS if lg.is_elementwise(op)}
-    assert plan.FUSABLE_KERNELS == {op.name for op in elementwise}
-    assert plan.IN_PLACE_KERNELS == plan.FUSABLE_KERNELS | {plan.FUSED}
-    assert plan.REINTERPRETING_KERNELS == {lg.ReshapeOp.name}
+    assert {op.name for op in elementwise} == plan.FUSABLE_KERNELS
+    assert plan.FUSABLE_KERNELS | {plan.FUSED} == plan.IN_PLACE_KERNELS
+    assert {lg.ReshapeOp.name} == plan.REINTERPRETING_KERNELS
     for op in lg.COMPUTE_OPS:
         # CUDA fuses exactly the elementwise ops; the runtime lets exactly the
         # in-place ones write over an input.
