@@ -37,6 +37,7 @@ from xdsl.dialects.builtin import (
     FloatData,
     IntegerAttr,
     IntegerType,
+    ModuleOp,
     StringAttr,
     SymbolNameConstraint,
     SymbolRefAttr,
@@ -1692,6 +1693,12 @@ LG = Dialect(
     ],
     [ZerosInitAttr, OnesInitAttr, FillInitAttr, NormalInitAttr, UniformInitAttr],
 )
+
+def graphs(module: ModuleOp) -> list[GraphOp]:
+    """The graphs of a module, in order (a list: a pass may add ops to the
+    module while it goes through them)."""
+    return [op for op in module.ops if isinstance(op, GraphOp)]
+
 
 COMPUTE_OPS: tuple[type[LgOp], ...] = tuple(op for op in LG.operations if issubclass(op, LgOp))
 """The ops that are kernels: every backend implements each of them."""

@@ -36,6 +36,7 @@ from xdsl.dialects.builtin import (
     DenseArrayBase,
     DictionaryAttr,
     IntegerAttr,
+    ModuleOp,
     StringAttr,
     SymbolNameConstraint,
     SymbolRefAttr,
@@ -396,6 +397,11 @@ class CommOp(ActorOp):
             raise VerifyException(f"{where}: a {self.kind.data} reads one register and writes one")
         if self.kind.data == "transfer" and not (self.ins.data or self.outs.data):
             raise VerifyException(f"{where}: a transfer actor sends, receives, or both")
+
+
+def programs(module: ModuleOp) -> list[ProgramOp]:
+    """The plan programs of a module, in order."""
+    return [op for op in module.ops if isinstance(op, ProgramOp)]
 
 
 PLAN = Dialect("plan", [ProgramOp, DeviceOp, RegisterOp, ComputeOp, CommOp], [])

@@ -131,7 +131,7 @@ class LgAutodiffPass(ModulePass):
     """The output to differentiate (a scalar)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        for graph in [g for g in op.ops if isinstance(g, lg.GraphOp)]:
+        for graph in lg.graphs(op):
             differentiate(graph, self.loss)
 
 

@@ -198,5 +198,5 @@ class LgMicroBatchPass(ModulePass):
             raise PassFailedException(f"lg-micro-batch: count must be at least 1, got {self.count}")
         if self.count == 1:
             return
-        for graph in [g for g in op.ops if isinstance(g, lg.GraphOp)]:
+        for graph in lg.graphs(op):
             Unroller(graph, self.count).run()

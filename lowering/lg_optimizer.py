@@ -66,7 +66,7 @@ class LgOptimizerPass(ModulePass):
             raise PassFailedException(
                 f"lg-optimizer: unknown algorithm '{self.algorithm}' (choose {', '.join(ALGORITHMS)})"
             )
-        for graph in [g for g in op.ops if isinstance(g, lg.GraphOp)]:
+        for graph in lg.graphs(op):
             self.update(graph)
 
     def update(self, graph: lg.GraphOp) -> None:

@@ -401,6 +401,6 @@ class PlanAllocateMemoryPass(ModulePass):
     """Let elementwise actors overwrite an input that dies there."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        for program in [p for p in op.ops if isinstance(p, plan.ProgramOp)]:
+        for program in plan.programs(op):
             for device in program.devices():
                 allocate_device(device, self.in_place)

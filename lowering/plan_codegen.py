@@ -378,7 +378,7 @@ class PlanCodegenPass(ModulePass):
     """Generate for every device, not only those of CUDA placements."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        for program in [p for p in op.ops if isinstance(p, plan.ProgramOp)]:
+        for program in plan.programs(op):
             for device in program.devices():
                 registers = {r.sym_name.data: r for r in device.registers()}
                 for actor in device.actors():

@@ -133,7 +133,7 @@ class PlanFuseElementwisePass(ModulePass):
     name = "plan-fuse-elementwise"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        for program in [p for p in op.ops if isinstance(p, plan.ProgramOp)]:
+        for program in plan.programs(op):
             for device in program.devices():
                 if device.arena is not None:
                     raise PassFailedException(

@@ -267,7 +267,7 @@ class PlanVerifyPass(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         op.verify()
-        for program in [p for p in op.ops if isinstance(p, plan.ProgramOp)]:
+        for program in plan.programs(op):
             for device in program.devices():
                 verify_memory(device)
             verify_collectives(program)

@@ -32,7 +32,7 @@ class SbpCommSummaryPass(ModulePass):
     name = "sbp-comm-summary"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        for graph in [g for g in op.ops if isinstance(g, lg.GraphOp)]:
+        for graph in lg.graphs(op):
             rows = summarize(graph)
             where = f" on @{graph.placement.string_value()}" if graph.placement is not None else ""
             lines = [f"// communication of @{graph.sym_name.data}{where}, bytes a device receives:"]

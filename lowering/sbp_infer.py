@@ -861,7 +861,7 @@ class SbpInferPass(SbpInferOptions, ModulePass):
             device = load_device(self.device)
         except ValueError as e:
             raise PassFailedException(f"sbp-infer: {e}") from None
-        for graph in [g for g in op.ops if isinstance(g, lg.GraphOp)]:
+        for graph in lg.graphs(op):
             problem = build_problem(graph, device)
             choice = SOLVERS[self.strategy](problem)
             apply_solution(graph, problem, choice, self.strategy, self.explain)

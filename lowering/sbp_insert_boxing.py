@@ -170,7 +170,7 @@ class SbpInsertBoxingPass(ModulePass):
     name = "sbp-insert-boxing"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        for graph in [g for g in op.ops if isinstance(g, lg.GraphOp)]:
+        for graph in lg.graphs(op):
             for annotate in [a for a in graph.body.ops if isinstance(a, sbp.AnnotateOp)]:
                 if not isinstance(annotate.input.type, DTensorType):
                     continue  # a hint on a logical value: sbp-infer's input, not ours

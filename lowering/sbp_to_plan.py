@@ -341,7 +341,7 @@ class SbpToPlanPass(ModulePass):
     """Slots of registers that cross placements, so a stage may run ahead."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        for graph in [g for g in op.ops if isinstance(g, lg.GraphOp)]:
+        for graph in lg.graphs(op):
             program = Lowering(graph, self.pipeline_slots).lower()
             graph.parent_block().insert_op_before(program, graph)
             Rewriter.erase_op(graph)

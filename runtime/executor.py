@@ -47,7 +47,7 @@ class RuntimeFailure(Exception):
 
 
 def find_program(module: ModuleOp, name: str | None = None) -> plan.ProgramOp:
-    programs = [p for p in module.ops if isinstance(p, plan.ProgramOp)]
+    programs = plan.programs(module)
     if name is not None:
         programs = [p for p in programs if p.sym_name.data == name]
     if len(programs) != 1:
@@ -474,4 +474,4 @@ class Executor:
 
 
 def is_lg_module(module: ModuleOp) -> bool:
-    return any(isinstance(op, lg.GraphOp) for op in module.ops)
+    return bool(lg.graphs(module))

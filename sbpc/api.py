@@ -74,7 +74,7 @@ def compile(  # noqa: A001 - the verb users expect
 
                 g.placement = SymbolRefAttr(placement.name)
                 module.body.block.insert_op_before(placement.op(), module.body.block.first_op)
-    if not any(isinstance(op, plan.ProgramOp) for op in module.ops):
+    if not plan.programs(module):
         PassPipeline.parse_spec(PASSES, pipeline).apply(Context(), module)
     module.verify()
     return Executable(module, mode)

@@ -66,7 +66,7 @@ def run_plan(
     program: str | None = None,
 ) -> dict[str, np.ndarray]:
     """Runs one step of a planned program; returns the fetched outputs."""
-    programs = [p for p in module.ops if isinstance(p, plan.ProgramOp)]
+    programs = plan.programs(module)
     if program is not None:
         programs = [p for p in programs if p.sym_name.data == program]
     if len(programs) != 1:

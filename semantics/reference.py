@@ -72,7 +72,7 @@ def find_graph(module: ModuleOp | lg.GraphOp, name: str | None = None) -> lg.Gra
     """The graph called `name`, or the only graph of the module."""
     if isinstance(module, lg.GraphOp):
         return module
-    graphs = [op for op in module.ops if isinstance(op, lg.GraphOp)]
+    graphs = lg.graphs(module)
     if name is not None:
         graphs = [g for g in graphs if g.sym_name.data == name]
         if not graphs:

@@ -59,7 +59,7 @@ def load_program(path: str, pipeline: str):
     """The module holding a plan: parsed, and compiled first if it is not one."""
     text = Path(path).read_text()
     module = parse_module(text, path)
-    if not any(isinstance(op, plan.ProgramOp) for op in module.ops):
+    if not plan.programs(module):
         PassPipeline.parse_spec(PASSES, pipeline).apply(Context(), module)
         module.verify()
     return module, find_program(module)

@@ -128,7 +128,7 @@ def memory_svg(module: ModuleOp) -> str:
     panels = []
     width, left, top, height = 640, 70, 40, 260
     y0 = 10
-    for program in [p for p in module.ops if isinstance(p, plan.ProgramOp)]:
+    for program in plan.programs(module):
         for device in program.devices():
             if device.arena is None:
                 continue
