@@ -854,7 +854,7 @@ class CollectiveOp(IRDLOperation, ABC):
     result = result_def(DTensorType)
     mesh_axes = prop_def(DenseArrayBase.constr(i64))
     bytes = opt_prop_def(IntegerAttr[I64])
-    """Bytes the busiest device receives (recorded by sbp-insert-boxing)."""
+    """Bytes a device of the group receives, on average (recorded by sbp-insert-boxing)."""
 
     traits = traits_def(Pure())
 
@@ -930,7 +930,7 @@ class TransferOp(IRDLOperation):
     input = operand_def(DTensorType)
     result = result_def(DTensorType)
     bytes = opt_prop_def(IntegerAttr[I64])
-    """Bytes the busiest destination device receives from other ranks."""
+    """Bytes a destination device receives from other ranks, on average."""
 
     traits = traits_def(Pure())
 

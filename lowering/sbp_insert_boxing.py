@@ -24,6 +24,7 @@ from xdsl.rewriter import Rewriter
 from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import lg, sbp
+from sbpc.dialects.layout import coords, piece
 from sbpc.dialects.sbp import (
     DTensorType,
     Mesh,
@@ -57,8 +58,6 @@ def step_bytes(step: Step, shape: tuple[int, ...], nbytes_per_elem: int, mesh: t
 def transfer_bytes(shape, src_nd: PlainNd, src_mesh: Mesh, dst_nd: PlainNd, dst_mesh: Mesh, nbytes: int) -> int:
     """Average bytes a destination device receives: its piece, less what its
     own rank already held on the source placement."""
-    from sbpc.dialects.layout import coords, piece
-
     held = {
         src_mesh.ranks[i]: piece(shape, src_nd, src_mesh.shape, c) for i, c in enumerate(coords(src_mesh.shape))
     }

@@ -62,7 +62,8 @@ def schedule(ops: list[Operation]) -> list[Operation]:
             if isinstance(o.owner, Operation) and o.owner in index:
                 users[o.owner].append(op)
 
-    local = (sbp.SliceOp, sbp.MakePartialOp)  # redistributions without communication
+    # redistributions without communication
+    local = tuple(op for kind, op in sbp.COLLECTIVE_OP_OF_KIND.items() if not sbp.COLLECTIVES[kind].communicates)
 
     def priority(op: Operation) -> int:
         if is_comm[op]:

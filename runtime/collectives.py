@@ -1,7 +1,7 @@
 """Communication actors on MPI: each plan.comm becomes a non-blocking
 collective (or point-to-point transfer) over its rank group.
 
-Pieces of a tensor are the same ones the simulator uses (local_eval.piece);
+Pieces of a tensor are the same ones the simulator uses (sbpc.dialects.layout.piece);
 where MPI needs contiguous per-member blocks (all_gather along an inner
 axis, reduce_scatter, all_to_all) the actor packs into or unpacks from
 buffers it allocated once at load time, so the steady state allocates

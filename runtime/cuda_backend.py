@@ -31,7 +31,7 @@ behind `Gpu` (allocate, copy, load, launch): `PyCudaGpu` is the thin PyCUDA
 layer, imported lazily; `EmulatedGpu` keeps device memory in a numpy byte
 array and launches an actor's numpy kernel on the views at the pointers it
 is given, so the host logic (pointers, staging, copies) runs end to end on
-CPU. It tests no CUDA kernel; tests/test_cuda.py launches those only where
+CPU. It tests no CUDA kernel; test/python/test_cuda.py launches those only where
 a GPU is present.
 """
 
@@ -105,10 +105,8 @@ def staging(actor, registers: dict, step: int) -> tuple[list[Span], list[Span]]:
 
 def is_cuda_program(program: plan.ProgramOp) -> bool:
     """Whether any device of the program lies on a CUDA placement."""
-    for device in program.devices():
-        for reg in device.registers():
-            return lookup_placement(device, reg.value.placement).mesh().device is DeviceKind.CUDA
-    return False
+    placements = {reg.value.placement for device in program.devices() for reg in device.registers()}
+    return any(lookup_placement(program, p).mesh().device is DeviceKind.CUDA for p in placements)
 
 
 # -- the driver layer -----------------------------------------------------------

@@ -21,7 +21,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
 
 from sbpc.dialects import lg, sbp
-from sbpc.dialects.layout import Coord, coords, numpy_dtype, partial_kind, piece
+from sbpc.dialects.layout import Coord, balanced, coords, numpy_dtype, partial_kind, piece
 from sbpc.dialects.sbp import DTensorType, Mesh, PlainNd, Sbp, global_shape, lookup_placement, nd_to_plain
 from sbpc.semantics.local_eval import LocalContext, combine, local_kernel
 from sbpc.semantics.reference import EvaluationError, evaluate, find_graph
@@ -141,7 +141,7 @@ def run_collective(kind: str, value: Distributed, dst_nd: PlainNd, axes: list[in
             out[c] = np.array(whole[rel(dst_regions[c])])
             mine = value.pieces[c].size
             if kind == "all_reduce":
-                chunks = [b - a for a, b in (divmod_range(whole.size, g, j) for j in range(g))]
+                chunks = [b - a for a, b in (balanced(whole.size, g, j) for j in range(g))]
                 got = (g - 1) * chunks[i] + (whole.size - chunks[i])
             elif kind == "reduce_scatter":
                 got = (g - 1) * out[c].size
@@ -149,16 +149,12 @@ def run_collective(kind: str, value: Distributed, dst_nd: PlainNd, axes: list[in
                 got = out[c].size - mine
             elif kind == "all_to_all":
                 got = sum(_intersect(src_regions[o], dst_regions[c]) for o in group if o != c)
-            else:  # slice
+            elif kind == "slice":
                 got = 0
+            else:
+                raise EvaluationError(f"the simulator has no collective '{kind}'")
             received += got * itemsize
     return out, received / len(coords(mesh_shape))
-
-
-def divmod_range(n: int, parts: int, index: int) -> tuple[int, int]:
-    base, extra = divmod(n, parts)
-    start = index * base + min(index, extra)
-    return start, start + base + (1 if index < extra else 0)
 
 
 def run_transfer(value: Distributed, dst: Distributed) -> tuple[Pieces, float]:
