@@ -548,7 +548,7 @@ class Sbp(str):
     """One mesh axis' distribution as plain data: "S0", "S1", ... (split),
     "B", "P" (partial sum) or "Pmax" (partial max). It is a str, so it
     hashes, compares, sorts and prints as that text at str speed (sbp-infer
-    handles millions); it is built only by `Sbp.of`, `Sbp.split` and the
+    handles millions); it is built only by `Sbp.of`, `Sbp.S` and the
     constants, and read through its properties, so no other code parses
     the text."""
 
@@ -562,8 +562,11 @@ class Sbp(str):
     @functools.cache
     def of(text: str) -> Sbp:
         """The (shared) value of a text form; a ValueError if it is none."""
-        if text in ("B", "P", "Pmax") or (text[:1] == "S" and text[1:].isdigit()):
+        if text in ("B", "P", "Pmax"):
             return Sbp(text)
+        if text[:1] == "S" and text[1:].isdigit():
+            canonical = f"S{int(text[1:])}"  # one spelling per axis: S01 is S1
+            return Sbp(text) if canonical == text else Sbp.of(canonical)
         raise ValueError(f"'{text}' is not an SBP (S<axis> as S0, S1, ..., B, P or Pmax)")
 
     @staticmethod

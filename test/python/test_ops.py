@@ -100,3 +100,20 @@ def test_op_class_by_name():
     assert lg.op_class("lg.matmul") is lg.MatmulOp
     with pytest.raises(KeyError, match="lg.nothing"):
         lg.op_class("lg.nothing")
+
+
+def test_sbp_values_are_one_type_read_through_properties():
+    from sbpc.dialects.sbp import Sbp, format_nd, nd_from_plain, nd_to_plain, plain_nd
+
+    assert Sbp.of("S01") is Sbp.S(1) and Sbp.of("B") is Sbp.B
+    assert (Sbp.S(2).kind, Sbp.S(2).axis, Sbp.S(2).is_split) == ("S", 2, True)
+    assert (Sbp.PMAX.kind, Sbp.PMAX.axis, Sbp.PMAX.is_partial) == ("P", None, True)
+    with pytest.raises(ValueError, match="'Q' is not an SBP"):
+        Sbp.of("Q")
+    nd = plain_nd(["S0", "B", "Pmax"])
+    assert all(type(s) is Sbp for s in nd)
+    assert nd_to_plain(nd_from_plain(nd)) == nd
+    assert format_nd(nd) == format_nd(nd_from_plain(nd)) == "[S<0>, B, P<max>]"
+    # every pass gets Sbp values from the op rules, not text
+    sigs = lg.MatmulOp.signatures(((8, 4), (4, 2)), (8, 2), 2, (("transpose_lhs", False), ("transpose_rhs", False)))
+    assert all(type(s) is Sbp for ins, outs in sigs for nd in (ins, outs) for s in nd)
