@@ -549,14 +549,29 @@ class Sbp(str):
     "B", "P" (partial sum) or "Pmax" (partial max). It is a str, so it
     hashes, compares, sorts and prints as that text at str speed (sbp-infer
     handles millions); it is built only by `Sbp.of`, `Sbp.S` and the
-    constants, and read through its properties, so no other code parses
-    the text."""
+    constants, and read through its attributes (kind, axis, is_split,
+    is_partial), so no other code parses the text."""
 
-    __slots__ = ()
+    kind: str
+    """"S", "B" or "P" (either partial)."""
+    axis: int | None
+    """The tensor axis of a split, else None."""
+    is_split: bool
+    is_partial: bool
 
     B: ClassVar[Sbp]
     P: ClassVar[Sbp]
     PMAX: ClassVar[Sbp]
+
+    def __new__(cls, text: str) -> Sbp:
+        # The properties are plain attributes, set once per (interned)
+        # value: sbp-infer's cost model reads them millions of times.
+        self = super().__new__(cls, text)
+        self.kind = text[0]
+        self.is_split = text[0] == "S"
+        self.is_partial = text[0] == "P"
+        self.axis = int(text[1:]) if self.is_split else None
+        return self
 
     @staticmethod
     @functools.cache
@@ -573,29 +588,6 @@ class Sbp(str):
     def S(axis: int) -> Sbp:
         """The split of tensor axis `axis` (OneFlow writes it S(axis))."""
         return Sbp.of(f"S{axis}")
-
-    @property
-    def kind(self) -> str:
-        """"S", "B" or "P" (either partial)."""
-        return self[0]
-
-    @property
-    def is_split(self) -> bool:
-        return self[0] == "S"
-
-    @property
-    def is_partial(self) -> bool:
-        return self[0] == "P"
-
-    @property
-    def axis(self) -> int | None:
-        """The tensor axis of a split, else None."""
-        return _split_axis(self)
-
-
-@functools.cache
-def _split_axis(sbp: str) -> int | None:
-    return int(sbp[1:]) if sbp[0] == "S" else None
 
 
 Sbp.B, Sbp.P, Sbp.PMAX = Sbp.of("B"), Sbp.of("P"), Sbp.of("Pmax")
