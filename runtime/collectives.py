@@ -11,7 +11,9 @@ nothing.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 from mpi4py import MPI
@@ -83,7 +85,7 @@ class Pending:
 
     actor: plan.CommOp
     requests: list[MPI.Request]
-    finish: object = None
+    finish: Callable[[], None] | None = None
     ranges: list[tuple[int, int, int]] = field(default_factory=list)  # (buffer id, lo, hi)
     start: float = 0.0
 
@@ -175,19 +177,25 @@ class CommActor:
 
     def issue(self, slot_in: int, slot_out: int) -> Pending:
         k = self.kind
-        src = self.views(self.in_name, slot_in) if self.in_name else None
-        dst = self.views(self.out_name, slot_out) if self.out_name else None
+        # Typed as present, as they are in every branch that uses them: each kind but
+        # transfer reads one register and writes one (plan.comm's verifier), the kinds
+        # that exchange data have a group communicator (the executor makes one), and a
+        # transfer reads `src` only on a sending rank (in the source mesh, so it holds
+        # the input) and writes `dst` only on a receiving one (in the destination mesh).
+        src = cast(np.ndarray, self.views(self.in_name, slot_in) if self.in_name else None)
+        dst = cast(np.ndarray, self.views(self.out_name, slot_out) if self.out_name else None)
+        comm = cast(MPI.Comm, self.comm)
         pending = Pending(self.actor, [])
         me = self.rank
         if k == "all_reduce":
-            pending.requests.append(self.comm.Iallreduce(src, dst, self.op))
+            pending.requests.append(comm.Iallreduce(src, dst, self.op))
         elif k == "all_gather" and self.direct:
             pending.requests.append(
-                self.comm.Iallgatherv(src, [dst.reshape(-1), self.counts, self.displs, self.mpi_type])
+                comm.Iallgatherv(src, [dst.reshape(-1), self.counts, self.displs, self.mpi_type])
             )
         elif k == "all_gather":
             pending.requests.append(
-                self.comm.Iallgatherv(src, [self.recv, self.counts, self.displs, self.mpi_type])
+                comm.Iallgatherv(src, [self.recv, self.counts, self.displs, self.mpi_type])
             )
 
             def finish():
@@ -197,22 +205,25 @@ class CommActor:
 
             pending.finish = finish
         elif k == "reduce_scatter" and self.direct:
-            pending.requests.append(self.comm.Ireduce_scatter(src.reshape(-1), dst.reshape(-1), self.counts, self.op))
+            pending.requests.append(comm.Ireduce_scatter(src.reshape(-1), dst.reshape(-1), self.counts, self.op))
         elif k == "reduce_scatter":
+            assert self.send is not None  # _prepare packs into it unless direct
             at = 0
             for r, count in zip(self.group, self.counts):
                 block = src[relative(self.dst_regions[r], self.src_regions[me])]
                 self.send[at : at + count] = block.reshape(-1)
                 at += count
-            pending.requests.append(self.comm.Ireduce_scatter(self.send, dst.reshape(-1), self.counts, self.op))
+            pending.requests.append(comm.Ireduce_scatter(self.send, dst.reshape(-1), self.counts, self.op))
         elif k == "all_to_all":
+            assert self.send is not None  # _prepare always allocates it for all_to_all
             at = 0
             for part, count in zip(self.send_parts, self.scounts):
                 if count:
+                    assert part is not None  # a count is 0 where the pieces do not meet
                     self.send[at : at + count] = src[relative(part, self.src_regions[me])].reshape(-1)
                     at += count
             pending.requests.append(
-                self.comm.Ialltoallv(
+                comm.Ialltoallv(
                     [self.send, self.scounts, self.sdispl, self.mpi_type],
                     [self.recv, self.rcounts, self.rdispl, self.mpi_type],
                 )

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import os
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -112,15 +113,22 @@ def is_cuda_program(program: plan.ProgramOp) -> bool:
 # -- the driver layer -----------------------------------------------------------
 
 
-class Gpu:
+class Gpu(ABC):
     """What the backend needs of a GPU. Addresses are ints."""
 
+    @abstractmethod
     def alloc(self, nbytes: int) -> int: ...
+    @abstractmethod
     def pinned(self, nbytes: int) -> np.ndarray: ...
+    @abstractmethod
     def upload(self, address: int, host: np.ndarray) -> None: ...
+    @abstractmethod
     def download(self, host: np.ndarray, address: int) -> None: ...
+    @abstractmethod
     def copy(self, dst: int, src: int, nbytes: int) -> None: ...
+    @abstractmethod
     def kernel(self, actor: plan.ComputeOp, host_kernel) -> Callable[[list[int], tuple, tuple], None]: ...
+    @abstractmethod
     def synchronize(self) -> None: ...
 
 
@@ -241,6 +249,7 @@ class CudaExecutor(Executor):
         super().__init__(module, program, world, trace=trace, write_back=write_back)
         if self.device is None:
             return
+        assert self.gpu is not None  # _host_buffer made one for the base class's arenas
         self.bases = (self.gpu.alloc(region_sizes(self.device)[0]), self.gpu.alloc(region_sizes(self.device)[1]))
         self.launches: dict[plan.ComputeOp, Callable] = {}
         self.on_host: set[plan.ComputeOp] = set()
@@ -282,9 +291,11 @@ class CudaExecutor(Executor):
         return region[s.offset:s.offset + s.nbytes]
 
     def _up(self, s: Span) -> None:
+        assert self.gpu is not None  # mirrors exist only where _host_buffer made the GPU
         self.gpu.upload(pointer(self.bases, s), self._host_bytes(s))
 
     def _down(self, s: Span) -> None:
+        assert self.gpu is not None  # mirrors exist only where _host_buffer made the GPU
         self.gpu.download(self._host_bytes(s), pointer(self.bases, s))
 
     def _host_written(self, name: str, slot: int) -> None:
@@ -319,6 +330,7 @@ class CudaExecutor(Executor):
 
     def _write_back(self, pending, step: int) -> None:
         for new, param in self.updates:
+            assert self.gpu is not None  # updates are paired only on a rank with a device
             self._wait_register(pending, new, step)
             src, dst = span(self.registers[new], step), span(self.registers[param], 0)
             self.gpu.copy(pointer(self.bases, dst), pointer(self.bases, src), src.nbytes)
@@ -326,6 +338,7 @@ class CudaExecutor(Executor):
     def run(self, steps: int = 1, outputs=None):
         fetched = super().run(steps, outputs)
         if self.device is not None:
+            assert self.gpu is not None  # made with the device's arenas
             self.gpu.synchronize()
         return fetched
 

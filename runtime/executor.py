@@ -89,7 +89,7 @@ def check_feeds(program: plan.ProgramOp, feeds: Mapping[str, Any]) -> dict[str, 
 
 
 class Executor:
-    def __init__(self, module: ModuleOp, program: plan.ProgramOp, world: MPI.Comm, trace: bool = False,
+    def __init__(self, module: ModuleOp, program: plan.ProgramOp, world: MPI.Intracomm, trace: bool = False,
                  write_back: bool = True):
         self.module = module
         self.program = program
@@ -331,6 +331,7 @@ class Executor:
                 if pending:
                     self._wait_ranges(pending, ranges)
                 if is_compute:
+                    assert out is not None  # a compute actor writes one register (its kernel is bound to it)
                     self._fire_compute(actor, step, ins, out, pending)
                 else:
                     self._issue_comm(pending, actor, step, ranges)
@@ -425,6 +426,7 @@ class Executor:
         if parts is None:
             self.kernels[actor](ins, out)
         else:  # communication in flight: let MPI progress between blocks
+            assert pending is not None  # parts are looked up only while communication is pending
             for _ in parts(ins, out):
                 self._progress(pending)
         if self.trace_on:

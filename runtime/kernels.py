@@ -549,9 +549,9 @@ def _bind_fused_whole(op: Fused, local, ins, out, rows: int | None = None) -> Fi
                 dest = _scratch(shape, dtype)
             else:
                 free = [f for f in free if f is not dest]
-        fire = NUMPY[type(step)](step, local, [values[a] for a in args], out if dest is None else dest)
+        bound = NUMPY[type(step)](step, local, [values[a] for a in args], out if dest is None else dest)
         values.append(out if dest is None else dest)
-        program.append((fire, args, dest))
+        program.append((bound, args, dest))
 
     def fire(xs, o):
         vals = list(xs) + [None] * len(program)

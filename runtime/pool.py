@@ -27,7 +27,7 @@ from sbpc.dialects.sbp import lookup_placement
 from sbpc.semantics.local_eval import assemble
 
 from .cuda_backend import make_executor
-from .executor import check_feeds, find_program
+from .executor import Executor, check_feeds, find_program
 from .worker import fail, gather_outputs
 
 
@@ -60,9 +60,10 @@ def serve(port: int, errors: str | None = None) -> None:
     executor = None
     program = None
     while True:
-        command = receive(sock) if world.rank == 0 else None
+        command = receive(sock) if sock is not None else None  # the socket is rank 0's
         command = world.bcast(command, root=0)
         kind = command[0]
+        reply: object
         try:
             if kind == "stop":
                 break
@@ -74,24 +75,33 @@ def serve(port: int, errors: str | None = None) -> None:
                 reply = "loaded"
             elif kind == "run":
                 feeds = check_feeds(program, command[1])
-                executor.feed(feeds)
+                loaded = _loaded(executor)
+                loaded.feed(feeds)
                 outputs = command[3] if len(command) > 3 else None
-                reply = gather_outputs(world, program, executor.run(command[2], outputs), outputs)
+                reply = gather_outputs(world, program, loaded.run(command[2], outputs), outputs)
             elif kind == "get_param":
-                pieces = world.gather(executor.param_piece(command[1]), root=0)
+                pieces = world.gather(_loaded(executor).param_piece(command[1]), root=0)
                 reply = _assemble(program, command[1], pieces) if world.rank == 0 else None
             elif kind == "set_param":
-                executor.set_param(command[1], command[2])
+                _loaded(executor).set_param(command[1], command[2])
                 reply = "set"
             else:
                 raise ValueError(f"unknown command {kind!r}")
         except Exception as e:  # noqa: BLE001 - reported to the driver, then the job ends
             message = str(e) if str(e).startswith("rank ") else f"rank {world.rank}: {type(e).__name__}: {e}"
             fail(world, message, errors, tell=(lambda m: _tell_driver(sock, m)) if world.rank == 0 else None)
-        if world.rank == 0:
+        if sock is not None:  # rank 0
             send(sock, ("ok", reply))
     if sock is not None:
         sock.close()
+
+
+def _loaded(executor: Executor | None) -> Executor:
+    """The executor of the loaded plan; a command that needs one before any
+    `load` is a driver bug, reported as such."""
+    if executor is None:
+        raise RuntimeError("no plan is loaded (the driver must send load first)")
+    return executor
 
 
 def _tell_driver(sock, message: str) -> None:

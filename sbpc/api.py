@@ -25,7 +25,7 @@ import subprocess
 import tempfile
 from collections.abc import Collection, Mapping
 from io import StringIO
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from xdsl.context import Context
@@ -73,7 +73,9 @@ def compile(  # noqa: A001 - the verb users expect
                 from xdsl.dialects.builtin import SymbolRefAttr
 
                 g.placement = SymbolRefAttr(placement.name)
-                module.body.block.insert_op_before(placement.op(), module.body.block.first_op)
+                first = module.body.block.first_op
+                assert first is not None  # `g` is in this block
+                module.body.block.insert_op_before(placement.op(), first)
     if not plan.programs(module):
         PassPipeline.parse_spec(PASSES, pipeline).apply(Context(), module)
     module.verify()
@@ -181,7 +183,8 @@ class Executable:
         fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".npz", dir=directory)
         try:
             with os.fdopen(fd, "wb") as f:
-                np.savez(f, **arrays)
+                # the cast quiets mypy, which rightly notes a parameter named allow_pickle would set savez's flag
+                np.savez(f, **cast("dict[str, Any]", arrays))
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
@@ -291,7 +294,7 @@ class RankPool:
         from sbpc.runtime.launch import command, rank_environment
 
         self.ranks = ranks
-        self.loaded = None
+        self.loaded: Executable | None = None
         server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         server.bind(("127.0.0.1", 0))
         server.listen(1)

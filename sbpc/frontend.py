@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
-from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, ModuleOp, SymbolRefAttr, TensorType
+from xdsl.dialects.builtin import AnyFloat, DenseIntOrFPElementsAttr, IntegerType, ModuleOp, SymbolRefAttr, TensorType
 from xdsl.ir import Operation, SSAValue
 
 from sbpc.dialects import lg, sbp
@@ -245,7 +246,8 @@ class Graph:
     def constant(self, value) -> Tensor:
         array = np.asarray(value)
         dtype = {"float32": "f32", "float64": "f64", "float16": "f16", "int64": "i64", "int32": "i32"}[str(array.dtype)]
-        t = tensor_type(array.shape, dtype)
+        # a float or an integer tensor by the dtype above; from_list's overloads take one or the other
+        t = cast("TensorType[AnyFloat] | TensorType[IntegerType]", tensor_type(array.shape, dtype))
         data = array.ravel().tolist() if array.size else []
         return self.add(lg.ConstantOp(DenseIntOrFPElementsAttr.from_list(t, data)))
 
