@@ -77,6 +77,7 @@ CUDA: Backend[Generator | ElementwiseExpr | OnHost] = Backend("the CUDA code gen
 expression (so it also fuses), or ON_HOST: the executor runs the actor's
 numpy kernel on the host mirror (staged through pinned memory)."""
 
+
 class OnHost:
     """The registration of an op with no CUDA kernel: its actors run their
     numpy kernel on the host (runtime/cuda_backend.py stages the bytes)."""
