@@ -399,6 +399,25 @@ class CommOp(ActorOp):
             raise VerifyException(f"{where}: a transfer actor sends, receives, or both")
 
 
+def update_pairs(device: DeviceOp) -> list[tuple[str, str]]:
+    """(register of `new.<key>`, register of parameter <key>) pairs whose
+    local pieces match: after each step the runtime copies the update over
+    its parameter (lg-optimizer's outputs), so the next step trains on. An
+    update the memory plan already wrote over its parameter (`alias`) needs
+    no copy."""
+    registers = {r.sym_name.data: r for r in device.registers()}
+    params = {r.param.data: name for name, r in registers.items() if r.param is not None}
+    pairs = []
+    for name, reg in registers.items():
+        if reg.fetch is not None and reg.fetch.data.startswith("new."):
+            target = params.get(reg.fetch.data.removeprefix("new."))
+            if reg.alias is not None and reg.alias.string_value() == target:
+                continue
+            if target is not None and registers[target].value == reg.value:
+                pairs.append((name, target))
+    return pairs
+
+
 def programs(module: ModuleOp) -> list[ProgramOp]:
     """The plan programs of a module, in order."""
     return [op for op in module.ops if isinstance(op, ProgramOp)]

@@ -104,7 +104,7 @@ class Executor:
         self._feeds: dict[str, np.ndarray] = {}
         if self.device is None:
             self.schedule = []
-            self.updates = []
+            self.updates: list[tuple[str, str]] = []
             return
         if self.device.arena is None:
             raise RuntimeFailure(f"rank {self.rank}: the plan is not allocated; run plan-allocate-memory")
@@ -132,7 +132,7 @@ class Executor:
             a: p for a in self.kernels if a.kernel.data == "lg.matmul" and (p := self._bind_parts(a)) is not None
         }
         self.comm_actors = self._build_comm_actors()
-        self.updates = self._update_pairs() if write_back else []
+        self.updates = plan.update_pairs(self.device) if write_back else []
         # What each firing needs, read off the IR once (xDSL attribute access
         # costs microseconds, which tiny kernels would feel): per actor, its
         # registers and, for each slot phase, their views and byte ranges.
@@ -375,22 +375,6 @@ class Executor:
         if p.finish:
             p.finish()
         self._record(p.actor, "comm", p.start, time.perf_counter())
-
-    def _update_pairs(self) -> list[tuple[str, str]]:
-        """(register of `new.<key>`, register of parameter <key>) pairs whose
-        local pieces match, so an update is copied back in place; an update
-        the memory plan already wrote over its parameter (`alias`) needs no
-        copy."""
-        params = {r.param.data: name for name, r in self.registers.items() if r.param is not None}
-        pairs = []
-        for name, reg in self.registers.items():
-            if reg.fetch is not None and reg.fetch.data.startswith("new."):
-                target = params.get(reg.fetch.data.removeprefix("new."))
-                if reg.alias is not None and reg.alias.string_value() == target:
-                    continue
-                if target is not None and self.registers[target].value == reg.value:
-                    pairs.append((name, target))
-        return pairs
 
     def _write_back(self, pending: list[Pending], step: int) -> None:
         """After a step, updated parameters and optimizer state replace the

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {
     "sbpc.dialects": "dialects",
     "sbpc.semantics": "semantics",
+    "sbpc.perf": "perf",
     "sbpc.lowering": "lowering",
     "sbpc.runtime": "runtime",
     "sbpc": "sbpc",

@@ -1,0 +1,452 @@
+"""The cluster model: what a cluster's devices compute and how fast they talk.
+
+A cluster is `count` devices of one kind, connected either by a hierarchy
+of levels or by a full link matrix:
+
+- **levels**: level 0 groups `size` devices (a node), level 1 groups `size`
+  level-0 units (a rack or the whole cluster), and so on; the product of
+  the sizes is the device count. A level's `bandwidth` is what one device
+  sends per second (and receives) to devices outside its level-below unit
+  when every device of a collective does so at once, and `latency` the
+  fixed seconds of one step across it. Ranks are numbered node-major, as
+  launchers place them: ranks 0-7 are node 0.
+- **links**: an N x N matrix of `bandwidth` and `latency` for arbitrary
+  topologies; a collective runs at its slowest ring link.
+
+Collectives follow the alpha-beta model that Alpa and PyTorch's
+autoparallel use: `steps(kind, p) * latency + bytes / bandwidth`, with
+`bytes` the textbook volume a device receives (what the IR records on every
+collective: 2(p-1)/p |T| for all_reduce and so on) and the level the group
+spans giving latency and bandwidth. A level may carry calibrated figures
+per collective kind (`collectives`), which then replace its generic ones.
+
+Compute follows the roofline with a launch floor: a GEMM takes
+`overhead + flops / (peak[dtype] * efficiency)`; any other kernel
+`overhead + max(flops / vector_flops, bytes / memory_bandwidth)`.
+
+The file format is JSON with exactly the fields of `Cluster`,
+`DeviceKind`, `Level`, `Links` and `CollectiveFit` below (`docs/CLUSTER.md`
+shows one); `load_cluster` validates it and names the field at fault.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from typing import Any
+
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "transfer")
+"""What the runtime sends over the network (the COLLECTIVES rows that
+communicate, and point-to-point transfers between placements)."""
+
+DTYPES = ("f64", "f32", "tf32", "bf16", "f16")
+
+
+class ClusterError(ValueError):
+    """A cluster file or preset that cannot describe a cluster; the message names the field."""
+
+
+def latency_steps(kind: str, p: int) -> float:
+    """Latency terms of one collective over p devices: recursive doubling
+    and halving for the reductions and gathers (log2 p rounds; all_reduce
+    is a reduce_scatter then an all_gather), pairwise exchange for
+    all_to_all (p - 1 rounds), one message for a transfer."""
+    if p <= 1:
+        return 0.0
+    rounds = math.ceil(math.log2(p))
+    return {"all_reduce": 2.0 * rounds, "all_to_all": float(p - 1), "transfer": 1.0}.get(kind, float(rounds))
+
+
+@dataclass(frozen=True)
+class CollectiveFit:
+    """Calibrated figures of one collective kind on one level."""
+
+    latency: float
+    """Seconds per latency step (latency_steps)."""
+    bandwidth: float
+    """Bytes per second of the recorded per-device volume."""
+
+
+@dataclass(frozen=True)
+class Level:
+    name: str
+    size: int
+    """Units of the level below (devices for level 0) in one unit of this level."""
+    bandwidth: float
+    """Bytes/s one device sends across this level with all devices sending."""
+    latency: float
+    """Seconds of one message across this level."""
+    collectives: Mapping[str, CollectiveFit] = field(default_factory=dict)
+    """Calibrated per-kind figures, replacing bandwidth and latency for that kind."""
+
+
+@dataclass(frozen=True)
+class Links:
+    """A full link matrix: bandwidth[i][j] bytes/s and latency[i][j] seconds from device i to j."""
+
+    bandwidth: Sequence[Sequence[float]]
+    latency: Sequence[Sequence[float]]
+
+
+@dataclass(frozen=True)
+class DeviceKind:
+    kind: str
+    """'cpu' or 'cuda' (what a placement names)."""
+    memory: float
+    """Bytes of memory per device."""
+    peak_flops: Mapping[str, float]
+    """Peak GEMM flop/s per element type (f32, bf16, ...)."""
+    efficiency: float
+    """Fraction of peak a GEMM sustains."""
+    vector_flops: float
+    """Flop/s of non-GEMM arithmetic (elementwise, reductions)."""
+    memory_bandwidth: float
+    """Bytes/s a non-GEMM kernel streams."""
+    kernel_overhead: float
+    """Seconds every kernel costs however small (launch, Python call)."""
+    actor_overhead: float = 0.0
+    """Seconds the executor spends per actor besides the kernel."""
+    comm_overlap: float = 1.0
+    """Fraction of a collective that proceeds while the device computes (1:
+    a separate engine, as NCCL on GPUs; lower where the same cores move
+    the bytes, as MPI on shared memory)."""
+
+    def gemm_rate(self, dtype: str) -> float:
+        peak = self.peak_flops.get(dtype) or self.peak_flops.get("f32") or max(self.peak_flops.values())
+        return peak * self.efficiency
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    count: int
+    device: DeviceKind
+    levels: Sequence[Level] = ()
+    links: Links | None = None
+    source: str = ""
+    """Where the figures come from (vendor specifications, a calibration run)."""
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    # -- topology ---------------------------------------------------------------
+
+    def level_of(self, ranks: Sequence[int]) -> int:
+        """The lowest level whose one unit holds all of `ranks`."""
+        unit = 1
+        for i, level in enumerate(self.levels):
+            unit *= level.size
+            if len({r // unit for r in ranks}) == 1:
+                return i
+        return len(self.levels) - 1
+
+    def members_per_unit(self, ranks: Sequence[int], level: int) -> int:
+        """How many of `ranks` share one unit below `level` (they share its links)."""
+        if level == 0:
+            return 1
+        unit = math.prod(lv.size for lv in self.levels[:level])
+        counts: dict[int, int] = {}
+        for r in ranks:
+            counts[r // unit] = counts.get(r // unit, 0) + 1
+        return max(counts.values())
+
+    def figures(self, kind: str, ranks: Sequence[int]) -> tuple[float, float]:
+        """(latency per step, bandwidth) of collective `kind` over `ranks`."""
+        if self.links is not None:
+            ring = list(ranks)
+            pairs = list(zip(ring, ring[1:] + ring[:1])) if len(ring) > 1 else []
+            if not pairs:
+                return 0.0, math.inf
+            return (max(self.links.latency[a][b] for a, b in pairs),
+                    min(self.links.bandwidth[a][b] for a, b in pairs))
+        top = self.level_of(ranks)
+        fit = self.levels[top].collectives.get(kind)
+        if fit is not None:
+            return fit.latency, fit.bandwidth
+        bandwidth = min(level.bandwidth for level in self.levels[: top + 1])
+        return self.levels[top].latency, bandwidth
+
+    def collective_time(self, kind: str, ranks: Sequence[int], nbytes: float) -> float:
+        """Seconds of one collective of `kind` over `ranks` moving `nbytes`
+        per device (the volume the IR records)."""
+        p = len(ranks)
+        if p <= 1:
+            return 0.0
+        latency, bandwidth = self.figures(kind, ranks)
+        return latency_steps(kind, p) * latency + nbytes / bandwidth
+
+    # -- compute ----------------------------------------------------------------
+
+    def gemm_time(self, flops: float, dtype: str = "f32") -> float:
+        return self.device.kernel_overhead + flops / self.device.gemm_rate(dtype)
+
+    def kernel_time(self, flops: float, nbytes: float) -> float:
+        d = self.device
+        return d.kernel_overhead + max(flops / d.vector_flops, nbytes / d.memory_bandwidth)
+
+    # -- files ------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        if self.links is None:
+            del data["links"]
+        for level in data["levels"]:
+            if not level["collectives"]:
+                del level["collectives"]
+        return data
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_json(), f, indent=2)
+            f.write("\n")
+
+    def resized(self, count: int) -> Cluster:
+        """The same kind of cluster with `count` devices: the top level grows or
+        shrinks (a node count), lower levels keep their size."""
+        if count == self.count:
+            return self
+        if self.links is not None:
+            raise ClusterError(f"cluster {self.name}: a link matrix describes exactly {self.count} devices")
+        below = math.prod(level.size for level in self.levels[:-1])
+        if count % below and count > below:
+            raise ClusterError(f"cluster {self.name}: {count} devices is not a whole number of {below}-device units")
+        levels = list(self.levels)
+        if count <= below:  # fewer devices than one unit: cut the hierarchy
+            kept, unit = [], 1
+            for level in levels:
+                if unit * level.size >= count:
+                    kept.append(replace(level, size=count // unit))
+                    break
+                kept.append(level)
+                unit *= level.size
+            levels = kept
+        else:
+            levels[-1] = replace(levels[-1], size=count // below)
+        return replace(self, name=f"{self.name}/{count}", count=count, levels=tuple(levels))
+
+
+# -- validation ---------------------------------------------------------------------------
+
+
+def _positive(where: str, value: Any, zero_ok: bool = False) -> None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (value == 0 and not zero_ok):
+        raise ClusterError(f"{where}: must be a {'non-negative' if zero_ok else 'positive'} number, got {value!r}")
+
+
+def validate(c: Cluster) -> None:
+    if not isinstance(c.count, int) or isinstance(c.count, bool) or c.count < 1:
+        raise ClusterError(f"count: must be a positive integer, got {c.count!r}")
+    d = c.device
+    if d.kind not in ("cpu", "cuda"):
+        raise ClusterError(f"device.kind: must be 'cpu' or 'cuda', got {d.kind!r}")
+    _positive("device.memory", d.memory)
+    if not d.peak_flops:
+        raise ClusterError("device.peak_flops: needs at least one element type")
+    for dtype, rate in d.peak_flops.items():
+        if dtype not in DTYPES:
+            raise ClusterError(f"device.peak_flops.{dtype}: unknown element type (known: {', '.join(DTYPES)})")
+        _positive(f"device.peak_flops.{dtype}", rate)
+    _positive("device.efficiency", d.efficiency)
+    if d.efficiency > 1:
+        raise ClusterError(f"device.efficiency: a fraction of peak, at most 1, got {d.efficiency}")
+    _positive("device.vector_flops", d.vector_flops)
+    _positive("device.memory_bandwidth", d.memory_bandwidth)
+    _positive("device.kernel_overhead", d.kernel_overhead, zero_ok=True)
+    _positive("device.actor_overhead", d.actor_overhead, zero_ok=True)
+    _positive("device.comm_overlap", d.comm_overlap, zero_ok=True)
+    if d.comm_overlap > 1:
+        raise ClusterError(f"device.comm_overlap: a fraction, at most 1, got {d.comm_overlap}")
+    if (c.links is None) == (not c.levels):
+        raise ClusterError("levels, links: give exactly one of them (a hierarchy of levels or a link matrix)")
+    if c.links is not None:
+        for name in ("bandwidth", "latency"):
+            matrix = getattr(c.links, name)
+            if len(matrix) != c.count or any(len(row) != c.count for row in matrix):
+                raise ClusterError(f"links.{name}: must be a {c.count} x {c.count} matrix (count is {c.count})")
+            for i, row in enumerate(matrix):
+                for j, value in enumerate(row):
+                    if i != j:
+                        _positive(f"links.{name}[{i}][{j}]", value, zero_ok=name == "latency")
+        return
+    for i, level in enumerate(c.levels):
+        where = f"levels[{i}]"
+        if not isinstance(level.size, int) or isinstance(level.size, bool) or level.size < 1:
+            raise ClusterError(f"{where}.size: must be a positive integer, got {level.size!r}")
+        _positive(f"{where}.bandwidth", level.bandwidth)
+        _positive(f"{where}.latency", level.latency, zero_ok=True)
+        for kind, fit in level.collectives.items():
+            if kind not in COLLECTIVE_KINDS:
+                raise ClusterError(f"{where}.collectives.{kind}: unknown kind (known: {', '.join(COLLECTIVE_KINDS)})")
+            _positive(f"{where}.collectives.{kind}.latency", fit.latency, zero_ok=True)
+            _positive(f"{where}.collectives.{kind}.bandwidth", fit.bandwidth)
+    total = math.prod(level.size for level in c.levels)
+    if total != c.count:
+        sizes = " x ".join(str(level.size) for level in c.levels)
+        raise ClusterError(f"levels: the sizes multiply to {total} ({sizes}) but count is {c.count}")
+
+
+# -- reading ------------------------------------------------------------------------------
+
+
+def _build(cls, data: Any, where: str, nested: Mapping[str, Any] | None = None):
+    """A dataclass from a JSON object, naming unknown and missing fields."""
+    if not isinstance(data, dict):
+        raise ClusterError(f"{where or 'the file'}: must be a JSON object, got {type(data).__name__}")
+    prefix = f"{where}." if where else ""
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ClusterError(f"{prefix}{unknown[0]}: unknown field (the fields are {', '.join(known)})")
+    values = {}
+    for name, f in known.items():
+        if name not in data:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise ClusterError(f"{prefix}{name}: missing")
+            continue
+        value = data[name]
+        if nested and name in nested:
+            value = nested[name](value, f"{prefix}{name}")
+        values[name] = value
+    return cls(**values)
+
+
+def _level(data: Any, where: str) -> Level:
+    def fits(value: Any, at: str) -> dict[str, CollectiveFit]:
+        if not isinstance(value, dict):
+            raise ClusterError(f"{at}: must be an object of collective kinds")
+        return {kind: _build(CollectiveFit, fit, f"{at}.{kind}") for kind, fit in value.items()}
+
+    return _build(Level, data, where, {"collectives": fits})
+
+
+def _levels(data: Any, where: str) -> tuple[Level, ...]:
+    if not isinstance(data, list):
+        raise ClusterError(f"{where}: must be a list of levels")
+    return tuple(_level(level, f"{where}[{i}]") for i, level in enumerate(data))
+
+
+def _device(data: Any, where: str) -> DeviceKind:
+    def rates(value: Any, at: str) -> dict[str, float]:
+        if not isinstance(value, dict):
+            raise ClusterError(f"{at}: must be an object of element type -> flop/s")
+        return dict(value)
+
+    return _build(DeviceKind, data, where, {"peak_flops": rates})
+
+
+def _links(data: Any, where: str) -> Links | None:
+    if data is None:
+        return None
+    links = _build(Links, data, where)
+    for name in ("bandwidth", "latency"):
+        matrix = getattr(links, name)
+        if not isinstance(matrix, list) or not all(isinstance(row, list) for row in matrix):
+            raise ClusterError(f"{where}.{name}: must be a list of lists")
+    return links
+
+
+def cluster_from_json(data: Any, origin: str = "") -> Cluster:
+    try:
+        return _build(Cluster, data, "", {"device": _device, "levels": _levels, "links": _links})
+    except ClusterError as e:
+        raise ClusterError(f"{origin}: {e}" if origin else str(e)) from None
+    except TypeError as e:  # a field of the wrong JSON type met arithmetic
+        raise ClusterError(f"{origin}: {e}" if origin else str(e)) from None
+
+
+def load_cluster(spec: str | Cluster, devices: int | None = None) -> Cluster:
+    """A preset name (`presets()`) or a cluster JSON file; with `devices`,
+    resized to that many devices."""
+    if isinstance(spec, Cluster):
+        cluster = spec
+    elif spec in PRESETS or _family(spec) is not None:
+        cluster = preset(spec, devices)
+    else:
+        try:
+            with open(spec) as f:
+                data = json.load(f)
+        except OSError as e:
+            raise ClusterError(
+                f"cluster '{spec}' is neither a preset ({', '.join(presets())}) nor a readable file: {e.strerror}"
+            ) from None
+        except json.JSONDecodeError as e:
+            raise ClusterError(f"{spec}: not valid JSON: {e}") from None
+        cluster = cluster_from_json(data, spec)
+    return cluster.resized(devices) if devices is not None else cluster
+
+
+# -- presets ------------------------------------------------------------------------------
+
+# This project's CPU machines, one rank per core. The GEMM rate, bandwidth and
+# latency are the cost model's former constants (single-threaded OpenBLAS SGEMM
+# about 100 GFLOP/s; MPICH shared-memory all_reduce of 64 MB on 2 ranks in
+# 36 ms, about 3.5 GB/s of bus bandwidth: ../shared/MPI-NOTES.md); memory is the
+# machine's 24 GiB shared by its 2 ranks; the rest is typical of numpy on one
+# core (a few GB/s streamed, a few microseconds per call). `sbp-calibrate`
+# measures all of it.
+CPU = Cluster(
+    name="cpu",
+    count=2,
+    device=DeviceKind(kind="cpu", memory=12 * 2**30, peak_flops={"f32": 1.0e11, "f64": 5.0e10},
+                      efficiency=1.0, vector_flops=2.0e9, memory_bandwidth=5.0e9, kernel_overhead=3e-6,
+                      actor_overhead=1.1e-6, comm_overlap=0.5),
+    levels=(Level("machine", 2, bandwidth=3.5e9, latency=1e-5),),
+    source="the cost model's former constants; ../shared/MPI-NOTES.md",
+)
+
+# One NVIDIA H100 SXM5 80GB (NVIDIA H100 Tensor Core GPU datasheet, 2023):
+# dense tensor-core peaks FP64 67 TFLOP/s, TF32 495, BF16/FP16 989; FP32 (CUDA
+# cores, what non-GEMM arithmetic runs on) 67 TFLOP/s; HBM3 3.35 TB/s; 80 GB.
+# efficiency 0.7 and the 7 us floor per kernel are PyTorch autoparallel's
+# compute model; actors cost no host time on a GPU stream.
+H100 = DeviceKind(
+    kind="cuda", memory=80e9, peak_flops={"f64": 67e12, "f32": 67e12, "tf32": 495e12, "bf16": 989e12, "f16": 989e12},
+    efficiency=0.7, vector_flops=67e12, memory_bandwidth=3.35e12 * 0.7, kernel_overhead=7e-6, actor_overhead=0.0,
+    comm_overlap=1.0,
+)
+
+# NVLink 4 through NVSwitch in a DGX/HGX H100: 900 GB/s per GPU both ways, so
+# 450 GB/s each way (NVIDIA DGX H100 user guide); NCCL sustains about 80% of it
+# (bus bandwidth ~360 GB/s in nccl-tests all_reduce on 8 H100s). Latency per
+# step ~3 us.
+NVLINK = Level("node", 8, bandwidth=360e9, latency=3e-6)
+
+# Between nodes: one ConnectX-7 NDR InfiniBand NIC per GPU, 400 Gb/s = 50 GB/s
+# each way (DGX H100: 8 x 400 Gb/s compute fabric); NCCL reaches about 90% of it
+# (~45 GB/s bus bandwidth per GPU across nodes). Latency per step ~6 us.
+INFINIBAND = Level("cluster", 1, bandwidth=45e9, latency=6e-6)
+
+
+def h100_cluster(nodes: int) -> Cluster:
+    if nodes == 1:
+        return Cluster(name="h100-node", count=8, device=H100, levels=(NVLINK,),
+                       source="NVIDIA H100 SXM5 datasheet; DGX H100 user guide (NVLink 4)")
+    return Cluster(name=f"h100-{nodes}nodes", count=8 * nodes, device=H100,
+                   levels=(NVLINK, replace(INFINIBAND, size=nodes)),
+                   source="NVIDIA H100 SXM5 datasheet; DGX H100 user guide (NVLink 4, 8 x 400 Gb/s NDR InfiniBand)")
+
+
+PRESETS: dict[str, Cluster] = {"cpu": CPU, "h100-node": h100_cluster(1)}
+for _nodes in (2, 4, 8, 16, 32, 64, 128):
+    PRESETS[f"h100-{_nodes}nodes"] = h100_cluster(_nodes)
+
+
+def _family(name: str) -> str | None:
+    """'h100' names the H100 family: as many 8-GPU nodes as the devices need."""
+    return name if name == "h100" else None
+
+
+def presets() -> list[str]:
+    return [*PRESETS, "h100"]
+
+
+def preset(name: str, devices: int | None = None) -> Cluster:
+    if name == "h100":
+        n = devices or 8
+        return h100_cluster(1).resized(n) if n <= 8 else h100_cluster(math.ceil(n / 8)).resized(n)
+    if name not in PRESETS:
+        raise ClusterError(f"no cluster preset '{name}' (presets: {', '.join(presets())})")
+    return PRESETS[name]

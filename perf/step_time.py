@@ -1,0 +1,563 @@
+"""The step-time simulator: replays a compiled plan on a cluster model and
+predicts its step time, where each device spends it, its peak memory and
+the critical path.
+
+It replays what the runtime (`runtime/executor.py`) does, per device:
+
+- one compute thread takes the device's actors in schedule order: a compute
+  actor runs its kernel (priced by the cluster's roofline); a communication
+  actor is issued and goes on in the background; feeds are written before a
+  step and updated parameters copied back after it;
+- before any actor, the thread waits for in-flight communication that
+  touches the bytes of the register slots it reads or writes (slot
+  `step mod slots`), and a collective waits for its own previous issue;
+- a collective starts once every member has issued it and every member's
+  communication stream is free (one collective at a time per device), and
+  takes the cluster's alpha-beta time for its group; a transfer between
+  placements starts once both sides have issued it;
+- where the device's cores also move the bytes (`comm_overlap` < 1, MPI on
+  shared memory), the thread pays the non-overlapped share of every
+  collective it issues.
+
+Devices do not wait for each other between steps, so pipeline stages and
+micro-batches overlap as they do in the runtime; the prediction is the
+steady-state step (the mean of steps after the first).
+
+**Equivalence classes.** Devices of the same placements run the same
+actors on pieces of the same size and meet the same collectives, so one
+representative per class stands for the rest: its peers issue a shared
+collective when it does. The simulator replays the representatives only
+when a plan has more devices than `EXACT_LIMIT` (and always for plans that
+`sbp-to-plan{representatives=true}` lowered for representatives alone),
+and says so in its report.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from xdsl.dialects.builtin import ModuleOp
+
+from sbpc.dialects import lg, plan
+from sbpc.dialects.sbp import COLLECTIVES, PlacementOp
+
+from .cluster import Cluster
+
+EXACT_LIMIT = 64
+"""Plans of more devices replay one representative per equivalence class."""
+
+REPRESENTATIVES = "plan.representatives"
+"""Unit attribute of a plan.program that holds one device per equivalence
+class (for simulation only; the runtime refuses it)."""
+
+_DTYPES = {"f64": "f64", "f32": "f32", "bf16": "bf16", "f16": "f16"}
+
+
+class SimulationError(ValueError):
+    """A plan the simulator cannot replay; the message names the device and actor."""
+
+
+# -- what each actor costs --------------------------------------------------------------
+
+
+def _dtype_name(elem) -> str:
+    return _DTYPES.get(str(elem), "f32")
+
+
+def _kernel_flops(kernel: str, props, in_shapes, out_type) -> float:
+    cls = lg.op_class(kernel)
+    assert issubclass(cls, lg.SbpRules)  # compute actors run lg ops with rules
+    try:
+        params = cls.create(properties=dict(props), result_types=[out_type]).params()
+    except Exception:  # noqa: BLE001 - params that read operands: the per-element default is close
+        params = {}
+    try:
+        return float(cls.flops(in_shapes, tuple(out_type.get_shape()), **params))
+    except Exception:  # noqa: BLE001
+        return cls.FLOPS_PER_ELEMENT * math.prod(out_type.get_shape())
+
+
+def compute_time(actor: plan.ComputeOp, registers: Mapping[str, plan.RegisterOp], cluster: Cluster,
+                 cache: dict | None = None) -> float:
+    """Seconds of one compute actor's kernel on the cluster's device."""
+    ins = [registers[r.string_value()] for r in actor.ins.data]
+    out = registers[actor.outs.data[0].string_value()]
+    key = (actor.kernel.data, actor.props, tuple(r.type for r in ins), out.type)
+    if cache is not None and key in cache:
+        return cache[key]
+    nbytes = sum(r.bytes.value.data for r in ins) + out.bytes.value.data
+    in_shapes = [tuple(r.type.get_shape()) for r in ins]
+    kernel = actor.kernel.data
+    if kernel == plan.FUSED:
+        flops = sum(lg.op_class(s.kernel).FLOPS_PER_ELEMENT * math.prod(s.type.get_shape())
+                    for s in plan.fused_steps(actor))
+        seconds = cluster.kernel_time(flops, nbytes)
+    else:
+        flops = _kernel_flops(kernel, actor.props.data, in_shapes, out.type)
+        if kernel == "lg.matmul":
+            seconds = cluster.gemm_time(flops, _dtype_name(out.type.element_type))
+        else:
+            seconds = cluster.kernel_time(flops, nbytes)
+    if cache is not None:
+        cache[key] = seconds
+    return seconds
+
+
+def copy_time(nbytes: float, cluster: Cluster) -> float:
+    return cluster.kernel_time(0.0, 2.0 * nbytes)
+
+
+# -- the replay ---------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Task:
+    """One firing on one device: a kernel, a copy, or the issue of a collective."""
+
+    name: str
+    what: str
+    """'compute', 'copy', or the collective's kind."""
+    duration: float
+    ranges: list[tuple[int, int, int]]
+    comm: CommSpec | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class CommSpec:
+    comm_id: int
+    kind: str
+    group: tuple[int, ...]
+    duration: float
+
+
+@dataclass(eq=False)
+class Event:
+    """A task or a collective as it happened in the replay."""
+
+    device: int
+    step: int
+    name: str
+    what: str
+    start: float
+    end: float
+    cause: Event | None = None
+    """The event whose end decided this one's start (the critical path runs through it)."""
+
+
+@dataclass(eq=False)
+class Collective:
+    """One device's view of one issue of a collective."""
+
+    device: int
+    spec: CommSpec
+    step: int
+    ranges: list[tuple[int, int, int]]
+    issued: Event
+    event: Event | None = None
+    """Set once its start and end are known."""
+
+
+@dataclass
+class DeviceReport:
+    rank: int
+    represents: int
+    """Devices this one stands for (itself included)."""
+    placements: tuple[str, ...]
+    compute: float
+    """Seconds per step running kernels and copies (with per-actor overhead)."""
+    exposed_comm: float
+    """Seconds per step waiting for collectives (and paying for their copies)."""
+    bubble: float
+    """Seconds per step waiting for activations or gradients from another stage."""
+    idle: float
+    """The rest of the step (waiting for slower peers)."""
+    comm: float
+    """Seconds per step of collectives in flight (hidden or not)."""
+    memory: int
+    """Peak bytes: the persistent region plus the arena."""
+    fits: bool
+
+
+@dataclass
+class PathEntry:
+    device: int
+    name: str
+    what: str
+    start: float
+    duration: float
+
+
+@dataclass
+class Prediction:
+    program: str
+    cluster: str
+    step_time: float
+    devices: list[DeviceReport]
+    critical_path: list[PathEntry]
+    simulated: int
+    total_devices: int
+    steps: int
+    events: list[Event] = field(default_factory=list, repr=False)
+
+    @property
+    def steps_per_second(self) -> float:
+        return 1.0 / self.step_time if self.step_time > 0 else math.inf
+
+    @property
+    def peak_memory(self) -> int:
+        return max((d.memory for d in self.devices), default=0)
+
+    @property
+    def fits(self) -> bool:
+        return all(d.fits for d in self.devices)
+
+    def path_summary(self) -> dict[str, float]:
+        """Seconds of the last step's critical path by what ran."""
+        out: dict[str, float] = {}
+        for e in self.critical_path:
+            key = "compute" if e.what in ("compute", "copy") else e.what
+            out[key] = out.get(key, 0.0) + e.duration
+        return out
+
+    def format(self, path_entries: int = 12) -> str:
+        ms = 1e3
+        lines = [
+            f"plan @{self.program} on {self.cluster}: predicted step {self.step_time * ms:.3f} ms "
+            f"({self.steps_per_second:.2f} steps/s), peak memory {_bytes(self.peak_memory)} per device"
+            + ("" if self.fits else " (DOES NOT FIT)"),
+        ]
+        if self.simulated < self.total_devices:
+            lines.append(f"simulated {self.simulated} of {self.total_devices} devices, one per equivalence class "
+                         "(devices of the same placements behave alike)")
+        lines.append("per step, ms:  rank  devices  compute  exposed-comm  bubble  idle  comm-in-flight  memory")
+        for d in self.devices:
+            lines.append(f"  {d.rank:>16}  {d.represents:>7}  {d.compute * ms:>7.3f}  {d.exposed_comm * ms:>12.3f}  "
+                         f"{d.bubble * ms:>6.3f}  {d.idle * ms:>4.3f}  {d.comm * ms:>14.3f}  {_bytes(d.memory)}"
+                         + ("" if d.fits else "  over memory"))
+        summary = ", ".join(f"{k} {v * ms:.3f}" for k, v in sorted(self.path_summary().items(), key=lambda kv: -kv[1]))
+        lines.append(f"critical path of the last step (ms): {summary}")
+        longest = sorted(self.critical_path, key=lambda e: -e.duration)[:path_entries]
+        for e in sorted(longest, key=lambda e: e.start):
+            lines.append(f"  rank {e.device:>4}  {e.what:<14}  {e.duration * ms:9.3f}  @{e.name}")
+        return "\n".join(lines)
+
+    def trace(self) -> dict[str, Any]:
+        """The replay as Chrome trace events (one track per device and stream), like `sbp-run --trace`."""
+        events = []
+        for e in self.events:
+            tid = 0 if e.what in ("compute", "copy") else 1
+            events.append({"name": e.name, "ph": "X", "pid": e.device, "tid": tid, "ts": e.start * 1e6,
+                           "dur": (e.end - e.start) * 1e6, "args": {"step": e.step, "what": e.what}})
+        return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n}"
+
+
+def equivalence_classes(program: plan.ProgramOp, placements: Sequence[PlacementOp]) -> dict[int, int]:
+    """rank -> the representative rank of its class: the smallest rank on the
+    same set of placements."""
+    on: dict[int, list[str]] = {}
+    for p in placements:
+        for r in p.mesh().ranks:
+            on.setdefault(r, []).append(p.sym_name.data)
+    for d in program.devices():
+        on.setdefault(d.rank.value.data, [])
+    first: dict[tuple[str, ...], int] = {}
+    for r in sorted(on):
+        first.setdefault(tuple(sorted(on[r])), r)
+    return {r: first[tuple(sorted(on[r]))] for r in on}
+
+
+class _Device:
+    def __init__(self, device: plan.DeviceOp, cluster: Cluster, steps: int, cache: dict):
+        self.rank = device.rank.value.data
+        self.name = device.sym_name.data
+        registers = {r.sym_name.data: r for r in device.registers()}
+        self.memory = (device.arena.value.data if device.arena else 0) + (
+            device.persistent.value.data if device.persistent else 0)
+        if device.arena is None:
+            raise SimulationError(f"'plan.device' @{self.name}: not allocated; run plan-allocate-memory")
+        spans = {}
+        slots = {}
+        for name, reg in registers.items():
+            if reg.offset is None:
+                raise SimulationError(f"'plan.device' @{self.name}: register @{name} has no offset")
+            spans[name] = (1 if reg.is_persistent is not None else 0, reg.offset.value.data, reg.bytes.value.data)
+            slots[name] = reg.slots.value.data
+
+        def ranges(names: Sequence[str], step: int) -> list[tuple[int, int, int]]:
+            out = []
+            for n in names:
+                buf, offset, nbytes = spans[n]
+                lo = offset + (step % slots[n]) * nbytes
+                out.append((buf, lo, lo + nbytes))
+            return out
+
+        overhead = cluster.device.actor_overhead
+        self.actors: list[tuple[str, str, float, list[str], CommSpec | None, int]] = []
+        for index, actor in enumerate(device.actors()):
+            names = [r.string_value() for r in (*actor.ins.data, *actor.outs.data)]
+            if isinstance(actor, plan.ComputeOp):
+                seconds = compute_time(actor, registers, cluster, cache) + overhead
+                self.actors.append((actor.sym_name.data, "compute", seconds, names, None, index))
+                continue
+            kind = actor.kind.data
+            nbytes = actor.bytes.value.data if actor.bytes is not None else 0
+            if kind in COLLECTIVES and not COLLECTIVES[kind].communicates:
+                out = registers[actor.outs.data[0].string_value()]
+                seconds = copy_time(out.bytes.value.data, cluster) + overhead
+                self.actors.append((actor.sym_name.data, "copy", seconds, names, None, index))
+                continue
+            group = tuple(actor.group.get_values())
+            spec = CommSpec(actor.comm_id.value.data, kind, group, cluster.collective_time(kind, group, nbytes))
+            self.actors.append((actor.sym_name.data, kind, overhead, names, spec, index))
+        self.feeds = [n for n, r in registers.items() if r.feed is not None]
+        self.updates = plan.update_pairs(device)
+        self.ranges = ranges
+        self.tasks = self._tasks(steps, cluster, registers)
+        self.pc = 0
+        self.t = 0.0
+        self.last: Event | None = None
+        self.pending: list[Collective] = []
+        self.comm_queue: list[Collective] = []
+        """Issued collectives whose start is not known yet, in issue order."""
+        self.stream_free = 0.0
+        self.stream_last: Event | None = None
+        self.step_end: list[float] = []
+        self.busy = [0.0] * steps
+        self.waited_comm = [0.0] * steps
+        self.waited_transfer = [0.0] * steps
+        self.in_flight = [0.0] * steps
+        self.issued: dict[tuple[int, int], Collective] = {}
+
+    def _tasks(self, steps: int, cluster: Cluster, registers) -> list[tuple[int, Task]]:
+        tasks = []
+        for step in range(steps):
+            for name in self.feeds:
+                nbytes = registers[name].bytes.value.data
+                tasks.append((step, Task(f"{name}.feed", "copy", copy_time(nbytes, cluster),
+                                         self.ranges([name], step))))
+            for name, what, seconds, names, spec, index in self.actors:
+                ranges = self.ranges(names, step)
+                if spec is not None:
+                    ranges.append((2 + index, 0, 1))  # its own pack buffers: waits for its previous issue
+                tasks.append((step, Task(name, what, seconds, ranges, spec)))
+            for new, param in self.updates:
+                nbytes = registers[param].bytes.value.data
+                tasks.append((step, Task(f"{param}.write_back", "copy", copy_time(nbytes, cluster),
+                                         self.ranges([new], step))))
+            tasks.append((step, Task("", "end", 0.0, [])))
+        return tasks
+
+
+def _overlaps(a: list[tuple[int, int, int]], b: list[tuple[int, int, int]]) -> bool:
+    return any(b1 == b2 and lo1 < hi2 and lo2 < hi1 for b1, lo1, hi1 in a for b2, lo2, hi2 in b)
+
+
+class Replay:
+    def __init__(self, program: plan.ProgramOp, cluster: Cluster, placements: Sequence[PlacementOp], steps: int,
+                 exact: bool | None = None):
+        self.cluster = cluster
+        self.steps = steps
+        devices = program.devices()
+        if not devices:
+            raise SimulationError(f"'plan.program' @{program.sym_name.data}: no devices")
+        reps_only = REPRESENTATIVES in program.attributes
+        ranks = sorted({r for p in placements for r in p.mesh().ranks} | {d.rank.value.data for d in devices})
+        self.total = len(ranks)
+        if ranks[-1] >= cluster.count:
+            raise SimulationError(
+                f"the plan uses rank {ranks[-1]} but cluster {cluster.name} has {cluster.count} devices "
+                f"(give a larger cluster, or -n {ranks[-1] + 1})")
+        self.rep = equivalence_classes(program, placements)
+        if exact is None:
+            exact = not reps_only and len(devices) <= EXACT_LIMIT
+        if exact and not reps_only:
+            self.rep = {r: r for r in self.rep}
+        chosen = [d for d in devices if self.rep.get(d.rank.value.data) == d.rank.value.data]
+        missing = sorted(set(self.rep.values()) - {d.rank.value.data for d in chosen})
+        if missing:
+            raise SimulationError(f"'plan.program' @{program.sym_name.data}: no plan.device for rank {missing[0]}, "
+                                  "the representative of its class")
+        cache: dict = {}
+        self.devices = {d.rank.value.data: _Device(d, cluster, steps, cache) for d in chosen}
+        self.overlap = cluster.device.comm_overlap
+        self.events: list[Event] = []
+        self.represents = {r: sum(1 for x in self.rep.values() if x == r) for r in self.devices}
+
+    # -- devices --------------------------------------------------------------------
+
+    def _wait(self, dev: _Device, ranges, step: int) -> bool:
+        """Completes the device's in-flight collectives touching `ranges`;
+        False if one of them has no known end yet."""
+        for c in list(dev.pending):
+            if _overlaps(ranges, c.ranges):
+                if c.event is None:
+                    return False
+                if c.event.end > dev.t:
+                    waited = c.event.end - dev.t
+                    if c.spec.kind == "transfer":
+                        dev.waited_transfer[step] += waited
+                    else:
+                        dev.waited_comm[step] += waited
+                    dev.t = c.event.end
+                    dev.last = c.event
+                dev.pending.remove(c)
+        return True
+
+    def advance(self, dev: _Device) -> bool:
+        moved = False
+        while dev.pc < len(dev.tasks):
+            step, task = dev.tasks[dev.pc]
+            if task.what == "end":
+                if step == self.steps - 1:  # the run ends: everything in flight completes
+                    for c in list(dev.pending):
+                        if c.event is None:
+                            return moved
+                        if c.event.end > dev.t:
+                            dev.t, dev.last = c.event.end, c.event
+                        dev.pending.remove(c)
+                dev.step_end.append(dev.t)
+                dev.pc += 1
+                moved = True
+                continue
+            if dev.pending and not self._wait(dev, task.ranges, step):
+                return moved
+            start = dev.t
+            if task.comm is None:
+                event = Event(dev.rank, step, task.name, task.what, start, start + task.duration, dev.last)
+                dev.busy[step] += task.duration
+                dev.t = event.end
+                dev.last = event
+                self.events.append(event)
+            else:
+                spec = task.comm
+                cost = task.duration + (1.0 - self.overlap) * spec.duration
+                issued = Event(dev.rank, step, task.name, "issue", start, start + cost, dev.last)
+                dev.busy[step] += task.duration
+                dev.waited_comm[step] += cost - task.duration
+                dev.t = issued.end
+                dev.last = issued
+                c = Collective(dev.rank, spec, step, task.ranges, issued)
+                dev.pending.append(c)
+                dev.comm_queue.append(c)
+                dev.issued[(spec.comm_id, step)] = c
+            dev.pc += 1
+            moved = True
+        return moved
+
+    # -- collectives ------------------------------------------------------------------
+
+    def resolve(self) -> bool:
+        """Starts every collective whose members have all issued it and whose
+        members' streams are free (it is the oldest unstarted collective of
+        each); True if any started."""
+        moved = True
+        any_moved = False
+        while moved:
+            moved = False
+            for dev in self.devices.values():
+                while dev.comm_queue:
+                    c = dev.comm_queue[0]
+                    key = (c.spec.comm_id, c.step)
+                    copies = []
+                    for r in sorted({self.rep[m] for m in c.spec.group}):
+                        peer = self.devices[r]
+                        other = peer.issued.get(key)
+                        if other is None or peer.comm_queue[0] is not other:
+                            break
+                        copies.append((peer, other))
+                    else:
+                        start, cause = 0.0, None
+                        for peer, other in copies:
+                            if other.issued.end >= start:
+                                start, cause = other.issued.end, other.issued
+                            if peer.stream_free > start:
+                                start, cause = peer.stream_free, peer.stream_last
+                        for peer, other in copies:
+                            other.event = Event(peer.rank, other.step, other.issued.name, other.spec.kind, start,
+                                                start + other.spec.duration, cause)
+                            self.events.append(other.event)
+                            peer.comm_queue.pop(0)
+                            peer.stream_free = other.event.end
+                            peer.stream_last = other.event
+                            peer.in_flight[other.step] += other.spec.duration
+                        moved = any_moved = True
+                        continue
+                    break
+        return any_moved
+
+    def run(self) -> None:
+        while not all(d.pc == len(d.tasks) for d in self.devices.values()):
+            moved = False
+            for dev in self.devices.values():
+                moved |= self.advance(dev)
+            moved |= self.resolve()
+            if not moved:
+                stuck = next(d for d in self.devices.values() if d.pc < len(d.tasks))
+                step, task = stuck.tasks[stuck.pc]
+                raise SimulationError(
+                    f"the plan deadlocks: rank {stuck.rank}, step {step}, actor @{task.name} waits for a collective "
+                    "that a member never issues")
+
+
+def simulate_plan(module: ModuleOp, cluster: Cluster, steps: int = 4, program: str | None = None,
+                  exact: bool | None = None) -> Prediction:
+    """Predicts the step time of the (allocated) plan in `module` on `cluster`."""
+    programs = plan.programs(module)
+    if program is not None:
+        programs = [p for p in programs if p.sym_name.data == program]
+    if len(programs) != 1:
+        raise SimulationError("the module holds no plan.program; compile it first" if not programs
+                              else "the module holds several plan.programs; name one")
+    prog = programs[0]
+    placements = [op for op in module.ops if isinstance(op, PlacementOp)]
+    replay = Replay(prog, cluster, placements, max(1, steps), exact)
+    replay.run()
+    return _report(prog, cluster, replay, placements)
+
+
+def _report(prog: plan.ProgramOp, cluster: Cluster, replay: Replay, placements: Sequence[PlacementOp]) -> Prediction:
+    steps = replay.steps
+    ends = {r: d.step_end for r, d in replay.devices.items()}
+    if steps > 1:
+        step_time = max((e[-1] - e[0]) / (steps - 1) for e in ends.values())
+        counted = range(1, steps)
+    else:
+        step_time = max(e[0] for e in ends.values())
+        counted = range(steps)
+    n = len(counted)
+    on: dict[int, list[str]] = {}
+    for p in placements:
+        for r in p.mesh().ranks:
+            on.setdefault(r, []).append(p.sym_name.data)
+    reports = []
+    for r, d in sorted(replay.devices.items()):
+        compute = sum(d.busy[s] for s in counted) / n
+        exposed = sum(d.waited_comm[s] for s in counted) / n
+        bubble = sum(d.waited_transfer[s] for s in counted) / n
+        reports.append(DeviceReport(
+            rank=r, represents=replay.represents[r], placements=tuple(on.get(r, ())), compute=compute,
+            exposed_comm=exposed, bubble=bubble, idle=max(0.0, step_time - compute - exposed - bubble),
+            comm=sum(d.in_flight[s] for s in counted) / n, memory=d.memory, fits=d.memory <= cluster.device.memory))
+    # the critical path of the last step: back from the event that ended last
+    last = max((d.last for d in replay.devices.values() if d.last is not None), key=lambda e: e.end, default=None)
+    path = []
+    e = last
+    while e is not None and e.step >= steps - 1:
+        if e.end > e.start:
+            path.append(PathEntry(e.device, e.name, e.what, e.start, e.end - e.start))
+        e = e.cause
+    path.reverse()
+    return Prediction(program=prog.sym_name.data, cluster=cluster.name, step_time=step_time, devices=reports,
+                      critical_path=path, simulated=len(replay.devices), total_devices=replay.total, steps=steps,
+                      events=replay.events)
