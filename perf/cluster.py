@@ -22,7 +22,10 @@ per collective kind (`collectives`), which then replace its generic ones.
 
 Compute follows the roofline with a launch floor: a GEMM takes
 `overhead + flops / (peak[dtype] * efficiency)`; any other kernel
-`overhead + max(flops / vector_flops, bytes / memory_bandwidth)`.
+`overhead + max(flops / vector_flops, bytes / bandwidth)`, where the
+bandwidth is the cache's for kernels that touch at most `cache_bytes`
+(CPUs stream several times faster from their last-level cache) and the
+memory's otherwise.
 
 The file format is JSON with exactly the fields of `Cluster`,
 `DeviceKind`, `Level`, `Links` and `CollectiveFit` below (`docs/CLUSTER.md`
@@ -108,6 +111,14 @@ class DeviceKind:
     """Seconds every kernel costs however small (launch, Python call)."""
     actor_overhead: float = 0.0
     """Seconds the executor spends per actor besides the kernel."""
+    kernel_overheads: Mapping[str, float] = field(default_factory=dict)
+    """Seconds of fixed cost per kernel name where it differs from
+    `kernel_overhead` (numpy kernels that make several calls); for
+    `plan.fused`, per fused step."""
+    cache_bytes: float = 0.0
+    """Bytes a kernel may touch and still stream at `cache_bandwidth` (0: no cache tier)."""
+    cache_bandwidth: float = 0.0
+    """Bytes/s of a kernel whose operands fit in `cache_bytes`."""
     comm_overlap: float = 1.0
     """Fraction of a collective that proceeds while the device computes (1:
     a separate engine, as NCCL on GPUs; lower where the same cores move
@@ -172,19 +183,34 @@ class Cluster:
         """Seconds of one collective of `kind` over `ranks` moving `nbytes`
         per device (the volume the IR records)."""
         p = len(ranks)
-        if p <= 1:
-            return 0.0
         latency, bandwidth = self.figures(kind, ranks)
+        if p <= 1:  # still a call into the collective library
+            return latency
         return latency_steps(kind, p) * latency + nbytes / bandwidth
 
     # -- compute ----------------------------------------------------------------
 
+    GEMM_KERNELS = ("lg.matmul",)
+
+    def work_time(self, kernel: str, flops: float, nbytes: float, dtype: str = "f32", calls: int = 1) -> float:
+        """Seconds of kernel `kernel` doing `flops` over `nbytes` (`calls` kernels for a fused chain)."""
+        d = self.device
+        overhead = d.kernel_overheads.get(kernel, d.kernel_overhead) * calls
+        return overhead + self.core_time(kernel, flops, nbytes, dtype)
+
+    def core_time(self, kernel: str, flops: float, nbytes: float, dtype: str = "f32") -> float:
+        """The rate-bound part of a kernel's time (no fixed cost)."""
+        d = self.device
+        if kernel in self.GEMM_KERNELS:
+            return flops / d.gemm_rate(dtype)
+        bandwidth = d.cache_bandwidth if 0 < nbytes <= d.cache_bytes and d.cache_bandwidth else d.memory_bandwidth
+        return max(flops / d.vector_flops, nbytes / bandwidth)
+
     def gemm_time(self, flops: float, dtype: str = "f32") -> float:
-        return self.device.kernel_overhead + flops / self.device.gemm_rate(dtype)
+        return self.work_time("lg.matmul", flops, 0.0, dtype)
 
     def kernel_time(self, flops: float, nbytes: float) -> float:
-        d = self.device
-        return d.kernel_overhead + max(flops / d.vector_flops, nbytes / d.memory_bandwidth)
+        return self.work_time("", flops, nbytes)
 
     # -- files ------------------------------------------------------------------
 
@@ -217,6 +243,9 @@ class Cluster:
             kept, unit = [], 1
             for level in levels:
                 if unit * level.size >= count:
+                    if count % unit:
+                        raise ClusterError(
+                            f"cluster {self.name}: {count} devices is not a whole number of {unit}-device units")
                     kept.append(replace(level, size=count // unit))
                     break
                 kept.append(level)
@@ -257,6 +286,10 @@ def validate(c: Cluster) -> None:
     _positive("device.kernel_overhead", d.kernel_overhead, zero_ok=True)
     _positive("device.actor_overhead", d.actor_overhead, zero_ok=True)
     _positive("device.comm_overlap", d.comm_overlap, zero_ok=True)
+    for kernel, seconds in d.kernel_overheads.items():
+        _positive(f"device.kernel_overheads.{kernel}", seconds, zero_ok=True)
+    _positive("device.cache_bytes", d.cache_bytes, zero_ok=True)
+    _positive("device.cache_bandwidth", d.cache_bandwidth, zero_ok=True)
     if d.comm_overlap > 1:
         raise ClusterError(f"device.comm_overlap: a fraction, at most 1, got {d.comm_overlap}")
     if (c.links is None) == (not c.levels):
@@ -323,7 +356,7 @@ def _level(data: Any, where: str) -> Level:
 
 
 def _levels(data: Any, where: str) -> tuple[Level, ...]:
-    if not isinstance(data, list):
+    if not isinstance(data, list | tuple):
         raise ClusterError(f"{where}: must be a list of levels")
     return tuple(_level(level, f"{where}[{i}]") for i, level in enumerate(data))
 
@@ -334,7 +367,12 @@ def _device(data: Any, where: str) -> DeviceKind:
             raise ClusterError(f"{at}: must be an object of element type -> flop/s")
         return dict(value)
 
-    return _build(DeviceKind, data, where, {"peak_flops": rates})
+    def overheads(value: Any, at: str) -> dict[str, float]:
+        if not isinstance(value, dict):
+            raise ClusterError(f"{at}: must be an object of kernel name -> seconds")
+        return dict(value)
+
+    return _build(DeviceKind, data, where, {"peak_flops": rates, "kernel_overheads": overheads})
 
 
 def _links(data: Any, where: str) -> Links | None:

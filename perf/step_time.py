@@ -80,27 +80,43 @@ def _kernel_flops(kernel: str, props, in_shapes, out_type) -> float:
         return cls.FLOPS_PER_ELEMENT * math.prod(out_type.get_shape())
 
 
+@dataclass(frozen=True)
+class Work:
+    """What one compute actor does, for pricing."""
+
+    kernel: str
+    flops: float
+    nbytes: float
+    """Bytes its operands and result occupy (what a streaming kernel touches)."""
+    dtype: str
+    calls: int
+    """Kernels it runs (a fused chain runs one per step)."""
+
+
+def actor_work(actor: plan.ComputeOp, registers: Mapping[str, plan.RegisterOp]) -> Work:
+    ins = [registers[r.string_value()] for r in actor.ins.data]
+    out = registers[actor.outs.data[0].string_value()]
+    nbytes = sum(r.bytes.value.data for r in ins) + out.bytes.value.data
+    kernel = actor.kernel.data
+    dtype = _dtype_name(out.type.element_type)
+    if kernel == plan.FUSED:
+        steps = plan.fused_steps(actor)
+        flops = sum(lg.op_class(s.kernel).FLOPS_PER_ELEMENT * math.prod(s.type.get_shape())
+                    for s in steps)
+        return Work(kernel, flops, nbytes, dtype, len(steps))
+    in_shapes = [tuple(r.type.get_shape()) for r in ins]
+    return Work(kernel, _kernel_flops(kernel, actor.props.data, in_shapes, out.type), nbytes, dtype, 1)
+
+
 def compute_time(actor: plan.ComputeOp, registers: Mapping[str, plan.RegisterOp], cluster: Cluster,
                  cache: dict | None = None) -> float:
     """Seconds of one compute actor's kernel on the cluster's device."""
-    ins = [registers[r.string_value()] for r in actor.ins.data]
-    out = registers[actor.outs.data[0].string_value()]
-    key = (actor.kernel.data, actor.props, tuple(r.type for r in ins), out.type)
+    key = (actor.kernel.data, actor.props, tuple(registers[r.string_value()].type for r in actor.ins.data),
+           registers[actor.outs.data[0].string_value()].type)
     if cache is not None and key in cache:
         return cache[key]
-    nbytes = sum(r.bytes.value.data for r in ins) + out.bytes.value.data
-    in_shapes = [tuple(r.type.get_shape()) for r in ins]
-    kernel = actor.kernel.data
-    if kernel == plan.FUSED:
-        flops = sum(lg.op_class(s.kernel).FLOPS_PER_ELEMENT * math.prod(s.type.get_shape())
-                    for s in plan.fused_steps(actor))
-        seconds = cluster.kernel_time(flops, nbytes)
-    else:
-        flops = _kernel_flops(kernel, actor.props.data, in_shapes, out.type)
-        if kernel == "lg.matmul":
-            seconds = cluster.gemm_time(flops, _dtype_name(out.type.element_type))
-        else:
-            seconds = cluster.kernel_time(flops, nbytes)
+    work = actor_work(actor, registers)
+    seconds = cluster.work_time(work.kernel, work.flops, work.nbytes, work.dtype, work.calls)
     if cache is not None:
         cache[key] = seconds
     return seconds
@@ -156,6 +172,8 @@ class Collective:
     step: int
     ranges: list[tuple[int, int, int]]
     issued: Event
+    at: float
+    """When it was issued (after the actor's own overhead; the thread may go on paying for it)."""
     event: Event | None = None
     """Set once its start and end are known."""
 
@@ -333,6 +351,7 @@ class _Device:
         self.stream_free = 0.0
         self.stream_last: Event | None = None
         self.step_end: list[float] = []
+        self.run_end = 0.0
         self.busy = [0.0] * steps
         self.waited_comm = [0.0] * steps
         self.waited_transfer = [0.0] * steps
@@ -420,13 +439,17 @@ class Replay:
             step, task = dev.tasks[dev.pc]
             if task.what == "end":
                 if step == self.steps - 1:  # the run ends: everything in flight completes
+                    # (a step ends where the next would start, before this wait)
+                    dev.step_end.append(dev.t)
                     for c in list(dev.pending):
                         if c.event is None:
                             return moved
                         if c.event.end > dev.t:
                             dev.t, dev.last = c.event.end, c.event
                         dev.pending.remove(c)
-                dev.step_end.append(dev.t)
+                    dev.run_end = dev.t
+                else:
+                    dev.step_end.append(dev.t)
                 dev.pc += 1
                 moved = True
                 continue
@@ -447,7 +470,7 @@ class Replay:
                 dev.waited_comm[step] += cost - task.duration
                 dev.t = issued.end
                 dev.last = issued
-                c = Collective(dev.rank, spec, step, task.ranges, issued)
+                c = Collective(dev.rank, spec, step, task.ranges, issued, start + task.duration)
                 dev.pending.append(c)
                 dev.comm_queue.append(c)
                 dev.issued[(spec.comm_id, step)] = c
@@ -479,8 +502,8 @@ class Replay:
                     else:
                         start, cause = 0.0, None
                         for peer, other in copies:
-                            if other.issued.end >= start:
-                                start, cause = other.issued.end, other.issued
+                            if other.at >= start:
+                                start, cause = other.at, other.issued
                             if peer.stream_free > start:
                                 start, cause = peer.stream_free, peer.stream_last
                         for peer, other in copies:
@@ -532,8 +555,8 @@ def _report(prog: plan.ProgramOp, cluster: Cluster, replay: Replay, placements: 
     if steps > 1:
         step_time = max((e[-1] - e[0]) / (steps - 1) for e in ends.values())
         counted = range(1, steps)
-    else:
-        step_time = max(e[0] for e in ends.values())
+    else:  # one step: it ends when its last collective completes
+        step_time = max(d.run_end for d in replay.devices.values())
         counted = range(steps)
     n = len(counted)
     on: dict[int, list[str]] = {}

@@ -1,0 +1,167 @@
+"""How well the step-time simulator predicts real runs on this machine.
+
+Calibrates the machine on 1, 2 and 4 ranks (`sbp-calibrate`), then for each
+configuration (MLP and GPT of examples/models.py; data, tensor, 2-D, ZeRO,
+FSDP and pipeline parallelism with 2 and 4 micro-batches; 1, 2 and 4 ranks)
+compiles the training step, predicts its steps/s with `sbpc.perf.step_time`
+on the calibrated cluster, and measures it: the plan run by mpiexec'd ranks
+timing Executor.run(N) themselves (best of --repeats). Prints a table and a
+summary line with the median and worst relative error of the prediction.
+
+    python bench/simulator_accuracy.py [--steps 5] [--repeats 3]
+    python bench/simulator_accuracy.py --quick     # tiny sizes, a few configurations, seconds
+
+Goal (issue 16): median error within 10%, worst within 25%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import _common  # noqa: F401  (first: one BLAS thread per process)
+import numpy as np
+
+SCRIPT = os.path.abspath(__file__)
+
+# (model, variant, ranks, micro-batches)
+CONFIGS = [
+    ("mlp", "dp", 1, 1), ("mlp", "dp", 2, 1), ("mlp", "tp", 2, 1), ("mlp", "zero", 2, 1), ("mlp", "fsdp", 2, 1),
+    ("mlp", "pipeline", 2, 2), ("mlp", "pipeline", 2, 4), ("mlp", "2d", 4, 1), ("mlp", "dp", 4, 1),
+    ("gpt", "dp", 1, 1), ("gpt", "dp", 2, 1), ("gpt", "tp", 2, 1), ("gpt", "zero", 2, 1), ("gpt", "fsdp", 2, 1),
+    ("gpt", "pipeline", 2, 2), ("gpt", "pipeline", 2, 4), ("gpt", "2d", 4, 1), ("gpt", "dp", 4, 1),
+]
+QUICK = [("mlp", "dp", 1, 1), ("mlp", "dp", 2, 1), ("gpt", "pipeline", 2, 2), ("gpt", "2d", 4, 1)]
+
+SIZES = {
+    "full": {"mlp": {"batch": 256, "features": 512, "hidden": 1024, "classes": 256},
+             "gpt": {"batch": 16, "seq": 64, "dim": 128, "heads": 4, "layers": 2}},
+    "quick": {"mlp": {"batch": 32, "features": 32, "hidden": 64, "classes": 8},
+              "gpt": {"batch": 8, "seq": 16, "dim": 32, "heads": 4, "layers": 2}},
+}
+
+
+def build(model: str, variant: str, ranks: int, micro: int, sizes: dict):
+    models = _common.load_example("models")
+    if model == "mlp":
+        return models.mlp(variant, ranks, micro_batches=micro, **sizes["mlp"])
+    return models.gpt(variant, ranks, _common.gpt_vocab(), micro_batches=micro, **sizes["gpt"])
+
+
+def feeds_for(program, seed: int = 0) -> dict:
+    from sbpc.tools.sbp_run import generated_feeds
+
+    feeds = generated_feeds(program, seed)
+    if "lr" in feeds:
+        feeds["lr"] = np.asarray(1e-3, feeds["lr"].dtype)
+    return feeds
+
+
+def measure(module, ranks: int, steps: int, repeats: int) -> float:
+    """Seconds per step, timed inside the ranks (the slowest rank, best repeat)."""
+    from xdsl.printer import Printer
+
+    from sbpc.runtime.executor import find_program
+    from sbpc.runtime.launch import rank_environment, script_command
+
+    program = find_program(module)
+    with tempfile.TemporaryDirectory(prefix="sbpc-bench-") as tmp:
+        plan_path, feeds_path = os.path.join(tmp, "plan.mlir"), os.path.join(tmp, "feeds.npz")
+        with open(plan_path, "w") as f:
+            Printer(stream=f).print_op(module)
+        np.savez(feeds_path, **feeds_for(program))
+        import subprocess
+
+        cmd = script_command(ranks, SCRIPT, "--role", "run", "--plan", plan_path, "--feeds", feeds_path,
+                             "--steps", str(steps), "--repeats", str(repeats))
+        done = subprocess.run(cmd, env=rank_environment(), capture_output=True, text=True, timeout=600)
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])["step_s"]
+    raise RuntimeError(f"the run on {ranks} ranks failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+
+
+def role_run(plan_path: str, feeds_path: str, steps: int, repeats: int) -> None:
+    from mpi4py import MPI
+
+    import sbpc
+    from sbpc.runtime.executor import Executor, check_feeds, find_program
+
+    world = MPI.COMM_WORLD
+    with open(plan_path) as f:
+        module = sbpc.parse_module(f.read(), plan_path)
+    program = find_program(module)
+    executor = Executor(module, program, world)
+    executor.initialize()
+    with np.load(feeds_path) as data:
+        executor.feed(check_feeds(program, dict(data)))
+    executor.run(1)
+
+    def once() -> float:
+        world.Barrier()
+        start = time.perf_counter()
+        executor.run(steps)
+        return world.allreduce((time.perf_counter() - start) / steps, op=MPI.MAX)
+
+    best = min(once() for _ in range(repeats))
+    if world.rank == 0:
+        print("RESULT " + json.dumps({"step_s": best}), flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, four configurations")
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--simulated-steps", type=int, default=4)
+    parser.add_argument("--role", help=argparse.SUPPRESS)
+    parser.add_argument("--plan", help=argparse.SUPPRESS)
+    parser.add_argument("--feeds", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    steps = args.steps or (2 if args.quick else 5)
+    repeats = args.repeats or (1 if args.quick else 3)
+    if args.role == "run":
+        role_run(args.plan, args.feeds, steps, repeats)
+        return 0
+
+    import sbpc
+    from sbpc.perf.fit import fit_cluster
+    from sbpc.perf.step_time import simulate_plan
+    from sbpc.tools.sbp_calibrate import calibrate
+
+    configs = QUICK if args.quick else CONFIGS
+    sizes = SIZES["quick" if args.quick else "full"]
+    clusters = {}
+    for ranks in sorted({c[2] for c in configs}):
+        start = time.perf_counter()
+        clusters[ranks] = fit_cluster(calibrate(ranks, quick=args.quick)).cluster
+        print(f"calibrated {ranks} rank(s) in {time.perf_counter() - start:.1f} s")
+    rows, errors = [], []
+    for model, variant, ranks, micro in configs:
+        name = f"{model} {variant}" + (f" mb{micro}" if variant == "pipeline" else "")
+        module = build(model, variant, ranks, micro, sizes)
+        exe = sbpc.compile(module)
+        prediction = simulate_plan(exe.module, clusters[ranks], steps=args.simulated_steps)
+        measured = measure(exe.module, ranks, steps, repeats)
+        error = prediction.step_time / measured - 1.0
+        errors.append(abs(error))
+        worst = prediction.devices[0]
+        rows.append([name, ranks, 1.0 / measured, prediction.steps_per_second, f"{error:+.1%}",
+                     f"{worst.compute * 1e3:.2f}", f"{worst.exposed_comm * 1e3:.2f}", f"{worst.bubble * 1e3:.2f}"])
+        print(f"  {name} on {ranks}: measured {1.0 / measured:.2f} steps/s, predicted "
+              f"{prediction.steps_per_second:.2f} ({error:+.1%})", flush=True)
+    print()
+    _common.table(["config", "ranks", "measured steps/s", "predicted", "error", "compute ms", "exposed comm ms",
+                   "bubble ms"], rows)
+    median = float(np.median(errors))
+    print(f"summary: {len(rows)} configurations, median |error| {median:.1%}, worst {max(errors):.1%} "
+          f"(goal: median <= 10%, worst <= 25%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""Fitting a cluster to timed runs (what `sbp-calibrate` measured).
+
+The measurements are plain data, so the fit is tested on synthetic
+timings. Every figure is a least-squares fit of a line with non-negative
+coefficients (a fixed cost plus a rate) to the timed runs:
+
+- GEMM: seconds = overhead + flops / rate, over a range of shapes;
+- elementwise and reduction kernels: seconds = overhead + bytes / bandwidth;
+- non-GEMM arithmetic: the flop rate of the kernels that compute more than
+  they stream (exp, tanh, GELU);
+- each collective kind: seconds = latency_steps(kind, p) * latency + bytes /
+  bandwidth, with bytes the per-device volume the IR records;
+- the overlap of communication with computation: how much of the shorter
+  of a GEMM and an all_reduce disappears when they run together.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .cluster import COLLECTIVE_KINDS, Cluster, CollectiveFit, DeviceKind, Level, latency_steps
+
+
+def fit_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """(intercept, slope) of y = intercept + slope * x, both >= 0, least squares."""
+    return tuple(fit_nonnegative([[1.0, xi] for xi in x], y))  # type: ignore[return-value]
+
+
+def fit_nonnegative(rows: Sequence[Sequence[float]], y: Sequence[float]) -> list[float]:
+    """Least squares of y = rows @ c with c >= 0, weighting every point by 1/y
+    (relative error: small and large runs count alike). Active-set over the
+    few coefficients: drop the negative ones and refit."""
+    a = np.asarray(rows, float)
+    b = np.asarray(y, float)
+    if a.ndim != 2 or len(a) != len(b) or len(b) == 0:
+        raise ValueError("fit: need one row of regressors per timing")
+    w = 1.0 / np.maximum(b, 1e-12)
+    active = list(range(a.shape[1]))
+    while True:
+        coef = np.zeros(a.shape[1])
+        if active:
+            sol, *_ = np.linalg.lstsq(a[:, active] * w[:, None], b * w, rcond=None)
+            coef[active] = sol
+        negative = [i for i in active if coef[i] < 0]
+        if not negative:
+            return [float(c) for c in coef]
+        active.remove(min(negative, key=lambda i: coef[i]))
+
+
+@dataclass(frozen=True)
+class Fitted:
+    cluster: Cluster
+    figures: dict[str, Any]
+    """What was fitted, for printing: name -> value (with units in the name)."""
+
+    def format(self) -> str:
+        width = max(len(k) for k in self.figures)
+        return "\n".join(f"  {k:<{width}}  {_fmt(v)}" for k, v in self.figures.items())
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _relative_error(model, points) -> float:
+    errors = [abs(model(*p[:-1]) - p[-1]) / p[-1] for p in points if p[-1] > 0]
+    return max(errors, default=0.0)
+
+
+def fit_cluster(raw: Mapping[str, Any], name: str | None = None) -> Fitted:
+    """A cluster of `raw['ranks']` devices of this machine from the raw
+    timings of runtime/calibrate.py."""
+    ranks = int(raw["ranks"])
+    figures: dict[str, Any] = {"ranks": ranks}
+
+    gemm = [(2.0 * m * k * n, t) for m, k, n, t in raw["gemm"]]
+    gemm_overhead, gemm_slope = fit_line([f for f, _ in gemm], [t for _, t in gemm])
+    gemm_rate = 1.0 / gemm_slope if gemm_slope > 0 else math.inf
+    figures["gemm GFLOP/s"] = gemm_rate / 1e9
+    figures["gemm overhead us"] = gemm_overhead * 1e6
+    figures["gemm worst fit error"] = _relative_error(lambda f: gemm_overhead + f * gemm_slope, gemm)
+
+    # Streaming kernels run at the cache's rate while their bytes fit in
+    # this rank's share of the last-level cache, at memory's beyond it.
+    cache_bytes = float(raw.get("cache_bytes", 0.0))
+    inside = [(b, t) for b, t in raw["elementwise"] if b <= cache_bytes]
+    outside = [(b, t) for b, t in raw["elementwise"] if b > cache_bytes] or inside
+    ew_overhead, ew_slope = fit_line([b for b, _ in outside], [t for _, t in outside])
+    bandwidth = 1.0 / ew_slope if ew_slope > 0 else math.inf
+    figures["elementwise GB/s"] = bandwidth / 1e9
+    cache_bandwidth = 0.0
+    if inside and outside is not inside:
+        _, cache_slope = fit_line([b for b, _ in inside], [t for _, t in inside])
+        cache_bandwidth = 1.0 / cache_slope if cache_slope > 0 else bandwidth
+        figures["elementwise in cache GB/s"] = cache_bandwidth / 1e9
+        figures["cache MiB per rank"] = cache_bytes / 2**20
+    red_overhead, red_slope = fit_line([b for b, _ in raw["reduction"]], [t for _, t in raw["reduction"]])
+    figures["reduction GB/s"] = (1.0 / red_slope if red_slope > 0 else math.inf) / 1e9
+    kernel_overhead = float(raw.get("tiny_kernel", min(ew_overhead, red_overhead)))
+    figures["kernel overhead us"] = kernel_overhead * 1e6
+
+    # the arithmetic rate of kernels that are not bound by their bytes
+    rates = []
+    for flops, nbytes, t in raw["vector"]:
+        compute = t - kernel_overhead
+        if compute > 0 and compute > 1.5 * nbytes / bandwidth:
+            rates.append(flops / compute)
+    vector_flops = float(np.median(rates)) if rates else bandwidth  # memory-bound everywhere: ~1 flop/byte
+    figures["vector GFLOP/s"] = vector_flops / 1e9
+
+    # Fixed costs per kernel: what the probe's actors took beyond their
+    # arithmetic and bytes at the rates fitted above (the median over the
+    # kernel's actors; per step for a fused chain).
+    unit = DeviceKind(kind="cpu", memory=1.0, peak_flops={"f32": gemm_rate}, efficiency=1.0,
+                       vector_flops=vector_flops, memory_bandwidth=bandwidth, kernel_overhead=0.0)
+    core = Cluster(name="rates", count=1, device=unit, levels=(Level("one", 1, 1.0, 0.0),))
+    extra: dict[str, list[float]] = {}
+    for kernel, flops, nbytes, dtype, calls, seconds in raw.get("probe", []):
+        left = (seconds - core.core_time(kernel, flops, nbytes, dtype)) / max(1, calls)
+        extra.setdefault(kernel, []).append(max(left, 0.0))
+    kernel_overheads = {k: float(np.median(v)) for k, v in sorted(extra.items())}
+    for k, v in kernel_overheads.items():
+        figures[f"overhead {k} us"] = v * 1e6
+
+    actor = max(0.0, float(raw.get("actor", 0.0)))
+    figures["actor overhead us"] = actor * 1e6
+
+    fits: dict[str, CollectiveFit] = {}
+    for kind in COLLECTIVE_KINDS:
+        points = raw.get("collectives", {}).get(kind)
+        if not points:
+            continue
+        p = ranks if kind != "transfer" else 2
+        steps = latency_steps(kind, p)
+        latency, slope = fit_nonnegative([[steps, b] for b, _ in points], [t for _, t in points])
+        fits[kind] = CollectiveFit(latency=latency, bandwidth=1.0 / slope if slope > 0 else 1e18)
+        figures[f"{kind} latency us"] = latency * 1e6
+        figures[f"{kind} GB/s"] = fits[kind].bandwidth / 1e9
+    base = fits.get("all_reduce") or next(iter(fits.values()), CollectiveFit(1e-5, 3.5e9))
+
+    overlap = 1.0
+    o = raw.get("overlap")
+    if o:
+        shorter = min(o["compute"], o["comm"])
+        hidden = o["compute"] + o["comm"] - o["both"]
+        overlap = min(1.0, max(0.0, hidden / shorter)) if shorter > 0 else 1.0
+    figures["comm overlap"] = overlap
+
+    memory = float(raw.get("memory", 8 * 2**30))
+    device = DeviceKind(
+        kind="cpu", memory=memory, peak_flops={"f32": gemm_rate, "bf16": gemm_rate}, efficiency=1.0,
+        vector_flops=vector_flops, memory_bandwidth=bandwidth, kernel_overhead=kernel_overhead,
+        actor_overhead=actor, comm_overlap=overlap, kernel_overheads=kernel_overheads,
+        cache_bytes=cache_bytes if cache_bandwidth else 0.0, cache_bandwidth=cache_bandwidth,
+    )
+    cluster = Cluster(
+        name=name or f"calibrated-cpu-{ranks}", count=ranks, device=device,
+        levels=(Level("machine", ranks, bandwidth=base.bandwidth, latency=base.latency, collectives=fits),),
+        source=f"sbp-calibrate on {raw.get('host', 'this machine')}, {ranks} ranks",
+    )
+    return Fitted(cluster, figures)

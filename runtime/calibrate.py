@@ -1,0 +1,284 @@
+"""The timed runs behind `sbp-calibrate`: this machine measured on N MPI
+ranks, all ranks at once (as a plan runs them, sharing cores, caches and
+memory bandwidth), with the runtime's own kernels and MPI calls.
+
+    mpiexec -n N python -m sbpc.runtime.calibrate RAW.json [--quick]
+
+Rank 0 writes the raw timings (seconds, the best of a few repeats, the
+slowest rank's); `sbpc.perf.fit.fit_cluster` turns them into a cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from mpi4py import MPI
+from xdsl.dialects.builtin import IntegerAttr, TensorType, f32, i64
+
+from sbpc.dialects import make_context, parse_module, plan
+from sbpc.dialects.sbp import Sbp
+from sbpc.semantics.local_eval import LocalContext
+
+from . import kernels
+
+GEMM_SHAPES = [(64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512), (128, 1024, 1024),
+               (1024, 256, 1024), (256, 1024, 4096), (1024, 1024, 1024)]
+VECTOR_KERNELS = [("lg.gelu", {}), ("lg.exp", {}), ("lg.tanh", {}), ("lg.softmax", {"axis": 1})]
+
+
+def _repeat(fn: Callable[..., object], count: int, *args: object) -> Callable[[], None]:
+    """A run of `count` calls fn(*args)."""
+    def run() -> None:
+        for _ in range(count):
+            fn(*args)
+
+    return run
+
+
+def _best(world: MPI.Comm, fn: Callable[[], object], repeats: int) -> float:
+    """Every rank runs `fn` together: from the first rank's start to the last
+    rank's end (the monotonic clock is the machine's, so ranks that share a
+    core and start late are charged for it), the best repeat."""
+    best = math.inf
+    for _ in range(repeats):
+        world.Barrier()
+        start = time.perf_counter()
+        fn()
+        end = time.perf_counter()
+        first, last = world.allreduce(start, op=MPI.MIN), world.allreduce(end, op=MPI.MAX)
+        best = min(best, last - first)
+    return best
+
+
+def _loop_time(fn: Callable[[], object], count: int) -> float:
+    start = time.perf_counter()
+    for _ in range(count):
+        fn()
+    return (time.perf_counter() - start) / count
+
+
+def measure_compute(world: MPI.Comm, quick: bool) -> dict:
+    repeats = 2 if quick else 3
+    rng = np.random.default_rng(world.rank)
+    gemm = []
+    for m, k, n in GEMM_SHAPES[: 5 if quick else None]:
+        a = rng.standard_normal((m, k), np.float32)
+        b = rng.standard_normal((k, n), np.float32)
+        c = np.empty((m, n), np.float32)
+        inner = max(1, int(2e8 // (2 * m * k * n)))
+        t = _best(world, _repeat(lambda a, b, c: np.matmul(a, b, out=c), inner, a, b, c), repeats)
+        gemm.append([m, k, n, t / inner])
+    sizes = [2**e for e in range(10, 22 if quick else 24, 2)]
+    elementwise, reduction = [], []
+    for count in sizes:
+        x = rng.standard_normal(count, np.float32)
+        y = rng.standard_normal(count, np.float32)
+        z = np.empty(count, np.float32)
+        inner = max(1, 2**20 // count)
+        t = _best(world, _repeat(lambda x, y, z: np.add(x, y, out=z), inner, x, y, z), repeats)
+        elementwise.append([3 * 4 * count, t / inner])
+        rows = x.reshape(-1, 1024) if count >= 1024 else x.reshape(1, -1)
+        out = np.empty(rows.shape[0], np.float32)
+        t = _best(world, _repeat(lambda r, o: np.sum(r, axis=1, out=o), inner, rows, out), repeats)
+        reduction.append([4 * count + 4 * rows.shape[0], t / inner])
+    ctx = make_context()
+    vector = []
+    shape = (256, 1024)
+    x = rng.standard_normal(shape, np.float32)
+    out = np.empty(shape, np.float32)
+    t32 = TensorType(f32, list(shape))
+    whole = tuple(slice(0, d) for d in shape)
+    local = LocalContext((shape,), shape, (whole,), whole, (Sbp.B,))
+    for name, props in VECTOR_KERNELS:
+        cls = ctx.get_op(name)
+        properties = {k: IntegerAttr(v, i64) for k, v in props.items()}
+        op = cls.create(properties=properties, result_types=[t32])
+        fire = kernels.bind(op, local, [x], out)
+        t = _best(world, _repeat(fire, 1, [x], out), repeats)
+        flops = cls.flops([shape], shape, **op.params())
+        vector.append([float(flops), 8.0 * x.size, t])
+    one = np.ones(1, np.float32)
+    tiny = min(_loop_time(lambda: np.add(one, one, out=one), 2000) for _ in range(3))
+    return {"gemm": gemm, "elementwise": elementwise, "reduction": reduction, "vector": vector,
+            "tiny_kernel": tiny, "actor": measure_actor_overhead(world, tiny, quick)}
+
+
+def measure_actor_overhead(world: MPI.Comm, tiny: float, quick: bool) -> float:
+    """Seconds the executor adds per actor: a plan of a chain of tiny adds,
+    run on this rank alone, less the kernels."""
+    from xdsl.context import Context
+
+    from sbpc.lowering.compile import CompilePass
+
+    from .executor import Executor
+
+    count = 200
+    lines = ["sbp.placement @one cpu ranks [0] mesh [1]", "lg.graph @chain on @one {",
+             '  %v0 = lg.input "x" : tensor<1xf32>']
+    lines += [f"  %v{i + 1} = lg.add %v{i}, %v0 : (tensor<1xf32>, tensor<1xf32>) -> tensor<1xf32>"
+              for i in range(count)]
+    lines += [f'  lg.output ["y"] %v{count} : tensor<1xf32>', "}"]
+    module = parse_module("\n".join(lines), "chain")
+    CompilePass(fuse=False).apply(Context(), module)
+    executor = Executor(module, plan.programs(module)[0], MPI.COMM_SELF, write_back=False)
+    executor.initialize()
+    executor.feed({"x": np.ones(1, np.float32)})
+    steps = 5 if quick else 20
+    executor.run(2)
+    per_actor = _best(world, lambda: executor.run(steps), 3) / (steps * count)
+    return max(0.0, per_actor - tiny)
+
+
+def measure_probe(world: MPI.Comm, path: str, feeds_path: str, quick: bool) -> list:
+    """Every compute actor of a small training plan (one device, run on each
+    rank at once), traced: [kernel, flops, bytes, dtype, calls, best seconds].
+    What kernels cost beyond their arithmetic and bytes is read off these."""
+    from sbpc.perf.step_time import actor_work
+
+    from .executor import Executor, check_feeds
+
+    with open(path) as f:
+        module = parse_module(f.read(), path)
+    program = plan.programs(module)[0]
+    executor = Executor(module, program, MPI.COMM_SELF, trace=True, write_back=False)
+    executor.initialize()
+    with np.load(feeds_path) as data:
+        executor.feed(check_feeds(program, dict(data)))
+    executor.run(2)
+    executor.events.clear()
+    world.Barrier()
+    executor.run(5 if quick else 20)
+    best: dict[str, float] = {}
+    for e in executor.events:
+        if e["tid"] == 0:
+            best[e["name"]] = min(best.get(e["name"], math.inf), e["dur"] / 1e6)
+    device = program.devices()[0]
+    registers = {r.sym_name.data: r for r in device.registers()}
+    out = []
+    for actor in device.actors():
+        if isinstance(actor, plan.ComputeOp) and actor.sym_name.data in best:
+            w = actor_work(actor, registers)
+            out.append([w.kernel, w.flops, w.nbytes, w.dtype, w.calls, best[actor.sym_name.data]])
+    return out
+
+
+def _collective_runs(world: MPI.Comm, count: int) -> dict[str, tuple[float, Callable[[], None]]]:
+    """Each kind on `count` float32 elements per rank, issued as the runtime
+    issues it (non-blocking, then waited for): the per-device volume the IR
+    records for it, and the run. A transfer goes from even ranks to the next
+    odd one (a stage boundary)."""
+    p = world.size
+    nbytes = 4.0 * count
+    send = np.ones(count, np.float32)
+    recv = np.empty(count, np.float32)
+    gathered = np.empty(count * p, np.float32)
+    scattered = np.empty(count // p, np.float32)
+    peer = world.rank ^ 1
+
+    def transfer() -> None:
+        if peer >= p:
+            return
+        if world.rank % 2 == 0:
+            world.Isend(send, peer, tag=7).Wait()
+        else:
+            world.Irecv(recv, peer, tag=7).Wait()
+
+    return {
+        "all_reduce": (2 * (p - 1) / p * nbytes, _repeat(lambda: world.Iallreduce(send, recv, op=MPI.SUM).Wait(), 1)),
+        "all_gather": ((p - 1) * nbytes, _repeat(lambda: world.Iallgather(send, gathered).Wait(), 1)),
+        "reduce_scatter": ((p - 1) / p * nbytes,
+                           _repeat(lambda: world.Ireduce_scatter_block(send, scattered, op=MPI.SUM).Wait(), 1)),
+        "all_to_all": ((p - 1) / p * nbytes, _repeat(lambda: world.Ialltoall(send, recv).Wait(), 1)),
+        "transfer": (nbytes, transfer),
+    }
+
+
+def measure_collectives(world: MPI.Comm, quick: bool) -> dict:
+    p = world.size
+    repeats = 3 if quick else 5
+    sizes = [2**e for e in range(8, 20 if quick else 23, 2)]  # float32 elements per rank
+    out: dict[str, list] = {k: [] for k in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "transfer")}
+    for count in sizes:
+        count -= count % p
+        for kind, (volume, fn) in _collective_runs(world, count).items():
+            out[kind].append([volume, _best(world, fn, repeats)])
+    return out
+
+
+def measure_overlap(world: MPI.Comm, quick: bool) -> dict:
+    """A GEMM (in the executor's column blocks, MPI progressing between them)
+    and an all_reduce of about the same duration: alone, then together."""
+    rng = np.random.default_rng(0)
+    n = 512 if quick else 1024
+    a = rng.standard_normal((n, n), np.float32)
+    b = rng.standard_normal((n, n), np.float32)
+    c = np.empty((n, n), np.float32)
+    width = 64
+    count = (2**21 if quick else 2**23) // world.size * world.size
+    send = np.ones(count, np.float32)
+    recv = np.empty(count, np.float32)
+
+    def compute(request: MPI.Request | None = None) -> None:
+        for j in range(0, n, width):
+            np.matmul(a, b[:, j : j + width], out=c[:, j : j + width])
+            if request is not None:
+                request.Test()
+
+    def both() -> None:
+        request = world.Iallreduce(send, recv, op=MPI.SUM)
+        compute(request)
+        request.Wait()
+
+    return {"compute": _best(world, compute, 3), "comm": _best(world, lambda: world.Iallreduce(send, recv).Wait(), 3),
+            "both": _best(world, both, 3)}
+
+
+def last_level_cache() -> float:
+    """Bytes of the largest CPU cache (shared by the ranks), from sysfs; 0 if unknown."""
+    sizes = []
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return float(max(sizes, default=0))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sbpc.runtime.calibrate")
+    parser.add_argument("output")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--probe", nargs=2, metavar=("PLAN", "FEEDS"), help="a small training plan and its feeds")
+    options = parser.parse_args(argv)
+    world = MPI.COMM_WORLD
+    raw: dict = {"ranks": world.size, "host": platform.node(), "quick": options.quick}
+    raw.update(measure_compute(world, options.quick))
+    raw["probe"] = measure_probe(world, options.probe[0], options.probe[1], options.quick) if options.probe else []
+    raw["collectives"] = measure_collectives(world, options.quick) if world.size > 1 else {}
+    raw["overlap"] = measure_overlap(world, options.quick) if world.size > 1 else None
+    try:
+        raw["memory"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / world.size
+    except (ValueError, OSError, AttributeError):
+        raw["memory"] = 8 * 2**30
+    raw["cache_bytes"] = last_level_cache() / world.size
+    if world.rank == 0:
+        with open(options.output, "w") as f:
+            json.dump(raw, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,628 @@
+"""The performance layer: the cluster model (`perf/cluster.py`: file
+validation, presets, topology arithmetic) and the step-time simulator
+(`perf/step_time.py`) on small plans whose step time is worked out by hand."""
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+from xdsl.context import Context
+
+from sbpc.dialects import parse_module, plan
+from sbpc.lowering.compile import CompilePass
+from sbpc.perf.cluster import (
+    INFINIBAND,
+    NVLINK,
+    PRESETS,
+    Cluster,
+    ClusterError,
+    CollectiveFit,
+    DeviceKind,
+    Level,
+    Links,
+    cluster_from_json,
+    h100_cluster,
+    latency_steps,
+    load_cluster,
+    preset,
+    presets,
+)
+from sbpc.perf.step_time import SimulationError, simulate_plan
+
+# -- cluster files ------------------------------------------------------------------------
+
+
+def valid() -> dict:
+    """A well-formed cluster description: 16 devices, nodes of 8."""
+    return {
+        "name": "test",
+        "count": 16,
+        "device": {
+            "kind": "cuda", "memory": 8e9, "peak_flops": {"f32": 1e12, "bf16": 4e12}, "efficiency": 0.5,
+            "vector_flops": 1e11, "memory_bandwidth": 1e11, "kernel_overhead": 1e-6,
+        },
+        "levels": [
+            {"name": "node", "size": 8, "bandwidth": 1e11, "latency": 1e-6},
+            {"name": "cluster", "size": 2, "bandwidth": 1e10, "latency": 5e-6},
+        ],
+    }
+
+
+def _set(path: str, value):
+    """A mutation of `valid()`: sets (or with `...` deletes) the entry at a dotted path."""
+
+    def mutate(data: dict) -> dict:
+        *parents, last = path.split(".")
+        node = data
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        if value is ...:
+            del node[last]
+        elif isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+        return data
+
+    return mutate
+
+
+def _links(n: int):
+    def mutate(data: dict) -> dict:
+        del data["levels"]
+        data["links"] = {"bandwidth": [[1e9] * n for _ in range(n)], "latency": [[0.0] * n for _ in range(n)]}
+        return data
+
+    return mutate
+
+
+def _both(data: dict) -> dict:
+    _links(16)(data)
+    data["levels"] = valid()["levels"]
+    return data
+
+
+def _link_entry(data: dict) -> dict:
+    _links(16)(data)
+    data["links"]["bandwidth"][3][5] = 0
+    return data
+
+
+def _link_row(data: dict) -> dict:
+    _links(16)(data)
+    data["links"]["latency"][2] = 0.0
+    return data
+
+
+def _fit(fit: dict, kind: str = "all_reduce"):
+    def mutate(data: dict) -> dict:
+        data["levels"][1]["collectives"] = {kind: fit}
+        return data
+
+    return mutate
+
+
+MALFORMED = [
+    # (id, mutation of valid(), the message's beginning: the field at fault)
+    ("bandwidth-negative", _set("levels.1.bandwidth", -1.0), "levels[1].bandwidth:"),
+    ("bandwidth-string", _set("levels.0.bandwidth", "fast"), "levels[0].bandwidth:"),
+    ("latency-negative", _set("levels.0.latency", -1e-6), "levels[0].latency:"),
+    ("size-fraction", _set("levels.0.size", 2.5), "levels[0].size:"),
+    ("unknown-dtype", _set("device.peak_flops.f99", 1e12), "device.peak_flops.f99:"),
+    ("no-dtypes", _set("device.peak_flops", {}), "device.peak_flops:"),
+    ("efficiency-above-1", _set("device.efficiency", 1.5), "device.efficiency:"),
+    ("efficiency-zero", _set("device.efficiency", 0), "device.efficiency:"),
+    ("overlap-above-1", _set("device.comm_overlap", 2.0), "device.comm_overlap:"),
+    ("memory-nan", _set("device.memory", math.nan), "device.memory:"),
+    ("memory-infinite", _set("device.memory", math.inf), "device.memory:"),
+    ("device-kind", _set("device.kind", "tpu"), "device.kind:"),
+    ("count-zero", _set("count", 0), "count:"),
+    ("count-float", _set("count", 16.0), "count:"),
+    ("count-bool", _set("count", True), "count:"),
+    ("sizes-vs-count", _set("levels.1.size", 3), "levels: the sizes multiply to 24 (8 x 3) but count is 16"),
+    ("levels-not-list", _set("levels", {"size": 16}), "levels: must be a list"),
+    ("level-not-object", _set("levels.0", 8), "levels[0]: must be a JSON object"),
+    ("links-shape", _links(3), "links.bandwidth: must be a 16 x 16 matrix"),
+    ("links-entry", _link_entry, "links.bandwidth[3][5]:"),
+    ("links-row", _link_row, "links.latency: must be a list of lists"),
+    ("levels-and-links", _both, "levels, links: give exactly one"),
+    ("neither-levels-nor-links", _set("levels", ...), "levels, links: give exactly one"),
+    ("empty-levels", _set("levels", []), "levels, links: give exactly one"),
+    ("unknown-field", _set("colour", "blue"), "colour: unknown field"),
+    ("unknown-device-field", _set("device.tflops", 1.0), "device.tflops: unknown field"),
+    ("unknown-level-field", _set("levels.0.speed", 1.0), "levels[0].speed: unknown field"),
+    ("missing-memory", _set("device.memory", ...), "device.memory: missing"),
+    ("missing-count", _set("count", ...), "count: missing"),
+    ("missing-level-size", _set("levels.1.size", ...), "levels[1].size: missing"),
+    ("missing-device", _set("device", ...), "device: missing"),
+    ("fit-kind", _fit({"latency": 0.0, "bandwidth": 1e9}, "broadcast"), "levels[1].collectives.broadcast:"),
+    ("fit-missing", _fit({"latency": 0.0}), "levels[1].collectives.all_reduce.bandwidth: missing"),
+    ("fit-bandwidth", _fit({"latency": 0.0, "bandwidth": 0}), "levels[1].collectives.all_reduce.bandwidth:"),
+    ("fits-not-object", _set("levels.1.collectives", []), "levels[1].collectives: must be an object"),
+]
+
+
+@pytest.mark.parametrize(("mutate", "field"), [m[1:] for m in MALFORMED], ids=[m[0] for m in MALFORMED])
+def test_malformed_cluster_names_the_field(tmp_path, mutate, field):
+    data = mutate(valid())
+    with pytest.raises(ClusterError) as info:
+        cluster_from_json(data)
+    assert str(info.value).startswith(field), str(info.value)
+
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ClusterError) as info:
+        load_cluster(str(path))
+    assert str(info.value).startswith(f"{path}: {field}"), str(info.value)
+
+
+def test_valid_cluster_file_loads(tmp_path):
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(valid()))
+    cluster = load_cluster(str(path))
+    assert cluster == cluster_from_json(valid())
+    assert (cluster.count, [lv.size for lv in cluster.levels]) == (16, [8, 2])
+    assert cluster.device.actor_overhead == 0.0 and cluster.device.comm_overlap == 1.0  # the defaults
+    assert load_cluster(str(path), devices=32).levels[1].size == 4
+    with_fit = _fit({"latency": 1e-5, "bandwidth": 2e10})(valid())
+    assert cluster_from_json(with_fit).levels[1].collectives == {"all_reduce": CollectiveFit(1e-5, 2e10)}
+    assert cluster_from_json(_links(16)(valid())).links is not None
+
+
+def test_a_file_that_is_not_json(tmp_path):
+    path = tmp_path / "cluster.json"
+    path.write_text('{"name": "test", "count": 16,')
+    with pytest.raises(ClusterError, match=r"not valid JSON") as info:
+        load_cluster(str(path))
+    assert str(info.value).startswith(f"{path}: not valid JSON")
+
+
+def test_a_file_that_is_not_an_object(tmp_path):
+    path = tmp_path / "cluster.json"
+    path.write_text("[1, 2]")
+    with pytest.raises(ClusterError, match=r": the file: must be a JSON object, got list"):
+        load_cluster(str(path))
+
+
+@pytest.mark.parametrize("what", ["missing", "directory"])
+def test_an_unreadable_file(tmp_path, what):
+    path = tmp_path / "nothing.json" if what == "missing" else tmp_path
+    with pytest.raises(ClusterError, match=r"is neither a preset \(cpu, h100-node, .*\) nor a readable file"):
+        load_cluster(str(path))
+
+
+def test_unknown_preset():
+    with pytest.raises(ClusterError, match=r"no cluster preset 'tpu'"):
+        preset("tpu")
+
+
+# -- presets ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", presets())
+def test_presets_round_trip_through_a_file(tmp_path, name):
+    devices = 64 if name == "h100" else None
+    cluster = load_cluster(name, devices)
+    assert cluster.to_json() == preset(name, devices).to_json()
+    path = tmp_path / f"{name}.json"
+    cluster.save(str(path))
+    loaded = load_cluster(str(path))
+    assert loaded.to_json() == cluster.to_json()
+    assert loaded == cluster
+
+
+def test_link_matrix_round_trips_through_a_file(tmp_path):
+    cluster = cluster_from_json(_links(16)(valid()))
+    path = tmp_path / "links.json"
+    cluster.save(str(path))
+    assert load_cluster(str(path)).to_json() == cluster.to_json()
+
+
+@pytest.mark.parametrize("name", ["cpu", "h100-2nodes"])
+def test_to_json_reads_back_without_a_file(name):
+    cluster = preset(name)
+    assert cluster_from_json(cluster.to_json()) == cluster
+
+
+def test_presets():
+    assert set(PRESETS) | {"h100"} == set(presets())
+    assert preset("cpu").count == 2
+    assert load_cluster("h100").name == "h100-node"
+    big = load_cluster("h100", 64)
+    assert big.count == 64 and [lv.size for lv in big.levels] == [8, 8]
+    assert [lv.size for lv in load_cluster("h100", 4).levels] == [4]
+
+
+# -- topology ---------------------------------------------------------------------------------
+
+
+def test_level_of():
+    c = h100_cluster(4)
+    assert c.count == 32 and [(lv.name, lv.size) for lv in c.levels] == [("node", 8), ("cluster", 4)]
+    assert c.level_of(list(range(8))) == 0
+    assert c.level_of(list(range(8, 16))) == 0
+    assert c.level_of([5]) == 0
+    assert c.level_of([0, 8]) == 1
+    assert c.level_of([7, 8]) == 1
+    assert c.level_of(list(range(32))) == 1
+
+
+@pytest.mark.parametrize(("kind", "p", "steps"), [
+    ("all_reduce", 1, 0.0), ("all_reduce", 2, 2.0), ("all_reduce", 8, 6.0), ("all_reduce", 5, 6.0),
+    ("all_gather", 8, 3.0), ("all_gather", 5, 3.0), ("reduce_scatter", 16, 4.0), ("reduce_scatter", 2, 1.0),
+    ("all_to_all", 4, 3.0), ("all_to_all", 8, 7.0), ("transfer", 2, 1.0), ("transfer", 1, 0.0),
+])
+def test_latency_steps(kind, p, steps):
+    assert latency_steps(kind, p) == steps
+
+
+def test_collective_time_within_a_node():
+    c = h100_cluster(4)
+    nbytes = 3e8
+    node = list(range(8))
+    assert c.figures("all_reduce", node) == (NVLINK.latency, NVLINK.bandwidth)
+    expected = 2 * math.ceil(math.log2(8)) * NVLINK.latency + nbytes / NVLINK.bandwidth
+    assert c.collective_time("all_reduce", node, nbytes) == pytest.approx(expected, rel=1e-12)
+    assert c.collective_time("all_gather", [8, 9, 10, 11], nbytes) == pytest.approx(
+        2 * NVLINK.latency + nbytes / NVLINK.bandwidth, rel=1e-12)
+    assert c.collective_time("all_to_all", node, nbytes) == pytest.approx(
+        7 * NVLINK.latency + nbytes / NVLINK.bandwidth, rel=1e-12)
+    assert c.collective_time("all_reduce", [3], nbytes) <= NVLINK.latency  # no bytes move
+
+
+def test_collective_time_across_nodes():
+    c = h100_cluster(4)
+    nbytes = 3e8
+    assert INFINIBAND.bandwidth < NVLINK.bandwidth
+    assert c.figures("all_reduce", [0, 8]) == (INFINIBAND.latency, INFINIBAND.bandwidth)
+    assert c.collective_time("all_reduce", [0, 8], nbytes) == pytest.approx(
+        2 * INFINIBAND.latency + nbytes / INFINIBAND.bandwidth, rel=1e-12)
+    assert c.collective_time("all_gather", list(range(16)), nbytes) == pytest.approx(
+        4 * INFINIBAND.latency + nbytes / INFINIBAND.bandwidth, rel=1e-12)
+    assert c.collective_time("transfer", [7, 8], nbytes) == pytest.approx(
+        INFINIBAND.latency + nbytes / INFINIBAND.bandwidth, rel=1e-12)
+    assert c.collective_time("all_reduce", list(range(32)), nbytes) > c.collective_time("all_reduce", list(range(8)),
+                                                                                         nbytes)
+
+
+def test_a_collective_fit_overrides_its_kind_on_its_level():
+    fit = CollectiveFit(latency=1e-5, bandwidth=2e10)
+    c = replace(h100_cluster(4), levels=(NVLINK, replace(INFINIBAND, size=4, collectives={"all_reduce": fit})))
+    nbytes = 1e8
+    assert c.figures("all_reduce", [0, 8]) == (fit.latency, fit.bandwidth)
+    assert c.collective_time("all_reduce", [0, 8], nbytes) == pytest.approx(2 * 1e-5 + nbytes / 2e10, rel=1e-12)
+    # other kinds on that level, and the same kind on the level below, keep the generic figures
+    assert c.figures("all_gather", [0, 8]) == (INFINIBAND.latency, INFINIBAND.bandwidth)
+    assert c.figures("all_reduce", list(range(8))) == (NVLINK.latency, NVLINK.bandwidth)
+    # a fit on the node level does not reach a group that spans nodes
+    c = replace(h100_cluster(4), levels=(replace(NVLINK, collectives={"all_reduce": fit}), replace(INFINIBAND, size=4)))
+    assert c.figures("all_reduce", list(range(8))) == (fit.latency, fit.bandwidth)
+    assert c.figures("all_reduce", [0, 8]) == (INFINIBAND.latency, INFINIBAND.bandwidth)
+
+
+def test_a_link_matrix_prices_a_ring_by_its_slowest_link():
+    bandwidth = [[0, 10e9, 99e9, 99e9], [99e9, 0, 5e9, 99e9], [20e9, 99e9, 0, 99e9], [99e9, 99e9, 99e9, 0]]
+    latency = [[0, 1e-6, 0, 0], [0, 0, 2e-6, 0], [4e-6, 0, 0, 0], [0, 0, 0, 0]]
+    c = Cluster(name="ring", count=4, device=h100_cluster(1).device, links=Links(bandwidth, latency))
+    # the ring 0 -> 1 -> 2 -> 0: slowest bandwidth 5e9 (1 -> 2), largest latency 4e-6 (2 -> 0)
+    assert c.figures("all_gather", [0, 1, 2]) == (4e-6, 5e9)
+    nbytes = 1e7
+    assert c.collective_time("all_gather", [0, 1, 2], nbytes) == pytest.approx(2 * 4e-6 + nbytes / 5e9, rel=1e-12)
+    assert c.collective_time("all_reduce", [0, 1, 2], nbytes) == pytest.approx(4 * 4e-6 + nbytes / 5e9, rel=1e-12)
+    assert c.figures("transfer", [0, 1]) == (1e-6, 10e9)  # 0 -> 1 and 1 -> 0
+    assert c.figures("transfer", [2, 3]) == (0, 99e9)
+    with pytest.raises(ClusterError, match=r"a link matrix describes exactly 4 devices"):
+        c.resized(8)
+
+
+def test_resized():
+    node = preset("h100-node").resized(4)
+    assert (node.count, [(lv.name, lv.size) for lv in node.levels]) == (4, [("node", 4)])
+    big = preset("h100-2nodes").resized(64)
+    assert (big.count, [(lv.name, lv.size) for lv in big.levels]) == (64, [("node", 8), ("cluster", 8)])
+    assert big.levels[1].bandwidth == INFINIBAND.bandwidth
+    small = preset("h100-2nodes").resized(4)
+    assert (small.count, [lv.size for lv in small.levels]) == (4, [4])
+    assert preset("h100-node").resized(8) is preset("h100-node")
+    for make in (lambda: preset("h100-2nodes").resized(12), lambda: load_cluster("h100", 12),
+                 lambda: load_cluster("h100-4nodes", 12)):
+        with pytest.raises(ClusterError, match=r"12 devices is not a whole number of 8-device units"):
+            make()
+
+
+def test_compute_roofline():
+    c = h100_cluster(1)
+    d = c.device
+    assert c.gemm_time(1e12, "bf16") == pytest.approx(d.kernel_overhead + 1e12 / (d.peak_flops["bf16"] * d.efficiency))
+    assert c.gemm_time(1e12, "f32") == pytest.approx(d.kernel_overhead + 1e12 / (d.peak_flops["f32"] * d.efficiency))
+    cpu = preset("cpu")
+    assert cpu.device.gemm_rate("bf16") == cpu.device.peak_flops["f32"]  # no bf16 figure: the f32 one
+    assert c.kernel_time(1e9, 1.0) == pytest.approx(d.kernel_overhead + 1e9 / d.vector_flops)
+    assert c.kernel_time(1.0, 1e9) == pytest.approx(d.kernel_overhead + 1e9 / d.memory_bandwidth)
+
+
+# -- the step-time simulator --------------------------------------------------------------
+
+RATE = 1e9
+"""The test cluster's GEMM flop/s (f32, efficiency 1)."""
+BANDWIDTH = 1e6
+"""Its one level's bytes/s."""
+HUGE = 1e30
+
+
+def small_cluster(count: int, *, latency: float = 0.0, overlap: float = 1.0, memory: float = 1e12,
+                 kernel_overhead: float = 0.0) -> Cluster:
+    device = DeviceKind(kind="cpu", memory=memory, peak_flops={"f32": RATE, "f64": RATE / 2}, efficiency=1.0,
+                        vector_flops=HUGE, memory_bandwidth=HUGE, kernel_overhead=kernel_overhead,
+                        actor_overhead=0.0, comm_overlap=overlap)
+    return Cluster(name="test", count=count, device=device, levels=(Level("all", count, BANDWIDTH, latency),))
+
+
+
+
+def compiled(text: str):
+    module = parse_module(text)
+    CompilePass().apply(Context(), module)
+    return module
+
+
+def devices(module) -> list[plan.DeviceOp]:
+    (program,) = plan.programs(module)
+    return program.devices()
+
+
+def comms(device: plan.DeviceOp) -> list[plan.CommOp]:
+    return [a for a in device.actors() if isinstance(a, plan.CommOp)]
+
+
+def starts(prediction, rank: int, name: str) -> list[float]:
+    """Start times of one actor's firings on one device, by step."""
+    return [e.start for e in sorted((e for e in prediction.events if e.device == rank and e.name == name),
+                                    key=lambda e: e.step)]
+
+
+def one_device(dtype: str) -> str:
+    return f"""
+sbp.placement @one cpu ranks [0] mesh [1]
+lg.graph @g on @one {{
+  %x = lg.input "x" : tensor<16x32x{dtype}>
+  %w = lg.param "w" init #lg.normal<0.0, 0.1> : tensor<32x8x{dtype}>
+  %y = lg.matmul %x, %w : (tensor<16x32x{dtype}>, tensor<32x8x{dtype}>) -> tensor<16x8x{dtype}>
+  lg.output ["y"] %y : tensor<16x8x{dtype}>
+}}
+"""
+
+
+@pytest.mark.parametrize(("dtype", "rate"), [("f32", RATE), ("f64", RATE / 2)])
+def test_one_matmul_on_one_device(dtype, rate):
+    module = compiled(one_device(dtype))
+    flops = 2 * 16 * 8 * 32
+    p = simulate_plan(module, small_cluster(1))
+    assert p.step_time == pytest.approx(flops / rate, rel=1e-6)
+    (d,) = p.devices
+    assert d.compute == pytest.approx(flops / rate, rel=1e-6)
+    assert d.exposed_comm == d.bubble == d.comm == 0.0
+    assert (p.simulated, p.total_devices, d.represents) == (1, 1, 1)
+    assert p.path_summary()["compute"] == pytest.approx(flops / rate, rel=1e-6)
+    assert p.steps_per_second == pytest.approx(rate / flops, rel=1e-6)
+
+
+def test_kernel_overhead_is_paid_per_kernel_and_copy():
+    module = compiled(one_device("f32"))
+    # the feed of x is a copy, the matmul a kernel: two overheads a step
+    kernels = 1 + sum(1 for r in devices(module)[0].registers() if r.feed is not None)
+    assert kernels == 2
+    p = simulate_plan(module, small_cluster(1, kernel_overhead=1e-3))
+    assert p.step_time == pytest.approx(2 * 16 * 8 * 32 / RATE + kernels * 1e-3, rel=1e-6)
+
+
+DATA_PARALLEL = """
+sbp.placement @dp cpu ranks [0, 1] mesh [2]
+lg.graph @g on @dp {
+  %x = lg.input "x" : !sbp.dtensor<8x4xf32, @dp, S<0>>
+  %w = lg.param "w" init #lg.normal<0.0, 0.1> : tensor<4x4xf32>
+  %y = lg.matmul %x, %w : (!sbp.dtensor<8x4xf32, @dp, S<0>>, tensor<4x4xf32>) -> tensor<8x4xf32>
+  %s = lg.reduce_sum %y axes [0] : tensor<8x4xf32> -> tensor<4xf32>
+  %b = sbp.annotate %s : tensor<4xf32> -> !sbp.dtensor<4xf32, @dp, B>
+  lg.output ["s"] %b : !sbp.dtensor<4xf32, @dp, B>
+}
+"""
+LOCAL_MATMUL = 2 * 4 * 4 * 4 / RATE
+"""Each device multiplies its 4x4 piece of x by w."""
+
+
+def all_reduce_time(module, cluster: Cluster) -> float:
+    """The one all_reduce of DATA_PARALLEL, worked out from what the plan records."""
+    (comm,) = comms(devices(module)[0])
+    assert comm.kind.data == "all_reduce" and list(comm.group.get_values()) == [0, 1]
+    nbytes = comm.bytes.value.data
+    assert nbytes == 16  # 2 (p - 1) / p of 4 f32
+    level = cluster.levels[0]
+    seconds = 2 * level.latency + nbytes / level.bandwidth  # 2 ceil(log2 2) latency steps
+    assert cluster.collective_time("all_reduce", [0, 1], nbytes) == pytest.approx(seconds, rel=1e-12)
+    return seconds
+
+
+@pytest.mark.parametrize("latency", [0.0, 1e-6])
+def test_data_parallel_exposes_its_all_reduce(latency):
+    module = compiled(DATA_PARALLEL)
+    cluster = small_cluster(2, latency=latency)
+    comm = all_reduce_time(module, cluster)
+    p = simulate_plan(module, cluster)
+    assert p.simulated == p.total_devices == 2
+    for d in p.devices:
+        assert d.compute == pytest.approx(LOCAL_MATMUL, rel=1e-6)
+        # the next step's feed overwrites the all_reduce's input: nothing hides it
+        assert d.exposed_comm == pytest.approx(comm, rel=1e-6)
+        assert d.comm == pytest.approx(comm, rel=1e-6)
+        assert d.bubble == 0.0
+        # the steady state, step after step: one matmul then one all_reduce
+        mm = starts(p, d.rank, "y.matmul")
+        assert mm[2] - mm[1] == pytest.approx(LOCAL_MATMUL + comm, rel=1e-6)
+        assert mm[3] - mm[2] == pytest.approx(LOCAL_MATMUL + comm, rel=1e-6)
+    assert p.path_summary()["all_reduce"] == pytest.approx(comm, rel=1e-6)
+
+
+
+@pytest.mark.parametrize("steps", [4, 8])
+def test_data_parallel_step_time(steps):
+    module = compiled(DATA_PARALLEL)
+    cluster = small_cluster(2)
+    p = simulate_plan(module, cluster, steps=steps)
+    assert p.step_time == pytest.approx(LOCAL_MATMUL + all_reduce_time(module, cluster), rel=1e-6)
+
+
+def test_comm_overlap_changes_nothing_when_nothing_hides_the_collective():
+    """DATA_PARALLEL waits for its all_reduce before the next step's feed:
+    a separate engine or the thread itself, the step is the same (and the
+    thread moving the bytes is never faster)."""
+    module = compiled(DATA_PARALLEL)
+    engine = simulate_plan(module, small_cluster(2, overlap=1.0))
+    cores = simulate_plan(module, small_cluster(2, overlap=0.0))
+    assert cores.step_time == pytest.approx(engine.step_time, rel=1e-6)
+
+
+OVERLAP = """
+sbp.placement @dp cpu ranks [0, 1] mesh [2]
+lg.graph @g on @dp {
+  %x = lg.input "x" : !sbp.dtensor<8x4xf32, @dp, S<0>>
+  %w = lg.param "w" init #lg.normal<0.0, 0.1> : tensor<4x4xf32>
+  %u = lg.input "u" : !sbp.dtensor<64x64xf32, @dp, S<0>>
+  %v = lg.param "v" init #lg.normal<0.0, 0.1> : tensor<64x64xf32>
+  %y = lg.matmul %x, %w : (!sbp.dtensor<8x4xf32, @dp, S<0>>, tensor<4x4xf32>) -> tensor<8x4xf32>
+  %s = lg.reduce_sum %y axes [0] : tensor<8x4xf32> -> tensor<4xf32>
+  %b = sbp.annotate %s : tensor<4xf32> -> !sbp.dtensor<4xf32, @dp, B>
+  %z = lg.matmul %u, %v : (!sbp.dtensor<64x64xf32, @dp, S<0>>, tensor<64x64xf32>) -> !sbp.dtensor<64x64xf32, @dp, S<0>>
+  lg.output ["s", "z"] %b, %z : !sbp.dtensor<4xf32, @dp, B>, !sbp.dtensor<64x64xf32, @dp, S<0>>
+}
+"""
+
+
+def test_comm_overlap_decides_what_the_thread_pays():
+    """OVERLAP issues the all_reduce before a long independent matmul that
+    hides it: a separate engine (overlap 1) costs nothing, and the thread pays
+    the share it moves itself."""
+    module = compiled(OVERLAP)
+    names = [a.sym_name.data for a in devices(module)[0].actors()]
+    assert names.index("b.all_reduce") < names.index("z.matmul")
+    comm = all_reduce_time(module, small_cluster(2))
+    compute = LOCAL_MATMUL + 2 * 32 * 64 * 64 / RATE
+    assert comm < compute
+    times = []
+    for overlap in (1.0, 0.5, 0.0):
+        p = simulate_plan(module, small_cluster(2, overlap=overlap))
+        assert p.step_time == pytest.approx(compute + (1 - overlap) * comm, rel=1e-6), overlap
+        for d in p.devices:
+            assert d.exposed_comm == pytest.approx((1 - overlap) * comm, rel=1e-6, abs=1e-15)
+            assert d.comm == pytest.approx(comm, rel=1e-6)
+        times.append(p.step_time)
+    assert times[0] < times[1] < times[2]
+
+
+def test_a_blocking_collective_is_not_paid_twice():
+    """With comm_overlap 0 the thread moves the bytes itself: the all_reduce
+    takes its time once, and the next step starts when it is done."""
+    module = compiled(DATA_PARALLEL)
+    cluster = small_cluster(2, overlap=0.0)
+    comm = all_reduce_time(module, cluster)
+    p = simulate_plan(module, cluster)
+    mm = starts(p, 0, "y.matmul")
+    assert mm[2] - mm[1] == pytest.approx(LOCAL_MATMUL + comm, rel=1e-6)
+    assert p.devices[0].exposed_comm == pytest.approx(comm, rel=1e-6)
+
+
+def test_memory_is_the_plan_arena_and_persistent_region():
+    module = compiled(DATA_PARALLEL)
+    plan_devices = devices(module)
+    p = simulate_plan(module, small_cluster(2))
+    for d, device in zip(p.devices, plan_devices, strict=True):
+        assert d.rank == device.rank.value.data
+        assert d.memory == device.arena.value.data + device.persistent.value.data > 0
+        assert d.fits
+    assert p.fits and p.peak_memory == max(d.memory for d in p.devices)
+    exact = simulate_plan(module, small_cluster(2, memory=p.peak_memory))
+    assert exact.fits
+    tiny = simulate_plan(module, small_cluster(2, memory=p.peak_memory - 1))
+    assert not tiny.fits and not any(d.fits for d in tiny.devices)
+    assert "DOES NOT FIT" in tiny.format()
+
+
+PIPELINE = """
+sbp.placement @s1 cpu ranks [0] mesh [1]
+sbp.placement @s2 cpu ranks [1] mesh [1]
+lg.graph @g on @s1 {
+  %x = lg.input "x" : !sbp.dtensor<8x4xf32, @s1, B>
+  %w1 = lg.param "w1" init #lg.normal<0.0, 0.1> : !sbp.dtensor<4x4xf32, @s1, B>
+  %w2 = lg.param "w2" init #lg.normal<0.0, 0.1> : !sbp.dtensor<4x4xf32, @s2, B>
+  %y = lg.matmul %x, %w1 : (!sbp.dtensor<8x4xf32, @s1, B>, !sbp.dtensor<4x4xf32, @s1, B>) -> tensor<8x4xf32>
+  %t = sbp.annotate %y : tensor<8x4xf32> -> !sbp.dtensor<8x4xf32, @s2, B>
+  %z = lg.matmul %t, %w2 : (!sbp.dtensor<8x4xf32, @s2, B>, !sbp.dtensor<4x4xf32, @s2, B>) -> tensor<8x4xf32>
+  lg.output ["z"] %z : tensor<8x4xf32>
+}
+"""
+
+
+def test_two_stage_pipeline():
+    module = compiled(PIPELINE)
+    first, second = devices(module)
+    (send,), (recv,) = comms(first), comms(second)
+    assert send.kind.data == recv.kind.data == "transfer"
+    assert send.comm_id.value.data == recv.comm_id.value.data
+    cluster = small_cluster(2, latency=1e-6)
+    transfer = 1e-6 + send.bytes.value.data / BANDWIDTH  # one message of 8x4 f32
+    assert send.bytes.value.data == 128
+    p = simulate_plan(module, cluster, steps=6)
+    assert [d.placements for d in p.devices] == [("s1",), ("s2",)]
+    assert max(d.bubble for d in p.devices) > 0
+    stage = 2 * 8 * 4 * 4 / RATE
+    for d in p.devices:
+        assert d.compute == pytest.approx(stage, rel=1e-6)
+        assert d.exposed_comm == 0.0  # transfers are bubbles, not collectives
+        assert d.comm == pytest.approx(transfer, rel=1e-6)
+    # the second stage takes step s + 1's transfer only after its matmul of step s
+    mm = starts(p, 1, "z.matmul")
+    assert mm[3] - mm[2] == pytest.approx(transfer + stage, rel=1e-6)
+    assert p.step_time >= transfer + stage
+
+
+def test_two_stage_pipeline_step_time():
+    module = compiled(PIPELINE)
+    p = simulate_plan(module, small_cluster(2, latency=1e-6))
+    assert p.step_time == pytest.approx(1e-6 + 128 / BANDWIDTH + 2 * 8 * 4 * 4 / RATE, rel=1e-6)
+
+
+def four_way() -> str:
+    return DATA_PARALLEL.replace("ranks [0, 1] mesh [2]", "ranks [0, 1, 2, 3] mesh [4]").replace("8x4xf32", "16x4xf32")
+
+
+def test_one_representative_stands_for_its_class():
+    module = compiled(four_way())
+    (comm,) = comms(devices(module)[0])
+    assert list(comm.group.get_values()) == [0, 1, 2, 3]
+    cluster = small_cluster(4, latency=1e-6)
+    exact = simulate_plan(module, cluster, exact=True)
+    rep = simulate_plan(module, cluster, exact=False)
+    assert (exact.simulated, exact.total_devices) == (4, 4)
+    assert (rep.simulated, rep.total_devices) == (1, 4)
+    assert [(d.rank, d.represents) for d in rep.devices] == [(0, 4)]
+    assert rep.step_time == pytest.approx(exact.step_time, rel=1e-9)
+    assert rep.devices[0].exposed_comm == pytest.approx(exact.devices[0].exposed_comm, rel=1e-9)
+    # all_reduce over 4 devices: 2 log2(4) latency steps and the recorded bytes
+    seconds = 4 * 1e-6 + comm.bytes.value.data / BANDWIDTH
+    assert rep.devices[0].comm == pytest.approx(seconds, rel=1e-6)
+    assert "simulated 1 of 4 devices" in rep.format()
+
+
+def test_simulation_errors():
+    with pytest.raises(SimulationError, match=r"the plan uses rank 3 but cluster test has 2 devices"):
+        simulate_plan(compiled(four_way()), small_cluster(2))
+    with pytest.raises(SimulationError, match=r"no plan.program; compile it first"):
+        simulate_plan(parse_module(DATA_PARALLEL), small_cluster(2))
+
+
+def test_trace_has_one_track_per_device_and_stream():
+    p = simulate_plan(compiled(DATA_PARALLEL), small_cluster(2), steps=2)
+    events = p.trace()["traceEvents"]
+    assert {(e["pid"], e["tid"]) for e in events} == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    assert all(e["dur"] >= 0 for e in events)

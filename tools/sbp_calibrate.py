@@ -1,0 +1,128 @@
+"""`sbp-calibrate -n N -o cluster.json`: measures this machine on N MPI ranks
+(GEMM rate over a range of shapes, elementwise and reduction bandwidth,
+kernel and actor overhead, the latency and bandwidth of every collective
+kind over the runtime's MPI, and how much communication overlaps
+computation), fits a cluster to the timings, writes the cluster file and
+prints the fitted figures.
+
+    sbp-calibrate -n 2 -o cluster.json
+    sbp-sim plan.mlir --cluster cluster.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from sbpc.perf.cluster import ClusterError
+from sbpc.perf.fit import fit_cluster
+from sbpc.runtime.launch import command, rank_environment
+
+
+def probe_module():
+    """A small transformer block's training step on one device (embedding,
+    layernorm, attention, GELU MLP, cross-entropy, Adam), compiled: its
+    actors are the kernels whose fixed costs calibration measures."""
+    import numpy as np
+    from xdsl.context import Context
+
+    import sbpc
+    from sbpc.lowering.compile import CompilePass
+    from sbpc.lowering.lg_autodiff import LgAutodiffPass
+    from sbpc.lowering.lg_optimizer import LgOptimizerPass
+
+    batch, seq, dim, heads, vocab = 4, 8, 16, 2, 32
+    hd = dim // heads
+    g = sbpc.Graph("probe", placement=sbpc.placement("cpu", ranks=1))
+    tokens = g.input("tokens", (batch, seq), dtype="i64")
+    targets = g.input("targets", (batch, seq), dtype="i64")
+    wte = g.param("wte", (vocab, dim), init=sbpc.normal(0.0, 0.02), seed=1)
+    wpe = g.param("wpe", (seq, dim), init=sbpc.normal(0.0, 0.02), seed=2)
+    mask = g.constant(np.triu(np.full((seq, seq), -1e9, np.float32), k=1))
+    h = sbpc.embedding(wte, tokens) + wpe
+    x = sbpc.layernorm(h, g.param("ln.g", (dim,), init=sbpc.ones()), g.param("ln.b", (dim,)))
+
+    def heads_of(t):
+        return t.reshape(batch, seq, heads, hd).transpose(0, 2, 1, 3)
+
+    q, k, v = (heads_of(x @ g.param(f"w{n}", (dim, dim), init=sbpc.normal(0.0, 0.02), seed=3 + i))
+               for i, n in enumerate("qkv"))
+    scores = sbpc.matmul(q, k, transpose_b=True) * (1.0 / np.sqrt(hd)) + mask
+    att = sbpc.matmul(sbpc.softmax(scores, axis=3), v).transpose(0, 2, 1, 3).reshape(batch, seq, dim)
+    h = h + att @ g.param("wo", (dim, dim), init=sbpc.normal(0.0, 0.02), seed=6)
+    up = sbpc.gelu(h @ g.param("w1", (dim, 4 * dim), init=sbpc.normal(0.0, 0.02), seed=7))
+    h = h + up @ g.param("w2", (4 * dim, dim), init=sbpc.normal(0.0, 0.02), seed=8)
+    logits = h @ g.param("head", (dim, vocab), init=sbpc.normal(0.0, 0.02), seed=9)
+    g.output(loss=sbpc.cross_entropy(logits, targets))
+    module = g.module()
+    LgAutodiffPass().apply(Context(), module)
+    LgOptimizerPass(algorithm="adam").apply(Context(), module)
+    CompilePass().apply(Context(), module)
+    return module
+
+
+def calibrate(ranks: int, quick: bool = False, timeout: float = 600.0) -> dict:
+    """The raw timings of runtime/calibrate.py on `ranks` ranks."""
+    import numpy as np
+    from xdsl.printer import Printer
+
+    from sbpc.dialects import plan
+
+    from .sbp_run import generated_feeds
+
+    with tempfile.TemporaryDirectory(prefix="sbp-calibrate-") as tmp:
+        raw_path = Path(tmp) / "raw.json"
+        probe = probe_module()
+        probe_path, feeds_path = Path(tmp) / "probe.mlir", Path(tmp) / "feeds.npz"
+        with open(probe_path, "w") as f:
+            Printer(stream=f).print_op(probe)
+        np.savez(feeds_path, **generated_feeds(plan.programs(probe)[0], 0))  # type: ignore[arg-type]
+        args = [str(raw_path), "--probe", str(probe_path), str(feeds_path), *(["--quick"] if quick else [])]
+        try:
+            done = subprocess.run(command(ranks, "sbpc.runtime.calibrate", *args), env=rank_environment(),
+                                  capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"the calibration did not finish in {timeout:.0f} s") from None
+        if done.returncode != 0 or not raw_path.exists():
+            raise RuntimeError(f"the calibration ranks failed (exit code {done.returncode}): {done.stderr[-2000:]}")
+        return json.loads(raw_path.read_text())
+
+
+def main(args: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sbp-calibrate", description=__doc__.splitlines()[0])
+    parser.add_argument("-n", "--ranks", type=int, default=2, help="MPI ranks to measure on (default 2)")
+    parser.add_argument("-o", "--output", default="cluster.json", help="the cluster file to write")
+    parser.add_argument("--name", help="the cluster's name (default calibrated-cpu-N)")
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats (seconds; rougher figures)")
+    parser.add_argument("--raw", help="also write the raw timings here (JSON)")
+    parser.add_argument("--from-raw", help="fit raw timings written earlier instead of measuring")
+    options = parser.parse_args(args)
+    if options.ranks < 1:
+        print("sbp-calibrate: error: -n must be at least 1", file=sys.stderr)
+        return 1
+    try:
+        start = time.perf_counter()
+        if options.from_raw:
+            raw = json.loads(Path(options.from_raw).read_text())
+        else:
+            raw = calibrate(options.ranks, options.quick)
+        if options.raw:
+            Path(options.raw).write_text(json.dumps(raw, indent=1) + "\n")
+        fitted = fit_cluster(raw, options.name)
+        fitted.cluster.save(options.output)
+    except (RuntimeError, OSError, ValueError, KeyError, TypeError, ClusterError) as e:
+        print(f"sbp-calibrate: error: {e}", file=sys.stderr)
+        return 1
+    print(f"sbp-calibrate: {fitted.cluster.name}: {raw['ranks']} ranks, {time.perf_counter() - start:.1f} s; "
+          f"wrote {options.output}")
+    print(fitted.format())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

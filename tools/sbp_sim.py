@@ -1,0 +1,149 @@
+"""`sbp-sim FILE --cluster FILE-or-preset [-n DEVICES]`: predicts the step
+time of a plan on a cluster, where each device spends it, peak memory per
+device and the critical path, without running it.
+
+    sbp-sim examples/mlp_train.mlir --cluster cpu
+    sbp-sim gpt.mlir --cluster h100 -n 512          # one device per equivalence class
+    sbp-sim plan.mlir --cluster cluster.json --compare trace.json   # against sbp-run --trace
+
+FILE is lg or sbp IR (compiled with -p, default `compile`; for more than 64
+devices the plan is lowered for one representative device per class) or
+plan IR. `--compare` reads a trace written by `sbp-run --trace` of the same
+plan and shows where the measured and predicted steps differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import PassPipeline
+from xdsl.utils.exceptions import DiagnosticException, ParseError
+
+from sbpc.dialects import parse_module, plan
+from sbpc.lowering import PASSES
+from sbpc.perf.cluster import ClusterError, load_cluster, presets
+from sbpc.perf.step_time import EXACT_LIMIT, Prediction, SimulationError, simulate_plan
+
+
+def representative_pipeline(pipeline: str) -> str:
+    """`compile` stopped before the plan, then the plan lowered for one
+    device per equivalence class (plan-verify needs every device)."""
+    if pipeline.strip() != "compile":
+        raise ValueError("a plan for more than 64 devices is lowered for representatives: use -p compile")
+    return ("compile{to_plan=false},sbp-to-plan{representatives=true},plan-fuse-elementwise,"
+            "plan-allocate-memory")
+
+
+def placement_devices(module: ModuleOp) -> int:
+    from sbpc.dialects.sbp import PlacementOp
+
+    ranks = {r for op in module.ops if isinstance(op, PlacementOp) for r in op.mesh().ranks}
+    return max(ranks, default=-1) + 1
+
+
+def load_plan(path: str, pipeline: str) -> ModuleOp:
+    text = Path(path).read_text()
+    module = parse_module(text, path)
+    if not plan.programs(module):
+        if placement_devices(module) > EXACT_LIMIT:
+            pipeline = representative_pipeline(pipeline)
+        PassPipeline.parse_spec(PASSES, pipeline).apply(Context(), module)
+    return module
+
+
+def kernels_of(module: ModuleOp) -> dict[str, str]:
+    """Actor name -> kernel (or collective kind)."""
+    out = {}
+    for program in plan.programs(module):
+        for device in program.devices():
+            for actor in device.actors():
+                what = actor.kernel.data if isinstance(actor, plan.ComputeOp) else actor.kind.data
+                out[actor.sym_name.data] = what
+    return out
+
+
+def compare(prediction: Prediction, module: ModuleOp, trace_path: str, top: int = 12) -> str:
+    """Measured (a runtime trace) against predicted, per step: the step, and
+    time by kernel and collective kind, largest differences first."""
+    with open(trace_path) as f:
+        data = json.load(f)
+    events = [e for e in (data["traceEvents"] if isinstance(data, dict) else data) if e.get("ph") == "X"]
+    if not events:
+        raise ValueError(f"{trace_path}: no trace events (write one with sbp-run --trace)")
+    kernel = kernels_of(module)
+    measured_ranks = sorted({e["pid"] for e in events})
+    # steps in the trace: the most firings of any one actor on one rank
+    counts: dict[tuple[int, str], int] = {}
+    for e in events:
+        counts[(e["pid"], e["name"])] = counts.get((e["pid"], e["name"]), 0) + 1
+    steps = max(counts.values())
+    span = max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)
+    measured_step = span / steps / 1e6
+
+    def by_kind(items: Sequence[tuple[str, int, float]], ranks: int, n: int) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, tid, seconds in items:
+            key = kernel.get(name, name if tid == 0 else "comm")
+            out[key] = out.get(key, 0.0) + seconds / ranks / n
+        return out
+
+    measured = by_kind([(e["name"], e["tid"], e["dur"] / 1e6) for e in events], len(measured_ranks), steps)
+    simulated_ranks = {d.rank for d in prediction.devices}
+    last_steps = [e for e in prediction.events if e.device in simulated_ranks and e.step >= 1] \
+        if prediction.steps > 1 else prediction.events
+    n = max(1, prediction.steps - 1) if prediction.steps > 1 else 1
+    predicted = by_kind([(e.name, 0 if e.what in ("compute", "copy") else 1, e.end - e.start)
+                         for e in last_steps if e.what != "issue" and not e.name.endswith((".feed", ".write_back"))],
+                        len(simulated_ranks), n)
+    lines = [f"measured step {measured_step * 1e3:.3f} ms ({steps} steps in the trace, ranks {measured_ranks}), "
+             f"predicted {prediction.step_time * 1e3:.3f} ms ({prediction.step_time / measured_step - 1:+.1%})",
+             "per step and device, ms:  what                      measured  predicted  difference"]
+    keys = sorted(set(measured) | set(predicted), key=lambda k: -abs(measured.get(k, 0) - predicted.get(k, 0)))
+    for k in keys[:top]:
+        m, p = measured.get(k, 0.0), predicted.get(k, 0.0)
+        lines.append(f"  {k:<40}  {m * 1e3:8.3f}  {p * 1e3:9.3f}  {(p - m) * 1e3:+10.3f}")
+    m_total = sum(v for k, v in measured.items() if k in kernel.values() and not _is_comm(k))
+    p_total = sum(v for k, v in predicted.items() if k in kernel.values() and not _is_comm(k))
+    lines.append(f"  {'kernels in total':<40}  {m_total * 1e3:8.3f}  {p_total * 1e3:9.3f}  "
+                 f"{(p_total - m_total) * 1e3:+10.3f}")
+    return "\n".join(lines)
+
+
+def _is_comm(kind: str) -> bool:
+    return kind in plan.CommOp.KINDS
+
+
+def main(args: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sbp-sim", description=__doc__.splitlines()[0])
+    parser.add_argument("file", help="lg/sbp IR (compiled first) or plan IR")
+    parser.add_argument("--cluster", default="cpu", help=f"a cluster file or a preset ({', '.join(presets())})")
+    parser.add_argument("-n", "--devices", type=int, help="devices of the cluster (resizes the preset or file)")
+    parser.add_argument("-p", "--pipeline", default="compile", help="passes for non-plan input (default: compile)")
+    parser.add_argument("--steps", type=int, default=4, help="steps to replay (the prediction is the steady state)")
+    parser.add_argument("--exact", action="store_true", help="replay every device, not one per equivalence class")
+    parser.add_argument("--compare", help="a trace of the same plan from sbp-run --trace")
+    parser.add_argument("--trace", help="write the replay as a Chrome/Perfetto trace here")
+    options = parser.parse_args(args)
+    try:
+        module = load_plan(options.file, options.pipeline)
+        cluster = load_cluster(options.cluster, options.devices)
+        prediction = simulate_plan(module, cluster, steps=options.steps, exact=True if options.exact else None)
+        print(prediction.format())
+        if options.trace:
+            Path(options.trace).write_text(json.dumps(prediction.trace()))
+        if options.compare:
+            print(compare(prediction, module, options.compare))
+    except (ParseError, DiagnosticException, SimulationError, ClusterError, OSError, ValueError, KeyError) as e:
+        print(f"sbp-sim: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
