@@ -33,6 +33,10 @@ class CompilePass(SbpInferOptions, ModulePass):
     """Lower to the physical plan; false stops at boxed sbp-level IR."""
     fuse: bool = True
     """Fuse elementwise chains in the plan (plan-fuse-elementwise)."""
+    representatives: bool = False
+    """Lower one device per equivalence class, for the step-time simulator
+    (sbp-to-plan{representatives=true}); such a plan is not verified by
+    plan-verify, which needs every device, and cannot run."""
 
     def passes(self) -> list[ModulePass]:
         passes: list[ModulePass] = [
@@ -41,8 +45,9 @@ class CompilePass(SbpInferOptions, ModulePass):
             SbpSimplifyPass(),
         ]
         if self.to_plan:
-            passes += [SbpToPlanPass(), *([PlanFuseElementwisePass()] if self.fuse else []), PlanAllocateMemoryPass(),
-                       PlanVerifyPass()]
+            passes += [SbpToPlanPass(representatives=self.representatives),
+                       *([PlanFuseElementwisePass()] if self.fuse else []), PlanAllocateMemoryPass(),
+                       *([] if self.representatives else [PlanVerifyPass()])]
         return passes
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:

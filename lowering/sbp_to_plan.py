@@ -43,6 +43,7 @@ from xdsl.utils.exceptions import PassFailedException
 from sbpc.dialects import lg, plan, sbp
 from sbpc.dialects.layout import coords, mesh_coord, piece_of
 from sbpc.dialects.sbp import DTensorType, Mesh, lookup_placement
+from sbpc.perf.step_time import REPRESENTATIVES, equivalence_classes
 
 
 def schedule(ops: list[Operation]) -> list[Operation]:
@@ -162,6 +163,8 @@ def rank_group(mesh: Mesh, rank: int, axes: list[int]) -> list[int]:
 class Lowering:
     graph: lg.GraphOp
     pipeline_slots: int
+    only: set[int] | None = None
+    """Ranks to lower (the representatives of their classes); None: all."""
 
     def __post_init__(self) -> None:
         self.names: dict[SSAValue, str] = {}
@@ -241,6 +244,9 @@ class Lowering:
             props["fetch"] = StringAttr(fetched[value])
         return plan.RegisterOp.create(properties=props)
 
+    def ranks(self, ranks):
+        return ranks if self.only is None else [r for r in ranks if r in self.only]
+
     def refs(self, values) -> ArrayAttr:
         return ArrayAttr([self.ref(v) for v in values])
 
@@ -259,7 +265,7 @@ class Lowering:
         registers: dict[int, list[Operation]] = {}
         for op in body:
             v = op.results[0]
-            for rank in self.mesh_of(v).ranks:
+            for rank in self.ranks(self.mesh_of(v).ranks):
                 registers.setdefault(rank, []).append(self.register(v, rank, fetched, crossing))
         actors: dict[int, list[Operation]] = {rank: [] for rank in registers}
         for op in schedule(body):
@@ -276,7 +282,7 @@ class Lowering:
                     "ins": self.refs(op.operands),
                     "outs": self.refs([out]),
                 }
-                for rank in self.mesh_of(out).ranks:
+                for rank in self.ranks(self.mesh_of(out).ranks):
                     actors[rank].append(plan.ComputeOp.create(properties=dict(props)))
             elif isinstance(op, sbp.COLLECTIVE_OPS):
                 self.lower_collective(op, actors)
@@ -305,7 +311,7 @@ class Lowering:
         name = f"{self.name_of(out)}.{kind}"
         if isinstance(op, sbp.TransferOp):
             group = list(dict.fromkeys([*src_mesh.ranks, *dst_mesh.ranks]))
-            for rank in group:
+            for rank in self.ranks(group):
                 actors.setdefault(rank, []).append(
                     plan.CommOp.create(
                         properties={
@@ -319,7 +325,7 @@ class Lowering:
                 )
             return
         axes = list(op.mesh_axes.get_values())
-        for rank in src_mesh.ranks:
+        for rank in self.ranks(src_mesh.ranks):
             actors[rank].append(
                 plan.CommOp.create(
                     properties={
@@ -341,8 +347,19 @@ class SbpToPlanPass(ModulePass):
     pipeline_slots: int = 2
     """Slots of registers that cross placements, so a stage may run ahead."""
 
+    representatives: bool = False
+    """Lower only one device per equivalence class (the smallest rank on each
+    set of placements), for the step-time simulator on large clusters: a
+    plan it cannot run (the program is marked `plan.representatives`)."""
+
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        only = None
+        if self.representatives:
+            placements = [p for p in op.ops if isinstance(p, sbp.PlacementOp)]
+            only = set(equivalence_classes(placements).values())
         for graph in lg.graphs(op):
-            program = Lowering(graph, self.pipeline_slots).lower()
+            program = Lowering(graph, self.pipeline_slots, only).lower()
+            if only is not None:
+                program.attributes[REPRESENTATIVES] = UnitAttr()
             graph.parent_block().insert_op_before(program, graph)
             Rewriter.erase_op(graph)

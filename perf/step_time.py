@@ -280,15 +280,13 @@ def _bytes(n: float) -> str:
     return f"{n}"
 
 
-def equivalence_classes(program: plan.ProgramOp, placements: Sequence[PlacementOp]) -> dict[int, int]:
+def equivalence_classes(placements: Sequence[PlacementOp], ranks: Sequence[int] = ()) -> dict[int, int]:
     """rank -> the representative rank of its class: the smallest rank on the
-    same set of placements."""
-    on: dict[int, list[str]] = {}
+    same set of placements (`ranks` adds ranks on none)."""
+    on: dict[int, list[str]] = {r: [] for r in ranks}
     for p in placements:
         for r in p.mesh().ranks:
             on.setdefault(r, []).append(p.sym_name.data)
-    for d in program.devices():
-        on.setdefault(d.rank.value.data, [])
     first: dict[tuple[str, ...], int] = {}
     for r in sorted(on):
         first.setdefault(tuple(sorted(on[r])), r)
@@ -397,7 +395,7 @@ class Replay:
             raise SimulationError(
                 f"the plan uses rank {ranks[-1]} but cluster {cluster.name} has {cluster.count} devices "
                 f"(give a larger cluster, or -n {ranks[-1] + 1})")
-        self.rep = equivalence_classes(program, placements)
+        self.rep = equivalence_classes(placements, [d.rank.value.data for d in devices])
         if exact is None:
             exact = not reps_only and len(devices) <= EXACT_LIMIT
         if exact and not reps_only:

@@ -32,6 +32,7 @@ from xdsl.dialects.builtin import ModuleOp
 from sbpc.dialects import lg, make_context, plan
 from sbpc.dialects.layout import numpy_dtype, piece_of
 from sbpc.dialects.sbp import COLLECTIVES, DTensorType, lookup_placement
+from sbpc.perf.step_time import REPRESENTATIVES
 from sbpc.semantics.plan_simulator import actor_kernel
 from sbpc.semantics.reference import constant_value, initialize
 
@@ -52,6 +53,9 @@ def find_program(module: ModuleOp, name: str | None = None) -> plan.ProgramOp:
         programs = [p for p in programs if p.sym_name.data == name]
     if len(programs) != 1:
         raise RuntimeFailure("the module holds no plan.program" if not programs else "name the plan.program to run")
+    if REPRESENTATIVES in programs[0].attributes:
+        raise RuntimeFailure(f"@{programs[0].sym_name.data} holds one device per equivalence class, for the "
+                             "step-time simulator (sbp-to-plan{representatives=true}); compile without it to run")
     return programs[0]
 
 

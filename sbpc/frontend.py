@@ -113,7 +113,8 @@ class Tensor:
     def _lift(self, other) -> Tensor:
         if isinstance(other, Tensor):
             return other
-        return self.graph.constant(np.asarray(other, dtype=_numpy_of(self.dtype)))
+        elem = str(self.dtype)
+        return self.graph.constant(np.asarray(other, dtype=_numpy_of(self.dtype)), "bf16" if elem == "bf16" else None)
 
     def __matmul__(self, other):
         return matmul(self, other)
@@ -243,9 +244,11 @@ class Graph:
               dtype: str = "f32", sbp=None) -> Tensor:
         return self.add(lg.ParamOp(name, self._typed(shape, dtype, sbp), init or lg.ZerosInitAttr(), seed))
 
-    def constant(self, value) -> Tensor:
+    def constant(self, value, dtype: str | None = None) -> Tensor:
+        """A constant tensor of `value`'s numpy type, or of `dtype` (bf16, which numpy lacks)."""
         array = np.asarray(value)
-        dtype = {"float32": "f32", "float64": "f64", "float16": "f16", "int64": "i64", "int32": "i32"}[str(array.dtype)]
+        dtype = dtype or {"float32": "f32", "float64": "f64", "float16": "f16", "int64": "i64",
+                          "int32": "i32"}[str(array.dtype)]
         # a float or an integer tensor by the dtype above; from_list's overloads take one or the other
         t = cast("TensorType[AnyFloat] | TensorType[IntegerType]", tensor_type(array.shape, dtype))
         data = array.ravel().tolist() if array.size else []

@@ -36,8 +36,7 @@ def representative_pipeline(pipeline: str) -> str:
     device per equivalence class (plan-verify needs every device)."""
     if pipeline.strip() != "compile":
         raise ValueError("a plan for more than 64 devices is lowered for representatives: use -p compile")
-    return ("compile{to_plan=false},sbp-to-plan{representatives=true},plan-fuse-elementwise,"
-            "plan-allocate-memory")
+    return "compile{representatives=true}"
 
 
 def placement_devices(module: ModuleOp) -> int:

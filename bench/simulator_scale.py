@@ -1,0 +1,172 @@
+"""The step-time simulator at scale: GPT training steps of published sizes,
+built without executing them, with data, tensor, pipeline and 3-D hand
+plans on presets of 8, 64 and 512 H100s. Prints, per plan, the predicted
+step time, model TFLOP/s per GPU (6 x parameters x tokens per step, the
+figure Megatron-LM reports), peak memory per GPU, the simulated devices and
+the seconds compiling and simulating took.
+
+    python bench/simulator_scale.py [--models 1.3b 13b] [--devices 8 64 512] [--plans dp tp pp 3d]
+    python bench/simulator_scale.py --quick    # a 2-layer model on 8 and 64 GPUs
+
+The check (issue 16): under 60 s per plan at 512 devices, and figures
+plausible against Megatron-LM's (41-47% of the H100's 989 TFLOP/s bf16
+peak, i.e. about 400-465 TFLOP/s per GPU, for GPT models of these sizes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+import _common  # noqa: F401  (first: one BLAS thread per process)
+
+MODELS = {  # layers, dim, heads (GPT-3 paper, Table 2.1: XL and 13B)
+    "1.3b": (24, 2048, 16),
+    "13b": (40, 5120, 40),
+    "tiny": (2, 256, 4),
+}
+SEQ, VOCAB = 2048, 50304
+TP = 8  # tensor parallelism inside a node (NVLink), as Megatron-LM does
+
+
+def layout(plan: str, devices: int):
+    """(stages, data, tensor) degrees of a hand plan on `devices` GPUs."""
+    if plan == "dp":
+        return 1, devices, 1
+    if plan == "tp":
+        return 1, devices // min(TP, devices), min(TP, devices)
+    if plan == "pp":
+        stages = 4 if devices >= 4 else devices
+        return stages, devices // stages, 1
+    if plan == "3d":
+        tp = min(TP, devices)
+        stages = max(1, min(4, devices // tp))
+        return stages, devices // (tp * stages), tp
+    raise ValueError(plan)
+
+
+def build(model: str, plan: str, devices: int, batch_per_replica: int, micro: int):
+    """The GPT training step (forward, autodiff, Adam) in bf16 with the plan's hints."""
+    from xdsl.context import Context
+
+    import sbpc
+    from sbpc import B, S
+    from sbpc.lowering.lg_autodiff import LgAutodiffPass
+    from sbpc.lowering.lg_micro_batch import LgMicroBatchPass
+    from sbpc.lowering.lg_optimizer import LgOptimizerPass
+
+    layers, dim, heads = MODELS[model]
+    stages, dp, tp = layout(plan, devices)
+    per_stage = devices // stages
+    places = [sbpc.placement("cuda", ranks=list(range(i * per_stage, (i + 1) * per_stage)), mesh=(dp, tp),
+                             name=f"stage{i}") for i in range(stages)]
+    batch = batch_per_replica * dp
+    hd = dim // heads
+    data, rep = [S(0), B], [B, B]
+    columns, rows = [B, S(1)], [B, S(0)]
+    col_vec = [B, S(0)]
+    g = sbpc.Graph("gpt", placement=places[0])
+    dtype = "bf16"
+
+    def param(name, shape, sbp):
+        return g.param(name, shape, init=sbpc.normal(0.0, 0.02), dtype=dtype, sbp=sbp)
+
+    tokens = g.input("tokens", (batch, SEQ), dtype="i64", sbp=data)
+    per = math.ceil(layers / stages)
+    with g.on(places[0]):
+        h = (sbpc.embedding(param("wte", (VOCAB, dim), rep), tokens) + param("wpe", (SEQ, dim), rep)).to(data)
+    for i in range(layers):
+        stage = i // per
+        with g.on(places[stage]):
+            if i and i % per == 0:
+                h = h.to(data)
+            p = f"h{i}."
+            x = sbpc.layernorm(h, param(p + "ln1.g", (dim,), rep), param(p + "ln1.b", (dim,), rep))
+
+            def heads_of(t):
+                return t.reshape(batch, SEQ, heads, hd).transpose(0, 2, 1, 3)
+
+            q = heads_of(x @ param(p + "wq", (dim, dim), columns) + param(p + "bq", (dim,), col_vec))
+            k = heads_of(x @ param(p + "wk", (dim, dim), columns) + param(p + "bk", (dim,), col_vec))
+            v = heads_of(x @ param(p + "wv", (dim, dim), columns) + param(p + "bv", (dim,), col_vec))
+            # (the causal mask's add is left out: one elementwise op per layer)
+            scores = sbpc.matmul(q, k, transpose_b=True) * (1.0 / math.sqrt(hd))
+            att = sbpc.matmul(sbpc.softmax(scores, axis=3), v).transpose(0, 2, 1, 3).reshape(batch, SEQ, dim)
+            h = (h + att @ param(p + "wo", (dim, dim), rows)).to(data)
+            x = sbpc.layernorm(h, param(p + "ln2.g", (dim,), rep), param(p + "ln2.b", (dim,), rep))
+            up = sbpc.gelu(x @ param(p + "w1", (dim, 4 * dim), columns) + param(p + "b1", (4 * dim,), col_vec))
+            h = (h + up @ param(p + "w2", (4 * dim, dim), rows)).to(data)
+    with g.on(places[-1]):
+        targets = g.input("targets", (batch, SEQ), dtype="i64", sbp=data)
+        if stages > 1:
+            h = h.to(data)
+        h = sbpc.layernorm(h, param("lnf.g", (dim,), rep), param("lnf.b", (dim,), rep))
+        logits = h @ param("head", (dim, VOCAB), columns)
+        loss = sbpc.cross_entropy(logits.to(data), targets)
+    g.output(loss=loss)
+    module = g.module()
+    if micro > 1:
+        LgMicroBatchPass(count=micro).apply(Context(), module)
+    LgAutodiffPass().apply(Context(), module)
+    LgOptimizerPass(algorithm="adam").apply(Context(), module)
+    params = 12 * layers * dim * dim + 2 * VOCAB * dim
+    return module, params, batch
+
+
+def run(model: str, plan: str, devices: int, batch_per_replica: int):
+    from xdsl.context import Context
+
+    from sbpc.lowering.compile import CompilePass
+    from sbpc.perf.cluster import load_cluster
+    from sbpc.perf.step_time import simulate_plan
+
+    stages = layout(plan, devices)[0]
+    micro = 2 * stages if stages > 1 else 1
+    t0 = time.perf_counter()
+    module, params, batch = build(model, plan, devices, batch_per_replica * micro, micro)
+    CompilePass(representatives=True).apply(Context(), module)
+    t1 = time.perf_counter()
+    prediction = simulate_plan(module, load_cluster("h100", devices), steps=3)
+    t2 = time.perf_counter()
+    tokens = batch * SEQ
+    tflops = 6.0 * params * tokens / prediction.step_time / devices / 1e12
+    return prediction, params, batch, micro, tflops, t1 - t0, t2 - t1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["1.3b", "13b"], choices=sorted(MODELS))
+    parser.add_argument("--devices", nargs="+", type=int, default=[8, 64, 512])
+    parser.add_argument("--plans", nargs="+", default=["dp", "tp", "pp", "3d"])
+    parser.add_argument("--batch", type=int, default=1, help="sequences per data-parallel replica per micro-batch")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    if args.quick:
+        args.models, args.devices, args.plans = ["tiny"], [8, 64], ["dp", "3d"]
+    rows = []
+    for model in args.models:
+        for devices in args.devices:
+            for plan in args.plans:
+                stages, dp, tp = layout(plan, devices)
+                try:
+                    p, params, batch, micro, tflops, compile_s, sim_s = run(model, plan, devices, args.batch)
+                except Exception as e:  # noqa: BLE001 - one plan failing is a row, not the end of the table
+                    rows.append([model, devices, plan, f"{stages}x{dp}x{tp}", "-", "-", "-", "-", "-", "-",
+                                 f"failed: {type(e).__name__}: {str(e)[:80]}"])
+                    continue
+                rows.append([model, devices, plan, f"{stages}x{dp}x{tp}", batch, micro,
+                             f"{p.step_time * 1e3:.1f}", f"{tflops:.0f}", f"{p.peak_memory / 2**30:.1f}",
+                             f"{p.simulated}", f"{compile_s:.1f}+{sim_s:.1f}"])
+                print(f"  {model} {plan} on {devices}: step {p.step_time * 1e3:.1f} ms, {tflops:.0f} TFLOP/s per GPU, "
+                      f"{p.peak_memory / 2**30:.1f} GiB, compile {compile_s:.1f} s + simulate {sim_s:.1f} s",
+                      flush=True)
+    print()
+    _common.table(["model", "GPUs", "plan", "pp x dp x tp", "batch", "micro", "step ms", "TFLOP/s/GPU",
+                   "GiB/GPU", "simulated", "compile+sim s"], rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
