@@ -8,8 +8,12 @@
 - memory: bytes a device holds for a result, times a small weight, so that
   of two otherwise equal plans the leaner one wins.
 
-Rates come from a device description: a named default (`cpu`, `cuda`) or a
-JSON file with the fields of DeviceSpec, chosen by `sbp-infer{device=...}`.
+Rates come from a cluster (`sbpc.perf.cluster`): a preset (`cpu`, the former
+constants; `h100-node`, `h100-16nodes`, ...) or a cluster file written by
+`sbp-calibrate`, chosen by `sbp-infer{device=...}`. A collective is priced
+with the figures of the level its placement spans (the slowest link among
+the placement's devices), so a plan across nodes pays for InfiniBand. `cuda`
+and a JSON file of DeviceSpec fields remain accepted.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 from sbpc.dialects.sbp import PlainNd, PlainSbp, Sbp
+from sbpc.perf.cluster import PRESETS, Cluster, ClusterError, cluster_from_json, preset, presets
 
 
 @dataclass(frozen=True)
@@ -38,9 +43,8 @@ class DeviceSpec:
         return nbytes * weight
 
 
-# Measured on this project's CPU machines (single-threaded OpenBLAS GEMM
-# about 100 GFLOP/s; MPICH shared-memory all_reduce of 64 MB on 2 ranks in
-# 36 ms, about 3.5 GB/s of bus bandwidth) and typical of one H100 with NVLink.
+# `cpu` is the cluster preset of the same name (these figures); `cuda` is
+# typical of one H100 with NVLink, kept for plans that name it.
 DEVICES = {
     "cpu": DeviceSpec("cpu", flops=1.0e11, bandwidth=3.5e9, latency=2e-5),
     "cuda": DeviceSpec("cuda", flops=4.0e14, bandwidth=2.0e11, latency=1e-5),
@@ -48,19 +52,36 @@ DEVICES = {
 DEVICES["gpu"] = DEVICES["cuda"]
 
 
-def load_device(spec: str) -> DeviceSpec:
-    """A named default, or a JSON file of DeviceSpec fields."""
-    if spec in DEVICES:
+def device_spec(cluster: Cluster, ranks: Sequence[int] = ()) -> DeviceSpec:
+    """The rates of a cluster's devices for a placement on `ranks`: the GEMM
+    rate (f32), and the all_reduce latency and bandwidth of the level the
+    ranks span."""
+    group = list(ranks) or list(range(min(2, cluster.count)))
+    latency, bandwidth = cluster.figures("all_reduce", group)
+    return DeviceSpec(cluster.name, flops=cluster.device.gemm_rate("f32"), bandwidth=bandwidth, latency=latency)
+
+
+def load_device(spec: str, ranks: Sequence[int] = ()) -> DeviceSpec:
+    """A cluster preset or file (see device_spec), `cuda`, or a JSON file of DeviceSpec fields."""
+    if spec in DEVICES and spec not in PRESETS:
         return DEVICES[spec]
+    if spec in presets():
+        return device_spec(preset(spec, max(ranks, default=-1) + 1 or None), ranks)
     try:
         with open(spec) as f:
             data = json.load(f)
     except OSError as e:
         raise ValueError(
-            f"device '{spec}' is neither one of {sorted(DEVICES)} nor a readable JSON file: {e.strerror}"
+            f"device '{spec}' is neither a cluster preset ({', '.join(presets())}), 'cuda', nor a readable JSON file: "
+            f"{e.strerror}"
         ) from None
     except json.JSONDecodeError as e:
         raise ValueError(f"device file '{spec}' is not valid JSON: {e}") from None
+    if isinstance(data, dict) and "device" in data:  # a cluster file
+        try:
+            return device_spec(cluster_from_json(data, spec), ranks)
+        except ClusterError as e:
+            raise ValueError(str(e)) from None
     known = {f.name for f in fields(DeviceSpec)}
     unknown = set(data) - known
     if unknown or not {"flops", "bandwidth"} <= set(data):

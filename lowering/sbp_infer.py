@@ -55,6 +55,7 @@ from sbpc.dialects.sbp import (
     AnnotateOp,
     DTensorType,
     Mesh,
+    PlacementOp,
     PlainNd,
     Sbp,
     dtensor_of,
@@ -837,7 +838,8 @@ class SbpInferOptions:
     strategy: str = "auto"
     """`auto` (global search) or `greedy`."""
     device: str = "cpu"
-    """`cpu`, `cuda`, or a JSON file of cost_model.DeviceSpec fields."""
+    """A cluster preset (`cpu`, `h100-node`, `h100-16nodes`, ...), a cluster file
+    (`sbp-calibrate`), `cuda`, or a JSON file of cost_model.DeviceSpec fields."""
 
     def infer_options(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(SbpInferOptions)}
@@ -857,8 +859,9 @@ class SbpInferPass(SbpInferOptions, ModulePass):
             raise PassFailedException(
                 f"sbp-infer: unknown strategy '{self.strategy}' (choose {' or '.join(STRATEGIES)})"
             )
+        ranks = sorted({r for p in op.ops if isinstance(p, PlacementOp) for r in p.mesh().ranks})
         try:
-            device = load_device(self.device)
+            device = load_device(self.device, ranks)
         except ValueError as e:
             raise PassFailedException(f"sbp-infer: {e}") from None
         for graph in lg.graphs(op):

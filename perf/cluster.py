@@ -431,7 +431,7 @@ CPU = Cluster(
     device=DeviceKind(kind="cpu", memory=12 * 2**30, peak_flops={"f32": 1.0e11, "f64": 5.0e10},
                       efficiency=1.0, vector_flops=2.0e9, memory_bandwidth=5.0e9, kernel_overhead=3e-6,
                       actor_overhead=1.1e-6, comm_overlap=0.5),
-    levels=(Level("machine", 2, bandwidth=3.5e9, latency=1e-5),),
+    levels=(Level("machine", 2, bandwidth=3.5e9, latency=2e-5),),
     source="the cost model's former constants; ../shared/MPI-NOTES.md",
 )
 

@@ -95,6 +95,15 @@ class Executable:
         self._local = None  # (executor, world) inside mpiexec
         self._sim_params: dict[str, np.ndarray] = {}
 
+    def predict(self, cluster="cpu", devices: int | None = None, steps: int = 4):
+        """The step time, per-device breakdown, peak memory and critical path
+        this plan would have on `cluster` (a preset name, a cluster file or a
+        `sbpc.perf.cluster.Cluster`), from the step-time simulator; nothing runs."""
+        from sbpc.perf.cluster import load_cluster
+        from sbpc.perf.step_time import simulate_plan
+
+        return simulate_plan(self.module, load_cluster(cluster, devices), steps=steps)
+
     # -- where to run ------------------------------------------------------------
 
     def _where(self) -> str:

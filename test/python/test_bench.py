@@ -21,6 +21,8 @@ SCRIPTS = {
     "communication.py": ["--quick"],
     "gpu_kernels.py": ["--quick"],
     "sbp_infer_scaling.py": ["--sizes", "100", "200"],
+    "simulator_accuracy.py": ["--quick"],
+    "simulator_scale.py": ["--quick"],
 }
 
 

@@ -1,0 +1,116 @@
+"""Calibration fitting on synthetic timings: timings made from known figures
+(plus noise) must give those figures back, and the fitted cluster must be a
+valid cluster file that prices what it measured."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from sbpc.perf.cluster import latency_steps, load_cluster
+from sbpc.perf.fit import fit_cluster, fit_line, fit_nonnegative
+
+TRUE = {
+    "gemm_rate": 80e9, "gemm_overhead": 3e-6, "bandwidth": 12e9, "cache_bandwidth": 48e9, "cache_bytes": 8e6,
+    "kernel": 1.5e-6, "actor": 1e-6, "vector": 2e9,
+    "collectives": {"all_reduce": (4e-6, 3e9), "all_gather": (6e-6, 5e9), "reduce_scatter": (7e-6, 2.5e9),
+                    "all_to_all": (5e-6, 4e9), "transfer": (3e-6, 9e9)},
+}
+
+
+def synthetic(ranks: int = 2, noise: float = 0.0, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+
+    def jitter(t: float) -> float:
+        return t * (1.0 + noise * rng.standard_normal())
+
+    gemm = [[m, k, n, jitter(TRUE["gemm_overhead"] + 2.0 * m * k * n / TRUE["gemm_rate"])]
+            for m, k, n in [(64, 64, 64), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024)]]
+    elementwise = []
+    for count in [2**e for e in range(10, 24, 2)]:
+        nbytes = 12.0 * count
+        bw = TRUE["cache_bandwidth"] if nbytes <= TRUE["cache_bytes"] else TRUE["bandwidth"]
+        elementwise.append([nbytes, jitter(TRUE["kernel"] + nbytes / bw)])
+    reduction = [[b, jitter(TRUE["kernel"] + b / 10e9)] for b in (1e4, 1e5, 1e6, 1e7)]
+    vector = [[8.0 * 2**18, 8.0 * 2**18, jitter(TRUE["kernel"] + 8.0 * 2**18 / TRUE["vector"])]]
+    collectives = {}
+    for kind, (alpha, beta) in TRUE["collectives"].items():
+        p = ranks if kind != "transfer" else 2
+        collectives[kind] = [[b, jitter(latency_steps(kind, p) * alpha + b / beta)] for b in (1e3, 1e4, 1e5, 1e6, 1e7)]
+    def core(flops: float, nbytes: float) -> float:  # the roofline of a small (in-cache) kernel
+        return max(flops / TRUE["vector"], nbytes / TRUE["cache_bandwidth"])
+
+    probe = [["lg.softmax", 5e3, 8e3, "f32", 1, jitter(20e-6 + core(5e3, 8e3))],
+             ["lg.softmax", 5e4, 8e4, "f32", 1, jitter(20e-6 + core(5e4, 8e4))],
+             ["plan.fused", 1e3, 4e3, "f32", 3, jitter(3 * 2e-6 + core(1e3, 4e3))]]
+    return {"ranks": ranks, "gemm": gemm, "elementwise": elementwise, "reduction": reduction, "vector": vector,
+            "tiny_kernel": TRUE["kernel"], "actor": TRUE["actor"], "collectives": collectives, "probe": probe,
+            "overlap": {"compute": 0.02, "comm": 0.01, "both": 0.025}, "memory": 8e9,
+            "cache_bytes": TRUE["cache_bytes"]}
+
+
+def test_fit_line_recovers_a_line_and_keeps_coefficients_non_negative():
+    x = [1.0, 2.0, 4.0, 8.0]
+    assert fit_line(x, [3.0 + 2.0 * v for v in x]) == pytest.approx((3.0, 2.0))
+    # a line through points that want a negative intercept: clamped at 0, slope refitted
+    intercept, slope = fit_line([1.0, 2.0, 3.0], [0.5, 2.0, 3.5])
+    assert intercept == 0.0 and slope > 0
+    assert fit_nonnegative([[1.0, 0.0], [0.0, 1.0]], [-1.0, 2.0]) == pytest.approx([0.0, 2.0])
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_exact_timings_give_the_figures_back(ranks):
+    cluster = fit_cluster(synthetic(ranks)).cluster
+    d = cluster.device
+    assert d.gemm_rate("f32") == pytest.approx(TRUE["gemm_rate"], rel=1e-3)
+    assert d.memory_bandwidth == pytest.approx(TRUE["bandwidth"], rel=1e-3)
+    assert d.cache_bandwidth == pytest.approx(TRUE["cache_bandwidth"], rel=1e-3)
+    assert d.cache_bytes == TRUE["cache_bytes"]
+    assert d.vector_flops == pytest.approx(TRUE["vector"], rel=1e-3)
+    assert d.kernel_overhead == pytest.approx(TRUE["kernel"])
+    assert d.actor_overhead == pytest.approx(TRUE["actor"])
+    assert d.kernel_overheads["lg.softmax"] == pytest.approx(20e-6, rel=1e-3)
+    assert d.kernel_overheads["plan.fused"] == pytest.approx(2e-6, rel=1e-3)  # per fused step
+    assert d.comm_overlap == pytest.approx(0.5)  # 5 of the shorter 10 ms hidden
+    fits = cluster.levels[0].collectives
+    for kind, (alpha, beta) in TRUE["collectives"].items():
+        assert fits[kind].latency == pytest.approx(alpha, rel=1e-3), kind
+        assert fits[kind].bandwidth == pytest.approx(beta, rel=1e-3), kind
+    # and the cluster prices what was measured
+    group = list(range(ranks))
+    alpha, beta = TRUE["collectives"]["all_reduce"]
+    assert cluster.collective_time("all_reduce", group, 1e6) == pytest.approx(
+        latency_steps("all_reduce", ranks) * alpha + 1e6 / beta, rel=1e-3)
+
+
+def test_noisy_timings_give_figures_within_the_noise():
+    cluster = fit_cluster(synthetic(2, noise=0.03, seed=1)).cluster
+    assert cluster.device.gemm_rate("f32") == pytest.approx(TRUE["gemm_rate"], rel=0.1)
+    assert cluster.device.memory_bandwidth == pytest.approx(TRUE["bandwidth"], rel=0.1)
+    assert cluster.levels[0].collectives["all_reduce"].bandwidth == pytest.approx(3e9, rel=0.15)
+
+
+def test_the_fitted_cluster_is_a_valid_file(tmp_path):
+    fitted = fit_cluster(synthetic(2), name="synthetic")
+    path = tmp_path / "cluster.json"
+    fitted.cluster.save(str(path))
+    loaded = load_cluster(str(path))
+    assert loaded == fitted.cluster
+    assert json.loads(path.read_text())["name"] == "synthetic"
+    assert "gemm GFLOP/s" in fitted.format()
+
+
+def test_sbp_calibrate_fits_raw_timings_from_a_file(tmp_path, capsys):
+    from sbpc.tools.sbp_calibrate import main
+
+    raw = tmp_path / "raw.json"
+    raw.write_text(json.dumps(synthetic(2)))
+    out = tmp_path / "cluster.json"
+    assert main(["--from-raw", str(raw), "-o", str(out)]) == 0
+    assert "all_reduce GB/s" in capsys.readouterr().out
+    assert load_cluster(str(out)).count == 2
+    raw.write_text("{}")
+    assert main(["--from-raw", str(raw), "-o", str(out)]) == 1
+    assert "sbp-calibrate: error:" in capsys.readouterr().err
