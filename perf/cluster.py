@@ -191,6 +191,7 @@ class Cluster:
     # -- compute ----------------------------------------------------------------
 
     GEMM_KERNELS = ("lg.matmul",)
+    FUSED_KERNEL = "plan.fused"
 
     def work_time(self, kernel: str, flops: float, nbytes: float, dtype: str = "f32", calls: int = 1) -> float:
         """Seconds of kernel `kernel` doing `flops` over `nbytes` (`calls` kernels for a fused chain)."""
@@ -204,7 +205,14 @@ class Cluster:
         if kernel in self.GEMM_KERNELS:
             return flops / d.gemm_rate(dtype)
         bandwidth = d.cache_bandwidth if 0 < nbytes <= d.cache_bytes and d.cache_bandwidth else d.memory_bandwidth
-        return max(flops / d.vector_flops, nbytes / bandwidth)
+        rate = d.vector_flops
+        if kernel == self.FUSED_KERNEL:
+            # A fused chain's steps are simple arithmetic over blocks that stay
+            # in cache: a flop per element runs at least as fast as the cache
+            # streams an add's 12 bytes (vector_flops is measured on exp, tanh,
+            # GELU and softmax, which are slower per flop).
+            rate = max(rate, (d.cache_bandwidth or d.memory_bandwidth) / 12.0)
+        return max(flops / rate, nbytes / bandwidth)
 
     def gemm_time(self, flops: float, dtype: str = "f32") -> float:
         return self.work_time("lg.matmul", flops, 0.0, dtype)
