@@ -124,6 +124,43 @@ def python() -> str:
     return sys.executable
 
 
+# -- a compiled plan timed inside the ranks ----------------------------------------------
+
+
+def time_plan_in_ranks(plan_path: str, feeds_path: str, steps: int, repeats: int) -> None:
+    """The rank program of a timed run (under mpiexec): loads the plan and its
+    feeds, runs one step, then times Executor.run(steps) `repeats` times;
+    rank 0 prints `RESULT {"step_s": ...}`, the slowest rank's seconds per
+    step of the best repeat."""
+    import json
+
+    import numpy as np
+    from mpi4py import MPI
+
+    import sbpc
+    from sbpc.runtime.executor import Executor, check_feeds, find_program
+
+    world = MPI.COMM_WORLD
+    with open(plan_path) as f:
+        module = sbpc.parse_module(f.read(), plan_path)
+    program = find_program(module)
+    executor = Executor(module, program, world)
+    executor.initialize()
+    with np.load(feeds_path) as data:
+        executor.feed(check_feeds(program, dict(data)))
+    executor.run(1)
+
+    def once() -> float:
+        world.Barrier()
+        start = time.perf_counter()
+        executor.run(steps)
+        return world.allreduce((time.perf_counter() - start) / steps, op=MPI.MAX)
+
+    best = min(once() for _ in range(repeats))
+    if world.rank == 0:
+        print("RESULT " + json.dumps({"step_s": best}), flush=True)
+
+
 # -- traces of real runs (sbp-run --trace) -------------------------------------------
 
 

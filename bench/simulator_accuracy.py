@@ -86,30 +86,7 @@ def measure(module, ranks: int, steps: int, repeats: int) -> float:
 
 
 def role_run(plan_path: str, feeds_path: str, steps: int, repeats: int) -> None:
-    from mpi4py import MPI
-
-    import sbpc
-    from sbpc.runtime.executor import Executor, check_feeds, find_program
-
-    world = MPI.COMM_WORLD
-    with open(plan_path) as f:
-        module = sbpc.parse_module(f.read(), plan_path)
-    program = find_program(module)
-    executor = Executor(module, program, world)
-    executor.initialize()
-    with np.load(feeds_path) as data:
-        executor.feed(check_feeds(program, dict(data)))
-    executor.run(1)
-
-    def once() -> float:
-        world.Barrier()
-        start = time.perf_counter()
-        executor.run(steps)
-        return world.allreduce((time.perf_counter() - start) / steps, op=MPI.MAX)
-
-    best = min(once() for _ in range(repeats))
-    if world.rank == 0:
-        print("RESULT " + json.dumps({"step_s": best}), flush=True)
+    _common.time_plan_in_ranks(plan_path, feeds_path, steps, repeats)
 
 
 def main() -> int:

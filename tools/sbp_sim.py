@@ -94,12 +94,11 @@ def compare(prediction: Prediction, module: ModuleOp, trace_path: str, top: int 
 
     measured = by_kind([(e["name"], e["tid"], e["dur"] / 1e6) for e in events], len(measured_ranks), steps)
     simulated_ranks = {d.rank for d in prediction.devices}
-    last_steps = [e for e in prediction.events if e.device in simulated_ranks and e.step >= 1] \
-        if prediction.steps > 1 else prediction.events
-    n = max(1, prediction.steps - 1) if prediction.steps > 1 else 1
+    first = 1 if prediction.steps > 1 else 0  # the steady state, as the prediction
+    steady = [e for e in prediction.events if e.step >= first]
     predicted = by_kind([(e.name, 0 if e.what in ("compute", "copy") else 1, e.end - e.start)
-                         for e in last_steps if e.what != "issue" and not e.name.endswith((".feed", ".write_back"))],
-                        len(simulated_ranks), n)
+                         for e in steady if e.what != "issue" and not e.name.endswith((".feed", ".write_back"))],
+                        len(simulated_ranks), prediction.steps - first)
     lines = [f"measured step {measured_step * 1e3:.3f} ms ({steps} steps in the trace, ranks {measured_ranks}), "
              f"predicted {prediction.step_time * 1e3:.3f} ms ({prediction.step_time / measured_step - 1:+.1%})",
              "per step and device, ms:  what                      measured  predicted  difference"]
