@@ -130,22 +130,27 @@ class DeviceOp(IRDLOperation):
         """The schedule."""
         return [op for op in self.body.block.ops if isinstance(op, ComputeOp | CommOp)]
 
-    def register(self, ref: SymbolRefAttr | str) -> RegisterOp | None:
-        name = ref if isinstance(ref, str) else ref.string_value()
-        found = SymbolTable.lookup_symbol(self, name)
-        return found if isinstance(found, RegisterOp) else None
-
     def verify_(self) -> None:
         seen_actor = False
-        names = {r.sym_name.data for r in self.registers()}
+        registers = {r.sym_name.data: r for r in self.registers()}
         for actor in self.actors():
             for kind, refs in (("input", actor.ins), ("output", actor.outs)):
                 for ref in refs.data:
-                    if ref.string_value() not in names:
+                    if ref.string_value() not in registers:
                         raise VerifyException(
                             f"'{actor.name}' @{actor.sym_name.data}: {kind} register {ref} does not exist on "
                             f"@{self.sym_name.data}"
                         )
+            if isinstance(actor, ComputeOp) and actor.kernel.data == FUSED:
+                # Checked here, not in the actor's verify_: the device holds the register table, and a lookup
+                # per actor would scan the whole device (quadratic in the plan's size).
+                steps = fused_steps(actor)
+                out = registers[actor.outs.data[0].string_value()]
+                if steps and out.type != steps[-1].type:
+                    raise VerifyException(
+                        f"'{actor.name}' @{actor.sym_name.data}: the last step gives {steps[-1].type}, "
+                        f"the output register is {out.type}"
+                    )
         for op in self.body.block.ops:
             if isinstance(op, RegisterOp):
                 if seen_actor:
@@ -344,13 +349,6 @@ class ComputeOp(ActorOp):
                 raise VerifyException(
                     f"{where}: step {i} ({step.kernel}) reads {list(step.args)}; it may read inputs 0..{n - 1} "
                     f"and the results of earlier steps ({n}..{n + i - 1})"
-                )
-        device = self.parent_op()
-        if isinstance(device, DeviceOp):
-            out = device.register(self.outs.data[0])
-            if out is not None and out.type != steps[-1].type:
-                raise VerifyException(
-                    f"{where}: the last step gives {steps[-1].type}, the output register is {out.type}"
                 )
 
 

@@ -303,12 +303,14 @@ def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:
             if producer.mesh != node.mesh:
                 matrix = np.full((len(producer.candidates), len(node.candidates)), transfer_cost(nbytes, device))
             else:
-                outs = sorted({c[1] for c in producer.candidates})
-                ins = sorted({c[0][j] for c in node.candidates})
-                unit = {(s, d): problem.boxing(s, d, node.mesh.shape, rank, nbytes) for s in outs for d in ins}
-                matrix = np.array(
-                    [[unit[(pc[1], nc[0][j])] for nc in node.candidates] for pc in producer.candidates]
-                )
+                # The cost of each distinct (source, destination) pair, then
+                # spread over the candidates by index: on a 2-D mesh both
+                # sides have dozens of candidates but few distinct pairs.
+                outs = {s: i for i, s in enumerate(sorted({c[1] for c in producer.candidates}))}
+                ins = {d: i for i, d in enumerate(sorted({c[0][j] for c in node.candidates}))}
+                pairs = np.array([[problem.boxing(s, d, node.mesh.shape, rank, nbytes) for d in ins] for s in outs])
+                matrix = pairs[np.ix_([outs[pc[1]] for pc in producer.candidates],
+                                     [ins[nc[0][j]] for nc in node.candidates])]
             key = (u, v)
             problem.edges[key] = problem.edges[key] + matrix if key in problem.edges else matrix
     # An updated parameter (output `new.<key>`, from lg-optimizer) is written

@@ -197,6 +197,8 @@ class DeviceReport:
     memory: int
     """Peak bytes: the persistent region plus the arena."""
     fits: bool
+    kernels: dict[str, float] = field(default_factory=dict)
+    """Seconds per step of each kernel (feeds and write-backs as 'copy'), overhead included: where compute goes."""
 
 
 @dataclass
@@ -240,7 +242,7 @@ class Prediction:
             out[key] = out.get(key, 0.0) + e.duration
         return out
 
-    def format(self, path_entries: int = 12) -> str:
+    def format(self, path_entries: int = 12, kernel_lines: int = 4) -> str:
         ms = 1e3
         lines = [
             f"plan @{self.program} on {self.cluster}: predicted step {self.step_time * ms:.3f} ms "
@@ -255,6 +257,20 @@ class Prediction:
             lines.append(f"  {d.rank:>16}  {d.represents:>7}  {d.compute * ms:>7.3f}  {d.exposed_comm * ms:>12.3f}  "
                          f"{d.bubble * ms:>6.3f}  {d.idle * ms:>4.3f}  {d.comm * ms:>14.3f}  {_bytes(d.memory)}"
                          + ("" if d.fits else "  over memory"))
+        alike: dict[str, list[int]] = {}  # one line per distinct breakdown, with the ranks that have it
+        for d in self.devices:
+            top = list(d.kernels.items())
+            shown = ", ".join(f"{k} {v * ms:.3f}" for k, v in top[:6])
+            rest = sum(v for _, v in top[6:])
+            alike.setdefault(shown + (f", other {rest * ms:.3f}" if rest else ""), []).append(d.rank)
+        for shown, ranks in list(alike.items())[:kernel_lines]:
+            if len(ranks) == 1:
+                who = f"rank {ranks[0]}"
+            elif ranks == list(range(ranks[0], ranks[-1] + 1)):
+                who = f"ranks {ranks[0]}..{ranks[-1]}"
+            else:
+                who = "ranks " + ",".join(map(str, ranks[:4])) + (",..." if len(ranks) > 4 else "")
+            lines.append(f"  compute by kernel (ms), {who}: {shown}")
         summary = ", ".join(f"{k} {v * ms:.3f}" for k, v in sorted(self.path_summary().items(), key=lambda kv: -kv[1]))
         lines.append(f"critical path of the last step (ms): {summary}")
         longest = sorted(self.critical_path, key=lambda e: -e.duration)[:path_entries]
@@ -320,11 +336,13 @@ class _Device:
 
         overhead = cluster.device.actor_overhead
         self.actors: list[tuple[str, str, float, list[str], CommSpec | None, int]] = []
+        self.kernels: dict[str, float] = {}
         for index, actor in enumerate(device.actors()):
             names = [r.string_value() for r in (*actor.ins.data, *actor.outs.data)]
             if isinstance(actor, plan.ComputeOp):
                 seconds = compute_time(actor, registers, cluster, cache) + overhead
                 self.actors.append((actor.sym_name.data, "compute", seconds, names, None, index))
+                self.kernels[actor.kernel.data] = self.kernels.get(actor.kernel.data, 0.0) + seconds
                 continue
             kind = actor.kind.data
             nbytes = actor.bytes.value.data if actor.bytes is not None else 0
@@ -332,18 +350,23 @@ class _Device:
                 out = registers[actor.outs.data[0].string_value()]
                 seconds = copy_time(out.bytes.value.data, cluster) + overhead
                 self.actors.append((actor.sym_name.data, "copy", seconds, names, None, index))
+                self.kernels[kind] = self.kernels.get(kind, 0.0) + seconds
                 continue
             group = tuple(actor.group.get_values())
             spec = CommSpec(actor.comm_id.value.data, kind, group, cluster.collective_time(kind, group, nbytes))
             self.actors.append((actor.sym_name.data, kind, overhead, names, spec, index))
         self.feeds = [n for n, r in registers.items() if r.feed is not None]
         self.updates = plan.update_pairs(device)
+        copies = [registers[n] for n in self.feeds] + [registers[p] for _, p in self.updates]
+        if copies:
+            self.kernels["copy"] = self.kernels.get("copy", 0.0) + sum(
+                copy_time(r.bytes.value.data, cluster) for r in copies)
         self.ranges = ranges
         self.tasks = self._tasks(steps, cluster, registers)
         self.pc = 0
         self.t = 0.0
         self.last: Event | None = None
-        self.pending: list[Collective] = []
+        self.pending = InFlight(self.memory)
         self.comm_queue: list[Collective] = []
         """Issued collectives whose start is not known yet, in issue order."""
         self.stream_free = 0.0
@@ -378,6 +401,53 @@ class _Device:
 
 def _overlaps(a: list[tuple[int, int, int]], b: list[tuple[int, int, int]]) -> bool:
     return any(b1 == b2 and lo1 < hi2 and lo2 < hi1 for b1, lo1, hi1 in a for b2, lo2, hi2 in b)
+
+
+class InFlight:
+    """A device's issued collectives not yet waited for, in issue order,
+    indexed by the pages of memory they touch: an actor finds the ones its
+    registers overlap without scanning all of them (a data-parallel backward
+    pass keeps hundreds in flight, and scanning them per actor made the
+    replay quadratic)."""
+
+    def __init__(self, memory: int):
+        self.page = max(1 << 16, memory // 4096)
+        self.items: dict[int, Collective] = {}
+        self.index: dict[tuple[int, int], set[int]] = {}
+        self.next = 0
+
+    def _pages(self, ranges: list[tuple[int, int, int]]):
+        page = self.page
+        for buf, lo, hi in ranges:
+            for k in range(lo // page, max(hi, lo + 1) // page + 1):
+                yield buf, k
+
+    def add(self, c: Collective) -> None:
+        seq = self.next
+        self.next += 1
+        self.items[seq] = c
+        for key in self._pages(c.ranges):
+            self.index.setdefault(key, set()).add(seq)
+
+    def remove(self, seq: int) -> None:
+        c = self.items.pop(seq)
+        for key in self._pages(c.ranges):
+            self.index[key].discard(seq)
+
+    def touching(self, ranges: list[tuple[int, int, int]]) -> list[tuple[int, Collective]]:
+        """The in-flight collectives whose registers overlap `ranges`, in issue order."""
+        seqs: set[int] = set()
+        for key in self._pages(ranges):
+            found = self.index.get(key)
+            if found:
+                seqs |= found
+        return [(q, self.items[q]) for q in sorted(seqs) if _overlaps(ranges, self.items[q].ranges)]
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+    def in_order(self) -> list[tuple[int, Collective]]:
+        return list(self.items.items())
 
 
 class Replay:
@@ -416,19 +486,18 @@ class Replay:
     def _wait(self, dev: _Device, ranges, step: int) -> bool:
         """Completes the device's in-flight collectives touching `ranges`;
         False if one of them has no known end yet."""
-        for c in list(dev.pending):
-            if _overlaps(ranges, c.ranges):
-                if c.event is None:
-                    return False
-                if c.event.end > dev.t:
-                    waited = c.event.end - dev.t
-                    if c.spec.kind == "transfer":
-                        dev.waited_transfer[step] += waited
-                    else:
-                        dev.waited_comm[step] += waited
-                    dev.t = c.event.end
-                    dev.last = c.event
-                dev.pending.remove(c)
+        for seq, c in dev.pending.touching(ranges):
+            if c.event is None:
+                return False
+            if c.event.end > dev.t:
+                waited = c.event.end - dev.t
+                if c.spec.kind == "transfer":
+                    dev.waited_transfer[step] += waited
+                else:
+                    dev.waited_comm[step] += waited
+                dev.t = c.event.end
+                dev.last = c.event
+            dev.pending.remove(seq)
         return True
 
     def advance(self, dev: _Device) -> bool:
@@ -439,12 +508,12 @@ class Replay:
                 if step == self.steps - 1:  # the run ends: everything in flight completes
                     # (a step ends where the next would start, before this wait)
                     dev.step_end.append(dev.t)
-                    for c in list(dev.pending):
+                    for seq, c in dev.pending.in_order():
                         if c.event is None:
                             return moved
                         if c.event.end > dev.t:
                             dev.t, dev.last = c.event.end, c.event
-                        dev.pending.remove(c)
+                        dev.pending.remove(seq)
                     dev.run_end = dev.t
                 else:
                     dev.step_end.append(dev.t)
@@ -469,7 +538,7 @@ class Replay:
                 dev.t = issued.end
                 dev.last = issued
                 c = Collective(dev.rank, spec, step, task.ranges, issued, start + task.duration)
-                dev.pending.append(c)
+                dev.pending.add(c)
                 dev.comm_queue.append(c)
                 dev.issued[(spec.comm_id, step)] = c
             dev.pc += 1
@@ -569,7 +638,8 @@ def _report(prog: plan.ProgramOp, cluster: Cluster, replay: Replay, placements: 
         reports.append(DeviceReport(
             rank=r, represents=replay.represents[r], placements=tuple(on.get(r, ())), compute=compute,
             exposed_comm=exposed, bubble=bubble, idle=max(0.0, step_time - compute - exposed - bubble),
-            comm=sum(d.in_flight[s] for s in counted) / n, memory=d.memory, fits=d.memory <= cluster.device.memory))
+            comm=sum(d.in_flight[s] for s in counted) / n, memory=d.memory, fits=d.memory <= cluster.device.memory,
+            kernels=dict(sorted(d.kernels.items(), key=lambda kv: -kv[1]))))
     # the critical path of the last step: back from the event that ended last
     last = max((d.last for d in replay.devices.values() if d.last is not None), key=lambda e: e.end, default=None)
     path = []

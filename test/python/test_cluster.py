@@ -7,6 +7,8 @@ import math
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from xdsl.context import Context
 
 from sbpc.dialects import parse_module, plan
@@ -28,7 +30,7 @@ from sbpc.perf.cluster import (
     preset,
     presets,
 )
-from sbpc.perf.step_time import SimulationError, simulate_plan
+from sbpc.perf.step_time import Collective, InFlight, SimulationError, _overlaps, simulate_plan
 
 # -- cluster files ------------------------------------------------------------------------
 
@@ -415,6 +417,12 @@ def test_kernel_overhead_is_paid_per_kernel_and_copy():
     assert kernels == 2
     p = simulate_plan(module, small_cluster(1, kernel_overhead=1e-3))
     assert p.step_time == pytest.approx(2 * 16 * 8 * 32 / RATE + kernels * 1e-3, rel=1e-6)
+    # where the compute goes: the matmul (rate and overhead), then the feed's copy
+    (d,) = p.devices
+    assert list(d.kernels) == ["lg.matmul", "copy"]
+    assert d.kernels["lg.matmul"] == pytest.approx(2 * 16 * 8 * 32 / RATE + 1e-3, rel=1e-6)
+    assert sum(d.kernels.values()) == pytest.approx(d.compute, rel=1e-9)
+    assert "compute by kernel (ms), rank 0: lg.matmul " in p.format()
 
 
 DATA_PARALLEL = """
@@ -626,3 +634,28 @@ def test_trace_has_one_track_per_device_and_stream():
     events = p.trace()["traceEvents"]
     assert {(e["pid"], e["tid"]) for e in events} == {(0, 0), (0, 1), (1, 0), (1, 1)}
     assert all(e["dur"] >= 0 for e in events)
+
+
+ranges_st = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 1 << 18), st.integers(0, 1 << 17)).map(
+    lambda t: (t[0], t[1], t[1] + t[2])), min_size=0, max_size=3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), ranges_st), max_size=30), st.integers(1, 1 << 22))
+def test_in_flight_index_finds_what_a_scan_finds(ops, memory):
+    """The replay's page index of in-flight collectives against scanning all of
+    them: the same collectives, in issue order, for any ranges (empty and
+    page-straddling ones included)."""
+    flight, alive = InFlight(memory), {}
+    for add, ranges in ops:
+        if add or not alive:
+            c = Collective(0, None, 0, ranges, None, 0.0)
+            alive[flight.next] = c
+            flight.add(c)
+        else:
+            seq = sorted(alive)[len(ranges) % len(alive)]
+            flight.remove(seq)
+            del alive[seq]
+        found = flight.touching(ranges)
+        assert found == [(q, c) for q, c in sorted(alive.items()) if _overlaps(ranges, c.ranges)]
+        assert flight.in_order() == sorted(alive.items())
