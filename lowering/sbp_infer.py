@@ -294,6 +294,7 @@ def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:
 
     # Edges. Operand j of v is u's result, so its size is u's.
     problem = Problem(nodes, device, sizes=sizes)
+    tables: dict[tuple, np.ndarray] = {}
     for v, node in enumerate(nodes):
         for j, u in enumerate(node.producers):
             if u is None:
@@ -308,7 +309,12 @@ def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:
                 # sides have dozens of candidates but few distinct pairs.
                 outs = {s: i for i, s in enumerate(sorted({c[1] for c in producer.candidates}))}
                 ins = {d: i for i, d in enumerate(sorted({c[0][j] for c in node.candidates}))}
-                pairs = np.array([[problem.boxing(s, d, node.mesh.shape, rank, nbytes) for d in ins] for s in outs])
+                # repeated layers and micro-batches repeat the same table
+                table_key = (tuple(outs), tuple(ins), node.mesh.shape, rank, nbytes)
+                pairs = tables.get(table_key)
+                if pairs is None:
+                    pairs = tables[table_key] = np.array(
+                        [[problem.boxing(s, d, node.mesh.shape, rank, nbytes) for d in ins] for s in outs])
                 matrix = pairs[np.ix_([outs[pc[1]] for pc in producer.candidates],
                                      [ins[nc[0][j]] for nc in node.candidates])]
             key = (u, v)
@@ -632,14 +638,39 @@ class ExactCost:
         finally:
             self._track(None)
 
+    def _affected(self) -> list[list[int]]:
+        """Per node n: the other nodes whose `local` cost reads n's choice (its
+        producers and consumers, the other consumers of its producers, and
+        its tie partners)."""
+        nodes = self.problem.nodes
+        out: list[set[int]] = [set() for _ in nodes]
+        for n, node in enumerate(nodes):
+            around = out[n]
+            around.update(v for v, _ in self.slots[n])
+            for u in node.producers:
+                if u is not None:
+                    around.add(u)
+                    around.update(v for v, _ in self.slots[u])
+            for key in self.ties_of[n]:
+                around.update(key)
+            around.discard(n)
+        return [sorted(a) for a in out]
+
     def _refine(self, choice: list[int], rounds: int) -> list[int]:
         nodes = self.problem.nodes
         assign = self._assign
+        affected = self._affected()
+        # A node is tried again only when something its local cost reads has
+        # changed since it was last tried: otherwise it would find the very
+        # same costs and keep its choice. (Exact: the search takes the same
+        # steps it took when it tried every node every round.)
+        dirty = [True] * len(nodes)
         for _ in range(rounds):
             changed = False
             for v, node in enumerate(nodes):
-                if len(node.candidates) < 2:
+                if len(node.candidates) < 2 or not dirty[v]:
                     continue
+                dirty[v] = False
                 current = choice[v]
                 before = self.local([v], choice)
                 best, best_cost = current, before
@@ -651,7 +682,10 @@ class ExactCost:
                     if cost < best_cost - 1e-15:
                         best, best_cost = k, cost
                 assign(choice, v, best)
-                changed |= best != current
+                if best != current:
+                    changed = True
+                    for n in affected[v]:
+                        dirty[n] = True
             for direct in (True, False):
                 tried: set[int] = set()
                 for v in range(len(nodes)):
@@ -669,6 +703,11 @@ class ExactCost:
                         assign(choice, n, replicated)
                     if self.local(region, choice) < before - 1e-15:
                         changed = True
+                        for n, k in zip(region, old):
+                            if choice[n] != k:
+                                dirty[n] = True
+                                for m in affected[n]:
+                                    dirty[m] = True
                     else:
                         for n, k in zip(region, old):
                             assign(choice, n, k)
