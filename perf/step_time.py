@@ -34,6 +34,7 @@ and says so in its report.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -139,6 +140,8 @@ class Task:
     duration: float
     ranges: list[tuple[int, int, int]]
     comm: CommSpec | None = None
+    polls: bool = False
+    """The runtime lets MPI progress inside it (a GEMM runs in column blocks with a test between them)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -341,7 +344,8 @@ class _Device:
             names = [r.string_value() for r in (*actor.ins.data, *actor.outs.data)]
             if isinstance(actor, plan.ComputeOp):
                 seconds = compute_time(actor, registers, cluster, cache) + overhead
-                self.actors.append((actor.sym_name.data, "compute", seconds, names, None, index))
+                what = "compute" if actor.kernel.data not in cluster.GEMM_KERNELS else "gemm"
+                self.actors.append((actor.sym_name.data, what, seconds, names, None, index))
                 self.kernels[actor.kernel.data] = self.kernels.get(actor.kernel.data, 0.0) + seconds
                 continue
             kind = actor.kind.data
@@ -378,6 +382,17 @@ class _Device:
         self.waited_transfer = [0.0] * steps
         self.in_flight = [0.0] * steps
         self.issued: dict[tuple[int, int], Collective] = {}
+        self.outside_starts: list[float] = []
+        self.outside: list[Event] = []
+        """The thread's kernels and copies that make no MPI call, in time order."""
+
+    def next_mpi_call(self, t: float) -> tuple[float, Event | None]:
+        """When the thread is next inside MPI at or after `t` (it is whenever
+        it is not in a kernel or copy that polls nothing), and the event it ends."""
+        i = bisect.bisect_right(self.outside_starts, t) - 1
+        if i >= 0 and self.outside[i].end > t:
+            return self.outside[i].end, self.outside[i]
+        return t, None
 
     def _tasks(self, steps: int, cluster: Cluster, registers) -> list[tuple[int, Task]]:
         tasks = []
@@ -390,6 +405,9 @@ class _Device:
                 ranges = self.ranges(names, step)
                 if spec is not None:
                     ranges.append((2 + index, 0, 1))  # its own pack buffers: waits for its previous issue
+                if what == "gemm":
+                    tasks.append((step, Task(name, "compute", seconds, ranges, polls=True)))
+                    continue
                 tasks.append((step, Task(name, what, seconds, ranges, spec)))
             for new, param in self.updates:
                 nbytes = registers[param].bytes.value.data
@@ -529,6 +547,9 @@ class Replay:
                 dev.t = event.end
                 dev.last = event
                 self.events.append(event)
+                if not task.polls and event.end > event.start:
+                    dev.outside_starts.append(event.start)
+                    dev.outside.append(event)
             else:
                 spec = task.comm
                 cost = task.duration + (1.0 - self.overlap) * spec.duration
@@ -573,6 +594,24 @@ class Replay:
                                 start, cause = other.at, other.issued
                             if peer.stream_free > start:
                                 start, cause = peer.stream_free, peer.stream_last
+                        # Without asynchronous progress (comm_overlap 0) a
+                        # collective moves only inside MPI calls: it waits for
+                        # every member to leave the kernel it is in.
+                        # (the first time all of them are: each member's
+                        # kernel may end inside another's next one)
+                        if self.overlap < 1.0:
+                            ready, moved_by = start, None
+                            while True:
+                                later, by = ready, None
+                                for peer, _ in copies:
+                                    t, kernel = peer.next_mpi_call(ready)
+                                    if t > later:
+                                        later, by = t, kernel
+                                if by is None:
+                                    break
+                                ready, moved_by = later, by
+                            if moved_by is not None:
+                                start, cause = start + (1.0 - self.overlap) * (ready - start), moved_by
                         for peer, other in copies:
                             other.event = Event(peer.rank, other.step, other.issued.name, other.spec.kind, start,
                                                 start + other.spec.duration, cause)

@@ -659,3 +659,42 @@ def test_in_flight_index_finds_what_a_scan_finds(ops, memory):
         found = flight.touching(ranges)
         assert found == [(q, c) for q, c in sorted(alive.items()) if _overlaps(ranges, c.ranges)]
         assert flight.in_order() == sorted(alive.items())
+
+
+POLLED = """
+sbp.placement @dp cpu ranks [0, 1] mesh [2]
+lg.graph @g on @dp {
+  %x = lg.input "x" : !sbp.dtensor<8x4xf32, @dp, S<0>>
+  %w = lg.param "w" init #lg.normal<0.0, 0.1> : tensor<4x4xf32>
+  %u = lg.input "u" : !sbp.dtensor<5x4096xf32, @dp, S<0>>
+  %y = lg.matmul %x, %w : (!sbp.dtensor<8x4xf32, @dp, S<0>>, tensor<4x4xf32>) -> tensor<8x4xf32>
+  %s = lg.reduce_sum %y axes [0] : tensor<8x4xf32> -> tensor<4xf32>
+  %b = sbp.annotate %s : tensor<4xf32> -> !sbp.dtensor<4xf32, @dp, B>
+  %e = lg.exp %u : !sbp.dtensor<5x4096xf32, @dp, S<0>>
+  lg.output ["s", "e"] %b, %e : !sbp.dtensor<4xf32, @dp, B>, !sbp.dtensor<5x4096xf32, @dp, S<0>>
+}
+"""
+
+
+def test_without_asynchronous_progress_a_collective_waits_for_its_members_kernels():
+    """POLLED issues the all_reduce, then runs an exp over an uneven split
+    (rank 0 has 3 rows, rank 1 two), which keeps each thread out of MPI for a
+    different time. With comm_overlap 1 a separate engine moves the bytes
+    meanwhile; with 0 the all_reduce can only start once both threads are back
+    in MPI, after both exps."""
+    module = compiled(POLLED)
+    names = [a.sym_name.data for a in devices(module)[0].actors()]
+    assert names.index("b.all_reduce") < names.index("e.exp")
+    base = small_cluster(2)
+    slow_vector = replace(base.device, vector_flops=RATE / 1000)
+    for overlap in (1.0, 0.0):
+        cluster = replace(base, device=replace(slow_vector, comm_overlap=overlap))
+        p = simulate_plan(module, cluster)
+        starts_ = [e.start for e in p.events if e.what == "all_reduce"]
+        exps = [e for e in p.events if e.name == "e.exp"]
+        # an all_reduce starting while a member is inside its exp
+        inside = [(t, e.device) for t in starts_ for e in exps if e.start < t < e.end]
+        if overlap == 1.0:
+            assert inside  # the engine does not wait for the exps
+        else:
+            assert not inside
