@@ -123,6 +123,11 @@ class DeviceKind:
     """Fraction of a collective that proceeds while the device computes (1:
     a separate engine, as NCCL on GPUs; lower where the same cores move
     the bytes, as MPI on shared memory)."""
+    launch_ahead: bool = False
+    """The host queues kernels ahead of the device (a GPU stream): a kernel
+    costs max(its fixed cost, its roofline), the fixed cost being the floor
+    of a tiny kernel. False where the host dispatches each kernel before its
+    arithmetic runs (numpy): the fixed cost adds to the roofline."""
 
     def gemm_rate(self, dtype: str) -> float:
         peak = self.peak_flops.get(dtype) or self.peak_flops.get("f32") or max(self.peak_flops.values())
@@ -197,7 +202,8 @@ class Cluster:
         """Seconds of kernel `kernel` doing `flops` over `nbytes` (`calls` kernels for a fused chain)."""
         d = self.device
         overhead = d.kernel_overheads.get(kernel, d.kernel_overhead) * calls
-        return overhead + self.core_time(kernel, flops, nbytes, dtype)
+        core = self.core_time(kernel, flops, nbytes, dtype)
+        return max(overhead, core) if d.launch_ahead else overhead + core
 
     def core_time(self, kernel: str, flops: float, nbytes: float, dtype: str = "f32") -> float:
         """The rate-bound part of a kernel's time (no fixed cost)."""
@@ -298,6 +304,8 @@ def validate(c: Cluster) -> None:
         _positive(f"device.kernel_overheads.{kernel}", seconds, zero_ok=True)
     _positive("device.cache_bytes", d.cache_bytes, zero_ok=True)
     _positive("device.cache_bandwidth", d.cache_bandwidth, zero_ok=True)
+    if not isinstance(d.launch_ahead, bool):
+        raise ClusterError(f"device.launch_ahead: must be true or false, got {d.launch_ahead!r}")
     if d.comm_overlap > 1:
         raise ClusterError(f"device.comm_overlap: a fraction, at most 1, got {d.comm_overlap}")
     if (c.links is None) == (not c.levels):
@@ -447,11 +455,12 @@ CPU = Cluster(
 # dense tensor-core peaks FP64 67 TFLOP/s, TF32 495, BF16/FP16 989; FP32 (CUDA
 # cores, what non-GEMM arithmetic runs on) 67 TFLOP/s; HBM3 3.35 TB/s; 80 GB.
 # efficiency 0.7 and the 7 us floor per kernel are PyTorch autoparallel's
-# compute model; actors cost no host time on a GPU stream.
+# compute model (a floor, not an addition: the host queues kernels ahead of
+# the stream); actors cost no host time on a GPU stream.
 H100 = DeviceKind(
     kind="cuda", memory=80e9, peak_flops={"f64": 67e12, "f32": 67e12, "tf32": 495e12, "bf16": 989e12, "f16": 989e12},
     efficiency=0.7, vector_flops=67e12, memory_bandwidth=3.35e12 * 0.7, kernel_overhead=7e-6, actor_overhead=0.0,
-    comm_overlap=1.0,
+    comm_overlap=1.0, launch_ahead=True,
 )
 
 # NVLink 4 through NVSwitch in a DGX/HGX H100: 900 GB/s per GPU both ways, so

@@ -116,6 +116,7 @@ MALFORMED = [
     ("efficiency-above-1", _set("device.efficiency", 1.5), "device.efficiency:"),
     ("efficiency-zero", _set("device.efficiency", 0), "device.efficiency:"),
     ("overlap-above-1", _set("device.comm_overlap", 2.0), "device.comm_overlap:"),
+    ("launch-ahead-string", _set("device.launch_ahead", "yes"), "device.launch_ahead:"),
     ("memory-nan", _set("device.memory", math.nan), "device.memory:"),
     ("memory-infinite", _set("device.memory", math.inf), "device.memory:"),
     ("device-kind", _set("device.kind", "tpu"), "device.kind:"),
@@ -334,14 +335,24 @@ def test_resized():
 
 
 def test_compute_roofline():
+    # a CPU dispatches each kernel before its arithmetic: the fixed cost adds
+    cpu = preset("cpu")
+    d = cpu.device
+    assert not d.launch_ahead
+    assert cpu.gemm_time(1e12, "f32") == pytest.approx(d.kernel_overhead + 1e12 / (d.peak_flops["f32"] * d.efficiency))
+    assert cpu.device.gemm_rate("bf16") == cpu.device.peak_flops["f32"]  # no bf16 figure: the f32 one
+    assert cpu.kernel_time(1e9, 1.0) == pytest.approx(d.kernel_overhead + 1e9 / d.vector_flops)
+    assert cpu.kernel_time(1.0, 1e9) == pytest.approx(d.kernel_overhead + 1e9 / d.memory_bandwidth)
+    # a GPU stream has kernels queued ahead: the fixed cost is a floor (autoparallel's 7 us)
     c = h100_cluster(1)
     d = c.device
-    assert c.gemm_time(1e12, "bf16") == pytest.approx(d.kernel_overhead + 1e12 / (d.peak_flops["bf16"] * d.efficiency))
-    assert c.gemm_time(1e12, "f32") == pytest.approx(d.kernel_overhead + 1e12 / (d.peak_flops["f32"] * d.efficiency))
-    cpu = preset("cpu")
-    assert cpu.device.gemm_rate("bf16") == cpu.device.peak_flops["f32"]  # no bf16 figure: the f32 one
-    assert c.kernel_time(1e9, 1.0) == pytest.approx(d.kernel_overhead + 1e9 / d.vector_flops)
-    assert c.kernel_time(1.0, 1e9) == pytest.approx(d.kernel_overhead + 1e9 / d.memory_bandwidth)
+    assert d.launch_ahead
+    assert c.gemm_time(1e12, "bf16") == pytest.approx(1e12 / (d.peak_flops["bf16"] * d.efficiency))
+    assert c.gemm_time(1e12, "f32") == pytest.approx(1e12 / (d.peak_flops["f32"] * d.efficiency))
+    assert c.kernel_time(1e9, 1.0) == pytest.approx(1e9 / d.vector_flops)
+    assert c.kernel_time(1.0, 1e9) == pytest.approx(1e9 / d.memory_bandwidth)
+    assert c.kernel_time(1.0, 1e3) == d.kernel_overhead  # a tiny kernel costs the floor
+    assert c.work_time("plan.fused", 3.0, 1e3, calls=3) == 3 * d.kernel_overhead
 
 
 # -- the step-time simulator --------------------------------------------------------------
