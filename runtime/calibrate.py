@@ -44,19 +44,32 @@ def _repeat(fn: Callable[..., object], count: int, *args: object) -> Callable[[]
     return run
 
 
-def _best(world: MPI.Comm, fn: Callable[[], object], repeats: int) -> float:
-    """Every rank runs `fn` together: from the first rank's start to the last
-    rank's end (the monotonic clock is the machine's, so ranks that share a
-    core and start late are charged for it), the best repeat."""
-    best = math.inf
+def _runs(world: MPI.Comm, fn: Callable[[], object], repeats: int) -> list[float]:
+    """Every rank runs `fn` together, `repeats` times: each from the first
+    rank's start to the last rank's end (the monotonic clock is the
+    machine's, so ranks that share a core and start late are charged for it)."""
+    out = []
     for _ in range(repeats):
         world.Barrier()
         start = time.perf_counter()
         fn()
         end = time.perf_counter()
         first, last = world.allreduce(start, op=MPI.MIN), world.allreduce(end, op=MPI.MAX)
-        best = min(best, last - first)
-    return best
+        out.append(last - first)
+    return out
+
+
+def _best(world: MPI.Comm, fn: Callable[[], object], repeats: int) -> float:
+    """The best of _runs: a kernel's rate without the noise."""
+    return min(_runs(world, fn, repeats))
+
+
+def _typical(world: MPI.Comm, fn: Callable[[], object], repeats: int) -> float:
+    """The median of _runs: what a collective usually costs. Its best run is
+    one where every member happened to be on a core at once, which ranks
+    sharing cores rarely are in a plan."""
+    runs = sorted(_runs(world, fn, repeats))
+    return runs[len(runs) // 2]
 
 
 def _loop_time(fn: Callable[[], object], count: int) -> float:
@@ -204,13 +217,13 @@ def _collective_runs(world: MPI.Comm, count: int) -> dict[str, tuple[float, Call
 
 def measure_collectives(world: MPI.Comm, quick: bool) -> dict:
     p = world.size
-    repeats = 3 if quick else 5
+    repeats = 3 if quick else 7
     sizes = [2**e for e in range(8, 20 if quick else 23, 2)]  # float32 elements per rank
     out: dict[str, list] = {k: [] for k in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "transfer")}
     for count in sizes:
         count -= count % p
         for kind, (volume, fn) in _collective_runs(world, count).items():
-            out[kind].append([volume, _best(world, fn, repeats)])
+            out[kind].append([volume, _typical(world, fn, repeats)])
     return out
 
 
