@@ -60,13 +60,21 @@ def build(model: str, plan: str, devices: int, batch_per_replica: int, micro: in
     layers, dim, heads = MODELS[model]
     stages, dp, tp = layout(plan, devices)
     per_stage = devices // stages
-    places = [sbpc.placement("cuda", ranks=list(range(i * per_stage, (i + 1) * per_stage)), mesh=(dp, tp),
+    # A mesh axis of one device is left out, as a user writes it (on it every
+    # distribution is the same, and boxing between them would cost actors).
+    axes = [(n, d) for n, d in (("dp", dp), ("tp", tp)) if d > 1] or [("dp", 1)]
+    mesh = tuple(d for _, d in axes)
+    places = [sbpc.placement("cuda", ranks=list(range(i * per_stage, (i + 1) * per_stage)), mesh=mesh,
                              name=f"stage{i}") for i in range(stages)]
+
+    def nd(on_dp, on_tp):
+        return [on_dp if n == "dp" else on_tp for n, _ in axes]
+
     batch = batch_per_replica * dp
     hd = dim // heads
-    data, rep = [S(0), B], [B, B]
-    columns, rows = [B, S(1)], [B, S(0)]
-    col_vec = [B, S(0)]
+    data, rep = nd(S(0), B), nd(B, B)
+    columns, rows = nd(B, S(1)), nd(B, S(0))
+    col_vec = nd(B, S(0))
     g = sbpc.Graph("gpt", placement=places[0])
     dtype = "bf16"
 
