@@ -138,7 +138,7 @@ def run(model: str, plan: str, devices: int, batch_per_replica: int):
     # choices cost the data-parallel plan 2.8x DDP's gradient traffic), priced on the cluster it will run on.
     CompilePass(representatives=True, strategy="auto", device="h100").apply(Context(), module)
     t1 = time.perf_counter()
-    prediction = simulate_plan(module, load_cluster("h100", devices), steps=3)
+    prediction = simulate_plan(module, load_cluster("h100", devices), steps=6)
     t2 = time.perf_counter()
     tokens = batch * SEQ
     tflops = 6.0 * params * tokens / prediction.step_time / devices / 1e12

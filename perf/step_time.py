@@ -371,10 +371,10 @@ class _Device:
         self.t = 0.0
         self.last: Event | None = None
         self.pending = InFlight(self.memory)
-        self.comm_queue: list[Collective] = []
-        """Issued collectives whose start is not known yet, in issue order."""
-        self.stream_free = 0.0
-        self.stream_last: Event | None = None
+        self.comm_queue: dict[str, list[Collective]] = {lane: [] for lane in LANES}
+        """Per lane, issued collectives whose start is not known yet, in issue order."""
+        self.stream_free = dict.fromkeys(LANES, 0.0)
+        self.stream_last: dict[str, Event | None] = dict.fromkeys(LANES)
         self.step_end: list[float] = []
         self.run_end = 0.0
         self.busy = [0.0] * steps
@@ -415,6 +415,18 @@ class _Device:
                                          self.ranges([new], step))))
             tasks.append((step, Task("", "end", 0.0, [])))
         return tasks
+
+
+LANES = ("collective", "transfer")
+"""A device's communication runs in two lanes, each in issue order: the
+collectives of its groups, and the point-to-point transfers between pipeline
+stages. A transfer waiting for its sender does not hold up the device's
+gradient all-reduces (the runtime's MPI requests, and NCCL's separate
+pipeline and data-parallel communicators, progress independently)."""
+
+
+def lane_of(kind: str) -> str:
+    return "transfer" if kind == "transfer" else "collective"
 
 
 def _overlaps(a: list[tuple[int, int, int]], b: list[tuple[int, int, int]]) -> bool:
@@ -560,7 +572,7 @@ class Replay:
                 dev.last = issued
                 c = Collective(dev.rank, spec, step, task.ranges, issued, start + task.duration)
                 dev.pending.add(c)
-                dev.comm_queue.append(c)
+                dev.comm_queue[lane_of(spec.kind)].append(c)
                 dev.issued[(spec.comm_id, step)] = c
             dev.pc += 1
             moved = True
@@ -576,15 +588,16 @@ class Replay:
         any_moved = False
         while moved:
             moved = False
-            for dev in self.devices.values():
-                while dev.comm_queue:
-                    c = dev.comm_queue[0]
+            for dev, lane in ((d, lane) for d in self.devices.values() for lane in LANES):
+                queue = dev.comm_queue[lane]
+                while queue:
+                    c = queue[0]
                     key = (c.spec.comm_id, c.step)
                     copies = []
                     for r in sorted({self.rep[m] for m in c.spec.group}):
                         peer = self.devices[r]
                         other = peer.issued.get(key)
-                        if other is None or peer.comm_queue[0] is not other:
+                        if other is None or not peer.comm_queue[lane] or peer.comm_queue[lane][0] is not other:
                             break
                         copies.append((peer, other))
                     else:
@@ -592,8 +605,8 @@ class Replay:
                         for peer, other in copies:
                             if other.at >= start:
                                 start, cause = other.at, other.issued
-                            if peer.stream_free > start:
-                                start, cause = peer.stream_free, peer.stream_last
+                            if peer.stream_free[lane] > start:
+                                start, cause = peer.stream_free[lane], peer.stream_last[lane]
                         # Without asynchronous progress (comm_overlap 0) a
                         # collective moves only inside MPI calls: it waits for
                         # every member to leave the kernel it is in.
@@ -616,9 +629,9 @@ class Replay:
                             other.event = Event(peer.rank, other.step, other.issued.name, other.spec.kind, start,
                                                 start + other.spec.duration, cause)
                             self.events.append(other.event)
-                            peer.comm_queue.pop(0)
-                            peer.stream_free = other.event.end
-                            peer.stream_last = other.event
+                            peer.comm_queue[lane].pop(0)
+                            peer.stream_free[lane] = other.event.end
+                            peer.stream_last[lane] = other.event
                             peer.in_flight[other.step] += other.spec.duration
                         moved = any_moved = True
                         continue
