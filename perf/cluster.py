@@ -199,11 +199,13 @@ class Cluster:
     FUSED_KERNEL = "plan.fused"
 
     def work_time(self, kernel: str, flops: float, nbytes: float, dtype: str = "f32", calls: int = 1) -> float:
-        """Seconds of kernel `kernel` doing `flops` over `nbytes` (`calls` kernels for a fused chain)."""
+        """Seconds of kernel `kernel` doing `flops` over `nbytes`; a fused chain of `calls` steps is `calls`
+        host calls on a CPU (numpy runs each step) and one kernel on a launch-ahead device."""
         d = self.device
-        overhead = d.kernel_overheads.get(kernel, d.kernel_overhead) * calls
         core = self.core_time(kernel, flops, nbytes, dtype)
-        return max(overhead, core) if d.launch_ahead else overhead + core
+        if d.launch_ahead:  # a fused chain is one generated kernel: one launch
+            return max(d.kernel_overheads.get(kernel, d.kernel_overhead), core)
+        return d.kernel_overheads.get(kernel, d.kernel_overhead) * calls + core
 
     def core_time(self, kernel: str, flops: float, nbytes: float, dtype: str = "f32") -> float:
         """The rate-bound part of a kernel's time (no fixed cost)."""

@@ -352,7 +352,10 @@ def test_compute_roofline():
     assert c.kernel_time(1e9, 1.0) == pytest.approx(1e9 / d.vector_flops)
     assert c.kernel_time(1.0, 1e9) == pytest.approx(1e9 / d.memory_bandwidth)
     assert c.kernel_time(1.0, 1e3) == d.kernel_overhead  # a tiny kernel costs the floor
-    assert c.work_time("plan.fused", 3.0, 1e3, calls=3) == 3 * d.kernel_overhead
+    # a fused chain is one generated kernel on a GPU, one numpy call per step on a CPU
+    assert c.work_time("plan.fused", 3.0, 1e3, calls=3) == d.kernel_overhead
+    assert cpu.work_time("plan.fused", 3.0, 1e3, calls=3) == pytest.approx(
+        3 * cpu.device.kernel_overhead + cpu.core_time("plan.fused", 3.0, 1e3))
 
 
 # -- the step-time simulator --------------------------------------------------------------
