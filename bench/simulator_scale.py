@@ -173,7 +173,8 @@ def main() -> int:
                 rows.append([model, devices, plan, f"{stages}x{dp}x{tp}", batch, micro,
                              f"{p.step_time * 1e3:.1f}", f"{gemm * 1e3:.1f}", f"{(busiest.compute - gemm) * 1e3:.1f}",
                              f"{busiest.exposed_comm * 1e3:.1f}", f"{busiest.bubble * 1e3:.1f}",
-                             f"{tflops:.0f}", f"{p.peak_memory / 2**30:.1f}", f"{p.simulated}",
+                             f"{tflops:.0f}", f"{p.peak_memory / 2**30:.1f}" + ("" if p.fits else " (over)"),
+                             f"{p.simulated}",
                              f"{compile_s:.1f}+{sim_s:.1f}"])
                 print(f"  {model} {plan} on {devices}: step {p.step_time * 1e3:.1f} ms, {tflops:.0f} TFLOP/s per GPU, "
                       f"{p.peak_memory / 2**30:.1f} GiB, compile {compile_s:.1f} s + simulate {sim_s:.1f} s",
@@ -181,7 +182,8 @@ def main() -> int:
     print()
     _common.table(["model", "GPUs", "plan", "pp x dp x tp", "batch", "micro", "step ms", "GEMM ms", "other ms",
                    "exposed comm ms", "bubble ms", "TFLOP/s/GPU", "GiB/GPU", "simulated", "compile+sim s"], rows)
-    print("(GEMM, other kernels, exposed communication and bubble: per step on the device with the most compute)")
+    print("(GEMM, other kernels, exposed communication and bubble: per step on the device with the most compute;"
+          " (over): more memory than the device has)")
     largest = max((d for d, _, _ in done), default=0)
     slowest = max((s for d, s, _ in done if d == largest), default=0.0)
     rates = [t for _, _, t in done]
