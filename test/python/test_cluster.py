@@ -712,3 +712,39 @@ def test_without_asynchronous_progress_a_collective_waits_for_its_members_kernel
             assert inside  # the engine does not wait for the exps
         else:
             assert not inside
+
+
+TWO_LANES = """
+sbp.placement @s0 cpu ranks [0] mesh [1]
+sbp.placement @s1 cpu ranks [1, 2] mesh [2]
+lg.graph @g on @s0 {
+  %x = lg.input "x" : !sbp.dtensor<64x64xf32, @s0, B>
+  %e = lg.exp %x : !sbp.dtensor<64x64xf32, @s0, B>
+  %m = sbp.annotate %e : !sbp.dtensor<64x64xf32, @s0, B> -> !sbp.dtensor<64x64xf32, @s1, [B]>
+  %u = lg.input "u" : !sbp.dtensor<8x4xf32, @s1, S<0>>
+  %s = lg.reduce_sum %u axes [0] : !sbp.dtensor<8x4xf32, @s1, S<0>> -> !sbp.dtensor<4xf32, @s1, P>
+  %b = sbp.annotate %s : !sbp.dtensor<4xf32, @s1, P> -> !sbp.dtensor<4xf32, @s1, B>
+  lg.output ["m", "b"] %m, %b : !sbp.dtensor<64x64xf32, @s1, [B]>, !sbp.dtensor<4xf32, @s1, B>
+}
+"""
+
+
+def test_a_pending_transfer_does_not_hold_up_a_collective():
+    """Stage 1 posts its receive of stage 0's slow exp first, then all-reduces
+    its own sum: the all_reduce runs while the receive still waits for its
+    sender (a single FIFO stream started it only after the transfer)."""
+    module = compiled(TWO_LANES)
+    for d in devices(module)[1:]:
+        names = [a.sym_name.data for a in d.actors()]
+        assert names.index("m.transfer") < names.index("b.all_reduce")
+    base = small_cluster(3)
+    cluster = replace(base, device=replace(base.device, vector_flops=RATE / 1000),
+                      levels=(Level("all", 3, 1e12, 0.0),))
+    p = simulate_plan(module, cluster)
+    for rank in (1, 2):
+        transfer = [e for e in p.events if e.device == rank and e.what == "transfer"]
+        reduce = [e for e in p.events if e.device == rank and e.what == "all_reduce"]
+        for step in range(1, p.steps):
+            (t,) = [e for e in transfer if e.step == step]
+            (r,) = [e for e in reduce if e.step == step]
+            assert r.end < t.start  # done before the transfer it was issued after could start
