@@ -83,6 +83,12 @@ class Level:
     """Seconds of one message across this level."""
     collectives: Mapping[str, CollectiveFit] = field(default_factory=dict)
     """Calibrated per-kind figures, replacing bandwidth and latency for that kind."""
+    sync: float = 0.0
+    """Seconds every collective across this level costs on top of its
+    alpha-beta time because its members reach it at different moments and
+    must all be running to complete it: where ranks outnumber cores, the OS
+    has to schedule each of them in turn (0 where every rank has its own core
+    or engine; `sbp-calibrate` measures it)."""
 
 
 @dataclass(frozen=True)
@@ -191,7 +197,8 @@ class Cluster:
         latency, bandwidth = self.figures(kind, ranks)
         if p <= 1:  # still a call into the collective library
             return latency
-        return latency_steps(kind, p) * latency + nbytes / bandwidth
+        sync = self.levels[self.level_of(ranks)].sync if self.links is None else 0.0
+        return latency_steps(kind, p) * latency + nbytes / bandwidth + sync
 
     # -- compute ----------------------------------------------------------------
 
@@ -328,6 +335,7 @@ def validate(c: Cluster) -> None:
             raise ClusterError(f"{where}.size: must be a positive integer, got {level.size!r}")
         _positive(f"{where}.bandwidth", level.bandwidth)
         _positive(f"{where}.latency", level.latency, zero_ok=True)
+        _positive(f"{where}.sync", level.sync, zero_ok=True)
         for kind, fit in level.collectives.items():
             if kind not in COLLECTIVE_KINDS:
                 raise ClusterError(f"{where}.collectives.{kind}: unknown kind (known: {', '.join(COLLECTIVE_KINDS)})")

@@ -11,7 +11,10 @@ coefficients (a fixed cost plus a rate) to the timed runs:
 - each collective kind: seconds = latency_steps(kind, p) * latency + bytes /
   bandwidth, with bytes the per-device volume the IR records;
 - the overlap of communication with computation: how much of the shorter
-  of a GEMM and an all_reduce disappears when they run together.
+  of a GEMM and an all_reduce disappears when they run together;
+- the synchronization cost of a collective whose members arrive apart
+  (what it adds to a step beyond its lock-step time: large where ranks
+  share cores).
 """
 
 from __future__ import annotations
@@ -89,18 +92,24 @@ def fit_cluster(raw: Mapping[str, Any], name: str | None = None) -> Fitted:
 
     # Streaming kernels run at the cache's rate while their bytes fit in
     # this rank's share of the last-level cache, at memory's beyond it.
+    # Memory's rate is the median over the sizes past the share (a line
+    # through one or two noisy points swung 2x between runs).
+    tiny = float(raw.get("tiny_kernel", 0.0))
+    timed = [(b, t) for b, t in raw["elementwise"]]
+    ew_overhead, ew_slope = fit_line([b for b, _ in timed], [t for _, t in timed])
     cache_bytes = float(raw.get("cache_bytes", 0.0))
-    inside = [(b, t) for b, t in raw["elementwise"] if b <= cache_bytes]
-    outside = [(b, t) for b, t in raw["elementwise"] if b > cache_bytes] or inside
-    ew_overhead, ew_slope = fit_line([b for b, _ in outside], [t for _, t in outside])
-    bandwidth = 1.0 / ew_slope if ew_slope > 0 else math.inf
-    figures["elementwise GB/s"] = bandwidth / 1e9
+    inside = [(b, t) for b, t in timed if b <= cache_bytes]
+    beyond = [b / max(t - tiny, 1e-12) for b, t in timed if b > cache_bytes]
     cache_bandwidth = 0.0
-    if inside and outside is not inside:
+    if inside and beyond:
+        bandwidth = float(np.median(beyond))
         _, cache_slope = fit_line([b for b, _ in inside], [t for _, t in inside])
         cache_bandwidth = 1.0 / cache_slope if cache_slope > 0 else bandwidth
         figures["elementwise in cache GB/s"] = cache_bandwidth / 1e9
         figures["cache MiB per rank"] = cache_bytes / 2**20
+    else:
+        bandwidth = 1.0 / ew_slope if ew_slope > 0 else math.inf
+    figures["elementwise GB/s"] = bandwidth / 1e9
     red_overhead, red_slope = fit_line([b for b, _ in raw["reduction"]], [t for _, t in raw["reduction"]])
     figures["reduction GB/s"] = (1.0 / red_slope if red_slope > 0 else math.inf) / 1e9
     kernel_overhead = float(raw.get("tiny_kernel", min(ew_overhead, red_overhead)))
@@ -153,6 +162,13 @@ def fit_cluster(raw: Mapping[str, Any], name: str | None = None) -> Fitted:
         overlap = min(1.0, max(0.0, hidden / shorter)) if shorter > 0 else 1.0
     figures["comm overlap"] = overlap
 
+    # what a collective adds when its members arrive apart, beyond its lock-step time
+    sync = 0.0
+    apart = raw.get("sync")
+    if apart:
+        sync = max(0.0, apart["both"] - apart["compute"] - apart["lockstep"])
+    figures["collective sync us"] = sync * 1e6
+
     memory = float(raw.get("memory", 8 * 2**30))
     device = DeviceKind(
         kind="cpu", memory=memory, peak_flops={"f32": gemm_rate, "bf16": gemm_rate}, efficiency=1.0,
@@ -162,7 +178,8 @@ def fit_cluster(raw: Mapping[str, Any], name: str | None = None) -> Fitted:
     )
     cluster = Cluster(
         name=name or f"calibrated-cpu-{ranks}", count=ranks, device=device,
-        levels=(Level("machine", ranks, bandwidth=base.bandwidth, latency=base.latency, collectives=fits),),
+        levels=(Level("machine", ranks, bandwidth=base.bandwidth, latency=base.latency, collectives=fits,
+                      sync=sync),),
         source=f"sbp-calibrate on {raw.get('host', 'this machine')}, {ranks} ranks",
     )
     return Fitted(cluster, figures)

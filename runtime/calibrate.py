@@ -80,7 +80,7 @@ def _loop_time(fn: Callable[[], object], count: int) -> float:
 
 
 def measure_compute(world: MPI.Comm, quick: bool) -> dict:
-    repeats = 2 if quick else 3
+    repeats = 2 if quick else 5
     rng = np.random.default_rng(world.rank)
     gemm = []
     for m, k, n in GEMM_SHAPES[: 5 if quick else None]:
@@ -90,7 +90,10 @@ def measure_compute(world: MPI.Comm, quick: bool) -> dict:
         inner = max(1, int(2e8 // (2 * m * k * n)))
         t = _best(world, _repeat(lambda a, b, c: np.matmul(a, b, out=c), inner, a, b, c), repeats)
         gemm.append([m, k, n, t / inner])
-    sizes = [2**e for e in range(10, 22 if quick else 24, 2)]
+    # Every power of two, up to four times past the largest cache: the
+    # bandwidth from memory is fitted to the sizes beyond this rank's share
+    # of it, so it needs several of them (one point made it swing 2x).
+    sizes = [2**e for e in range(10, 22 if quick else 25)]
     elementwise, reduction = [], []
     for count in sizes:
         x = rng.standard_normal(count, np.float32)
@@ -184,11 +187,11 @@ def measure_probe(world: MPI.Comm, path: str, feeds_path: str, quick: bool) -> l
     return out
 
 
-def _collective_runs(world: MPI.Comm, count: int) -> dict[str, tuple[float, Callable[[], None]]]:
+def _collective_issues(world: MPI.Comm, count: int) -> dict[str, tuple[float, Callable[[], list[MPI.Request]]]]:
     """Each kind on `count` float32 elements per rank, issued as the runtime
-    issues it (non-blocking, then waited for): the per-device volume the IR
-    records for it, and the run. A transfer goes from even ranks to the next
-    odd one (a stage boundary)."""
+    issues it (non-blocking): the per-device volume the IR records for it,
+    and a call that issues it and returns its requests. A transfer goes from
+    even ranks to the next odd one (a stage boundary)."""
     p = world.size
     nbytes = 4.0 * count
     send = np.ones(count, np.float32)
@@ -197,34 +200,119 @@ def _collective_runs(world: MPI.Comm, count: int) -> dict[str, tuple[float, Call
     scattered = np.empty(count // p, np.float32)
     peer = world.rank ^ 1
 
-    def transfer() -> None:
+    def transfer() -> list[MPI.Request]:
         if peer >= p:
-            return
+            return []
         if world.rank % 2 == 0:
-            world.Isend(send, peer, tag=7).Wait()
-        else:
-            world.Irecv(recv, peer, tag=7).Wait()
+            return [world.Isend(send, peer, tag=7)]
+        return [world.Irecv(recv, peer, tag=7)]
 
     return {
-        "all_reduce": (2 * (p - 1) / p * nbytes, _repeat(lambda: world.Iallreduce(send, recv, op=MPI.SUM).Wait(), 1)),
-        "all_gather": ((p - 1) * nbytes, _repeat(lambda: world.Iallgather(send, gathered).Wait(), 1)),
+        "all_reduce": (2 * (p - 1) / p * nbytes, lambda: [world.Iallreduce(send, recv, op=MPI.SUM)]),
+        "all_gather": ((p - 1) * nbytes, lambda: [world.Iallgather(send, gathered)]),
         "reduce_scatter": ((p - 1) / p * nbytes,
-                           _repeat(lambda: world.Ireduce_scatter_block(send, scattered, op=MPI.SUM).Wait(), 1)),
-        "all_to_all": ((p - 1) / p * nbytes, _repeat(lambda: world.Ialltoall(send, recv).Wait(), 1)),
+                           lambda: [world.Ireduce_scatter_block(send, scattered, op=MPI.SUM)]),
+        "all_to_all": ((p - 1) / p * nbytes, lambda: [world.Ialltoall(send, recv)]),
         "transfer": (nbytes, transfer),
     }
 
 
+class _Streaming:
+    """A kernel that makes no MPI call, as most of a plan's actors: an add
+    over operands larger than the cache's share of a rank."""
+
+    def __init__(self, count: int = 2**18):
+        self.x = np.ones(count, np.float32)
+        self.y = np.ones(count, np.float32)
+        self.z = np.empty(count, np.float32)
+
+    def __call__(self) -> None:
+        np.add(self.x, self.y, out=self.z)
+
+
 def measure_collectives(world: MPI.Comm, quick: bool) -> dict:
+    """Per kind and size, [volume, seconds]: what the collective adds to a
+    step as the executor meets it. It is issued, the thread goes on with
+    kernels that make no MPI call and tests it after each (as the executor
+    does after every actor), then waits for it; the seconds are the median,
+    over alternating runs, of that less the same kernels alone, and at least
+    the collective's lock-step time (issued by all and waited for at once).
+    Where MPI moves bytes only inside MPI calls, a message past the eager
+    limit needs both sides in MPI at once for each handshake, so in a plan
+    it costs more than in lock-step (up to twice, on this machine)."""
     p = world.size
     repeats = 3 if quick else 7
     sizes = [2**e for e in range(8, 20 if quick else 23, 2)]  # float32 elements per rank
+    work = _Streaming()
+    between = 4
+
+    def alone() -> None:
+        for _ in range(between):
+            work()
+
     out: dict[str, list] = {k: [] for k in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "transfer")}
     for count in sizes:
         count -= count % p
-        for kind, (volume, fn) in _collective_runs(world, count).items():
-            out[kind].append([volume, _typical(world, fn, repeats)])
+        for kind, (volume, issue) in _collective_issues(world, count).items():
+            def in_plan(issue: Callable[[], list[MPI.Request]] = issue) -> None:
+                requests = issue()
+                for _ in range(between):
+                    work()
+                    MPI.Request.Testall(requests)
+                MPI.Request.Waitall(requests)
+
+            def together(issue: Callable[[], list[MPI.Request]] = issue) -> None:
+                MPI.Request.Waitall(issue())
+
+            lockstep = _typical(world, together, repeats)
+            extra = []
+            for _ in range(repeats):
+                extra.append(_runs(world, in_plan, 1)[0] - _runs(world, alone, 1)[0])
+            out[kind].append([volume, max(lockstep, float(np.median(extra)))])
     return out
+
+
+def measure_sync(world: MPI.Comm, quick: bool) -> dict:
+    """What a collective adds to a step as a plan meets it, against the same
+    collective issued in lock-step: members issue it at different moments
+    (each rank computes a different while first), go on with kernels that
+    make no MPI call, testing it between them as the executor does after
+    every actor, and wait for it. A rendezvous-sized message moves only
+    while both sides are inside MPI, and where ranks share cores the OS must
+    run every member before it completes: per-collective costs no lock-step
+    timing sees. Runs with and without the collective alternate, so both
+    meet the same load; the medians are taken."""
+    rng = np.random.default_rng(world.rank)
+    a = rng.standard_normal((128, 128), np.float32)
+    c = np.empty_like(a)
+    count = 2**16  # 256 KiB: past MPICH's eager limit, like most gradients
+    send = np.ones(count, np.float32)
+    recv = np.empty(count, np.float32)
+
+    def gemm() -> None:
+        np.matmul(a, a, out=c)
+
+    def alone() -> None:
+        for _ in range(2 * world.rank + 8):
+            gemm()
+
+    def with_collective() -> None:
+        for _ in range(2 * world.rank):  # arrivals about 0.1 ms apart per rank
+            gemm()
+        request = world.Iallreduce(send, recv, op=MPI.SUM)
+        for _ in range(8):
+            gemm()
+            request.Test()
+        request.Wait()
+
+    repeats = 9 if quick else 41  # cheap (a millisecond each), and noisy where ranks share cores
+    times: dict[str, list[float]] = {"compute": [], "both": []}
+    for _ in range(repeats):
+        times["compute"] += _runs(world, alone, 1)
+        times["both"] += _runs(world, with_collective, 1)
+    lockstep = _typical(world, lambda: world.Iallreduce(send, recv, op=MPI.SUM).Wait(), repeats)
+    return {"compute": float(np.median(times["compute"])), "both": float(np.median(times["both"])),
+            "lockstep": lockstep}
 
 
 def measure_overlap(world: MPI.Comm, quick: bool) -> dict:
@@ -282,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     raw["probe"] = measure_probe(world, options.probe[0], options.probe[1], options.quick) if options.probe else []
     raw["collectives"] = measure_collectives(world, options.quick) if world.size > 1 else {}
     raw["overlap"] = measure_overlap(world, options.quick) if world.size > 1 else None
+    raw["sync"] = measure_sync(world, options.quick) if world.size > 1 else None
     try:
         raw["memory"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / world.size
     except (ValueError, OSError, AttributeError):

@@ -85,6 +85,38 @@ def test_exact_timings_give_the_figures_back(ranks):
         latency_steps("all_reduce", ranks) * alpha + 1e6 / beta, rel=1e-3)
 
 
+def test_memory_bandwidth_is_the_median_past_the_cache():
+    # one slow outlier past the cache does not move it
+    raw = synthetic(2)
+    raw["elementwise"] = []
+    for count in [2**e for e in range(10, 25)]:
+        nbytes = 12.0 * count
+        bw = TRUE["cache_bandwidth"] if nbytes <= TRUE["cache_bytes"] else TRUE["bandwidth"]
+        raw["elementwise"].append([nbytes, TRUE["kernel"] + nbytes / bw])
+    raw["elementwise"][-2][1] *= 3.0
+    d = fit_cluster(raw).cluster.device
+    assert d.memory_bandwidth == pytest.approx(TRUE["bandwidth"], rel=1e-3)
+    assert d.cache_bandwidth == pytest.approx(TRUE["cache_bandwidth"], rel=1e-3)
+
+
+def test_the_cost_of_members_arriving_apart_is_charged_to_every_collective():
+    raw = synthetic(4)
+    # 1.2 ms of skewed compute; with the collective 1.5 ms; the collective alone in lock-step 0.1 ms
+    raw["sync"] = {"compute": 1.2e-3, "both": 1.5e-3, "lockstep": 0.1e-3}
+    cluster = fit_cluster(raw).cluster
+    assert cluster.levels[0].sync == pytest.approx(0.2e-3)
+    without = fit_cluster(synthetic(4)).cluster
+    group = [0, 1, 2, 3]
+    for kind in ("all_reduce", "all_gather", "transfer"):
+        extra = cluster.collective_time(kind, group[:2] if kind == "transfer" else group, 1e5) - \
+            without.collective_time(kind, group[:2] if kind == "transfer" else group, 1e5)
+        assert extra == pytest.approx(0.2e-3), kind
+    assert cluster.collective_time("all_reduce", [0], 1e5) == without.collective_time("all_reduce", [0], 1e5)
+    # arrivals that cost nothing beyond the lock-step time leave no sync cost (never a negative one)
+    raw["sync"] = {"compute": 1.2e-3, "both": 1.25e-3, "lockstep": 0.1e-3}
+    assert fit_cluster(raw).cluster.levels[0].sync == 0.0
+
+
 def test_noisy_timings_give_figures_within_the_noise():
     cluster = fit_cluster(synthetic(2, noise=0.03, seed=1)).cluster
     assert cluster.device.gemm_rate("f32") == pytest.approx(TRUE["gemm_rate"], rel=0.1)

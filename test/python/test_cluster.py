@@ -4,7 +4,9 @@ validation, presets, topology arithmetic) and the step-time simulator
 
 import json
 import math
-from dataclasses import replace
+import re
+from dataclasses import fields, replace
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -110,6 +112,8 @@ MALFORMED = [
     ("bandwidth-negative", _set("levels.1.bandwidth", -1.0), "levels[1].bandwidth:"),
     ("bandwidth-string", _set("levels.0.bandwidth", "fast"), "levels[0].bandwidth:"),
     ("latency-negative", _set("levels.0.latency", -1e-6), "levels[0].latency:"),
+    ("sync-negative", _set("levels.1.sync", -1e-4), "levels[1].sync:"),
+    ("sync-string", _set("levels.0.sync", "slow"), "levels[0].sync:"),
     ("size-fraction", _set("levels.0.size", 2.5), "levels[0].size:"),
     ("unknown-dtype", _set("device.peak_flops.f99", 1e12), "device.peak_flops.f99:"),
     ("no-dtypes", _set("device.peak_flops", {}), "device.peak_flops:"),
@@ -748,3 +752,18 @@ def test_a_pending_transfer_does_not_hold_up_a_collective():
             (t,) = [e for e in transfer if e.step == step]
             (r,) = [e for e in reduce if e.step == step]
             assert r.end < t.start  # done before the transfer it was issued after could start
+
+
+def test_the_documented_cluster_file_loads(tmp_path):
+    """docs/CLUSTER.md's example is a valid cluster file (the doc cannot drift from the format)."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "CLUSTER.md").read_text()
+    example = re.search(r"```json\n(.*?)```", text, re.S)
+    assert example is not None
+    path = tmp_path / "cluster.json"
+    path.write_text(example.group(1))
+    cluster = load_cluster(str(path))
+    assert cluster.count == 2 and cluster.levels[0].sync > 0
+    # every field of the format is documented
+    for cls in (Cluster, DeviceKind, Level, Links, CollectiveFit):
+        for f in fields(cls):
+            assert f"`{f.name}`" in text, f"{cls.__name__}.{f.name} is not in docs/CLUSTER.md"
