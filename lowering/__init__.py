@@ -84,6 +84,12 @@ def _lg_optimizer() -> type[ModulePass]:
     return LgOptimizerPass
 
 
+def _sbp_autoplan() -> type[ModulePass]:
+    from .sbp_autoplan import SbpAutoplanPass
+
+    return SbpAutoplanPass
+
+
 def _lg_micro_batch() -> type[ModulePass]:
     from .lg_micro_batch import LgMicroBatchPass
 
@@ -95,6 +101,7 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "lg-autodiff": _lg_autodiff,
     "lg-optimizer": _lg_optimizer,
     "sbp-erase": _sbp_erase,
+    "sbp-autoplan": _sbp_autoplan,
     "sbp-infer": _sbp_infer,
     "sbp-insert-boxing": _sbp_insert_boxing,
     "sbp-simplify": _sbp_simplify,

@@ -22,6 +22,10 @@ Strategies:
   series-parallel graphs; what remains is improved by coordinate descent
   from the greedy plan. It is never worse than greedy (both are costed and
   the cheaper kept).
+- `ilp`: the exact optimum of the same objective, as an integer program
+  solved by HiGHS (`sbp_ilp.py`; Alpa's and autoparallel's formulation),
+  then improved like `auto` on the exact cost model. Slower than `auto` on
+  large graphs; what `sbp-autoplan` solves.
 
 Hints are constraints: a result typed `!sbp.dtensor` keeps its distribution,
 and `sbp.annotate` fixes the distribution of its result. Placement: an op
@@ -74,7 +78,7 @@ from .cost_model import DeviceSpec, load_device, local_fraction, transfer_cost
 NdSignature = tuple[tuple[PlainNd, ...], PlainNd]
 """(one nd-SBP per operand, the result's nd-SBP)."""
 
-STRATEGIES = ("greedy", "auto")
+STRATEGIES = ("greedy", "auto", "ilp")
 
 
 def format_signature(sig: NdSignature) -> str:
@@ -775,7 +779,13 @@ class _UseTracker:
         return total
 
 
-SOLVERS = {"greedy": solve_greedy, "auto": solve_auto}
+def solve_ilp(problem: Problem) -> list[int]:
+    from .sbp_ilp import solve  # scipy loads only for this strategy
+
+    return solve(problem)
+
+
+SOLVERS = {"greedy": solve_greedy, "auto": solve_auto, "ilp": solve_ilp}
 
 
 # --------------------------------------------------------------------------
@@ -877,7 +887,7 @@ class SbpInferOptions:
     """The options of sbp-infer that pipelines running it (compile) expose too."""
 
     strategy: str = "auto"
-    """`auto` (global search) or `greedy`."""
+    """`auto` (global search), `greedy`, or `ilp` (the exact optimum by an integer program)."""
     device: str = "cpu"
     """A cluster preset (`cpu`, `h100-node`, `h100-16nodes`, ...), a cluster file
     (`sbp-calibrate`), `cuda`, or a JSON file of cost_model.DeviceSpec fields."""
@@ -898,7 +908,8 @@ class SbpInferPass(SbpInferOptions, ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.strategy not in SOLVERS:
             raise PassFailedException(
-                f"sbp-infer: unknown strategy '{self.strategy}' (choose {' or '.join(STRATEGIES)})"
+                f"sbp-infer: unknown strategy '{self.strategy}' "
+                f"(choose {', '.join(STRATEGIES[:-1])} or {STRATEGIES[-1]})"
             )
         ranks = sorted({r for p in op.ops if isinstance(p, PlacementOp) for r in p.mesh().ranks})
         try:

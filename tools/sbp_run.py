@@ -36,14 +36,21 @@ def generated_feeds(program: plan.ProgramOp, seed: int) -> dict[str, np.ndarray]
     bounds: dict[str, int] = {}
     for device in program.devices():
         regs = {r.sym_name.data: r for r in device.registers()}
+        # the feed each register holds (a piece of): feeds, and what
+        # communication (a slice, a gather) makes of them
+        origin = {name: r.feed.data for name, r in regs.items() if r.feed is not None}
         for actor in device.actors():
+            names = [r.string_value() for r in actor.ins.data]
             if not isinstance(actor, plan.ComputeOp):
+                if names and names[0] in origin:
+                    for out in actor.outs.data:
+                        origin[out.string_value()] = origin[names[0]]
                 continue
-            ins = [regs[r.string_value()] for r in actor.ins.data]
-            if actor.kernel.data == "lg.cross_entropy" and ins[1].feed is not None:
-                bounds[ins[1].feed.data] = ins[0].value.get_shape()[-1]
-            if actor.kernel.data == "lg.embedding" and ins[1].feed is not None:
-                bounds[ins[1].feed.data] = ins[0].value.get_shape()[0]
+            ins = [regs[n] for n in names]
+            if actor.kernel.data == "lg.cross_entropy" and names[1] in origin:
+                bounds[origin[names[1]]] = ins[0].value.get_shape()[-1]
+            if actor.kernel.data == "lg.embedding" and names[1] in origin:
+                bounds[origin[names[1]]] = ins[0].value.get_shape()[0]
     feeds = {}
     for name, t in sorted(feed_types(program).items()):
         dtype = numpy_dtype(t.element_type)

@@ -1,12 +1,14 @@
 // RUN: sbp-opt %s -p sbp-infer{strategy=greedy} | filecheck %s --check-prefix=GREEDY
 // RUN: sbp-opt %s -p sbp-infer{strategy=auto} | filecheck %s --check-prefix=AUTO
+// RUN: sbp-opt %s -p sbp-infer{strategy=ilp} | filecheck %s --check-prefix=ILP
 
 // A value with two consumers that want it split differently. Greedy decides
 // %x together with its first consumer (a row sum prefers rows, S<0>) and then
 // pays an all_to_all of the whole 4 MB tensor for the column softmax (which
 // needs S<1> or B). Auto sees both consumers: split columns (S<1>), let the
 // row sum end partial, and move nothing. Costs are seconds under the cpu
-// device model: greedy 3.6e-4, auto 4.3e-5.
+// device model: greedy 3.6e-4, auto 4.3e-5; the integer program proves
+// auto's answer optimal.
 
 sbp.placement @m cpu ranks [0, 1] mesh [2]
 
@@ -28,3 +30,9 @@ lg.graph @first_consumer_trap on @m {
 // AUTO-NEXT:   %rowsum = lg.reduce_sum %x axes [1] {sbp.signature = #sbp.sig<(S<1>) -> (P)>}
 // AUTO-NEXT:   %colsoftmax = lg.softmax %x axis 0 {sbp.signature = #sbp.sig<(S<1>) -> (S<1>)>}
 // AUTO-NOT:    sbp.annotate
+
+// ILP:      lg.graph @first_consumer_trap on @m attributes {sbp.strategy = "ilp", sbp.total_cost = 4.3{{[0-9]*}}e-05 : f64}
+// ILP-NEXT:   %x = lg.input "x" {sbp.signature = #sbp.sig<() -> (S<1>)>}
+// ILP-NEXT:   %rowsum = lg.reduce_sum %x axes [1] {sbp.signature = #sbp.sig<(S<1>) -> (P)>}
+// ILP-NEXT:   %colsoftmax = lg.softmax %x axis 0 {sbp.signature = #sbp.sig<(S<1>) -> (S<1>)>}
+// ILP-NOT:    sbp.annotate
