@@ -17,6 +17,8 @@ and placements on an otherwise identical graph.
     pipeline  two stages on disjoint rank sets (each data parallel inside),
               the layers split between them, `micro_batches` micro-batches
               per step flowing through them (lg-micro-batch)
+    none      no hints at all: for sbp-autoplan (`sbpc.compile(module,
+              plan="auto")`) to choose
 
 `training_module` differentiates the forward graph and appends the optimizer.
 """
@@ -44,10 +46,15 @@ class Layout:
     weights split by columns or rows, replicated weights and activations."""
 
     def __init__(self, variant: str, ranks: int):
-        if variant not in VARIANTS:
-            raise ValueError(f"unknown variant {variant!r} (choose {', '.join(VARIANTS)})")
+        if variant not in (*VARIANTS, "none"):
+            raise ValueError(f"unknown variant {variant!r} (choose {', '.join(VARIANTS)} or none)")
         self.variant = variant
         self.stages = [sbpc.placement("cpu", ranks=ranks)]
+        self.zero = False
+        self.micro_batches = 1
+        if variant == "none":
+            self.batch = self.replicated = self.columns = self.rows = self.vector_split = None
+            return
         data = S(0)
         if variant == "2d":
             if ranks % 2:

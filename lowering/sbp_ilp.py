@@ -2,7 +2,7 @@
 exactly with HiGHS (`scipy.optimize.milp`): `sbp-infer{strategy=ilp}`.
 
 The objective is the exact cost of a plan as sbp-infer builds it
-(`sbp_infer.ExactCost`): every op's chosen candidate (compute and memory),
+(`sbp_problem.ExactCost`): every op's chosen candidate (compute and memory),
 plus, per value, the boxing to each distinct distribution its uses want,
 paid once however many uses want it (per use for parameters, which are
 redistributed at each use, and for annotations). Alpa and PyTorch's
@@ -26,8 +26,8 @@ decision, so the program shrinks by the number of repeats.
 Measured (GPT, 885 to 3057 ops, this machine): on 1-D meshes HiGHS proves
 the optimum in 3 to 20 s and `auto` comes within 0.1% of it; on 2x2 meshes
 the program has 180k-270k columns and HiGHS does not finish in 60 s, where
-`auto` answers in half a second. `solve` therefore keeps the cheaper of the
-two whenever the optimum is not proven.
+`auto` answers in half a second. `sbp-infer{strategy=ilp}` therefore keeps the
+cheaper of the two whenever the optimum is not proven.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_array
 
-from .sbp_infer import Problem
+from .sbp_problem import Problem
 
 
 class IlpError(RuntimeError):
@@ -281,17 +281,3 @@ SHARE_ABOVE = 200
 
 TIME_LIMIT = 60.0
 """Seconds HiGHS may take; then its best plan so far is used (or auto's, if better)."""
-
-
-def solve(problem: Problem) -> list[int]:
-    """sbp-infer{strategy=ilp}: the optimum of the program, proven, on graphs
-    up to SHARE_ABOVE ops; on larger ones repeated structure shares one
-    decision and the answer is refined like auto's. Never worse than `auto`
-    where the proof is missing: both are costed and the cheaper kept."""
-    from .sbp_infer import solve_auto
-
-    exact = problem.exact()
-    result = solve_ilp(problem, TIME_LIMIT, share=len(problem.nodes) > SHARE_ABOVE)
-    if result.optimal and len(problem.nodes) <= SHARE_ABOVE:
-        return result.choice
-    return min(exact.refine(result.choice), solve_auto(problem), key=exact.total)

@@ -33,7 +33,8 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import PassPipeline
 from xdsl.printer import Printer
 
-from sbpc.dialects import lg, parse_module, plan
+from sbpc.dialects import lg, parse_module
+from sbpc.dialects.plan import programs
 from sbpc.frontend import Graph, Placement
 
 MODES = ("auto", "mpi", "simulate")
@@ -45,18 +46,37 @@ def _text(module: ModuleOp) -> str:
     return stream.getvalue()
 
 
+PLANS = ("manual", "auto")
+BEFORE_PLANNING = ("lg-micro-batch", "lg-autodiff", "lg-optimizer")
+"""Passes that run before sbp-autoplan when a pipeline names them."""
+
+
 def compile(  # noqa: A001 - the verb users expect
     graph: Graph | ModuleOp | str,
     placement: Placement | None = None,
     pipeline: str = "compile",
     mode: str = "auto",
+    plan: str = "manual",
+    cluster: Any = "cpu",
+    memory_budget: int | None = None,
+    devices: int | None = None,
 ) -> Executable:
     """Runs the pass pipeline (default: the whole `compile` chain) on a
-    frontend graph, a module, or IR text, and returns an Executable."""
+    frontend graph, a module, or IR text, and returns an Executable.
+
+    `plan="auto"` runs sbp-autoplan first (after the pipeline's lg-autodiff
+    and lg-optimizer, where it names them): the mesh shape and every op's
+    distribution, with ZeRO or FSDP where they pay or memory needs them,
+    chosen by predicting each plan on `cluster` (a preset, a cluster file)
+    within `memory_budget` bytes per device (default: the cluster device's),
+    for the placement's ranks or `devices`. `Executable.explain()` shows the
+    choice and its alternatives."""
     from sbpc.lowering import PASSES
 
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if plan not in PLANS:
+        raise ValueError(f"plan must be one of {PLANS}, got {plan!r}")
     if isinstance(graph, Graph):
         if placement is not None and graph.placement is None:
             graph.placement = placement
@@ -76,10 +96,29 @@ def compile(  # noqa: A001 - the verb users expect
                 first = module.body.block.first_op
                 assert first is not None  # `g` is in this block
                 module.body.block.insert_op_before(placement.op(), first)
-    if not plan.programs(module):
-        PassPipeline.parse_spec(PASSES, pipeline).apply(Context(), module)
+    autoplan: dict[str, Any] = {}
+    if not programs(module):
+        passes = list(PassPipeline.parse_spec(PASSES, pipeline).passes)
+        if plan == "auto":
+            from sbpc.lowering.sbp_autoplan import SbpAutoplanPass
+
+            at = max((i + 1 for i, p in enumerate(passes) if p.name in BEFORE_PLANNING), default=0)
+            for p in passes[:at]:
+                p.apply(Context(), module)
+            planner = SbpAutoplanPass(cluster=str(cluster), devices=devices or 0, memory=int(memory_budget or 0),
+                                      explain=True)
+            planner.apply(Context(), module)
+            chosen = next(iter(lg.graphs(module)))
+            autoplan = {"cluster": str(cluster), "chosen": chosen.attributes["sbp.autoplan"].data,
+                        "alternatives": [a.data for a in chosen.attributes["sbp.autoplan.alternatives"].data]}
+            passes = passes[at:]
+        PassPipeline(tuple(passes)).apply(Context(), module)
+    elif plan == "auto":
+        raise ValueError("plan='auto' needs a graph, not a compiled plan")
     module.verify()
-    return Executable(module, mode)
+    exe = Executable(module, mode)
+    exe.autoplan = autoplan
+    return exe
 
 
 class Executable:
@@ -94,6 +133,22 @@ class Executable:
         self.params = Params(self)
         self._local = None  # (executor, world) inside mpiexec
         self._sim_params: dict[str, np.ndarray] = {}
+        self.autoplan: dict[str, Any] = {}
+        """What sbp-autoplan chose (`compile(plan="auto")`): cluster, chosen, alternatives."""
+
+    def explain(self, cluster: Any = None) -> str:
+        """What sbp-autoplan chose and the alternatives it predicted (fastest
+        first, or why each was rejected), then this plan's predicted step on
+        the cluster it planned for (or `cluster`)."""
+        lines = []
+        if self.autoplan:
+            lines.append(f"sbp-autoplan chose {self.autoplan['chosen']}")
+            lines.append("alternatives, fastest first:")
+            lines += [f"  {a}" for a in self.autoplan["alternatives"]]
+        else:
+            lines.append("planned by hand (compile without plan='auto')")
+        lines.append(self.predict(cluster or self.autoplan.get("cluster", "cpu"), devices=self.ranks).format())
+        return "\n".join(lines)
 
     def predict(self, cluster="cpu", devices: int | None = None, steps: int = 4):
         """The step time, per-device breakdown, peak memory and critical path

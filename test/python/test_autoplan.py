@@ -120,3 +120,19 @@ def test_devices_overrides_the_placement_and_an_unknown_cluster_is_refused():
     assert list(placement.ranks.get_values()) == [0, 1]
     with pytest.raises(PassFailedException, match="sbp-autoplan: .*nonexistent"):
         SbpAutoplanPass(cluster="nonexistent.json").apply(Context(), training(2))
+
+
+def test_the_autoplan_example_plans_trains_and_matches_the_reference():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "autoplan.py"
+    done = subprocess.run([sys.executable, str(example), "--ranks", "2", "--steps", "5", "--model", "mlp"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "sbp-autoplan chose mesh 2" in done.stdout and ": equal" in done.stdout
+    done = subprocess.run([sys.executable, str(example), "--ranks", "2", "--steps", "1", "--model", "mlp",
+                           "--memory", "1000"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    assert "no plan fits" in done.stderr and "the smallest needs" in done.stderr and "Traceback" not in done.stderr

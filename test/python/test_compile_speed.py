@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from test_sbp_infer import hinted_graphs
 
 from sbpc.lowering import plan_allocate_memory as alloc
-from sbpc.lowering import sbp_infer
+from sbpc.lowering import sbp_problem
 from sbpc.lowering.cost_model import DEVICES
 from sbpc.lowering.plan_verify import first_shared_bytes, temporaries_disjoint
 
@@ -113,9 +113,9 @@ def test_memory_sweep_accepts_allocated_plans(bufs):
 @given(hinted_graphs())
 def test_refine_with_use_trackers_matches_without(case):
     graph = case.module.ops.last
-    problem = sbp_infer.build_problem(graph, DEVICES["cpu"])
-    start = sbp_infer.solve_greedy(problem)
-    saved_limit, saved_cost = sbp_infer.TRACKED_USES, sbp_infer._UseTracker.cost
+    problem = sbp_problem.build_problem(graph, DEVICES["cpu"])
+    start = sbp_problem.solve_greedy(problem)
+    saved_limit, saved_cost = sbp_problem.TRACKED_USES, sbp_problem._UseTracker.cost
     checked = []
 
     def checked_cost(tracker, choice):
@@ -131,13 +131,13 @@ def test_refine_with_use_trackers_matches_without(case):
         return fast
 
     try:
-        sbp_infer.TRACKED_USES = 10**9  # no trackers: every producer_cost walks every use
-        plain = sbp_infer.ExactCost(problem).refine(list(start))
-        sbp_infer.TRACKED_USES = 0  # a tracker for every producer with a use that can cost
-        sbp_infer._UseTracker.cost = checked_cost
-        tracked = sbp_infer.ExactCost(problem).refine(list(start))
+        sbp_problem.TRACKED_USES = 10**9  # no trackers: every producer_cost walks every use
+        plain = sbp_problem.ExactCost(problem).refine(list(start))
+        sbp_problem.TRACKED_USES = 0  # a tracker for every producer with a use that can cost
+        sbp_problem._UseTracker.cost = checked_cost
+        tracked = sbp_problem.ExactCost(problem).refine(list(start))
     finally:
-        sbp_infer.TRACKED_USES, sbp_infer._UseTracker.cost = saved_limit, saved_cost
+        sbp_problem.TRACKED_USES, sbp_problem._UseTracker.cost = saved_limit, saved_cost
     assert tracked == plain
 
 

@@ -15,7 +15,8 @@ from xdsl.context import Context
 from sbpc.dialects import lg, make_context, parse_module
 from sbpc.lowering.cost_model import DEVICES
 from sbpc.lowering.sbp_ilp import repeated_classes, solve_ilp
-from sbpc.lowering.sbp_infer import SbpInferPass, build_problem, solve_auto
+from sbpc.lowering.sbp_infer import SbpInferPass
+from sbpc.lowering.sbp_problem import build_problem, solve_auto
 
 EXACT_ENUMERATION_LIMIT = 3000
 """Plans the exact-cost check enumerates at most (each costed in Python)."""

@@ -1,0 +1,738 @@
+"""The SBP choice problem as plain data, its exact cost, and the searches
+that solve it (`greedy`, `auto`): what `sbp-infer` builds from a graph and
+writes back, and what `sbp_ilp.py` poses as an integer program.
+
+A `Problem` holds, per op, its candidate nd-SBP signatures with their
+compute and memory costs and, per producer-consumer edge, a matrix of boxing
+costs (N-D signatures are products of the ops' 1-D rules over the mesh
+axes). `ExactCost` prices a plan as sbp-infer builds it (a value boxed once
+per distinct distribution its uses want).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from xdsl.dialects.builtin import SymbolRefAttr
+from xdsl.ir import Operation, SSAValue
+from xdsl.utils.exceptions import PassFailedException
+
+from sbpc.dialects import lg
+from sbpc.dialects.sbp import (
+    COLLECTIVE_OPS,
+    PLACEMENT_ATTR,
+    AnnotateOp,
+    DTensorType,
+    Mesh,
+    PlainNd,
+    Sbp,
+    element_bytes,
+    element_type,
+    format_nd,
+    global_shape,
+    lookup_placement,
+    nd_to_plain,
+)
+
+from .boxing_planner import boxing_cost
+from .cost_model import DeviceSpec, local_fraction, transfer_cost
+
+NdSignature = tuple[tuple[PlainNd, ...], PlainNd]
+"""(one nd-SBP per operand, the result's nd-SBP)."""
+
+# --------------------------------------------------------------------------
+# N-D signatures from 1-D rules
+# --------------------------------------------------------------------------
+
+def _rule(op_cls, in_shapes, out_shape, p, params_key) -> list:
+    return op_cls.signatures(in_shapes, out_shape, p, params_key)
+
+
+def nd_signatures(op_cls, in_shapes, out_shape, mesh: tuple[int, ...], params: dict) -> list[NdSignature]:
+    """Products of per-mesh-axis 1-D signatures. Where several mesh axes split
+    one tensor axis, they must all use the same 1-D signature and the rule
+    must accept it for the product of their sizes; one nd-SBP never mixes P
+    with Pmax."""
+    params_key = tuple(sorted(params.items()))
+    in_shapes = tuple(in_shapes)
+    per_axis = [_rule(op_cls, in_shapes, out_shape, p, params_key) for p in mesh]
+    if len(mesh) == 1:
+        return [(tuple((s,) for s in ins), (outs[0],)) for ins, outs in per_axis[0]]
+    result = []
+    n_in = len(in_shapes)
+    for combo in itertools.product(*per_axis):
+        ins = tuple(tuple(sig[0][j] for sig in combo) for j in range(n_in))
+        out = tuple(sig[1][0] for sig in combo)
+        if _nested_splits_ok(op_cls, in_shapes, out_shape, mesh, params_key, combo, (*ins, out)):
+            result.append((ins, out))
+    return result
+
+
+def _nested_splits_ok(op_cls, in_shapes, out_shape, mesh, params_key, combo, nds) -> bool:
+    for nd in nds:
+        if Sbp.P in nd and Sbp.PMAX in nd:
+            return False
+        by_axis: dict[int, list[int]] = {}
+        for mesh_axis, sbp in enumerate(nd):
+            axis = sbp.axis
+            if axis is not None:
+                by_axis.setdefault(axis, []).append(mesh_axis)
+        for mesh_axes in by_axis.values():
+            if len(mesh_axes) < 2:
+                continue
+            sigs = {combo[a] for a in mesh_axes}
+            if len(sigs) != 1:
+                return False
+            p = math.prod(mesh[a] for a in mesh_axes)
+            if sigs.pop() not in _rule(op_cls, in_shapes, out_shape, p, params_key):
+                return False
+    return True
+
+
+# --------------------------------------------------------------------------
+# The problem as plain data
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class Node:
+    op: Operation
+    mesh: Mesh
+    candidates: list[NdSignature]
+    compute: np.ndarray
+    memory: np.ndarray
+    producers: list[int | None]
+    """Per operand, the node that produces it (None for none)."""
+    fixed_input: bool = False
+    """sbp.annotate: its operand is redistributed by the annotation itself."""
+
+    @property
+    def cost(self) -> np.ndarray:
+        return self.compute + self.memory
+
+
+@dataclass
+class Problem:
+    nodes: list[Node]
+    device: DeviceSpec
+    edges: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
+    """(producer, consumer) -> boxing cost [producer candidate, consumer candidate],
+    parallel operands summed."""
+    ties: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
+    """(parameter, producer of its update) -> boxing cost [param candidate,
+    producer candidate]; also summed into `edges`."""
+    sizes: list[tuple[float, int]] = field(default_factory=list)
+    """Per node: bytes and rank of its result (what every use of it moves)."""
+    _boxing: dict[tuple, float] = field(default_factory=dict)
+    _exact: ExactCost | None = None
+
+    def exact(self) -> ExactCost:
+        """The exact cost model of this problem, built once (the search
+        refines on it and the answer's recorded cost is read from it)."""
+        if self._exact is None:
+            self._exact = ExactCost(self)
+        return self._exact
+
+    def boxing(self, src: PlainNd, dst: PlainNd, mesh_shape: tuple[int, ...], rank: int, nbytes: float) -> float:
+        """boxing_cost on this problem's device, memoized by its arguments: a
+        deep graph repeats the same few (size, distribution) pairs on
+        thousands of edges."""
+        key = (src, dst, mesh_shape, rank, nbytes)
+        cost = self._boxing.get(key)
+        if cost is None:
+            cost = self._boxing[key] = boxing_cost(src, dst, mesh_shape, rank, nbytes, self.device)
+        return cost
+
+    def total(self, choice: Sequence[int]) -> float:
+        cost = sum(float(node.cost[choice[i]]) for i, node in enumerate(self.nodes))
+        cost += sum(float(m[choice[u], choice[v]]) for (u, v), m in self.edges.items())
+        return cost
+
+    def boxing_of(self, v: int, choice: Sequence[int]) -> np.ndarray:
+        """Boxing cost of each candidate of v given its producers' choices."""
+        total = np.zeros(len(self.nodes[v].candidates))
+        for (u, w), matrix in self.edges.items():
+            if w == v:
+                total += matrix[choice[u]]
+        return total
+
+
+def _nbytes(value: SSAValue) -> float:
+    return math.prod(global_shape(value.type)) * element_bytes(element_type(value.type))
+
+
+def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:
+    nodes: list[Node] = []
+    sizes: list[tuple[float, int]] = []  # per node: bytes and rank of its result
+    index: dict[SSAValue, int] = {}
+    default_mesh = lookup_placement(graph, graph.placement).mesh() if graph.placement is not None else None
+    for op in graph.body.ops:
+        if isinstance(op, lg.OutputOp):
+            continue
+        producers = [index.get(o) for o in op.operands]
+        result = op.results[0]
+        hinted = result.type if isinstance(result.type, DTensorType) else None
+        placed = op.attributes.get(PLACEMENT_ATTR)
+        if hinted is not None:
+            mesh = lookup_placement(op, hinted.placement).mesh()
+        elif isinstance(placed, SymbolRefAttr):
+            mesh = lookup_placement(op, placed).mesh()
+        elif any(p is not None for p in producers):
+            mesh = nodes[next(p for p in producers if p is not None)].mesh
+        elif default_mesh is not None:
+            mesh = default_mesh
+        else:
+            raise PassFailedException(
+                f"'{op.name}': no placement: give graph @{graph.sym_name.data} a default (`on @mesh`) or hint the value"
+            )
+        out_shape = global_shape(result.type)
+        fixed_input = False
+        own_boxing = 0.0
+        if isinstance(op, AnnotateOp):
+            # The annotation is the requested distribution: what its operand
+            # has is paid on the edge from the producer.
+            assert hinted is not None
+            out_nd = nd_to_plain(hinted.nd_sbp)
+            candidates = [((out_nd,), out_nd)]
+            fixed_input = True
+            flops = 0.0
+        elif isinstance(op, COLLECTIVE_OPS):
+            # Already boxed IR: the collective is fixed and costs its transfer.
+            assert hinted is not None
+            source = op.operands[0].type
+            candidates = [((nd_to_plain(source.nd_sbp),), nd_to_plain(hinted.nd_sbp))]
+            src_mesh = lookup_placement(op, source.placement).mesh()
+            nbytes_in = _nbytes(op.operands[0])
+            own_boxing = (
+                boxing_cost(candidates[0][0][0], candidates[0][1], mesh.shape, len(out_shape), nbytes_in, device)
+                if src_mesh == mesh
+                else transfer_cost(nbytes_in, device)
+            )
+            flops = 0.0
+        elif isinstance(op, lg.SbpRules):
+            in_shapes = [global_shape(o.type) for o in op.operands]
+            params = op.params()
+            candidates = nd_signatures(type(op), in_shapes, out_shape, mesh.shape, params)
+            if hinted is not None:
+                want = nd_to_plain(hinted.nd_sbp)
+                allowed = [c for c in candidates if c[1] == want]
+                if not allowed:
+                    results = sorted({format_nd(c[1]) for c in candidates})
+                    note = f"; {type(op).SBP_NOTE}" if type(op).SBP_NOTE else ""
+                    raise PassFailedException(
+                        f"'{op.name}': the hint {format_nd(want)} on its result cannot be met: no SBP "
+                        f"signature gives it (it can give {', '.join(results)}){note}"
+                    )
+                candidates = allowed
+            flops = type(op).flops(in_shapes, out_shape, **params)
+        else:
+            raise PassFailedException(f"'{op.name}': sbp-infer does not know how to distribute this op")
+        nbytes = _nbytes(result)
+        fractions = [
+            min([local_fraction(out, mesh.shape), *(local_fraction(nd, mesh.shape) for nd in ins)])
+            for ins, out in candidates
+        ]
+        # On a mesh axis of one device a split is B; a hair of cost keeps such
+        # splits for where a hint asks for them.
+        trivial = [sum(1 for nd in (*ins, out) for a, s in enumerate(nd) if s.is_split and mesh.shape[a] == 1)
+                   for ins, out in candidates]
+        compute = np.array([flops * f / device.flops + own_boxing + 1e-15 * t for f, t in zip(fractions, trivial)])
+        # Buffers of redistributions are not modelled (their cost is the
+        # boxing); charging an annotation's would make inference depend on
+        # whether its requests are already in the IR.
+        memory = np.array(
+            [
+                0.0 if fixed_input else device.memory_cost(nbytes * local_fraction(out, mesh.shape))
+                for _, out in candidates
+            ]
+        )
+        index[result] = len(nodes)
+        nodes.append(Node(op, mesh, candidates, compute, memory, producers, fixed_input))
+        sizes.append((nbytes, len(out_shape)))
+
+    # Edges. Operand j of v is u's result, so its size is u's.
+    problem = Problem(nodes, device, sizes=sizes)
+    tables: dict[tuple, np.ndarray] = {}
+    for v, node in enumerate(nodes):
+        for j, u in enumerate(node.producers):
+            if u is None:
+                continue
+            producer = nodes[u]
+            nbytes, rank = sizes[u]
+            if producer.mesh != node.mesh:
+                matrix = np.full((len(producer.candidates), len(node.candidates)), transfer_cost(nbytes, device))
+            else:
+                # The cost of each distinct (source, destination) pair, then
+                # spread over the candidates by index: on a 2-D mesh both
+                # sides have dozens of candidates but few distinct pairs.
+                outs = {s: i for i, s in enumerate(sorted({c[1] for c in producer.candidates}))}
+                ins = {d: i for i, d in enumerate(sorted({c[0][j] for c in node.candidates}))}
+                # repeated layers and micro-batches repeat the same table
+                table_key = (tuple(outs), tuple(ins), node.mesh.shape, rank, nbytes)
+                pairs = tables.get(table_key)
+                if pairs is None:
+                    pairs = tables[table_key] = np.array(
+                        [[problem.boxing(s, d, node.mesh.shape, rank, nbytes) for d in ins] for s in outs])
+                matrix = pairs[np.ix_([outs[pc[1]] for pc in producer.candidates],
+                                     [ins[nc[0][j]] for nc in node.candidates])]
+            key = (u, v)
+            problem.edges[key] = problem.edges[key] + matrix if key in problem.edges else matrix
+    # An updated parameter (output `new.<key>`, from lg-optimizer) is written
+    # back into the parameter, so it must come out in the parameter's
+    # distribution: tie the two, charging the boxing between them.
+    for param_node, producer_node in tied_updates(graph, index):
+        param, producer = nodes[param_node], nodes[producer_node]
+        nbytes = _nbytes(param.op.results[0])
+        rank = len(global_shape(param.op.results[0].type))
+        unit = {}
+        matrix = np.zeros((len(param.candidates), len(producer.candidates)))
+        for kp, pc in enumerate(param.candidates):
+            for ku, uc in enumerate(producer.candidates):
+                if param.mesh != producer.mesh:
+                    matrix[kp, ku] = transfer_cost(nbytes, device)
+                    continue
+                pair = (uc[1], pc[1])
+                if pair not in unit:
+                    unit[pair] = boxing_cost(pair[0], pair[1], param.mesh.shape, rank, nbytes, device)
+                matrix[kp, ku] = unit[pair]
+        key = (param_node, producer_node)
+        problem.edges[key] = problem.edges[key] + matrix if key in problem.edges else matrix
+        problem.ties[key] = matrix
+    return problem
+
+
+def tied_updates(graph: lg.GraphOp, index: dict) -> list[tuple[int, int]]:
+    """(parameter node, producer node of its `new.<key>` output) pairs."""
+    params = {op.key.data: op.result for op in graph.body.ops if isinstance(op, lg.ParamOp)}
+    output = graph.output()
+    pairs = []
+    for name, value in zip(output.names.data, output.values):
+        key = name.data.removeprefix("new.")
+        if (
+            name.data.startswith("new.")
+            and key in params
+            and value in index
+            and params[key] in index
+            and index[params[key]] != index[value]
+        ):
+            pairs.append((index[params[key]], index[value]))
+    return pairs
+
+
+# --------------------------------------------------------------------------
+# Strategies
+# --------------------------------------------------------------------------
+
+
+def solve_greedy(problem: Problem) -> list[int]:
+    nodes = problem.nodes
+    choice: list[int | None] = [None] * len(nodes)
+    is_source = [all(p is None for p in node.producers) for node in nodes]
+    incoming: dict[int, list[int]] = {}
+    for u, v in problem.edges:
+        incoming.setdefault(v, []).append(u)
+    for v, node in enumerate(nodes):
+        if is_source[v]:
+            continue
+        total = node.cost.copy()
+        deferred: dict[int, np.ndarray] = {}
+        for u in incoming.get(v, []):
+            if u > v:
+                continue  # a tie to a later node is charged when that node is decided
+            edge = problem.edges[(u, v)]
+            if choice[u] is None:
+                # an undecided source: decide it jointly with this consumer
+                joint = nodes[u].cost[:, None] + edge
+                deferred[u] = joint.argmin(axis=0)
+                total += joint.min(axis=0)
+            else:
+                total += edge[choice[u]]
+        choice[v] = int(total.argmin())
+        for u, best in deferred.items():
+            choice[u] = int(best[choice[v]])
+    for v, node in enumerate(nodes):
+        if choice[v] is None:
+            choice[v] = int(node.cost.argmin())
+    return choice  # type: ignore[return-value]
+
+
+ELIMINATION_LIMIT = 4_000_000
+"""Largest k_u * k_v * k_w table a chain elimination may build."""
+
+
+def solve_auto(problem: Problem) -> list[int]:
+    greedy = solve_greedy(problem)
+    nodes = problem.nodes
+    cost = [node.cost.copy() for node in nodes]
+    adj: list[dict[int, np.ndarray]] = [{} for _ in nodes]  # adj[a][b]: [k_a, k_b]
+
+    def add_edge(a: int, b: int, m: np.ndarray) -> None:
+        if b in adj[a]:
+            adj[a][b] = adj[a][b] + m
+        else:
+            adj[a][b] = m
+        adj[b][a] = adj[a][b].T
+
+    for (u, v), m in problem.edges.items():
+        add_edge(u, v, m)
+
+    records: list[tuple] = []
+    alive = [True] * len(nodes)
+    work = list(range(len(nodes)))
+    while work:
+        v = work.pop()
+        if not alive[v]:
+            continue
+        neighbors = list(adj[v])
+        if len(neighbors) == 0:
+            records.append(("fix", v, int(cost[v].argmin())))
+        elif len(neighbors) == 1:
+            (u,) = neighbors
+            table = adj[u][v] + cost[v][None, :]  # [k_u, k_v]
+            records.append(("leaf", v, u, table.argmin(axis=1)))
+            cost[u] = cost[u] + table.min(axis=1)
+            del adj[u][v]
+            work.append(u)
+        elif len(neighbors) == 2:
+            u, w = neighbors
+            a, b = adj[u][v], adj[v][w]
+            if a.shape[0] * a.shape[1] * b.shape[1] > ELIMINATION_LIMIT:
+                continue
+            table = a[:, :, None] + cost[v][None, :, None] + b[None, :, :]  # [k_u, k_v, k_w]
+            records.append(("chain", v, u, w, table.argmin(axis=1)))
+            del adj[u][v], adj[w][v]
+            add_edge(u, w, table.min(axis=1))
+            work.extend((u, w))
+        else:
+            continue
+        alive[v] = False
+        adj[v] = {}
+
+    # What elimination could not reduce: coordinate descent from greedy.
+    core = [v for v in range(len(nodes)) if alive[v]]
+    choice = list(greedy)
+    for _ in range(50):
+        changed = False
+        for v in core:
+            total = cost[v].copy()
+            for u, m in adj[v].items():
+                total += m[:, choice[u]]
+            best = int(total.argmin())
+            if total[best] < total[choice[v]] - 1e-15:
+                choice[v], changed = best, True
+        if not changed:
+            break
+
+    for record in reversed(records):
+        kind, v = record[0], record[1]
+        if kind == "fix":
+            choice[v] = record[2]
+        elif kind == "leaf":
+            choice[v] = int(record[3][choice[record[2]]])
+        else:
+            choice[v] = int(record[4][choice[record[2]], choice[record[3]]])
+    exact = problem.exact()
+    winner = min((choice, greedy), key=exact.total)
+    return exact.refine(list(winner))
+
+
+class ExactCost:
+    """The cost of a plan as it will be built, for the final local search.
+
+    The pairwise model the elimination works on charges boxing per use, but
+    sbp-infer's annotations are shared by every use that wants the same
+    distribution (a weight gradient read by three update ops is all-reduced
+    once). Here each producer pays once per distinct distribution its uses
+    want (per use for parameters and for sbp.annotate, which are
+    redistributed at each use). Moves: one node at a time, and a whole
+    connected region of split nodes at once to its replicated signature
+    (first regions joined without boxing, then any connected region)
+    (single moves cannot leave a plateau such as an elementwise chain
+    computed split whose result is gathered at the end)."""
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+        nodes = problem.nodes
+        self.slots: list[list[tuple[int, int]]] = [[] for _ in nodes]  # producer -> [(consumer, operand)]
+        for v, node in enumerate(nodes):
+            for j, u in enumerate(node.producers):
+                if u is not None:
+                    self.slots[u].append((v, j))
+        # The uses that can cost anything: a use whose every signature wants
+        # the distribution of every signature of its producer, on the same
+        # mesh, never adds to producer_cost. Leaving those out is exact and
+        # keeps producer_cost short where a value has a great many uses of
+        # that kind (the learning rate, read by every parameter's update).
+        self.costly_slots = [
+            [(v, j) for v, j in uses
+             if nodes[v].mesh != nodes[u].mesh
+             or len({c[0][j] for c in nodes[v].candidates} | {c[1] for c in nodes[u].candidates}) != 1]
+            for u, uses in enumerate(self.slots)
+        ]
+        self.ties_of: list[list[tuple[int, int]]] = [[] for _ in nodes]
+        for key in problem.ties:
+            for n in key:
+                self.ties_of[n].append(key)
+        self.per_use = [isinstance(node.op, lg.ParamOp) for node in nodes]
+        self._unit: dict[tuple, float] = {}
+        self._tracked: list[int] | None = None  # the choice list refine is changing, if any
+        self._trackers: dict[int, _UseTracker] = {}
+        self._tracked_producers: list[list[int]] = [[] for _ in nodes]
+        self.replicated = [
+            next((k for k, (ins, out) in enumerate(node.candidates)
+                  if all(s == Sbp.B for nd in (*ins, out) for s in nd)), None)
+            for node in nodes
+        ]
+
+    def unit(self, u: int, v: int, j: int, src, dst) -> float:
+        if src == dst and self.problem.nodes[u].mesh == self.problem.nodes[v].mesh:
+            return 0.0
+        node = self.problem.nodes[v]
+        key = (u, node.mesh, src, dst)
+        cost = self._unit.get(key)
+        if cost is None:
+            nbytes, rank = self.problem.sizes[u]  # operand j of v is u's result
+            if self.problem.nodes[u].mesh != node.mesh:
+                cost = transfer_cost(nbytes, self.problem.device)
+            else:
+                cost = self.problem.boxing(src, dst, node.mesh.shape, rank, nbytes)
+            self._unit[key] = cost
+        return cost
+
+    def producer_cost(self, u: int, choice: Sequence[int]) -> float:
+        """Boxing of u's result for all its uses."""
+        if choice is self._tracked and u in self._trackers:
+            return self._trackers[u].cost(choice)
+        nodes = self.problem.nodes
+        src = nodes[u].candidates[choice[u]][1]
+        total, seen = 0.0, set()
+        for v, j in self.costly_slots[u]:
+            dst = nodes[v].candidates[choice[v]][0][j]
+            if dst == src and nodes[u].mesh == nodes[v].mesh:
+                continue
+            if self.per_use[u] or nodes[v].fixed_input:
+                total += self.unit(u, v, j, src, dst)
+            elif (nodes[v].mesh, dst) not in seen:
+                seen.add((nodes[v].mesh, dst))
+                total += self.unit(u, v, j, src, dst)
+        return total
+
+    def total(self, choice: Sequence[int]) -> float:
+        nodes = self.problem.nodes
+        cost = sum(float(node.cost[choice[i]]) for i, node in enumerate(nodes))
+        cost += sum(self.producer_cost(u, choice) for u in range(len(nodes)))
+        cost += sum(float(m[choice[a], choice[b]]) for (a, b), m in self.problem.ties.items())
+        return cost
+
+    def local(self, changed, choice: Sequence[int]) -> float:
+        """The part of the total that depends on the nodes in `changed`."""
+        nodes = self.problem.nodes
+        producers, ties = set(), set()
+        for v in changed:
+            producers.add(v)
+            producers.update(u for u in nodes[v].producers if u is not None)
+            ties.update(self.ties_of[v])
+        cost = sum(float(nodes[v].cost[choice[v]]) for v in changed)
+        cost += sum(self.producer_cost(u, choice) for u in producers)
+        cost += sum(float(self.problem.ties[k][choice[k[0]], choice[k[1]]]) for k in ties)
+        return cost
+
+    def region(self, v: int, choice: Sequence[int], direct: bool = False) -> list[int]:
+        """v and the nodes connected to it that are not replicated but could
+        be; with `direct`, only through edges that need no boxing (a chain
+        computed split between two redistributions, such as an optimizer
+        update between its gradient's reduce-scatter and the all-gather of
+        its result, without the rest of the graph it touches)."""
+        nodes = self.problem.nodes
+
+        def flippable(n: int) -> bool:
+            return self.replicated[n] is not None and choice[n] != self.replicated[n]
+
+        def unboxed(producer: int, consumer: int, operand: int) -> bool:
+            produced = nodes[producer].candidates[choice[producer]][1]
+            return produced == nodes[consumer].candidates[choice[consumer]][0][operand]
+
+        if not flippable(v):
+            return []
+        region, todo = {v}, [v]
+        while todo:
+            n = todo.pop()
+            neighbours = [(u, n, j) for j, u in enumerate(nodes[n].producers) if u is not None]
+            neighbours += [(n, c, j) for c, j in self.slots[n]]
+            for producer, consumer, j in neighbours:
+                m = producer if consumer == n else consumer
+                if m in region or not flippable(m) or nodes[m].mesh != nodes[v].mesh:
+                    continue
+                if direct and not unboxed(producer, consumer, j):
+                    continue
+                region.add(m)
+                todo.append(m)
+        return sorted(region)
+
+    def _track(self, choice: list[int] | None) -> None:
+        """Keep use trackers for the producers with many uses while refine
+        changes `choice` (through _assign), or stop (None)."""
+        self._tracked = choice
+        self._trackers = {}
+        self._tracked_producers = [[] for _ in self.problem.nodes]
+        if choice is None:
+            return
+        for u, uses in enumerate(self.costly_slots):
+            if len(uses) > TRACKED_USES:
+                self._trackers[u] = _UseTracker(self, u, choice)
+                for v in dict.fromkeys(v for v, _ in uses):
+                    self._tracked_producers[v].append(u)
+
+    def _assign(self, choice: list[int], v: int, k: int) -> None:
+        if choice[v] != k:
+            choice[v] = k
+            for u in self._tracked_producers[v]:
+                self._trackers[u].move(v, choice)
+
+    def refine(self, choice: list[int], rounds: int = 8) -> list[int]:
+        self._track(choice)
+        try:
+            return self._refine(choice, rounds)
+        finally:
+            self._track(None)
+
+    def _affected(self) -> list[list[int]]:
+        """Per node n: the other nodes whose `local` cost reads n's choice (its
+        producers and consumers, the other consumers of its producers, and
+        its tie partners)."""
+        nodes = self.problem.nodes
+        out: list[set[int]] = [set() for _ in nodes]
+        for n, node in enumerate(nodes):
+            around = out[n]
+            around.update(v for v, _ in self.slots[n])
+            for u in node.producers:
+                if u is not None:
+                    around.add(u)
+                    around.update(v for v, _ in self.slots[u])
+            for key in self.ties_of[n]:
+                around.update(key)
+            around.discard(n)
+        return [sorted(a) for a in out]
+
+    def _refine(self, choice: list[int], rounds: int) -> list[int]:
+        nodes = self.problem.nodes
+        assign = self._assign
+        affected = self._affected()
+        # A node is tried again only when something its local cost reads has
+        # changed since it was last tried: otherwise it would find the very
+        # same costs and keep its choice. (Exact: the search takes the same
+        # steps it took when it tried every node every round.)
+        dirty = [True] * len(nodes)
+        for _ in range(rounds):
+            changed = False
+            for v, node in enumerate(nodes):
+                if len(node.candidates) < 2 or not dirty[v]:
+                    continue
+                dirty[v] = False
+                current = choice[v]
+                before = self.local([v], choice)
+                best, best_cost = current, before
+                for k in range(len(node.candidates)):
+                    if k == current:
+                        continue
+                    assign(choice, v, k)
+                    cost = self.local([v], choice)
+                    if cost < best_cost - 1e-15:
+                        best, best_cost = k, cost
+                assign(choice, v, best)
+                if best != current:
+                    changed = True
+                    for n in affected[v]:
+                        dirty[n] = True
+            for direct in (True, False):
+                tried: set[int] = set()
+                for v in range(len(nodes)):
+                    if v in tried:
+                        continue
+                    region = self.region(v, choice, direct)
+                    tried.update(region)
+                    if len(region) < 2:
+                        continue
+                    old = [choice[n] for n in region]
+                    before = self.local(region, choice)
+                    for n in region:
+                        replicated = self.replicated[n]
+                        assert replicated is not None  # a region holds only flippable nodes
+                        assign(choice, n, replicated)
+                    if self.local(region, choice) < before - 1e-15:
+                        changed = True
+                        for n, k in zip(region, old):
+                            if choice[n] != k:
+                                dirty[n] = True
+                                for m in affected[n]:
+                                    dirty[m] = True
+                    else:
+                        for n, k in zip(region, old):
+                            assign(choice, n, k)
+            if not changed:
+                break
+        return choice
+
+
+TRACKED_USES = 16
+"""Producers with more uses that can cost than this get a _UseTracker in refine."""
+
+
+class _UseTracker:
+    """Which distribution each use of one producer wants, kept up to date as
+    refine changes choices, so that ExactCost.producer_cost need not walk
+    every use: refine tries each candidate of each consumer, and a value
+    read by every parameter's update (the learning rate) made that
+    quadratic in the parameter count. producer_cost adds, in use order, the
+    boxing of every per-use use and of the first use of each distinct
+    (mesh, distribution); this adds the very same terms in the same order,
+    so the sum is the same float."""
+
+    def __init__(self, exact: ExactCost, u: int, choice: list[int]):
+        nodes = exact.problem.nodes
+        self.exact, self.u = exact, u
+        self.uses = exact.costly_slots[u]
+        self.key: list[tuple] = []  # per use: (consumer mesh, wanted distribution) now
+        self.of_consumer: dict[int, list[int]] = {}  # consumer -> its use indices
+        self.first: dict[tuple, list[int]] = {}  # key -> sorted indices of the shared (not per-use) uses wanting it
+        self.per_use = [i for i, (v, _) in enumerate(self.uses) if exact.per_use[u] or nodes[v].fixed_input]
+        per_use = set(self.per_use)
+        for i, (v, j) in enumerate(self.uses):
+            self.of_consumer.setdefault(v, []).append(i)
+            key = (nodes[v].mesh, nodes[v].candidates[choice[v]][0][j])
+            self.key.append(key)
+            if i not in per_use:
+                self.first.setdefault(key, []).append(i)
+        self.shared = [i not in per_use for i in range(len(self.uses))]
+
+    def move(self, v: int, choice: list[int]) -> None:
+        """Consumer v's choice changed."""
+        nodes = self.exact.problem.nodes
+        for i in self.of_consumer[v]:
+            key = (nodes[v].mesh, nodes[v].candidates[choice[v]][0][self.uses[i][1]])
+            old = self.key[i]
+            if key == old:
+                continue
+            self.key[i] = key
+            if self.shared[i]:
+                wanting = self.first[old]
+                del wanting[bisect.bisect_left(wanting, i)]
+                bisect.insort(self.first.setdefault(key, []), i)
+
+    def cost(self, choice: list[int]) -> float:
+        nodes = self.exact.problem.nodes
+        u = self.u
+        src = nodes[u].candidates[choice[u]][1]
+        free = (nodes[u].mesh, src)  # what the producer gives: no boxing
+        terms = [wanting[0] for key, wanting in self.first.items() if wanting and key != free]
+        terms += [i for i in self.per_use if self.key[i] != free]
+        total = 0.0
+        for i in sorted(terms):
+            v, j = self.uses[i]
+            total += self.exact.unit(u, v, j, src, self.key[i][1])
+        return total
