@@ -161,6 +161,45 @@ def time_plan_in_ranks(plan_path: str, feeds_path: str, steps: int, repeats: int
         print("RESULT " + json.dumps({"step_s": best}), flush=True)
 
 
+def feeds_for(program, seed: int = 0) -> dict:
+    """Generated feeds for a plan, with a small learning rate."""
+    import numpy as np
+
+    from sbpc.tools.sbp_run import generated_feeds
+
+    feeds = generated_feeds(program, seed)
+    if "lr" in feeds:
+        feeds["lr"] = np.asarray(1e-3, feeds["lr"].dtype)
+    return feeds
+
+
+def measure_plan(module, ranks: int, steps: int, repeats: int, timeout: float = 600) -> float:
+    """Seconds per step of a compiled plan on `ranks` mpiexec'd ranks, timed
+    inside the ranks (the slowest rank, best repeat; time_plan_in_ranks)."""
+    import json
+    import subprocess
+    import tempfile
+
+    import numpy as np
+    from xdsl.printer import Printer
+
+    from sbpc.runtime.executor import find_program
+    from sbpc.runtime.launch import rank_environment, script_command
+
+    program = find_program(module)
+    with tempfile.TemporaryDirectory(prefix="sbpc-bench-") as tmp:
+        plan_path, feeds_path = os.path.join(tmp, "plan.mlir"), os.path.join(tmp, "feeds.npz")
+        with open(plan_path, "w") as f:
+            Printer(stream=f).print_op(module)
+        np.savez(feeds_path, **feeds_for(program))
+        cmd = script_command(ranks, str(BENCH / "_common.py"), plan_path, feeds_path, str(steps), str(repeats))
+        done = subprocess.run(cmd, env=rank_environment(), capture_output=True, text=True, timeout=timeout)
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])["step_s"]
+    raise RuntimeError(f"the run on {ranks} ranks failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+
+
 # -- traces of real runs (sbp-run --trace) -------------------------------------------
 
 
@@ -224,3 +263,7 @@ def trace_breakdown(events: list[dict], steps: int) -> dict[int, dict[str, float
             "collectives": sum(1 for e in mine if e["tid"] == 1) / steps,
         }
     return out
+
+
+if __name__ == "__main__":  # the rank program of measure_plan: PLAN FEEDS STEPS REPEATS
+    time_plan_in_ranks(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))

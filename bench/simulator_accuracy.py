@@ -17,16 +17,11 @@ Goal (issue 16): median error within 10%, worst within 25%.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import tempfile
 import time
 
-import _common  # noqa: F401  (first: one BLAS thread per process)
+import _common  # (first: one BLAS thread per process)
 import numpy as np
-
-SCRIPT = os.path.abspath(__file__)
 
 # (model, variant, ranks, micro-batches)
 CONFIGS = [
@@ -52,59 +47,15 @@ def build(model: str, variant: str, ranks: int, micro: int, sizes: dict):
     return models.gpt(variant, ranks, _common.gpt_vocab(), micro_batches=micro, **sizes["gpt"])
 
 
-def feeds_for(program, seed: int = 0) -> dict:
-    from sbpc.tools.sbp_run import generated_feeds
-
-    feeds = generated_feeds(program, seed)
-    if "lr" in feeds:
-        feeds["lr"] = np.asarray(1e-3, feeds["lr"].dtype)
-    return feeds
-
-
-def measure(module, ranks: int, steps: int, repeats: int) -> float:
-    """Seconds per step, timed inside the ranks (the slowest rank, best repeat)."""
-    from xdsl.printer import Printer
-
-    from sbpc.runtime.executor import find_program
-    from sbpc.runtime.launch import rank_environment, script_command
-
-    program = find_program(module)
-    with tempfile.TemporaryDirectory(prefix="sbpc-bench-") as tmp:
-        plan_path, feeds_path = os.path.join(tmp, "plan.mlir"), os.path.join(tmp, "feeds.npz")
-        with open(plan_path, "w") as f:
-            Printer(stream=f).print_op(module)
-        np.savez(feeds_path, **feeds_for(program))
-        import subprocess
-
-        cmd = script_command(ranks, SCRIPT, "--role", "run", "--plan", plan_path, "--feeds", feeds_path,
-                             "--steps", str(steps), "--repeats", str(repeats))
-        done = subprocess.run(cmd, env=rank_environment(), capture_output=True, text=True, timeout=600)
-    for line in done.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])["step_s"]
-    raise RuntimeError(f"the run on {ranks} ranks failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-
-
-def role_run(plan_path: str, feeds_path: str, steps: int, repeats: int) -> None:
-    _common.time_plan_in_ranks(plan_path, feeds_path, steps, repeats)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, two configurations")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--simulated-steps", type=int, default=4)
-    parser.add_argument("--role", help=argparse.SUPPRESS)
-    parser.add_argument("--plan", help=argparse.SUPPRESS)
-    parser.add_argument("--feeds", help=argparse.SUPPRESS)
     args = parser.parse_args()
     steps = args.steps or (2 if args.quick else 5)
     repeats = args.repeats or (1 if args.quick else 3)
-    if args.role == "run":
-        role_run(args.plan, args.feeds, steps, repeats)
-        return 0
-
     import sbpc
     from sbpc.perf.fit import fit_cluster
     from sbpc.perf.step_time import simulate_plan
@@ -123,7 +74,7 @@ def main() -> int:
         module = build(model, variant, ranks, micro, sizes)
         exe = sbpc.compile(module)
         prediction = simulate_plan(exe.module, clusters[ranks], steps=args.simulated_steps)
-        measured = measure(exe.module, ranks, steps, repeats)
+        measured = _common.measure_plan(exe.module, ranks, steps, repeats)
         error = prediction.step_time / measured - 1.0
         errors.append(abs(error))
         worst = prediction.devices[0]

@@ -23,6 +23,7 @@ SCRIPTS = {
     "sbp_infer_scaling.py": ["--sizes", "100", "200"],
     "simulator_accuracy.py": ["--quick"],
     "simulator_scale.py": ["--quick"],
+    "autoplan.py": ["--quick"],
 }
 
 

@@ -1,0 +1,114 @@
+"""sbp-autoplan against the hand plans: graphs with no hints, planned for
+this machine as calibrated, run next to every hand plan examples/models.py
+offers for the same model, in the same run.
+
+For 2 and 4 ranks, calibrates the machine (`sbp-calibrate`), then for each
+graph (MLP narrow and wide, small and large batch; GPT at two sizes) plans
+it with `sbpc.compile(module, plan="auto", cluster=...)`, compiles every hand
+variant (data, tensor, 2-D, ZeRO, FSDP, pipeline), times each plan on the
+ranks (Executor.run inside the ranks, best of --repeats), and prints steps/s
+and the ratio of the automatic plan to the best hand plan.
+
+    python bench/autoplan.py [--ranks 2 4] [--steps 5] [--repeats 3]
+    python bench/autoplan.py --quick      # tiny graphs on 2 ranks against dp and pipeline, seconds
+
+Goal (issue 17): auto / best hand >= 0.95 on every graph, and not the same
+plan for every graph where different hand plans win.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import _common  # (first: one BLAS thread per process)
+
+GRAPHS = {
+    "mlp narrow b64": ("mlp", {"batch": 64, "features": 64, "hidden": 256, "classes": 16}),
+    "mlp narrow b512": ("mlp", {"batch": 512, "features": 64, "hidden": 256, "classes": 16}),
+    "mlp wide b64": ("mlp", {"batch": 64, "features": 256, "hidden": 2048, "classes": 64}),
+    "mlp wide b512": ("mlp", {"batch": 512, "features": 256, "hidden": 2048, "classes": 64}),
+    "gpt 2L d64": ("gpt", {"batch": 8, "seq": 32, "dim": 64, "heads": 4, "layers": 2}),
+    "gpt 4L d128": ("gpt", {"batch": 8, "seq": 64, "dim": 128, "heads": 4, "layers": 4}),
+}
+QUICK = {
+    "mlp tiny": ("mlp", {"batch": 16, "features": 8, "hidden": 16, "classes": 4}),
+    "gpt tiny": ("gpt", {"batch": 4, "seq": 8, "dim": 16, "heads": 2, "layers": 2}),
+}
+
+
+def build(model: str, variant: str, ranks: int, sizes: dict):
+    models = _common.load_example("models")
+    if model == "mlp":
+        return models.mlp(variant, ranks, **sizes)
+    return models.gpt(variant, ranks, _common.gpt_vocab(), **sizes)
+
+
+def hand_variants(model: str, ranks: int, sizes: dict) -> list[str]:
+    variants = ["dp", "tp", "zero", "fsdp"]
+    if ranks % 2 == 0:
+        variants += ["2d", "pipeline"]
+    if model == "gpt" and sizes["layers"] < 2:
+        variants.remove("pipeline")
+    return variants
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny graphs on 2 ranks")
+    parser.add_argument("--ranks", type=int, nargs="+", default=None)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=None)
+    args = parser.parse_args()
+    ranks_list = args.ranks or ([2] if args.quick else [2, 4])
+    steps = args.steps or (2 if args.quick else 5)
+    repeats = args.repeats or (1 if args.quick else 3)
+    graphs = QUICK if args.quick else GRAPHS
+
+    import sbpc
+    from sbpc.perf.fit import fit_cluster
+    from sbpc.tools.sbp_calibrate import calibrate
+
+    rows, ratios, chosen = [], [], {}
+    with tempfile.TemporaryDirectory(prefix="sbpc-autoplan-") as tmp:
+        for ranks in ranks_list:
+            start = time.perf_counter()
+            cluster = str(Path(tmp) / f"cluster{ranks}.json")
+            fit_cluster(calibrate(ranks, quick=args.quick)).cluster.save(cluster)
+            print(f"calibrated {ranks} ranks in {time.perf_counter() - start:.1f} s", flush=True)
+            for name, (model, sizes) in graphs.items():
+                start = time.perf_counter()
+                auto = sbpc.compile(build(model, "none", ranks, sizes), plan="auto", cluster=cluster)
+                planning = time.perf_counter() - start
+                choice = auto.autoplan["chosen"].split(": predicted")[0]
+                auto_rate = 1.0 / _common.measure_plan(auto.module, ranks, steps, repeats)
+                hand = {}
+                variants = hand_variants(model, ranks, sizes)
+                for variant in (["dp", "pipeline"] if args.quick else variants):
+                    exe = sbpc.compile(build(model, variant, ranks, sizes))
+                    hand[variant] = 1.0 / _common.measure_plan(exe.module, ranks, steps, repeats)
+                best = max(hand, key=lambda v: hand[v])
+                ratio = auto_rate / hand[best]
+                ratios.append(ratio)
+                chosen[(name, ranks)] = (choice, best)
+                rows.append([name, ranks, choice, f"{planning:.1f}", auto_rate, best, hand[best], f"{ratio:.2f}x",
+                             " ".join(f"{v} {r:.1f}" for v, r in hand.items())])
+                print(f"  {name} on {ranks}: auto ({choice}) {auto_rate:.1f} steps/s, best hand {best} "
+                      f"{hand[best]:.1f}: {ratio:.2f}x", flush=True)
+    print()
+    _common.table(["graph", "ranks", "auto plan", "plan s", "auto steps/s", "best hand", "steps/s", "auto/best",
+                   "every hand plan (steps/s)"], rows)
+    distinct_auto = len({c for c, _ in chosen.values()})
+    distinct_hand = len({b for _, b in chosen.values()})
+    print(f"summary: {len(rows)} graphs x ranks, auto / best hand plan: min {min(ratios):.2f}x, median "
+          f"{statistics.median(ratios):.2f}x (goal >= 0.95x everywhere); {distinct_auto} distinct automatic "
+          f"plans where {distinct_hand} different hand plans win")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
