@@ -41,11 +41,11 @@ QUICK = {
 }
 
 
-def build(model: str, variant: str, ranks: int, sizes: dict):
+def build(model: str, variant: str, ranks: int, sizes: dict, training: bool = True):
     models = _common.load_example("models")
     if model == "mlp":
-        return models.mlp(variant, ranks, **sizes)
-    return models.gpt(variant, ranks, _common.gpt_vocab(), **sizes)
+        return models.mlp(variant, ranks, training=training, **sizes)
+    return models.gpt(variant, ranks, _common.gpt_vocab(), training=training, **sizes)
 
 
 def hand_variants(model: str, ranks: int, sizes: dict) -> list[str]:
@@ -82,7 +82,8 @@ def main() -> int:
             print(f"calibrated {ranks} ranks in {time.perf_counter() - start:.1f} s", flush=True)
             for name, (model, sizes) in graphs.items():
                 start = time.perf_counter()
-                auto = sbpc.compile(build(model, "none", ranks, sizes), plan="auto", cluster=cluster)
+                auto = sbpc.compile(build(model, "none", ranks, sizes, training=False), plan="auto", cluster=cluster,
+                                    pipeline="lg-autodiff,lg-optimizer{algorithm=adam},compile")
                 planning = time.perf_counter() - start
                 choice = auto.autoplan["chosen"].split(": predicted")[0]
                 auto_rate = 1.0 / _common.measure_plan(auto.module, ranks, steps, repeats)

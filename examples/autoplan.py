@@ -1,11 +1,12 @@
 """Training with no parallelism written by hand: sbp-autoplan chooses it.
 
 The MLP and the GPT of examples/models.py, built without a single SBP hint
-(variant `none`), differentiated and given Adam, then compiled with
-`sbpc.compile(module, plan="auto", cluster=...)`: every mesh shape of the
-ranks and every memory mode (replicated, ZeRO, FSDP) is inferred, lowered
-and predicted by the step-time simulator on the cluster, and the fastest
-plan that fits the memory budget is kept. The script prints the choice and
+(variant `none`), compiled with `sbpc.compile(module, plan="auto",
+cluster=..., pipeline="lg-autodiff,lg-optimizer{algorithm=adam},compile")`:
+every mesh shape of the ranks, every split into pipeline stages with 2, 4
+or 8 micro-batches, and every memory mode (replicated, ZeRO, FSDP) is
+differentiated, inferred, lowered and predicted by the step-time simulator
+on the cluster, and the fastest plan that fits the memory budget is kept. The script prints the choice and
 its alternatives, trains on MPI ranks, and checks the first loss against
 the single-device reference interpreter.
 
@@ -28,7 +29,8 @@ from sbpc.semantics.reference import evaluate, initial_value
 
 def train(name: str, module, batches, args) -> bool:
     try:
-        exe = sbpc.compile(module, plan="auto", cluster=args.cluster, memory_budget=args.memory)
+        exe = sbpc.compile(module, plan="auto", cluster=args.cluster, memory_budget=args.memory,
+                           pipeline="lg-autodiff,lg-optimizer{algorithm=adam},compile")
     except Exception as e:  # noqa: BLE001 - a planning error is the user's answer: print it
         print(f"{name}: {e}", file=sys.stderr)
         return False
@@ -40,7 +42,8 @@ def train(name: str, module, batches, args) -> bool:
     for step in range(args.steps):
         feeds = next(batches)
         if step == 0:
-            reference = float(evaluate(module, feeds, params)["loss"])
+            inputs = {op.key.data for op in module.ops.last.body.ops if op.name == "lg.input"}
+            reference = float(evaluate(module, {k: v for k, v in feeds.items() if k in inputs}, params)["loss"])
         losses.append(float(exe.train_step(feeds)["loss"]))
     shown = ", ".join(f"{x:.4f}" for x in losses[:: max(1, len(losses) // 5)])
     print(f"loss: {shown} ... {losses[-1]:.4f}")
@@ -59,11 +62,11 @@ def main() -> int:
     args = parser.parse_args()
     ok = True
     if args.model in ("mlp", "both"):
-        module = mlp("none", args.ranks, batch=64, features=32, hidden=128, classes=8)
+        module = mlp("none", args.ranks, batch=64, features=32, hidden=128, classes=8, training=False)
         ok &= train("mlp", module, mlp_batches(64, 32, 8), args)
     if args.model in ("gpt", "both"):
         _, stoi = corpus()
-        module = gpt("none", args.ranks, len(stoi), batch=8, seq=16, dim=32, heads=4, layers=2)
+        module = gpt("none", args.ranks, len(stoi), batch=8, seq=16, dim=32, heads=4, layers=2, training=False)
         ok &= train("gpt", module, gpt_batches(8, 16), args)
     np.set_printoptions()
     return 0 if ok else 1

@@ -10,7 +10,14 @@ mode:
 - `replicated`: parameters and optimizer state wherever sbp-infer puts them;
 - `zero`: the optimizer state (`adam.m.*`, `adam.v.*`, `momentum.*` from
   lg-optimizer) split S(0) over the first mesh axis (ZeRO);
-- `fsdp`: the parameters split too (FSDP / ZeRO-3: gathered for each use).
+- `fsdp`: the parameters split too (FSDP / ZeRO-3: gathered for each use);
+
+from each start of the inputs (free, batch split, replicated: sbp-infer's
+search finds different plans from each, and the simulator judges them).
+With `training` (the input is the forward graph), it also tries every
+split into pipeline stages (a contiguous cut of the forward ops balancing
+their flops where the fewest bytes cross, stage i on the i-th block of
+ranks) with 2 or 4 micro-batches.
 
 For each, sbp-infer chooses every op's nd-SBP (`strategy`: its global
 search, or the integer program of `sbp_ilp.py`; priced with the cluster);
@@ -24,28 +31,42 @@ edit and re-run it. The graph records the choice in `sbp.autoplan`; with
 `explain`, `sbp.autoplan.alternatives` lists every plan tried with its
 prediction or the reason it was rejected.
 
-Not yet chosen here: pipeline stages, micro-batches and activation
-recomputation (the graph keeps the stages and micro-batches it has).
+Not yet chosen here: activation recomputation, the pipeline schedule
+(sbpc runs GPipe order) and 2-D meshes inside a stage.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ArrayAttr, DenseArrayBase, ModuleOp, StringAttr, i64
-from xdsl.passes import ModulePass
+from xdsl.dialects.builtin import ArrayAttr, DenseArrayBase, ModuleOp, StringAttr, SymbolRefAttr, i64
+from xdsl.ir import Operation
+from xdsl.passes import ModulePass, PassPipeline
 from xdsl.rewriter import Rewriter
 from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import lg
-from sbpc.dialects.sbp import DTensorType, PlacementOp, Sbp, dtensor_of, global_shape, lookup_placement
+from sbpc.dialects.sbp import (
+    PLACEMENT_ATTR,
+    DTensorType,
+    PlacementOp,
+    Sbp,
+    dtensor_of,
+    global_shape,
+    lookup_placement,
+)
 from sbpc.perf.cluster import Cluster, ClusterError, load_cluster
-from sbpc.perf.step_time import EXACT_LIMIT, Prediction, SimulationError, simulate_plan
+from sbpc.perf.step_time import Prediction, SimulationError, simulate_plan
 
+from .lg_autodiff import LgAutodiffPass
+from .lg_micro_batch import LgMicroBatchPass
+from .lg_optimizer import LgOptimizerPass
 from .plan_allocate_memory import PlanAllocateMemoryPass
 from .plan_fuse_elementwise import PlanFuseElementwisePass
+from .sbp_ilp import SHARE_ABOVE
 from .sbp_infer import SbpInferPass
 from .sbp_insert_boxing import SbpInsertBoxingPass
 from .sbp_simplify import SbpSimplifyPass
@@ -66,10 +87,99 @@ def mesh_shapes(devices: int) -> list[tuple[int, ...]]:
 @dataclass(frozen=True)
 class Layout:
     mesh: tuple[int, ...]
+    """The mesh of each stage."""
     memory: str
+    stages: int = 1
+    micro_batches: int = 1
+    inputs: str = "free"
+    """How the graph's inputs are distributed before inference: `free`
+    (sbp-infer chooses), `split` (the batch, axis 0, over the first mesh
+    axis: data parallelism is the natural plan) or `replicated` (every
+    device sees the whole batch: only the weights can be split, tensor
+    parallelism). The simulator judges what the cost model's search finds
+    from each start."""
 
     def describe(self) -> str:
-        return f"mesh {'x'.join(map(str, self.mesh))}, {self.memory}"
+        mesh = "x".join(map(str, self.mesh))
+        parts = [f"{self.stages} stages of mesh {mesh}" if self.stages > 1 else f"mesh {mesh}"]
+        if self.micro_batches > 1:
+            parts.append(f"{self.micro_batches} micro-batches")
+        if self.inputs != "free":
+            parts.append(f"inputs {self.inputs}")
+        return ", ".join([*parts, self.memory])
+
+
+INPUTS = ("free", "split", "replicated")
+
+
+def layouts(devices: int, modes: Sequence[str], batch: int | None, forward_ops: int) -> list[Layout]:
+    """Every layout to try: each mesh of all devices from each start of the
+    inputs (Layout.inputs) in each memory mode; with a batch to cut
+    (the graph is planned before autodiff), also every stage count that
+    divides the devices (at most one stage per 4 forward ops) with 2 or 4
+    micro-batches that divide the batch, each stage a 1-D mesh with the
+    batch split over it (replicated or ZeRO: FSDP's per-use gathers repeat
+    per micro-batch)."""
+    out = [Layout(mesh, mode, inputs=inputs) for mesh in mesh_shapes(devices) for inputs in INPUTS
+           for mode in modes]
+    if batch is None:
+        return out
+    for stages in range(2, devices + 1):
+        if devices % stages or stages * 4 > forward_ops:
+            continue
+        for micro in (2, 4):
+            if batch % micro == 0:
+                out += [Layout((devices // stages,), mode, stages, micro, "split") for mode in modes
+                        if mode != "fsdp"]
+    return out
+
+
+def _crossing_bytes(order: list[Operation]) -> list[float]:
+    """bytes[p]: what a cut before order[p] sends forward (values made
+    before p and used at or after it)."""
+    index = {op: i for i, op in enumerate(order)}
+    delta = [0.0] * (len(order) + 1)
+    for i, op in enumerate(order):
+        for r in op.results:
+            last = max((index[u.operation] for u in r.uses if u.operation in index), default=i)
+            if last > i:
+                nbytes = math.prod(global_shape(r.type)) * 4.0
+                delta[i + 1] += nbytes
+                delta[last + 1] -= nbytes
+    out, running = [], 0.0
+    for d in delta[:-1]:
+        running += d
+        out.append(running)
+    return out
+
+
+def stage_cuts(order: list[Operation], stages: int) -> list[int]:
+    """Where to cut the forward ops (program order) into `stages`: near equal
+    shares of the flops, and within 15% of a share of each target, where the
+    fewest bytes cross (the activations a stage sends the next)."""
+    weights = []
+    for op in order:
+        try:
+            shapes = [global_shape(o.type) for o in op.operands]
+            flops = float(type(op).flops(shapes, global_shape(op.results[0].type), **op.params()))  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - an op without a flop count weighs one element per result
+            flops = float(sum(math.prod(global_shape(r.type)) for r in op.results))
+        weights.append(max(flops, 1.0))
+    prefix = [0.0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+    total = prefix[-1]
+    crossing = _crossing_bytes(order)
+    cuts: list[int] = []
+    for i in range(1, stages):
+        target = total * i / stages
+        window = 0.15 * total / stages
+        low = cuts[-1] + 1 if cuts else 1
+        choices = [p for p in range(low, len(order) - (stages - i) + 1) if abs(prefix[p] - target) <= window]
+        if not choices:
+            choices = [min(range(low, len(order) - (stages - i) + 1), key=lambda p: abs(prefix[p] - target))]
+        cuts.append(min(choices, key=lambda p: (crossing[p], abs(prefix[p] - target))))
+    return cuts
 
 
 @dataclass
@@ -108,6 +218,68 @@ def _split_first_axis(param: lg.ParamOp, placement: str, mesh: tuple[int, ...]) 
     Rewriter.replace_value_with_new_type(param.result, dtensor_of(shape, t.element_type, placement, nd))
 
 
+SOURCES = (lg.InputOp, lg.ParamOp, lg.ConstantOp, lg.OutputOp)
+
+TRAINING_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
+    "lg-micro-batch": lambda: LgMicroBatchPass, "lg-autodiff": lambda: LgAutodiffPass,
+    "lg-optimizer": lambda: LgOptimizerPass}
+"""What `training` may name."""
+
+
+def _batch(graph: lg.GraphOp) -> int | None:
+    """The batch size: axis 0 of the inputs of rank >= 1 (None if they disagree or there are none)."""
+    sizes = {global_shape(o.result.type)[0] for o in graph.body.ops
+             if isinstance(o, lg.InputOp) and global_shape(o.result.type)}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def _place_stages(module: ModuleOp, graph: lg.GraphOp, placement: PlacementOp, layout: Layout,
+                  ranks: list[int]) -> None:
+    """Stage i runs on ranks [i*per, (i+1)*per) (node-major: a stage stays
+    inside a node where it fits, its collectives on the fast links); the
+    forward ops are cut by stage_cuts and each source (input, parameter,
+    constant) goes with its first use."""
+    per = len(ranks) // layout.stages
+    names = [f"stage{i}" for i in range(layout.stages)]
+    for i, name in enumerate(names):
+        module.body.block.insert_op_before(
+            PlacementOp(name, placement.device.data, ranks[i * per:(i + 1) * per], layout.mesh), placement)
+    order = [o for o in graph.body.ops if not isinstance(o, SOURCES)]
+    cuts = stage_cuts(order, layout.stages)
+    stage_of = {o: sum(1 for c in cuts if i >= c) for i, o in enumerate(order)}
+    for o in graph.body.ops:
+        if isinstance(o, lg.OutputOp):
+            continue
+        if o in stage_of:
+            stage = stage_of[o]
+        else:
+            users = [u.operation for r in o.results for u in r.uses if u.operation in stage_of]
+            stage = min((stage_of[u] for u in users), default=0)
+        o.attributes[PLACEMENT_ATTR] = SymbolRefAttr(names[stage])
+    graph.placement = SymbolRefAttr(names[0])
+    placement.detach()
+    placement.erase()
+
+
+def _seed_inputs(graph: lg.GraphOp, layout: Layout) -> None:
+    """Hints the graph's unhinted inputs of rank >= 1 as `layout.inputs` says."""
+    for o in graph.body.ops:
+        if not isinstance(o, lg.InputOp) or isinstance(o.result.type, DTensorType):
+            continue
+        shape = global_shape(o.result.type)
+        if not shape:
+            continue
+        where = o.attributes.get(PLACEMENT_ATTR, graph.placement)
+        assert isinstance(where, SymbolRefAttr)
+        mesh = lookup_placement(o, where).mesh().shape
+        if layout.inputs == "split" and shape[0] >= mesh[0]:
+            nd = (Sbp.S(0), *([Sbp.B] * (len(mesh) - 1)))
+        else:
+            nd = tuple([Sbp.B] * len(mesh))
+        Rewriter.replace_value_with_new_type(o.result, dtensor_of(shape, o.result.type.element_type,
+                                                                  where.string_value(), nd))
+
+
 @dataclass(frozen=True)
 class SbpAutoplanPass(ModulePass):
     name = "sbp-autoplan"
@@ -118,13 +290,21 @@ class SbpAutoplanPass(ModulePass):
     """Devices to plan for (ranks 0..devices-1); 0: the graph's placement's ranks."""
     memory: int = 0
     """Bytes per device the plan may use; 0: the cluster device's memory."""
-    strategy: str = "auto"
-    """How sbp-infer chooses each op's nd-SBP for a layout: `auto` (seconds
-    at most, within 0.1% of the proven optimum on the GPTs measured), or
-    `ilp` (the integer program of sbp_ilp.py: proven optimal on small
-    graphs, up to a minute per layout on large 2-D ones)."""
+    strategy: str = "best"
+    """How sbp-infer chooses each op's nd-SBP for a layout: `best` (the
+    integer program where the training graph is small enough for its proof,
+    else `auto`), `auto` (seconds at most; within 0.1% of the proven optimum
+    on the GPTs measured, 2% off on an MLP where the optimum is tensor
+    parallelism) or `ilp` (sbp_ilp.py; up to a minute per layout on large
+    2-D meshes)."""
     explain: bool = False
     """Record every layout tried in `sbp.autoplan.alternatives`."""
+    training: str = ""
+    """The passes that make the graph a training step (for example
+    `lg-autodiff,lg-optimizer{algorithm=adam}`), run by the planner on each
+    layout: given, the input is the forward graph, and pipeline stages and
+    micro-batches are planned too (they must be placed and cut before
+    autodiff). Empty: the input is already a training step."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         graphs = list(lg.graphs(op))
@@ -147,8 +327,14 @@ class SbpAutoplanPass(ModulePass):
             raise PassFailedException(f"sbp-autoplan: {e}") from None
         budget = float(self.memory) if self.memory > 0 else cluster.device.memory
         modes = MEMORY_MODES if any(isinstance(o, lg.ParamOp) for o in graph.body.ops) else MEMORY_MODES[:1]
-        trials = [self._try(op, Layout(mesh, mode), ranks, cluster)
-                  for mesh in mesh_shapes(len(ranks)) for mode in modes]
+        if self.training:
+            try:
+                PassPipeline.parse_spec(TRAINING_PASSES, self.training)
+            except Exception as e:  # noqa: BLE001 - xDSL's spec errors are several types
+                raise PassFailedException(f"sbp-autoplan: training passes '{self.training}': {e}") from None
+        batch = _batch(graph) if self.training and "lg-micro-batch" not in self.training else None
+        forward = len([o for o in graph.body.ops if not isinstance(o, SOURCES)])
+        trials = [self._try(op, layout, ranks, cluster) for layout in layouts(len(ranks), modes, batch, forward)]
         fitting = [t for t in trials if t.prediction is not None and t.prediction.peak_memory <= budget]
         if not fitting:
             predicted = [t for t in trials if t.prediction is not None]
@@ -181,20 +367,36 @@ class SbpAutoplanPass(ModulePass):
         graph = next(iter(lg.graphs(candidate)))
         assert graph.placement is not None  # checked by apply
         placement = lookup_placement(graph, graph.placement)
-        placement.ranks = DenseArrayBase.from_list(i64, ranks)
-        placement.shape = DenseArrayBase.from_list(i64, layout.mesh)
-        name = placement.sym_name.data
-        if layout.memory != "replicated":
-            for p in graph.body.ops:
-                hinted = isinstance(p, lg.ParamOp) and isinstance(p.result.type, DTensorType)
-                if isinstance(p, lg.ParamOp) and not hinted and (layout.memory == "fsdp" or _is_state(p.key.data)):
-                    _split_first_axis(p, name, layout.mesh)
         ctx = Context()
         try:
-            SbpInferPass(strategy=self.strategy, device=self.cluster).apply(ctx, candidate)
+            if layout.stages == 1:
+                placement.ranks = DenseArrayBase.from_list(i64, ranks)
+                placement.shape = DenseArrayBase.from_list(i64, layout.mesh)
+            else:
+                _place_stages(candidate, graph, placement, layout, ranks)
+            if layout.micro_batches > 1:
+                LgMicroBatchPass(count=layout.micro_batches).apply(ctx, candidate)
+            if self.training:
+                PassPipeline.parse_spec(TRAINING_PASSES, self.training).apply(ctx, candidate)
+            if layout.inputs != "free":
+                _seed_inputs(graph, layout)
+            if layout.memory != "replicated":
+                for p in graph.body.ops:
+                    hinted = isinstance(p, lg.ParamOp) and isinstance(p.result.type, DTensorType)
+                    if isinstance(p, lg.ParamOp) and not hinted and (
+                            layout.memory == "fsdp" or _is_state(p.key.data)):
+                        where = p.attributes.get(PLACEMENT_ATTR, graph.placement)
+                        assert isinstance(where, SymbolRefAttr)
+                        _split_first_axis(p, where.string_value(), layout.mesh)
+            strategy = self.strategy
+            if strategy == "best":
+                ops = sum(len(g.body.ops) for g in lg.graphs(candidate))
+                strategy = "ilp" if ops <= SHARE_ABOVE else "auto"
+            SbpInferPass(strategy=strategy, device=self.cluster).apply(ctx, candidate)
             trial.module = candidate.clone()
-            representatives = len(ranks) > EXACT_LIMIT
-            for p in (SbpInsertBoxingPass(), SbpSimplifyPass(), SbpToPlanPass(representatives=representatives),
+            # one device per equivalence class is all the simulator replays
+            # (and lowering every device took most of the planning time)
+            for p in (SbpInsertBoxingPass(), SbpSimplifyPass(), SbpToPlanPass(representatives=True),
                       PlanFuseElementwisePass(), PlanAllocateMemoryPass()):
                 p.apply(ctx, candidate)
             trial.prediction = simulate_plan(candidate, cluster, steps=3)

@@ -64,10 +64,11 @@ def compile(  # noqa: A001 - the verb users expect
     """Runs the pass pipeline (default: the whole `compile` chain) on a
     frontend graph, a module, or IR text, and returns an Executable.
 
-    `plan="auto"` runs sbp-autoplan first (after the pipeline's lg-autodiff
-    and lg-optimizer, where it names them): the mesh shape and every op's
-    distribution, with ZeRO or FSDP where they pay or memory needs them,
-    chosen by predicting each plan on `cluster` (a preset, a cluster file)
+    `plan="auto"` runs sbp-autoplan first (with the pipeline's lg-micro-batch,
+    lg-autodiff and lg-optimizer as its training passes, so that pipeline
+    stages and micro-batches are planned too): the stages, the mesh shape
+    and every op's distribution, with ZeRO or FSDP where they pay or memory
+    needs them, chosen by predicting each plan on `cluster` (a preset, a cluster file)
     within `memory_budget` bytes per device (default: the cluster device's),
     for the placement's ranks or `devices`. `Executable.explain()` shows the
     choice and its alternatives."""
@@ -102,11 +103,13 @@ def compile(  # noqa: A001 - the verb users expect
         if plan == "auto":
             from sbpc.lowering.sbp_autoplan import SbpAutoplanPass
 
+            # The pipeline's training passes (micro-batching, autodiff, the
+            # optimizer) run inside the planner, once per layout: stages and
+            # micro-batches are cut before autodiff.
             at = max((i + 1 for i, p in enumerate(passes) if p.name in BEFORE_PLANNING), default=0)
-            for p in passes[:at]:
-                p.apply(Context(), module)
+            training = ",".join(str(p.pipeline_pass_spec()) for p in passes[:at])
             planner = SbpAutoplanPass(cluster=str(cluster), devices=devices or 0, memory=int(memory_budget or 0),
-                                      explain=True)
+                                      explain=True, training=training)
             planner.apply(Context(), module)
             chosen = next(iter(lg.graphs(module)))
             autoplan = {"cluster": str(cluster), "chosen": chosen.attributes["sbp.autoplan"].data,

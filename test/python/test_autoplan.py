@@ -3,6 +3,8 @@ that plan computes what the single device computes."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from xdsl.context import Context
@@ -70,7 +72,7 @@ def test_the_choice_is_the_fastest_layout_and_says_so():
     graph = next(iter(lg.graphs(module)))
     chosen = graph.attributes["sbp.autoplan"].data
     alternatives = [a.data for a in graph.attributes["sbp.autoplan.alternatives"].data]
-    assert len(alternatives) == 6  # {4, 2x2} x {replicated, zero, fsdp}
+    assert len(alternatives) == 18  # {4, 2x2} x inputs {free, split, replicated} x {replicated, zero, fsdp}
     assert chosen.startswith(alternatives[0])  # ranked fastest first
     times = [float(a.split("predicted ")[1].split(" ms")[0]) for a in alternatives]
     assert times == sorted(times)
@@ -83,7 +85,7 @@ def test_the_choice_is_the_fastest_layout_and_says_so():
 def test_a_tight_budget_shards_the_state_and_the_plan_trains_like_one_device():
     free = planned(4, explain=True)
     alternatives = [a.data for a in next(iter(lg.graphs(free))).attributes["sbp.autoplan.alternatives"].data]
-    memory = {a: float(a.split(", ")[2].split(" MiB")[0]) * 2**20 for a in alternatives}
+    memory = {a: float(re.search(r"([0-9.]+) MiB per device", a).group(1)) * 2**20 for a in alternatives}
     smallest = min(memory.values())
     replicated = max(memory.values())
     budget = int((smallest + replicated) / 2)
@@ -109,7 +111,7 @@ def test_a_tight_budget_shards_the_state_and_the_plan_trains_like_one_device():
 
 
 def test_a_budget_nothing_meets_names_the_smallest_plan():
-    with pytest.raises(PassFailedException, match=r"no plan fits .* the smallest needs .* \(mesh 4, fsdp\)"):
+    with pytest.raises(PassFailedException, match=r"no plan fits .* the smallest needs .* \(mesh 4, .*(zero|fsdp)\)"):
         planned(4, memory=1000)
 
 
