@@ -292,8 +292,8 @@ class SbpAutoplanPass(ModulePass):
     """Bytes per device the plan may use; 0: the cluster device's memory."""
     strategy: str = "best"
     """How sbp-infer chooses each op's nd-SBP for a layout: `best` (the
-    integer program where the training graph is small enough for its proof,
-    else `auto`), `auto` (seconds at most; within 0.1% of the proven optimum
+    integer program on 1-D meshes where the training graph is small enough
+    for its proof, else `auto`), `auto` (seconds at most; within 0.1% of the proven optimum
     on the GPTs measured, 2% off on an MLP where the optimum is tensor
     parallelism) or `ilp` (sbp_ilp.py; up to a minute per layout on large
     2-D meshes)."""
@@ -389,9 +389,9 @@ class SbpAutoplanPass(ModulePass):
                         assert isinstance(where, SymbolRefAttr)
                         _split_first_axis(p, where.string_value(), layout.mesh)
             strategy = self.strategy
-            if strategy == "best":
+            if strategy == "best":  # the program proves its optimum in seconds on these; 2-D meshes take minutes
                 ops = sum(len(g.body.ops) for g in lg.graphs(candidate))
-                strategy = "ilp" if ops <= SHARE_ABOVE else "auto"
+                strategy = "ilp" if ops <= SHARE_ABOVE and len(layout.mesh) == 1 else "auto"
             SbpInferPass(strategy=strategy, device=self.cluster).apply(ctx, candidate)
             trial.module = candidate.clone()
             # one device per equivalence class is all the simulator replays
