@@ -10,7 +10,7 @@ ranks (Executor.run inside the ranks, best of --repeats), and prints steps/s
 and the ratio of the automatic plan to the best hand plan.
 
     python bench/autoplan.py [--ranks 2 4] [--steps 5] [--repeats 3]
-    python bench/autoplan.py --quick      # tiny graphs on 2 ranks against dp and pipeline, seconds
+    python bench/autoplan.py --quick      # tiny training steps on 2 ranks (no stages) against dp and pipeline
 
 Goal (issue 17): auto / best hand >= 0.95 on every graph, and not the same
 plan for every graph where different hand plans win.
@@ -82,8 +82,11 @@ def main() -> int:
             print(f"calibrated {ranks} ranks in {time.perf_counter() - start:.1f} s", flush=True)
             for name, (model, sizes) in graphs.items():
                 start = time.perf_counter()
-                auto = sbpc.compile(build(model, "none", ranks, sizes, training=False), plan="auto", cluster=cluster,
-                                    pipeline="lg-autodiff,lg-optimizer{algorithm=adam},compile")
+                if args.quick:  # the training step planned as it is (no stages): seconds
+                    auto = sbpc.compile(build(model, "none", ranks, sizes), plan="auto", cluster=cluster)
+                else:
+                    auto = sbpc.compile(build(model, "none", ranks, sizes, training=False), plan="auto",
+                                        cluster=cluster, pipeline="lg-autodiff,lg-optimizer{algorithm=adam},compile")
                 planning = time.perf_counter() - start
                 choice = auto.autoplan["chosen"].split(": predicted")[0]
                 auto_rate = 1.0 / _common.measure_plan(auto.module, ranks, steps, repeats)
