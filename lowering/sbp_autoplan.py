@@ -55,6 +55,8 @@ from sbpc.dialects.sbp import (
     PlacementOp,
     Sbp,
     dtensor_of,
+    element_bytes,
+    element_type,
     global_shape,
     lookup_placement,
 )
@@ -143,7 +145,7 @@ def _crossing_bytes(order: list[Operation]) -> list[float]:
         for r in op.results:
             last = max((index[u.operation] for u in r.uses if u.operation in index), default=i)
             if last > i:
-                nbytes = math.prod(global_shape(r.type)) * 4.0
+                nbytes = math.prod(global_shape(r.type)) * element_bytes(element_type(r.type))
                 delta[i + 1] += nbytes
                 delta[last + 1] -= nbytes
     out, running = [], 0.0
