@@ -1,6 +1,8 @@
 """The benchmarks in bench/ still run: each script with tiny arguments exits
 0 and prints its one summary line (they are never timed here). The scripts
-run side by side; a missing peer (torch, jax) must be reported, not fail."""
+run one after another: side by side, their MPI ranks (which poll while
+they wait) starved each other on two cores, 148 s against 50 s in turn. A
+missing peer (torch, jax) must be reported, not fail."""
 
 from __future__ import annotations
 
@@ -30,17 +32,15 @@ SCRIPTS = {
 @pytest.fixture(scope="module")
 def runs():
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    procs = {name: subprocess.Popen([sys.executable, str(BENCH / name), *args], stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True, env=env)
-             for name, args in SCRIPTS.items()}
     out = {}
-    for name, p in procs.items():
+    for name, args in SCRIPTS.items():
         try:
-            text, _ = p.communicate(timeout=180)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            text = p.communicate()[0] + "\n(timed out)"
-        out[name] = (p.returncode, text)
+            done = subprocess.run([sys.executable, str(BENCH / name), *args], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, env=env, timeout=180)
+            out[name] = (done.returncode, done.stdout)
+        except subprocess.TimeoutExpired as e:
+            text = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            out[name] = (-1, text + "\n(timed out)")
     return out
 
 
