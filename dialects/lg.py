@@ -1706,9 +1706,26 @@ COMPUTE_OPS: tuple[type[LgOp], ...] = tuple(op for op in LG.operations if issubc
 _BY_NAME: dict[str, type[Operation]] = {op.name: op for op in LG.operations}
 
 
+RECOMPUTE_ATTR = "lg.recompute"
+"""Unit attribute of an op that lg-recompute cloned to repeat a forward
+value for the backward pass: sbp-to-plan runs it just before its use."""
+
+
 def op_class(name: str) -> type[Operation]:
     """The lg op class named `name` (a plan's compute actors name their kernel)."""
     found = _BY_NAME.get(name)
     if found is None:
         raise KeyError(f"no lg op named '{name}'")
     return found
+
+
+def op_flops(op: Operation) -> float:
+    """The arithmetic of one lg op of a graph, at its global shapes (at least
+    1: an op without a flop count, a source or a reshape, weighs one per
+    result element, as moving it does)."""
+    try:
+        shapes = [global_shape(o.type) for o in op.operands]
+        flops = float(type(op).flops(shapes, global_shape(op.results[0].type), **op.params()))  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - sources and ops without rules have no flop count
+        flops = float(sum(math.prod(global_shape(r.type)) for r in op.results))
+    return max(flops, 1.0)

@@ -90,6 +90,12 @@ def _sbp_autoplan() -> type[ModulePass]:
     return SbpAutoplanPass
 
 
+def _lg_recompute() -> type[ModulePass]:
+    from .lg_recompute import LgRecomputePass
+
+    return LgRecomputePass
+
+
 def _lg_micro_batch() -> type[ModulePass]:
     from .lg_micro_batch import LgMicroBatchPass
 
@@ -100,6 +106,7 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "lg-micro-batch": _lg_micro_batch,
     "lg-autodiff": _lg_autodiff,
     "lg-optimizer": _lg_optimizer,
+    "lg-recompute": _lg_recompute,
     "sbp-erase": _sbp_erase,
     "sbp-autoplan": _sbp_autoplan,
     "sbp-infer": _sbp_infer,

@@ -159,14 +159,7 @@ def stage_cuts(order: list[Operation], stages: int) -> list[int]:
     """Where to cut the forward ops (program order) into `stages`: near equal
     shares of the flops, and within 15% of a share of each target, where the
     fewest bytes cross (the activations a stage sends the next)."""
-    weights = []
-    for op in order:
-        try:
-            shapes = [global_shape(o.type) for o in op.operands]
-            flops = float(type(op).flops(shapes, global_shape(op.results[0].type), **op.params()))  # type: ignore[attr-defined]
-        except Exception:  # noqa: BLE001 - an op without a flop count weighs one element per result
-            flops = float(sum(math.prod(global_shape(r.type)) for r in op.results))
-        weights.append(max(flops, 1.0))
+    weights = [lg.op_flops(op) for op in order]
     prefix = [0.0]
     for w in weights:
         prefix.append(prefix[-1] + w)

@@ -79,7 +79,9 @@ def schedule(ops: list[Operation]) -> list[Operation]:
         return 2
 
     waiting = {op: sum(1 for o in op.operands if o.owner in index) for op in ops}
-    for head, gate in _parameter_gathers(ops, index, is_comm, users).items():
+    gates = _parameter_gathers(ops, index, is_comm, users)
+    gates.update(_recomputations(ops, index, is_comm, users))
+    for head, gate in gates.items():
         for op in gate:
             users[op].append(head)
         waiting[head] += len(gate)
@@ -150,6 +152,57 @@ def _parameter_gathers(ops, index, is_comm, users) -> dict[Operation, set[Operat
         if gate:
             gates[head] = gate
     return gates
+
+
+def _recomputations(ops, index, is_comm, users) -> dict[Operation, set[Operation]]:
+    """For each op lg-recompute made (`lg.recompute`): the ops it waits for.
+    Its inputs are ready early (kept activations), so without a gate it
+    would run as soon as the backward pass starts, and its result would
+    stay live as long as the original it replaces. It waits instead for
+    the producers of the other operands of the backward ops that read it
+    (through other recomputed ops and their redistributions), so it runs
+    just before them. Only producers earlier in program order than the
+    recomputed op gate it (later ones may depend on it: a cycle); a later
+    producer is replaced by its own earlier producers."""
+    chain = {op for op in ops if lg.RECOMPUTE_ATTR in op.attributes}
+    for op in ops:  # redistributions of a recomputed value belong to it
+        if is_comm[op] and op.operands and op.operands[0].owner in chain:
+            chain.add(op)
+    gates: dict[Operation, set[Operation]] = {}
+    for head in (op for op in ops if lg.RECOMPUTE_ATTR in op.attributes):
+        consumers: set[Operation] = set()
+        todo = [head]
+        passed: set[Operation] = set()
+        while todo:
+            for user in users[todo.pop()]:
+                if user in chain or user in passed:
+                    todo.append(user)
+                elif all(_from_chain_or_source(o, chain | passed, index) for o in user.operands):
+                    passed.add(user)  # a reshape of the value for its use: wait for what the use needs
+                    todo.append(user)
+                else:
+                    consumers.add(user)
+        gate: set[Operation] = set()
+        seen: set[Operation] = set(passed)
+        producers = [o.owner for c in consumers for o in c.operands]
+        while producers:
+            p = producers.pop()
+            if not isinstance(p, Operation) or p not in index or p in chain or p in seen:
+                continue
+            seen.add(p)
+            if index[p] < index[head]:
+                gate.add(p)
+            else:
+                producers.extend(o.owner for o in p.operands)
+        if gate:
+            gates[head] = gate
+    return gates
+
+
+def _from_chain_or_source(value, chain: set[Operation], index) -> bool:
+    owner = value.owner
+    return owner in chain or not isinstance(owner, Operation) or owner not in index or isinstance(
+        owner, (lg.InputOp, lg.ParamOp, lg.ConstantOp))
 
 
 def rank_group(mesh: Mesh, rank: int, axes: list[int]) -> list[int]:
