@@ -31,12 +31,17 @@ edit and re-run it. The graph records the choice in `sbp.autoplan`; with
 `explain`, `sbp.autoplan.alternatives` lists every plan tried with its
 prediction or the reason it was rejected.
 
-Not yet chosen here: activation recomputation, the pipeline schedule
-(sbpc runs GPipe order) and 2-D meshes inside a stage.
+Where a layout does not fit the budget, it is tried again with activation
+recomputation (`lg-recompute`: `selective`, then `full` where that is not
+enough), which trades a share of a forward pass for the activations' memory.
+
+Not yet chosen here: the pipeline schedule (sbpc runs GPipe order) and 2-D
+meshes inside a stage.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -66,6 +71,7 @@ from sbpc.perf.step_time import Prediction, SimulationError, simulate_plan
 from .lg_autodiff import LgAutodiffPass
 from .lg_micro_batch import LgMicroBatchPass
 from .lg_optimizer import LgOptimizerPass
+from .lg_recompute import LgRecomputePass
 from .plan_allocate_memory import PlanAllocateMemoryPass
 from .plan_fuse_elementwise import PlanFuseElementwisePass
 from .sbp_ilp import SHARE_ABOVE
@@ -75,6 +81,8 @@ from .sbp_simplify import SbpSimplifyPass
 from .sbp_to_plan import SbpToPlanPass
 
 MEMORY_MODES = ("replicated", "zero", "fsdp")
+RECOMPUTE_POLICIES = ("selective", "full")
+"""Tried in this order on the layouts that do not fit without recomputation."""
 STATE_PREFIXES = ("adam.m.", "adam.v.", "momentum.")
 """Keys lg-optimizer gives optimizer state."""
 
@@ -93,6 +101,9 @@ class Layout:
     memory: str
     stages: int = 1
     micro_batches: int = 1
+    recompute: str = "none"
+    """lg-recompute's policy: `none`, `selective` or `full` (tried only
+    where the layout does not fit without it)."""
     inputs: str = "free"
     """How the graph's inputs are distributed before inference: `free`
     (sbp-infer chooses), `split` (the batch, axis 0, over the first mesh
@@ -108,7 +119,10 @@ class Layout:
             parts.append(f"{self.micro_batches} micro-batches")
         if self.inputs != "free":
             parts.append(f"inputs {self.inputs}")
-        return ", ".join([*parts, self.memory])
+        parts.append(self.memory)
+        if self.recompute != "none":
+            parts.append(f"recompute {self.recompute}")
+        return ", ".join(parts)
 
 
 INPUTS = ("free", "split", "replicated")
@@ -294,6 +308,8 @@ class SbpAutoplanPass(ModulePass):
     2-D meshes)."""
     explain: bool = False
     """Record every layout tried in `sbp.autoplan.alternatives`."""
+    loss: str = "loss"
+    """The output the forward pass computes (for recomputation)."""
     training: str = ""
     """The passes that make the graph a training step (for example
     `lg-autodiff,lg-optimizer{algorithm=adam}`), run by the planner on each
@@ -330,6 +346,13 @@ class SbpAutoplanPass(ModulePass):
         batch = _batch(graph) if self.training and "lg-micro-batch" not in self.training else None
         forward = len([o for o in graph.body.ops if not isinstance(o, SOURCES)])
         trials = [self._try(op, layout, ranks, cluster) for layout in layouts(len(ranks), modes, batch, forward)]
+        # Recomputation costs time, so it is tried only where a layout does
+        # not fit without it: selective first, full where that is not enough.
+        over = [t for t in trials if t.prediction is not None and t.prediction.peak_memory > budget]
+        for policy in RECOMPUTE_POLICIES if self._has_backward(graph) else ():
+            over = [self._try(op, dataclasses.replace(t.layout, recompute=policy), ranks, cluster) for t in over]
+            trials += over
+            over = [t for t in over if t.prediction is not None and t.prediction.peak_memory > budget]
         fitting = [t for t in trials if t.prediction is not None and t.prediction.peak_memory <= budget]
         if not fitting:
             predicted = [t for t in trials if t.prediction is not None]
@@ -356,6 +379,12 @@ class SbpAutoplanPass(ModulePass):
             chosen.attributes["sbp.autoplan.alternatives"] = ArrayAttr(
                 [StringAttr(t.describe(budget)) for t in ranked])
 
+    def _has_backward(self, graph: lg.GraphOp) -> bool:
+        """Whether the planned step has a backward pass to recompute for."""
+        if self.training:
+            return "lg-autodiff" in self.training
+        return any(n.data.startswith(("grad.", "new.")) for n in graph.output().names.data)
+
     def _try(self, module: ModuleOp, layout: Layout, ranks: list[int], cluster: Cluster) -> Trial:
         trial = Trial(layout)
         candidate = module.clone()
@@ -373,6 +402,8 @@ class SbpAutoplanPass(ModulePass):
                 LgMicroBatchPass(count=layout.micro_batches).apply(ctx, candidate)
             if self.training:
                 PassPipeline.parse_spec(TRAINING_PASSES, self.training).apply(ctx, candidate)
+            if layout.recompute != "none":
+                LgRecomputePass(policy=layout.recompute, loss=self.loss).apply(ctx, candidate)
             if layout.inputs != "free":
                 _seed_inputs(graph, layout)
             if layout.memory != "replicated":
