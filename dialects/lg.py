@@ -1706,6 +1706,16 @@ COMPUTE_OPS: tuple[type[LgOp], ...] = tuple(op for op in LG.operations if issubc
 _BY_NAME: dict[str, type[Operation]] = {op.name: op for op in LG.operations}
 
 
+MICRO_BATCH_ATTR = "lg.micro_batch"
+"""Integer attribute: the micro-batch an op of lg-micro-batch's unrolled
+graph works on (the ops autodiff adds inherit it through their operands)."""
+
+SCHEDULE_ATTR = "lg.pipeline_schedule"
+"""String attribute of a micro-batched lg.graph: the order in which each
+pipeline stage runs its micro-batches' forward and backward passes."""
+
+SCHEDULES = ("gpipe", "1f1b")
+
 RECOMPUTE_ATTR = "lg.recompute"
 """Unit attribute of an op that lg-recompute cloned to repeat a forward
 value for the backward pass: sbp-to-plan runs it just before its use."""

@@ -104,11 +104,11 @@ class Layout:
 
 
 def training_module(g: sbpc.Graph, layout: Layout, algorithm: str = "adam", micro_batches: int = 1,
-                    training: bool = True):
+                    training: bool = True, schedule: str = "gpipe"):
     module = g.module()
     if not training:
         return module
-    LgMicroBatchPass(count=micro_batches).apply(Context(), module)
+    LgMicroBatchPass(count=micro_batches, schedule=schedule).apply(Context(), module)
     LgAutodiffPass().apply(Context(), module)
     LgOptimizerPass(algorithm=algorithm, zero=layout.zero).apply(Context(), module)
     module.verify()
@@ -119,7 +119,7 @@ def training_module(g: sbpc.Graph, layout: Layout, algorithm: str = "adam", micr
 
 
 def mlp(variant: str, ranks: int, batch: int = 64, features: int = 32, hidden: int = 64, classes: int = 8,
-        algorithm: str = "adam", micro_batches: int | None = None, training: bool = True):
+        algorithm: str = "adam", micro_batches: int | None = None, training: bool = True, schedule: str = "gpipe"):
     """x -> gelu(x @ w1 + b1) @ w2 -> cross-entropy: a classifier."""
     layout = Layout(variant, ranks)
     if micro_batches is None:
@@ -137,7 +137,7 @@ def mlp(variant: str, ranks: int, batch: int = 64, features: int = 32, hidden: i
         labels = g.input("labels", (batch,), dtype="i64", sbp=layout.batch)
         loss = sbpc.cross_entropy(h @ w2, labels)
     g.output(loss=loss)
-    return training_module(g, layout, algorithm, micro_batches, training)
+    return training_module(g, layout, algorithm, micro_batches, training, schedule)
 
 
 def mlp_batches(batch: int = 64, features: int = 32, classes: int = 8, seed: int = 0, lr: float = 3e-3):
@@ -154,7 +154,7 @@ def mlp_batches(batch: int = 64, features: int = 32, classes: int = 8, seed: int
 
 def gpt(variant: str, ranks: int, vocab: int, batch: int = 16, seq: int = 16, dim: int = 32, heads: int = 4,
         layers: int = 2, tied: bool = False, algorithm: str = "adam", micro_batches: int | None = None,
-        training: bool = True):
+        training: bool = True, schedule: str = "gpipe"):
     """Token + position embeddings, `layers` pre-LN blocks of causal multi-head
     attention and a GELU MLP, final layernorm, output head (tied to the token
     embedding or its own), cross-entropy on the next token."""
@@ -217,7 +217,7 @@ def gpt(variant: str, ranks: int, vocab: int, batch: int = 16, seq: int = 16, di
     loss = sbpc.cross_entropy(logits, targets)
     scope.close()
     g.output(loss=loss)
-    return training_module(g, layout, algorithm, micro_batches, training)
+    return training_module(g, layout, algorithm, micro_batches, training, schedule)
 
 
 def corpus() -> tuple[str, dict[str, int]]:

@@ -31,7 +31,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import DenseArrayBase, DenseIntOrFPElementsAttr, ModuleOp, TensorType, i64
+from xdsl.dialects.builtin import (
+    DenseArrayBase,
+    DenseIntOrFPElementsAttr,
+    IntegerAttr,
+    ModuleOp,
+    StringAttr,
+    TensorType,
+    i64,
+)
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import Rewriter
@@ -48,9 +56,10 @@ def _retyped(old, shape) -> TensorType | DTensorType:
 
 
 class Unroller:
-    def __init__(self, graph: lg.GraphOp, count: int):
+    def __init__(self, graph: lg.GraphOp, count: int, schedule: str = "gpipe"):
         self.graph = graph
         self.count = count
+        self.schedule = schedule
         self.batch: int | None = None
 
     def fail(self, op: Operation, why: str) -> PassFailedException:
@@ -84,6 +93,9 @@ class Unroller:
             )
             piece = self.emit(lg.ReshapeOp(one, [shape[0] // k, *rest]), anchor, placement)
             piece.name_hint = f"{op.key.data}_mb{i}"
+            for made in (one, piece):
+                assert isinstance(made.owner, Operation)  # emit returns an op's result
+                made.owner.attributes[lg.MICRO_BATCH_ATTR] = IntegerAttr(i, i64)
             pieces.append(piece)
         return pieces
 
@@ -155,6 +167,7 @@ class Unroller:
         for k in range(self.count):
             for op in batch_ops:
                 new = self.copy(op, copies[k])
+                new.attributes[lg.MICRO_BATCH_ATTR] = IntegerAttr(k, i64)
                 if op.results[0].name_hint:
                     new.results[0].name_hint = f"{op.results[0].name_hint}_mb{k}"
                 output.parent_block().insert_op_before(new, output)
@@ -184,6 +197,7 @@ class Unroller:
         # The whole-batch ops (detached) are now unused; drop them, last first.
         for op in reversed(batch_ops):
             op.erase(safe_erase=False)
+        self.graph.attributes[lg.SCHEDULE_ATTR] = StringAttr(self.schedule)
 
 
 @dataclass(frozen=True)
@@ -192,11 +206,20 @@ class LgMicroBatchPass(ModulePass):
 
     count: int = 1
     """Micro-batches per step (1: no change)."""
+    schedule: str = "gpipe"
+    """How pipeline stages order the micro-batches (recorded on the graph
+    for sbp-to-plan): `gpipe`, every forward then every backward (the
+    activations of all micro-batches live at once), or `1f1b` (stage s of S
+    runs S-1-s forwards ahead, then one backward per forward: at most S-s
+    micro-batches' activations live on it)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.count < 1:
             raise PassFailedException(f"lg-micro-batch: count must be at least 1, got {self.count}")
+        if self.schedule not in lg.SCHEDULES:
+            raise PassFailedException(
+                f"lg-micro-batch: unknown schedule '{self.schedule}' (known: {', '.join(lg.SCHEDULES)})")
         if self.count == 1:
             return
         for graph in lg.graphs(op):
-            Unroller(graph, self.count).run()
+            Unroller(graph, self.count, self.schedule).run()

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from xdsl.context import Context
@@ -46,10 +47,13 @@ from sbpc.dialects.sbp import DTensorType, Mesh, lookup_placement
 from sbpc.perf.step_time import REPRESENTATIVES, equivalence_classes
 
 
-def schedule(ops: list[Operation]) -> list[Operation]:
-    """Topological order by list scheduling. Among ready ops: communication
-    first; then compute that feeds communication (so it starts early); then
-    other compute; last, compute that reads the result of a collective (so
+def schedule(ops: list[Operation], slot: Callable[[Operation], int] | None = None) -> list[Operation]:
+    """Topological order by list scheduling. Operands made by ops outside
+    `ops` count as ready (a pipeline stage's inputs from another stage).
+    With `slot`, a ready op of a lower slot always goes first (a pipeline
+    schedule's phase). Then, among ready ops: communication first; then
+    compute that feeds communication (so it starts early); then other
+    compute; last, compute that reads the result of a collective (so
     the collective has work to overlap with; a local slice is no
     collective, so an optimizer update that reads the slice of its
     parameter runs as soon as its gradient is ready, and the communication
@@ -85,16 +89,19 @@ def schedule(ops: list[Operation]) -> list[Operation]:
         for op in gate:
             users[op].append(head)
         waiting[head] += len(gate)
-    ready = [(priority(op), index[op], op) for op in ops if not waiting[op]]
+    def key(op: Operation) -> tuple[int, int, int]:
+        return (slot(op) if slot is not None else 0, priority(op), index[op])
+
+    ready = [(*key(op), op) for op in ops if not waiting[op]]
     heapq.heapify(ready)
     order = []
     while ready:
-        _, _, op = heapq.heappop(ready)
+        op = heapq.heappop(ready)[-1]
         order.append(op)
         for user in users[op]:
             waiting[user] -= 1
             if not waiting[user]:
-                heapq.heappush(ready, (priority(user), index[user], user))
+                heapq.heappush(ready, (*key(user), user))
     if len(order) != len(ops):
         stuck = next(op for op in ops if waiting[op])
         raise PassFailedException(f"sbp-to-plan: no schedule: '{stuck.name}' waits on a cycle")
@@ -205,6 +212,41 @@ def _from_chain_or_source(value, chain: set[Operation], index) -> bool:
         owner, (lg.InputOp, lg.ParamOp, lg.ConstantOp))
 
 
+def one_f_one_b(stage: int, stages: int, micro_batches: int) -> dict[tuple[bool, int], int]:
+    """The 1F1B order of a stage (PipeDream-Flush, Megatron-LM's default):
+    stage s of S runs min(S-1-s, M) forwards ahead, then alternates one
+    forward and one backward, then the remaining backwards. Maps
+    (is_backward, micro-batch) to its place in that order."""
+    ahead = min(stages - 1 - stage, micro_batches)
+    order = [(False, k) for k in range(ahead)]
+    for k in range(micro_batches - ahead):
+        order += [(False, ahead + k), (True, k)]
+    order += [(True, k) for k in range(micro_batches - ahead, micro_batches)]
+    return {phase: i for i, phase in enumerate(order)}
+
+
+SHARED = -1
+"""The micro-batch label of an op that combines several (gradient accumulation)."""
+
+
+def micro_batch_labels(body: list[Operation]) -> dict[Operation, int]:
+    """The micro-batch of each op: lg-micro-batch marks the unrolled forward
+    ops; another op (autodiff's, boxing's) takes its operands' micro-batch,
+    SHARED where they disagree; ops of no micro-batch are left out."""
+    labels: dict[Operation, int] = {}
+    for op in body:
+        mark = op.attributes.get(lg.MICRO_BATCH_ATTR)
+        if isinstance(mark, IntegerAttr):
+            labels[op] = mark.value.data
+            continue
+        seen = {labels[o.owner] for o in op.operands if isinstance(o.owner, Operation) and o.owner in labels}
+        if len(seen) == 1:
+            labels[op] = seen.pop()
+        elif seen:
+            labels[op] = SHARED
+    return labels
+
+
 def rank_group(mesh: Mesh, rank: int, axes: list[int]) -> list[int]:
     """The ranks that differ from `rank` only on `axes`, in mesh order."""
     here = mesh_coord(mesh, rank)
@@ -225,6 +267,9 @@ class Lowering:
         self.taken: set[str] = set()  # the values of `names`, kept as a set for the uniqueness test
         self.devices: dict[int, list[Operation]] = {}
         self.comm_count = 0
+        self.comm_ids: dict[Operation, int] = {}
+        self.stage: set[int] | None = None
+        """While lowering one pipeline stage's order: its ranks."""
         # Attributes are immutable, so every register and actor that needs
         # the same one can share it; building them (each verifies itself) was
         # most of this pass's time.
@@ -298,7 +343,68 @@ class Lowering:
         return plan.RegisterOp.create(properties=props)
 
     def ranks(self, ranks):
-        return ranks if self.only is None else [r for r in ranks if r in self.only]
+        if self.only is not None:
+            ranks = [r for r in ranks if r in self.only]
+        if self.stage is not None:
+            ranks = [r for r in ranks if r in self.stage]
+        return ranks
+
+    def stage_orders(self, body: list[Operation]) -> list[tuple[set[int], list[Operation]]] | None:
+        """Per pipeline stage, its ranks and its ops in the order of the
+        graph's `lg.pipeline_schedule`; None for one global order (GPipe, or
+        no stages). Each stage orders its own ops, so stages run different
+        interleavings of the micro-batches (point-to-point transfers match
+        by id, not order); every rank of a stage shares its stage's order,
+        so the collectives inside a stage stay in one order."""
+        kind = self.graph.attributes.get(lg.SCHEDULE_ATTR)
+        if not isinstance(kind, StringAttr) or kind.data != "1f1b":
+            return None
+        stage_ops: dict[str, list[Operation]] = {}
+        for op in body:
+            names = [self.placement_name(op.results[0])]
+            if isinstance(op, sbp.TransferOp):
+                names.insert(0, self.placement_name(op.input))
+            for name in dict.fromkeys(names):
+                stage_ops.setdefault(name, []).append(op)
+        if len(stage_ops) < 2:
+            return None
+        labels = micro_batch_labels(body)
+        forward = self.forward_ops()
+        micro = 1 + max((k for k in labels.values() if k >= 0), default=0)
+        # stage 0 is where micro-batch 0's forward pass starts, and so on
+        index = {op: i for i, op in enumerate(body)}
+        first = {name: min((index[op] for op in ops if op in forward and labels.get(op) == 0), default=len(body))
+                 for name, ops in stage_ops.items()}
+        out = []
+        for s, name in enumerate(sorted(stage_ops, key=first.__getitem__)):
+            ops = stage_ops[name]
+            place = one_f_one_b(s, len(stage_ops), micro)
+
+            def slot(op: Operation, place=place) -> int:
+                k = labels.get(op, SHARED)
+                return SHARED if k == SHARED else place[(op not in forward, k)]
+
+            mesh = lookup_placement(self.graph, SymbolRefAttr(name)).mesh()
+            out.append((set(mesh.ranks), schedule(ops, slot)))
+        return out
+
+    def placement_name(self, value: SSAValue) -> str:
+        self.mesh_of(value)  # a value without a distribution gets its diagnostic there
+        assert isinstance(value.type, DTensorType)
+        return value.type.placement_name
+
+    def forward_ops(self) -> set[Operation]:
+        """What the outputs other than gradients and updates depend on (the loss)."""
+        output = self.graph.output()
+        todo = [v.owner for n, v in zip(output.names.data, output.values)
+                if not n.data.startswith(("grad.", "new."))]
+        seen: set[Operation] = set()
+        while todo:
+            op = todo.pop()
+            if isinstance(op, Operation) and op not in seen:
+                seen.add(op)
+                todo.extend(o.owner for o in op.operands)
+        return seen
 
     def refs(self, values) -> ArrayAttr:
         return ArrayAttr([self.ref(v) for v in values])
@@ -321,38 +427,51 @@ class Lowering:
             for rank in self.ranks(self.mesh_of(v).ranks):
                 registers.setdefault(rank, []).append(self.register(v, rank, fetched, crossing))
         actors: dict[int, list[Operation]] = {rank: [] for rank in registers}
-        for op in schedule(body):
-            if isinstance(op, lg.InputOp | lg.ParamOp | lg.ConstantOp):
-                continue
-            out = op.results[0]
-            name = self.name_of(out)
-            if isinstance(op, lg.SbpRules):
-                # one set of (immutable) attributes for the actor on every rank
-                props = {
-                    "sym_name": StringAttr(f"{name}.{op.name.removeprefix('lg.')}"),
-                    "kernel": StringAttr(op.name),
-                    "props": DictionaryAttr(dict(op.properties)),
-                    "ins": self.refs(op.operands),
-                    "outs": self.refs([out]),
-                }
-                for rank in self.ranks(self.mesh_of(out).ranks):
-                    actors[rank].append(plan.ComputeOp.create(properties=dict(props)))
-            elif isinstance(op, sbp.COLLECTIVE_OPS):
-                self.lower_collective(op, actors)
-            else:
-                raise PassFailedException(f"'{op.name}': sbp-to-plan cannot lower this op")
+        stages = self.stage_orders(body)
+        if stages is None:
+            for op in schedule(body):
+                self.lower_op(op, actors)
+        else:
+            for ranks, order in stages:
+                self.stage = ranks
+                for op in order:
+                    self.lower_op(op, actors)
+            self.stage = None
         devices = [
             plan.DeviceOp(f"rank{rank}", rank, [*registers[rank], *actors[rank]]) for rank in sorted(registers)
         ]
         return plan.ProgramOp(self.graph.sym_name.data, devices)
+
+    def lower_op(self, op: Operation, actors: dict[int, list[Operation]]) -> None:
+        if isinstance(op, lg.InputOp | lg.ParamOp | lg.ConstantOp):
+            return
+        out = op.results[0]
+        name = self.name_of(out)
+        if isinstance(op, lg.SbpRules):
+            # one set of (immutable) attributes for the actor on every rank
+            props = {
+                "sym_name": StringAttr(f"{name}.{op.name.removeprefix('lg.')}"),
+                "kernel": StringAttr(op.name),
+                "props": DictionaryAttr(dict(op.properties)),
+                "ins": self.refs(op.operands),
+                "outs": self.refs([out]),
+            }
+            for rank in self.ranks(self.mesh_of(out).ranks):
+                actors[rank].append(plan.ComputeOp.create(properties=dict(props)))
+        elif isinstance(op, sbp.COLLECTIVE_OPS):
+            self.lower_collective(op, actors)
+        else:
+            raise PassFailedException(f"'{op.name}': sbp-to-plan cannot lower this op")
 
     def lower_collective(self, op: Operation, actors: dict[int, list[Operation]]) -> None:
         assert isinstance(op, sbp.CollectiveOp | sbp.TransferOp)  # what COLLECTIVE_OPS holds
         source, out = op.operands[0], op.results[0]
         src_mesh, dst_mesh = self.mesh_of(source), self.mesh_of(out)
         kind = op.name.removeprefix("sbp.")
-        comm_id = self.comm_count
-        self.comm_count += 1
+        if op not in self.comm_ids:  # a transfer is lowered once per stage it joins
+            self.comm_ids[op] = self.comm_count
+            self.comm_count += 1
+        comm_id = self.comm_ids[op]
         base = {
             "kind": StringAttr(kind),
             "id": IntegerAttr(comm_id, i64),

@@ -590,14 +590,20 @@ class Replay:
             moved = False
             for dev, lane in ((d, lane) for d in self.devices.values() for lane in LANES):
                 queue = dev.comm_queue[lane]
-                while queue:
-                    c = queue[0]
+                # Collectives start in issue order on every member. Transfers
+                # match by id (their tag), so one may start before another
+                # issued earlier (1F1B stages post them in different orders);
+                # the lane still carries one at a time.
+                candidates = list(queue) if lane == "transfer" else queue[:1]
+                for c in candidates:
                     key = (c.spec.comm_id, c.step)
                     copies = []
                     for r in sorted({self.rep[m] for m in c.spec.group}):
                         peer = self.devices[r]
                         other = peer.issued.get(key)
-                        if other is None or not peer.comm_queue[lane] or peer.comm_queue[lane][0] is not other:
+                        waiting = peer.comm_queue[lane]
+                        if other is None or not waiting or (
+                                waiting[0] is not other if lane != "transfer" else other.event is not None):
                             break
                         copies.append((peer, other))
                     else:
@@ -629,13 +635,16 @@ class Replay:
                             other.event = Event(peer.rank, other.step, other.issued.name, other.spec.kind, start,
                                                 start + other.spec.duration, cause)
                             self.events.append(other.event)
-                            peer.comm_queue[lane].pop(0)
+                            peer.comm_queue[lane].remove(other)
                             peer.stream_free[lane] = other.event.end
                             peer.stream_last[lane] = other.event
                             peer.in_flight[other.step] += other.spec.duration
                         moved = any_moved = True
+                        if lane != "transfer":
+                            break  # the next in the queue is its head now: look again
                         continue
-                    break
+                    if lane != "transfer":
+                        break
         return any_moved
 
     def run(self) -> None:

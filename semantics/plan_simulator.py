@@ -8,8 +8,11 @@ lowering.
 
 Devices run their schedules in lockstep: each runs compute actors until it
 reaches a communication actor; a collective runs once every member of its
-placement has reached it. If no collective can run, the plan would
-deadlock, and that is an error naming the ranks and actors.
+placement has reached it. A point-to-point transfer is posted as the
+runtime posts it: the sender goes on at once, the receiver once every
+sender has posted (stages may post them in different orders). If nothing
+can run, the plan would deadlock, and that is an error naming the ranks and
+actors.
 """
 
 from __future__ import annotations
@@ -92,6 +95,7 @@ def run_plan(
             elif reg.constant is not None:
                 state.views[name][...] = constant_value(reg.constant)[region]
 
+    transfers = _Transfers()
     while True:
         progressed = False
         for state in states.values():
@@ -104,6 +108,14 @@ def run_plan(
         }
         if not waiting:
             break
+        moved = False
+        for r, actor in list(waiting.items()):
+            if actor.kind.data == "transfer" and transfers.step(states, r, actor):
+                states[r].position += 1
+                del waiting[r]
+                moved = True
+        if moved:
+            continue
         by_id: dict[int, list[int]] = {}
         for r, actor in waiting.items():
             by_id.setdefault(actor.comm_id.value.data, []).append(r)
@@ -166,6 +178,43 @@ def _compute(ctx, state: DeviceState, actor: plan.ComputeOp) -> None:
         state.views[out.sym_name.data][...] = result
     except (ValueError, EvaluationError) as e:
         raise EvaluationError(f"rank {state.rank}: actor @{actor.sym_name.data} ({actor.kernel.data}): {e}") from None
+
+
+class _Transfers:
+    """Point-to-point transfers as the runtime posts them: a sender's part
+    is done once posted (its piece is copied: the allocator keeps a sent
+    buffer until the step ends), a receiver's once every sender has posted.
+    Stages may post them in different orders (1F1B)."""
+
+    def __init__(self) -> None:
+        self.posted: dict[int, dict[int, str]] = {}
+        self.copies: dict[int, dict[int, np.ndarray]] = {}
+        self.arrived: dict[int, dict] = {}
+
+    def step(self, states, rank: int, actor: plan.CommOp) -> bool:
+        """Does `rank`'s part of `actor`; False while it must wait."""
+        comm_id = actor.comm_id.value.data
+        if actor.ins.data and rank not in self.posted.setdefault(comm_id, {}):
+            name = actor.ins.data[0].string_value()
+            self.posted[comm_id][rank] = name
+            self.copies.setdefault(comm_id, {})[rank] = states[rank].views[name].copy()
+            senders = [r for r in actor.group.get_values() if r in states[rank].mesh(actor.source).ranks]
+            if set(senders) <= set(self.posted[comm_id]):
+                value = _distributed_copies(states, actor.source, self.copies.pop(comm_id))
+                self.arrived[comm_id] = run_transfer(value, _distributed(states, actor.dest, {}))[0]
+        if not actor.outs.data:
+            return True
+        if comm_id not in self.arrived:
+            return False
+        states[rank].views[actor.outs.data[0].string_value()][...] = self.arrived[comm_id][
+            states[rank].coord(actor.dest)]
+        return True
+
+
+def _distributed_copies(states, t: DTensorType, copies: dict[int, np.ndarray]) -> Distributed:
+    state = next(iter(states.values()))
+    pieces = {states[r].coord(t): piece for r, piece in copies.items()}
+    return Distributed(state.mesh(t), nd_to_plain(t.nd_sbp), t.get_shape(), numpy_dtype(t.element_type), pieces)
 
 
 def _members(states, actor: plan.CommOp) -> list[int]:

@@ -19,17 +19,17 @@ lg.graph @step {
   lg.output ["loss"] %loss : tensor<f32>
 }
 
-// CHECK-LABEL: lg.graph @step
+// CHECK-LABEL: lg.graph @step attributes {lg.pipeline_schedule = "gpipe"}
 // CHECK:      %w = lg.param "w"
 // CHECK:      %[[XG:.*]] = lg.reshape %x : tensor<4x3xf32> -> tensor<2x2x3xf32>
-// CHECK-NEXT: %[[X0:.*]] = lg.slice %[[XG]] starts [0, 0, 0] limits [2, 1, 3] strides [1, 1, 1] : tensor<2x2x3xf32> -> tensor<2x1x3xf32>
-// CHECK-NEXT: %x_mb0 = lg.reshape %[[X0]] : tensor<2x1x3xf32> -> tensor<2x3xf32>
+// CHECK-NEXT: %[[X0:.*]] = lg.slice %[[XG]] starts [0, 0, 0] limits [2, 1, 3] strides [1, 1, 1] {lg.micro_batch = 0 : i64} : tensor<2x2x3xf32> -> tensor<2x1x3xf32>
+// CHECK-NEXT: %x_mb0 = lg.reshape %[[X0]] {lg.micro_batch = 0 : i64} : tensor<2x1x3xf32> -> tensor<2x3xf32>
 // CHECK-NEXT: %[[X1:.*]] = lg.slice %[[XG]] starts [0, 1, 0] limits [2, 2, 3]
-// CHECK-NEXT: %x_mb1 = lg.reshape %[[X1]] : tensor<2x1x3xf32> -> tensor<2x3xf32>
+// CHECK-NEXT: %x_mb1 = lg.reshape %[[X1]] {lg.micro_batch = 1 : i64} : tensor<2x1x3xf32> -> tensor<2x3xf32>
 // CHECK:      %t_mb1 = lg.reshape
-// CHECK-NEXT: %y_mb0 = lg.matmul %x_mb0, %w : (tensor<2x3xf32>, tensor<3x2xf32>) -> tensor<2x2xf32>
-// CHECK-NEXT: %r_mb0 = lg.reshape %y_mb0 : tensor<2x2xf32> -> tensor<2x1x2xf32>
-// CHECK-NEXT: %s_mb0 = lg.reshape %r_mb0 : tensor<2x1x2xf32> -> tensor<2x2xf32>
+// CHECK-NEXT: %y_mb0 = lg.matmul %x_mb0, %w {lg.micro_batch = 0 : i64} : (tensor<2x3xf32>, tensor<3x2xf32>) -> tensor<2x2xf32>
+// CHECK-NEXT: %r_mb0 = lg.reshape %y_mb0 {lg.micro_batch = 0 : i64} : tensor<2x2xf32> -> tensor<2x1x2xf32>
+// CHECK-NEXT: %s_mb0 = lg.reshape %r_mb0 {lg.micro_batch = 0 : i64} : tensor<2x1x2xf32> -> tensor<2x2xf32>
 // CHECK-NEXT: %loss_mb0 = lg.mse_loss %s_mb0, %t_mb0
 // CHECK-NEXT: %y_mb1 = lg.matmul %x_mb1, %w
 // CHECK:      %loss_mb1 = lg.mse_loss %s_mb1, %t_mb1
