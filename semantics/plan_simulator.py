@@ -98,19 +98,26 @@ def run_plan(
     transfers = _Transfers()
     while True:
         progressed = False
-        for state in states.values():
+        for r, state in states.items():
             while state.position < len(state.schedule) and isinstance(state.schedule[state.position], plan.ComputeOp):
+                if not transfers.deliver(states, r, state.schedule[state.position]):
+                    break  # it reads a transfer still on its way
                 _compute(ctx, state, state.schedule[state.position])
                 state.position += 1
                 progressed = True
         waiting = {
-            r: s.schedule[s.position] for r, s in states.items() if s.position < len(s.schedule)
+            r: s.schedule[s.position] for r, s in states.items()
+            if s.position < len(s.schedule) and isinstance(s.schedule[s.position], plan.CommOp)
         }
-        if not waiting:
+        if not waiting and not any(s.position < len(s.schedule) for s in states.values()):
+            transfers.flush(states)  # receives no actor reads (fetched outputs)
+            if transfers.undelivered():
+                raise EvaluationError(f"the plan deadlocks: {transfers.undelivered()}")
             break
         moved = False
         for r, actor in list(waiting.items()):
-            if actor.kind.data == "transfer" and transfers.step(states, r, actor):
+            if actor.kind.data == "transfer":
+                transfers.post(states, r, actor)
                 states[r].position += 1
                 del waiting[r]
                 moved = True
@@ -118,7 +125,8 @@ def run_plan(
             continue
         by_id: dict[int, list[int]] = {}
         for r, actor in waiting.items():
-            by_id.setdefault(actor.comm_id.value.data, []).append(r)
+            if transfers.deliver(states, r, actor):
+                by_id.setdefault(actor.comm_id.value.data, []).append(r)
         ran = False
         for _comm_id, ranks in sorted(by_id.items()):
             members = _members(states, waiting[ranks[0]])
@@ -129,8 +137,10 @@ def run_plan(
                 ran = True
                 break
         if not ran and not progressed:
-            stuck = ", ".join(f"rank {r} at @{a.sym_name.data} (id {a.comm_id.value.data})" for r, a in waiting.items())
-            raise EvaluationError(f"the plan deadlocks: {stuck}")
+            stuck = [f"rank {r} at @{a.sym_name.data}" + (f" (id {a.comm_id.value.data})" if isinstance(a, plan.CommOp)
+                                                           else " (waits for a transfer)")
+                     for r, s in states.items() if s.position < len(s.schedule) for a in [s.schedule[s.position]]]
+            raise EvaluationError(f"the plan deadlocks: {', '.join(stuck)}")
 
     outputs: dict[str, np.ndarray] = {}
     fetched: dict[str, dict] = {}
@@ -183,32 +193,58 @@ def _compute(ctx, state: DeviceState, actor: plan.ComputeOp) -> None:
 class _Transfers:
     """Point-to-point transfers as the runtime posts them: a sender's part
     is done once posted (its piece is copied: the allocator keeps a sent
-    buffer until the step ends), a receiver's once every sender has posted.
-    Stages may post them in different orders (1F1B)."""
+    buffer until the step ends); a receiver posts its part and goes on, and
+    waits only at the first actor that names the register (the data lands
+    once every sender has posted). Stages may post them in different orders
+    (1F1B)."""
 
     def __init__(self) -> None:
-        self.posted: dict[int, dict[int, str]] = {}
+        self.posted: dict[int, set[int]] = {}
         self.copies: dict[int, dict[int, np.ndarray]] = {}
         self.arrived: dict[int, dict] = {}
+        self.expected: dict[int, dict[str, plan.CommOp]] = {}
+        """Per rank, its posted receives not yet delivered, by register."""
 
-    def step(self, states, rank: int, actor: plan.CommOp) -> bool:
-        """Does `rank`'s part of `actor`; False while it must wait."""
+    def post(self, states, rank: int, actor: plan.CommOp) -> None:
         comm_id = actor.comm_id.value.data
-        if actor.ins.data and rank not in self.posted.setdefault(comm_id, {}):
+        if actor.ins.data:
             name = actor.ins.data[0].string_value()
-            self.posted[comm_id][rank] = name
+            self.posted.setdefault(comm_id, set()).add(rank)
             self.copies.setdefault(comm_id, {})[rank] = states[rank].views[name].copy()
             senders = [r for r in actor.group.get_values() if r in states[rank].mesh(actor.source).ranks]
-            if set(senders) <= set(self.posted[comm_id]):
+            if set(senders) <= self.posted[comm_id]:
                 value = _distributed_copies(states, actor.source, self.copies.pop(comm_id))
                 self.arrived[comm_id] = run_transfer(value, _distributed(states, actor.dest, {}))[0]
-        if not actor.outs.data:
+        if actor.outs.data:
+            self.expected.setdefault(rank, {})[actor.outs.data[0].string_value()] = actor
+
+    def deliver(self, states, rank: int, actor) -> bool:
+        """Writes the arrived receives that `actor` names; False if one has not arrived."""
+        expected = self.expected.get(rank)
+        if not expected:
             return True
-        if comm_id not in self.arrived:
-            return False
-        states[rank].views[actor.outs.data[0].string_value()][...] = self.arrived[comm_id][
-            states[rank].coord(actor.dest)]
+        for ref in [*actor.ins.data, *actor.outs.data]:
+            recv = expected.get(ref.string_value())
+            if recv is None:
+                continue
+            comm_id = recv.comm_id.value.data
+            if comm_id not in self.arrived:
+                return False
+            states[rank].views[ref.string_value()][...] = self.arrived[comm_id][states[rank].coord(recv.dest)]
+            del expected[ref.string_value()]
         return True
+
+    def flush(self, states) -> None:
+        for rank, regs in self.expected.items():
+            for name, recv in list(regs.items()):
+                comm_id = recv.comm_id.value.data
+                if comm_id in self.arrived:
+                    states[rank].views[name][...] = self.arrived[comm_id][states[rank].coord(recv.dest)]
+                    del regs[name]
+
+    def undelivered(self) -> str:
+        return ", ".join(f"rank {r} never receives @{a.sym_name.data} (id {a.comm_id.value.data})"
+                         for r, regs in self.expected.items() for a in regs.values())
 
 
 def _distributed_copies(states, t: DTensorType, copies: dict[int, np.ndarray]) -> Distributed:
