@@ -17,7 +17,7 @@ search finds different plans from each, and the simulator judges them).
 With `training` (the input is the forward graph), it also tries every
 split into pipeline stages (a contiguous cut of the forward ops balancing
 their flops where the fewest bytes cross, stage i on the i-th block of
-ranks) with 2 or 4 micro-batches.
+ranks) with 2 or 4 micro-batches, in GPipe and in 1F1B order.
 
 For each, sbp-infer chooses every op's nd-SBP (`strategy`: its global
 search, or the integer program of `sbp_ilp.py`; priced with the cluster);
@@ -35,8 +35,9 @@ Where a layout does not fit the budget, it is tried again with activation
 recomputation (`lg-recompute`: `selective`, then `full` where that is not
 enough), which trades a share of a forward pass for the activations' memory.
 
-Not yet chosen here: the pipeline schedule (sbpc runs GPipe order) and 2-D
-meshes inside a stage.
+Pipeline layouts are tried in both schedules, GPipe and 1F1B (less memory
+on the first stages; see lg-micro-batch). Not yet chosen here: 2-D meshes
+inside a stage, interleaved schedules.
 """
 
 from __future__ import annotations
@@ -101,6 +102,8 @@ class Layout:
     memory: str
     stages: int = 1
     micro_batches: int = 1
+    schedule: str = "gpipe"
+    """The pipeline schedule (lg-micro-batch's): `gpipe` or `1f1b`."""
     recompute: str = "none"
     """lg-recompute's policy: `none`, `selective` or `full` (tried only
     where the layout does not fit without it)."""
@@ -116,7 +119,7 @@ class Layout:
         mesh = "x".join(map(str, self.mesh))
         parts = [f"{self.stages} stages of mesh {mesh}" if self.stages > 1 else f"mesh {mesh}"]
         if self.micro_batches > 1:
-            parts.append(f"{self.micro_batches} micro-batches")
+            parts.append(f"{self.micro_batches} micro-batches" + (f" {self.schedule}" if self.stages > 1 else ""))
         if self.inputs != "free":
             parts.append(f"inputs {self.inputs}")
         parts.append(self.memory)
@@ -133,9 +136,9 @@ def layouts(devices: int, modes: Sequence[str], batch: int | None, forward_ops: 
     inputs (Layout.inputs) in each memory mode; with a batch to cut
     (the graph is planned before autodiff), also every stage count that
     divides the devices (at most one stage per 4 forward ops) with 2 or 4
-    micro-batches that divide the batch, each stage a 1-D mesh with the
-    batch split over it (replicated or ZeRO: FSDP's per-use gathers repeat
-    per micro-batch)."""
+    micro-batches that divide the batch in GPipe and in 1F1B order, each
+    stage a 1-D mesh with the batch split over it (replicated or ZeRO:
+    FSDP's per-use gathers repeat per micro-batch)."""
     out = [Layout(mesh, mode, inputs=inputs) for mesh in mesh_shapes(devices) for inputs in INPUTS
            for mode in modes]
     if batch is None:
@@ -145,8 +148,8 @@ def layouts(devices: int, modes: Sequence[str], batch: int | None, forward_ops: 
             continue
         for micro in (2, 4):
             if batch % micro == 0:
-                out += [Layout((devices // stages,), mode, stages, micro, "split") for mode in modes
-                        if mode != "fsdp"]
+                out += [Layout((devices // stages,), mode, stages, micro, schedule, inputs="split")
+                        for mode in modes if mode != "fsdp" for schedule in lg.SCHEDULES]
     return out
 
 
@@ -399,7 +402,7 @@ class SbpAutoplanPass(ModulePass):
             else:
                 _place_stages(candidate, graph, placement, layout, ranks)
             if layout.micro_batches > 1:
-                LgMicroBatchPass(count=layout.micro_batches).apply(ctx, candidate)
+                LgMicroBatchPass(count=layout.micro_batches, schedule=layout.schedule).apply(ctx, candidate)
             if self.training:
                 PassPipeline.parse_spec(TRAINING_PASSES, self.training).apply(ctx, candidate)
             if layout.recompute != "none":

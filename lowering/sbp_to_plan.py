@@ -371,12 +371,17 @@ class Lowering:
         labels = micro_batch_labels(body)
         forward = self.forward_ops()
         micro = 1 + max((k for k in labels.values() if k >= 0), default=0)
-        # stage 0 is where micro-batch 0's forward pass starts, and so on
-        index = {op: i for i, op in enumerate(body)}
-        first = {name: min((index[op] for op in ops if op in forward and labels.get(op) == 0), default=len(body))
-                 for name, ops in stage_ops.items()}
+        # A stage's index is its depth in the forward pass's flow between
+        # stages (the longest chain of forward transfers that reaches it).
+        edges = {(self.placement_name(op.input), self.placement_name(op.result)) for op in body
+                 if isinstance(op, sbp.TransferOp) and op in forward}
+        depth = dict.fromkeys(stage_ops, 0)
+        for _ in stage_ops:
+            for a, b in edges:
+                if a != b:
+                    depth[b] = max(depth[b], depth[a] + 1)
         out = []
-        for s, name in enumerate(sorted(stage_ops, key=first.__getitem__)):
+        for s, name in enumerate(sorted(stage_ops, key=depth.__getitem__)):
             ops = stage_ops[name]
             place = one_f_one_b(s, len(stage_ops), micro)
 

@@ -138,7 +138,7 @@ class Task:
     what: str
     """'compute', 'copy', or the collective's kind."""
     duration: float
-    ranges: list[tuple[int, int, int]]
+    ranges: list[tuple[int, int, int, bool]]
     comm: CommSpec | None = None
     polls: bool = False
     """The runtime lets MPI progress inside it (a GEMM runs in column blocks with a test between them)."""
@@ -173,7 +173,7 @@ class Collective:
     device: int
     spec: CommSpec
     step: int
-    ranges: list[tuple[int, int, int]]
+    ranges: list[tuple[int, int, int, bool]]
     issued: Event
     at: float
     """When it was issued (after the actor's own overhead; the thread may go on paying for it)."""
@@ -329,23 +329,26 @@ class _Device:
             spans[name] = (1 if reg.is_persistent is not None else 0, reg.offset.value.data, reg.bytes.value.data)
             slots[name] = reg.slots.value.data
 
-        def ranges(names: Sequence[str], step: int) -> list[tuple[int, int, int]]:
+        def ranges(names: Sequence[str], step: int, writes: int = 0) -> list[tuple[int, int, int, bool]]:
+            """The bytes of `names` at `step`; the last `writes` of them are written."""
             out = []
-            for n in names:
+            for i, n in enumerate(names):
                 buf, offset, nbytes = spans[n]
                 lo = offset + (step % slots[n]) * nbytes
-                out.append((buf, lo, lo + nbytes))
+                out.append((buf, lo, lo + nbytes, i >= len(names) - writes))
             return out
 
         overhead = cluster.device.actor_overhead
-        self.actors: list[tuple[str, str, float, list[str], CommSpec | None, int]] = []
+        self.actors: list[tuple[str, str, float, list[str], int, CommSpec | None, int]] = []
+        """(name, what, seconds, registers read then written, how many are written, spec, index)"""
         self.kernels: dict[str, float] = {}
         for index, actor in enumerate(device.actors()):
             names = [r.string_value() for r in (*actor.ins.data, *actor.outs.data)]
+            written = len(actor.outs.data)
             if isinstance(actor, plan.ComputeOp):
                 seconds = compute_time(actor, registers, cluster, cache) + overhead
                 what = "compute" if actor.kernel.data not in cluster.GEMM_KERNELS else "gemm"
-                self.actors.append((actor.sym_name.data, what, seconds, names, None, index))
+                self.actors.append((actor.sym_name.data, what, seconds, names, written, None, index))
                 self.kernels[actor.kernel.data] = self.kernels.get(actor.kernel.data, 0.0) + seconds
                 continue
             kind = actor.kind.data
@@ -353,12 +356,12 @@ class _Device:
             if kind in COLLECTIVES and not COLLECTIVES[kind].communicates:
                 out = registers[actor.outs.data[0].string_value()]
                 seconds = copy_time(out.bytes.value.data, cluster) + overhead
-                self.actors.append((actor.sym_name.data, "copy", seconds, names, None, index))
+                self.actors.append((actor.sym_name.data, "copy", seconds, names, written, None, index))
                 self.kernels[kind] = self.kernels.get(kind, 0.0) + seconds
                 continue
             group = tuple(actor.group.get_values())
             spec = CommSpec(actor.comm_id.value.data, kind, group, cluster.collective_time(kind, group, nbytes))
-            self.actors.append((actor.sym_name.data, kind, overhead, names, spec, index))
+            self.actors.append((actor.sym_name.data, kind, overhead, names, written, spec, index))
         self.feeds = [n for n, r in registers.items() if r.feed is not None]
         self.updates = plan.update_pairs(device)
         copies = [registers[n] for n in self.feeds] + [registers[p] for _, p in self.updates]
@@ -400,11 +403,11 @@ class _Device:
             for name in self.feeds:
                 nbytes = registers[name].bytes.value.data
                 tasks.append((step, Task(f"{name}.feed", "copy", copy_time(nbytes, cluster),
-                                         self.ranges([name], step))))
-            for name, what, seconds, names, spec, index in self.actors:
-                ranges = self.ranges(names, step)
+                                         self.ranges([name], step, 1))))
+            for name, what, seconds, names, written, spec, index in self.actors:
+                ranges = self.ranges(names, step, written)
                 if spec is not None:
-                    ranges.append((2 + index, 0, 1))  # its own pack buffers: waits for its previous issue
+                    ranges.append((2 + index, 0, 1, True))  # its own pack buffers: waits for its previous issue
                 if what == "gemm":
                     tasks.append((step, Task(name, "compute", seconds, ranges, polls=True)))
                     continue
@@ -412,7 +415,7 @@ class _Device:
             for new, param in self.updates:
                 nbytes = registers[param].bytes.value.data
                 tasks.append((step, Task(f"{param}.write_back", "copy", copy_time(nbytes, cluster),
-                                         self.ranges([new], step))))
+                                         self.ranges([new], step, 1))))  # as the runtime: any access waits
             tasks.append((step, Task("", "end", 0.0, [])))
         return tasks
 
@@ -429,8 +432,10 @@ def lane_of(kind: str) -> str:
     return "transfer" if kind == "transfer" else "collective"
 
 
-def _overlaps(a: list[tuple[int, int, int]], b: list[tuple[int, int, int]]) -> bool:
-    return any(b1 == b2 and lo1 < hi2 and lo2 < hi1 for b1, lo1, hi1 in a for b2, lo2, hi2 in b)
+def _overlaps(a: list[tuple[int, int, int, bool]], b: list[tuple[int, int, int, bool]]) -> bool:
+    """Whether two sets of byte ranges conflict: they share bytes and one
+    writes them (reading what a send reads needs no wait, as in the runtime)."""
+    return any(b1 == b2 and lo1 < hi2 and lo2 < hi1 and (w1 or w2) for b1, lo1, hi1, w1 in a for b2, lo2, hi2, w2 in b)
 
 
 class InFlight:
@@ -446,9 +451,9 @@ class InFlight:
         self.index: dict[tuple[int, int], set[int]] = {}
         self.next = 0
 
-    def _pages(self, ranges: list[tuple[int, int, int]]):
+    def _pages(self, ranges: list[tuple[int, int, int, bool]]):
         page = self.page
-        for buf, lo, hi in ranges:
+        for buf, lo, hi, _ in ranges:
             for k in range(lo // page, max(hi, lo + 1) // page + 1):
                 yield buf, k
 
@@ -464,7 +469,7 @@ class InFlight:
         for key in self._pages(c.ranges):
             self.index[key].discard(seq)
 
-    def touching(self, ranges: list[tuple[int, int, int]]) -> list[tuple[int, Collective]]:
+    def touching(self, ranges: list[tuple[int, int, int, bool]]) -> list[tuple[int, Collective]]:
         """The in-flight collectives whose registers overlap `ranges`, in issue order."""
         seqs: set[int] = set()
         for key in self._pages(ranges):

@@ -86,7 +86,7 @@ class Pending:
     actor: plan.CommOp
     requests: list[MPI.Request]
     finish: Callable[[], None] | None = None
-    ranges: list[tuple[int, int, int]] = field(default_factory=list)  # (buffer id, lo, hi)
+    ranges: list[tuple[int, int, int, bool]] = field(default_factory=list)  # (buffer id, lo, hi, writes)
     start: float = 0.0
 
 

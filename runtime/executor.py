@@ -195,12 +195,12 @@ class Executor:
         key = (index, step % period)
         found = self._phase_cache.get(key)
         if found is None:
-            ranges = [self._range(n, step) for n in (*ins, *outs)]
+            ranges = [(*self._range(n, step), False) for n in ins] + [(*self._range(n, step), True) for n in outs]
             if not is_compute:
                 # A collective's own pack and unpack buffers are reused by its
                 # next issue, whose registers may be other slots: it waits for
                 # this one (a range no other actor has).
-                ranges.append((2 + index, 0, 1))
+                ranges.append((2 + index, 0, 1, True))
             found = ([self.view(n, step) for n in ins], self.view(outs[0], step) if outs else None, ranges)
             self._phase_cache[key] = found
         return found
@@ -285,7 +285,7 @@ class Executor:
 
     def _wait_register(self, pending: list[Pending], name: str, step: int) -> None:
         """Completes in-flight communication touching a register's bytes."""
-        self._wait_ranges(pending, [self._range(name, step)])
+        self._wait_ranges(pending, [(*self._range(name, step), True)])
 
     def _write(self, name: str, value: np.ndarray) -> None:
         reg = self.registers[name]
@@ -420,14 +420,21 @@ class Executor:
         if self.trace_on:
             self._record(actor, "compute", start, time.perf_counter())
 
-    def _ranges(self, actor, step: int) -> list[tuple[int, int, int]]:
-        """Byte ranges an actor touches: (buffer, lo, hi)."""
-        return [self._range(ref.string_value(), step) for ref in (*actor.ins.data, *actor.outs.data)]
+    def _ranges(self, actor, step: int) -> list[tuple[int, int, int, bool]]:
+        """Byte ranges an actor touches: (buffer, lo, hi, writes)."""
+        return ([(*self._range(ref.string_value(), step), False) for ref in actor.ins.data]
+                + [(*self._range(ref.string_value(), step), True) for ref in actor.outs.data])
 
-    def _wait_ranges(self, pending: list[Pending], mine: list[tuple[int, int, int]]) -> None:
-        """Completes in-flight communication touching any of these bytes."""
+    def _wait_ranges(self, pending: list[Pending], mine: list[tuple[int, int, int, bool]]) -> None:
+        """Completes in-flight communication touching any of these bytes
+        where either side writes them. Reading what a send is reading needs
+        no wait (MPI-3 lets a send buffer be read while the send is in
+        flight): a 1F1B stage reads the activation it sends on, and waiting
+        there for the next stage to post its receive deadlocked the
+        pipeline."""
         for p in list(pending):
-            if any(b1 == b2 and lo1 < hi2 and lo2 < hi1 for b1, lo1, hi1 in mine for b2, lo2, hi2 in p.ranges):
+            if any(b1 == b2 and lo1 < hi2 and lo2 < hi1 and (w1 or w2)
+                   for b1, lo1, hi1, w1 in mine for b2, lo2, hi2, w2 in p.ranges):
                 self._complete(pending, p)
 
     def _complete(self, pending: list[Pending], p: Pending) -> None:
