@@ -36,8 +36,9 @@ recomputation (`lg-recompute`: `selective`, then `full` where that is not
 enough), which trades a share of a forward pass for the activations' memory.
 
 Pipeline layouts are tried in both schedules, GPipe and 1F1B (less memory
-on the first stages; see lg-micro-batch). Not yet chosen here: 2-D meshes
-inside a stage, interleaved schedules.
+on the first stages; see lg-micro-batch), and each stage on every mesh of
+its devices (8 devices in 2 stages: 4 or 2x2 per stage). Not yet chosen
+here: interleaved schedules, stages of unequal sizes.
 """
 
 from __future__ import annotations
@@ -137,8 +138,9 @@ def layouts(devices: int, modes: Sequence[str], batch: int | None, forward_ops: 
     (the graph is planned before autodiff), also every stage count that
     divides the devices (at most one stage per 4 forward ops) with 2 or 4
     micro-batches that divide the batch in GPipe and in 1F1B order, each
-    stage a 1-D mesh with the batch split over it (replicated or ZeRO:
-    FSDP's per-use gathers repeat per micro-batch)."""
+    stage on every mesh of its devices with the batch split over its first
+    axis (replicated or ZeRO: FSDP's per-use gathers repeat per
+    micro-batch)."""
     out = [Layout(mesh, mode, inputs=inputs) for mesh in mesh_shapes(devices) for inputs in INPUTS
            for mode in modes]
     if batch is None:
@@ -148,7 +150,8 @@ def layouts(devices: int, modes: Sequence[str], batch: int | None, forward_ops: 
             continue
         for micro in (2, 4):
             if batch % micro == 0:
-                out += [Layout((devices // stages,), mode, stages, micro, schedule, inputs="split")
+                out += [Layout(mesh, mode, stages, micro, schedule, inputs="split")
+                        for mesh in mesh_shapes(devices // stages)
                         for mode in modes if mode != "fsdp" for schedule in lg.SCHEDULES]
     return out
 

@@ -15,6 +15,15 @@
   its result late, so collectives overlap with the work in between. Every device takes its actors in
   this one order, so the collectives are issued in the same order on every
   rank, and no two ranks can wait on each other.
+- Where the graph's `lg.pipeline_schedule` is `1f1b` (lg-micro-batch), each
+  pipeline stage gets its own order instead: stage s of S runs S-1-s
+  micro-batches' forwards ahead, then one backward per forward
+  (`one_f_one_b`), so at most S-s micro-batches' activations are live on
+  it. The ranks of a stage share its order (its collectives stay in one
+  order); stages post their transfers in different orders, which is safe
+  because transfers match by id.
+- Ops lg-recompute made (`lg.recompute`) are held back until the other
+  operands of the backward op that reads them are ready.
 """
 
 from __future__ import annotations

@@ -166,3 +166,15 @@ def test_the_autoplan_example_plans_trains_and_matches_the_reference():
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "sbp-autoplan chose mesh 2" in done.stdout and ": equal" in done.stdout
+
+
+def test_pipeline_layouts_cover_both_schedules_and_every_stage_mesh():
+    from sbpc.lowering.sbp_autoplan import layouts
+
+    found = layouts(8, ("replicated", "zero"), batch=8, forward_ops=40)
+    piped = [x for x in found if x.stages > 1]
+    assert {x.schedule for x in piped} == {"gpipe", "1f1b"}
+    assert {(x.stages, x.mesh) for x in piped} == {(2, (4,)), (2, (2, 2)), (4, (2,)), (8, (1,))}
+    assert all(x.inputs == "split" and x.micro_batches in (2, 4) for x in piped)
+    assert "2 stages of mesh 2x2, 4 micro-batches 1f1b" in next(
+        x for x in piped if x.mesh == (2, 2) and x.micro_batches == 4 and x.schedule == "1f1b").describe()

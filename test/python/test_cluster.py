@@ -654,8 +654,8 @@ def test_trace_has_one_track_per_device_and_stream():
     assert all(e["dur"] >= 0 for e in events)
 
 
-ranges_st = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 1 << 18), st.integers(0, 1 << 17)).map(
-    lambda t: (t[0], t[1], t[1] + t[2])), min_size=0, max_size=3)
+ranges_st = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 1 << 18), st.integers(0, 1 << 17), st.booleans()).map(
+    lambda t: (t[0], t[1], t[1] + t[2], t[3])), min_size=0, max_size=3)
 
 
 @settings(max_examples=200, deadline=None)
@@ -663,7 +663,8 @@ ranges_st = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 1 << 18), st.in
 def test_in_flight_index_finds_what_a_scan_finds(ops, memory):
     """The replay's page index of in-flight collectives against scanning all of
     them: the same collectives, in issue order, for any ranges (empty and
-    page-straddling ones included)."""
+    page-straddling ones included, read or written: two reads do not
+    conflict)."""
     flight, alive = InFlight(memory), {}
     for add, ranges in ops:
         if add or not alive:
