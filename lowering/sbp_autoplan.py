@@ -214,6 +214,18 @@ class Trial:
                 f"{_gib(p.peak_memory)} per device{verdict}")
 
 
+RECOMPUTE_TRIES = 3
+"""Layouts over the budget tried with each recomputation policy: the
+fastest ones and the smallest ones (each policy costs a planning pass per
+layout; the budget test that rejects everything took 3x as long)."""
+
+
+def _worth_recomputing(over: list[Trial]) -> list[Trial]:
+    fastest = sorted(over, key=lambda t: t.prediction.step_time)[:RECOMPUTE_TRIES]  # type: ignore[union-attr]
+    smallest = sorted(over, key=lambda t: t.prediction.peak_memory)[:RECOMPUTE_TRIES]  # type: ignore[union-attr]
+    return list({id(t): t for t in [*fastest, *smallest]}.values())
+
+
 def _gib(n: float) -> str:
     return f"{n / 2**30:.3g} GiB" if n >= 2**27 else f"{n / 2**20:.3g} MiB"
 
@@ -351,12 +363,18 @@ class SbpAutoplanPass(ModulePass):
                 raise PassFailedException(f"sbp-autoplan: training passes '{self.training}': {e}") from None
         batch = _batch(graph) if self.training and "lg-micro-batch" not in self.training else None
         forward = len([o for o in graph.body.ops if not isinstance(o, SOURCES)])
-        trials = [self._try(op, layout, ranks, cluster) for layout in layouts(len(ranks), modes, batch, forward)]
+        seen: dict[str, Trial] = {}
+        trials = [self._try(op, layout, ranks, cluster, seen)
+                  for layout in layouts(len(ranks), modes, batch, forward)]
         # Recomputation costs time, so it is tried only where a layout does
-        # not fit without it: selective first, full where that is not enough.
+        # not fit without it (selective first, full where that is not
+        # enough), and on the few such layouts that could win: the fastest,
+        # and the smallest.
         over = [t for t in trials if t.prediction is not None and t.prediction.peak_memory > budget]
         for policy in RECOMPUTE_POLICIES if self._has_backward(graph) else ():
-            over = [self._try(op, dataclasses.replace(t.layout, recompute=policy), ranks, cluster) for t in over]
+            over = _worth_recomputing(over)
+            over = [self._try(op, dataclasses.replace(t.layout, recompute=policy), ranks, cluster, seen)
+                    for t in over]
             trials += over
             over = [t for t in over if t.prediction is not None and t.prediction.peak_memory > budget]
         fitting = [t for t in trials if t.prediction is not None and t.prediction.peak_memory <= budget]
@@ -391,7 +409,12 @@ class SbpAutoplanPass(ModulePass):
             return "lg-autodiff" in self.training
         return any(n.data.startswith(("grad.", "new.")) for n in graph.output().names.data)
 
-    def _try(self, module: ModuleOp, layout: Layout, ranks: list[int], cluster: Cluster) -> Trial:
+    def _try(self, module: ModuleOp, layout: Layout, ranks: list[int], cluster: Cluster,
+             seen: dict[str, Trial]) -> Trial:
+        """Plans and predicts one layout. Layouts whose inference gives the
+        same sbp-level IR (say, inputs free and inputs replicated, where the
+        search replicates them anyway) share one lowering and prediction:
+        `seen` maps the IR text to the trial that predicted it."""
         trial = Trial(layout)
         candidate = module.clone()
         graph = next(iter(lg.graphs(candidate)))
@@ -425,6 +448,12 @@ class SbpAutoplanPass(ModulePass):
                 ops = sum(len(g.body.ops) for g in lg.graphs(candidate))
                 strategy = "ilp" if ops <= SHARE_ABOVE and len(layout.mesh) == 1 else "auto"
             SbpInferPass(strategy=strategy, device=self.cluster).apply(ctx, candidate)
+            text = str(candidate)
+            same = seen.get(text)
+            if same is not None:
+                trial.prediction, trial.module, trial.rejected = same.prediction, same.module, same.rejected
+                return trial
+            seen[text] = trial
             trial.module = candidate.clone()
             # one device per equivalence class is all the simulator replays
             # (and lowering every device took most of the planning time)

@@ -595,62 +595,65 @@ class Replay:
             moved = False
             for dev, lane in ((d, lane) for d in self.devices.values() for lane in LANES):
                 queue = dev.comm_queue[lane]
-                # Collectives start in issue order on every member. Transfers
-                # match by id (their tag), so one may start before another
-                # issued earlier (1F1B stages post them in different orders);
-                # the lane still carries one at a time.
-                candidates = list(queue) if lane == "transfer" else queue[:1]
-                for c in candidates:
-                    key = (c.spec.comm_id, c.step)
-                    copies = []
-                    for r in sorted({self.rep[m] for m in c.spec.group}):
-                        peer = self.devices[r]
-                        other = peer.issued.get(key)
-                        waiting = peer.comm_queue[lane]
-                        if other is None or not waiting or (
-                                waiting[0] is not other if lane != "transfer" else other.event is not None):
-                            break
-                        copies.append((peer, other))
-                    else:
-                        start, cause = 0.0, None
-                        for peer, other in copies:
-                            if other.at >= start:
-                                start, cause = other.at, other.issued
-                            if peer.stream_free[lane] > start:
-                                start, cause = peer.stream_free[lane], peer.stream_last[lane]
-                        # Without asynchronous progress (comm_overlap 0) a
-                        # collective moves only inside MPI calls: it waits for
-                        # every member to leave the kernel it is in.
-                        # (the first time all of them are: each member's
-                        # kernel may end inside another's next one)
-                        if self.overlap < 1.0:
-                            ready, moved_by = start, None
-                            while True:
-                                later, by = ready, None
-                                for peer, _ in copies:
-                                    t, kernel = peer.next_mpi_call(ready)
-                                    if t > later:
-                                        later, by = t, kernel
-                                if by is None:
-                                    break
-                                ready, moved_by = later, by
-                            if moved_by is not None:
-                                start, cause = start + (1.0 - self.overlap) * (ready - start), moved_by
-                        for peer, other in copies:
-                            other.event = Event(peer.rank, other.step, other.issued.name, other.spec.kind, start,
-                                                start + other.spec.duration, cause)
-                            self.events.append(other.event)
-                            peer.comm_queue[lane].remove(other)
-                            peer.stream_free[lane] = other.event.end
-                            peer.stream_last[lane] = other.event
-                            peer.in_flight[other.step] += other.spec.duration
-                        moved = any_moved = True
-                        if lane != "transfer":
-                            break  # the next in the queue is its head now: look again
-                        continue
-                    if lane != "transfer":
-                        break
+                if lane == "transfer":
+                    # Transfers match by id (their tag), so one may start
+                    # before another issued earlier (1F1B stages post them in
+                    # different orders); the lane still carries one at a time.
+                    for c in list(queue):
+                        if c.event is None and self._start(c, lane):
+                            moved = any_moved = True
+                    continue
+                # Collectives start in issue order on every member.
+                while queue and self._start(queue[0], lane):
+                    moved = any_moved = True
         return any_moved
+
+    def _start(self, c: Collective, lane: str) -> bool:
+        """Starts `c` if every member has issued it and, for a collective,
+        it is the oldest unstarted one of every member's lane."""
+        key = (c.spec.comm_id, c.step)
+        copies = []
+        for r in sorted({self.rep[m] for m in c.spec.group}):
+            peer = self.devices[r]
+            other = peer.issued.get(key)
+            waiting = peer.comm_queue[lane]
+            if other is None or other.event is not None or not waiting:
+                return False
+            if lane != "transfer" and waiting[0] is not other:
+                return False
+            copies.append((peer, other))
+        start, cause = 0.0, None
+        for peer, other in copies:
+            if other.at >= start:
+                start, cause = other.at, other.issued
+            if peer.stream_free[lane] > start:
+                start, cause = peer.stream_free[lane], peer.stream_last[lane]
+        # Without asynchronous progress (comm_overlap 0) a collective moves
+        # only inside MPI calls: it waits for every member to leave the
+        # kernel it is in (the first time all of them are: each member's
+        # kernel may end inside another's next one).
+        if self.overlap < 1.0:
+            ready, moved_by = start, None
+            while True:
+                later, by = ready, None
+                for peer, _ in copies:
+                    t, kernel = peer.next_mpi_call(ready)
+                    if t > later:
+                        later, by = t, kernel
+                if by is None:
+                    break
+                ready, moved_by = later, by
+            if moved_by is not None:
+                start, cause = start + (1.0 - self.overlap) * (ready - start), moved_by
+        for peer, other in copies:
+            other.event = Event(peer.rank, other.step, other.issued.name, other.spec.kind, start,
+                                start + other.spec.duration, cause)
+            self.events.append(other.event)
+            peer.comm_queue[lane].remove(other)
+            peer.stream_free[lane] = other.event.end
+            peer.stream_last[lane] = other.event
+            peer.in_flight[other.step] += other.spec.duration
+        return True
 
     def run(self) -> None:
         while not all(d.pc == len(d.tasks) for d in self.devices.values()):
