@@ -189,11 +189,15 @@ def _recomputations(ops, index, is_comm, users) -> dict[Operation, set[Operation
         consumers: set[Operation] = set()
         todo = [head]
         passed: set[Operation] = set()
+        visited = {head}
         while todo:
             for user in users[todo.pop()]:
-                if user in chain or user in passed:
+                if user in visited:
+                    continue
+                visited.add(user)
+                if user in chain:
                     todo.append(user)
-                elif all(_from_chain_or_source(o, chain | passed, index) for o in user.operands):
+                elif all(_from_chain_or_source(o, chain, passed, index) for o in user.operands):
                     passed.add(user)  # a reshape of the value for its use: wait for what the use needs
                     todo.append(user)
                 else:
@@ -215,9 +219,9 @@ def _recomputations(ops, index, is_comm, users) -> dict[Operation, set[Operation
     return gates
 
 
-def _from_chain_or_source(value, chain: set[Operation], index) -> bool:
+def _from_chain_or_source(value, chain: set[Operation], passed: set[Operation], index) -> bool:
     owner = value.owner
-    return owner in chain or not isinstance(owner, Operation) or owner not in index or isinstance(
+    return owner in chain or owner in passed or not isinstance(owner, Operation) or owner not in index or isinstance(
         owner, (lg.InputOp, lg.ParamOp, lg.ConstantOp))
 
 
