@@ -1,8 +1,8 @@
 """The benchmarks in bench/ still run: each script with tiny arguments exits
 0 and prints its one summary line (they are never timed here). The scripts
 run one after another: side by side, their MPI ranks (which poll while
-they wait) starved each other on two cores, 148 s against 50 s in turn. A
-missing peer (torch, jax) must be reported, not fail."""
+they wait) starve each other on two cores. A missing peer (torch, jax) must
+be reported, not fail."""
 
 from __future__ import annotations
 
