@@ -1729,6 +1729,18 @@ def op_class(name: str) -> type[Operation]:
     return found
 
 
+def ancestors(values: Sequence[SSAValue]) -> set[Operation]:
+    """The ops that make `values` and everything they depend on."""
+    seen: set[Operation] = set()
+    todo = [v.owner for v in values]
+    while todo:
+        op = todo.pop()
+        if isinstance(op, Operation) and op not in seen:
+            seen.add(op)
+            todo.extend(o.owner for o in op.operands)
+    return seen
+
+
 def op_flops(op: Operation) -> float:
     """The arithmetic of one lg op of a graph, at its global shapes (at least
     1: an op without a flop count, a source or a reshape, weighs one per

@@ -21,13 +21,12 @@ import argparse
 import sys
 
 import numpy as np
-from models import corpus, gpt, gpt_batches, mlp, mlp_batches
+from models import corpus, gpt, gpt_batches, mlp, mlp_batches, reference_losses
 from xdsl.context import Context
 from xdsl.passes import PassPipeline
 
 import sbpc
 from sbpc.lowering import PASSES
-from sbpc.semantics.reference import evaluate, initial_value
 
 
 def train(name: str, module, batches, args) -> bool:
@@ -40,17 +39,12 @@ def train(name: str, module, batches, args) -> bool:
     print(f"== {name} on {args.ranks} ranks ==")
     lines = exe.explain().splitlines()
     print("\n".join(lines[: next(i for i, line in enumerate(lines) if line.startswith("per step"))]))
+    feeds = [next(batches) for _ in range(args.steps)]
+    losses = [float(exe.train_step(f)["loss"]) for f in feeds]
     # the single-device reference: the same training step in the reference interpreter
     step_module = module.clone()
     PassPipeline.parse_spec(PASSES, "lg-autodiff,lg-optimizer{algorithm=adam}").apply(Context(), step_module)
-    params = {op.key.data: initial_value(op) for op in step_module.ops.last.body.ops if op.name == "lg.param"}
-    losses, reference = [], []
-    for _ in range(args.steps):
-        feeds = next(batches)
-        out = evaluate(step_module, feeds, params)
-        params.update({k.removeprefix("new."): v for k, v in out.items() if k.startswith("new.")})
-        reference.append(float(out["loss"]))
-        losses.append(float(exe.train_step(feeds)["loss"]))
+    reference = reference_losses(step_module, iter(feeds), args.steps)
     shown = ", ".join(f"{x:.4f}" for x in losses[:: max(1, len(losses) // 5)])
     print(f"loss: {shown} ... {losses[-1]:.4f}")
     worst = max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(losses, reference))

@@ -71,15 +71,7 @@ def forward_ops(graph: lg.GraphOp, loss: str) -> set[Operation]:
         raise PassFailedException(
             f"'lg.graph' @{graph.sym_name.data}: lg-recompute: no output named \"{loss}\" (the forward pass is "
             f"what it depends on)")
-    seen: set[Operation] = set()
-    todo = [_owner(output.values[names.index(loss)])]
-    while todo:
-        op = todo.pop()
-        if op is None or op in seen:
-            continue
-        seen.add(op)
-        todo.extend(_owner(v) for v in op.operands)
-    return seen
+    return lg.ancestors([output.values[names.index(loss)]])
 
 
 def saved_values(graph: lg.GraphOp, forward: set[Operation]) -> list[SSAValue]:

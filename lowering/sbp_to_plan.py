@@ -414,15 +414,8 @@ class Lowering:
     def forward_ops(self) -> set[Operation]:
         """What the outputs other than gradients and updates depend on (the loss)."""
         output = self.graph.output()
-        todo = [v.owner for n, v in zip(output.names.data, output.values)
-                if not n.data.startswith(("grad.", "new."))]
-        seen: set[Operation] = set()
-        while todo:
-            op = todo.pop()
-            if isinstance(op, Operation) and op not in seen:
-                seen.add(op)
-                todo.extend(o.owner for o in op.operands)
-        return seen
+        return lg.ancestors([v for n, v in zip(output.names.data, output.values)
+                             if not n.data.startswith(("grad.", "new."))])
 
     def refs(self, values) -> ArrayAttr:
         return ArrayAttr([self.ref(v) for v in values])

@@ -213,7 +213,7 @@ class _Transfers:
             self.copies.setdefault(comm_id, {})[rank] = states[rank].views[name].copy()
             senders = [r for r in actor.group.get_values() if r in states[rank].mesh(actor.source).ranks]
             if set(senders) <= self.posted[comm_id]:
-                value = _distributed_copies(states, actor.source, self.copies.pop(comm_id))
+                value = _distributed_pieces(states, actor.source, self.copies.pop(comm_id))
                 self.arrived[comm_id] = run_transfer(value, _distributed(states, actor.dest, {}))[0]
         if actor.outs.data:
             self.expected.setdefault(rank, {})[actor.outs.data[0].string_value()] = actor
@@ -247,12 +247,6 @@ class _Transfers:
                          for r, regs in self.expected.items() for a in regs.values())
 
 
-def _distributed_copies(states, t: DTensorType, copies: dict[int, np.ndarray]) -> Distributed:
-    state = next(iter(states.values()))
-    pieces = {states[r].coord(t): piece for r, piece in copies.items()}
-    return Distributed(state.mesh(t), nd_to_plain(t.nd_sbp), t.get_shape(), numpy_dtype(t.element_type), pieces)
-
-
 def _members(states, actor: plan.CommOp) -> list[int]:
     return list(actor.group.get_values()) if actor.kind.data == "transfer" else _placement_ranks(states, actor)
 
@@ -263,10 +257,14 @@ def _placement_ranks(states, actor: plan.CommOp) -> list[int]:
 
 
 def _distributed(states, t: DTensorType, refs: dict[int, str]) -> Distributed:
+    return _distributed_pieces(states, t, {r: states[r].views[name] for r, name in refs.items()})
+
+
+def _distributed_pieces(states, t: DTensorType, pieces: dict[int, np.ndarray]) -> Distributed:
+    """The dtensor `t` from each rank's piece."""
     state = next(iter(states.values()))
-    mesh = state.mesh(t)
-    pieces = {states[r].coord(t): states[r].views[name] for r, name in refs.items()}
-    return Distributed(mesh, nd_to_plain(t.nd_sbp), t.get_shape(), numpy_dtype(t.element_type), pieces)
+    by_coord = {states[r].coord(t): piece for r, piece in pieces.items()}
+    return Distributed(state.mesh(t), nd_to_plain(t.nd_sbp), t.get_shape(), numpy_dtype(t.element_type), by_coord)
 
 
 def _communicate(states, actors: list[plan.CommOp], ranks: list[int]) -> None:
