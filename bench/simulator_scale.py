@@ -32,8 +32,9 @@ TP = 8  # tensor parallelism inside a node (NVLink), as Megatron-LM does
 
 
 def layout(plan: str, devices: int):
-    """(stages, data, tensor) degrees of a hand plan on `devices` GPUs."""
-    if plan == "dp":
+    """(stages, data, tensor) degrees of a hand plan on `devices` GPUs
+    (`none`: no hints, one placement of every device, for sbp-autoplan)."""
+    if plan in ("dp", "none"):
         return 1, devices, 1
     if plan == "tp":
         return 1, devices // min(TP, devices), min(TP, devices)
@@ -47,8 +48,10 @@ def layout(plan: str, devices: int):
     raise ValueError(plan)
 
 
-def build(model: str, plan: str, devices: int, batch_per_replica: int, micro: int):
-    """The GPT training step (forward, autodiff, Adam) in bf16 with the plan's hints."""
+def build(model: str, plan: str, devices: int, batch_per_replica: int, micro: int, training: bool = True):
+    """The GPT training step (forward, autodiff, Adam) in bf16 with the plan's
+    hints; with `training=False` the forward graph alone (plan `none`: no
+    hints at all, the graph sbp-autoplan starts from)."""
     from xdsl.context import Context
 
     import sbpc
@@ -67,8 +70,11 @@ def build(model: str, plan: str, devices: int, batch_per_replica: int, micro: in
     places = [sbpc.placement("cuda", ranks=list(range(i * per_stage, (i + 1) * per_stage)), mesh=mesh,
                              name=f"stage{i}") for i in range(stages)]
 
+    def to(t, sbp):  # a redistribution the hand plan asks for (none without hints)
+        return t if sbp is None else t.to(sbp)
+
     def nd(on_dp, on_tp):
-        return [on_dp if n == "dp" else on_tp for n, _ in axes]
+        return None if plan == "none" else [on_dp if n == "dp" else on_tp for n, _ in axes]
 
     batch = batch_per_replica * dp
     hd = dim // heads
@@ -84,12 +90,12 @@ def build(model: str, plan: str, devices: int, batch_per_replica: int, micro: in
     tokens = g.input("tokens", (batch, SEQ), dtype="i64", sbp=data)
     per = math.ceil(layers / stages)
     with g.on(places[0]):
-        h = (sbpc.embedding(param("wte", (VOCAB, dim), rep), tokens) + param("wpe", (SEQ, dim), rep)).to(data)
+        h = to(sbpc.embedding(param("wte", (VOCAB, dim), rep), tokens) + param("wpe", (SEQ, dim), rep), data)
     for i in range(layers):
         stage = i // per
         with g.on(places[stage]):
             if i and i % per == 0:
-                h = h.to(data)
+                h = to(h, data)
             p = f"h{i}."
             x = sbpc.layernorm(h, param(p + "ln1.g", (dim,), rep), param(p + "ln1.b", (dim,), rep))
 
@@ -102,25 +108,31 @@ def build(model: str, plan: str, devices: int, batch_per_replica: int, micro: in
             # (the causal mask's add is left out: one elementwise op per layer)
             scores = sbpc.matmul(q, k, transpose_b=True) * (1.0 / math.sqrt(hd))
             att = sbpc.matmul(sbpc.softmax(scores, axis=3), v).transpose(0, 2, 1, 3).reshape(batch, SEQ, dim)
-            h = (h + att @ param(p + "wo", (dim, dim), rows)).to(data)
+            h = to(h + att @ param(p + "wo", (dim, dim), rows), data)
             x = sbpc.layernorm(h, param(p + "ln2.g", (dim,), rep), param(p + "ln2.b", (dim,), rep))
             up = sbpc.gelu(x @ param(p + "w1", (dim, 4 * dim), columns) + param(p + "b1", (4 * dim,), col_vec))
-            h = (h + up @ param(p + "w2", (4 * dim, dim), rows)).to(data)
+            h = to(h + up @ param(p + "w2", (4 * dim, dim), rows), data)
     with g.on(places[-1]):
         targets = g.input("targets", (batch, SEQ), dtype="i64", sbp=data)
         if stages > 1:
-            h = h.to(data)
+            h = to(h, data)
         h = sbpc.layernorm(h, param("lnf.g", (dim,), rep), param("lnf.b", (dim,), rep))
         logits = h @ param("head", (dim, VOCAB), columns)
-        loss = sbpc.cross_entropy(logits.to(data), targets)
+        loss = sbpc.cross_entropy(to(logits, data), targets)
     g.output(loss=loss)
     module = g.module()
+    if not training:
+        return module, params_of(model), batch
     if micro > 1:
         LgMicroBatchPass(count=micro).apply(Context(), module)
     LgAutodiffPass().apply(Context(), module)
     LgOptimizerPass(algorithm="adam").apply(Context(), module)
-    params = 12 * layers * dim * dim + 2 * VOCAB * dim
-    return module, params, batch
+    return module, params_of(model), batch
+
+
+def params_of(model: str) -> int:
+    layers, dim, _ = MODELS[model]
+    return 12 * layers * dim * dim + 2 * VOCAB * dim
 
 
 def run(model: str, plan: str, devices: int, batch_per_replica: int):

@@ -200,6 +200,39 @@ class Unroller:
         self.graph.attributes[lg.SCHEDULE_ATTR] = StringAttr(self.schedule)
 
 
+def rebatch(graph: lg.GraphOp, size: int) -> None:
+    """The same graph on `size` examples: every input of rank >= 1 gets
+    `size` rows and every op that depends on the batch is retyped, its
+    written shapes following (as one micro-batch of `batch / size` would
+    be). The batch must be a multiple of `size`. sbp-autoplan profiles a
+    layer at a data-parallel replica's micro-batch this way."""
+    inputs = [op for op in graph.body.ops if isinstance(op, lg.InputOp) and global_shape(op.result.type)]
+    if not inputs:
+        return
+    batch = global_shape(inputs[0].result.type)[0]
+    if size < 1 or batch % size:
+        raise PassFailedException(f"'lg.graph' @{graph.sym_name.data}: a batch of {batch} has no part of {size}")
+    unroller = Unroller(graph, batch // size)
+    unroller.batch = batch
+    for op in inputs:
+        shape = global_shape(op.result.type)
+        if shape[0] != batch:
+            raise unroller.fail(op, f"input \"{op.key.data}\" has {shape[0]} rows but the batch has {batch}")
+        Rewriter.replace_value_with_new_type(op.result, _retyped(op.result.type, (size, *shape[1:])))
+    dependent: set[SSAValue] = {op.result for op in inputs}
+    for op in list(graph.body.ops):
+        if isinstance(op, (lg.InputOp, lg.OutputOp)) or not any(o in dependent for o in op.operands):
+            continue
+        new = unroller.copy(op, {})
+        graph.body.block.insert_op_before(new, op)
+        for old, made in zip(op.results, new.results, strict=True):
+            old.replace_all_uses_with(made)
+            made.name_hint = old.name_hint
+            dependent.add(made)
+        op.detach()
+        op.erase()
+
+
 @dataclass(frozen=True)
 class LgMicroBatchPass(ModulePass):
     name = "lg-micro-batch"

@@ -146,12 +146,17 @@ def recompute(graph: lg.GraphOp, loss: str, policy: str) -> int:
     saved = saved_values(graph, forward)
     saved_set = set(saved)
     index = {op: i for i, op in enumerate(graph.body.ops)}
+    # The batch itself (what inputs and constants alone make: a micro-batch's
+    # slice, one-hot labels) is kept, never recomputed: it is no activation,
+    # and a clone of a whole-batch reshape would serve every micro-batch's
+    # backward at once, tying a pipeline stage's first backward to its last.
+    data = _data_ops([op for op in graph.body.ops if op in forward and not isinstance(op, SOURCES)])
     if policy == "selective":
         again: set[SSAValue] = set()
         for v in saved:
             op = _owner(v)
             assert op is not None  # a saved value is an op's result
-            if isinstance(op, CONTRACTIONS):
+            if isinstance(op, CONTRACTIONS) or op in data:
                 continue
             if all(_kept(u, forward, again, saved_set) for u in op.operands):
                 again.add(v)
@@ -160,8 +165,9 @@ def recompute(graph: lg.GraphOp, loss: str, policy: str) -> int:
         order = [op for op in graph.body.ops if op in forward and not isinstance(op, SOURCES)]
         keep, last_cut = checkpoints(order)
         tail = set(order[last_cut + 1:]) if last_cut >= 0 else set(order)
-        again = {v for v in saved if v not in keep and _owner(v) not in tail}
+        again = {v for v in saved if v not in keep and _owner(v) not in tail and _owner(v) not in data}
         keep |= {v for v in saved if v not in again}
+    keep |= {r for op in data for r in op.results}
     clones: dict[SSAValue, SSAValue] = {}
 
     def clone_of(value: SSAValue, anchor: Operation) -> SSAValue:

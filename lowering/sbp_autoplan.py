@@ -70,6 +70,7 @@ from sbpc.dialects.sbp import (
 from sbpc.perf.cluster import Cluster, ClusterError, load_cluster
 from sbpc.perf.step_time import Prediction, SimulationError, simulate_plan
 
+from .autoplan_layers import notable, plan_layers, write_plan
 from .lg_autodiff import LgAutodiffPass
 from .lg_micro_batch import LgMicroBatchPass
 from .lg_optimizer import LgOptimizerPass
@@ -82,6 +83,11 @@ from .sbp_insert_boxing import SbpInsertBoxingPass
 from .sbp_simplify import SbpSimplifyPass
 from .sbp_to_plan import SbpToPlanPass
 
+SEARCHES = ("auto", "whole", "layers")
+LAYERS_ABOVE_DEVICES = 8
+LAYERS_ABOVE_OPS = 400
+"""search=auto plans by layers beyond these (whole-graph planning of a
+1.3B GPT on 8 devices takes minutes per layout)."""
 MEMORY_MODES = ("replicated", "zero", "fsdp")
 RECOMPUTE_POLICIES = ("selective", "full")
 """Tried in this order on the layouts that do not fit without recomputation."""
@@ -328,6 +334,12 @@ class SbpAutoplanPass(ModulePass):
     """Record every layout tried in `sbp.autoplan.alternatives`."""
     loss: str = "loss"
     """The output the forward pass computes (for recomputation)."""
+    search: str = "auto"
+    """`whole`: plan every layout by lowering and simulating the whole
+    training graph (exact, seconds per layout on small graphs); `layers`:
+    profile each layer class and compose (autoplan_layers.py: large graphs
+    and clusters, needs `training`); `auto`: `layers` beyond
+    LAYERS_ABOVE_DEVICES devices or LAYERS_ABOVE_OPS forward ops."""
     training: str = ""
     """The passes that make the graph a training step (for example
     `lg-autodiff,lg-optimizer{algorithm=adam}`), run by the planner on each
@@ -363,6 +375,18 @@ class SbpAutoplanPass(ModulePass):
                 raise PassFailedException(f"sbp-autoplan: training passes '{self.training}': {e}") from None
         batch = _batch(graph) if self.training and "lg-micro-batch" not in self.training else None
         forward = len([o for o in graph.body.ops if not isinstance(o, SOURCES)])
+        if self.search not in SEARCHES:
+            raise PassFailedException(f"sbp-autoplan: unknown search '{self.search}' (choose {', '.join(SEARCHES)})")
+        layered = "lg-autodiff" in self.training and batch is not None
+        if self.search == "layers" and not layered:
+            raise PassFailedException(
+                "sbp-autoplan: search=layers plans a forward graph with a batch: give `training` with lg-autodiff "
+                "(and no lg-micro-batch: the planner chooses the micro-batches)")
+        if layered and (self.search == "layers" or (self.search == "auto" and (
+                len(ranks) > LAYERS_ABOVE_DEVICES or forward > LAYERS_ABOVE_OPS))):
+            assert batch is not None
+            self._plan_layers(op, graph, placement, ranks, cluster, budget, modes, batch)
+            return
         seen: dict[str, Trial] = {}
         trials = [self._try(op, layout, ranks, cluster, seen)
                   for layout in layouts(len(ranks), modes, batch, forward)]
@@ -402,6 +426,23 @@ class SbpAutoplanPass(ModulePass):
                                                    else math.inf))
             chosen.attributes["sbp.autoplan.alternatives"] = ArrayAttr(
                 [StringAttr(t.describe(budget)) for t in ranked])
+
+    def _plan_layers(self, op: ModuleOp, graph: lg.GraphOp, placement: PlacementOp, ranks: list[int],
+                     cluster: Cluster, budget: float, modes: Sequence[str], batch: int) -> None:
+        pipeline = PassPipeline.parse_spec(TRAINING_PASSES, self.training)
+        optimizer = next((p.algorithm for p in pipeline.passes if isinstance(p, LgOptimizerPass)), "sgd")
+        device = self.cluster
+        best, estimates, profiler, layers = plan_layers(graph, self.loss, cluster, device, ranks, batch, budget,
+                                                        modes, optimizer)
+        write_plan(op, graph, placement, layers, best, profiler, ranks, self.training, TRAINING_PASSES, batch,
+                   self.loss)
+        classes = len({layer.key for layer in layers})
+        graph.attributes["sbp.autoplan"] = StringAttr(
+            f"{best.describe(budget)} on {cluster.name} (by layers: {len(layers)} layers of {classes} kinds, "
+            f"{profiler.compiles} layer plans simulated, {len(estimates)} layouts composed)")
+        if self.explain:
+            graph.attributes["sbp.autoplan.alternatives"] = ArrayAttr(
+                [StringAttr(e.describe(budget)) for e in notable(estimates, budget)])
 
     def _has_backward(self, graph: lg.GraphOp) -> bool:
         """Whether the planned step has a backward pass to recompute for."""

@@ -111,7 +111,7 @@ class _Program:
         self.lower_bounds.append(lo)
         self.upper_bounds.append(hi)
 
-    def solve(self, time_limit: float):
+    def solve(self, time_limit: float, gap: float = 0.0):
         # Costs are seconds, from picoseconds of compute to milliseconds of
         # boxing, and the solver's tolerances are absolute (an objective gap
         # of 1e-6): scaled by the geometric mean of the smallest and largest,
@@ -123,10 +123,10 @@ class _Program:
         matrix = coo_array((self.vals, (self.rows, self.cols)), shape=(len(self.lower_bounds), len(c))).tocsr()
         return milp(c / scale, integrality=np.asarray(self.integer), bounds=Bounds(0.0, np.asarray(self.upper)),
                     constraints=LinearConstraint(matrix, self.lower_bounds, self.upper_bounds),
-                    options={"time_limit": time_limit, "disp": False, "mip_rel_gap": 0.0})
+                    options={"time_limit": time_limit, "disp": False, "mip_rel_gap": gap})
 
 
-def solve_ilp(problem: Problem, time_limit: float = 60.0, share: bool = False) -> IlpResult:
+def solve_ilp(problem: Problem, time_limit: float = 60.0, share: bool = False, gap: float = 0.0) -> IlpResult:
     """The candidate of every node minimizing the exact cost
     (`problem.exact().total`): a producer pays each distinct distribution
     its uses want once (per use for parameters and annotations), as
@@ -137,7 +137,8 @@ def solve_ilp(problem: Problem, time_limit: float = 60.0, share: bool = False) -
     choices, and a tight relaxation. With `share`, the nodes of each
     `repeated_classes` class take one decision: the program shrinks by the
     number of repeats, at the price of optimality where repeats would rather
-    differ (the first and last blocks of a model)."""
+    differ (the first and last blocks of a model). `gap`: stop once within
+    this fraction of the proven bound (0: prove the optimum)."""
     exact = problem.exact()
     nodes = problem.nodes
     cls = repeated_classes(problem) if share else list(range(len(nodes)))
@@ -266,7 +267,7 @@ def solve_ilp(problem: Problem, time_limit: float = 60.0, share: bool = False) -
     choice = [0] * len(nodes)
     if not prog.costs:
         return IlpResult(choice, exact.total(choice), True, 0, 0)
-    result = prog.solve(time_limit)
+    result = prog.solve(time_limit, gap)
     if result.x is None:
         raise IlpError(f"the integer program ({len(prog.costs)} variables) has no solution: {result.message}")
     for c in first:

@@ -398,9 +398,17 @@ class Lowering:
             ops = stage_ops[name]
             place = one_f_one_b(s, len(stage_ops), micro)
 
-            def slot(op: Operation, place=place) -> int:
+            def slot(op: Operation, place=place, name=name) -> int:
                 k = labels.get(op, SHARED)
-                return SHARED if k == SHARED else place[(op not in forward, k)]
+                if k == SHARED:
+                    return SHARED
+                # A stage sends a forward activation in its forward slot, even
+                # when a backward op reads it (a recomputed op on the next
+                # stage): in the backward slot the send would wait for the
+                # gradient the receiver cannot make without it.
+                sends_activation = isinstance(op, sbp.TransferOp) and self.placement_name(op.input) == name \
+                    and op.input.owner in forward
+                return place[(op not in forward and not sends_activation, k)]
 
             mesh = lookup_placement(self.graph, SymbolRefAttr(name)).mesh()
             out.append((set(mesh.ranks), schedule(ops, slot)))

@@ -1,0 +1,734 @@
+"""Planning by layers: how sbp-autoplan scales to thousands of devices and
+ops (Alpa's profile-then-compose, on sbpc's own simulator).
+
+Planning a whole training graph per layout (sbp_autoplan.py) costs a full
+lowering and simulation per candidate: seconds for a small graph, minutes
+for a 48-layer GPT unrolled over 16 micro-batches. Here the forward graph
+is cut into *layers* where the fewest activations cross (a transformer's
+residual stream between its attention and MLP halves), layers of the same
+structure form one class, and each class is profiled once per (tensor
+degree t, examples per micro-batch, recomputation policy): the layer alone
+becomes a small training graph on a mesh of t devices inside a node (its
+incoming activations replicated over them, Megatron-style), sbp-infer
+chooses its ops' SBP, and the step-time simulator replays it forward only
+and forward plus backward. A candidate plan (pipeline stages x data
+parallel degree x tensor degree, micro-batches, schedule, memory mode,
+recomputation) is then priced by composition:
+
+- stages: a contiguous partition of the layers minimizing the slowest
+  stage (dynamic programming);
+- pipeline: sum over stages of one micro-batch's forward and backward, plus
+  (micro-batches - 1) x the slowest stage, plus the activation transfers
+  between stages on the links the stage boundary crosses;
+- data parallelism: each gradient's collective (all_reduce, or
+  reduce_scatter and all_gather for ZeRO, gathers per use for FSDP) over
+  the replica group, issued as the last micro-batch's backward makes it and
+  overlapped with the rest of that backward on a communication stream;
+- the optimizer's fused update per parameter (sharded for ZeRO and FSDP);
+- memory per device: parameters, gradients and optimizer state (sharded as
+  the mode says), each layer's saved activations times the micro-batches in
+  flight (all of them in GPipe, stages - s on stage s in 1F1B), and the
+  largest layer's working memory.
+
+Each composed figure is a simulator figure of a layer, so the planner ranks
+candidates in seconds; how far the composition is from simulating the
+whole chosen plan is measured by bench/simulator_scale.py's autoplan rows.
+The chosen plan is written as hints (inputs split over the data axis,
+every layer's parameters as its class's profile chose, per stage
+placements) and the training passes (micro-batches, autodiff, optimizer,
+recomputation, ZeRO state), so `compile` lowers it like a hand plan.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import DenseArrayBase, ModuleOp, StringAttr, SymbolRefAttr, TensorType, i64
+from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.passes import PassPipeline
+from xdsl.rewriter import Rewriter
+from xdsl.utils.exceptions import PassFailedException
+
+from sbpc.dialects import lg
+from sbpc.dialects.layout import local_shape
+from sbpc.dialects.sbp import (
+    PLACEMENT_ATTR,
+    AnnotateOp,
+    DTensorType,
+    PlacementOp,
+    Sbp,
+    dtensor_of,
+    element_bytes,
+    element_type,
+    global_shape,
+    lookup_placement,
+    nd_to_plain,
+)
+from sbpc.perf.cluster import Cluster
+from sbpc.perf.step_time import SimulationError, simulate_plan
+
+from .cost_model import load_device
+from .lg_autodiff import LgAutodiffPass
+from .lg_micro_batch import LgMicroBatchPass, rebatch
+from .lg_optimizer import LgOptimizerPass
+from .lg_recompute import LgRecomputePass, forward_ops, narrow_cuts, saved_values
+from .plan_allocate_memory import PlanAllocateMemoryPass
+from .plan_fuse_elementwise import PlanFuseElementwisePass
+from .sbp_infer import apply_solution, solve_ilp
+from .sbp_insert_boxing import SbpInsertBoxingPass
+from .sbp_problem import build_problem, solve_auto
+from .sbp_simplify import SbpSimplifyPass
+from .sbp_to_plan import SbpToPlanPass
+
+SOURCES = (lg.InputOp, lg.ParamOp, lg.ConstantOp, lg.OutputOp)
+MIN_LAYER_OPS = 4
+"""A layer of fewer ops joins the next one (the embedding's add, the head's loss)."""
+STATE_COPIES = {"adam": 2, "adamw": 2, "momentum": 1}
+"""Optimizer state per parameter (Adam's m and v; the momentum buffer)."""
+ILP_GAP = 0.05
+"""HiGHS stops within 5% of its bound, then the plan is refined locally: on
+GPT-1.3B layers on 8 devices 0.2-1 s and within 0.5% of the optimum, which
+HiGHS takes 2-11 s to prove (auto's search: 13-25% above it)."""
+ADAM_STEPS = 12
+"""Elementwise steps of one fused optimizer update (lg-optimizer's Adam chain)."""
+
+
+# -- layers --------------------------------------------------------------------------------
+
+
+@dataclass
+class Layer:
+    ops: list[Operation]
+    ins: list[SSAValue]
+    """Activations made by earlier layers and read here, in first-use order."""
+    outs: list[SSAValue]
+    """Values made here and read by later layers or the graph's outputs."""
+    params: list[lg.ParamOp]
+    """The parameters it reads, in first-use order."""
+    key: tuple = ()
+    """Its structure: layers with equal keys share one profile and one choice."""
+
+
+def split_layers(graph: lg.GraphOp) -> list[Layer]:
+    """The forward graph's ops in program order, cut after every op where
+    the fewest activations cross (lg_recompute.narrow_cuts)."""
+    order = [op for op in graph.body.ops if not isinstance(op, SOURCES)]
+    if not order:
+        return []
+    crossing = narrow_cuts(order)
+    fewest = min((len(c) for c in crossing if c), default=0)
+    ends = [i for i, c in enumerate(crossing) if c and len(c) == fewest]
+    if not ends or ends[-1] != len(order) - 1:
+        ends.append(len(order) - 1)
+    pieces: list[list[Operation]] = []
+    start = 0
+    for end in ends:
+        pieces.append(order[start:end + 1])
+        start = end + 1
+    merged: list[list[Operation]] = []
+    pending: list[Operation] = []
+    for piece in pieces:
+        pending += piece
+        if len(pending) >= MIN_LAYER_OPS:
+            merged.append(pending)
+            pending = []
+    if pending:
+        if merged:
+            merged[-1] += pending
+        else:
+            merged.append(pending)
+    return [_layer(ops) for ops in merged]
+
+
+def _layer(ops: list[Operation]) -> Layer:
+    inside = set(ops)
+    ins: list[SSAValue] = []
+    params: list[lg.ParamOp] = []
+    for op in ops:
+        for v in op.operands:
+            owner = v.owner
+            if isinstance(owner, lg.ParamOp) and owner not in params:
+                params.append(owner)
+            elif isinstance(owner, Operation) and not isinstance(owner, SOURCES) and owner not in inside \
+                    and v not in ins:
+                ins.append(v)
+    outs: list[SSAValue] = [r for op in ops for r in op.results if any(u.operation not in inside for u in r.uses)]
+    layer = Layer(ops, ins, outs, params)
+    layer.key = _structure(layer)
+    return layer
+
+
+def _structure(layer: Layer) -> tuple:
+    local: dict[SSAValue, tuple] = {}
+    ins = {v: ("in", k) for k, v in enumerate(layer.ins)}
+    key: list[tuple] = []
+    for i, op in enumerate(layer.ops):
+        refs = []
+        for v in op.operands:
+            ref = local.get(v) or ins.get(v)
+            if ref is None:
+                owner = v.owner
+                ref = (owner.name if isinstance(owner, Operation) else "arg", str(v.type))
+            refs.append(ref)
+        props = tuple(sorted((k, str(a)) for k, a in op.properties.items()))
+        key.append((op.name, props, tuple(str(r.type) for r in op.results), tuple(refs)))
+        for j, r in enumerate(op.results):
+            local[r] = ("op", i, j)
+    key.append(tuple(local[v] for v in layer.outs))
+    return tuple(key)
+
+
+def _local_bytes(value: SSAValue) -> int:
+    t = value.type
+    if isinstance(t, DTensorType):
+        owner = value.owner
+        assert isinstance(owner, Operation)
+        mesh = lookup_placement(owner, SymbolRefAttr(t.placement_name)).mesh()
+        shape = local_shape(t, mesh, mesh.ranks[0])
+    else:
+        shape = global_shape(t)
+    return math.prod(shape) * element_bytes(element_type(t))
+
+
+# -- profiles --------------------------------------------------------------------------------
+
+
+@dataclass
+class Profile:
+    """One layer class at one (tensor degree, micro-batch, recomputation), per device."""
+
+    forward: float
+    backward: float
+    """Seconds of one micro-batch's backward (recomputation included)."""
+    params: list[int]
+    """Bytes of each parameter's piece on a device (first-use order)."""
+    param_sbp: list[Sbp]
+    """Each parameter's distribution over the tensor axis."""
+    saved: int
+    """Bytes of activations one micro-batch keeps from its forward to its backward."""
+    working: int
+    """Bytes the layer needs on top while it runs."""
+    outs: int
+    """Bytes of the activations it hands the next layer (replicated over the tensor axis)."""
+
+
+class Profiler:
+    def __init__(self, graph: lg.GraphOp, loss: str, cluster: Cluster, device: str, kind: str, batch: int):
+        self.graph = graph
+        self.batch = batch
+        self.loss = loss
+        self.cluster = cluster
+        self.device = device
+        self.kind = kind
+        names = [n.data for n in graph.output().names.data]
+        if loss not in names:
+            raise PassFailedException(f"sbp-autoplan: the graph has no output named \"{loss}\"")
+        self.loss_value = graph.output().values[names.index(loss)]
+        self.cache: dict[tuple, Profile] = {}
+        self.compiles = 0
+        self.references: dict[tuple, list] = {}
+        """(layer class, tensor degree, recomputation) -> the signatures chosen
+        at the first micro-batch size profiled (the integer program's)."""
+
+    def profile(self, layer: Layer, tensor: int, micro: int, recompute: str) -> Profile:
+        key = (layer.key, tensor, micro, recompute)
+        if key not in self.cache:
+            self.cache[key] = self._profile(layer, tensor, micro, recompute)
+        return self.cache[key]
+
+    def module(self, layer: Layer, tensor: int, micro: int) -> ModuleOp:
+        """The layer alone, on `micro` examples, on a mesh of `tensor` devices:
+        its incoming activations become parameters (so the backward computes
+        their gradients, as the layer before needs them), replicated over the
+        mesh; a layer without the loss gets a stand-in: the sum of the means
+        of what it hands on."""
+        block = Block()
+        mapping: dict[SSAValue, SSAValue] = {}
+
+        def add(op: Operation) -> Operation:
+            op.attributes.pop(PLACEMENT_ATTR, None)
+            block.add_op(op)
+            return op
+
+        for k, v in enumerate(layer.ins):
+            mapping[v] = add(lg.InputOp(f"activation{k}", _plain(v.type))).results[0]
+        for op in layer.ops:
+            for v in op.operands:
+                if v not in mapping and isinstance(v.owner, (lg.InputOp, lg.ParamOp, lg.ConstantOp)):
+                    source = v.owner.clone()
+                    Rewriter.replace_value_with_new_type(source.results[0], _plain(v.type))
+                    mapping[v] = add(source).results[0]
+            new = add(op.clone(value_mapper=dict(mapping)))
+            for old, made in zip(op.results, new.results, strict=True):
+                Rewriter.replace_value_with_new_type(made, _plain(old.type))
+                mapping[old] = new.results[old.index]
+        if self.loss_value in mapping:
+            loss = mapping[self.loss_value]
+        else:
+            terms = []
+            for v in layer.outs:
+                shape = global_shape(v.type)
+                value = mapping[v]
+                if shape:
+                    # handed on replicated over the tensor axis, as the next layer's profile takes it
+                    value = add(AnnotateOp(value, _replicated(v.type))).results[0]
+                    value = add(lg.ReduceMeanOp(value, list(range(len(shape))))).results[0]
+                terms.append(value)
+            loss = terms[0]
+            for t in terms[1:]:
+                loss = add(lg.AddOp(loss, t)).results[0]
+        add(lg.OutputOp([loss], ["loss"]))
+        graph = lg.GraphOp("layer", Region(block), "mesh")
+        module = ModuleOp([PlacementOp("mesh", self.kind, list(range(tensor)), (tensor,)), graph])
+        rebatch(graph, micro)
+        for op in list(block.ops):
+            if isinstance(op, lg.InputOp) and op.key.data.startswith("activation"):
+                param = lg.ParamOp(op.key.data, _replicated(op.result.type), lg.NormalInitAttr(0.0, 0.02))
+                block.insert_op_before(param, op)
+                op.result.replace_all_uses_with(param.result)
+                op.detach()
+                op.erase()
+            elif isinstance(op, lg.InputOp) and global_shape(op.result.type):
+                Rewriter.replace_value_with_new_type(op.result, _replicated(op.result.type))
+        return module
+
+    def _simulate(self, module: ModuleOp) -> tuple[float, int]:
+        ctx = Context()
+        self.compiles += 1
+        for p in (SbpInsertBoxingPass(), SbpSimplifyPass(), SbpToPlanPass(representatives=True),
+                  PlanFuseElementwisePass(), PlanAllocateMemoryPass()):
+            p.apply(ctx, module)
+        prediction = simulate_plan(module, self.cluster, steps=2)
+        return prediction.step_time, prediction.peak_memory
+
+    @staticmethod
+    def _training(module: ModuleOp, recompute: str = "none") -> None:
+        ctx = Context()
+        LgAutodiffPass(loss="loss").apply(ctx, module)
+        # A plain SGD update makes each gradient take its parameter's
+        # distribution (a tensor-parallel weight's gradient is reduced over
+        # the tensor axis if its weight is replicated); its own kernels are
+        # taken off the profile's time.
+        LgOptimizerPass(algorithm="sgd").apply(ctx, module)
+        if recompute != "none":
+            LgRecomputePass(policy=recompute, loss="loss").apply(ctx, module)
+
+    def _infer(self, module: ModuleOp, tensor: int, reference: list | None) -> list:
+        """sbp-infer on a profiled layer: with no reference, the integer
+        program (within ILP_GAP, refined); else each op starts from the
+        reference's signature (the same layer at another micro-batch size),
+        refined locally, or auto's search where that is cheaper. Returns the
+        chosen signatures."""
+        graph = lg.graphs(module)[0]
+        device = load_device(self.device, list(range(tensor)))
+        problem = build_problem(graph, device)
+        if tensor == 1:  # nothing to choose but where a value sits (auto's search, milliseconds)
+            choice = solve_auto(problem)
+        elif reference is None or len(reference) != len(problem.nodes):
+            choice = solve_ilp(problem, ILP_GAP)
+        else:
+            start = [node.candidates.index(sig) if sig in node.candidates else 0
+                     for node, sig in zip(problem.nodes, reference, strict=True)]
+            exact = problem.exact()
+            choice = min(exact.refine(start), solve_auto(problem), key=exact.total)
+        apply_solution(graph, problem, choice, "ilp", False)
+        return [node.candidates[k] for node, k in zip(problem.nodes, choice, strict=True)]
+
+    def _profile(self, layer: Layer, tensor: int, micro: int, recompute: str) -> Profile:
+        train = self.module(layer, tensor, micro)
+        self._training(train, recompute)
+        key = (layer.key, tensor, recompute)
+        chosen = self._infer(train, tensor, self.references.get(key))
+        self.references.setdefault(key, chosen)
+        forward = _forward_only(train)
+        graph = lg.graphs(train)[0]
+        params = [op for op in graph.body.ops if isinstance(op, lg.ParamOp)]
+        weights = [p for p in params if not p.key.data.startswith("activation")]
+        activations = [p for p in params if p.key.data.startswith("activation")]
+        keys = [p.key.data for p in layer.params]
+        by_key = {p.key.data: p for p in weights}
+        ordered = [by_key[k] for k in keys]
+        param_bytes = [_local_bytes(p.result) for p in ordered]
+        param_sbp = [nd_to_plain(p.result.type.nd_sbp)[0] if isinstance(p.result.type, DTensorType) else Sbp.B
+                     for p in ordered]
+        forward_set = forward_ops(graph, "loss")
+        saved = sum(_local_bytes(v) for v in saved_values(graph, forward_set))
+        in_bytes = sum(_local_bytes(p.result) for p in activations)
+        out_bytes = sum(math.prod(_rows(global_shape(v.type), self.batch, micro)) * element_bytes(element_type(v.type))
+                        for v in layer.outs)
+        fwd_time, _ = self._simulate(forward)
+        train_time, peak = self._simulate(train)
+        persistent = 2 * (sum(param_bytes) + in_bytes)
+        working = max(0, peak - persistent - saved)
+        updates = sum(self.cluster.work_time("plan.fused", 2 * n / 2, 3 * n, "f32", 2)
+                      for n in [*param_bytes, in_bytes])
+        return Profile(fwd_time, max(0.0, train_time - fwd_time - updates), param_bytes, param_sbp,
+                       saved + in_bytes, working, out_bytes)
+
+
+def _forward_only(train: ModuleOp) -> ModuleOp:
+    """The inferred training step cut to its forward pass (the same
+    distributions): what the loss depends on."""
+    forward = train.clone()
+    graph = lg.graphs(forward)[0]
+    output = graph.output()
+    loss = output.values[[n.data for n in output.names.data].index("loss")]
+    keep = forward_ops(graph, "loss")
+    output.detach()
+    output.erase()
+    for op in reversed(list(graph.body.ops)):
+        if op not in keep and not isinstance(op, SOURCES):
+            op.detach()
+            op.erase()
+    graph.body.block.add_op(lg.OutputOp([loss], ["loss"]))
+    return forward
+
+
+def _rows(shape: Sequence[int], batch: int, micro: int) -> tuple[int, ...]:
+    """`shape` with its batch axis (axis 0 of `batch` rows) at `micro` rows."""
+    return (micro, *shape[1:]) if shape and shape[0] == batch else tuple(shape)
+
+
+def _plain(t) -> TensorType:
+    return TensorType(element_type(t), list(global_shape(t)))
+
+
+def _replicated(t) -> DTensorType:
+    return dtensor_of(global_shape(t), element_type(t), "mesh", (Sbp.B,))
+
+
+# -- candidates and their composed cost -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LayerLayout:
+    stages: int
+    data: int
+    tensor: int
+    micro_batches: int
+    memory: str
+    schedule: str = "1f1b"
+    recompute: str = "none"
+
+    @property
+    def mesh(self) -> tuple[int, ...]:
+        return tuple(d for d in (self.data, self.tensor) if d > 1) or (1,)
+
+    def describe(self) -> str:
+        mesh = f"data {self.data} x tensor {self.tensor}"
+        parts = [f"{self.stages} stages of {mesh}" if self.stages > 1 else mesh]
+        if self.micro_batches > 1:
+            parts.append(f"{self.micro_batches} micro-batches" + (f" {self.schedule}" if self.stages > 1 else ""))
+        parts.append(self.memory)
+        if self.recompute != "none":
+            parts.append(f"recompute {self.recompute}")
+        return ", ".join(parts)
+
+
+@dataclass
+class Estimate:
+    layout: LayerLayout
+    step_time: float = math.inf
+    peak_memory: float = math.inf
+    stages: list[list[int]] = field(default_factory=list)
+    """The layers of each stage."""
+    breakdown: dict[str, float] = field(default_factory=dict)
+    rejected: str = ""
+
+    def describe(self, budget: float) -> str:
+        if self.rejected:
+            return f"{self.layout.describe()}: rejected: {self.rejected}"
+        over = "" if self.peak_memory <= budget else f" (over the budget of {_gib(budget)})"
+        return (f"{self.layout.describe()}: predicted {self.step_time * 1e3:.3f} ms/step, "
+                f"{_gib(self.peak_memory)} per device{over}")
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.3g} GiB" if n >= 2**27 else f"{n / 2**20:.3g} MiB"
+
+
+def _volume(kind: str, p: int, nbytes: float) -> float:
+    """Bytes one device moves in `kind` over p devices of an `nbytes` piece (cost_model.axis_volume)."""
+    return nbytes * (2 * (p - 1) / p if kind == "all_reduce" else (p - 1) / p)
+
+
+def partition(costs: Sequence[float], parts: int) -> list[list[int]]:
+    """Contiguous split of `costs` into `parts` non-empty runs minimizing the largest run's sum."""
+    n = len(costs)
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    best = [[math.inf] * (n + 1) for _ in range(parts + 1)]
+    cut = [[0] * (n + 1) for _ in range(parts + 1)]
+    best[0][0] = 0.0
+    for k in range(1, parts + 1):
+        for j in range(k, n - (parts - k) + 1):
+            for i in range(k - 1, j):
+                value = max(best[k - 1][i], prefix[j] - prefix[i])
+                if value < best[k][j]:
+                    best[k][j], cut[k][j] = value, i
+    runs, j = [], n
+    for k in range(parts, 0, -1):
+        i = cut[k][j]
+        runs.append(list(range(i, j)))
+        j = i
+    return runs[::-1]
+
+
+class Composer:
+    def __init__(self, layers: list[Layer], profiler: Profiler, cluster: Cluster, ranks: list[int], batch: int,
+                 optimizer: str):
+        self.layers = layers
+        self.profiler = profiler
+        self.cluster = cluster
+        self.ranks = ranks
+        self.batch = batch
+        self.state_copies = STATE_COPIES.get(optimizer, 0)
+
+    def estimate(self, layout: LayerLayout) -> Estimate:
+        est = Estimate(layout)
+        micro = self.batch // (layout.data * layout.micro_batches)
+        try:
+            profiles = [self.profiler.profile(layer, layout.tensor, micro, layout.recompute) for layer in self.layers]
+        except (PassFailedException, SimulationError, ValueError) as e:
+            est.rejected = str(e)
+            return est
+        per_layer = [p.forward + p.backward for p in profiles]
+        est.stages = partition(per_layer, layout.stages)
+        p, m, dp, t = layout.stages, layout.micro_batches, layout.data, layout.tensor
+        per_stage = dp * t
+        fwd = [sum(profiles[j].forward for j in s) for s in est.stages]
+        bwd = [sum(profiles[j].backward for j in s) for s in est.stages]
+        work = [f + b for f, b in zip(fwd, bwd, strict=True)]
+        hops = 0.0
+        for s in range(p - 1):
+            a, b = self.ranks[s * per_stage], self.ranks[(s + 1) * per_stage]
+            hops += 2 * self.cluster.collective_time("transfer", [a, b], profiles[est.stages[s][-1]].outs)
+        pipe = sum(work) + (m - 1) * max(work) + hops
+        overlap = self.cluster.device.comm_overlap
+        tail, memory = [], []
+        for s, run in enumerate(est.stages):
+            base = s * per_stage
+            group = [self.ranks[base + d * t] for d in range(dp)]
+            sharded = layout.memory in ("zero", "fsdp") and dp > 1
+            # the last micro-batch's backward makes each layer's gradients in
+            # reverse layer order; one communication stream sends them
+            ready, stream, comm_total, gathers = 0.0, 0.0, 0.0, 0.0
+            for j in reversed(run):
+                ready += profiles[j].backward
+                sent = 0.0
+                if dp > 1:
+                    kind = "reduce_scatter" if sharded else "all_reduce"
+                    sent = sum(self.cluster.collective_time(kind, group, _volume(kind, dp, g))
+                               for g in profiles[j].params)
+                stream = max(stream, ready) + sent
+                comm_total += sent
+            exposed = max(0.0, stream - bwd[s]) + (1 - overlap) * comm_total
+            params = sum(sum(profiles[j].params) for j in run)
+            if layout.memory == "fsdp" and dp > 1:
+                # gathered before each use, forward and backward, per micro-batch
+                gathers = 2 * m * sum(self.cluster.collective_time("all_gather", group, _volume("all_gather", dp, g))
+                                      for j in run for g in profiles[j].params)
+                exposed += max(0.0, gathers - m * work[s]) + (1 - overlap) * gathers
+            elif layout.memory == "zero" and dp > 1:
+                exposed += sum(self.cluster.collective_time("all_gather", group, _volume("all_gather", dp, g))
+                               for j in run for g in profiles[j].params)
+            shard = dp if sharded else 1
+            optimizer = sum(self.cluster.work_time("plan.fused", ADAM_STEPS * g / 2, 7 * g / shard, "f32",
+                                                   ADAM_STEPS) for j in run for g in profiles[j].params)
+            tail.append(exposed + optimizer)
+            in_flight = m if layout.schedule == "gpipe" else min(m, p - s)
+            activations = in_flight * sum(profiles[j].saved for j in run) + max(profiles[j].working for j in run)
+            if layout.memory == "fsdp" and dp > 1:
+                weights = params / dp + max(sum(profiles[j].params) for j in run)
+            else:
+                weights = params
+            memory.append(weights + params + self.state_copies * params / shard + activations)
+        est.step_time = pipe + max(tail)
+        est.peak_memory = max(memory)
+        est.breakdown = {"pipeline": pipe, "tail": max(tail), "hops": hops}
+        return est
+
+
+def candidate_layouts(devices: int, node: int, batch: int, layers: int, modes: Sequence[str],
+                      recompute: str = "none") -> list[LayerLayout]:
+    """Every (stages, data, tensor, micro-batches, memory mode): tensor degrees
+    inside a node, stages up to one per layer, micro-batches that divide each
+    replica's batch (powers of two up to 4 per stage beyond the stage count)."""
+    out = []
+    for t in range(1, min(node, devices) + 1):
+        if devices % t or node % t:
+            continue
+        for p in range(1, min(devices // t, layers) + 1):
+            if (devices // t) % p:
+                continue
+            dp = devices // (t * p)
+            if batch % dp:
+                continue
+            per_replica = batch // dp
+            micros = [m for m in (1, 2, 4, 8, 16, 32, 64) if per_replica % m == 0 and (m <= 4 * p)]
+            for m in micros:
+                if p > 1 and m < p:
+                    continue
+                for mode in modes:
+                    if mode != "replicated" and dp == 1:
+                        continue
+                    out.append(LayerLayout(p, dp, t, m, mode, "1f1b" if p > 1 else "gpipe", recompute))
+    return out
+
+
+# -- the chosen plan, as hints ---------------------------------------------------------------
+
+
+def write_plan(module: ModuleOp, graph: lg.GraphOp, placement: PlacementOp, layers: list[Layer],
+               chosen: Estimate, profiler: Profiler, ranks: list[int], training: str, passes: dict,
+               batch: int, loss: str) -> None:
+    layout = chosen.layout
+    per = layout.data * layout.tensor
+    names = [f"stage{i}" for i in range(layout.stages)] if layout.stages > 1 else [placement.sym_name.data]
+    mesh = layout.mesh
+    for i, name in enumerate(names):
+        if layout.stages > 1:
+            module.body.block.insert_op_before(
+                PlacementOp(name, placement.device.data, ranks[i * per:(i + 1) * per], mesh), placement)
+    if layout.stages == 1:
+        placement.ranks = DenseArrayBase.from_list(i64, ranks)
+        placement.shape = DenseArrayBase.from_list(i64, mesh)
+    stage_of_layer = {j: s for s, run in enumerate(chosen.stages) for j in run}
+    stage_of: dict[Operation, int] = {}
+    for j, layer in enumerate(layers):
+        for op in layer.ops:
+            stage_of[op] = stage_of_layer[j]
+    micro = batch // (layout.data * layout.micro_batches)
+    data_axis = 0 if layout.data > 1 else None
+    tensor_axis = (1 if layout.data > 1 else 0) if layout.tensor > 1 else None
+    hinted: set[lg.ParamOp] = set()
+    for j, layer in enumerate(layers):
+        profile = profiler.profile(layer, layout.tensor, micro, layout.recompute)
+        name = names[stage_of_layer[j]]
+        for param, on_tensor in zip(layer.params, profile.param_sbp, strict=True):
+            if param in hinted:
+                continue
+            hinted.add(param)
+            nd = [Sbp.B] * len(mesh)
+            if tensor_axis is not None:
+                nd[tensor_axis] = on_tensor
+            shape = global_shape(param.result.type)
+            if layout.memory == "fsdp" and data_axis is not None and shape and on_tensor != Sbp.S(0) \
+                    and shape[0] % layout.data == 0:
+                nd[data_axis] = Sbp.S(0)
+            Rewriter.replace_value_with_new_type(
+                param.result, dtensor_of(shape, param.result.type.element_type, name, tuple(nd)))
+    for o in graph.body.ops:
+        if isinstance(o, lg.OutputOp):
+            continue
+        if o in stage_of:
+            stage = stage_of[o]
+        else:
+            users = [u.operation for r in o.results for u in r.uses if u.operation in stage_of]
+            stage = min((stage_of[u] for u in users), default=0)
+        o.attributes[PLACEMENT_ATTR] = SymbolRefAttr(names[stage])
+        if isinstance(o, lg.InputOp) and global_shape(o.result.type) and not isinstance(o.result.type, DTensorType):
+            nd = [Sbp.B] * len(mesh)
+            if data_axis is not None:
+                nd[data_axis] = Sbp.S(0)
+            Rewriter.replace_value_with_new_type(
+                o.result, dtensor_of(global_shape(o.result.type), o.result.type.element_type, names[stage],
+                                     tuple(nd)))
+    graph.placement = SymbolRefAttr(names[0])
+    if layout.stages > 1:
+        placement.detach()
+        placement.erase()
+    ctx = Context()
+    if layout.micro_batches > 1:
+        LgMicroBatchPass(count=layout.micro_batches, schedule=layout.schedule).apply(ctx, module)
+    PassPipeline.parse_spec(passes, training).apply(ctx, module)
+    if layout.recompute != "none":
+        LgRecomputePass(policy=layout.recompute, loss=loss).apply(ctx, module)
+    if layout.memory == "zero" and data_axis is not None:
+        for p in graph.body.ops:
+            if isinstance(p, lg.ParamOp) and p.key.data.startswith(("adam.", "momentum.")) \
+                    and not isinstance(p.result.type, DTensorType):
+                where = p.attributes.get(PLACEMENT_ATTR, graph.placement)
+                assert isinstance(where, SymbolRefAttr)
+                shape = global_shape(p.result.type)
+                nd = [Sbp.B] * len(mesh)
+                if shape and shape[0] % layout.data == 0:
+                    nd[data_axis] = Sbp.S(0)
+                Rewriter.replace_value_with_new_type(
+                    p.result, dtensor_of(shape, p.result.type.element_type, where.string_value(), tuple(nd)))
+    graph.attributes["sbp.autoplan"] = StringAttr(chosen.describe(math.inf))
+
+
+RECOMPUTE_POLICIES = ("selective", "full")
+
+
+def plan_layers(graph: lg.GraphOp, loss: str, cluster: Cluster, device: str, ranks: list[int], batch: int,
+                budget: float, modes: Sequence[str], optimizer: str) -> tuple[Estimate, list[Estimate], Profiler,
+                                                                             list[Layer]]:
+    """The fastest composed plan within `budget`: every candidate layout
+    without recomputation, then, fewest first, recomputation for the
+    candidates over the budget that could still win (recomputing never
+    makes a step faster, so one slower than the best plan that fits is
+    skipped). Raises PassFailedException when nothing fits."""
+    layers = split_layers(graph)
+    if not layers:
+        raise PassFailedException("sbp-autoplan: the graph computes nothing")
+    assert graph.placement is not None
+    kind = lookup_placement(graph, graph.placement).device.data
+    profiler = Profiler(graph, loss, cluster, device, kind, batch)
+    composer = Composer(layers, profiler, cluster, ranks, batch, optimizer)
+    node = cluster.levels[0].size if cluster.levels else len(ranks)
+    estimates = [composer.estimate(layout)
+                 for layout in candidate_layouts(len(ranks), node, batch, len(layers), modes)]
+    if not estimates:
+        raise PassFailedException(
+            f"sbp-autoplan: no layout of {len(ranks)} devices divides a batch of {batch} examples")
+
+    def best_fitting() -> float:
+        return min((e.step_time for e in estimates if not e.rejected and e.peak_memory <= budget), default=math.inf)
+
+    previous = "none"
+    for policy in RECOMPUTE_POLICIES:
+        over = sorted((e for e in estimates if not e.rejected and e.peak_memory > budget
+                       and e.layout.recompute == previous), key=lambda e: e.step_time)
+        for e in over:
+            if e.step_time >= best_fitting():
+                break
+            estimates.append(composer.estimate(LayerLayout(**{**e.layout.__dict__, "recompute": policy})))
+        previous = policy
+    fitting = [e for e in estimates if not e.rejected and e.peak_memory <= budget]
+    if not fitting:
+        priced = [e for e in estimates if not e.rejected]
+        if not priced:
+            raise PassFailedException(
+                "sbp-autoplan: no layout works: " + "; ".join(e.describe(budget) for e in estimates[:4]))
+        least = min(priced, key=lambda e: e.peak_memory)
+        raise PassFailedException(f"sbp-autoplan: no plan fits {_gib(budget)} per device; the smallest needs "
+                                  f"{_gib(least.peak_memory)} ({least.layout.describe()})")
+    best = min(fitting, key=lambda e: e.step_time)
+    return best, estimates, profiler, layers
+
+
+def notable(estimates: list[Estimate], budget: float, top: int = 8) -> list[Estimate]:
+    """What explain lists: the fastest plans, then the best of each kind
+    (data parallel, tensor parallel, pipeline, ZeRO, FSDP, recomputation)
+    not among them, then the rejected."""
+    priced = sorted((e for e in estimates if not e.rejected), key=lambda e: (e.peak_memory > budget, e.step_time))
+    kinds = {
+        "data parallel": lambda e: e.layout.stages == 1 and e.layout.tensor == 1,
+        "tensor parallel": lambda e: e.layout.stages == 1 and e.layout.tensor > 1,
+        "pipeline": lambda e: e.layout.stages > 1,
+        "zero": lambda e: e.layout.memory == "zero",
+        "fsdp": lambda e: e.layout.memory == "fsdp",
+        "recomputation": lambda e: e.layout.recompute != "none",
+    }
+    chosen = priced[:top]
+    for test in kinds.values():
+        first = next((e for e in priced if test(e)), None)
+        if first is not None and first not in chosen:
+            chosen.append(first)
+    return chosen + [e for e in estimates if e.rejected][:4]
