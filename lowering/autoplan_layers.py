@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from xdsl.context import Context
 from xdsl.dialects.builtin import DenseArrayBase, ModuleOp, StringAttr, SymbolRefAttr, TensorType, i64
 from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.irdl import VarConstraint
 from xdsl.passes import PassPipeline
 from xdsl.rewriter import Rewriter
 from xdsl.utils.exceptions import PassFailedException
@@ -92,6 +93,8 @@ ILP_GAP = 0.05
 """HiGHS stops within 5% of its bound, then the plan is refined locally: on
 GPT-1.3B layers on 8 devices 0.2-1 s and within 0.5% of the optimum, which
 HiGHS takes 2-11 s to prove (auto's search: 13-25% above it)."""
+STATE_PREFIXES = ("adam.m.", "adam.v.", "momentum.")
+"""Keys lg-optimizer gives a parameter's optimizer state."""
 ADAM_STEPS = 12
 """Elementwise steps of one fused optimizer update (lg-optimizer's Adam chain)."""
 
@@ -213,6 +216,8 @@ class Profile:
     """Bytes the layer needs on top while it runs."""
     outs: int
     """Bytes of the activations it hands the next layer (replicated over the tensor axis)."""
+    value_sbp: list[Sbp | None] = field(default_factory=list)
+    """The distribution over the tensor axis of each of the layer's ops' result (None: a scalar)."""
 
 
 class Profiler:
@@ -355,6 +360,12 @@ class Profiler:
         param_sbp = [nd_to_plain(p.result.type.nd_sbp)[0] if isinstance(p.result.type, DTensorType) else Sbp.B
                      for p in ordered]
         forward_set = forward_ops(graph, "loss")
+        computed = [op for op in graph.body.ops
+                    if op in forward_set and not isinstance(op, (*SOURCES, AnnotateOp))][:len(layer.ops)]
+        assert [op.name for op in computed] == [op.name for op in layer.ops]  # the layer's ops, in its order
+        value_sbp = [nd_to_plain(op.results[0].type.nd_sbp)[0]
+                     if isinstance(op.results[0].type, DTensorType) and global_shape(op.results[0].type) else None
+                     for op in computed]
         saved = sum(_local_bytes(v) for v in saved_values(graph, forward_set))
         in_bytes = sum(_local_bytes(p.result) for p in activations)
         out_bytes = sum(math.prod(_rows(global_shape(v.type), self.batch, micro)) * element_bytes(element_type(v.type))
@@ -366,7 +377,7 @@ class Profiler:
         updates = sum(self.cluster.work_time("plan.fused", 2 * n / 2, 3 * n, "f32", 2)
                       for n in [*param_bytes, in_bytes])
         return Profile(fwd_time, max(0.0, train_time - fwd_time - updates), param_bytes, param_sbp,
-                       saved + in_bytes, working, out_bytes)
+                       saved + in_bytes, working, out_bytes, value_sbp)
 
 
 def _forward_only(train: ModuleOp) -> ModuleOp:
@@ -532,7 +543,9 @@ class Composer:
                 # gathered before each use, forward and backward, per micro-batch
                 gathers = 2 * m * sum(self.cluster.collective_time("all_gather", group, _volume("all_gather", dp, g))
                                       for j in run for g in profiles[j].params)
-                exposed += max(0.0, gathers - m * work[s]) + (1 - overlap) * gathers
+                # each is issued one op ahead of its use (sbp_to_plan's
+                # parameter gathers): on the simulator about half hide
+                exposed += max(gathers / 2, gathers - m * work[s]) + (1 - overlap) * gathers
             elif layout.memory == "zero" and dp > 1:
                 exposed += sum(self.cluster.collective_time("all_gather", group, _volume("all_gather", dp, g))
                                for j in run for g in profiles[j].params)
@@ -622,6 +635,45 @@ def write_plan(module: ModuleOp, graph: lg.GraphOp, placement: PlacementOp, laye
                 nd[data_axis] = Sbp.S(0)
             Rewriter.replace_value_with_new_type(
                 param.result, dtensor_of(shape, param.result.type.element_type, name, tuple(nd)))
+    # Every forward value of a layer is requested as its class's profile
+    # distributed it (the profile's integer program chose them together;
+    # sbp-infer's search, given only the parameters, finds worse plans).
+    layer_stage = {op: stage_of_layer[j] for j, layer in enumerate(layers) for op in layer.ops}
+    for j, layer in enumerate(layers):
+        profile = profiler.profile(layer, layout.tensor, micro, layout.recompute)
+        name = names[stage_of_layer[j]]
+        for op, on_tensor in zip(layer.ops, profile.value_sbp, strict=True):
+            value = op.results[0]
+            if on_tensor is None or isinstance(value.type, DTensorType):
+                continue
+            shape = global_shape(value.type)
+            nd = [Sbp.B] * len(mesh)
+            if tensor_axis is not None:
+                nd[tensor_axis] = on_tensor
+            if data_axis is not None and shape[0] == batch:
+                nd[data_axis] = Sbp.S(0)
+            uses = list(value.uses)
+            request = AnnotateOp(value, dtensor_of(shape, element_type(value.type), name, tuple(nd)))
+            request.attributes[PLACEMENT_ATTR] = SymbolRefAttr(name)
+            graph.body.block.insert_op_after(request, op)
+            stage_of[request] = stage_of_layer[j]
+            # a later stage reads it through its own request (the transfer), as a hand plan's `.to()` in that stage
+            moved: dict[int, AnnotateOp] = {}
+            for use in uses:
+                if isinstance(getattr(type(use.operation), "T", None), VarConstraint):
+                    # an op typed like its operand (layernorm, softmax, GELU)
+                    # would take the request as a hint on its own result,
+                    # which it may not be able to give: it reads the value
+                    continue
+                there = layer_stage.get(use.operation, stage_of_layer[j])
+                if there != stage_of_layer[j] and there not in moved:
+                    moved[there] = AnnotateOp(request.result, dtensor_of(
+                        shape, element_type(value.type), names[there], tuple(nd)))
+                    moved[there].attributes[PLACEMENT_ATTR] = SymbolRefAttr(names[there])
+                    graph.body.block.insert_op_after(moved[there], request)
+                    stage_of[moved[there]] = there
+                use.operation.operands[use.index] = (moved[there] if there in moved else request).result
+    _same_type_results(graph)
     for o in graph.body.ops:
         if isinstance(o, lg.OutputOp):
             continue
@@ -645,21 +697,20 @@ def write_plan(module: ModuleOp, graph: lg.GraphOp, placement: PlacementOp, laye
     ctx = Context()
     if layout.micro_batches > 1:
         LgMicroBatchPass(count=layout.micro_batches, schedule=layout.schedule).apply(ctx, module)
-    PassPipeline.parse_spec(passes, training).apply(ctx, module)
+    for step in PassPipeline.parse_spec(passes, training).passes:
+        step.apply(ctx, module)
+        if isinstance(step, LgAutodiffPass):
+            _pin_gradients(graph, layout, data_axis, tensor_axis)
     if layout.recompute != "none":
         LgRecomputePass(policy=layout.recompute, loss=loss).apply(ctx, module)
     if layout.memory == "zero" and data_axis is not None:
-        for p in graph.body.ops:
-            if isinstance(p, lg.ParamOp) and p.key.data.startswith(("adam.", "momentum.")) \
-                    and not isinstance(p.result.type, DTensorType):
-                where = p.attributes.get(PLACEMENT_ATTR, graph.placement)
-                assert isinstance(where, SymbolRefAttr)
-                shape = global_shape(p.result.type)
-                nd = [Sbp.B] * len(mesh)
-                if shape and shape[0] % layout.data == 0:
-                    nd[data_axis] = Sbp.S(0)
+        params = {p.key.data: p for p in graph.body.ops if isinstance(p, lg.ParamOp)}
+        for p in params.values():
+            prefix = next((x for x in STATE_PREFIXES if p.key.data.startswith(x)), None)
+            owner = params.get(p.key.data.removeprefix(prefix)) if prefix else None
+            if owner is not None and global_shape(p.result.type) and isinstance(owner.result.type, DTensorType):
                 Rewriter.replace_value_with_new_type(
-                    p.result, dtensor_of(shape, p.result.type.element_type, where.string_value(), tuple(nd)))
+                    p.result, _zero_type(owner.result.type, layout, data_axis, tensor_axis))
     graph.attributes["sbp.autoplan"] = StringAttr(chosen.describe(math.inf))
 
 
@@ -711,6 +762,54 @@ def plan_layers(graph: lg.GraphOp, loss: str, cluster: Cluster, device: str, ran
                                   f"{_gib(least.peak_memory)} ({least.layout.describe()})")
     best = min(fitting, key=lambda e: e.step_time)
     return best, estimates, profiler, layers
+
+
+def _same_type_results(graph: lg.GraphOp) -> None:
+    """Ops whose result has their operand's type (elementwise unary ops,
+    softmax, layernorm: a `T` constraint) take a requested operand's
+    distributed type, as the frontend types them after a hint."""
+    for op in graph.body.ops:
+        if not isinstance(getattr(type(op), "T", None), VarConstraint) or not op.operands:
+            continue
+        t = op.operands[0].type
+        if isinstance(t, DTensorType) and op.results[0].type != t:
+            Rewriter.replace_value_with_new_type(op.results[0], t)
+
+
+def _zero_type(t: DTensorType, layout: LayerLayout, data_axis: int, tensor_axis: int | None) -> DTensorType:
+    """ZeRO: a parameter's optimizer state (and the gradient its update
+    reads) distributed as the parameter over the tensor axis and split over
+    the data axis, where the rows divide."""
+    nd = list(nd_to_plain(t.nd_sbp))
+    rows = global_shape(t)[0] if global_shape(t) else 0
+    split_on_tensor = tensor_axis is not None and nd[tensor_axis] == Sbp.S(0)
+    if rows and rows % (layout.data * (layout.tensor if split_on_tensor else 1)) == 0:
+        nd[data_axis] = Sbp.S(0)
+    return dtensor_of(global_shape(t), t.element_type, t.placement_name, tuple(nd))
+
+
+def _pin_gradients(graph: lg.GraphOp, layout: LayerLayout, data_axis: int | None, tensor_axis: int | None) -> None:
+    """Requests each parameter's gradient where its update runs: distributed
+    as the parameter (one all-reduce over the data axis per step), or for
+    ZeRO as its state (a reduce-scatter), as the composition priced it.
+    Left free, sbp-infer's search shards a replicated update over the data
+    axis on its own (its cost model prefers it; on the simulator it costs a
+    slice and a gather per parameter)."""
+    params = {p.key.data: p for p in graph.body.ops if isinstance(p, lg.ParamOp)}
+    output = graph.output()
+    values = list(output.values)
+    for i, name in enumerate(n.data for n in output.names.data):
+        param = params.get(name.removeprefix("grad.")) if name.startswith("grad.") else None
+        if param is None or not isinstance(param.result.type, DTensorType):
+            continue
+        want = param.result.type
+        if layout.memory == "zero" and data_axis is not None:
+            want = _zero_type(want, layout, data_axis, tensor_axis)
+        request = AnnotateOp(values[i], want)
+        request.attributes[PLACEMENT_ATTR] = SymbolRefAttr(want.placement_name)
+        graph.body.block.insert_op_before(request, output)
+        values[i] = request.result
+    output.operands = values
 
 
 def notable(estimates: list[Estimate], budget: float, top: int = 8) -> list[Estimate]:
