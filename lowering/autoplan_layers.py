@@ -41,12 +41,13 @@ recomputation, ZeRO state), so `compile` lowers it like a hand plan.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import DenseArrayBase, ModuleOp, StringAttr, SymbolRefAttr, TensorType, i64
+from xdsl.dialects.builtin import DenseArrayBase, ModuleOp, SymbolRefAttr, TensorType, i64
 from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.irdl import VarConstraint
 from xdsl.passes import PassPipeline
@@ -74,7 +75,8 @@ from sbpc.perf.step_time import SimulationError, simulate_plan
 from .cost_model import load_device
 from .lg_autodiff import LgAutodiffPass
 from .lg_micro_batch import LgMicroBatchPass, rebatch
-from .lg_optimizer import LgOptimizerPass
+from .lg_optimizer import STATE_PREFIXES, LgOptimizerPass
+from .lg_recompute import SOURCES as RECOMPUTE_SOURCES
 from .lg_recompute import LgRecomputePass, forward_ops, narrow_cuts, saved_values
 from .plan_allocate_memory import PlanAllocateMemoryPass
 from .plan_fuse_elementwise import PlanFuseElementwisePass
@@ -84,7 +86,7 @@ from .sbp_problem import build_problem, solve_auto
 from .sbp_simplify import SbpSimplifyPass
 from .sbp_to_plan import SbpToPlanPass
 
-SOURCES = (lg.InputOp, lg.ParamOp, lg.ConstantOp, lg.OutputOp)
+SOURCES = (*RECOMPUTE_SOURCES, lg.OutputOp)
 MIN_LAYER_OPS = 4
 """A layer of fewer ops joins the next one (the embedding's add, the head's loss)."""
 STATE_COPIES = {"adam": 2, "adamw": 2, "momentum": 1}
@@ -93,8 +95,6 @@ ILP_GAP = 0.05
 """HiGHS stops within 5% of its bound, then the plan is refined locally: on
 GPT-1.3B layers on 8 devices 0.2-1 s and within 0.5% of the optimum, which
 HiGHS takes 2-11 s to prove (auto's search: 13-25% above it)."""
-STATE_PREFIXES = ("adam.m.", "adam.v.", "momentum.")
-"""Keys lg-optimizer gives a parameter's optimizer state."""
 ADAM_STEPS = 12
 """Elementwise steps of one fused optimizer update (lg-optimizer's Adam chain)."""
 
@@ -599,6 +599,14 @@ def candidate_layouts(devices: int, node: int, batch: int, layers: int, modes: S
 def write_plan(module: ModuleOp, graph: lg.GraphOp, placement: PlacementOp, layers: list[Layer],
                chosen: Estimate, profiler: Profiler, ranks: list[int], training: str, passes: dict,
                batch: int, loss: str) -> None:
+    """Writes `chosen` into the forward graph as a hand plan would be
+    written: a placement per stage (stage i on the i-th block of ranks, its
+    mesh data x tensor, the tensor axis inside a node), each op on its
+    layer's stage, the inputs split over the data axis, every layer's
+    parameters and forward values requested as its class's profile
+    distributed them; then the training passes (micro-batches in the chosen
+    schedule, `training`, with each gradient requested where its update
+    runs; recomputation; ZeRO's state split over the data axis)."""
     layout = chosen.layout
     per = layout.data * layout.tensor
     names = [f"stage{i}" for i in range(layout.stages)] if layout.stages > 1 else [placement.sym_name.data]
@@ -638,7 +646,6 @@ def write_plan(module: ModuleOp, graph: lg.GraphOp, placement: PlacementOp, laye
     # Every forward value of a layer is requested as its class's profile
     # distributed it (the profile's integer program chose them together;
     # sbp-infer's search, given only the parameters, finds worse plans).
-    layer_stage = {op: stage_of_layer[j] for j, layer in enumerate(layers) for op in layer.ops}
     for j, layer in enumerate(layers):
         profile = profiler.profile(layer, layout.tensor, micro, layout.recompute)
         name = names[stage_of_layer[j]]
@@ -665,14 +672,14 @@ def write_plan(module: ModuleOp, graph: lg.GraphOp, placement: PlacementOp, laye
                     # would take the request as a hint on its own result,
                     # which it may not be able to give: it reads the value
                     continue
-                there = layer_stage.get(use.operation, stage_of_layer[j])
+                there = stage_of.get(use.operation, stage_of_layer[j])
                 if there != stage_of_layer[j] and there not in moved:
                     moved[there] = AnnotateOp(request.result, dtensor_of(
                         shape, element_type(value.type), names[there], tuple(nd)))
                     moved[there].attributes[PLACEMENT_ATTR] = SymbolRefAttr(names[there])
                     graph.body.block.insert_op_after(moved[there], request)
                     stage_of[moved[there]] = there
-                use.operation.operands[use.index] = (moved[there] if there in moved else request).result
+                use.operation.operands[use.index] = moved.get(there, request).result
     _same_type_results(graph)
     for o in graph.body.ops:
         if isinstance(o, lg.OutputOp):
@@ -711,7 +718,6 @@ def write_plan(module: ModuleOp, graph: lg.GraphOp, placement: PlacementOp, laye
             if owner is not None and global_shape(p.result.type) and isinstance(owner.result.type, DTensorType):
                 Rewriter.replace_value_with_new_type(
                     p.result, _zero_type(owner.result.type, layout, data_axis, tensor_axis))
-    graph.attributes["sbp.autoplan"] = StringAttr(chosen.describe(math.inf))
 
 
 RECOMPUTE_POLICIES = ("selective", "full")
@@ -749,7 +755,7 @@ def plan_layers(graph: lg.GraphOp, loss: str, cluster: Cluster, device: str, ran
         for e in over:
             if e.step_time >= best_fitting():
                 break
-            estimates.append(composer.estimate(LayerLayout(**{**e.layout.__dict__, "recompute": policy})))
+            estimates.append(composer.estimate(dataclasses.replace(e.layout, recompute=policy)))
         previous = policy
     fitting = [e for e in estimates if not e.rejected and e.peak_memory <= budget]
     if not fitting:

@@ -46,6 +46,8 @@ from sbpc.dialects.sbp import (
 from .lg_autodiff import Emitter
 
 ALGORITHMS = ("sgd", "momentum", "adam", "adamw")
+STATE_PREFIXES = ("adam.m.", "adam.v.", "momentum.")
+"""How the keys of a parameter's optimizer state begin (the parameter's key follows)."""
 
 
 @dataclass(frozen=True)

@@ -70,10 +70,10 @@ from sbpc.dialects.sbp import (
 from sbpc.perf.cluster import Cluster, ClusterError, load_cluster
 from sbpc.perf.step_time import Prediction, SimulationError, simulate_plan
 
-from .autoplan_layers import notable, plan_layers, write_plan
+from .autoplan_layers import SOURCES, notable, plan_layers, write_plan
 from .lg_autodiff import LgAutodiffPass
 from .lg_micro_batch import LgMicroBatchPass
-from .lg_optimizer import LgOptimizerPass
+from .lg_optimizer import STATE_PREFIXES, LgOptimizerPass
 from .lg_recompute import LgRecomputePass
 from .plan_allocate_memory import PlanAllocateMemoryPass
 from .plan_fuse_elementwise import PlanFuseElementwisePass
@@ -91,8 +91,6 @@ LAYERS_ABOVE_OPS = 400
 MEMORY_MODES = ("replicated", "zero", "fsdp")
 RECOMPUTE_POLICIES = ("selective", "full")
 """Tried in this order on the layouts that do not fit without recomputation."""
-STATE_PREFIXES = ("adam.m.", "adam.v.", "momentum.")
-"""Keys lg-optimizer gives optimizer state."""
 
 
 def mesh_shapes(devices: int) -> list[tuple[int, ...]]:
@@ -251,7 +249,6 @@ def _split_first_axis(param: lg.ParamOp, placement: str, mesh: tuple[int, ...]) 
     Rewriter.replace_value_with_new_type(param.result, dtensor_of(shape, t.element_type, placement, nd))
 
 
-SOURCES = (lg.InputOp, lg.ParamOp, lg.ConstantOp, lg.OutputOp)
 
 TRAINING_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "lg-micro-batch": lambda: LgMicroBatchPass, "lg-autodiff": lambda: LgAutodiffPass,

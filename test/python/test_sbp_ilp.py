@@ -63,6 +63,18 @@ def test_a_2x2_mesh_gets_the_cheapest_of_every_plan(device):
     assert result.optimal and result.objective == pytest.approx(best, rel=1e-9)
 
 
+def test_a_gap_stops_early_and_refines_within_it_and_never_worse_than_auto():
+    from sbpc.lowering import sbp_infer
+
+    module = parse_module(MLP_2x2, "mlp")
+    problem = build_problem(next(iter(lg.graphs(module))), DEVICES["cuda"])
+    exact = problem.exact()
+    optimum = solve_ilp(problem).objective
+    quick = exact.total(sbp_infer.solve_ilp(problem, gap=0.05))
+    assert optimum <= quick <= 1.05 * optimum + 1e-15
+    assert quick <= exact.total(solve_auto(problem)) + 1e-15
+
+
 def test_repeated_blocks_share_classes_and_a_shared_program_stays_feasible():
     import sys
 
