@@ -131,11 +131,15 @@ def split_layers(graph: lg.GraphOp) -> list[Layer]:
     for end in ends:
         pieces.append(order[start:end + 1])
         start = end + 1
+    # A short piece of its own kind (the embedding's lookup, the head's
+    # loss) joins the next piece (the last ones, the one before), so
+    # profiles stay few; repeated pieces stay layers of their own.
+    keys = [_layer(piece).key for piece in pieces]
     merged: list[list[Operation]] = []
     pending: list[Operation] = []
-    for piece in pieces:
+    for piece, key in zip(pieces, keys, strict=True):
         pending += piece
-        if len(pending) >= MIN_LAYER_OPS:
+        if len(pending) >= MIN_LAYER_OPS or keys.count(key) > 1:
             merged.append(pending)
             pending = []
     if pending:
