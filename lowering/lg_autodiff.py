@@ -3,7 +3,10 @@
 Walks the graph from the loss output backwards, applying each op's gradient
 rule (its `gradient` method, defined with the op in dialects/lg.py), adding up the contributions where a
 value has several uses, and appends an output `grad.<param>` for every
-parameter (zeros where the loss does not depend on it). SBP hints pass
+parameter (zeros where the loss does not depend on it). On a graph that
+lg-micro-batch unrolled for 1F1B, what the micro-batches share (a weight)
+has its gradient summed in micro-batch order, the order a stage's
+backward passes make the parts. SBP hints pass
 gradients through unchanged; sbp-infer then distributes forward and
 backward together (in data parallelism every weight gradient comes out P).
 """
@@ -13,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, ModuleOp, TensorType
+from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, IntegerAttr, ModuleOp, StringAttr, TensorType
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
@@ -90,7 +93,22 @@ def differentiate(graph: lg.GraphOp, loss: str) -> None:
     if isinstance(loss_value.owner, Operation):
         e.place_like(loss_value.owner)
     grads: dict[SSAValue, SSAValue] = {loss_value: e.scalar(1.0, loss_value)}
+    # Under 1F1B a stage runs micro-batch 0's backward first, so a weight's
+    # gradient is summed in micro-batch order (((dW0 + dW1) + dW2) + ...),
+    # each sum as soon as its parts exist: the reverse walk's order would
+    # keep every micro-batch's dW alive until the last one's backward.
+    schedule = graph.attributes.get(lg.SCHEDULE_ATTR)
+    in_order = isinstance(schedule, StringAttr) and schedule.data == "1f1b"
+    parts: dict[SSAValue, list[tuple[int, SSAValue, Attribute | None]]] = {}
+
+    def settle(value: SSAValue) -> None:
+        for _, contribution, placement in sorted(parts.pop(value, []), key=lambda part: part[0]):
+            e.placement = placement
+            grads[value] = e.emit(lg.AddOp(grads[value], contribution)) if value in grads else contribution
+
     for op in reversed(forward):
+        if op.results:
+            settle(op.results[0])  # shared ops come before every micro-batch's: all parts are in
         if not op.results or op.results[0] not in grads or isinstance(op, lg.InputOp | lg.ParamOp | lg.ConstantOp):
             continue
         e.place_like(op)
@@ -104,10 +122,18 @@ def differentiate(graph: lg.GraphOp, loss: str) -> None:
         for operand, contribution in zip(op.operands, contributions):
             if contribution is None:
                 continue
+            micro = op.attributes.get(lg.MICRO_BATCH_ATTR)
+            owner = operand.owner
+            shared = isinstance(owner, Operation) and lg.MICRO_BATCH_ATTR not in owner.attributes
+            if in_order and shared and isinstance(micro, IntegerAttr):
+                parts.setdefault(operand, []).append((micro.value.data, contribution, e.placement))
+                continue
             if operand in grads:
                 grads[operand] = e.emit(lg.AddOp(grads[operand], contribution))
             else:
                 grads[operand] = contribution
+    for value in list(parts):
+        settle(value)  # the parameters (sources are not walked)
     values, out_names = list(output.values), list(names)
     for op in forward:
         if isinstance(op, lg.ParamOp):

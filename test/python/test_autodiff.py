@@ -149,3 +149,30 @@ def test_distributed_training_gradients_match_the_reference(ranks, mesh):
 
     fetched = re.search(r'fetch "grad.w" of !sbp.dtensor<8x10xf32, @\S+, (\[?P)', exe.plan_text)
     assert fetched, "grad.w is not partial over the data axis"
+
+
+@pytest.mark.parametrize("schedule, order", [("1f1b", [0, 1, 2, 3]), ("gpipe", [3, 2, 1, 0])])
+def test_micro_batch_weight_gradients_are_summed_in_the_order_the_schedule_makes_them(schedule, order):
+    # 1F1B runs micro-batch 0's backward first: ((dW0 + dW1) + dW2) + dW3
+    # frees each part as the next arrives (GPipe's backward runs 3 first).
+    from sbpc.dialects import lg
+    from sbpc.lowering.lg_micro_batch import LgMicroBatchPass
+    from sbpc.lowering.sbp_to_plan import micro_batch_labels
+
+    g = sbpc.Graph("mlp")
+    x = g.input("x", (8, 4))
+    w = g.param("w", (4, 3), init=sbpc.normal(0.0, 0.5), seed=1)
+    g.output(loss=sbpc.reduce_mean(sbpc.tanh(x @ w), axes=[0, 1]))
+    module = g.module()
+    LgMicroBatchPass(count=4, schedule=schedule).apply(Context(), module)
+    LgAutodiffPass().apply(Context(), module)
+    graph = lg.graphs(module)[0]
+    labels = micro_batch_labels(list(graph.body.ops))
+    out = graph.output()
+    total = out.values[[n.data for n in out.names.data].index("grad.w")]
+    parts = []
+    while isinstance(total.owner, lg.AddOp):
+        total, last = total.owner.operands
+        parts.append(labels[last.owner])
+    parts.append(labels[total.owner])
+    assert parts[::-1] == order

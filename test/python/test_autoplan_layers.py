@@ -120,12 +120,10 @@ def written(layout: LayerLayout, ranks: int = 4, cluster: str = "cpu", **size):
     return module, estimate
 
 
-LAYOUTS = [
-    LayerLayout(1, 4, 1, 1, "replicated"),
+LAYOUTS = [  # between them: data, tensor and both, stages of 1, 2 and 4 devices, every memory mode and policy
     LayerLayout(1, 2, 2, 2, "zero", "gpipe"),
     LayerLayout(1, 2, 2, 1, "fsdp", "gpipe", "selective"),
-    LayerLayout(2, 1, 2, 2, "replicated", "1f1b"),
-    LayerLayout(2, 2, 1, 4, "zero", "1f1b", "full"),
+    LayerLayout(2, 2, 1, 4, "zero", "1f1b", "full"),  # (a recomputed batch reshape once deadlocked this one)
     LayerLayout(4, 1, 1, 4, "replicated", "1f1b"),
 ]
 
@@ -148,7 +146,7 @@ def test_every_kind_of_layered_plan_trains_like_one_device(layout):
         np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-5, err_msg=key)
 
 
-@pytest.mark.parametrize("layout", [LayerLayout(1, 4, 1, 1, "replicated"), LayerLayout(1, 2, 2, 1, "replicated"),
+@pytest.mark.parametrize("layout", [LayerLayout(1, 2, 2, 1, "replicated"),
                                     LayerLayout(2, 2, 1, 2, "replicated", "1f1b")],
                          ids=lambda layout: layout.describe())
 def test_the_composed_time_is_near_the_simulated_whole_plan(layout):
