@@ -81,7 +81,7 @@ def _composed(chosen: str) -> float:
     return float(re.search(r"predicted ([0-9.]+) ms/step", chosen).group(1))
 
 
-def compare(models, device_counts) -> int:
+def compare(models, device_counts, hand_plans=HAND) -> int:
     rows = []
     ratios = []
     for model in models:
@@ -89,7 +89,7 @@ def compare(models, device_counts) -> int:
         for devices in device_counts:
             batch = devices
             best = None
-            for name in HAND:
+            for name in hand_plans:
                 try:
                     done = hand(model, name, devices, batch)
                 except Exception as e:  # noqa: BLE001 - one plan failing is a row
@@ -146,13 +146,15 @@ def main() -> int:
     parser.add_argument("--models", nargs="+", default=["1.3b", "13b"], choices=sorted(scale.MODELS))
     parser.add_argument("--devices", nargs="+", type=int, default=[8, 64, 512])
     parser.add_argument("--growth", action="store_true", help="planning time against layers and devices")
+    parser.add_argument("--hand", nargs="*", default=list(HAND), choices=HAND,
+                        help="the hand plans to run next to the automatic one (none: the automatic plan alone)")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.growth:
         return growth()
     if args.quick:
         return compare(["4l"], [8, 16])
-    return compare(args.models, args.devices)
+    return compare(args.models, args.devices, args.hand)
 
 
 if __name__ == "__main__":

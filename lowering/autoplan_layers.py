@@ -222,6 +222,8 @@ class Profile:
     """Bytes of the activations it hands the next layer (replicated over the tensor axis)."""
     value_sbp: list[Sbp | None] = field(default_factory=list)
     """The distribution over the tensor axis of each of the layer's ops' result (None: a scalar)."""
+    backward_comm: float = 0.0
+    """Seconds its backward keeps the communication stream busy (tensor-parallel collectives)."""
 
 
 class Profiler:
@@ -304,14 +306,15 @@ class Profiler:
                 Rewriter.replace_value_with_new_type(op.result, _replicated(op.result.type))
         return module
 
-    def _simulate(self, module: ModuleOp) -> tuple[float, int]:
+    def _simulate(self, module: ModuleOp) -> tuple[float, int, float]:
+        """Step time, peak memory and seconds of collectives in flight."""
         ctx = Context()
         self.compiles += 1
         for p in (SbpInsertBoxingPass(), SbpSimplifyPass(), SbpToPlanPass(representatives=True),
                   PlanFuseElementwisePass(), PlanAllocateMemoryPass()):
             p.apply(ctx, module)
         prediction = simulate_plan(module, self.cluster, steps=2)
-        return prediction.step_time, prediction.peak_memory
+        return prediction.step_time, prediction.peak_memory, max(d.comm for d in prediction.devices)
 
     @staticmethod
     def _training(module: ModuleOp, recompute: str = "none") -> None:
@@ -374,14 +377,14 @@ class Profiler:
         in_bytes = sum(_local_bytes(p.result) for p in activations)
         out_bytes = sum(math.prod(_rows(global_shape(v.type), self.batch, micro)) * element_bytes(element_type(v.type))
                         for v in layer.outs)
-        fwd_time, _ = self._simulate(forward)
-        train_time, peak = self._simulate(train)
+        fwd_time, _, fwd_comm = self._simulate(forward)
+        train_time, peak, train_comm = self._simulate(train)
         persistent = 2 * (sum(param_bytes) + in_bytes)
         working = max(0, peak - persistent - saved)
         updates = sum(self.cluster.work_time("plan.fused", 2 * n / 2, 3 * n, "f32", 2)
                       for n in [*param_bytes, in_bytes])
         return Profile(fwd_time, max(0.0, train_time - fwd_time - updates), param_bytes, param_sbp,
-                       saved + in_bytes, working, out_bytes, value_sbp)
+                       saved + in_bytes, working, out_bytes, value_sbp, max(0.0, train_comm - fwd_comm))
 
 
 def _forward_only(train: ModuleOp) -> ModuleOp:
@@ -529,19 +532,24 @@ class Composer:
             base = s * per_stage
             group = [self.ranks[base + d * t] for d in range(dp)]
             sharded = layout.memory in ("zero", "fsdp") and dp > 1
-            # the last micro-batch's backward makes each layer's gradients in
-            # reverse layer order; one communication stream sends them
-            ready, stream, comm_total, gathers = 0.0, 0.0, 0.0, 0.0
+            # The last micro-batch's backward makes each layer's gradients in
+            # reverse layer order, and the device's one communication stream
+            # sends them in issue order while the next layers' backward
+            # runs; what is still queued when the backward ends is exposed.
+            # A layer with collectives of its own (tensor parallelism) hides
+            # none: its next collective waits behind the gradients' (one
+            # collective at a time, in issue order), and its compute behind that.
+            queued, comm_total, gathers = 0.0, 0.0, 0.0
             for j in reversed(run):
-                ready += profiles[j].backward
-                sent = 0.0
+                hidden = profiles[j].backward if profiles[j].backward_comm == 0 else 0.0
+                queued = max(0.0, queued - hidden)
                 if dp > 1:
                     kind = "reduce_scatter" if sharded else "all_reduce"
                     sent = sum(self.cluster.collective_time(kind, group, _volume(kind, dp, g))
                                for g in profiles[j].params)
-                stream = max(stream, ready) + sent
-                comm_total += sent
-            exposed = max(0.0, stream - bwd[s]) + (1 - overlap) * comm_total
+                    queued += sent
+                    comm_total += sent
+            exposed = queued + (1 - overlap) * comm_total
             params = sum(sum(profiles[j].params) for j in run)
             if layout.memory == "fsdp" and dp > 1:
                 # gathered before each use, forward and backward, per micro-batch
