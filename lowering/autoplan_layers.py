@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import DenseArrayBase, ModuleOp, SymbolRefAttr, TensorType, i64
+from xdsl.dialects.builtin import DenseArrayBase, ModuleOp, SymbolRefAttr, TensorType, UnitAttr, i64
 from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.irdl import VarConstraint
 from xdsl.passes import PassPipeline
@@ -95,6 +95,8 @@ ILP_GAP = 0.05
 """HiGHS stops within 5% of its bound, then the plan is refined locally: on
 GPT-1.3B layers on 8 devices 0.2-1 s and within 0.5% of the optimum, which
 HiGHS takes 2-11 s to prove (auto's search: 13-25% above it)."""
+REQUEST_ATTR = "sbp.autoplan.request"
+"""Marks the requests the planner writes (the profile's distribution of a value)."""
 ADAM_STEPS = 12
 """Elementwise steps of one fused optimizer update (lg-optimizer's Adam chain)."""
 
@@ -674,6 +676,7 @@ def write_plan(module: ModuleOp, graph: lg.GraphOp, placement: PlacementOp, laye
             uses = list(value.uses)
             request = AnnotateOp(value, dtensor_of(shape, element_type(value.type), name, tuple(nd)))
             request.attributes[PLACEMENT_ATTR] = SymbolRefAttr(name)
+            request.attributes[REQUEST_ATTR] = UnitAttr()
             graph.body.block.insert_op_after(request, op)
             stage_of[request] = stage_of_layer[j]
             # a later stage reads it through its own request (the transfer), as a hand plan's `.to()` in that stage
@@ -722,6 +725,7 @@ def write_plan(module: ModuleOp, graph: lg.GraphOp, placement: PlacementOp, laye
             _pin_gradients(graph, layout, data_axis, tensor_axis)
     if layout.recompute != "none":
         LgRecomputePass(policy=layout.recompute, loss=loss).apply(ctx, module)
+    _unrequest_same_type_ops(graph)
     if layout.memory == "zero" and data_axis is not None:
         params = {p.key.data: p for p in graph.body.ops if isinstance(p, lg.ParamOp)}
         for p in params.values():
@@ -780,6 +784,22 @@ def plan_layers(graph: lg.GraphOp, loss: str, cluster: Cluster, device: str, ran
                                   f"{_gib(least.peak_memory)} ({least.layout.describe()})")
     best = min(fitting, key=lambda e: e.step_time)
     return best, estimates, profiler, layers
+
+
+def _unrequest_same_type_ops(graph: lg.GraphOp) -> None:
+    """The ops autodiff made that are typed like their operand (a softmax
+    in cross-entropy's gradient) read the unrequested value, and are
+    untyped again: a request's type on their result would be a hint they
+    may not be able to give."""
+    for op in graph.body.ops:
+        if not isinstance(getattr(type(op), "T", None), VarConstraint) or not op.operands:
+            continue
+        source = op.operands[0].owner
+        if isinstance(source, AnnotateOp) and REQUEST_ATTR in source.attributes:
+            op.operands[0] = source.input
+        result = op.results[0]
+        if not isinstance(op.operands[0].type, DTensorType) and isinstance(result.type, DTensorType):
+            Rewriter.replace_value_with_new_type(result, _plain(result.type))
 
 
 def _same_type_results(graph: lg.GraphOp) -> None:
