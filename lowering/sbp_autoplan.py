@@ -39,6 +39,13 @@ Pipeline layouts are tried in both schedules, GPipe and 1F1B (less memory
 on the first stages; see lg-micro-batch), and each stage on every mesh of
 its devices (8 devices in 2 stages: 4 or 2x2 per stage). Not yet chosen
 here: interleaved schedules, stages of unequal sizes.
+
+All of the above lowers and simulates the whole training graph once per
+layout: exact, and seconds per layout on small graphs, but minutes for a
+billion-parameter GPT. `search=layers` (the default beyond 8 devices or
+400 forward ops, given `training`) plans by layers instead
+(autoplan_layers.py): each kind of layer is profiled on the simulator and
+whole plans are composed from the profiles, then written as hints.
 """
 
 from __future__ import annotations
@@ -247,7 +254,6 @@ def _split_first_axis(param: lg.ParamOp, placement: str, mesh: tuple[int, ...]) 
         return
     nd = (Sbp.S(0), *([Sbp.B] * (len(mesh) - 1)))
     Rewriter.replace_value_with_new_type(param.result, dtensor_of(shape, t.element_type, placement, nd))
-
 
 
 TRAINING_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
