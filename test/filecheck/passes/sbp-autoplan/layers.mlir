@@ -43,7 +43,7 @@ lg.graph @res on @m {
 // CHECK-SAME:   "2 stages of
 // CHECK:        %x = lg.input "x" {sbp.placement = @m} : !sbp.dtensor<32x16xf32, @m,
 // CHECK:        %h0 = lg.matmul
-// CHECK-NEXT:   sbp.annotate %h0 {sbp.placement = @m} : tensor<32x32xf32> -> !sbp.dtensor<32x32xf32, @m,
+// CHECK-NEXT:   sbp.annotate %h0 {sbp.placement = @m, sbp.autoplan.request} : tensor<32x32xf32> -> !sbp.dtensor<32x32xf32, @m,
 // CHECK:        lg.output ["loss", {{.*}}"new.w1"
 
 // Under 60000 bytes per device, two stages of two devices (ZeRO), lowered to a plan.
