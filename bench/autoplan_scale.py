@@ -6,7 +6,7 @@ batch, under the same step-time simulator.
 
     python bench/autoplan_scale.py [--models 1.3b 13b] [--devices 8 64 512]
     python bench/autoplan_scale.py --growth        # planning time against layers and devices
-    python bench/autoplan_scale.py --quick         # a 4-layer model on 8 and 16 GPUs
+    python bench/autoplan_scale.py --quick         # a 2-layer model on 8 GPUs, next to data parallelism
 
 The checks (issue 17): planning the 48-layer GPT for 64 H100s in under 30 s;
 the automatic plan's simulated step time at most the best hand plan's that
@@ -25,7 +25,6 @@ import _common  # noqa: F401  (first: one BLAS thread per process)
 import simulator_scale as scale
 
 scale.MODELS.setdefault("48l", (48, 1600, 25))  # GPT-2 XL's shape: 48 layers, dim 1600, 25 heads
-scale.MODELS.setdefault("4l", (4, 512, 8))
 TRAIN = "lg-autodiff,lg-optimizer{algorithm=adam}"
 HAND = ("dp", "tp", "pp", "3d")
 MAX_MICRO = 8
@@ -153,7 +152,7 @@ def main() -> int:
     if args.growth:
         return growth()
     if args.quick:
-        return compare(["4l"], [8, 16])
+        return compare(["tiny"], [8], ("dp",))
     return compare(args.models, args.devices, args.hand)
 
 

@@ -167,7 +167,7 @@ def test_candidates_keep_tensor_parallelism_inside_a_node_and_divide_the_batch()
 
 
 def test_search_by_layers_fits_a_budget_and_explains():
-    free = forward_gpt()
+    free = forward_gpt(2)
     SbpAutoplanPass(search="layers", training=TRAIN, explain=True).apply(Context(), free)
     graph = lg.graphs(free)[0]
     assert "by layers: 4 layers of 4 kinds" in graph.attributes["sbp.autoplan"].data
@@ -182,7 +182,7 @@ def test_search_by_layers_fits_a_budget_and_explains():
     budget = int(0.9 * mib(fastest))  # the fastest plan no longer fits
     assert budget > min(mib(a) for a in alternatives)
 
-    module = forward_gpt()
+    module = forward_gpt(2)
     SbpAutoplanPass(search="layers", training=TRAIN, memory=budget).apply(Context(), module)
     chosen = lg.graphs(module)[0].attributes["sbp.autoplan"].data
     assert mib(chosen) <= budget, chosen

@@ -26,6 +26,7 @@ SCRIPTS = {
     "simulator_accuracy.py": ["--quick"],
     "simulator_scale.py": ["--quick"],
     "autoplan.py": ["--quick"],
+    "autoplan_scale.py": ["--quick"],
 }
 
 
