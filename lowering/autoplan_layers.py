@@ -226,6 +226,8 @@ class Profile:
     """The distribution over the tensor axis of each of the layer's ops' result (None: a scalar)."""
     backward_comm: float = 0.0
     """Seconds its backward keeps the communication stream busy (tensor-parallel collectives)."""
+    itemsize: int = 4
+    """Bytes per element of its parameters."""
 
 
 class Profiler:
@@ -386,7 +388,8 @@ class Profiler:
         updates = sum(self.cluster.work_time("plan.fused", 2 * n / 2, 3 * n, "f32", 2)
                       for n in [*param_bytes, in_bytes])
         return Profile(fwd_time, max(0.0, train_time - fwd_time - updates), param_bytes, param_sbp,
-                       saved + in_bytes, working, out_bytes, value_sbp, max(0.0, train_comm - fwd_comm))
+                       saved + in_bytes, working, out_bytes, value_sbp, max(0.0, train_comm - fwd_comm),
+                       element_bytes(element_type(ordered[0].result.type)) if ordered else 4)
 
 
 def _forward_only(train: ModuleOp) -> ModuleOp:
@@ -564,8 +567,9 @@ class Composer:
                 exposed += sum(self.cluster.collective_time("all_gather", group, _volume("all_gather", dp, g))
                                for j in run for g in profiles[j].params)
             shard = dp if sharded else 1
-            optimizer = sum(self.cluster.work_time("plan.fused", ADAM_STEPS * g / 2, 7 * g / shard, "f32",
-                                                   ADAM_STEPS) for j in run for g in profiles[j].params)
+            optimizer = sum(self.cluster.work_time("plan.fused", ADAM_STEPS * g / profiles[j].itemsize / shard,
+                                                   7 * g / shard, "f32", ADAM_STEPS)
+                            for j in run for g in profiles[j].params)
             tail.append(exposed + optimizer)
             in_flight = m if layout.schedule == "gpipe" else min(m, p - s)
             activations = in_flight * sum(profiles[j].saved for j in run) + max(profiles[j].working for j in run)
