@@ -84,7 +84,7 @@ from .sbp_infer import apply_solution, solve_ilp
 from .sbp_insert_boxing import SbpInsertBoxingPass
 from .sbp_problem import build_problem, solve_auto
 from .sbp_simplify import SbpSimplifyPass
-from .sbp_to_plan import SbpToPlanPass
+from .sbp_to_plan import SbpToPlanPass, one_f_one_b
 
 SOURCES = (*RECOMPUTE_SOURCES, lg.OutputOp)
 MIN_LAYER_OPS = 4
@@ -526,11 +526,8 @@ class Composer:
         fwd = [sum(profiles[j].forward for j in s) for s in est.stages]
         bwd = [sum(profiles[j].backward for j in s) for s in est.stages]
         work = [f + b for f, b in zip(fwd, bwd, strict=True)]
-        hops = 0.0
-        for s in range(p - 1):
-            a, b = self.ranks[s * per_stage], self.ranks[(s + 1) * per_stage]
-            hops += 2 * self.cluster.collective_time("transfer", [a, b], profiles[est.stages[s][-1]].outs)
-        pipe = sum(work) + (m - 1) * max(work) + hops
+        hop = [self.cluster.collective_time("transfer", [self.ranks[s * per_stage], self.ranks[(s + 1) * per_stage]],
+                                            profiles[est.stages[s][-1]].outs) for s in range(p - 1)]
         overlap = self.cluster.device.comm_overlap
         tail, memory = [], []
         for s, run in enumerate(est.stages):
@@ -578,10 +575,61 @@ class Composer:
             else:
                 weights = params
             memory.append(weights + params + self.state_copies * params / shard + activations)
-        est.step_time = pipe + max(tail)
+        if p == 1:
+            est.step_time = m * work[0] + tail[0]
+        else:
+            est.step_time = pipeline_period(fwd, bwd, hop, tail, m, layout.schedule)
         est.peak_memory = max(memory)
-        est.breakdown = {"pipeline": pipe, "tail": max(tail), "hops": hops}
+        est.breakdown = {"compute": sum(work) * m / p, "tail": max(tail)}
         return est
+
+
+def pipeline_period(fwd: Sequence[float], bwd: Sequence[float], hop: Sequence[float], tail: Sequence[float],
+                    micro_batches: int, schedule: str, steps: int = 3) -> float:
+    """Seconds per step of a pipeline in its steady state: each stage runs
+    its micro-batches' forwards and backwards in the schedule's order
+    (sbp-to-plan's, the same function), each waiting for its input from the
+    neighbouring stage (`hop` seconds per boundary), then its tail (exposed
+    gradient communication, the optimizer) before the next step's first
+    forward. Replaying it at stage granularity catches what the textbook
+    (m + p - 1) fill and drain misses: an unbalanced stage's backlog in the
+    drain, transfers in every cycle, and steps that overlap."""
+    p, m = len(fwd), micro_batches
+    orders = []
+    for s in range(p):
+        if schedule == "1f1b":
+            place = one_f_one_b(s, p, m)
+            orders.append(sorted(place, key=place.__getitem__))
+        else:  # GPipe: every forward, then the backwards in reverse
+            orders.append([(False, k) for k in range(m)] + [(True, k) for k in reversed(range(m))])
+    free = [0.0] * p
+    ends = []
+    for _ in range(steps):
+        done: dict[tuple[int, bool, int], float] = {}
+        position = [0] * p
+        while any(position[s] < len(orders[s]) for s in range(p)):
+            progressed = False
+            for s in range(p):
+                while position[s] < len(orders[s]):
+                    backward, k = orders[s][position[s]]
+                    if not backward:
+                        need = (s - 1, False, k) if s > 0 else None
+                        wait = hop[s - 1] if s > 0 else 0.0
+                    else:
+                        need = (s + 1, True, k) if s < p - 1 else (s, False, k)
+                        wait = hop[s] if s < p - 1 else 0.0
+                    if need is not None and need not in done:
+                        break
+                    start = max(free[s], done[need] + wait if need is not None else 0.0)
+                    free[s] = start + (bwd[s] if backward else fwd[s])
+                    done[(s, backward, k)] = free[s]
+                    position[s] += 1
+                    progressed = True
+            assert progressed  # the schedule's orders never wait on each other in a cycle
+        for s in range(p):
+            free[s] += tail[s]
+        ends.append(max(free))
+    return (ends[-1] - ends[0]) / (steps - 1)
 
 
 def candidate_layouts(devices: int, node: int, batch: int, layers: int, modes: Sequence[str],

@@ -195,3 +195,19 @@ def test_search_by_layers_needs_the_training_passes():
         SbpAutoplanPass(search="layers").apply(Context(), forward_gpt())
     with pytest.raises(PassFailedException, match="unknown search 'sideways'"):
         SbpAutoplanPass(search="sideways", training=TRAIN).apply(Context(), forward_gpt())
+
+
+def test_the_pipeline_replay_gives_the_textbook_period_on_balanced_stages_and_more_when_unbalanced():
+    from sbpc.lowering.autoplan_layers import pipeline_period
+
+    for schedule in ("gpipe", "1f1b"):
+        # p = 4 equal stages, m = 8: (m + p - 1) cycles of F + B
+        assert pipeline_period([1.0] * 4, [2.0] * 4, [0.0] * 3, [0.0] * 4, 8, schedule) == pytest.approx(11 * 3.0)
+    balanced = pipeline_period([1.0] * 4, [2.0] * 4, [0.0] * 3, [0.5] * 4, 8, "1f1b")
+    slow_middle = pipeline_period([1.0, 1.0, 2.0, 1.0], [2.0, 2.0, 4.0, 2.0], [0.0] * 3, [0.5] * 4, 8, "1f1b")
+    # the slow stage's 8 x 6 of work; between its steps the backwards after it (2 + 2), stage 0's
+    # tail and the next step's forwards before it (1 + 1); one wait in its warm-up for the last stage
+    assert slow_middle == pytest.approx(8 * 6.0 + 2 * 1.0 + 2 * 2.0 + 0.5 + 1.0)
+    assert balanced < slow_middle
+    hops = pipeline_period([1.0] * 4, [2.0] * 4, [0.25] * 3, [0.0] * 4, 8, "1f1b")
+    assert hops >= 33.0 + 2 * 3 * 0.25  # at least the fill and the drain cross every boundary
