@@ -529,22 +529,27 @@ class Composer:
         hop = [self.cluster.collective_time("transfer", [self.ranks[s * per_stage], self.ranks[(s + 1) * per_stage]],
                                             profiles[est.stages[s][-1]].outs) for s in range(p - 1)]
         overlap = self.cluster.device.comm_overlap
-        tail, memory = [], []
+        per_group = self.cluster.device.stream_per_group
+        tail, memory, drags = [], [], []
         for s, run in enumerate(est.stages):
             base = s * per_stage
             group = [self.ranks[base + d * t] for d in range(dp)]
             sharded = layout.memory in ("zero", "fsdp") and dp > 1
             # The last micro-batch's backward makes each layer's gradients in
-            # reverse layer order, and the device's one communication stream
-            # sends them in issue order while the next layers' backward
-            # runs; what is still queued when the backward ends is exposed.
-            # A layer with collectives of its own (tensor parallelism) hides
-            # none: its next collective waits behind the gradients' (one
-            # collective at a time, in issue order), and its compute behind that.
-            queued, comm_total, gathers = 0.0, 0.0, 0.0
+            # reverse layer order, and they are reduced over the data axis
+            # while the next layers' backward runs; what is still queued
+            # when the backward ends is exposed. On one lane per device
+            # (stream_per_group false: the MPI runtime) a layer with
+            # collectives of its own (tensor parallelism) hides none: its
+            # first collective waits for everything queued before it, and
+            # its compute behind that, so the backward stretches (`drag`),
+            # which delays the gradient the stage hands the stage before it.
+            queued, comm_total, gathers, drag = 0.0, 0.0, 0.0, 0.0
             for j in reversed(run):
-                hidden = profiles[j].backward if profiles[j].backward_comm == 0 else 0.0
-                queued = max(0.0, queued - hidden)
+                if profiles[j].backward_comm > 0 and not per_group:
+                    drag += queued
+                    queued = 0.0
+                queued = max(0.0, queued - profiles[j].backward)
                 if dp > 1:
                     kind = "reduce_scatter" if sharded else "all_reduce"
                     sent = sum(self.cluster.collective_time(kind, group, _volume(kind, dp, g))
@@ -552,6 +557,7 @@ class Composer:
                     queued += sent
                     comm_total += sent
             exposed = queued + (1 - overlap) * comm_total
+            drags.append(drag)
             params = sum(sum(profiles[j].params) for j in run)
             if layout.memory == "fsdp" and dp > 1:
                 # gathered before each use, forward and backward, per micro-batch
@@ -576,25 +582,28 @@ class Composer:
                 weights = params
             memory.append(weights + params + self.state_copies * params / shard + activations)
         if p == 1:
-            est.step_time = m * work[0] + tail[0]
+            est.step_time = m * work[0] + drags[0] + tail[0]
         else:
-            est.step_time = pipeline_period(fwd, bwd, hop, tail, m, layout.schedule)
+            est.step_time = pipeline_period(fwd, bwd, hop, tail, m, layout.schedule, drags)
         est.peak_memory = max(memory)
         est.breakdown = {"compute": sum(work) * m / p, "tail": max(tail)}
         return est
 
 
 def pipeline_period(fwd: Sequence[float], bwd: Sequence[float], hop: Sequence[float], tail: Sequence[float],
-                    micro_batches: int, schedule: str, steps: int = 3) -> float:
+                    micro_batches: int, schedule: str, drag: Sequence[float] = (), steps: int = 3) -> float:
     """Seconds per step of a pipeline in its steady state: each stage runs
     its micro-batches' forwards and backwards in the schedule's order
     (sbp-to-plan's, the same function), each waiting for its input from the
     neighbouring stage (`hop` seconds per boundary), then its tail (exposed
     gradient communication, the optimizer) before the next step's first
-    forward. Replaying it at stage granularity catches what the textbook
-    (m + p - 1) fill and drain misses: an unbalanced stage's backlog in the
-    drain, transfers in every cycle, and steps that overlap."""
+    forward. `drag` stretches each stage's last backward (its gradient
+    reductions in the way of its own collectives). Replaying it at stage
+    granularity catches what the textbook (m + p - 1) fill and drain
+    misses: an unbalanced stage's backlog in the drain, transfers in every
+    cycle, and steps that overlap."""
     p, m = len(fwd), micro_batches
+    drag = list(drag) or [0.0] * p
     orders = []
     for s in range(p):
         if schedule == "1f1b":
@@ -621,7 +630,8 @@ def pipeline_period(fwd: Sequence[float], bwd: Sequence[float], hop: Sequence[fl
                     if need is not None and need not in done:
                         break
                     start = max(free[s], done[need] + wait if need is not None else 0.0)
-                    free[s] = start + (bwd[s] if backward else fwd[s])
+                    last = position[s] == len(orders[s]) - 1
+                    free[s] = start + (bwd[s] + (drag[s] if last else 0.0) if backward else fwd[s])
                     done[(s, backward, k)] = free[s]
                     position[s] += 1
                     progressed = True

@@ -2,7 +2,8 @@
 
 A register is live from its producer's firing to its last consumer's (a feed
 from before the first actor, a fetched output to after the last; what a
-collective reads, until its result is first read, as it is in flight),
+collective reads, until a kernel first reads its result or the result of a
+collective that reads it, as it is in flight),
 taking `bytes x slots`. Registers whose lifetimes overlap never share bytes; dead
 ones are reused. An elementwise compute actor writes in place into an input
 that dies there when type and slots match (the two registers become one
@@ -258,19 +259,36 @@ def lifetimes(device: plan.DeviceOp) -> dict[str, tuple[int, int]]:
             s = span[ref.string_value()]
             s[1] = pos if s[1] is None else max(s[1], pos)
     # Communication is asynchronous: what a collective reads stays in flight
-    # until its result is first needed (a send with no local result, until
-    # the step ends), so its bytes may not be reused before then.
-    first_read: dict[str, int] = {}
+    # until its result is first needed by a kernel (a send with no local
+    # result, until the step ends), so its bytes may not be reused before
+    # then. A collective that reads another's result (a boxing chain:
+    # reduce_scatter, all_reduce, all_gather) does not count: a device that
+    # enqueues collectives on streams issues it without waiting.
+    readers: dict[str, list[int]] = {}
     for pos, actor in enumerate(actors):
         for ref in actor.ins.data:
-            first_read.setdefault(ref.string_value(), pos)
+            readers.setdefault(ref.string_value(), []).append(pos)
+    done_at: dict[int, int] = {}
+
+    def done(pos: int) -> int:
+        """Where the collective at `pos` is known complete: the first
+        compute actor that reads its result, through any collectives that
+        read it in turn (a device that enqueues them does not wait at
+        their issue)."""
+        if pos not in done_at:
+            first = end
+            for ref in actors[pos].outs.data:
+                for r in readers.get(ref.string_value(), ()):
+                    first = min(first, done(r) if isinstance(actors[r], plan.CommOp) and r > pos else r)
+            done_at[pos] = first
+        return done_at[pos]
+
     for pos, actor in enumerate(actors):
         if isinstance(actor, plan.CommOp):
-            outs = [ref.string_value() for ref in actor.outs.data]
-            done = min((first_read.get(o, end) for o in outs), default=end)
+            finish = done(pos)
             for ref in actor.ins.data:
                 s = span[ref.string_value()]
-                s[1] = max(s[1] if s[1] is not None else pos, done)
+                s[1] = max(s[1] if s[1] is not None else pos, finish)
     out = {}
     for name, (first, last) in span.items():
         first = -1 if first is None else first

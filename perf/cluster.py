@@ -129,6 +129,12 @@ class DeviceKind:
     """Fraction of a collective that proceeds while the device computes (1:
     a separate engine, as NCCL on GPUs; lower where the same cores move
     the bytes, as MPI on shared memory)."""
+    stream_per_group: bool = False
+    """Collectives of different device groups run at once, each group's in
+    issue order (NCCL: a communicator per group on a stream of its own, as
+    Megatron-LM's tensor- and data-parallel groups). False: one collective
+    at a time per device, in issue order (the MPI runtime on CPU, whose
+    rank progresses them on its one thread)."""
     launch_ahead: bool = False
     """The host queues kernels ahead of the device (a GPU stream): a kernel
     costs max(its fixed cost, its roofline), the fixed cost being the floor
@@ -313,8 +319,9 @@ def validate(c: Cluster) -> None:
         _positive(f"device.kernel_overheads.{kernel}", seconds, zero_ok=True)
     _positive("device.cache_bytes", d.cache_bytes, zero_ok=True)
     _positive("device.cache_bandwidth", d.cache_bandwidth, zero_ok=True)
-    if not isinstance(d.launch_ahead, bool):
-        raise ClusterError(f"device.launch_ahead: must be true or false, got {d.launch_ahead!r}")
+    for flag in ("launch_ahead", "stream_per_group"):
+        if not isinstance(getattr(d, flag), bool):
+            raise ClusterError(f"device.{flag}: must be true or false, got {getattr(d, flag)!r}")
     if d.comm_overlap > 1:
         raise ClusterError(f"device.comm_overlap: a fraction, at most 1, got {d.comm_overlap}")
     if (c.links is None) == (not c.levels):
@@ -470,7 +477,7 @@ CPU = Cluster(
 H100 = DeviceKind(
     kind="cuda", memory=80e9, peak_flops={"f64": 67e12, "f32": 67e12, "tf32": 495e12, "bf16": 989e12, "f16": 989e12},
     efficiency=0.7, vector_flops=67e12, memory_bandwidth=3.35e12 * 0.7, kernel_overhead=7e-6, actor_overhead=0.0,
-    comm_overlap=1.0, launch_ahead=True,
+    comm_overlap=1.0, launch_ahead=True, stream_per_group=True,
 )
 
 # NVLink 4 through NVSwitch in a DGX/HGX H100: 900 GB/s per GPU both ways, so

@@ -179,6 +179,10 @@ class Collective:
     """When it was issued (after the actor's own overhead; the thread may go on paying for it)."""
     event: Event | None = None
     """Set once its start and end are known."""
+    after: list[Collective] = field(default_factory=list)
+    """In-flight collectives whose bytes it touches, where the device
+    enqueues it without waiting for them (`DeviceKind.launch_ahead`): its
+    stream waits for them instead of the device's compute stream."""
 
 
 @dataclass
@@ -374,10 +378,10 @@ class _Device:
         self.t = 0.0
         self.last: Event | None = None
         self.pending = InFlight(self.memory)
-        self.comm_queue: dict[str, list[Collective]] = {lane: [] for lane in LANES}
-        """Per lane, issued collectives whose start is not known yet, in issue order."""
-        self.stream_free = dict.fromkeys(LANES, 0.0)
-        self.stream_last: dict[str, Event | None] = dict.fromkeys(LANES)
+        self.comm_queue: dict[str, list[Collective]] = {}
+        """Per lane (lane_of), issued collectives whose start is not known yet, in issue order."""
+        self.stream_free: dict[str, float] = {}
+        self.stream_last: dict[str, Event | None] = {}
         self.step_end: list[float] = []
         self.run_end = 0.0
         self.busy = [0.0] * steps
@@ -420,16 +424,22 @@ class _Device:
         return tasks
 
 
-LANES = ("collective", "transfer")
-"""A device's communication runs in two lanes, each in issue order: the
-collectives of its groups, and the point-to-point transfers between pipeline
-stages. A transfer waiting for its sender does not hold up the device's
-gradient all-reduces (the runtime's MPI requests, and NCCL's separate
-pipeline and data-parallel communicators, progress independently)."""
+def lane_of(spec: CommSpec, cluster: Cluster) -> str:
+    """The lane a device runs `spec` in; each lane carries one at a time.
 
-
-def lane_of(kind: str) -> str:
-    return "transfer" if kind == "transfer" else "collective"
+    Point-to-point transfers between pipeline stages have their own lane:
+    a transfer waiting for its sender does not hold up the device's
+    collectives (the runtime's MPI requests, and NCCL's separate pipeline
+    and data-parallel communicators, progress independently). Collectives
+    share one lane, in issue order, unless the device runs each group's
+    on a stream of its own (`DeviceKind.stream_per_group`, NCCL): then a
+    tensor-parallel all-reduce does not queue behind a data-parallel
+    gradient reduction issued before it."""
+    if spec.kind == "transfer":
+        return "transfer"
+    if cluster.device.stream_per_group:
+        return "collective " + ",".join(map(str, spec.group))
+    return "collective"
 
 
 def _overlaps(a: list[tuple[int, int, int, bool]], b: list[tuple[int, int, int, bool]]) -> bool:
@@ -513,6 +523,7 @@ class Replay:
         cache: dict = {}
         self.devices = {d.rank.value.data: _Device(d, cluster, steps, cache) for d in chosen}
         self.overlap = cluster.device.comm_overlap
+        self.enqueue = cluster.device.launch_ahead
         self.events: list[Event] = []
         self.represents = {r: sum(1 for x in self.rep.values() if x == r) for r in self.devices}
 
@@ -555,8 +566,12 @@ class Replay:
                 dev.pc += 1
                 moved = True
                 continue
-            if dev.pending and not self._wait(dev, task.ranges, step):
-                return moved
+            after: list[Collective] = []
+            if dev.pending:
+                if task.comm is not None and self.enqueue:
+                    after = [c for _, c in dev.pending.touching(task.ranges)]
+                elif not self._wait(dev, task.ranges, step):
+                    return moved
             start = dev.t
             if task.comm is None:
                 event = Event(dev.rank, step, task.name, task.what, start, start + task.duration, dev.last)
@@ -575,9 +590,9 @@ class Replay:
                 dev.waited_comm[step] += cost - task.duration
                 dev.t = issued.end
                 dev.last = issued
-                c = Collective(dev.rank, spec, step, task.ranges, issued, start + task.duration)
+                c = Collective(dev.rank, spec, step, task.ranges, issued, start + task.duration, after=after)
                 dev.pending.add(c)
-                dev.comm_queue[lane_of(spec.kind)].append(c)
+                dev.comm_queue.setdefault(lane_of(spec, self.cluster), []).append(c)
                 dev.issued[(spec.comm_id, step)] = c
             dev.pc += 1
             moved = True
@@ -593,7 +608,7 @@ class Replay:
         any_moved = False
         while moved:
             moved = False
-            for dev, lane in ((d, lane) for d in self.devices.values() for lane in LANES):
+            for dev, lane in ((d, lane) for d in self.devices.values() for lane in list(d.comm_queue)):
                 queue = dev.comm_queue[lane]
                 if lane == "transfer":
                     # Transfers match by id (their tag), so one may start
@@ -616,18 +631,24 @@ class Replay:
         for r in sorted({self.rep[m] for m in c.spec.group}):
             peer = self.devices[r]
             other = peer.issued.get(key)
-            waiting = peer.comm_queue[lane]
+            waiting = peer.comm_queue.get(lane)
             if other is None or other.event is not None or not waiting:
                 return False
             if lane != "transfer" and waiting[0] is not other:
+                return False
+            if any(dep.event is None for dep in other.after):
                 return False
             copies.append((peer, other))
         start, cause = 0.0, None
         for peer, other in copies:
             if other.at >= start:
                 start, cause = other.at, other.issued
-            if peer.stream_free[lane] > start:
+            if peer.stream_free.get(lane, 0.0) > start:
                 start, cause = peer.stream_free[lane], peer.stream_last[lane]
+            for dep in other.after:
+                assert dep.event is not None
+                if dep.event.end > start:
+                    start, cause = dep.event.end, dep.event
         # Without asynchronous progress (comm_overlap 0) a collective moves
         # only inside MPI calls: it waits for every member to leave the
         # kernel it is in (the first time all of them are: each member's

@@ -211,3 +211,18 @@ def test_the_pipeline_replay_gives_the_textbook_period_on_balanced_stages_and_mo
     assert balanced < slow_middle
     hops = pipeline_period([1.0] * 4, [2.0] * 4, [0.25] * 3, [0.0] * 4, 8, "1f1b")
     assert hops >= 33.0 + 2 * 3 * 0.25  # at least the fill and the drain cross every boundary
+
+
+def test_a_stages_gradient_reductions_in_its_last_backward_delay_every_stage_before_it():
+    """On one lane per device, a tensor-parallel stage's last backward waits
+    for its queued data-parallel reductions (`drag`); the gradient it hands
+    the stage before it comes that much later, so the drags of the stages
+    add up along the drain, where the same time in each stage's tail
+    (after its backward) overlaps across stages."""
+    from sbpc.lowering.autoplan_layers import pipeline_period
+
+    args = ([1.0] * 4, [2.0] * 4, [0.0] * 3)
+    base = pipeline_period(*args, [0.5] * 4, 8, "1f1b")
+    assert pipeline_period(*args, [1.5] * 4, 8, "1f1b") == pytest.approx(base + 1.0)
+    assert pipeline_period(*args, [0.5] * 4, 8, "1f1b", [1.0] * 4) == pytest.approx(base + 4.0)
+    assert pipeline_period(*args, [0.5] * 4, 8, "1f1b", [0.0, 0.0, 0.0, 1.0]) == pytest.approx(base + 1.0)

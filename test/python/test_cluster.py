@@ -15,6 +15,7 @@ from xdsl.context import Context
 
 from sbpc.dialects import parse_module, plan
 from sbpc.lowering.compile import CompilePass
+from sbpc.lowering.plan_allocate_memory import lifetimes
 from sbpc.perf.cluster import (
     INFINIBAND,
     NVLINK,
@@ -768,3 +769,74 @@ def test_the_documented_cluster_file_loads(tmp_path):
     for cls in (Cluster, DeviceKind, Level, Links, CollectiveFit):
         for f in fields(cls):
             assert f"`{f.name}`" in text, f"{cls.__name__}.{f.name} is not in docs/CLUSTER.md"
+
+
+TWO_GROUPS = """
+sbp.placement @m cpu ranks [0, 1, 2, 3] mesh [2, 2]
+lg.graph @g on @m {
+  %u = lg.input "u" : !sbp.dtensor<8x65536xf32, @m, [S<0>, B]>
+  %s = lg.reduce_sum %u axes [0] : !sbp.dtensor<8x65536xf32, @m, [S<0>, B]> -> !sbp.dtensor<65536xf32, @m, [P, B]>
+  %a = sbp.annotate %s : !sbp.dtensor<65536xf32, @m, [P, B]> -> !sbp.dtensor<65536xf32, @m, [B, B]>
+  %v = lg.input "v" : !sbp.dtensor<8x4xf32, @m, [B, S<0>]>
+  %t = lg.reduce_sum %v axes [0] : !sbp.dtensor<8x4xf32, @m, [B, S<0>]> -> !sbp.dtensor<4xf32, @m, [B, P]>
+  %b = sbp.annotate %t : !sbp.dtensor<4xf32, @m, [B, P]> -> !sbp.dtensor<4xf32, @m, [B, B]>
+  lg.output ["a", "b"] %a, %b : !sbp.dtensor<65536xf32, @m, [B, B]>, !sbp.dtensor<4xf32, @m, [B, B]>
+}
+"""
+
+
+def test_stream_per_group_runs_collectives_of_different_groups_at_once():
+    """A large all-reduce over mesh axis 0 is issued before a small one over
+    axis 1. On one lane (the MPI runtime) the small one waits for the large
+    one; with a stream per group (NCCL communicators) it runs meanwhile."""
+    module = compiled(TWO_GROUPS)
+    names = [a.sym_name.data for a in devices(module)[0].actors()]
+    assert names.index("a.all_reduce") < names.index("b.all_reduce")
+    base = small_cluster(4)
+    for per_group in (False, True):
+        cluster = replace(base, device=replace(base.device, stream_per_group=per_group),
+                          levels=(Level("all", 4, 1e8, 0.0),))
+        p = simulate_plan(module, cluster)
+        for step in range(p.steps):
+            (big,) = [e for e in p.events if e.device == 0 and e.name == "a.all_reduce" and e.what == "all_reduce"
+                      and e.step == step]
+            (small,) = [e for e in p.events if e.device == 0 and e.name == "b.all_reduce"
+                        and e.what == "all_reduce" and e.step == step]
+            assert (small.start < big.end) == per_group
+
+
+CHAIN = """
+sbp.placement @m cpu ranks [0, 1, 2, 3] mesh [2, 2]
+lg.graph @g on @m {
+  %u = lg.input "u" : !sbp.dtensor<4x8x4096xf32, @m, [S<0>, S<1>]>
+  %s = lg.reduce_sum %u axes [0, 1] : !sbp.dtensor<4x8x4096xf32, @m, [S<0>, S<1>]> -> !sbp.dtensor<4096xf32, @m, [P, P]>
+  %a = sbp.annotate %s : !sbp.dtensor<4096xf32, @m, [P, P]> -> !sbp.dtensor<4096xf32, @m, [B, B]>
+  %x = lg.input "x" : !sbp.dtensor<64x64xf32, @m, [B, B]>
+  %e = lg.exp %x : !sbp.dtensor<64x64xf32, @m, [B, B]>
+  %f = lg.exp %a : !sbp.dtensor<4096xf32, @m, [B, B]>
+  lg.output ["e", "f"] %e, %f : !sbp.dtensor<64x64xf32, @m, [B, B]>, !sbp.dtensor<4096xf32, @m, [B, B]>
+}
+"""
+
+
+def test_a_boxing_chain_is_enqueued_on_a_launch_ahead_device():
+    """(P, P) -> (B, B) is a chain: reduce_scatter over axis 0, all_reduce
+    over axis 1, all_gather over axis 0. A device that queues work ahead
+    issues the all_reduce without waiting for the reduce_scatter (its
+    stream waits), so the unrelated exp after it runs meanwhile; the MPI
+    runtime's thread waits at the issue. The allocator keeps the chain's
+    input live until a kernel reads the chain's result either way."""
+    module = compiled(CHAIN)
+    device = devices(module)[0]
+    names = [a.sym_name.data for a in device.actors()]
+    assert names == ["s.reduce_sum", "v2.reduce_scatter", "v3.all_reduce", "a.all_gather", "e.exp", "f.exp"]
+    assert lifetimes(device)["s"][1] == names.index("f.exp")
+    base = small_cluster(4)
+    for ahead in (False, True):
+        cluster = replace(base, device=replace(base.device, launch_ahead=ahead, stream_per_group=ahead),
+                          levels=(Level("all", 4, 1e7, 0.0),))
+        p = simulate_plan(module, cluster)
+        for step in range(p.steps):
+            (rs,) = [e for e in p.events if e.device == 0 and e.what == "reduce_scatter" and e.step == step]
+            (exp,) = [e for e in p.events if e.device == 0 and e.name == "e.exp" and e.step == step]
+            assert (exp.start < rs.end) == ahead
