@@ -495,6 +495,25 @@ class InFlight:
         return list(self.items.items())
 
 
+def _head(queue: list[Collective]) -> Collective | None:
+    """The collective a lane runs next: of those issued whose inputs are
+    known (`Collective.after`: made by collectives already placed in
+    time), the one whose inputs exist first, then the first issued. A
+    collective enqueued before the collective making its input finished
+    does not hold up those issued after it: the runtime hands a collective
+    to its communicator once its input exists, as PyTorch's reducer
+    launches a bucket's all-reduce when the bucket is ready. Without such
+    dependencies this is issue order."""
+    best, best_key = None, (math.inf, 0)
+    for i, c in enumerate(queue):
+        if any(dep.event is None for dep in c.after):
+            continue
+        key = (max([c.at, *(dep.event.end for dep in c.after if dep.event is not None)]), i)
+        if key < best_key:
+            best, best_key = c, key
+    return best
+
+
 class Replay:
     def __init__(self, program: plan.ProgramOp, cluster: Cluster, placements: Sequence[PlacementOp], steps: int,
                  exact: bool | None = None):
@@ -524,6 +543,9 @@ class Replay:
         self.devices = {d.rank.value.data: _Device(d, cluster, steps, cache) for d in chosen}
         self.overlap = cluster.device.comm_overlap
         self.enqueue = cluster.device.launch_ahead
+        self.eager = False
+        """Start an enqueued collective although a member's thread has not
+        reached the time its input exists (see _start)."""
         self.events: list[Event] = []
         self.represents = {r: sum(1 for x in self.rep.values() if x == r) for r in self.devices}
 
@@ -618,8 +640,9 @@ class Replay:
                         if c.event is None and self._start(c, lane):
                             moved = any_moved = True
                     continue
-                # Collectives start in issue order on every member.
-                while queue and self._start(queue[0], lane):
+                # Collectives start in issue order on every member, among
+                # those whose inputs are complete (`_head`).
+                while queue and (head := _head(queue)) is not None and self._start(head, lane):
                     moved = any_moved = True
         return any_moved
 
@@ -634,10 +657,17 @@ class Replay:
             waiting = peer.comm_queue.get(lane)
             if other is None or other.event is not None or not waiting:
                 return False
-            if lane != "transfer" and waiting[0] is not other:
+            if lane != "transfer" and _head(waiting) is not other:
                 return False
             if any(dep.event is None for dep in other.after):
                 return False
+            if other.after and not self.eager:
+                # Its input exists at `ready`; a member whose thread is
+                # still before then may yet issue a collective that is
+                # ready sooner and should go first in this lane.
+                ready = max(dep.event.end for dep in other.after if dep.event is not None)
+                if ready > peer.t:
+                    return False
             copies.append((peer, other))
         start, cause = 0.0, None
         for peer, other in copies:
@@ -682,6 +712,10 @@ class Replay:
             for dev in self.devices.values():
                 moved |= self.advance(dev)
             moved |= self.resolve()
+            if not moved and not self.eager:
+                self.eager = True  # nothing moves: start what waits for a thread to catch up
+                moved = self.resolve()
+            self.eager = False
             if not moved:
                 stuck = next(d for d in self.devices.values() if d.pc < len(d.tasks))
                 step, task = stuck.tasks[stuck.pc]

@@ -840,3 +840,36 @@ def test_a_boxing_chain_is_enqueued_on_a_launch_ahead_device():
             (rs,) = [e for e in p.events if e.device == 0 and e.what == "reduce_scatter" and e.step == step]
             (exp,) = [e for e in p.events if e.device == 0 and e.name == "e.exp" and e.step == step]
             assert (exp.start < rs.end) == ahead
+
+
+READY_FIRST = """
+sbp.placement @m cpu ranks [0, 1, 2, 3] mesh [2, 2]
+lg.graph @g on @m {
+  %u = lg.input "u" : !sbp.dtensor<4x8x8192xf32, @m, [S<0>, S<1>]>
+  %s = lg.reduce_sum %u axes [0, 1] : !sbp.dtensor<4x8x8192xf32, @m, [S<0>, S<1>]> -> !sbp.dtensor<8192xf32, @m, [P, P]>
+  %a = sbp.annotate %s : !sbp.dtensor<8192xf32, @m, [P, P]> -> !sbp.dtensor<8192xf32, @m, [B, B]>
+  %v = lg.input "v" : !sbp.dtensor<8x4xf32, @m, [B, S<0>]>
+  %t = lg.reduce_sum %v axes [0] : !sbp.dtensor<8x4xf32, @m, [B, S<0>]> -> !sbp.dtensor<4xf32, @m, [B, P]>
+  %b = sbp.annotate %t : !sbp.dtensor<4xf32, @m, [B, P]> -> !sbp.dtensor<4xf32, @m, [B, B]>
+  lg.output ["a", "b"] %a, %b : !sbp.dtensor<8192xf32, @m, [B, B]>, !sbp.dtensor<4xf32, @m, [B, B]>
+}
+"""
+
+
+def test_an_enqueued_collective_does_not_hold_up_its_lane_until_its_input_exists():
+    """The chain's all_reduce over mesh axis 1 is issued before the small
+    all_reduce of %t over the same devices, but its input comes from a long
+    reduce_scatter. Enqueued (launch_ahead), it leaves the lane to %t's,
+    which is ready first; with the thread waiting at its issue, %t's comes after."""
+    module = compiled(READY_FIRST)
+    names = [a.sym_name.data for a in devices(module)[0].actors()]
+    assert names.index("v3.all_reduce") < names.index("b.all_reduce")
+    base = small_cluster(4)
+    for ahead in (False, True):
+        cluster = replace(base, device=replace(base.device, launch_ahead=ahead, stream_per_group=True),
+                          levels=(Level("all", 4, 1e8, 0.0),))
+        p = simulate_plan(module, cluster)
+        for step in range(p.steps):
+            chained, small = ([e for e in p.events if e.device == 0 and e.step == step and e.what == "all_reduce"
+                               and e.name == name] for name in ("v3.all_reduce", "b.all_reduce"))
+            assert (small[0].start < chained[0].start) == ahead
