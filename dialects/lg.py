@@ -697,6 +697,22 @@ class TanhOp(UnaryOp):
 
 
 @op_definition
+class ErfOp(UnaryOp):
+    """The error function; GELU's exact form is 0.5 x (1 + erf(x / sqrt 2))
+    (PyTorch's default `nn.GELU()`), which the torch frontend builds from it."""
+
+    name = "lg.erf"
+    PARTIALS: ClassVar[tuple[str, ...]] = ("Pmax",)
+    FLOPS_PER_ELEMENT: ClassVar[float] = 8.0
+
+    def gradient(self, g, e):
+        # d/dx erf(x) = 2 / sqrt(pi) exp(-x^2)
+        x = self.input
+        gauss = e.emit(ExpOp(e.emit(NegOp(e.emit(MulOp(x, x))))))
+        return [e.emit(MulOp(g, e.emit(MulOp(gauss, e.scalar(1.1283791670955126, x)))))]
+
+
+@op_definition
 class ExpOp(UnaryOp):
     name = "lg.exp"
     PARTIALS: ClassVar[tuple[str, ...]] = ("Pmax",)
@@ -1579,26 +1595,37 @@ class MseLossOp(LgOp):
 
 @op_definition
 class OneHotOp(LgOp):
-    """Integer labels [...] to float rows [..., classes] with a 1 at each label."""
+    """Integer labels [...] to float rows [..., classes] with a 1 at each
+    label. A label equal to `ignore_index` gives a row of zeros: PyTorch's
+    ignored cross-entropy targets (`ignore_index=-100`, nanoGPT's -1)."""
 
     name = "lg.one_hot"
 
     labels = operand_def(TensorLike)
     classes = prop_def(IntegerAttr[I64])
+    ignore_index = opt_prop_def(IntegerAttr[I64])
     result = result_def(TensorLike)
 
     traits = traits_def(Pure())
 
-    assembly_format = "$labels `classes` $classes attr-dict `:` type($labels) `->` type($result)"
+    assembly_format = (
+        "$labels `classes` $classes (`ignore` $ignore_index^)? attr-dict `:` type($labels) `->` type($result)"
+    )
 
-    def __init__(self, labels: SSAValue, classes: int, elem: Attribute):
+    def __init__(self, labels: SSAValue, classes: int, elem: Attribute, ignore_index: int | None = None):
         shape = (*global_shape(labels.type), classes)
-        super().__init__(
-            operands=[labels], properties={"classes": IntegerAttr(classes, i64)}, result_types=[TensorType(elem, shape)]
-        )
+        props: dict[str, Attribute] = {"classes": IntegerAttr(classes, i64)}
+        if ignore_index is not None:
+            props["ignore_index"] = IntegerAttr(ignore_index, i64)
+        super().__init__(operands=[labels], properties=props, result_types=[TensorType(elem, shape)])
 
     def params(self):
         return {"classes": self.classes.value.data, "elem": element_type(self.result.type)}
+
+    @property
+    def ignored(self) -> int | None:
+        """The label that gives a row of zeros, if any."""
+        return None if self.ignore_index is None else self.ignore_index.value.data
 
     @classmethod
     def rule(cls, shapes, elems, classes, elem):
@@ -1661,7 +1688,7 @@ class EmbeddingGradOp(LgOp):
         return sigs + [(("B", "B"), ("B",)), (("P", "B"), ("P",))]
 
 
-UNARY_OPS = (NegOp, ReluOp, GeluOp, TanhOp, ExpOp, SqrtOp, RsqrtOp)
+UNARY_OPS = (NegOp, ReluOp, GeluOp, TanhOp, ErfOp, ExpOp, SqrtOp, RsqrtOp)
 BINARY_OPS = (AddOp, SubOp, MulOp, DivOp)
 REDUCE_OPS = (ReduceSumOp, ReduceMeanOp, ReduceMaxOp)
 GRADIENT_OPS = (StepOp, OneHotOp, EmbeddingGradOp)

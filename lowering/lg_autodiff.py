@@ -106,6 +106,14 @@ def differentiate(graph: lg.GraphOp, loss: str) -> None:
             e.placement = placement
             grads[value] = e.emit(lg.AddOp(grads[value], contribution)) if value in grads else contribution
 
+    # Only values computed from parameters get gradients: a loss's
+    # normalizer counted from the labels (an imported cross-entropy's
+    # ignore_index mean), a mask or a position table gets none.
+    trained: set[SSAValue] = set()
+    for op in forward:
+        if isinstance(op, lg.ParamOp) or any(o in trained for o in op.operands):
+            trained.update(op.results)
+
     for op in reversed(forward):
         if op.results:
             settle(op.results[0])  # shared ops come before every micro-batch's: all parts are in
@@ -120,7 +128,7 @@ def differentiate(graph: lg.GraphOp, loss: str) -> None:
                 raise e.unsupported(op, "this op (no gradient rule)")
             contributions = op.gradient(g, e)
         for operand, contribution in zip(op.operands, contributions):
-            if contribution is None:
+            if contribution is None or operand not in trained:
                 continue
             micro = op.attributes.get(lg.MICRO_BATCH_ATTR)
             owner = operand.owner

@@ -11,6 +11,9 @@ scalar), so schedules are the caller's. Options:
     momentum      momentum factor (momentum)
     beta1, beta2, eps   Adam's
     weight_decay  AdamW's decoupled decay
+    decay_groups  per-parameter decay, PyTorch's parameter groups:
+                  "pattern:decay;pattern:decay" with glob patterns over
+                  parameter keys; the first match wins, else weight_decay
     clip          clip the gradients to this global norm (0: off)
     zero          ZeRO: hint the optimizer state split S<0> over the first
                   (data) mesh axis of the parameter's placement, so each rank
@@ -24,6 +27,7 @@ into the parameter `<name>` (Executable.train_step does this).
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass
 
 from xdsl.context import Context
@@ -48,6 +52,8 @@ from .lg_autodiff import Emitter
 ALGORITHMS = ("sgd", "momentum", "adam", "adamw")
 STATE_PREFIXES = ("adam.m.", "adam.v.", "momentum.")
 """How the keys of a parameter's optimizer state begin (the parameter's key follows)."""
+OPTIMIZER_STATE_KEYS = (*STATE_PREFIXES, "adam.beta1_power", "adam.beta2_power")
+"""Every parameter key the optimizer adds begins so."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,7 @@ class LgOptimizerPass(ModulePass):
     beta2: float = 0.999
     eps: float = 1e-8
     weight_decay: float = 0.01
+    decay_groups: str = ""
     clip: float = 0.0
     zero: bool = False
 
@@ -68,8 +75,26 @@ class LgOptimizerPass(ModulePass):
             raise PassFailedException(
                 f"lg-optimizer: unknown algorithm '{self.algorithm}' (choose {', '.join(ALGORITHMS)})"
             )
+        self._groups()
         for graph in lg.graphs(op):
             self.update(graph)
+
+    def _groups(self) -> list[tuple[str, float]]:
+        groups = []
+        for rule in filter(None, self.decay_groups.split(";")):
+            pattern, _, value = rule.rpartition(":")
+            try:
+                groups.append((pattern, float(value)))
+            except ValueError:
+                pattern = ""
+            if not pattern:
+                raise PassFailedException(
+                    f"lg-optimizer: decay_groups rule {rule!r} is not 'pattern:decay' (for example '*.bias:0.0')"
+                )
+        return groups
+
+    def _decay(self, key: str) -> float:
+        return next((d for pattern, d in self._groups() if fnmatch.fnmatchcase(key, pattern)), self.weight_decay)
 
     def update(self, graph: lg.GraphOp) -> None:
         output = graph.output()
@@ -121,8 +146,9 @@ class LgOptimizerPass(ModulePass):
                 m_hat = e.emit(lg.DivOp(m_new, bias1))
                 v_hat = e.emit(lg.DivOp(v_new, bias2))
                 step = e.emit(lg.DivOp(m_hat, e.emit(lg.AddOp(e.emit(lg.SqrtOp(v_hat)), e.scalar(self.eps, v_hat)))))
-                if self.algorithm == "adamw":
-                    step = e.emit(lg.AddOp(step, e.emit(lg.MulOp(w, e.scalar(self.weight_decay, w)))))
+                decay = self._decay(key)
+                if self.algorithm == "adamw" and decay:
+                    step = e.emit(lg.AddOp(step, e.emit(lg.MulOp(w, e.scalar(decay, w)))))
             new.append((key, e.emit(lg.SubOp(w, e.emit(lg.MulOp(step, lr))))))
         for key, value in new:
             value.name_hint = key.replace(".", "_") + "_new"

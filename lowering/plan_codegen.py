@@ -106,6 +106,7 @@ for _op, _expr in (
     (lg.StepOp, "{0} > (T)0 ? (T)1 : (T)0"),
     (lg.GeluOp, "(T)0.5 * {0} * ((T)1 + tanh((T)0.7978845608028654 * ({0} + (T)0.044715 * {0} * {0} * {0})))"),
     (lg.TanhOp, "tanh({0})"),
+    (lg.ErfOp, "erf({0})"),
     (lg.ExpOp, "exp({0})"),
     (lg.SqrtOp, "sqrt({0})"),
     (lg.RsqrtOp, "rsqrt({0})"),

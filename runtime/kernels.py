@@ -24,6 +24,7 @@ import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import scipy.special
 from xdsl.ir import Operation
 
 from sbpc.dialects import lg
@@ -374,10 +375,18 @@ def _bind_one_hot(op: lg.OneHotOp, local, ins, out) -> Fire:
     base = np.arange(rows, dtype=np.int64) * classes
     flat = _scratch((rows,), np.int64)
 
+    ignored = op.ignored
+
     def fire(xs, o):
-        check_range(op, "label", xs[0], classes)
+        labels = xs[0].reshape(-1)
         o.fill(0)
-        np.add(base, xs[0].reshape(-1), out=flat)
+        if ignored is not None:
+            kept = labels != ignored
+            check_range(op, "label", labels[kept], classes)
+            o.reshape(rows, classes)[np.flatnonzero(kept), labels[kept]] = 1
+            return
+        check_range(op, "label", labels, classes)
+        np.add(base, labels, out=flat)
         np.put(o, flat, 1, mode="clip")
 
     return fire
@@ -566,6 +575,7 @@ def _bind_fused_whole(op: Fused, local, ins, out, rows: int | None = None) -> Fi
 NUMPY.register(lg.NegOp, _unary(lambda x, o: np.negative(x, out=o)))
 NUMPY.register(lg.ReluOp, _unary(lambda x, o: np.maximum(x, 0, out=o)))
 NUMPY.register(lg.TanhOp, _unary(lambda x, o: np.tanh(x, out=o)))
+NUMPY.register(lg.ErfOp, _unary(lambda x, o: scipy.special.erf(x, out=o)))
 NUMPY.register(lg.ExpOp, _unary(lambda x, o: np.exp(x, out=o)))
 NUMPY.register(lg.SqrtOp, _unary(lambda x, o: np.sqrt(x, out=o)))
 NUMPY.register(lg.RsqrtOp, _unary(_rsqrt))

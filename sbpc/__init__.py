@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 _FRONTEND = [
     "Graph", "Tensor", "Placement", "placement", "S", "B", "P", "zeros", "ones", "fill", "normal", "uniform",
-    "neg", "relu", "gelu", "tanh", "exp", "sqrt", "rsqrt", "add", "sub", "mul", "div", "matmul", "softmax",
+    "neg", "relu", "gelu", "tanh", "erf", "exp", "sqrt", "rsqrt", "add", "sub", "mul", "div", "matmul", "softmax",
     "log_softmax", "layernorm", "reduce_sum", "reduce_mean", "reduce_max", "reshape", "transpose", "broadcast_to",
     "concat", "slice", "embedding", "cross_entropy", "mse_loss",
 ]
@@ -24,14 +24,20 @@ _WHERE = {
     "make_context": "sbpc.dialects",
     "parse_module": "sbpc.dialects",
     "compile": "sbpc.api",
+    "from_torch": "sbpc.torch_frontend",
+    "TorchImportError": "sbpc.torch_frontend",
     "Executable": "sbpc.api",
     **dict.fromkeys(_FRONTEND, "sbpc.frontend"),
 }
 
-__all__ = list(_WHERE)
+_SUBMODULES = ("optim",)
+
+__all__ = [*_WHERE, *_SUBMODULES]
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"sbpc.{name}")
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'sbpc' has no attribute {name!r}")
@@ -45,6 +51,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from sbpc import optim
     from sbpc.api import Executable, compile
     from sbpc.dialects import make_context, parse_module
     from sbpc.frontend import (
@@ -60,6 +67,7 @@ if TYPE_CHECKING:
         cross_entropy,
         div,
         embedding,
+        erf,
         exp,
         fill,
         gelu,
@@ -87,3 +95,4 @@ if TYPE_CHECKING:
         uniform,
         zeros,
     )
+    from sbpc.torch_frontend import TorchImportError, from_torch

@@ -60,6 +60,7 @@ def compile(  # noqa: A001 - the verb users expect
     cluster: Any = "cpu",
     memory_budget: int | None = None,
     devices: int | None = None,
+    optimizer: Any = None,
 ) -> Executable:
     """Runs the pass pipeline (default: the whole `compile` chain) on a
     frontend graph, a module, or IR text, and returns an Executable.
@@ -71,13 +72,21 @@ def compile(  # noqa: A001 - the verb users expect
     needs them, chosen by predicting each plan on `cluster` (a preset, a cluster file)
     within `memory_budget` bytes per device (default: the cluster device's),
     for the placement's ranks or `devices`. `Executable.explain()` shows the
-    choice and its alternatives."""
+    choice and its alternatives.
+
+    `optimizer` (`sbpc.optim.SGD`, `Adam`, `AdamW`) makes it a training step:
+    lg-autodiff and the optimizer's lg-optimizer run before `pipeline`, and
+    its learning rate is fed as `lr` unless a step's feeds give one."""
     from sbpc.lowering import PASSES
 
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if plan not in PLANS:
         raise ValueError(f"plan must be one of {PLANS}, got {plan!r}")
+    if optimizer is not None:
+        if any(p in pipeline for p in ("lg-autodiff", "lg-optimizer")):
+            raise ValueError("pass either optimizer= or a pipeline with lg-autodiff and lg-optimizer, not both")
+        pipeline = f"{optimizer.pipeline()},{pipeline}"
     if isinstance(graph, Graph):
         if placement is not None and graph.placement is None:
             graph.placement = placement
@@ -121,6 +130,12 @@ def compile(  # noqa: A001 - the verb users expect
     module.verify()
     exe = Executable(module, mode)
     exe.autoplan = autoplan
+    if isinstance(graph, Graph):
+        exe.initial_values = dict(graph.initial_values)
+        exe.state_names = dict(graph.state_names)
+        exe.buffers = dict(graph.buffers)
+    if optimizer is not None:
+        exe.default_feeds["lr"] = np.asarray(optimizer.lr, dtype=np.float32)
     return exe
 
 
@@ -138,6 +153,13 @@ class Executable:
         self._sim_params: dict[str, np.ndarray] = {}
         self.autoplan: dict[str, Any] = {}
         """What sbp-autoplan chose (`compile(plan="auto")`): cluster, chosen, alternatives."""
+        self.initial_values: dict[str, np.ndarray] = {}
+        """Parameters' values at load, instead of their initializers (the graph's)."""
+        self.state_names: dict[str, str] = {}
+        """`state_dict()` names -> parameter keys (the graph's; empty: the keys themselves)."""
+        self.buffers: dict[str, np.ndarray] = {}
+        self.default_feeds: dict[str, np.ndarray] = {}
+        """Feeds a step gets unless the caller gives them (the optimizer's `lr`)."""
 
     def explain(self, cluster: Any = None) -> str:
         """What sbp-autoplan chose and the alternatives it predicted (fastest
@@ -182,12 +204,12 @@ class Executable:
         its parameters and optimizer state in place after every step."""
         from sbpc.runtime.executor import check_feeds
 
-        feeds = check_feeds(self.program, feeds)
+        feeds = check_feeds(self.program, {**self.default_feeds, **feeds})
         where = self._where()
         if where == "simulate":
             from sbpc.semantics.plan_simulator import run_plan
 
-            everything = run_plan(self.module, feeds, self._sim_params)
+            everything = run_plan(self.module, feeds, {**self.initial_values, **self._sim_params})
             return {k: v for k, v in everything.items() if outputs is None or k in outputs}
         if outputs is not None:
             outputs = sorted(outputs)
@@ -206,7 +228,7 @@ class Executable:
         world = MPI.COMM_WORLD
         if self._local is None:
             executor = make_executor(self.module, self.program, world)
-            executor.initialize(None)
+            executor.initialize(self.initial_values or None)
             self._local = executor
         self._local.feed(feeds)
         gathered = gather_outputs(world, self.program, self._local.run(steps, outputs), outputs)
@@ -278,6 +300,46 @@ class Executable:
                     )
                 self.params[key] = value
 
+    def state_dict(self) -> dict[str, Any]:
+        """The trained weights as `torch.Tensor`s under their `state_dict()`
+        names and in PyTorch's layouts (an imported module's names, tied
+        weights under each name, buffers as they came), so that
+        `module.load_state_dict(exe.state_dict())` works. For a graph built
+        in sbpc: every parameter but the optimizer's state."""
+        import torch
+
+        from sbpc.lowering.lg_optimizer import OPTIMIZER_STATE_KEYS
+
+        names = self.state_names or {k: k for k in self.param_keys() if not k.startswith(OPTIMIZER_STATE_KEYS)}
+        values = {key: self.params[key] for key in sorted(set(names.values()))}
+        state = {name: torch.from_numpy(np.array(values[key])) for name, key in names.items()}
+        state.update({name: torch.from_numpy(np.array(value)) for name, value in self.buffers.items()})
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Sets the parameters from a `state_dict()` (torch tensors or numpy
+        arrays under the names `state_dict()` returns); buffers must match
+        what was imported, since sbpc folded them into the plan."""
+        names = self.state_names or {k: k for k in self.param_keys()}
+        missing = sorted(set(names) - set(state))
+        if missing:
+            raise ValueError(f"state_dict lacks {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        shapes = self._param_types()
+        for name, key in names.items():
+            value = np.asarray(state[name].detach().cpu().numpy() if hasattr(state[name], "detach") else state[name])
+            shape, dtype = shapes[key]
+            if value.shape != shape:
+                raise ValueError(f"state_dict[{name!r}] has shape {list(value.shape)}, the plan wants {list(shape)}")
+            self.params[key] = value.astype(dtype)
+        for name, value in self.buffers.items():
+            given = state.get(name)
+            if given is None:
+                continue
+            array = np.asarray(given.detach().cpu().numpy() if hasattr(given, "detach") else given)
+            if not np.array_equal(array, value):
+                raise ValueError(f"buffer {name!r} differs from the imported one; sbpc folded it into the plan: "
+                                 "import the module again")
+
     def _param_types(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         from sbpc.dialects.layout import numpy_dtype
 
@@ -308,6 +370,8 @@ class Params:
         exe = self.exe
         where = exe._where()
         if where == "simulate":
+            if key not in exe._sim_params and key in exe.initial_values:
+                exe._sim_params[key] = np.array(exe.initial_values[key])
             if key not in exe._sim_params:
                 from sbpc.dialects.layout import numpy_dtype
                 from sbpc.semantics.reference import initialize
@@ -341,7 +405,7 @@ class Params:
         """The pool runs one plan at a time; load this one (parameters from
         their initializers) if another was last."""
         if pool.loaded is not self.exe:
-            pool.request("load", self.exe.plan_text, None)
+            pool.request("load", self.exe.plan_text, self.exe.initial_values or None)
             pool.loaded = self.exe
 
 

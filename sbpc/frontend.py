@@ -200,6 +200,15 @@ class Graph:
         self.builder = GraphBuilder(name, placement.name if placement else None)
         self.outputs: dict[str, SSAValue] | None = None
         self._scope: Placement | None = None
+        self.initial_values: dict[str, np.ndarray] = {}
+        """Parameters' starting values, used instead of their initializers
+        (`sbpc.from_torch` puts the module's weights here)."""
+        self.state_names: dict[str, str] = {}
+        """`state_dict()` names and the parameter each stands for (from_torch:
+        several names for one tied weight); empty means the parameters' own keys."""
+        self.buffers: dict[str, np.ndarray] = {}
+        """State that is not trained, returned by `Executable.state_dict()` as
+        it came (PyTorch buffers)."""
 
     def use(self, where: Placement) -> None:
         self.placements.setdefault(where.name, where)
@@ -280,7 +289,7 @@ def _unary(cls):
     return fn
 
 
-neg, relu, gelu, tanh, exp, sqrt, rsqrt = (_unary(c) for c in lg.UNARY_OPS)
+neg, relu, gelu, tanh, erf, exp, sqrt, rsqrt = (_unary(c) for c in lg.UNARY_OPS)
 
 
 def _binary(cls):

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+import scipy.special
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Attribute, Operation
 
@@ -118,6 +119,7 @@ REFERENCE.register(lg.NegOp, lambda op, x: -x)
 REFERENCE.register(lg.ReluOp, lambda op, x: np.maximum(x, 0))
 REFERENCE.register(lg.GeluOp, lambda op, x: _gelu(x))
 REFERENCE.register(lg.TanhOp, lambda op, x: np.tanh(x))
+REFERENCE.register(lg.ErfOp, lambda op, x: scipy.special.erf(x))
 REFERENCE.register(lg.ExpOp, lambda op, x: np.exp(x))
 REFERENCE.register(lg.SqrtOp, lambda op, x: np.sqrt(x))
 REFERENCE.register(lg.RsqrtOp, lambda op, x: 1.0 / np.sqrt(x))
@@ -190,8 +192,9 @@ def _cross_entropy(op: lg.CrossEntropyOp, logits: np.ndarray, labels: np.ndarray
 @REFERENCE.impl(lg.OneHotOp)
 def _one_hot(op: lg.OneHotOp, labels: np.ndarray) -> np.ndarray:
     classes = op.classes.value.data
-    check_range(op, "label", labels, classes)
-    return np.eye(classes)[labels]
+    kept = np.ones(labels.shape, bool) if op.ignored is None else labels != op.ignored
+    check_range(op, "label", labels[kept], classes)
+    return np.eye(classes)[np.where(kept, labels, 0)] * kept[..., None]
 
 
 @REFERENCE.impl(lg.EmbeddingGradOp)

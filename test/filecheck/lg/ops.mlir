@@ -31,6 +31,7 @@ lg.graph @all_ops on @mesh {
   %relu = lg.relu %neg : tensor<8x4xf32>
   %gelu = lg.gelu %relu : tensor<8x4xf32>
   %tanh = lg.tanh %gelu : tensor<8x4xf32>
+  %erf = lg.erf %tanh : tensor<8x4xf32>
   %exp = lg.exp %tanh : tensor<8x4xf32>
   %sqrt = lg.sqrt %exp : tensor<8x4xf32>
   %rsqrt = lg.rsqrt %sqrt : tensor<8x4xf32>
@@ -50,6 +51,7 @@ lg.graph @all_ops on @mesh {
   %mse = lg.mse_loss %ln, %relu : (tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<f32>
   %step = lg.step %ln : tensor<8x4xf32>
   %oh = lg.one_hot %labels classes 4 : tensor<8xi64> -> tensor<8x4xf32>
+  %ohi = lg.one_hot %labels classes 4 ignore -100 : tensor<8xi64> -> tensor<8x4xf32>
   %eg = lg.embedding_grad %em, %ids rows 16 : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>
   lg.output ["loss", "mse", "emb"] %ce, %mse, %em : tensor<f32>, tensor<f32>, tensor<2x3x4xf32>
 }
@@ -80,6 +82,7 @@ lg.graph @all_ops on @mesh {
 // CHECK-NEXT:   %relu = lg.relu %neg : tensor<8x4xf32>
 // CHECK-NEXT:   %gelu = lg.gelu %relu : tensor<8x4xf32>
 // CHECK-NEXT:   %tanh = lg.tanh %gelu : tensor<8x4xf32>
+// CHECK-NEXT:   %erf = lg.erf %tanh : tensor<8x4xf32>
 // CHECK-NEXT:   %exp = lg.exp %tanh : tensor<8x4xf32>
 // CHECK-NEXT:   %sqrt = lg.sqrt %exp : tensor<8x4xf32>
 // CHECK-NEXT:   %rsqrt = lg.rsqrt %sqrt : tensor<8x4xf32>
@@ -99,6 +102,7 @@ lg.graph @all_ops on @mesh {
 // CHECK-NEXT:   %mse = lg.mse_loss %ln, %relu : (tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<f32>
 // CHECK-NEXT:   %step = lg.step %ln : tensor<8x4xf32>
 // CHECK-NEXT:   %oh = lg.one_hot %labels classes 4 : tensor<8xi64> -> tensor<8x4xf32>
+// CHECK-NEXT:   %ohi = lg.one_hot %labels classes 4 ignore -100 : tensor<8xi64> -> tensor<8x4xf32>
 // CHECK-NEXT:   %eg = lg.embedding_grad %em, %ids rows 16 : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>
 // CHECK-NEXT:   lg.output ["loss", "mse", "emb"] %ce, %mse, %em : tensor<f32>, tensor<f32>, tensor<2x3x4xf32>
 // CHECK-NEXT: }
@@ -119,6 +123,7 @@ lg.graph @all_ops on @mesh {
 // GENERIC-NEXT:   %cc = "lg.concat"(%ln, %relu, %mm) <{axis = 1 : i64}> : (tensor<8x4xf32>, tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<8x12xf32>
 // GENERIC-NEXT:   %sl = "lg.slice"(%cc) <{starts = array<i64: 0, 1>, limits = array<i64: 8, 12>, strides = array<i64: 2, 3>}> : (tensor<8x12xf32>) -> tensor<4x4xf32>
 // GENERIC:        %oh = "lg.one_hot"(%labels) <{classes = 4 : i64}> : (tensor<8xi64>) -> tensor<8x4xf32>
+// GENERIC-NEXT:   %ohi = "lg.one_hot"(%labels) <{classes = 4 : i64, ignore_index = -100 : i64}> : (tensor<8xi64>) -> tensor<8x4xf32>
 // GENERIC-NEXT:   %eg = "lg.embedding_grad"(%em, %ids) <{rows = 16 : i64}> : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>
 // GENERIC:        "lg.output"(%ce, %mse, %em) <{names = ["loss", "mse", "emb"]}> : (tensor<f32>, tensor<f32>, tensor<2x3x4xf32>) -> ()
 

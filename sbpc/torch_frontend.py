@@ -1,0 +1,708 @@
+"""Train an existing PyTorch model: `sbpc.from_torch(module, args)` captures
+`module` with `torch.export` and builds the same computation as an `lg` graph.
+
+    graph = sbpc.from_torch(model, (idx, targets), sbp={"idx": S(0)}, placement=mesh)
+    exe = sbpc.compile(graph, optimizer=sbpc.optim.AdamW(lr=3e-4, weight_decay=0.1))
+    for batch in data:
+        exe.train_step({"idx": x, "targets": y})
+    model.load_state_dict(exe.state_dict())
+
+What is imported is export's ATen graph before decomposition (`aten.linear`,
+`aten.layer_norm`, `aten.scaled_dot_product_attention`, `aten.cross_entropy_loss`
+...): those map onto lg ops that keep their meaning for SBP inference and the
+kernels, where the core ATen set would have spelt them in gathers and
+`where`s. The rules:
+
+- Inputs are `forward`'s parameter names with the example's shapes and
+  dtypes. Parameters keep their `state_dict()` names and PyTorch's layout (a
+  Linear weight is `(out, in)`, applied with `lg.matmul ... transpose_rhs`);
+  their values are the parameters' initial values. A parameter shared by
+  several modules (GPT-2's tied `lm_head` and `wte`) is one lg parameter,
+  returned under all its names by `Executable.state_dict()`.
+- Buffers, constants and everything computed only from them (causal masks,
+  `arange` positions, rotary tables) are folded here, with PyTorch, into
+  `lg.constant`s.
+- The training objective is the output named `loss`: `forward` returns the
+  loss alone, a dict with the key `loss`, or a tuple whose last element is a
+  scalar (nanoGPT's `(logits, loss)`); the other outputs keep their dict keys
+  or are named `output<i>` by position.
+- `sbp` maps glob patterns over input and parameter names to hints.
+
+What cannot be imported (data-dependent control flow, an ATen op with no
+lowering, a pattern that matches nothing) raises `TorchImportError` naming
+the op or the name, and the user's source line where PyTorch recorded it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import operator
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from sbpc import frontend as fe
+from sbpc.dialects import lg
+from sbpc.frontend import Graph, Placement, Tensor
+
+
+class TorchImportError(ValueError):
+    """A PyTorch module that sbpc cannot import, and why."""
+
+
+_DTYPES = {"torch.float32": "f32", "torch.float64": "f64", "torch.float16": "f16", "torch.bfloat16": "bf16",
+           "torch.int64": "i64", "torch.int32": "i32"}
+
+
+def from_torch(module, args, kwargs: Mapping[str, Any] | None = None, *, sbp: Mapping[str, Any] | None = None,
+               placement: Placement | None = None, name: str | None = None) -> Graph:
+    """`module` (a `torch.nn.Module`) as an `sbpc.Graph`, captured with
+    `torch.export` on the example `args` (and `kwargs`)."""
+    import torch
+
+    args = tuple(args) if isinstance(args, tuple | list) else (args,)
+    try:
+        program = torch.export.export(module, args, kwargs=dict(kwargs or {}))
+    except Exception as error:  # export's failures come in many classes; each becomes one message
+        raise TorchImportError(_export_failure(module, error)) from None
+    return _Importer(program, module, dict(sbp or {}), placement, name or type(module).__name__).graph()
+
+
+def _export_failure(module, error: Exception) -> str:
+    """torch.export's reason in a sentence, with the user's line."""
+    text = str(error)
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
+    where = _user_line(text, module)
+    kind = ("data-dependent control flow (a Python branch on a tensor's value)"
+            if "data-dependent" in text or "data dependent" in text else "torch.export failed")
+    return f"cannot capture {type(module).__name__} with torch.export: {kind}: {first}" + (
+        f"\n  at {where}" if where else "")
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)')
+
+
+def _user_line(trace: str, module=None) -> str | None:
+    """The last frame of a PyTorch stack trace outside torch and sbpc: the user's line."""
+    frames = [m for m in _FRAME.finditer(trace or "")
+              if "/torch/" not in m.group(1) and "/sbpc/" not in m.group(1) and "<" not in m.group(1)]
+    if not frames:
+        return None
+    file, line, func, code = frames[-1].groups()
+    return f"{file}:{line} in {func}: {code.strip()}"
+
+
+class _Const:
+    """A value known at import time (a buffer, a constant, or folded from them)."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+class _Importer:
+    def __init__(self, program, module, sbp: dict[str, Any], placement: Placement | None, name: str):
+        self.program = program
+        self.module = module
+        self.sbp = sbp
+        self.g = Graph(re.sub(r"\W", "_", name), placement=placement)
+        self.env: dict[Any, Any] = {}
+        self.node: Any = None
+        self.lifted: dict[int, Tensor] = {}
+        self.matched: set[str] = set()
+        self.params: dict[str, Tensor] = {}
+
+    # -- the graph ------------------------------------------------------------------
+
+    def graph(self) -> Graph:
+        from torch.export.graph_signature import InputKind
+
+        sig = self.program.graph_signature
+        specs = {spec.arg.name: spec for spec in sig.input_specs if hasattr(spec.arg, "name")}
+        state = self.program.state_dict
+        names = self._names()
+        self.g.initial_values = {}
+        self.g.state_names = {}
+        self.g.buffers = {}
+        for node in self.program.graph.nodes:
+            self.node = node
+            if node.op == "placeholder":
+                spec = specs[node.name]
+                if spec.kind == InputKind.PARAMETER:
+                    self.env[node] = self._param(spec.target, state[spec.target], names)
+                elif spec.kind == InputKind.USER_INPUT:
+                    self.env[node] = self._input(node)
+                elif spec.kind == InputKind.BUFFER:
+                    value = state[spec.target] if spec.target in state else self.program.constants[spec.target]
+                    self.env[node] = _Const(value)
+                    if spec.persistent:
+                        self.g.buffers[spec.target] = value.detach().numpy().copy()
+                else:
+                    self.env[node] = _Const(self.program.constants[spec.target])
+            elif node.op == "call_function":
+                self.env[node] = self._call(node)
+            elif node.op == "output":
+                self._outputs(node)
+        unmatched = sorted(set(self.sbp) - self.matched)
+        if unmatched:
+            inputs = [s.arg.name for s in sig.input_specs if s.kind == InputKind.USER_INPUT]
+            raise TorchImportError(
+                f"sbp pattern {unmatched[0]!r} matches no input or parameter of {type(self.module).__name__} "
+                f"(inputs: {inputs}; parameters such as {list(self.g.state_names)[:4]})"
+            )
+        return self.g
+
+    def _names(self) -> dict[int, list[str]]:
+        """Every state_dict name of each parameter object (tied weights have several)."""
+        names: dict[int, list[str]] = {}
+        for key, p in self.module.named_parameters(remove_duplicate=False):
+            names.setdefault(id(p), []).append(key)
+        return names
+
+    def _hint(self, name: str):
+        hint = None
+        for pattern, value in self.sbp.items():
+            if fnmatch.fnmatchcase(name, pattern):
+                self.matched.add(pattern)
+                hint = hint if hint is not None else value
+        if hint is not None and self.g.placement is None:
+            raise TorchImportError(f"an sbp hint for {name!r} needs a placement: pass placement=")
+        return hint
+
+    def _dtype(self, tensor, what: str) -> str:
+        dtype = _DTYPES.get(str(tensor.dtype))
+        if dtype is None:
+            raise TorchImportError(f"{what} has dtype {tensor.dtype}, which sbpc does not support "
+                                   f"(supported: {', '.join(_DTYPES)})")
+        return dtype
+
+    def _param(self, target: str, value, names: dict[int, list[str]]) -> Tensor:
+        # export lifts a tied weight once per name; sbpc keeps one parameter
+        # under its first name, as named_parameters() does
+        aliases = names.get(id(self.module.get_parameter(target)), [target])
+        key = aliases[0]
+        if key in self.params:
+            return self.params[key]
+        hint = next((h for h in (self._hint(n) for n in aliases) if h is not None), None)
+        t = self.g.param(key, tuple(value.shape), dtype=self._dtype(value, f"parameter {key!r}"), sbp=hint)
+        self.g.initial_values[key] = value.detach().numpy().copy()
+        for alias in aliases:
+            self.g.state_names[alias] = key
+        self.params[key] = t
+        return t
+
+    def _input(self, node) -> Tensor:
+        value = node.meta.get("val")
+        if value is None or not hasattr(value, "shape"):
+            raise TorchImportError(f"input {node.name!r} is not a tensor; sbpc takes tensor inputs only")
+        return self.g.input(node.name, tuple(int(d) for d in value.shape),
+                            self._dtype(value, f"input {node.name!r}"), sbp=self._hint(node.name))
+
+    def _outputs(self, node) -> None:
+        from torch.export.graph_signature import OutputKind
+
+        specs = self.program.graph_signature.output_specs
+        mutated = [s.target for s in specs if s.kind != OutputKind.USER_OUTPUT]
+        if mutated:
+            raise self._error(f"forward writes to buffer {mutated[0]!r}; sbpc imports pure forwards only")
+        flat = [self.env[a] if hasattr(a, "op") else a for a in node.args[0]]
+        keys = self._output_keys(len(flat))
+        outputs = {}
+        for key, value in zip(keys, flat):
+            if not isinstance(value, Tensor):
+                continue  # a constant output (None, a folded tensor) says nothing about training
+            outputs[key] = value
+        if not outputs:
+            raise TorchImportError(f"{type(self.module).__name__}.forward returns no tensor computed from its inputs")
+        self.g.output(**outputs)
+
+    def _output_keys(self, count: int) -> list[str]:
+        spec = self.program.call_spec.out_spec
+        if spec is None or count == 1 and not spec.children_specs:
+            return ["loss"]
+        if spec.type is dict:
+            return [str(k) for k in spec.context]
+        keys = [f"output{i}" for i in range(count)]
+        last = self._output_value(count - 1)
+        if last is not None and tuple(last.shape) == ():
+            keys[-1] = "loss"
+        return keys
+
+    def _output_value(self, i: int):
+        out = next(n for n in self.program.graph.nodes if n.op == "output")
+        arg = out.args[0][i]
+        return arg.meta.get("val") if hasattr(arg, "meta") else None
+
+    # -- one node ------------------------------------------------------------------
+
+    def _error(self, message: str) -> TorchImportError:
+        where = _user_line(self.node.meta.get("stack_trace", "")) if self.node is not None else None
+        return TorchImportError(message + (f"\n  at {where}" if where else ""))
+
+    def _call(self, node):
+        args = _map(node.args, self._value)
+        kwargs = {k: _map(v, self._value) for k, v in node.kwargs.items()}
+        if not any(isinstance(a, Tensor) for a in _flat([args, kwargs])):
+            return self._fold(node, args, kwargs)
+        name = _op_name(node.target)
+        rule = RULES.get(name)
+        if rule is None:
+            raise self._error(
+                f"the ATen op {name} ({node.name}) has no lg lowering in sbpc yet; "
+                f"supported: {', '.join(sorted(RULES))}"
+            )
+        try:
+            return rule(self, *args, **kwargs)
+        except TorchImportError:
+            raise
+        except (ValueError, TypeError) as error:
+            raise self._error(f"{name} ({node.name}): {error}") from None
+
+    def _value(self, a):
+        return self.env[a] if hasattr(a, "op") and a in self.env else a
+
+    def _fold(self, node, args, kwargs):
+        """Computes a node whose operands are all known, with PyTorch."""
+        result = node.target(*_map(args, _unwrap), **{k: _map(v, _unwrap) for k, v in kwargs.items()})
+        return _map(result, lambda r: _Const(r) if hasattr(r, "shape") else r)
+
+    def lift(self, value, like: Tensor | None = None) -> Tensor:
+        """An lg value for a tensor, a constant or a Python number (in `like`'s dtype)."""
+        if isinstance(value, Tensor):
+            return value
+        if isinstance(value, _Const):
+            key = id(value)
+            if key not in self.lifted:
+                array = value.value.detach().numpy()
+                if array.dtype == np.bool_:
+                    array = array.astype(np.float32)
+                self.lifted[key] = self.g.constant(array.astype(array.dtype.newbyteorder("=")))
+            return self.lifted[key]
+        if isinstance(value, bool | int | float):
+            dtype = fe._numpy_of(like.dtype) if like is not None else np.float32
+            return self.g.constant(np.asarray(value, dtype=dtype))
+        raise TypeError(f"expected a tensor or a number, got {type(value).__name__}")
+
+    def known(self, value) -> np.ndarray | None:
+        """The value as an array when it is known at import time."""
+        if isinstance(value, _Const):
+            return value.value.detach().numpy()
+        if isinstance(value, bool | int | float):
+            return np.asarray(value)
+        return None
+
+
+def _unwrap(a):
+    return a.value if isinstance(a, _Const) else a
+
+
+def _map(value, fn: Callable):
+    if isinstance(value, list | tuple):
+        return type(value)(_map(v, fn) for v in value)
+    if isinstance(value, dict):
+        return {k: _map(v, fn) for k, v in value.items()}
+    return fn(value)
+
+
+def _flat(value) -> list:
+    if isinstance(value, list | tuple):
+        return [x for v in value for x in _flat(v)]
+    if isinstance(value, dict):
+        return _flat(list(value.values()))
+    return [value]
+
+
+def _op_name(target) -> str:
+    if target is operator.getitem:
+        return "getitem"
+    name = getattr(target, "name", None)
+    text = name() if callable(name) else str(target)
+    return text.replace("::", ".").removesuffix(".default")
+
+
+# -- the lowering of each ATen op -------------------------------------------------------
+
+RULES: dict[str, Callable[..., Any]] = {}
+
+
+def rule(*names: str):
+    def register(fn):
+        for n in names:
+            RULES[n] = fn
+        return fn
+
+    return register
+
+
+def _axis(dim: int, rank: int) -> int:
+    return dim + rank if dim < 0 else dim
+
+
+def _dims(dim, rank: int) -> list[int]:
+    if dim is None or dim == []:
+        return list(range(rank))
+    return [_axis(d, rank) for d in ([dim] if isinstance(dim, int) else dim)]
+
+
+@rule("aten.linear")
+def _linear(im: _Importer, x, weight, bias=None):
+    y = fe.matmul(im.lift(x), im.lift(weight), transpose_b=True)
+    return y if bias is None else y + im.lift(bias)
+
+
+@rule("aten.matmul", "aten.mm", "aten.bmm")
+def _matmul(im: _Importer, a, b):
+    a, b = im.lift(a), im.lift(b)
+    if len(a.shape) < 2 or len(b.shape) < 2:
+        raise ValueError("matmul of a vector: reshape it to a matrix first")
+    return fe.matmul(a, b)
+
+
+@rule("aten.addmm")
+def _addmm(im: _Importer, bias, a, b, beta=1, alpha=1):
+    if beta != 1 or alpha != 1:
+        raise ValueError("addmm with beta or alpha other than 1")
+    return fe.matmul(im.lift(a), im.lift(b)) + im.lift(bias)
+
+
+def _binary(fn: Callable[[Tensor, Tensor], Tensor], swap: bool = False):
+    def lower(im: _Importer, a, b, alpha=1, rounding_mode=None):
+        if rounding_mode is not None:
+            raise ValueError(f"rounding_mode={rounding_mode!r}")
+        like = a if isinstance(a, Tensor) else b
+        a, b = im.lift(a, like), im.lift(b, like)
+        if alpha != 1:
+            b = b * im.lift(alpha, like)
+        return fn(b, a) if swap else fn(a, b)
+
+    return lower
+
+
+RULES["aten.add.Tensor"] = RULES["aten.add.Scalar"] = _binary(fe.add)
+RULES["aten.sub.Tensor"] = RULES["aten.sub.Scalar"] = _binary(fe.sub)
+RULES["aten.rsub.Scalar"] = RULES["aten.rsub.Tensor"] = _binary(fe.sub, swap=True)
+RULES["aten.mul.Tensor"] = RULES["aten.mul.Scalar"] = _binary(fe.mul)
+RULES["aten.div.Tensor"] = RULES["aten.div.Scalar"] = RULES["aten.div.Tensor_mode"] = _binary(fe.div)
+
+
+def _unary(fn: Callable[[Tensor], Tensor]):
+    return lambda im, x: fn(im.lift(x))
+
+
+for _name, _fn in (("neg", fe.neg), ("relu", fe.relu), ("tanh", fe.tanh), ("exp", fe.exp), ("sqrt", fe.sqrt),
+                   ("rsqrt", fe.rsqrt)):
+    RULES[f"aten.{_name}"] = _unary(_fn)
+
+
+def _sigmoid(x: Tensor) -> Tensor:
+    # 1 / (1 + exp(-x)): exp overflows to inf for very negative x, giving 0 as it should
+    return 1.0 / (fe.exp(-x) + 1.0)
+
+
+@rule("aten.sigmoid")
+def _sigmoid_rule(im: _Importer, x):
+    return _sigmoid(im.lift(x))
+
+
+@rule("aten.silu")
+def _silu(im: _Importer, x):
+    x = im.lift(x)
+    return x * _sigmoid(x)
+
+
+@rule("aten.gelu")
+def _gelu(im: _Importer, x, approximate="none"):
+    x = im.lift(x)
+    if approximate == "tanh":
+        return fe.gelu(x)
+    if approximate != "none":
+        raise ValueError(f"approximate={approximate!r}")
+    return x * (fe.erf(x * (1.0 / math.sqrt(2.0))) + 1.0) * 0.5
+
+
+@rule("aten.pow.Tensor_Scalar")
+def _pow(im: _Importer, x, exponent):
+    x = im.lift(x)
+    if exponent == 2:
+        return x * x
+    if exponent == 3:
+        return x * x * x
+    if exponent == 0.5:
+        return fe.sqrt(x)
+    if exponent == -0.5:
+        return fe.rsqrt(x)
+    if exponent == 1:
+        return x
+    if exponent == -1:
+        return 1.0 / x
+    raise ValueError(f"power {exponent} (supported: -1, -0.5, 0.5, 1, 2, 3)")
+
+
+@rule("aten.square")
+def _square(im: _Importer, x):
+    x = im.lift(x)
+    return x * x
+
+
+def _reduction(fn: Callable[..., Tensor]):
+    def lower(im: _Importer, x, dim=None, keepdim=False, dtype=None):
+        x = im.lift(x)
+        if dtype is not None and str(dtype) != f"torch.{np.dtype(fe._numpy_of(x.dtype)).name}":
+            raise ValueError(f"a reduction to dtype {dtype}")
+        return fn(x, _dims(dim, len(x.shape)), keepdim)
+
+    return lower
+
+
+RULES["aten.mean.dim"] = RULES["aten.mean"] = _reduction(fe.reduce_mean)
+RULES["aten.sum.dim_IntList"] = RULES["aten.sum"] = _reduction(fe.reduce_sum)
+RULES["aten.amax"] = _reduction(fe.reduce_max)
+
+
+@rule("aten.softmax.int", "aten._softmax")
+def _softmax(im: _Importer, x, dim, dtype_or_half=None):
+    x = im.lift(x)
+    return fe.softmax(x, _axis(dim, len(x.shape)))
+
+
+@rule("aten.log_softmax.int", "aten._log_softmax")
+def _log_softmax(im: _Importer, x, dim, dtype_or_half=None):
+    x = im.lift(x)
+    return fe.log_softmax(x, _axis(dim, len(x.shape)))
+
+
+@rule("aten.layer_norm")
+def _layer_norm(im: _Importer, x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
+    if len(normalized_shape) != 1:
+        raise ValueError(f"layer_norm over {len(normalized_shape)} axes (sbpc normalizes one, the last)")
+    x = im.lift(x)
+    return fe.layernorm(x, None if weight is None else im.lift(weight), None if bias is None else im.lift(bias),
+                        axis=len(x.shape) - 1, eps=eps)
+
+
+@rule("aten.rms_norm")
+def _rms_norm(im: _Importer, x, normalized_shape, weight=None, eps=None):
+    if len(normalized_shape) != 1:
+        raise ValueError(f"rms_norm over {len(normalized_shape)} axes (sbpc normalizes one, the last)")
+    x = im.lift(x)
+    eps = float(np.finfo(fe._numpy_of(x.dtype)).eps) if eps is None else eps
+    y = x * fe.rsqrt(fe.reduce_mean(x * x, [len(x.shape) - 1], True) + eps)
+    return y if weight is None else y * im.lift(weight)
+
+
+@rule("aten.view", "aten.reshape", "aten._unsafe_view")
+def _reshape(im: _Importer, x, shape):
+    return fe.reshape(im.lift(x), [int(d) for d in shape])
+
+
+@rule("aten.flatten.using_ints")
+def _flatten(im: _Importer, x, start_dim=0, end_dim=-1):
+    x = im.lift(x)
+    s, e = _axis(start_dim, len(x.shape)), _axis(end_dim, len(x.shape))
+    return fe.reshape(x, [*x.shape[:s], math.prod(x.shape[s:e + 1]), *x.shape[e + 1:]])
+
+
+@rule("aten.unsqueeze")
+def _unsqueeze(im: _Importer, x, dim):
+    x = im.lift(x)
+    d = _axis(dim, len(x.shape) + 1)
+    return fe.reshape(x, [*x.shape[:d], 1, *x.shape[d:]])
+
+
+@rule("aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze")
+def _squeeze(im: _Importer, x, dim=None):
+    x = im.lift(x)
+    drop = set(_dims(dim, len(x.shape)))
+    return fe.reshape(x, [d for i, d in enumerate(x.shape) if not (i in drop and d == 1)])
+
+
+@rule("aten.transpose.int")
+def _transpose(im: _Importer, x, d0, d1):
+    x = im.lift(x)
+    perm = list(range(len(x.shape)))
+    a, b = _axis(d0, len(perm)), _axis(d1, len(perm))
+    perm[a], perm[b] = perm[b], perm[a]
+    return x if a == b else fe.transpose(x, perm)
+
+
+@rule("aten.t")
+def _t(im: _Importer, x):
+    return _transpose(im, x, 0, -1)
+
+
+@rule("aten.permute")
+def _permute(im: _Importer, x, dims):
+    x = im.lift(x)
+    return fe.transpose(x, [_axis(d, len(x.shape)) for d in dims])
+
+
+@rule("aten.expand")
+def _expand(im: _Importer, x, size, implicit=False):
+    x = im.lift(x)
+    lead = len(size) - len(x.shape)
+    shape = [x.shape[i - lead] if d == -1 else int(d) for i, d in enumerate(size)]
+    return x if tuple(shape) == x.shape else fe.broadcast_to(x, shape)
+
+
+@rule("aten.contiguous", "aten.clone", "aten.alias", "aten.lift_fresh_copy")
+def _identity(im: _Importer, x, memory_format=None):
+    return x
+
+
+@rule("aten._to_copy", "aten.to.dtype", "aten.type_as")
+def _to(im: _Importer, x, dtype=None, *args, **kwargs):
+    x = im.lift(x)
+    target = dtype if dtype is not None and not isinstance(dtype, Tensor) else kwargs.get("dtype")
+    if isinstance(dtype, Tensor):
+        target = None if dtype.dtype == x.dtype else "another dtype"
+    if target is not None and _DTYPES.get(str(target)) != str(x.dtype):
+        raise ValueError(f"a cast from {x.dtype} to {target} (sbpc keeps one dtype per value)")
+    return x
+
+
+@rule("aten.dropout")
+def _dropout(im: _Importer, x, p, train):
+    if train and p > 0:
+        raise ValueError(f"dropout with p={p} in training: sbpc has no random dropout yet; use p=0")
+    return x
+
+
+@rule("aten.chunk")
+def _chunk(im: _Importer, x, chunks, dim=0):
+    x = im.lift(x)
+    return _split(im, x, math.ceil(x.shape[_axis(dim, len(x.shape))] / chunks), dim)
+
+
+@rule("aten.split.Tensor", "aten.split_with_sizes")
+def _split(im: _Importer, x, sizes, dim=0):
+    x = im.lift(x)
+    d = _axis(dim, len(x.shape))
+    n = x.shape[d]
+    bounds = list(range(0, n, sizes)) + [n] if isinstance(sizes, int) else list(np.cumsum([0, *sizes]))
+    return [_slice_axis(x, d, int(a), int(b)) for a, b in zip(bounds, bounds[1:])]
+
+
+def _slice_axis(x: Tensor, d: int, start: int, end: int, step: int = 1) -> Tensor:
+    if (start, end, step) == (0, x.shape[d], 1):
+        return x
+    starts = [0] * len(x.shape)
+    limits = list(x.shape)
+    strides = [1] * len(x.shape)
+    starts[d], limits[d], strides[d] = start, end, step
+    return fe.slice(x, starts, limits, strides)
+
+
+@rule("getitem")
+def _getitem(im: _Importer, seq, index):
+    return seq[index]
+
+
+@rule("aten.slice.Tensor")
+def _slice(im: _Importer, x, dim=0, start=None, end=None, step=1):
+    x = im.lift(x)
+    d = _axis(dim, len(x.shape))
+    begin, stop, _ = slice(start, end).indices(x.shape[d])
+    return _slice_axis(x, d, begin, max(begin, stop), step)
+
+
+@rule("aten.select.int")
+def _select(im: _Importer, x, dim, index):
+    x = im.lift(x)
+    d = _axis(dim, len(x.shape))
+    i = index + x.shape[d] if index < 0 else index
+    return fe.reshape(_slice_axis(x, d, i, i + 1), [s for k, s in enumerate(x.shape) if k != d])
+
+
+@rule("aten.cat")
+def _cat(im: _Importer, tensors, dim=0):
+    values = [im.lift(t) for t in tensors]
+    return fe.concat(values, _axis(dim, len(values[0].shape)))
+
+
+@rule("aten.embedding")
+def _embedding(im: _Importer, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    if padding_idx not in (-1, None) or scale_grad_by_freq:
+        raise ValueError("embedding with padding_idx or scale_grad_by_freq")
+    return fe.embedding(im.lift(weight), im.lift(indices))
+
+
+def _additive_mask(im: _Importer, mask: np.ndarray, value: float, like: Tensor) -> Tensor:
+    """`value` where `mask` is true, 0 elsewhere: masked_fill as an add (exact
+    for finite inputs, and for -inf, softmax's use)."""
+    fill = np.where(mask, np.asarray(value, fe._numpy_of(like.dtype)), 0).astype(fe._numpy_of(like.dtype))
+    return im.g.constant(fill)
+
+
+@rule("aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
+def _masked_fill(im: _Importer, x, mask, value):
+    mask_value, fill = im.known(mask), im.known(value)
+    if mask_value is None or fill is None:
+        raise ValueError("masked_fill whose mask or value is computed from the inputs "
+                         "(sbpc folds masks made from buffers and constants, such as causal masks)")
+    x = im.lift(x)
+    return x + _additive_mask(im, mask_value.astype(bool), float(fill), x)
+
+
+@rule("aten.where.self")
+def _where(im: _Importer, condition, a, b):
+    cond = im.known(condition)
+    if cond is None:
+        raise ValueError("where with a condition computed from the inputs")
+    cond = cond.astype(bool)
+    for kept, other, choose in ((a, b, ~cond), (b, a, cond)):
+        fill = im.known(other)
+        if isinstance(kept, Tensor) and fill is not None and fill.size == 1:
+            return kept + _additive_mask(im, choose, float(fill), kept) if choose.any() else kept
+    raise ValueError("where that chooses between two computed tensors")
+
+
+@rule("aten.scaled_dot_product_attention")
+def _sdpa(im: _Importer, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    if dropout_p > 0:
+        raise ValueError(f"attention dropout p={dropout_p}: sbpc has no random dropout yet")
+    if enable_gqa:
+        raise ValueError("grouped-query attention (enable_gqa): repeat the key and value heads instead")
+    q, k, v = im.lift(q), im.lift(k), im.lift(v)
+    length, source = q.shape[-2], k.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = fe.matmul(q, k, transpose_b=True) * scale
+    if is_causal:
+        scores = scores + _additive_mask(im, ~np.tril(np.ones((length, source), bool)), -math.inf, scores)
+    if attn_mask is not None:
+        mask = im.known(attn_mask)
+        if mask is None:
+            scores = scores + im.lift(attn_mask)
+        elif mask.dtype == np.bool_:
+            scores = scores + _additive_mask(im, ~mask, -math.inf, scores)
+        else:
+            scores = scores + im.lift(attn_mask)
+    return fe.matmul(fe.softmax(scores, len(scores.shape) - 1), v)
+
+
+@rule("aten.cross_entropy_loss")
+def _cross_entropy(im: _Importer, logits, target, weight=None, reduction=1, ignore_index=-100,
+                   label_smoothing=0.0):
+    if weight is not None or label_smoothing:
+        raise ValueError("cross_entropy with class weights or label smoothing")
+    if reduction not in (1, 2):
+        raise ValueError("cross_entropy with reduction='none'")
+    logits, target = im.lift(logits), im.lift(target)
+    if len(logits.shape) != 2:
+        raise ValueError(f"cross_entropy of {len(logits.shape)}-D logits: flatten them to (N, C) as nanoGPT does")
+    # PyTorch's mean is over the targets not ignored, a count only the data
+    # knows: the sum and the count are separate reductions (each a partial
+    # sum when the batch is split), divided at the end
+    hot = logits.graph.add(lg.OneHotOp(target.value, logits.shape[-1], logits.dtype, ignore_index))
+    picked = fe.reduce_sum(hot * fe.log_softmax(logits, 1), [0, 1])
+    if reduction == 2:
+        return -picked
+    return -(picked / fe.reduce_sum(hot, [0, 1]))
+
+
+@rule("aten.mse_loss")
+def _mse(im: _Importer, a, b, reduction=1):
+    if reduction != 1:
+        raise ValueError("mse_loss with reduction other than 'mean'")
+    return fe.mse_loss(im.lift(a), im.lift(b))
