@@ -35,7 +35,10 @@ the op or the name, and the user's source line where PyTorch recorded it.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
+import io
+import logging
 import math
 import operator
 import re
@@ -65,10 +68,24 @@ def from_torch(module, args, kwargs: Mapping[str, Any] | None = None, *, sbp: Ma
 
     args = tuple(args) if isinstance(args, tuple | list) else (args,)
     try:
-        program = torch.export.export(module, args, kwargs=dict(kwargs or {}))
+        with _quiet_torch():
+            program = torch.export.export(module, args, kwargs=dict(kwargs or {}))
     except Exception as error:  # export's failures come in many classes; each becomes one message
         raise TorchImportError(_export_failure(module, error)) from None
     return _Importer(program, module, dict(sbp or {}), placement, name or type(module).__name__).graph()
+
+
+@contextlib.contextmanager
+def _quiet_torch():
+    """Export logs and prints its graph and guesses on failure; the error says what matters."""
+    logger = logging.getLogger("torch")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        logger.setLevel(level)
 
 
 def _export_failure(module, error: Exception) -> str:
@@ -113,6 +130,7 @@ class _Importer:
         self.lifted: dict[int, Tensor] = {}
         self.matched: set[str] = set()
         self.params: dict[str, Tensor] = {}
+        self.inputs: dict[str, Any] = {}
 
     # -- the graph ------------------------------------------------------------------
 
@@ -126,7 +144,10 @@ class _Importer:
         self.g.initial_values = {}
         self.g.state_names = {}
         self.g.buffers = {}
-        for node in self.program.graph.nodes:
+        nodes = list(self.program.graph.nodes)
+        for node in sorted(nodes, key=lambda n: n.op != "placeholder"):
+            if node.op != "placeholder" and self.node is not None and self.node.op == "placeholder":
+                self._check_patterns()
             self.node = node
             if node.op == "placeholder":
                 spec = specs[node.name]
@@ -145,14 +166,16 @@ class _Importer:
                 self.env[node] = self._call(node)
             elif node.op == "output":
                 self._outputs(node)
+        return self.g
+
+    def _check_patterns(self) -> None:
         unmatched = sorted(set(self.sbp) - self.matched)
         if unmatched:
-            inputs = [s.arg.name for s in sig.input_specs if s.kind == InputKind.USER_INPUT]
+            inputs = [name for name, t in self.inputs.items()]
             raise TorchImportError(
                 f"sbp pattern {unmatched[0]!r} matches no input or parameter of {type(self.module).__name__} "
                 f"(inputs: {inputs}; parameters such as {list(self.g.state_names)[:4]})"
             )
-        return self.g
 
     def _names(self) -> dict[int, list[str]]:
         """Every state_dict name of each parameter object (tied weights have several)."""
@@ -197,6 +220,7 @@ class _Importer:
         value = node.meta.get("val")
         if value is None or not hasattr(value, "shape"):
             raise TorchImportError(f"input {node.name!r} is not a tensor; sbpc takes tensor inputs only")
+        self.inputs[node.name] = value
         return self.g.input(node.name, tuple(int(d) for d in value.shape),
                             self._dtype(value, f"input {node.name!r}"), sbp=self._hint(node.name))
 
@@ -220,7 +244,7 @@ class _Importer:
 
     def _output_keys(self, count: int) -> list[str]:
         spec = self.program.call_spec.out_spec
-        if spec is None or count == 1 and not spec.children_specs:
+        if spec is None or spec.is_leaf():
             return ["loss"]
         if spec.type is dict:
             return [str(k) for k in spec.context]
@@ -250,8 +274,8 @@ class _Importer:
         rule = RULES.get(name)
         if rule is None:
             raise self._error(
-                f"the ATen op {name} ({node.name}) has no lg lowering in sbpc yet; "
-                f"supported: {', '.join(sorted(RULES))}"
+                f"the ATen op {name} ({node.name}) has no lg lowering in sbpc yet "
+                f"(the {len(RULES)} supported ones are listed in sbpc.torch_frontend.RULES)"
             )
         try:
             return rule(self, *args, **kwargs)
@@ -478,8 +502,12 @@ def _layer_norm(im: _Importer, x, normalized_shape, weight=None, bias=None, eps=
     if len(normalized_shape) != 1:
         raise ValueError(f"layer_norm over {len(normalized_shape)} axes (sbpc normalizes one, the last)")
     x = im.lift(x)
-    return fe.layernorm(x, None if weight is None else im.lift(weight), None if bias is None else im.lift(bias),
-                        axis=len(x.shape) - 1, eps=eps)
+    if weight is not None and bias is not None:
+        return fe.layernorm(x, im.lift(weight), im.lift(bias), axis=len(x.shape) - 1, eps=eps)
+    # lg.layernorm is plain or affine with both; LayerNorm(bias=False) scales after
+    y = fe.layernorm(x, axis=len(x.shape) - 1, eps=eps)
+    y = y if weight is None else y * im.lift(weight)
+    return y if bias is None else y + im.lift(bias)
 
 
 @rule("aten.rms_norm")
@@ -544,6 +572,13 @@ def _expand(im: _Importer, x, size, implicit=False):
     lead = len(size) - len(x.shape)
     shape = [x.shape[i - lead] if d == -1 else int(d) for i, d in enumerate(size)]
     return x if tuple(shape) == x.shape else fe.broadcast_to(x, shape)
+
+
+@rule("aten.broadcast_tensors")
+def _broadcast_tensors(im: _Importer, tensors):
+    values = [im.lift(t) for t in tensors]
+    shape = np.broadcast_shapes(*(v.shape for v in values))
+    return [v if v.shape == shape else fe.broadcast_to(v, shape) for v in values]
 
 
 @rule("aten.contiguous", "aten.clone", "aten.alias", "aten.lift_fresh_copy")

@@ -1,0 +1,273 @@
+"""`sbpc.from_torch`: PyTorch modules of every family in
+`examples/torch_models.py`, imported through torch.export and trained by sbpc
+(1 rank, data parallel on 2 real MPI ranks, tensor parallel or 2-D on 4),
+against the same module trained by PyTorch from the same weights on the same
+batches: the loss within 1e-5 relative at every step, the parameters within
+PyTorch's own float32-vs-float64 spread, and the weights back in PyTorch
+reproducing sbpc's next loss. Then the import errors, each naming the thing
+and the user's line."""
+
+import copy
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import sbpc
+from sbpc import B, S
+from sbpc.runtime.executor import RuntimeFailure
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+import torch_models as tm  # noqa: E402
+
+STEPS = 20
+TP = {"*.c_attn.weight": S(0), "*.c_attn.bias": S(0), "*.attn.c_proj.weight": S(1),
+      "*.c_fc.weight": S(0), "*.c_fc.bias": S(0), "*.mlp.c_proj.weight": S(1)}
+"""Megatron's split of nanoGPT: column-parallel in, row-parallel out."""
+LLAMA_TP = {"*.wq.weight": S(0), "*.wk.weight": S(0), "*.wv.weight": S(0), "*.wo.weight": S(1),
+            "*.w1.weight": S(0), "*.w3.weight": S(0), "*.w2.weight": S(1)}
+
+
+def tokens(seed, batch=4, seq=16, vocab=65):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, vocab, (batch, seq), generator=g)
+    y = torch.randint(0, vocab, (batch, seq), generator=g)
+    y[0, :3] = -1  # nanoGPT's ignored targets
+    return x, y
+
+
+def loss_of(result):
+    if isinstance(result, dict):
+        return result["loss"]
+    return result[-1] if isinstance(result, tuple) else result
+
+
+def torch_run(model, batches, make_opt, dtype):
+    """PyTorch's own training: the loss per step and the final parameters."""
+    model = copy.deepcopy(model).to(dtype)
+    opt = make_opt(model)
+    losses = []
+    for x, y in batches:
+        x = x.to(dtype) if x.is_floating_point() else x
+        y = y.to(dtype) if y.is_floating_point() else y
+        opt.zero_grad()
+        loss = loss_of(model(x, y))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, {k: v.detach().double() for k, v in model.state_dict().items()}
+
+
+def check_training(model, batches, names, optimizer, make_opt, ranks=1, sbp=None, mesh=None):
+    where = sbpc.placement("cpu", ranks, mesh)
+    graph = sbpc.from_torch(model, batches[0], sbp=sbp, placement=where)
+    exe = sbpc.compile(graph, optimizer=optimizer, mode="simulate" if ranks == 1 else "auto")
+    losses = [float(exe.train_step(dict(zip(names, (t.numpy() for t in b))))["loss"]) for b in batches[:-1]]
+    ref32, params32 = torch_run(model, batches[:-1], make_opt, torch.float32)
+    ref64, params64 = torch_run(model, batches[:-1], make_opt, torch.float64)
+    np.testing.assert_allclose(losses, ref32, rtol=1e-5)
+    state = exe.state_dict()
+    assert set(state) == set(model.state_dict())
+    for key, p64 in params64.items():
+        ours = state[key].double()
+        spread = (params32[key] - p64).abs().max().item()
+        # sbpc is float32 too: its distance from float64 is PyTorch's own,
+        # within a factor, plus float32 rounding of the tensor's scale: split
+        # reductions sum in another order, and Adam turns a last-bit change
+        # of a near-zero gradient into a visible change of its update
+        assert (ours - p64).abs().max().item() <= 4 * spread + 1e-5 * p64.abs().max().item(), key
+    # the weights back in PyTorch give sbpc's next loss
+    model = copy.deepcopy(model)
+    model.load_state_dict(state)
+    last = batches[-1]
+    expected = float(exe.train_step(dict(zip(names, (t.numpy() for t in last))))["loss"])
+    with torch.no_grad():
+        assert loss_of(model(*last)).item() == pytest.approx(expected, rel=1e-5)
+    return exe
+
+
+def adamw():
+    groups = [{"params": ["*.bias", "*ln_*"], "weight_decay": 0.0}]
+    return sbpc.optim.AdamW(lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1, groups=groups)
+
+
+def torch_adamw(model):
+    no_decay = [p for n, p in model.named_parameters() if n.endswith(".bias") or ".ln_" in n]
+    decay = [p for n, p in model.named_parameters() if not (n.endswith(".bias") or ".ln_" in n)]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                             lr=1e-3, betas=(0.9, 0.95))
+
+
+def gpt(**config):
+    torch.manual_seed(0)
+    return tm.GPT(tm.GPTConfig(**config))
+
+
+@pytest.mark.parametrize("ranks, sbp, mesh", [
+    (1, None, None),
+    (2, {"idx": S(0), "targets": S(0)}, None),
+    (4, {"idx": (S(0), B), "targets": (S(0), B), **{k: (B, v) for k, v in TP.items()}}, (2, 2)),
+], ids=["1 rank", "data parallel 2", "2-D 2x2"])
+def test_nanogpt_with_masked_fill_attention_trains_as_pytorch(ranks, sbp, mesh):
+    batches = [tokens(i) for i in range(STEPS + 1)]
+    check_training(gpt(), batches, ["idx", "targets"], adamw(), torch_adamw, ranks, sbp, mesh)
+
+
+def test_nanogpt_with_sdpa_tanh_gelu_and_no_bias_trains_tensor_parallel_as_pytorch():
+    batches = [tokens(i) for i in range(STEPS + 1)]
+    tp = {k: v for k, v in TP.items() if "bias" not in k}
+    check_training(gpt(flash=True, gelu="tanh", bias=False), batches, ["idx", "targets"], adamw(), torch_adamw,
+                   4, tp)
+
+
+@pytest.mark.parametrize("ranks, sbp", [(1, None), (2, {"tokens": S(0), "targets": S(0)}), (4, LLAMA_TP)],
+                         ids=["1 rank", "data parallel 2", "tensor parallel 4"])
+def test_llama_blocks_train_as_pytorch(ranks, sbp):
+    torch.manual_seed(0)
+    model = tm.Llama(tm.LlamaConfig())
+    batches = [tokens(i) for i in range(STEPS + 1)]
+    batches = [(x, y.clamp(min=0)) for x, y in batches]
+    check_training(model, batches, ["tokens", "targets"], sbpc.optim.Adam(lr=1e-3),
+                   lambda m: torch.optim.Adam(m.parameters(), lr=1e-3), ranks, sbp)
+
+
+def regression_batches(count, rows=8):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(rows, 16, generator=g), torch.randn(rows, 4, generator=g)) for _ in range(count)]
+
+
+def class_batches(count, rows=8):
+    g = torch.Generator().manual_seed(2)
+    return [(torch.randn(rows, 16, generator=g), torch.randint(0, 4, (rows,), generator=g)) for _ in range(count)]
+
+
+@pytest.mark.parametrize("activation", [nn.ReLU, nn.SiLU, nn.Tanh])
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_mlps_train_as_pytorch(activation, ranks):
+    torch.manual_seed(0)
+    model = tm.Classifier(activation=activation)
+    sbp = {"x": S(0), "labels": S(0)} if ranks == 2 else None
+    check_training(model, class_batches(STEPS + 1), ["x", "labels"], sbpc.optim.SGD(lr=0.1, momentum=0.9),
+                   lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), ranks, sbp)
+
+
+def test_a_regressor_trains_tensor_parallel_on_four_ranks_as_pytorch():
+    torch.manual_seed(0)
+    sbp = {"net.0.weight": S(0), "net.0.bias": S(0), "net.2.weight": S(1)}
+    check_training(tm.Regressor(), regression_batches(STEPS + 1), ["x", "y"], sbpc.optim.Adam(lr=1e-2),
+                   lambda m: torch.optim.Adam(m.parameters(), lr=1e-2), 4, sbp)
+
+
+# -- what the import keeps -----------------------------------------------------------
+
+
+def test_names_layouts_tied_weights_and_outputs_follow_pytorch():
+    model = gpt()
+    graph = sbpc.from_torch(model, tokens(0))
+    text = str(graph.module())
+    # the Linear weight stays (out, in), applied transposed
+    assert 'lg.param "transformer.h.0.attn.c_attn.weight"' in text and "tensor<96x32xf32>" in text
+    assert "transpose_rhs" in text
+    # lm_head and wte are one parameter, under both names
+    assert graph.state_names["lm_head.weight"] == graph.state_names["transformer.wte.weight"]
+    assert text.count('"lm_head.weight"') + text.count('"transformer.wte.weight"') == 1
+    # the causal mask and the positions are constants, not inputs
+    assert 'lg.input "idx"' in text and 'lg.input "targets"' in text and text.count("lg.input") == 2
+    assert 'lg.output ["output0", "loss"]' in text
+    np.testing.assert_array_equal(graph.buffers["transformer.h.0.attn.bias"],
+                                  model.state_dict()["transformer.h.0.attn.bias"].numpy())
+
+
+def test_a_dict_output_keeps_its_keys_and_inference_matches():
+    class Heads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Linear(8, 8)
+
+        def forward(self, x):
+            h = torch.nn.functional.gelu(self.body(x))
+            return {"mean": h.mean(dim=0), "loss": (h * h).mean()}
+
+    torch.manual_seed(0)
+    model = Heads()
+    x = torch.randn(4, 8)
+    exe = sbpc.compile(sbpc.from_torch(model, (x,), placement=sbpc.placement("cpu", 1)), mode="simulate")
+    out = exe.run({"x": x.numpy()})
+    expected = model(x)
+    np.testing.assert_allclose(out["mean"], expected["mean"].detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert float(out["loss"]) == pytest.approx(expected["loss"].item(), rel=1e-5)
+
+
+def test_adamw_groups_decay_only_what_they_name():
+    spec = adamw().pass_spec()
+    assert 'decay_groups="*.bias:0.0;*ln_*:0.0"' in spec and "weight_decay=0.1" in spec
+    with pytest.raises(ValueError, match="decoupled"):
+        sbpc.optim.Adam(weight_decay=0.1).pass_spec()
+    with pytest.raises(ValueError, match="'params'"):
+        sbpc.optim.AdamW(groups=[{"lr": 1.0}]).pass_spec()
+
+
+# -- errors ---------------------------------------------------------------------------
+
+
+class Cumulative(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.cumsum(self.proj(x), 0).sum()  # the line the error names
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.proj(x)
+        if y.sum() > 0:  # the line the error names
+            return y.mean()
+        return -y.mean()
+
+
+def test_an_unsupported_op_is_named_with_the_users_line():
+    with pytest.raises(sbpc.TorchImportError) as info:
+        sbpc.from_torch(Cumulative(), (torch.randn(2, 4),))
+    message = str(info.value)
+    assert "aten.cumsum" in message
+    assert f"{__file__}:" in message and "torch.cumsum(self.proj(x), 0).sum()" in message
+
+
+def test_data_dependent_control_flow_is_named_with_the_users_line():
+    with pytest.raises(sbpc.TorchImportError) as info:
+        sbpc.from_torch(Branchy(), (torch.randn(2, 4),))
+    message = str(info.value)
+    assert "data-dependent control flow" in message and "if y.sum() > 0:" in message and f"{__file__}:" in message
+
+
+def test_a_pattern_that_matches_nothing_and_a_wrong_input_name_are_named():
+    where = sbpc.placement("cpu", 2)
+    with pytest.raises(sbpc.TorchImportError, match=r"'proj.wieght' matches no input or parameter .*'proj.weight'"):
+        sbpc.from_torch(Cumulative(), (torch.randn(2, 4),), sbp={"proj.wieght": S(0)}, placement=where)
+    with pytest.raises(sbpc.TorchImportError, match=r"'inputs' matches no input .*inputs: \['x'\]"):
+        sbpc.from_torch(Cumulative(), (torch.randn(2, 4),), sbp={"inputs": S(0)}, placement=where)
+
+
+def test_a_feed_under_a_wrong_name_is_named():
+    model = tm.Regressor()
+    exe = sbpc.compile(sbpc.from_torch(model, regression_batches(1)[0], placement=sbpc.placement("cpu", 1)),
+                       optimizer=sbpc.optim.SGD(lr=0.1), mode="simulate")
+    x, y = regression_batches(1)[0]
+    with pytest.raises(RuntimeFailure, match=r"feed 'inputs' is not an input of @Regressor .*'x', 'y'"):
+        exe.train_step({"inputs": x.numpy(), "y": y.numpy()})
+
+
+def test_dropout_in_training_is_refused_with_the_users_line():
+    model = gpt(dropout=0.1)
+    with pytest.raises(sbpc.TorchImportError, match=r"dropout with p=0.1 .*\n  at .*torch_models.py:\d+"):
+        sbpc.from_torch(model, tokens(0))
