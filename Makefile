@@ -24,6 +24,7 @@ run: setup
 	$(BIN)/python examples/gpt.py --ranks 2 --steps 300
 	$(BIN)/python examples/gpt.py --ranks 4 --parallel tp --steps 120
 	$(BIN)/python examples/gpt.py --ranks 4 --parallel pipeline --steps 120
+	$(BIN)/python examples/torch_gpt.py --ranks 2 --steps 200
 
 test: lint typecheck lit pytest
 

@@ -42,6 +42,7 @@ import logging
 import math
 import operator
 import re
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -82,7 +83,10 @@ def _quiet_torch():
     level = logger.level
     logger.setLevel(logging.CRITICAL)
     try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+                warnings.catch_warnings():
+            # torch's own deprecations inside export (pytree internals), not the user's
+            warnings.simplefilter("ignore", FutureWarning)
             yield
     finally:
         logger.setLevel(level)
