@@ -74,7 +74,8 @@ def kernel_names(program) -> set[str]:
 
 
 ALL_KERNELS = {op.name for op in kernels.NUMPY.ops() if hasattr(op, "name") and isinstance(op.name, str)} - {
-    "lg.neg", "lg.tanh", "lg.erf", "lg.exp", "lg.sqrt", "lg.rsqrt", "lg.gelu", "lg.relu", "lg.step", "lg.div", "plan.fused"}
+    "lg.neg", "lg.tanh", "lg.erf", "lg.exp", "lg.sqrt", "lg.rsqrt", "lg.gelu", "lg.relu", "lg.step", "lg.div",
+    "plan.fused"}
 """Kernels that must appear as actors (the elementwise ones may all be fused)."""
 
 
