@@ -271,3 +271,19 @@ def test_dropout_in_training_is_refused_with_the_users_line():
     model = gpt(dropout=0.1)
     with pytest.raises(sbpc.TorchImportError, match=r"dropout with p=0.1 .*\n  at .*torch_models.py:\d+"):
         sbpc.from_torch(model, tokens(0))
+
+
+def test_an_unhinted_module_is_planned_automatically_and_takes_weights_from_pytorch():
+    torch.manual_seed(0)
+    model = tm.Classifier(sizes=(16, 64, 64, 4))
+    x, labels = torch.randn(32, 16), torch.randint(0, 4, (32,))
+    graph = sbpc.from_torch(model, (x, labels), placement=sbpc.placement("cpu", 2))
+    exe = sbpc.compile(graph, plan="auto", optimizer=sbpc.optim.SGD(lr=0.1))
+    assert exe.autoplan["chosen"].startswith("mesh 2")
+    feeds = {"x": x.numpy(), "labels": labels.numpy()}
+    assert float(exe.train_step(feeds)["loss"]) == pytest.approx(model(x, labels).item(), rel=1e-5)
+    other = tm.Classifier(sizes=(16, 64, 64, 4))
+    exe.load_state_dict(other.state_dict())
+    assert float(exe.train_step(feeds)["loss"]) == pytest.approx(other(x, labels).item(), rel=1e-5)
+    with pytest.raises(ValueError, match=r"state_dict\['net.0.weight'\] has shape \[32, 16\], the plan wants \[64, 16\]"):
+        exe.load_state_dict(tm.Classifier(sizes=(16, 32, 64, 4)).state_dict())
