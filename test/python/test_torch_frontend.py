@@ -285,5 +285,6 @@ def test_an_unhinted_module_is_planned_automatically_and_takes_weights_from_pyto
     other = tm.Classifier(sizes=(16, 64, 64, 4))
     exe.load_state_dict(other.state_dict())
     assert float(exe.train_step(feeds)["loss"]) == pytest.approx(other(x, labels).item(), rel=1e-5)
-    with pytest.raises(ValueError, match=r"state_dict\['net.0.weight'\] has shape \[32, 16\], the plan wants \[64, 16\]"):
+    wrong = r"state_dict\['net.0.weight'\] has shape \[32, 16\], the plan wants \[64, 16\]"
+    with pytest.raises(ValueError, match=wrong):
         exe.load_state_dict(tm.Classifier(sizes=(16, 32, 64, 4)).state_dict())
