@@ -105,6 +105,19 @@ def test_bad_feeds_are_rejected_before_running(tmp_path):
     assert "Traceback" not in done.stderr
 
 
+def test_checking_feeds_does_not_walk_the_plan_each_step():
+    """train_step checks its feeds on the driver and on every rank each step;
+    walking every register of the plan there cost ~10 ms of CPU per step on
+    a 2-layer GPT (the API at 0.84x of in-rank speed)."""
+    from sbpc.runtime.executor import check_feeds, feed_types
+
+    exe = sbpc.compile(sbpc.parse_module((EXAMPLES / "mlp.mlir").read_text()), mode="simulate")
+    first = feed_types(exe.program)
+    assert set(first) == {"x", "labels"} and feed_types(exe.program) is first
+    checked = check_feeds(exe.program, {"x": np.zeros((32, 64), np.float32), "labels": np.zeros(32, np.int64)})
+    assert checked["x"].shape == (32, 64) and feed_types(exe.program) is first
+
+
 GATHER = """
 sbp.placement @m cpu ranks [0, 1] mesh [2]
 lg.graph @lookup on @m {
