@@ -13,7 +13,9 @@ mode:
 - `fsdp`: the parameters split too (FSDP / ZeRO-3: gathered for each use);
 
 from each start of the inputs (free, batch split, replicated: sbp-infer's
-search finds different plans from each, and the simulator judges them).
+search finds different plans from each, and the simulator judges them), and
+plain data parallelism (the batch split, every weight replicated) on the
+one-axis mesh.
 With `training` (the input is the forward graph), it also tries every
 split into pipeline stages (a contiguous cut of the forward ops balancing
 their flops where the fewest bytes cross, stage i on the i-th block of
@@ -124,8 +126,10 @@ class Layout:
     (sbp-infer chooses), `split` (the batch, axis 0, over the first mesh
     axis: data parallelism is the natural plan) or `replicated` (every
     device sees the whole batch: only the weights can be split, tensor
-    parallelism). The simulator judges what the cost model's search finds
-    from each start."""
+    parallelism) or `data` (the batch split and every weight replicated:
+    plain data parallelism, which the cost model's search from `split`
+    does not always reach, as its costs are not the simulator's). The
+    simulator judges what the cost model's search finds from each start."""
 
     def describe(self) -> str:
         mesh = "x".join(map(str, self.mesh))
@@ -154,6 +158,9 @@ def layouts(devices: int, modes: Sequence[str], batch: int | None, forward_ops: 
     micro-batch)."""
     out = [Layout(mesh, mode, inputs=inputs) for mesh in mesh_shapes(devices) for inputs in INPUTS
            for mode in modes]
+    # plain data parallelism over every device, replicated or with ZeRO
+    # (FSDP shards the weights the start replicates)
+    out += [Layout((devices,), mode, inputs="data") for mode in modes if mode != "fsdp"]
     if batch is None:
         return out
     for stages in range(2, devices + 1):
@@ -298,7 +305,20 @@ def _place_stages(module: ModuleOp, graph: lg.GraphOp, placement: PlacementOp, l
 
 
 def _seed_inputs(graph: lg.GraphOp, layout: Layout) -> None:
-    """Hints the graph's unhinted inputs of rank >= 1 as `layout.inputs` says."""
+    """Hints the graph's unhinted inputs of rank >= 1 as `layout.inputs` says
+    (and, for `data`, every unhinted weight replicated, with its optimizer
+    state unless ZeRO splits that: as a hand-written data-parallel plan
+    hints its weights before lg-optimizer, which hints their state alike)."""
+    if layout.inputs == "data":
+        for p in graph.body.ops:
+            if (isinstance(p, lg.ParamOp) and not isinstance(p.result.type, DTensorType)
+                    and (layout.memory == "replicated" or not _is_state(p.key.data))):
+                where = p.attributes.get(PLACEMENT_ATTR, graph.placement)
+                assert isinstance(where, SymbolRefAttr)
+                mesh = lookup_placement(p, where).mesh().shape
+                t = p.result.type
+                Rewriter.replace_value_with_new_type(p.result, dtensor_of(global_shape(t), t.element_type,
+                                                                          where.string_value(), [Sbp.B] * len(mesh)))
     for o in graph.body.ops:
         if not isinstance(o, lg.InputOp) or isinstance(o.result.type, DTensorType):
             continue
@@ -308,7 +328,7 @@ def _seed_inputs(graph: lg.GraphOp, layout: Layout) -> None:
         where = o.attributes.get(PLACEMENT_ATTR, graph.placement)
         assert isinstance(where, SymbolRefAttr)
         mesh = lookup_placement(o, where).mesh().shape
-        if layout.inputs == "split" and shape[0] >= mesh[0]:
+        if layout.inputs in ("split", "data") and shape[0] >= mesh[0]:
             nd = (Sbp.S(0), *([Sbp.B] * (len(mesh) - 1)))
         else:
             nd = tuple([Sbp.B] * len(mesh))

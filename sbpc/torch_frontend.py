@@ -96,7 +96,7 @@ def _export_failure(module, error: Exception) -> str:
     """torch.export's reason in a sentence, with the user's line."""
     text = str(error)
     first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
-    where = _user_line(text, module)
+    where = _user_line(text)
     kind = ("data-dependent control flow (a Python branch on a tensor's value)"
             if "data-dependent" in text or "data dependent" in text else "torch.export failed")
     return f"cannot capture {type(module).__name__} with torch.export: {kind}: {first}" + (
@@ -106,7 +106,7 @@ def _export_failure(module, error: Exception) -> str:
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)')
 
 
-def _user_line(trace: str, module=None) -> str | None:
+def _user_line(trace: str) -> str | None:
     """The last frame of a PyTorch stack trace outside torch and sbpc: the user's line."""
     frames = [m for m in _FRAME.finditer(trace or "")
               if "/torch/" not in m.group(1) and "/sbpc/" not in m.group(1) and "<" not in m.group(1)]
@@ -249,7 +249,8 @@ class _Importer:
     def _output_keys(self, count: int) -> list[str]:
         spec = self.program.call_spec.out_spec
         if spec is None or spec.is_leaf():
-            return ["loss"]
+            only = self._output_value(0)
+            return ["loss" if only is not None and tuple(only.shape) == () else "output"]
         if spec.type is dict:
             return [str(k) for k in spec.context]
         keys = [f"output{i}" for i in range(count)]
@@ -272,9 +273,12 @@ class _Importer:
     def _call(self, node):
         args = _map(node.args, self._value)
         kwargs = {k: _map(v, self._value) for k, v in node.kwargs.items()}
-        if not any(isinstance(a, Tensor) for a in _flat([args, kwargs])):
-            return self._fold(node, args, kwargs)
         name = _op_name(node.target)
+        if not any(isinstance(a, Tensor) for a in _flat([args, kwargs])):
+            try:
+                return self._fold(node, args, kwargs)
+            except Exception as error:  # noqa: BLE001 - PyTorch's own failure, reported with the op
+                raise self._error(f"{name} ({node.name}) on constants failed in PyTorch: {error}") from None
         rule = RULES.get(name)
         if rule is None:
             raise self._error(
@@ -285,8 +289,10 @@ class _Importer:
             return rule(self, *args, **kwargs)
         except TorchImportError:
             raise
-        except (ValueError, TypeError) as error:
+        except (ValueError, TypeError) as error:  # an argument or a shape the lowering does not take
             raise self._error(f"{name} ({node.name}): {error}") from None
+        except Exception as error:  # noqa: BLE001 - a lowering bug is still reported with the op and the line
+            raise self._error(f"{name} ({node.name}) could not be lowered: {type(error).__name__}: {error}") from None
 
     def _value(self, a):
         return self.env[a] if hasattr(a, "op") and a in self.env else a

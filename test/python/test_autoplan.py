@@ -57,7 +57,10 @@ def test_the_choice_is_the_fastest_layout_and_says_so():
     graph = next(iter(lg.graphs(module)))
     chosen = graph.attributes["sbp.autoplan"].data
     alternatives = [a.data for a in graph.attributes["sbp.autoplan.alternatives"].data]
-    assert len(alternatives) == 18  # {4, 2x2} x inputs {free, split, replicated} x {replicated, zero, fsdp}
+    # {4, 2x2} x inputs {free, split, replicated} x {replicated, zero, fsdp}, and plain data
+    # parallelism on the mesh 4, replicated and with ZeRO
+    assert len(alternatives) == 20
+    assert any(a.startswith("mesh 4, inputs data, replicated") for a in alternatives)
     assert chosen.startswith(alternatives[0])  # ranked fastest first
     times = [float(a.split("predicted ")[1].split(" ms")[0]) for a in alternatives]
     assert times == sorted(times)
@@ -65,6 +68,25 @@ def test_the_choice_is_the_fastest_layout_and_says_so():
     for op in graph.body.ops:
         for r in op.results:
             assert hasattr(r.type, "nd_sbp"), op
+
+
+
+def test_the_data_start_is_plain_data_parallelism():
+    """Every weight and its optimizer state replicated, the batch split: what
+    a hand-written data-parallel plan is, which sbp-infer's own search from a
+    split batch does not always reach (its costs are not the simulator's)."""
+    from sbpc.lowering.sbp_autoplan import Layout
+    from sbpc.perf.cluster import load_cluster
+
+    trial = SbpAutoplanPass(strategy="auto")._try(training(4), Layout((4,), "replicated", inputs="data"),
+                                                  [0, 1, 2, 3], load_cluster("cpu", 4), {})
+    assert not trial.rejected and trial.module is not None
+    graph = next(iter(lg.graphs(trial.module)))
+    params = [op for op in graph.body.ops if isinstance(op, lg.ParamOp)]
+    assert params and all(str(op.result.type.nd_sbp) == "#sbp.nd<B>" for op in params), [
+        (op.key.data, str(op.result.type.nd_sbp)) for op in params]
+    inputs = [op for op in graph.body.ops if isinstance(op, lg.InputOp) and op.key.data != "lr"]
+    assert inputs and all("S<0>" in str(op.result.type) for op in inputs)
 
 
 RESIDUAL = """

@@ -202,6 +202,17 @@ def test_a_dict_output_keeps_its_keys_and_inference_matches():
     assert float(out["loss"]) == pytest.approx(expected["loss"].item(), rel=1e-5)
 
 
+def test_a_single_output_is_the_loss_only_when_it_is_a_scalar():
+    torch.manual_seed(0)
+    net = tm.mlp((16, 8, 4))
+    x = torch.randn(2, 16)
+    graph = sbpc.from_torch(net, (x,), placement=sbpc.placement("cpu", 1))
+    assert 'lg.output ["output"]' in str(graph.module())
+    out = sbpc.compile(graph, mode="simulate").run({"input": x.numpy()})["output"]
+    np.testing.assert_allclose(out, net(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert 'lg.output ["loss"]' in str(sbpc.from_torch(tm.Classifier(), class_batches(1)[0]).module())
+
+
 def test_adamw_groups_decay_only_what_they_name():
     spec = adamw().pass_spec()
     assert 'decay_groups="*.bias:0.0;*ln_*:0.0"' in spec and "weight_decay=0.1" in spec
