@@ -262,12 +262,11 @@ class Classifier(nn.Module):
         return F.cross_entropy(self.net(x), labels)
 
 
-class Regressor(nn.Module):
+class Regressor(Classifier):
     """An MLP and a mean-squared-error loss: `forward` returns the loss alone."""
 
     def __init__(self, sizes=(16, 32, 32, 4), activation=nn.Tanh):
-        super().__init__()
-        self.net = mlp(sizes, activation)
+        super().__init__(sizes, activation)
 
     def forward(self, x, y):
         return F.mse_loss(self.net(x), y)
