@@ -28,6 +28,7 @@ into the parameter `<name>` (Executable.train_step does this).
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xdsl.context import Context
@@ -75,9 +76,9 @@ class LgOptimizerPass(ModulePass):
             raise PassFailedException(
                 f"lg-optimizer: unknown algorithm '{self.algorithm}' (choose {', '.join(ALGORITHMS)})"
             )
-        self._groups()
+        groups = self._groups()
         for graph in lg.graphs(op):
-            self.update(graph)
+            self.update(graph, groups)
 
     def _groups(self) -> list[tuple[str, float]]:
         groups = []
@@ -93,10 +94,7 @@ class LgOptimizerPass(ModulePass):
                 )
         return groups
 
-    def _decay(self, key: str) -> float:
-        return next((d for pattern, d in self._groups() if fnmatch.fnmatchcase(key, pattern)), self.weight_decay)
-
-    def update(self, graph: lg.GraphOp) -> None:
+    def update(self, graph: lg.GraphOp, groups: Sequence[tuple[str, float]] = ()) -> None:
         output = graph.output()
         names = [n.data for n in output.names.data]
         params = {o.key.data: o for o in graph.body.ops if isinstance(o, lg.ParamOp)}
@@ -146,7 +144,7 @@ class LgOptimizerPass(ModulePass):
                 m_hat = e.emit(lg.DivOp(m_new, bias1))
                 v_hat = e.emit(lg.DivOp(v_new, bias2))
                 step = e.emit(lg.DivOp(m_hat, e.emit(lg.AddOp(e.emit(lg.SqrtOp(v_hat)), e.scalar(self.eps, v_hat)))))
-                decay = self._decay(key)
+                decay = next((d for pattern, d in groups if fnmatch.fnmatchcase(key, pattern)), self.weight_decay)
                 if self.algorithm == "adamw" and decay:
                     step = e.emit(lg.AddOp(step, e.emit(lg.MulOp(w, e.scalar(decay, w)))))
             new.append((key, e.emit(lg.SubOp(w, e.emit(lg.MulOp(step, lr))))))

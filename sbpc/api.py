@@ -326,7 +326,7 @@ class Executable:
             raise ValueError(f"state_dict lacks {missing[:5]}{' ...' if len(missing) > 5 else ''}")
         shapes = self._param_types()
         for name, key in names.items():
-            value = np.asarray(state[name].detach().cpu().numpy() if hasattr(state[name], "detach") else state[name])
+            value = _array(state[name])
             shape, dtype = shapes[key]
             if value.shape != shape:
                 raise ValueError(f"state_dict[{name!r}] has shape {list(value.shape)}, the plan wants {list(shape)}")
@@ -335,8 +335,7 @@ class Executable:
             given = state.get(name)
             if given is None:
                 continue
-            array = np.asarray(given.detach().cpu().numpy() if hasattr(given, "detach") else given)
-            if not np.array_equal(array, value):
+            if not np.array_equal(_array(given), value):
                 raise ValueError(f"buffer {name!r} differs from the imported one; sbpc folded it into the plan: "
                                  "import the module again")
 
@@ -353,6 +352,11 @@ class Executable:
     def output_names(self) -> list[str]:
         """Every output the plan fetches."""
         return sorted({r.fetch.data for d in self.program.devices() for r in d.registers() if r.fetch is not None})
+
+
+def _array(value) -> np.ndarray:
+    """A torch tensor (on any device) or an array-like as a numpy array."""
+    return np.asarray(value.detach().cpu().numpy() if hasattr(value, "detach") else value)
 
 
 class Params:

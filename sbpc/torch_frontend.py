@@ -312,7 +312,7 @@ class _Importer:
                 array = value.value.detach().numpy()
                 if array.dtype == np.bool_:
                     array = array.astype(np.float32)
-                self.lifted[key] = self.g.constant(array.astype(array.dtype.newbyteorder("=")))
+                self.lifted[key] = self.g.constant(array)
             return self.lifted[key]
         if isinstance(value, bool | int | float):
             dtype = fe._numpy_of(like.dtype) if like is not None else np.float32
@@ -407,9 +407,11 @@ def _binary(fn: Callable[[Tensor, Tensor], Tensor], swap: bool = False):
             raise ValueError(f"rounding_mode={rounding_mode!r}")
         like = a if isinstance(a, Tensor) else b
         a, b = im.lift(a, like), im.lift(b, like)
-        if alpha != 1:
+        if swap:  # rsub(a, b, alpha) = b - alpha * a
+            a, b = b, a
+        if alpha != 1:  # add/sub(a, b, alpha) = a +/- alpha * b
             b = b * im.lift(alpha, like)
-        return fn(b, a) if swap else fn(a, b)
+        return fn(a, b)
 
     return lower
 

@@ -213,6 +213,18 @@ def test_a_single_output_is_the_loss_only_when_it_is_a_scalar():
     assert 'lg.output ["loss"]' in str(sbpc.from_torch(tm.Classifier(), class_batches(1)[0]).module())
 
 
+def test_add_sub_and_rsub_scale_the_right_operand_by_alpha():
+    class Alpha(nn.Module):
+        def forward(self, x, y):
+            return torch.add(x, y, alpha=3.0) * torch.sub(x, y, alpha=2.0) + torch.rsub(x, y, alpha=0.5) \
+                + torch.rsub(x, 1.0, alpha=4.0)
+
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    exe = sbpc.compile(sbpc.from_torch(Alpha(), (x, y), placement=sbpc.placement("cpu", 1)), mode="simulate")
+    np.testing.assert_allclose(exe.run({"x": x.numpy(), "y": y.numpy()})["output"], Alpha()(x, y).numpy(),
+                               rtol=1e-6, atol=1e-6)
+
+
 def test_adamw_groups_decay_only_what_they_name():
     spec = adamw().pass_spec()
     assert 'decay_groups="*.bias:0.0;*ln_*:0.0"' in spec and "weight_decay=0.1" in spec
