@@ -293,8 +293,11 @@ string "S<axis>" written "S0", "S1", ..., "B", "P" (sum) or "Pmax"."""
 
 
 def _split_ok(dim: int, p: int) -> bool:
-    # Splitting fewer elements than devices leaves devices empty: legal, never useful.
-    return dim >= p
+    # Any non-empty axis may be split. With fewer elements than devices some
+    # pieces are empty (PyTorch DTensor allows it too): a small batch on many
+    # devices, or the last micro-batch of an uneven split. sbp-infer offers
+    # such splits only where a hint asks for them (sbp_problem.degenerate).
+    return dim >= 1
 
 
 def _source_signatures(out_shape: Shape, p: int) -> list[Signature]:
@@ -459,6 +462,13 @@ class GraphOp(IRDLOperation):
             lookup_placement(self, self.placement)
         seen: dict[str, str] = {}
         for op in self.body.block.ops:
+            # Passes read every op before the terminator as one value of the
+            # graph; a placement or a plan op put here by mistake has none.
+            if op is not self.body.block.last_op and (len(op.results) != 1 or op.dialect_name() not in ("lg", "sbp")):
+                raise VerifyException(
+                    f"'{op.name}' cannot stand in graph @{self.sym_name.data}: its body holds lg and sbp ops "
+                    f"of one result each (placements belong at module level)"
+                )
             if isinstance(op, InputOp | ParamOp):
                 key = op.key.data
                 if key in seen:
@@ -584,7 +594,11 @@ class ConstantOp(SbpRules, IRDLOperation):
 
     @classmethod
     def parse(cls, parser: Parser) -> ConstantOp:
-        value = parser.parse_attribute()
+        start = parser.pos
+        try:
+            value = parser.parse_attribute()
+        except AssertionError:  # xDSL 0.74 asserts on a real literal given a complex type
+            parser.raise_error("lg.constant: the literal does not match its element type", start, parser.pos)
         if not isinstance(value, DenseIntOrFPElementsAttr):
             parser.raise_error("lg.constant expects a dense<...> : tensor<...> literal")
         result_type = parser.parse_type() if parser.parse_optional_punctuation("->") else None

@@ -60,7 +60,7 @@ from . import lg
 from .irdl_verify import op_definition
 from .layout import local_shape
 from .lg import InitializerAttr
-from .sbp import COLLECTIVES, TRANSFER, DTensorType, element_bytes, format_nd, lookup_placement
+from .sbp import COLLECTIVES, TRANSFER, DTensorType, element_bytes, format_nd, verify_distribution
 
 
 def tensor_bytes(t: TensorType) -> int:
@@ -229,7 +229,8 @@ class RegisterOp(IRDLOperation):
         device = self.parent_op()
         if not isinstance(device, DeviceOp):
             return
-        mesh = lookup_placement(self, self.value.placement).mesh()
+        mesh = verify_distribution(self, self.value, "its value")
+        assert mesh is not None  # the value is a dtensor
         rank = device.rank.value.data
         if rank not in mesh.ranks:
             raise VerifyException(f"{where}: rank {rank} is not in placement @{mesh.name}")

@@ -137,7 +137,7 @@ class PlanFuseElementwisePass(ModulePass):
             for device in program.devices():
                 if device.arena is not None:
                     raise PassFailedException(
-                        f"@{device.sym_name.data}: the plan is already allocated; run plan-fuse-elementwise "
-                        "before plan-allocate-memory"
+                        f"'plan.device' @{device.sym_name.data}: the plan is already allocated; "
+                        "run plan-fuse-elementwise before plan-allocate-memory"
                     )
                 fuse_device(device)

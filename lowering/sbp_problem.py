@@ -94,6 +94,18 @@ def _nested_splits_ok(op_cls, in_shapes, out_shape, mesh, params_key, combo, nds
     return True
 
 
+def degenerate(nd: PlainNd, shape: Sequence[int], mesh: Sequence[int]) -> bool:
+    """Whether `nd` splits some axis of `shape` over more devices than it has
+    elements, leaving pieces empty: valid, but never chosen unless a hint
+    asks for it (the cost model, which prices a split as 1/p of the work,
+    would think it balanced)."""
+    devices: dict[int, int] = {}
+    for sbp, p in zip(nd, mesh):
+        if sbp.axis is not None:
+            devices[sbp.axis] = devices.get(sbp.axis, 1) * p
+    return any(shape[axis] < p for axis, p in devices.items())
+
+
 # --------------------------------------------------------------------------
 # The problem as plain data
 # --------------------------------------------------------------------------
@@ -218,6 +230,12 @@ def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:
             in_shapes = [global_shape(o.type) for o in op.operands]
             params = op.params()
             candidates = nd_signatures(type(op), in_shapes, out_shape, mesh.shape, params)
+            if hinted is None or not degenerate(nd_to_plain(hinted.nd_sbp), out_shape, mesh.shape):
+                candidates = [
+                    c for c in candidates
+                    if not any(degenerate(nd, shape, mesh.shape) for nd, shape in zip((*c[0], c[1]),
+                                                                                       (*in_shapes, out_shape)))
+                ]
             if hinted is not None:
                 want = nd_to_plain(hinted.nd_sbp)
                 allowed = [c for c in candidates if c[1] == want]

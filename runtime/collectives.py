@@ -187,6 +187,12 @@ class CommActor:
         comm = cast(MPI.Comm, self.comm)
         pending = Pending(self.actor, [])
         me = self.rank
+        # An empty piece (a split over more devices than elements) may sit at
+        # the address of the other buffer, which MPI refuses as aliasing.
+        if src is not None and src.size == 0:
+            src = np.empty(src.shape, src.dtype)
+        if dst is not None and dst.size == 0:
+            dst = np.empty(dst.shape, dst.dtype)
         if k == "all_reduce":
             pending.requests.append(comm.Iallreduce(src, dst, self.op))
         elif k == "all_gather" and self.direct:

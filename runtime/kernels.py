@@ -31,7 +31,7 @@ from sbpc.dialects import lg
 from sbpc.dialects.backends import Backend
 from sbpc.dialects.layout import numpy_dtype
 from sbpc.semantics.local_eval import Fused, LocalContext
-from sbpc.semantics.reference import EvaluationError, check_range
+from sbpc.semantics.reference import EvaluationError, check_range, max_with_identity
 
 Fire = Callable[[Sequence[np.ndarray], np.ndarray], None]
 """A bound kernel: fire(inputs, out) writes its result into `out`."""
@@ -214,7 +214,9 @@ def _mean_into(x: np.ndarray, o: np.ndarray, factor: float | None = None, summer
         np.sum(x, out=o, **axes)
     else:
         summer(x, o)
-    np.divide(o, x.size // max(o.size, 1), out=o)
+    count = x.size // max(o.size, 1)
+    if count:  # an empty piece of a split mean sums to 0 and adds nothing
+        np.divide(o, count, out=o)
     if factor is not None:
         np.multiply(o, factor, out=o)
 
@@ -584,7 +586,7 @@ NUMPY.register(lg.AddOp, _binary(np.add))
 NUMPY.register(lg.SubOp, _binary(np.subtract))
 NUMPY.register(lg.MulOp, _binary(np.multiply))
 NUMPY.register(lg.DivOp, _binary(np.divide))
-NUMPY.register(lg.ReduceMaxOp, _bind_reduce(np.max))
+NUMPY.register(lg.ReduceMaxOp, _bind_reduce(max_with_identity))
 
 
 def _alias_safe(op: type) -> bool:

@@ -122,32 +122,38 @@ local pieces; every other op runs its reference kernel."""
 
 
 def _global_count_scaled(
-    op: Operation, ctx: LocalContext, local: np.ndarray, local_n: int, global_n: int
+    ctx: LocalContext, local: Callable[[], np.ndarray], local_n: int, global_n: int, dtype: np.dtype
 ) -> np.ndarray:
     # A mean over a split axis: each device sums its part and divides by the
-    # global count, so the pieces add up to the global mean.
-    return local * (local_n / global_n) if global_n else local
+    # global count, so the pieces add up to the global mean. An empty piece
+    # (more devices than elements) adds nothing, where numpy's mean of
+    # nothing is NaN.
+    if local_n == 0:
+        return np.zeros(ctx.out_piece_shape, dtype)
+    return local() * (local_n / global_n) if global_n else local()
 
 
 @LOCAL.impl(lg.ReduceMeanOp)
 def _reduce_mean(op: lg.ReduceMeanOp, ctx: LocalContext, x: np.ndarray) -> np.ndarray:
     axes = tuple(op.axes.get_values())
-    local = REFERENCE[lg.ReduceMeanOp](op, x)
     local_n = int(np.prod([x.shape[a] for a in axes]))
     global_n = int(np.prod([ctx.in_shapes[0][a] for a in axes]))
-    return _global_count_scaled(op, ctx, local, local_n, global_n)
+    return _global_count_scaled(ctx, lambda: REFERENCE[lg.ReduceMeanOp](op, x), local_n, global_n, x.dtype)
 
 
 @LOCAL.impl(lg.CrossEntropyOp)
 def _cross_entropy(op: lg.CrossEntropyOp, ctx: LocalContext, logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    local = REFERENCE[lg.CrossEntropyOp](op, logits, labels)
-    return _global_count_scaled(op, ctx, local, labels.size, int(np.prod(ctx.in_shapes[1])))
+    return _global_count_scaled(
+        ctx, lambda: REFERENCE[lg.CrossEntropyOp](op, logits, labels), labels.size, int(np.prod(ctx.in_shapes[1])),
+        logits.dtype,
+    )
 
 
 @LOCAL.impl(lg.MseLossOp)
 def _mse(op: lg.MseLossOp, ctx: LocalContext, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    local = REFERENCE[lg.MseLossOp](op, a, b)
-    return _global_count_scaled(op, ctx, local, a.size, int(np.prod(ctx.in_shapes[0])))
+    return _global_count_scaled(
+        ctx, lambda: REFERENCE[lg.MseLossOp](op, a, b), a.size, int(np.prod(ctx.in_shapes[0])), a.dtype
+    )
 
 
 @LOCAL.impl(lg.EmbeddingOp)

@@ -164,9 +164,17 @@ def _reduce(fn: Callable[..., np.ndarray]) -> Kernel:
     return kernel
 
 
+def max_with_identity(x: np.ndarray, **kw) -> np.ndarray:
+    """np.max whose maximum of nothing is the lowest value (the identity of
+    max, as MLIR's and PyTorch's reductions define it): the piece of a
+    Pmax value on a device that holds no elements of the reduced axis."""
+    lowest = -np.inf if np.issubdtype(x.dtype, np.floating) else np.iinfo(x.dtype).min
+    return np.max(x, initial=lowest, **kw)
+
+
 REFERENCE.register(lg.ReduceSumOp, _reduce(np.sum))
 REFERENCE.register(lg.ReduceMeanOp, _reduce(np.mean))
-REFERENCE.register(lg.ReduceMaxOp, _reduce(np.max))
+REFERENCE.register(lg.ReduceMaxOp, _reduce(max_with_identity))
 
 
 @REFERENCE.impl(lg.SliceOp)

@@ -8,9 +8,11 @@ as a diagnostic on stderr with exit code 1, never as a Python traceback.
 import sys
 import warnings
 
-from xdsl.utils.exceptions import DiagnosticException, ParseError
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.utils.exceptions import DiagnosticException, ParseError, PassFailedException, VerifyException
 from xdsl.xdsl_opt_main import xDSLOptMain
 
+from sbpc.dialects import locate, parse_text
 from sbpc.tools.universe import SBPC_UNIVERSE
 
 
@@ -24,6 +26,26 @@ class SbpOptMain(xDSLOptMain):
         for name, factory in SBPC_UNIVERSE.all_dialects.items():
             if name not in known:
                 self.ctx.register_dialect(name, factory)
+
+    def register_all_frontends(self):
+        super().register_all_frontends()
+
+        def parse_mlir(io) -> ModuleOp:
+            return parse_text(self.ctx, io.read(), self.get_input_name(), not self.args.no_implicit_module)
+
+        self.available_frontends["mlir"] = parse_mlir
+
+    def prepare_input(self):
+        try:
+            return super().prepare_input()
+        except ValueError as error:  # an input file extension no frontend reads
+            raise OSError(str(error)) from None
+
+    def apply_passes(self, prog: ModuleOp):
+        try:
+            super().apply_passes(prog)
+        except VerifyException as error:
+            raise locate(prog, error) from None
 
     def register_all_targets(self):
         super().register_all_targets()
@@ -42,7 +64,14 @@ def main(args: list[str] | None = None) -> int:
     if not sys.warnoptions:
         warnings.filterwarnings("default", category=DeprecationWarning)
     try:
-        SbpOptMain(description="sbpc's modular optimizer driver", args=args).run()
+        opt = SbpOptMain(description="sbpc's modular optimizer driver", args=args)
+    except (ValueError, PassFailedException) as error:
+        # An unknown pass or option, or an option value of the wrong kind:
+        # xDSL raises these while it reads the pipeline.
+        print(f"sbp-opt: error: {error}", file=sys.stderr)
+        return 1
+    try:
+        opt.run()
     except (ParseError, DiagnosticException) as error:
         # A verifier error carries the printed IR with the failing op marked
         # in its notes, as `--verify-diagnostics` shows it.
@@ -50,11 +79,11 @@ def main(args: list[str] | None = None) -> int:
         for note in getattr(error, "__notes__", ()):
             print(note, file=sys.stderr)
         return 1
-    except (ValueError, OSError) as error:
-        # Unknown passes or options, unreadable files: xDSL raises these as
-        # plain exceptions; the message is what a user needs.
+    except OSError as error:
+        # An unreadable input, output or device file: the message names it.
         print(f"sbp-opt: error: {error}", file=sys.stderr)
         return 1
+    # Any other exception is a bug in sbpc and keeps its traceback.
     return 0
 
 

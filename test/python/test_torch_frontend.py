@@ -72,14 +72,22 @@ def check_training(model, batches, names, optimizer, make_opt, ranks=1, sbp=None
     np.testing.assert_allclose(losses, ref32, rtol=1e-5)
     state = exe.state_dict()
     assert set(state) == set(model.state_dict())
+    steps = len(batches) - 1
     for key, p64 in params64.items():
-        ours = state[key].double()
+        diff = (state[key].double() - p64).abs().flatten()
         spread = (params32[key] - p64).abs().max().item()
         # sbpc is float32 too: its distance from float64 is PyTorch's own,
-        # within a factor, plus float32 rounding of the tensor's scale: split
-        # reductions sum in another order, and Adam turns a last-bit change
-        # of a near-zero gradient into a visible change of its update
-        assert (ours - p64).abs().max().item() <= 4 * spread + 1e-5 * p64.abs().max().item(), key
+        # within a factor, plus float32 rounding of the tensor's scale, for
+        # all but a few elements. Those few: split reductions sum in another
+        # order (and how depends on the machine's BLAS kernels), and Adam
+        # turns a last-bit change of a near-zero gradient into a change of
+        # its update of up to 2 lr per step (its first step is lr * sign(g)).
+        tight = 4 * spread + 1e-5 * p64.abs().max().item()
+        outliers = int((diff > tight).sum().item())
+        assert outliers <= max(2, diff.numel() // 1000), (
+            f"{key}: {outliers} of {diff.numel()} elements differ by more than {tight:.3g}"
+        )
+        assert diff.max().item() <= tight + 2 * optimizer.lr * steps, key
     # the weights back in PyTorch give sbpc's next loss
     model = copy.deepcopy(model)
     model.load_state_dict(state)
