@@ -21,6 +21,8 @@ Every exception is reported with the rank, the actor and its registers.
 from __future__ import annotations
 
 import math
+import os
+import signal
 import time
 import weakref
 from collections.abc import Collection, Mapping
@@ -37,7 +39,7 @@ from sbpc.perf.step_time import REPRESENTATIVES
 from sbpc.semantics.plan_simulator import actor_kernel
 from sbpc.semantics.reference import constant_value, initialize
 
-from . import kernels
+from . import kernels, progress
 from .collectives import CommActor, Pending
 
 STREAMS = {"compute": 0, "comm": 1}
@@ -46,6 +48,48 @@ STREAMS = {"compute": 0, "comm": 1}
 
 class RuntimeFailure(Exception):
     """A failure to report with where it happened."""
+
+
+WATCHDOG_VARIABLE = "SBPC_WATCHDOG_S"
+"""The environment variable with the seconds a rank waits for one collective
+before it ends the job (default 600, PyTorch's NCCL default)."""
+
+
+def watchdog_seconds() -> float:
+    value = os.environ.get(WATCHDOG_VARIABLE, "600")
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise RuntimeFailure(f"{WATCHDOG_VARIABLE} must be a positive number of seconds, got {value!r}")
+    return seconds
+
+
+FAULT_VARIABLE = "SBPC_TEST_FAULT"
+"""Tests only: `kill:RANK:STEP:ACTOR` (SIGKILL) or `stall:RANK:STEP:ACTOR`
+(sleep for ever) on that rank when it reaches the actor of that index in
+that step, as a rank that dies or hangs mid-step."""
+
+
+def test_fault(rank: int) -> tuple[str, int, int] | None:
+    spec = os.environ.get(FAULT_VARIABLE)
+    if not spec:
+        return None
+    kind, at_rank, step, actor = spec.split(":")
+    return (kind, int(step), int(actor)) if int(at_rank) == rank else None
+
+
+def inject(kind: str) -> None:
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    while kind == "stall":
+        time.sleep(3600)
+
+
+def actor_names(executor: Executor) -> list[str]:
+    """Each actor of the rank's schedule, as its progress record names it."""
+    return [executor.describe(actor) for actor in getattr(executor, "schedule", [])]
 
 
 def find_program(module: ModuleOp, name: str | None = None) -> plan.ProgramOp:
@@ -116,6 +160,13 @@ class Executor:
         self.device = devices.get(self.rank)
         self.ctx = make_context()
         self._feeds: dict[str, np.ndarray] = {}
+        self.steps_run = 0
+        """Steps run so far, over every `run`: failures name the step by it."""
+        self._step = 0
+        self.progress: np.ndarray | None = None
+        """This rank's progress record (runtime/progress.py), when the driver keeps one."""
+        self.watchdog = watchdog_seconds()
+        self._fault = test_fault(self.rank)
         if self.device is None:
             self.schedule = []
             self.updates: list[tuple[str, str]] = []
@@ -324,12 +375,16 @@ class Executor:
         if self.device is not None:
             with np.errstate(all="ignore"):
                 for step in range(steps):
+                    self._step = self.steps_run + step
+                    if self.progress is not None:
+                        self.progress[progress.STEP : progress.ACTOR + 1] = (self._step, -1)
                     self._write_feeds(pending, step)
                     self._run_step(pending, step)
                     if self.updates:
                         self._write_back(pending, step)
                 while pending:
                     self._complete(pending, pending[0])
+        self.steps_run += steps
         fetched = {}
         if self.device is not None:
             for name, reg in self.registers.items():
@@ -339,7 +394,12 @@ class Executor:
         return fetched
 
     def _run_step(self, pending: list[Pending], step: int) -> None:
+        record, fault = self.progress, self._fault
         for index, (actor, is_compute, *_) in enumerate(self._firing):
+            if record is not None:
+                record[progress.ACTOR] = index
+            if fault is not None and fault[1:] == (self._step, index):
+                inject(fault[0])
             try:
                 ins, out, ranges = self._phase(index, step)
                 if pending:
@@ -355,7 +415,7 @@ class Executor:
                 raise
             except Exception as e:  # noqa: BLE001 - reported with its place, then the job ends
                 raise RuntimeFailure(
-                    f"rank {self.rank}: step {step}: {self.describe(actor)}: {type(e).__name__}: {e}"
+                    f"rank {self.rank}: step {self._step}: {self.describe(actor)}: {type(e).__name__}: {e}"
                 ) from e
 
     def _issue_comm(self, pending: list[Pending], actor: plan.CommOp, step: int, ranges=None) -> Pending:
@@ -448,7 +508,17 @@ class Executor:
                 self._complete(pending, p)
 
     def _complete(self, pending: list[Pending], p: Pending) -> None:
-        MPI.Request.Waitall(p.requests)
+        if not MPI.Request.Testall(p.requests):
+            # A watchdog, as PyTorch's for NCCL: a peer that is stuck (or a
+            # collective no other rank issues) ends the job with this rank's
+            # place instead of hanging it. Waitall polls as this loop does.
+            deadline = time.monotonic() + self.watchdog
+            while not MPI.Request.Testall(p.requests):
+                if time.monotonic() > deadline:
+                    raise RuntimeFailure(
+                        f"rank {self.rank}: step {self._step}: {self.describe(p.actor)}: did not complete in "
+                        f"{self.watchdog:g} s (watchdog, {WATCHDOG_VARIABLE}): a rank it waits for is stuck"
+                    )
         pending.remove(p)
         self._retire(p)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import pickle
+import signal
 import socket
 import struct
 import sys
@@ -28,7 +29,8 @@ from sbpc.dialects.sbp import lookup_placement
 from sbpc.semantics.local_eval import assemble
 
 from .cuda_backend import make_executor
-from .executor import Executor, check_feeds, find_program
+from .executor import Executor, actor_names, check_feeds, find_program
+from .progress import Progress
 from .worker import fail, gather_outputs
 
 
@@ -77,6 +79,10 @@ def wait_idle(world: MPI.Intracomm) -> None:
 
 
 def serve(port: int, errors: str | None = None) -> None:
+    # Ctrl-C in the driver's terminal reaches every rank too; the driver
+    # decides (it stops mpiexec, which ends the ranks), so no rank prints a
+    # KeyboardInterrupt traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     world = MPI.COMM_WORLD
     sock = None
     if world.rank == 0:
@@ -96,6 +102,8 @@ def serve(port: int, errors: str | None = None) -> None:
                 module = parse_module(command[1])
                 program = find_program(module)
                 executor = make_executor(module, program, world, trace=False)
+                if errors:
+                    executor.progress = Progress(errors, world.rank, actor_names(executor)).fields
                 executor.initialize(command[2])
                 reply = "loaded"
             elif kind == "run":

@@ -26,7 +26,8 @@ from sbpc.dialects.sbp import lookup_placement
 from sbpc.semantics.local_eval import assemble
 
 from .cuda_backend import make_executor
-from .executor import STREAMS, check_feeds, find_program
+from .executor import STREAMS, actor_names, check_feeds, find_program
+from .progress import Progress
 
 
 def gather_outputs(world: MPI.Comm, program, fetched: dict, outputs=None) -> dict[str, np.ndarray] | None:
@@ -76,6 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params")
     parser.add_argument("--errors", help="directory for a failing rank's message")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides on Ctrl-C (see pool.serve)
     world = MPI.COMM_WORLD
     try:
         with open(args.plan) as f:
@@ -88,10 +90,10 @@ def main(argv: list[str] | None = None) -> None:
             with np.load(args.params) as data:
                 params = dict(data)
         executor = make_executor(module, program, world, trace=bool(args.trace))
+        if args.errors:
+            executor.progress = Progress(args.errors, world.rank, actor_names(executor)).fields
         executor.initialize(params)
         executor.feed(feeds)
-        if os.environ.get("SBPC_TEST_KILL_RANK") == str(world.rank):
-            os.kill(os.getpid(), signal.SIGKILL)  # tests: a rank that dies mid-job
         fetched = executor.run(args.steps)
         outputs = gather_outputs(world, program, fetched)
         if args.trace:

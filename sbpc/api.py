@@ -22,6 +22,7 @@ import os
 import pathlib
 import socket
 import subprocess
+import sys
 import tempfile
 from collections.abc import Collection, Mapping
 from io import StringIO
@@ -436,9 +437,12 @@ class RankPool:
         server.settimeout(60)
         port = server.getsockname()[1]
         self.errors = tempfile.TemporaryDirectory(prefix="sbpc-pool-")
+        # mpiexec reports a rank that died (its pid and exit code) on stdout:
+        # kept in a file for the failure message, read only after a failure.
+        self.launcher_out = open(pathlib.Path(self.errors.name) / "launcher.out", "w+")  # noqa: SIM115
         self.process = subprocess.Popen(
             command(ranks, "sbpc.runtime.pool", str(port), self.errors.name),
-            env=rank_environment(), stderr=subprocess.PIPE, text=True,
+            env=rank_environment(), stdout=self.launcher_out, stderr=subprocess.PIPE, text=True,
         )
         try:
             self.sock, _ = server.accept()
@@ -459,7 +463,13 @@ class RankPool:
             self.process.kill()
             forwarded = ""
         reports = sorted(pathlib.Path(self.errors.name).glob("rank*.err"))
-        return "; ".join(r.read_text() for r in reports) or forwarded
+        if reports:
+            return "; ".join(r.read_text() for r in reports)
+        from sbpc.runtime.progress import describe_failure
+
+        self.launcher_out.seek(0)
+        launcher = self.launcher_out.read()
+        return describe_failure(self.errors.name, self.ranks, launcher + forwarded) or forwarded or launcher.strip()
 
     def request(self, *command):
         from sbpc.runtime.executor import RuntimeFailure
@@ -468,6 +478,16 @@ class RankPool:
         try:
             send(self.sock, command)
             status, reply = receive(self.sock)
+        except KeyboardInterrupt:
+            # The ranks are mid-command: stop them (mpiexec ends them on
+            # SIGTERM) and say where they were; the next run starts a pool.
+            from sbpc.runtime.progress import describe_progress
+
+            self.stop()
+            where = describe_progress(self.errors.name, self.ranks)
+            print(f"sbpc: interrupted; the {self.ranks} MPI ranks were stopped" + (f": {where}" if where else ""),
+                  file=sys.stderr)
+            raise
         except (ConnectionError, OSError):
             self.process.wait(timeout=30)
             RankPool.pools.pop(self.ranks, None)
@@ -478,6 +498,16 @@ class RankPool:
             raise RuntimeFailure(reply)
         return reply
 
+    def stop(self) -> None:
+        """Ends the ranks now, wherever they are."""
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        RankPool.pools.pop(self.ranks, None)
+
     def close(self) -> None:
         if self.process.poll() is None:
             try:
@@ -487,4 +517,5 @@ class RankPool:
                 self.process.wait(timeout=10)
             except (OSError, subprocess.TimeoutExpired):
                 self.process.kill()
+        self.launcher_out.close()
         RankPool.pools.pop(self.ranks, None)

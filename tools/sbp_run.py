@@ -27,6 +27,7 @@ from sbpc.dialects.layout import numpy_dtype
 from sbpc.lowering import PASSES
 from sbpc.runtime.executor import RuntimeFailure, check_feeds, feed_types, find_program
 from sbpc.runtime.launch import command, rank_environment
+from sbpc.runtime.progress import describe_failure, describe_progress, reported_ranks
 
 
 def generated_feeds(program: plan.ProgramOp, seed: int) -> dict[str, np.ndarray]:
@@ -72,6 +73,32 @@ def load_program(path: str, pipeline: str):
     return module, find_program(module)
 
 
+def _run_job(argv: list[str], launcher: Path, timeout: float | None) -> int:
+    """Runs mpiexec with its stdout (where it reports a rank that died: pid
+    and exit code) in `launcher`. On Ctrl-C or the timeout, mpiexec gets
+    SIGTERM, on which it ends every rank (they ignore the terminal's SIGINT:
+    the driver decides), and at worst SIGKILL."""
+    with open(launcher, "w") as out_file:
+        process = subprocess.Popen(argv, env=rank_environment(), stdout=out_file)
+        try:
+            return process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _stop(process)
+            raise RuntimeFailure(f"the job did not finish in {timeout} s and was killed") from None
+        except BaseException:
+            _stop(process)
+            raise
+
+
+def _stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def main(args: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sbp-run", description=__doc__.splitlines()[0])
     parser.add_argument("file", help="lg/sbp IR (compiled first) or plan IR")
@@ -115,18 +142,29 @@ def main(args: list[str] | None = None) -> int:
             errors = Path(tmp) / "errors"
             errors.mkdir()
             worker += ["--errors", str(errors)]
+            # mpiexec reports a rank that died (its pid and exit code) on
+            # stdout; it goes to a file, shown after the job and read for the
+            # failure message.
+            launcher = Path(tmp) / "launcher.out"
             try:
-                done = subprocess.run(
-                    command(options.ranks, "sbpc.runtime.worker", *worker),
-                    env=rank_environment(),
-                    timeout=options.timeout,
-                )
-            except subprocess.TimeoutExpired:
-                raise RuntimeFailure(f"the job did not finish in {options.timeout} s and was killed") from None
-            if done.returncode != 0:
+                code = _run_job(command(options.ranks, "sbpc.runtime.worker", *worker), launcher, options.timeout)
+            except KeyboardInterrupt:
+                where = describe_progress(errors, options.ranks)
+                print(f"sbp-run: interrupted; the {options.ranks} ranks were stopped" + (f": {where}" if where else ""),
+                      file=sys.stderr)
+                return 130
+            finally:
+                sys.stdout.write(launcher.read_text() if launcher.exists() else "")
+            if code != 0:
                 reports = "; ".join(r.read_text() for r in sorted(errors.glob("rank*.err")))
+                if reports:
+                    # where the ranks that did not report were (a stuck one, say)
+                    others = describe_progress(errors, options.ranks, skip=reported_ranks(errors))
+                    reports += f"; {others}" if others else ""
+                else:
+                    reports = describe_failure(errors, options.ranks, launcher.read_text())
                 print(f"sbp-run: error: {reports}" if reports else
-                      f"sbp-run: the job failed (exit code {done.returncode})", file=sys.stderr)
+                      f"sbp-run: the job failed (exit code {code})", file=sys.stderr)
                 return 1
         with np.load(options.output) as out:
             for name in out.files:

@@ -1,0 +1,172 @@
+"""Faults at run time, on real MPI ranks: a rank killed mid-step, a rank
+stuck (the collective watchdog), a kernel raising on one rank, the driver
+interrupted with Ctrl-C, a checkpoint save killed half-way. Each ends every
+rank within 30 s with a message naming the rank, the step and the actor,
+leaves no MPI process behind, and the Python API compiles and runs again in
+the same process afterwards."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+MLP_TRAIN = ROOT / "examples" / "mlp_train.mlir"
+
+
+def no_rank_left() -> bool:
+    """No rank process of sbpc's is running (pgrep exits 1 on no match)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        found = subprocess.run(["pgrep", "-f", "sbpc.runtime.(worker|pool)"], capture_output=True, text=True)
+        if found.returncode == 1:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def sbp_run(tmp_path: Path, fault: str, **env: str) -> tuple[subprocess.CompletedProcess, float]:
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "sbpc.tools.sbp_run", str(MLP_TRAIN), "-n", "4", "--steps", "5",
+         "-o", str(tmp_path / "out.npz")],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "SBPC_TEST_FAULT": fault, **env},
+    )
+    return done, time.monotonic() - start
+
+
+def error_line(done: subprocess.CompletedProcess) -> str:
+    return next(ln for ln in done.stderr.splitlines() if ln.startswith("sbp-run: error: "))
+
+
+def test_a_rank_killed_mid_step_is_named_with_its_signal_step_and_actor(tmp_path):
+    done, seconds = sbp_run(tmp_path, "kill:1:2:5")
+    assert done.returncode == 1 and seconds < 30
+    line = error_line(done)
+    assert "rank 1 (pid " in line and "died of signal 9 (SIGKILL) in step 2, at actor @" in line, line
+    # and where the others were
+    assert all(f"rank {r} was in step 2, at actor @" in line for r in (0, 2, 3)), line
+    assert no_rank_left()
+
+
+def test_a_stuck_rank_ends_the_job_by_the_watchdog(tmp_path):
+    done, seconds = sbp_run(tmp_path, "stall:2:1:3", SBPC_WATCHDOG_S="3")
+    assert done.returncode == 1 and seconds < 30
+    line = error_line(done)
+    assert "step 1: actor @" in line and "did not complete in 3 s (watchdog, SBPC_WATCHDOG_S)" in line, line
+    assert "rank 2 was in step 1, at actor @" in line, line  # the stuck one, from its record
+    assert no_rank_left()
+
+
+def test_a_bad_watchdog_setting_is_refused(tmp_path):
+    done, _ = sbp_run(tmp_path, "", SBPC_WATCHDOG_S="soon")
+    assert done.returncode == 1
+    assert "SBPC_WATCHDOG_S must be a positive number of seconds, got 'soon'" in error_line(done)
+    assert no_rank_left()
+
+
+API_SCRIPT = """
+import os, sys, time
+sys.path.insert(0, {examples!r})
+import numpy as np
+import models
+import sbpc
+from sbpc.runtime.executor import RuntimeFailure
+
+module = models.mlp("dp", 2)
+data = models.mlp_batches()
+feeds = next(data)
+{body}
+"""
+
+
+def run_script(tmp_path: Path, body: str, **kw) -> subprocess.Popen:
+    script = tmp_path / "driver.py"
+    script.write_text(API_SCRIPT.format(examples=str(ROOT / "examples"), body=textwrap.dedent(body)))
+    return subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, **kw)
+
+
+def test_the_api_reports_a_killed_rank_then_runs_again(tmp_path):
+    driver = run_script(tmp_path, """
+        os.environ["SBPC_TEST_FAULT"] = "kill:0:3:2"
+        exe = sbpc.compile(module)
+        try:
+            for _ in range(10):
+                exe.train_step(feeds)
+        except RuntimeFailure as e:
+            print("FAILED:", e, flush=True)
+        del os.environ["SBPC_TEST_FAULT"]
+        again = sbpc.compile(module)
+        print("AGAIN:", float(again.train_step(feeds)["loss"]), flush=True)
+    """)
+    out, err = driver.communicate(timeout=120)
+    assert driver.returncode == 0, err
+    failed = next(ln for ln in out.splitlines() if ln.startswith("FAILED:"))
+    assert "rank 0 (pid " in failed and "SIGKILL) in step 3, at actor @" in failed, failed
+    assert np.isfinite(float(next(ln for ln in out.splitlines() if ln.startswith("AGAIN:")).split()[1]))
+    assert "Traceback" not in err, err
+    assert no_rank_left()
+
+
+def test_ctrl_c_in_the_driver_stops_the_ranks_and_the_api_runs_again(tmp_path):
+    driver = run_script(tmp_path, """
+        exe = sbpc.compile(module)
+        exe.train_step(feeds)
+        print("READY", flush=True)
+        try:
+            while True:
+                exe.train_step(feeds)
+        except KeyboardInterrupt:
+            print("INTERRUPTED", flush=True)
+        again = sbpc.compile(module)
+        print("AGAIN:", float(again.train_step(feeds)["loss"]), flush=True)
+    """)
+    assert driver.stdout is not None
+    assert driver.stdout.readline().strip() == "READY"
+    time.sleep(0.5)
+    start = time.monotonic()
+    os.killpg(driver.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the driver and its ranks
+    out, err = driver.communicate(timeout=60)
+    assert time.monotonic() - start < 30
+    assert driver.returncode == 0, err
+    assert "INTERRUPTED" in out and "AGAIN:" in out, out
+    assert "sbpc: interrupted; the 2 MPI ranks were stopped: rank 0 was in step " in err, err
+    assert "Traceback" not in err, err
+    assert no_rank_left()
+
+
+def test_a_checkpoint_save_killed_half_way_leaves_the_previous_one_intact(tmp_path):
+    driver = run_script(tmp_path, f"""
+        exe = sbpc.compile(module, mode="simulate")
+        exe.train_step(feeds)
+        exe.save({str(tmp_path / "ckpt.npz")!r})
+        print("SAVED", flush=True)
+        exe.train_step(feeds)
+        real_savez = np.savez
+        def slow_savez(f, **arrays):
+            f.write(b"PK half a zip file")
+            f.flush()
+            print("WRITING", flush=True)
+            time.sleep(60)
+        np.savez = slow_savez
+        exe.save({str(tmp_path / "ckpt.npz")!r})
+    """)
+    assert driver.stdout is not None
+    assert driver.stdout.readline().strip() == "SAVED"
+    with np.load(tmp_path / "ckpt.npz") as first:
+        saved = {k: first[k].copy() for k in first.files}
+    assert driver.stdout.readline().strip() == "WRITING"
+    driver.kill()
+    driver.communicate(timeout=30)
+    with np.load(tmp_path / "ckpt.npz") as after:
+        assert set(after.files) == set(saved)
+        for key, value in saved.items():
+            np.testing.assert_array_equal(after[key], value)
