@@ -268,11 +268,22 @@ class UniformInitAttr(InitializerAttr):
 # --------------------------------------------------------------------------
 
 
+MAX_ELEMENTS = 2**60
+"""The most elements a tensor may have: 8-byte elements then fill 2^63 bytes."""
+
+
 def verify_distributions(op: IRDLOperation) -> None:
     """Every dtensor of `op` is valid on its placement, all of them share one
     placement (an op runs on one mesh), and a recorded signature matches."""
     placements = set()
     found: dict[str, PlacementOp] = {}  # one placement lookup per name, not per dtensor
+    for i, result in enumerate(op.results):
+        # Sizes become i64 byte counts in the plan (registers, arenas).
+        if isinstance(result.type, TensorType | DTensorType) and math.prod(global_shape(result.type)) > MAX_ELEMENTS:
+            raise VerifyException(
+                f"'{op.name}': result #{i} of shape {list(global_shape(result.type))} has more than 2^60 elements, "
+                "beyond what a plan addresses in 64-bit bytes"
+            )
     for kind, values in (("operand", op.operands), ("result", op.results)):
         for i, value in enumerate(values):
             if verify_distribution(op, value.type, f"{kind} #{i}", found) is not None:

@@ -66,6 +66,19 @@ def watchdog_seconds() -> float:
     return seconds
 
 
+def rendezvous(world: MPI.Comm, what: str) -> None:
+    """A barrier under the watchdog: before a blocking exchange outside the
+    plan (gathering the outputs), so a rank stuck in its step ends the job
+    instead of hanging the others in the exchange."""
+    seconds = watchdog_seconds()
+    request = world.Ibarrier()
+    deadline = time.monotonic() + seconds
+    while not request.Test():
+        if time.monotonic() > deadline:
+            raise RuntimeFailure(f"rank {world.rank}: {what}: not every rank arrived within {seconds:g} s "
+                                 f"(watchdog, {WATCHDOG_VARIABLE}): a rank is stuck")
+
+
 FAULT_VARIABLE = "SBPC_TEST_FAULT"
 """Tests only: `kill:RANK:STEP:ACTOR` (SIGKILL) or `stall:RANK:STEP:ACTOR`
 (sleep for ever) on that rank when it reaches the actor of that index in

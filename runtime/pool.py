@@ -111,7 +111,8 @@ def serve(port: int, errors: str | None = None) -> None:
                 loaded = _loaded(executor)
                 loaded.feed(feeds)
                 outputs = command[3] if len(command) > 3 else None
-                reply = gather_outputs(world, program, loaded.run(command[2], outputs), outputs)
+                fetched = loaded.run(command[2], outputs)
+                reply = gather_outputs(world, program, fetched, outputs, step=loaded.steps_run - 1)
             elif kind == "get_param":
                 pieces = world.gather(_loaded(executor).param_piece(command[1]), root=0)
                 reply = _assemble(program, command[1], pieces) if world.rank == 0 else None

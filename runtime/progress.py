@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import threading
 from collections.abc import Collection
 from pathlib import Path
 
@@ -70,25 +71,77 @@ def describe_progress(folder: str | os.PathLike, ranks: int, skip: Collection[in
                      if r not in skip)
 
 
-def describe_failure(folder: str | os.PathLike, ranks: int, launcher_output: str) -> str:
-    """Which rank ended the job and where every rank was, from the records
-    and mpiexec's report (`PID <pid> RUNNING AT ...` / `EXIT CODE: <code>`,
+def describe_failure(folder: str | os.PathLike, ranks: int, launcher_output: str, first_dead: int | None = None
+                     ) -> str:
+    """Which rank ended the job and where every rank was, from the records,
+    mpiexec's report (`PID <pid> RUNNING AT ...` / `EXIT CODE: <code>`,
     where a code that is a signal number is how MPICH's launcher reports a
-    rank killed by that signal). Empty when there are no records."""
+    rank killed by that signal) and, when a DeathWatch saw it, the rank
+    that ended first (mpiexec reports one rank, not always the first: it
+    kills the others with the same signal). Empty when there are no records."""
     records = _records(Path(folder), ranks)
     if not records:
         return ""
-    dead: dict[int, int] = {}
-    for pid, code in re.findall(r"PID (\d+) RUNNING AT .*?\n.*?EXIT CODE: (\d+)", launcher_output, re.S):
-        for r, (rank_pid, _, _) in records.items():
-            if rank_pid == int(pid):
-                dead[r] = int(code)
-    lines = [f"rank {r} (pid {records[r][0]}) died of {_signal_name(code)} {_where(*records[r][1:])}"
-             for r, code in sorted(dead.items())]
-    if not lines:
-        lines.append("a rank ended the job without a report")
-    others = describe_progress(folder, ranks, skip=dead)
+    reported = re.search(r"PID (\d+) RUNNING AT .*?\n.*?EXIT CODE: (\d+)", launcher_output, re.S)
+    codes = {r: int(reported[2]) for r, rec in records.items() if reported and rec[0] == int(reported[1])}
+    culprit = first_dead if first_dead in records else next(iter(codes), None)
+    if culprit is None:
+        lines = ["a rank ended the job without a report"]
+    else:
+        pid, step, actor = records[culprit]
+        how = f"died of {_signal_name(codes[culprit])}" if culprit in codes else "ended without a report"
+        lines = [f"rank {culprit} (pid {pid}) {how} {_where(step, actor)}"]
+    others = describe_progress(folder, ranks, skip=() if culprit is None else {culprit})
     return "; ".join(lines + ([others] if others else []))
+
+
+def _gone(pid: int) -> bool:
+    """Whether a process has ended (a zombie not yet reaped counts)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+
+class DeathWatch(threading.Thread):
+    """Watches the ranks' pids (from their records) while `active` is set
+    and keeps the rank seen gone first. mpiexec reports one dead rank, not
+    always the first (it kills the others with the same signal a moment
+    later); where the watch saw several go in one look it knows no better
+    and keeps none."""
+
+    def __init__(self, folder: str | os.PathLike, ranks: int, interval: float = 0.01):
+        super().__init__(daemon=True, name="sbpc-death-watch")
+        self.folder, self.ranks, self.interval = Path(folder), ranks, interval
+        self.first: int | None = None
+        self.active = threading.Event()
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        pids: dict[int, int] = {}
+        while not self._stop_event.is_set():
+            if not self.active.wait(0.5):
+                continue
+            if len(pids) < self.ranks:  # records appear as the ranks load a plan
+                pids.update({r: rec[0] for r, rec in _records(self.folder, self.ranks).items() if r not in pids})
+            gone = [rank for rank, pid in pids.items() if _gone(pid)]
+            if gone:
+                self.first = gone[0] if len(gone) == 1 else None
+                return
+            self._stop_event.wait(self.interval)
+
+    def stop(self) -> int | None:
+        self._stop_event.set()
+        return self.first
 
 
 def reported_ranks(folder: str | os.PathLike) -> set[int]:

@@ -26,13 +26,16 @@ from sbpc.dialects.sbp import lookup_placement
 from sbpc.semantics.local_eval import assemble
 
 from .cuda_backend import make_executor
-from .executor import STREAMS, actor_names, check_feeds, find_program
+from .executor import STREAMS, actor_names, check_feeds, find_program, rendezvous
 from .progress import Progress
 
 
-def gather_outputs(world: MPI.Comm, program, fetched: dict, outputs=None) -> dict[str, np.ndarray] | None:
+def gather_outputs(world: MPI.Comm, program, fetched: dict, outputs=None, step: int | None = None
+                   ) -> dict[str, np.ndarray] | None:
     """Assembles the fetched outputs (those named in `outputs`, when given)
-    on rank 0 (None elsewhere)."""
+    on rank 0 (None elsewhere). `step`, the last one run, names the place
+    if a rank never arrives."""
+    rendezvous(world, f"step {step}: gathering the outputs" if step is not None else "gathering the outputs")
     mine = {name: (rank_piece[1], rank_piece[2]) for name, rank_piece in fetched.items()}
     everything = world.gather((world.rank, mine), root=0)
     if world.rank != 0:
@@ -95,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
         executor.initialize(params)
         executor.feed(feeds)
         fetched = executor.run(args.steps)
-        outputs = gather_outputs(world, program, fetched)
+        outputs = gather_outputs(world, program, fetched, step=executor.steps_run - 1)
         if args.trace:
             events = world.gather(executor.events, root=0)
         if world.rank == 0:

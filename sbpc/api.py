@@ -20,6 +20,7 @@ import atexit
 import functools
 import os
 import pathlib
+import re
 import socket
 import subprocess
 import sys
@@ -452,6 +453,10 @@ class RankPool:
         finally:
             server.close()
         self.sock.settimeout(None)
+        from sbpc.runtime.progress import DeathWatch
+
+        self.watch = DeathWatch(self.errors.name, ranks)  # active during requests
+        self.watch.start()
         atexit.register(self.close)
 
     def _stderr(self) -> str:
@@ -469,15 +474,19 @@ class RankPool:
 
         self.launcher_out.seek(0)
         launcher = self.launcher_out.read()
-        return describe_failure(self.errors.name, self.ranks, launcher + forwarded) or forwarded or launcher.strip()
+        first = self.watch.stop()
+        described = describe_failure(self.errors.name, self.ranks, launcher + forwarded, first)
+        return described or forwarded or launcher.strip()
 
     def request(self, *command):
         from sbpc.runtime.executor import RuntimeFailure
         from sbpc.runtime.pool import receive, send
 
         try:
+            self.watch.active.set()
             send(self.sock, command)
             status, reply = receive(self.sock)
+            self.watch.active.clear()
         except KeyboardInterrupt:
             # The ranks are mid-command: stop them (mpiexec ends them on
             # SIGTERM) and say where they were; the next run starts a pool.
@@ -495,11 +504,17 @@ class RankPool:
         if status == "error":
             self.process.wait(timeout=30)
             RankPool.pools.pop(self.ranks, None)
-            raise RuntimeFailure(reply)
+            # where the ranks that did not report were (a stuck one, say)
+            from sbpc.runtime.progress import describe_progress
+
+            reporter = re.match(r"rank (\d+):", reply)
+            others = describe_progress(self.errors.name, self.ranks, skip={int(reporter[1])} if reporter else ())
+            raise RuntimeFailure(reply + (f"; {others}" if others else ""))
         return reply
 
     def stop(self) -> None:
         """Ends the ranks now, wherever they are."""
+        self.watch.stop()
         self.process.terminate()
         try:
             self.process.wait(timeout=20)
@@ -518,4 +533,5 @@ class RankPool:
             except (OSError, subprocess.TimeoutExpired):
                 self.process.kill()
         self.launcher_out.close()
+        self.watch.stop()
         RankPool.pools.pop(self.ranks, None)

@@ -27,7 +27,7 @@ from sbpc.dialects.layout import numpy_dtype
 from sbpc.lowering import PASSES
 from sbpc.runtime.executor import RuntimeFailure, check_feeds, feed_types, find_program
 from sbpc.runtime.launch import command, rank_environment
-from sbpc.runtime.progress import describe_failure, describe_progress, reported_ranks
+from sbpc.runtime.progress import DeathWatch, describe_failure, describe_progress, reported_ranks
 
 
 def generated_feeds(program: plan.ProgramOp, seed: int) -> dict[str, np.ndarray]:
@@ -73,13 +73,14 @@ def load_program(path: str, pipeline: str):
     return module, find_program(module)
 
 
-def _run_job(argv: list[str], launcher: Path, timeout: float | None) -> int:
+def _run_job(argv: list[str], launcher: Path, timeout: float | None, watch: DeathWatch) -> int:
     """Runs mpiexec with its stdout (where it reports a rank that died: pid
-    and exit code) in `launcher`. On Ctrl-C or the timeout, mpiexec gets
-    SIGTERM, on which it ends every rank (they ignore the terminal's SIGINT:
-    the driver decides), and at worst SIGKILL."""
+    and exit code) in `launcher`, under `watch`. On Ctrl-C or the timeout,
+    mpiexec gets SIGTERM, on which it ends every rank (they ignore the
+    terminal's SIGINT: the driver decides), and at worst SIGKILL."""
     with open(launcher, "w") as out_file:
         process = subprocess.Popen(argv, env=rank_environment(), stdout=out_file)
+        watch.start()
         try:
             return process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -146,14 +147,18 @@ def main(args: list[str] | None = None) -> int:
             # stdout; it goes to a file, shown after the job and read for the
             # failure message.
             launcher = Path(tmp) / "launcher.out"
+            watch = DeathWatch(errors, options.ranks)
+            watch.active.set()
             try:
-                code = _run_job(command(options.ranks, "sbpc.runtime.worker", *worker), launcher, options.timeout)
+                code = _run_job(command(options.ranks, "sbpc.runtime.worker", *worker), launcher, options.timeout,
+                                watch)
             except KeyboardInterrupt:
                 where = describe_progress(errors, options.ranks)
                 print(f"sbp-run: interrupted; the {options.ranks} ranks were stopped" + (f": {where}" if where else ""),
                       file=sys.stderr)
                 return 130
             finally:
+                watch.stop()
                 sys.stdout.write(launcher.read_text() if launcher.exists() else "")
             if code != 0:
                 reports = "; ".join(r.read_text() for r in sorted(errors.glob("rank*.err")))
@@ -162,7 +167,7 @@ def main(args: list[str] | None = None) -> int:
                     others = describe_progress(errors, options.ranks, skip=reported_ranks(errors))
                     reports += f"; {others}" if others else ""
                 else:
-                    reports = describe_failure(errors, options.ranks, launcher.read_text())
+                    reports = describe_failure(errors, options.ranks, launcher.read_text(), watch.stop())
                 print(f"sbp-run: error: {reports}" if reports else
                       f"sbp-run: the job failed (exit code {code})", file=sys.stderr)
                 return 1

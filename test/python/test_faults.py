@@ -170,3 +170,45 @@ def test_a_checkpoint_save_killed_half_way_leaves_the_previous_one_intact(tmp_pa
         assert set(after.files) == set(saved)
         for key, value in saved.items():
             np.testing.assert_array_equal(after[key], value)
+
+
+def test_the_api_reports_a_kernel_raising_on_one_rank_and_a_stuck_rank_then_runs_again(tmp_path):
+    driver = run_script(tmp_path, """
+        lookup = sbpc.parse_module('''
+        sbp.placement @m cpu ranks [0, 1] mesh [2]
+        lg.graph @lookup on @m {
+          %t = lg.param "table" init #lg.normal<0.0, 1.0> : tensor<4x8xf32>
+          %ids = lg.input "ids" : !sbp.dtensor<6xi64, @m, S<0>>
+          %e = lg.embedding %t, %ids : (tensor<4x8xf32>, !sbp.dtensor<6xi64, @m, S<0>>) -> tensor<6x8xf32>
+          %s = lg.reduce_sum %e axes [0, 1] : tensor<6x8xf32> -> tensor<f32>
+          lg.output ["s"] %s : tensor<f32>
+        }''')
+        exe = sbpc.compile(lookup)
+        try:
+            exe.run({"ids": np.array([0, 1, 2, 3, 9, 1])})  # 9 is no row of the table; it is rank 1's
+        except RuntimeFailure as e:
+            print("RAISED:", e, flush=True)
+        print("AGAIN:", float(sbpc.compile(lookup).run({"ids": np.array([0, 1, 2, 3, 3, 1])})["s"]), flush=True)
+        os.environ["SBPC_WATCHDOG_S"] = "3"
+        os.environ["SBPC_TEST_FAULT"] = "stall:1:1:2"
+        sbpc.api.RankPool.get(2).close()  # the ranks read the fault at their start: a new pool
+        exe = sbpc.compile(module)
+        try:
+            for _ in range(5):
+                exe.train_step(feeds)
+        except RuntimeFailure as e:
+            print("STUCK:", e, flush=True)
+        del os.environ["SBPC_TEST_FAULT"]
+        print("AGAIN:", float(sbpc.compile(module).train_step(feeds)["loss"]), flush=True)
+    """)
+    out, err = driver.communicate(timeout=120)
+    assert driver.returncode == 0, err
+    lines = out.splitlines()
+    raised = next(ln for ln in lines if ln.startswith("RAISED:"))
+    assert "rank 1: step 0: actor @e.embedding (lg.embedding)" in raised and "index out of range [0, 4)" in raised
+    stuck = next(ln for ln in lines if ln.startswith("STUCK:"))
+    assert "rank 0: step 1: " in stuck and "(watchdog, SBPC_WATCHDOG_S)" in stuck, stuck
+    assert "rank 1 was in step 1, at actor @" in stuck, stuck
+    assert len([ln for ln in lines if ln.startswith("AGAIN:")]) == 2, out
+    assert "Traceback" not in err, err
+    assert no_rank_left()

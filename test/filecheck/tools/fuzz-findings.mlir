@@ -74,3 +74,14 @@ sbp.placement @m cpu ranks [0, 1] mesh [2]
   lg.output ["a"] %a : tensor<8xf32>
 }
 // CHECK: 'sbp.placement' cannot stand in graph @g: its body holds lg and sbp ops of one result each
+
+// -----
+
+// A tensor too large for 64-bit byte counts failed in sbp-to-plan, where
+// its register's size did not fit an i64 attribute, with no op named.
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+lg.graph @g on @m {
+  %x = lg.input "x" : tensor<99999999999999x99999999999999xf32>
+  lg.output ["x"] %x : tensor<99999999999999x99999999999999xf32>
+}
+// CHECK: 'lg.input': result #0 of shape [99999999999999, 99999999999999] has more than 2^60 elements
