@@ -85,7 +85,7 @@ FAULT_VARIABLE = "SBPC_TEST_FAULT"
 that step, as a rank that dies or hangs mid-step."""
 
 
-def test_fault(rank: int) -> tuple[str, int, int] | None:
+def injected_fault(rank: int) -> tuple[str, int, int] | None:
     spec = os.environ.get(FAULT_VARIABLE)
     if not spec:
         return None
@@ -179,7 +179,7 @@ class Executor:
         self.progress: np.ndarray | None = None
         """This rank's progress record (runtime/progress.py), when the driver keeps one."""
         self.watchdog = watchdog_seconds()
-        self._fault = test_fault(self.rank)
+        self._fault = injected_fault(self.rank)
         if self.device is None:
             self.schedule = []
             self.updates: list[tuple[str, str]] = []

@@ -78,11 +78,27 @@ sys.path.insert(0, {examples!r})
 import numpy as np
 import models
 import sbpc
+from sbpc.api import RankPool
 from sbpc.runtime.executor import RuntimeFailure
 
 module = models.mlp("dp", 2)
 data = models.mlp_batches()
 feeds = next(data)
+
+
+def train_until_failure(fault, label, steps=10):
+    os.environ["SBPC_TEST_FAULT"] = fault
+    if 2 in RankPool.pools:  # ranks read the fault when they start: a new pool
+        RankPool.pools[2].close()
+    exe = sbpc.compile(module)
+    try:
+        for _ in range(steps):
+            exe.train_step(feeds)
+    except RuntimeFailure as e:
+        print(label, e, flush=True)
+    del os.environ["SBPC_TEST_FAULT"]
+    print("AGAIN:", float(sbpc.compile(module).train_step(feeds)["loss"]), flush=True)
+
 {body}
 """
 
@@ -96,16 +112,7 @@ def run_script(tmp_path: Path, body: str, **kw) -> subprocess.Popen:
 
 def test_the_api_reports_a_killed_rank_then_runs_again(tmp_path):
     driver = run_script(tmp_path, """
-        os.environ["SBPC_TEST_FAULT"] = "kill:0:3:2"
-        exe = sbpc.compile(module)
-        try:
-            for _ in range(10):
-                exe.train_step(feeds)
-        except RuntimeFailure as e:
-            print("FAILED:", e, flush=True)
-        del os.environ["SBPC_TEST_FAULT"]
-        again = sbpc.compile(module)
-        print("AGAIN:", float(again.train_step(feeds)["loss"]), flush=True)
+        train_until_failure("kill:0:3:2", "FAILED:")
     """)
     out, err = driver.communicate(timeout=120)
     assert driver.returncode == 0, err
@@ -190,16 +197,7 @@ def test_the_api_reports_a_kernel_raising_on_one_rank_and_a_stuck_rank_then_runs
             print("RAISED:", e, flush=True)
         print("AGAIN:", float(sbpc.compile(lookup).run({"ids": np.array([0, 1, 2, 3, 3, 1])})["s"]), flush=True)
         os.environ["SBPC_WATCHDOG_S"] = "3"
-        os.environ["SBPC_TEST_FAULT"] = "stall:1:1:2"
-        sbpc.api.RankPool.get(2).close()  # the ranks read the fault at their start: a new pool
-        exe = sbpc.compile(module)
-        try:
-            for _ in range(5):
-                exe.train_step(feeds)
-        except RuntimeFailure as e:
-            print("STUCK:", e, flush=True)
-        del os.environ["SBPC_TEST_FAULT"]
-        print("AGAIN:", float(sbpc.compile(module).train_step(feeds)["loss"]), flush=True)
+        train_until_failure("stall:1:1:2", "STUCK:", steps=5)
     """)
     out, err = driver.communicate(timeout=120)
     assert driver.returncode == 0, err

@@ -1,13 +1,14 @@
 """The physical plan: the allocator on random lifetimes, and compiled random
 graphs run on real per-device arenas against the reference interpreter."""
 
+import os
 import statistics
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from random_graphs import text
-from test_sbp_infer import hinted_graphs
+from test_sbp_infer import MESHES, hinted_graphs
 from xdsl.context import Context
 
 import sbpc
@@ -58,8 +59,11 @@ def test_allocator_is_close_to_the_lower_bound():
     assert median <= 1.05
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(hinted_graphs(), st.sampled_from(["auto", "greedy"]))
+# 3-D meshes too; SBPC_RANDOM_EXAMPLES raises the count (the reliability
+# campaign's 2000).
+@settings(max_examples=int(os.environ.get("SBPC_RANDOM_EXAMPLES", "20")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(hinted_graphs(meshes=(*MESHES, (2, 2, 2), (1, 2, 2))), st.sampled_from(["auto", "greedy"]))
 def test_compiled_plans_on_real_arenas_match_the_reference(case, strategy):
     expected = evaluate(case.module, case.feeds)
     CompilePass(strategy=strategy).apply(Context(), case.module)

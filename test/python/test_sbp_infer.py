@@ -27,10 +27,10 @@ SAME_TYPE_OPS = (*lg.UNARY_OPS, lg.SoftmaxOp, lg.LogSoftmaxOp, lg.LayerNormOp)
 
 
 @st.composite
-def hinted_graphs(draw):
+def hinted_graphs(draw, meshes=MESHES):
     """A random graph where some operands are replaced by `sbp.annotate`
     hints with random distributions on the graph's mesh."""
-    case = draw(random_graphs(meshes=MESHES))
+    case = draw(random_graphs(meshes=meshes))
     graph = case.module.ops.last
     mesh = case.module.ops.first.mesh().shape
     hints: dict = {}
