@@ -89,7 +89,13 @@ def describe_failure(folder: str | os.PathLike, ranks: int, launcher_output: str
         lines = ["a rank ended the job without a report"]
     else:
         pid, step, actor = records[culprit]
-        how = f"died of {_signal_name(codes[culprit])}" if culprit in codes else "ended without a report"
+        if culprit in codes:
+            how = f"died of {_signal_name(codes[culprit])}"
+        elif codes:  # mpiexec named a rank it killed after the culprit
+            other, code = next(iter(codes.items()))
+            how = f"died first (mpiexec reports {_signal_name(code)} for rank {other}, which it then ended)"
+        else:
+            how = "died first, without a report"
         lines = [f"rank {culprit} (pid {pid}) {how} {_where(step, actor)}"]
     others = describe_progress(folder, ranks, skip=() if culprit is None else {culprit})
     return "; ".join(lines + ([others] if others else []))
