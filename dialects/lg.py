@@ -306,8 +306,8 @@ string "S<axis>" written "S0", "S1", ..., "B", "P" (sum) or "Pmax"."""
 def _split_ok(dim: int, p: int) -> bool:
     # Any non-empty axis may be split. With fewer elements than devices some
     # pieces are empty (PyTorch DTensor allows it too): a small batch on many
-    # devices, or the last micro-batch of an uneven split. sbp-infer offers
-    # such splits only where a hint asks for them (sbp_problem.degenerate).
+    # devices, or the last micro-batch of an uneven split. The cost model
+    # prices them by the fullest device (cost_model.local_fraction).
     return dim >= 1
 
 

@@ -89,12 +89,18 @@ def load_device(spec: str, ranks: Sequence[int] = ()) -> DeviceSpec:
     return DeviceSpec(**{"name": spec, **data})
 
 
-def local_fraction(nd: PlainNd, mesh: Sequence[int]) -> float:
-    """The share of a tensor one device holds (partials hold full size)."""
+def local_fraction(nd: PlainNd, mesh: Sequence[int], shape: Sequence[int] | None = None) -> float:
+    """The share of a tensor one device holds (partials hold full size).
+    Given the tensor's shape, an axis split over more devices than it has
+    elements counts as the one element the fullest device holds: 3 rows on
+    4 devices is a third each, not a quarter (some devices hold nothing)."""
     frac = 1.0
+    devices: dict[int, int] = {}
     for sbp, p in zip(nd, mesh):
-        if sbp.is_split:
-            frac /= p
+        if sbp.axis is not None:
+            devices[sbp.axis] = devices.get(sbp.axis, 1) * p
+    for axis, p in devices.items():
+        frac /= min(p, shape[axis]) if shape is not None and shape[axis] > 0 else p
     return frac
 
 

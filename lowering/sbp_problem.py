@@ -94,18 +94,6 @@ def _nested_splits_ok(op_cls, in_shapes, out_shape, mesh, params_key, combo, nds
     return True
 
 
-def degenerate(nd: PlainNd, shape: Sequence[int], mesh: Sequence[int]) -> bool:
-    """Whether `nd` splits some axis of `shape` over more devices than it has
-    elements, leaving pieces empty: valid, but never chosen unless a hint
-    asks for it (the cost model, which prices a split as 1/p of the work,
-    would think it balanced)."""
-    devices: dict[int, int] = {}
-    for sbp, p in zip(nd, mesh):
-        if sbp.axis is not None:
-            devices[sbp.axis] = devices.get(sbp.axis, 1) * p
-    return any(shape[axis] < p for axis, p in devices.items())
-
-
 # --------------------------------------------------------------------------
 # The problem as plain data
 # --------------------------------------------------------------------------
@@ -230,12 +218,6 @@ def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:
             in_shapes = [global_shape(o.type) for o in op.operands]
             params = op.params()
             candidates = nd_signatures(type(op), in_shapes, out_shape, mesh.shape, params)
-            if hinted is None or not degenerate(nd_to_plain(hinted.nd_sbp), out_shape, mesh.shape):
-                candidates = [
-                    c for c in candidates
-                    if not any(degenerate(nd, shape, mesh.shape) for nd, shape in zip((*c[0], c[1]),
-                                                                                       (*in_shapes, out_shape)))
-                ]
             if hinted is not None:
                 want = nd_to_plain(hinted.nd_sbp)
                 allowed = [c for c in candidates if c[1] == want]
@@ -251,8 +233,10 @@ def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:
         else:
             raise PassFailedException(f"'{op.name}': sbp-infer does not know how to distribute this op")
         nbytes = _nbytes(result)
+        operand_shapes = [global_shape(o.type) for o in op.operands]
         fractions = [
-            min([local_fraction(out, mesh.shape), *(local_fraction(nd, mesh.shape) for nd in ins)])
+            min([local_fraction(out, mesh.shape, out_shape),
+                 *(local_fraction(nd, mesh.shape, shape) for nd, shape in zip(ins, operand_shapes))])
             for ins, out in candidates
         ]
         # On a mesh axis of one device a split is B; a hair of cost keeps such
@@ -265,7 +249,7 @@ def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:
         # whether its requests are already in the IR.
         memory = np.array(
             [
-                0.0 if fixed_input else device.memory_cost(nbytes * local_fraction(out, mesh.shape))
+                0.0 if fixed_input else device.memory_cost(nbytes * local_fraction(out, mesh.shape, out_shape))
                 for _, out in candidates
             ]
         )
