@@ -7,6 +7,7 @@ the same process afterwards."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 MLP_TRAIN = ROOT / "examples" / "mlp_train.mlir"
@@ -93,12 +95,44 @@ def test_a_bad_watchdog_setting_is_refused(tmp_path):
     assert no_rank_left()
 
 
+STARTED: list[subprocess.Popen] = []
+"""Drivers a test started; whatever a failing test leaves running is ended."""
+
+
+@pytest.fixture(autouse=True)
+def _no_driver_left():
+    yield
+    while STARTED:
+        _end(STARTED.pop())
+
+
+def _as_in_a_terminal() -> None:
+    """In the child: SIGINT as a terminal's process has it. A shell's
+    background job (a CI step, `make test &`) starts with SIGINT ignored,
+    which its children inherit, and Python then installs no KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _end(job: subprocess.Popen) -> None:
+    """Ends a driver a failed test left running: SIGTERM to its group
+    reaches mpiexec too, which ends the ranks."""
+    if job.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGTERM)
+        try:
+            job.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(job.pid, signal.SIGKILL)
+
+
 def test_ctrl_c_stops_sbp_run_and_its_ranks(tmp_path):
     job = subprocess.Popen(
         [sys.executable, "-m", "sbpc.tools.sbp_run", str(MLP_TRAIN), "-n", "4", "--steps", "1000000",
          "-o", str(tmp_path / "out.npz")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=_as_in_a_terminal,
     )
+    STARTED.append(job)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(subprocess.run(
             ["pgrep", "-f", "sbpc.runtime.worker"], capture_output=True, text=True).stdout.split()) < 4:
@@ -118,6 +152,7 @@ API_SCRIPT = """
 import os, sys, time
 sys.path.insert(0, {examples!r})
 import numpy as np
+import pytest
 import models
 import sbpc
 from sbpc.api import RankPool
@@ -148,8 +183,10 @@ def train_until_failure(fault, label, steps=10):
 def run_script(tmp_path: Path, body: str, **kw) -> subprocess.Popen:
     script = tmp_path / "driver.py"
     script.write_text(API_SCRIPT.format(examples=str(ROOT / "examples"), body=textwrap.dedent(body)))
-    return subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, **kw)
+    driver = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True, preexec_fn=_as_in_a_terminal, **kw)
+    STARTED.append(driver)
+    return driver
 
 
 def test_the_api_reports_a_killed_rank_then_runs_again(tmp_path):
@@ -182,7 +219,7 @@ def test_ctrl_c_in_the_driver_stops_the_ranks_and_the_api_runs_again(tmp_path):
     assert driver.stdout.readline().strip() == "READY"
     time.sleep(0.5)
     start = time.monotonic()
-    os.killpg(driver.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the driver and its ranks
+    os.killpg(driver.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: to the driver's process group
     out, err = driver.communicate(timeout=60)
     assert time.monotonic() - start < 30
     assert driver.returncode == 0, err
