@@ -14,8 +14,10 @@ and at which actor, and where every other rank was.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import select
 import signal
 import threading
 from collections.abc import Collection
@@ -41,7 +43,9 @@ def _read(folder: Path, rank: int) -> tuple[int, int, str | None] | None:
     try:
         fields = np.load(folder / f"rank{rank}.progress", mmap_mode="r")
         actors = (folder / f"rank{rank}.actors").read_text().split("\n")
-    except (OSError, ValueError):
+    except (OSError, ValueError, EOFError):  # not there yet, or being created
+        return None
+    if fields.shape != (3,):
         return None
     pid, step, actor = (int(v) for v in fields)
     return pid, step, actors[actor] if 0 <= actor < len(actors) else None
@@ -119,8 +123,8 @@ def _gone(pid: int) -> bool:
 
 
 class DeathWatch(threading.Thread):
-    """Watches the ranks' pids (from their records) while `active` is set
-    and keeps the rank seen gone first. mpiexec reports one dead rank, not
+    """Watches the ranks' pids (from their records; read while `active` is
+    set) and keeps the rank seen gone first. mpiexec reports one dead rank, not
     always the first (it kills the others with the same signal a moment
     later); where the watch saw several go in one look it knows no better
     and keeps none."""
@@ -133,17 +137,40 @@ class DeathWatch(threading.Thread):
         self._stop_event = threading.Event()
 
     def run(self) -> None:
+        # A watch that fails must not print from its thread into the user's
+        # program: it only ever adds detail to a failure message.
+        with contextlib.suppress(Exception):
+            self._watch()
+
+    def _watch(self) -> None:
         pids: dict[int, int] = {}
-        while not self._stop_event.is_set():
-            if not self.active.wait(0.5):
-                continue
-            if len(pids) < self.ranks:  # records appear as the ranks load a plan
+        while not self._stop_event.is_set() and len(pids) < self.ranks:
+            # records appear as the ranks load a plan
+            if self.active.wait(0.5):
                 pids.update({r: rec[0] for r, rec in _records(self.folder, self.ranks).items() if r not in pids})
-            gone = [rank for rank, pid in pids.items() if _gone(pid)]
-            if gone:
-                self.first = gone[0] if len(gone) == 1 else None
-                return
-            self._stop_event.wait(self.interval)
+                self._stop_event.wait(self.interval)
+        if self._stop_event.is_set():
+            return
+        try:
+            fds = {os.pidfd_open(pid): rank for rank, pid in pids.items()}
+        except (AttributeError, OSError):  # no pidfds (before Linux 5.3): look every interval
+            fds = {}
+        try:
+            while not self._stop_event.is_set():
+                if fds:
+                    # A pidfd turns readable the moment its process ends, before
+                    # mpiexec has noticed and ended the others.
+                    ready, _, _ = select.select(list(fds), [], [], 0.5)
+                    gone = sorted(fds[fd] for fd in ready)
+                else:
+                    gone = [rank for rank, pid in pids.items() if _gone(pid)]
+                    self._stop_event.wait(self.interval)
+                if gone:
+                    self.first = gone[0] if len(gone) == 1 else None
+                    return
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def stop(self) -> int | None:
         self._stop_event.set()
