@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -34,3 +35,14 @@ def command(n: int, module: str, *args: str) -> list[str]:
 def script_command(n: int, script: str, *args: str) -> list[str]:
     """mpiexec running `python script args` on n ranks."""
     return [mpiexec(), "-n", str(n), sys.executable, script, *args]
+
+
+def stop(process: subprocess.Popen) -> None:
+    """Ends an mpiexec now: SIGTERM, on which it ends every rank (they
+    ignore the terminal's SIGINT: the driver decides), and at worst SIGKILL."""
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

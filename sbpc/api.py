@@ -514,13 +514,10 @@ class RankPool:
 
     def stop(self) -> None:
         """Ends the ranks now, wherever they are."""
+        from sbpc.runtime.launch import stop
+
         self.watch.stop()
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop(self.process)
         RankPool.pools.pop(self.ranks, None)
 
     def close(self) -> None:

@@ -26,7 +26,7 @@ from sbpc.dialects import parse_module, plan
 from sbpc.dialects.layout import numpy_dtype
 from sbpc.lowering import PASSES
 from sbpc.runtime.executor import RuntimeFailure, check_feeds, feed_types, find_program
-from sbpc.runtime.launch import command, rank_environment
+from sbpc.runtime.launch import command, rank_environment, stop
 from sbpc.runtime.progress import DeathWatch, describe_failure, describe_progress, reported_ranks
 
 
@@ -84,20 +84,11 @@ def _run_job(argv: list[str], launcher: Path, timeout: float | None, watch: Deat
         try:
             return process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            _stop(process)
+            stop(process)
             raise RuntimeFailure(f"the job did not finish in {timeout} s and was killed") from None
         except BaseException:
-            _stop(process)
+            stop(process)
             raise
-
-
-def _stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 def main(args: list[str] | None = None) -> int:
