@@ -15,7 +15,7 @@ algorithm does by receiving 2 (R-1)/R of the gradient bytes per rank,
 plus the scalar loss. The plan's own count (sum of plan.comm bytes of
 rank 0, from the IR) is printed next to the trace's.
 
-    python bench/communication.py [--ranks 2] [--steps 4] [--hidden 1024] [--batch 256]
+    python bench/communication.py [--ranks 2] [--steps 4] [--hidden 1024] [--batch 256] [--no-bucket]
 """
 
 from __future__ import annotations
@@ -64,6 +64,8 @@ def main() -> int:
     parser.add_argument("--gpt-layers", type=int, default=2)
     parser.add_argument("--gpt-dim", type=int, default=128)
     parser.add_argument("--quick", action="store_true", help="tiny MLP only (for the smoke test)")
+    parser.add_argument("--bucket", action=argparse.BooleanOptionalAction, default=True,
+                        help="gradient bucketing (compile's sbp-bucket-collectives); --no-bucket: one per gradient")
     args = parser.parse_args()
     if args.quick:
         args.hidden, args.batch, args.steps, args.gpt_layers, args.gpt_dim = 64, 16, 2, 1, 16
@@ -76,7 +78,7 @@ def main() -> int:
     rows, overlap_rows, summary = [], [], []
     for name, (module, _) in models.items():
         grads = gradient_bytes(module)
-        CompilePass().apply(Context(), module)
+        CompilePass(bucket=args.bucket).apply(Context(), module)
         program = next(p for p in module.ops if isinstance(p, plan.ProgramOp))
         plan_bytes, kinds = plan_comm(program)
         events = _common.traced_run(module, args.ranks, args.steps)

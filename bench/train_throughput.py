@@ -99,7 +99,8 @@ def plan_gemms(program, rank: int = 0) -> list[dict]:
     return out
 
 
-def measure_sbpc(model: str, ranks: int, cfg: dict, steps: int, repeats: int, api: bool) -> dict:
+def measure_sbpc(model: str, ranks: int, cfg: dict, steps: int, repeats: int, api: bool,
+                 pipeline: str = "compile") -> dict:
     """Compiles here; the ranks (mpiexec, this script with --role sbpc) parse
     the plan and time Executor.run(steps) themselves, like the DDP peer. With
     `api`, also the user path: Executable.train_step from this process."""
@@ -110,7 +111,7 @@ def measure_sbpc(model: str, ranks: int, cfg: dict, steps: int, repeats: int, ap
 
     t0 = time.perf_counter()
     module = sbpc_module(model, ranks, cfg)
-    exe = sbpc.compile(module)
+    exe = sbpc.compile(module, pipeline=pipeline)
     compile_s = time.perf_counter() - t0
     feeds = (mlp_feeds(cfg["batch"], np.random.default_rng(0)) if model == "mlp"
              else gpt_feeds(cfg, np.random.default_rng(0)))
@@ -320,6 +321,8 @@ def main() -> int:
     parser.add_argument("--api", action=argparse.BooleanOptionalAction, default=True,
                         help="also time Executable.train_step from Python")
     parser.add_argument("--quick", action="store_true", help="tiny MLP only, R ranks only (for the smoke test)")
+    parser.add_argument("--pipeline", default="compile",
+                        help="sbpc's pass pipeline, e.g. 'compile{bucket=false}' or 'compile{bucket_bytes=1000000}'")
     parser.add_argument("--role", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--cfg", help=argparse.SUPPRESS)
@@ -352,7 +355,7 @@ def main() -> int:
         counts = (args.ranks, 1) if model in args.single and args.ranks > 1 else (args.ranks,)
         for ranks in counts:
             r[f"sbpc{ranks}"] = measure_sbpc(model, ranks, cfg, args.steps, args.repeats,
-                                             api=args.api and ranks == args.ranks)
+                                             api=args.api and ranks == args.ranks, pipeline=args.pipeline)
             if args.quick:  # one process here, no launch: the smoke test only checks that it runs
                 work = gemm_work(r[f"sbpc{ranks}"]["gemms"], 0)
                 r[f"limit{ranks}"] = {"step_s": _common.timed(lambda work=work: gemm_step(work))}

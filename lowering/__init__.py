@@ -30,6 +30,12 @@ def _sbp_simplify() -> type[ModulePass]:
     return SbpSimplifyPass
 
 
+def _sbp_bucket_collectives() -> type[ModulePass]:
+    from .sbp_bucket_collectives import SbpBucketCollectivesPass
+
+    return SbpBucketCollectivesPass
+
+
 def _sbp_comm_summary() -> type[ModulePass]:
     from .sbp_comm_summary import SbpCommSummaryPass
 
@@ -112,6 +118,7 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "sbp-infer": _sbp_infer,
     "sbp-insert-boxing": _sbp_insert_boxing,
     "sbp-simplify": _sbp_simplify,
+    "sbp-bucket-collectives": _sbp_bucket_collectives,
     "sbp-comm-summary": _sbp_comm_summary,
     "sbp-to-plan": _sbp_to_plan,
     "plan-allocate-memory": _plan_allocate_memory,

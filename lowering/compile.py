@@ -1,5 +1,6 @@
 """`compile`: the named pipeline, verifying between passes: sbp-infer,
-sbp-insert-boxing, sbp-simplify, and with `to_plan` (the default)
+sbp-insert-boxing, sbp-simplify, sbp-bucket-collectives (with `bucket`, the
+default), and with `to_plan` (the default)
 sbp-to-plan, plan-fuse-elementwise (with `fuse`, the default),
 plan-allocate-memory and plan-verify. The module is verified after every
 pass except where a later plan-verify covers it: plan-verify verifies the
@@ -19,6 +20,7 @@ from xdsl.passes import ModulePass
 from .plan_allocate_memory import PlanAllocateMemoryPass
 from .plan_fuse_elementwise import PlanFuseElementwisePass
 from .plan_verify import PlanVerifyPass
+from .sbp_bucket_collectives import SbpBucketCollectivesPass
 from .sbp_infer import SbpInferOptions, SbpInferPass
 from .sbp_insert_boxing import SbpInsertBoxingPass
 from .sbp_simplify import SbpSimplifyPass
@@ -31,6 +33,11 @@ class CompilePass(SbpInferOptions, ModulePass):
 
     to_plan: bool = True
     """Lower to the physical plan; false stops at boxed sbp-level IR."""
+    bucket: bool = True
+    """Coalesce gradient collectives into buckets (sbp-bucket-collectives,
+    priced with the `device` cluster)."""
+    bucket_bytes: int = 0
+    """sbp-bucket-collectives' fixed bucket size; 0: the cost model chooses."""
     fuse: bool = True
     """Fuse elementwise chains in the plan (plan-fuse-elementwise)."""
     representatives: bool = False
@@ -43,6 +50,7 @@ class CompilePass(SbpInferOptions, ModulePass):
             SbpInferPass(**self.infer_options()),
             SbpInsertBoxingPass(),
             SbpSimplifyPass(),
+            *([SbpBucketCollectivesPass(device=self.device, bucket_bytes=self.bucket_bytes)] if self.bucket else []),
         ]
         if self.to_plan:
             passes += [SbpToPlanPass(representatives=self.representatives),

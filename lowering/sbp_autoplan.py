@@ -86,6 +86,7 @@ from .lg_optimizer import STATE_PREFIXES, LgOptimizerPass
 from .lg_recompute import LgRecomputePass
 from .plan_allocate_memory import PlanAllocateMemoryPass
 from .plan_fuse_elementwise import PlanFuseElementwisePass
+from .sbp_bucket_collectives import SbpBucketCollectivesPass
 from .sbp_ilp import SHARE_ABOVE
 from .sbp_infer import SbpInferPass
 from .sbp_insert_boxing import SbpInsertBoxingPass
@@ -521,8 +522,8 @@ class SbpAutoplanPass(ModulePass):
             trial.module = candidate.clone()
             # one device per equivalence class is all the simulator replays
             # (and lowering every device took most of the planning time)
-            for p in (SbpInsertBoxingPass(), SbpSimplifyPass(), SbpToPlanPass(representatives=True),
-                      PlanFuseElementwisePass(), PlanAllocateMemoryPass()):
+            for p in (SbpInsertBoxingPass(), SbpSimplifyPass(), SbpBucketCollectivesPass(device=self.cluster),
+                      SbpToPlanPass(representatives=True), PlanFuseElementwisePass(), PlanAllocateMemoryPass()):
                 p.apply(ctx, candidate)
             trial.prediction = simulate_plan(candidate, cluster, steps=3)
         except (PassFailedException, SimulationError) as e:

@@ -1,7 +1,13 @@
 // RUN: cat %S/../../../../examples/mlp_train.mlir %S/split.txt %S/../../../../examples/mlp_train_zero.mlir > %t.mlir
 // RUN: sbp-opt %t.mlir --split-input-file -p sbp-infer,sbp-insert-boxing,sbp-simplify | filecheck %s
-// The named pipeline runs the same chain:
-// RUN: sbp-opt %t.mlir --split-input-file -p 'compile{to_plan=false}' | filecheck %s
+// The named pipeline runs the same chain (and then buckets the gradients' collectives):
+// RUN: sbp-opt %t.mlir --split-input-file -p 'compile{to_plan=false bucket=false}' | filecheck %s
+// RUN: sbp-opt %t.mlir --split-input-file -p 'compile{to_plan=false}',sbp-comm-summary 2>&1 >/dev/null | filecheck %s --check-prefix=BUCKETED
+// BUCKETED:      // communication of @train_step on @dp, bytes a device receives:
+// BUCKETED-NEXT: //   all_reduce           1         18,432
+// BUCKETED:      // communication of @zero_train_step on @dp, bytes a device receives:
+// BUCKETED-NEXT: //   all_gather           2          9,216
+// BUCKETED-NEXT: //   reduce_scatter       1          9,216
 // RUN: sbp-opt %t.mlir --split-input-file -p sbp-infer,sbp-insert-boxing,sbp-simplify,sbp-comm-summary 2>&1 >/dev/null | filecheck %s --check-prefix=SUMMARY
 // SUMMARY:      // communication of @train_step on @dp, bytes a device receives:
 // SUMMARY-NEXT: //   all_reduce           2         18,432

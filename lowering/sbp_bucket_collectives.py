@@ -1,0 +1,510 @@
+"""`sbp-bucket-collectives{device=cpu bucket_bytes=0}`: gradient bucketing as a
+compiler decision.
+
+A data-parallel step ends with one collective per gradient: an all_reduce
+(P -> B) per weight, or a reduce_scatter (P -> S(0)) under ZeRO and FSDP.
+Each pays a fixed latency, and on the MPI runtime a fixed cost to issue and
+progress, so many small ones cost more than a few large ones; but one
+collective for every gradient would wait for the last gradient before it
+could start, and nothing would overlap the backward pass. PyTorch DDP
+buckets gradients in a fixed 25 MB; this pass chooses the buckets from the
+cost model instead.
+
+Candidates: all_reduce and reduce_scatter ops whose result reaches no other
+reduction (a gradient's, read by its update, the gather of the updated
+parameter under ZeRO, and the outputs; never one on the critical path, as
+tensor parallelism's), over the other mesh axes replicated (B). They are grouped
+by kind, placement, mesh axes, nd-SBPs and element type, and each group is
+ordered by the moment its input is ready in the schedule sbp-to-plan will
+follow (a list schedule priced with the cluster's compute rates). A dynamic
+program over that order then cuts the group into contiguous buckets
+minimizing when the last collective ends: a bucket is issued when its last
+gradient is ready and packed, and when the previous collective is done, and
+takes the cluster's alpha-beta time (`Cluster.collective_time`). A bucket of
+one stays as it was (no copies). `bucket_bytes` fixes the size instead, as
+DDP's bucket_cap_mb does.
+
+A bucket is plain sbp IR, so every later pass, the simulators and the
+runtime need nothing new:
+
+    all_reduce:      g_i (P) --reshape--> [n_i] --concat axis 0--> [N] (P)
+                     --sbp.all_reduce--> [N] (B) --slice, reshape--> g_i's shape (B)
+    reduce_scatter:  g_i (P) --reshape--> [p, n_i/p] --concat axis 1--> [p, N/p] (P)
+                     --sbp.reduce_scatter--> S(0) --slice axis 1, reshape--> g_i's shape, S(0)
+
+Folding a gradient into p rows keeps its S(0) piece one row (so the
+gradient's first axis must divide by p; others stay unbucketed). The
+concatenation is the fused register the collective reads and writes in the
+plan (`bucket.<k>` in the value names); `sbp-comm-summary` counts one
+collective per bucket. Each bucket records `sbp.bucket = [members]`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr
+from xdsl.ir import Block, Operation, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.rewriter import Rewriter
+from xdsl.utils.exceptions import PassFailedException
+
+from sbpc.dialects import lg, sbp
+from sbpc.dialects.sbp import (
+    SIGNATURE_ATTR,
+    DTensorType,
+    Mesh,
+    PlainNd,
+    Sbp,
+    dtensor_of,
+    element_bytes,
+    lookup_placement,
+    nd_to_plain,
+    signature_of,
+)
+from sbpc.perf.cluster import Cluster, ClusterError, Level, load_cluster, preset
+
+from .cost_model import load_device, local_fraction
+from .sbp_to_plan import rank_group, schedule
+
+BUCKET_KINDS = (sbp.AllReduceOp, sbp.ReduceScatterOp)
+BUCKET_ATTR = "sbp.bucket"
+WINDOW = 128
+"""The most gradients one bucket may join: bounds the dynamic program's
+work (n * WINDOW * FRONTIER) on graphs with thousands of gradients."""
+FRONTIER = 6
+"""The most cuts the dynamic program keeps per prefix (see choose_buckets)."""
+
+
+def pricing_cluster(spec: str, devices: int) -> Cluster:
+    """The cluster whose figures price the buckets: a preset or cluster
+    file as sbp-infer's `device` names it; `cuda` is an H100 node; a file
+    of cost_model.DeviceSpec fields becomes a one-level cluster of its
+    rates."""
+    try:
+        return load_cluster(spec, max(devices, 1))
+    except ClusterError:
+        if spec in ("cuda", "gpu"):
+            return preset("h100", max(devices, 1))
+    d = load_device(spec)  # raises a ValueError naming the spec if it is none of these
+    cpu = preset("cpu")
+    return Cluster(
+        name=spec, count=max(devices, 1),
+        device=replace(cpu.device, peak_flops={"f32": d.flops}, efficiency=1.0),
+        levels=(Level("machine", max(devices, 1), bandwidth=d.bandwidth, latency=d.latency),),
+        source=f"DeviceSpec file {spec}",
+    )
+
+
+# --------------------------------------------------------------------------
+# When each value is ready: a list schedule priced with the cluster
+# --------------------------------------------------------------------------
+
+
+def _dtensor(value: SSAValue) -> DTensorType:
+    t = value.type
+    if not isinstance(t, DTensorType):
+        raise PassFailedException(
+            f"sbp-bucket-collectives: '{value.owner.name if isinstance(value.owner, Operation) else 'argument'}' "
+            "has an undistributed value; run sbp-infer and sbp-insert-boxing first"
+        )
+    return t
+
+
+def _local_bytes(t: DTensorType, mesh: Mesh) -> float:
+    return math.prod(t.get_shape()) * element_bytes(t.element_type) * local_fraction(
+        nd_to_plain(t.nd_sbp), mesh.shape, t.get_shape())
+
+
+@dataclass
+class Timing:
+    """Estimated seconds at which each op's result is ready on one device
+    of its placement, under the order sbp-to-plan will schedule."""
+
+    cluster: Cluster
+    meshes: dict[str, Mesh]
+
+    def mesh(self, op: Operation, t: DTensorType) -> Mesh:
+        name = t.placement_name
+        if name not in self.meshes:
+            self.meshes[name] = lookup_placement(op, t.placement).mesh()
+        return self.meshes[name]
+
+    def collective_time(self, kind: str, mesh: Mesh, axes: Sequence[int], nbytes: float) -> float:
+        group = rank_group(mesh, mesh.ranks[0], list(axes))
+        return self.cluster.collective_time(kind, group, nbytes) + self.cluster.device.actor_overhead
+
+    def op_time(self, op: Operation) -> float:
+        if not op.results or not isinstance(op.results[0].type, DTensorType):
+            return 0.0
+        out = _dtensor(op.results[0])
+        mesh = self.mesh(op, out)
+        if isinstance(op, sbp.CollectiveOp | sbp.TransferOp):
+            kind = op.name.removeprefix("sbp.")
+            if not sbp.COLLECTIVES.get(kind, sbp.COLLECTIVES["all_reduce"]).communicates and kind != "transfer":
+                return self.cluster.work_time("", 0.0, _local_bytes(out, mesh))
+            volume = op.bytes.value.data if op.bytes is not None else _local_bytes(out, mesh)
+            axes = list(op.mesh_axes.get_values()) if isinstance(op, sbp.CollectiveOp) else list(range(len(mesh.shape)))
+            return self.collective_time(kind if kind in sbp.COLLECTIVES else "transfer", mesh, axes, volume)
+        if not isinstance(op, lg.LgOp):
+            return 0.0
+        shapes = [tuple(_dtensor(o).get_shape()) for o in op.operands]
+        flops = type(op).flops(shapes, tuple(out.get_shape()), **op.params())
+        fraction = local_fraction(nd_to_plain(out.nd_sbp), mesh.shape, out.get_shape())
+        nbytes = _local_bytes(out, mesh) + sum(_local_bytes(_dtensor(o), mesh) for o in op.operands)
+        return self.cluster.work_time(op.name, flops * fraction, nbytes)
+
+
+def ready_times(ops: list[Operation], timing: Timing) -> dict[Operation, float]:
+    """When each op's result is ready: compute runs one op at a time in
+    sbp-to-plan's order; communication runs one collective at a time beside
+    it, from when its input is ready."""
+    ready: dict[Operation, float] = {}
+    compute = comm = 0.0
+    for op in schedule(ops):
+        inputs = max((ready.get(o.owner, 0.0) for o in op.operands if isinstance(o.owner, Operation)), default=0.0)
+        t = timing.op_time(op)
+        if isinstance(op, sbp.CollectiveOp | sbp.TransferOp) and t > 0 and _communicates(op):
+            comm = max(comm, inputs) + t
+            ready[op] = comm
+        else:
+            compute = max(compute, inputs) + t
+            ready[op] = compute
+    return ready
+
+
+def _communicates(op: Operation) -> bool:
+    kind = op.name.removeprefix("sbp.")
+    return kind == "transfer" or (kind in sbp.COLLECTIVES and sbp.COLLECTIVES[kind].communicates)
+
+
+# --------------------------------------------------------------------------
+# Candidates and groups
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Member:
+    op: sbp.CollectiveOp
+    ready: float
+    volume: float
+    """Bytes a device receives in the collective (its `bytes`, else estimated)."""
+
+
+def _reaches_reduction(ops: list[Operation]) -> set[Operation]:
+    """Ops whose result flows (through any ops) into an all_reduce or a
+    reduce_scatter: a reduction that waits for another is on the step's
+    critical path (tensor parallelism's forward and backward), unlike a
+    gradient's, which only its update, a parameter gather (ZeRO) and the
+    outputs wait for."""
+    reaches: set[Operation] = set()
+    for op in reversed(ops):
+        for result in op.results:
+            if any(u.operation in reaches or isinstance(u.operation, BUCKET_KINDS) for u in result.uses):
+                reaches.add(op)
+                break
+    return reaches
+
+
+def _group_key(op: sbp.CollectiveOp, mesh: Mesh) -> tuple | None:
+    """The bucket group of a candidate collective, or None where it cannot
+    join a bucket."""
+    src, dst = _dtensor(op.input), _dtensor(op.result)
+    src_nd, dst_nd = nd_to_plain(src.nd_sbp), nd_to_plain(dst.nd_sbp)
+    axes = list(op.mesh_axes.get_values())
+    shape = src.get_shape()
+    if any(src_nd[a] != Sbp.B or dst_nd[a] != Sbp.B for a in range(len(mesh.shape)) if a not in axes):
+        return None  # another mesh axis splits it: its local piece is not the flat whole
+    if not shape or not math.prod(shape):
+        return None
+    if isinstance(op, sbp.ReduceScatterOp) and (
+            len(axes) != 1 or dst_nd[axes[0]] != Sbp.S(0) or shape[0] % mesh.shape[axes[0]]):
+        return None  # its S(0) piece is not one row of p
+    return (op.name, src.placement_name, tuple(axes), src_nd, dst_nd, str(src.element_type))
+
+
+# --------------------------------------------------------------------------
+# The buckets: a dynamic program over the ready order
+# --------------------------------------------------------------------------
+
+
+def fixed_buckets(members: Sequence[Member], size: float) -> list[tuple[int, int]]:
+    """Buckets of `size` bytes in ready order (PyTorch DDP's rule): each
+    closes once it holds at least `size`."""
+    buckets, start, held = [], 0, 0.0
+    for j, m in enumerate(members):
+        held += m.volume
+        if held >= size:
+            buckets.append((start, j + 1))
+            start, held = j + 1, 0.0
+    if start < len(members):
+        buckets.append((start, len(members)))
+    return buckets
+
+
+def bucket_finish(buckets: Sequence[tuple[int, int]], members: Sequence[Member], comm_time, pack_time, unpack_time,
+                  host_share: float = 0.0) -> float:
+    """When the last collective of `buckets` ends and is unpacked (the
+    model choose_buckets minimizes; see there)."""
+    end = delay = 0.0
+    for i, j in buckets:
+        comm = comm_time(sum(m.volume for m in members[i:j]))
+        packed = delay + pack_time(i, j)
+        end = max(end, members[j - 1].ready + packed) + comm
+        delay = packed + host_share * comm + unpack_time(i, j)
+    return end + (unpack_time(*buckets[-1]) if buckets else 0.0)
+
+
+def choose_buckets(members: Sequence[Member], comm_time, pack_time, unpack_time, host_share: float = 0.0,
+                   frontier_size: int = FRONTIER) -> list[tuple[int, int]]:
+    """Cuts `members` (in ready order) into contiguous buckets [i, j)
+    minimizing when the last bucket's collective has ended and its results
+    are unpacked. A bucket is issued when the collective before it is done
+    and its last member is ready and packed; `comm_time(bytes)`,
+    `pack_time(i, j)` and `unpack_time(i, j)` price it (a bucket of one
+    packs nothing). Packing, unpacking and the `host_share` of each
+    collective that the device's own cores spend on it (MPI on shared
+    memory: 1 - comm_overlap) run on the compute stream, so they delay the
+    gradients still to come.
+
+    A dynamic program over prefixes: what a later bucket needs of a prefix
+    is when its last collective ends and how much it delayed the compute
+    stream, and it only gains from less of either; each prefix keeps the
+    cuts that no other beats on both (up to `frontier_size` of them,
+    earliest end first), which is exact while no frontier is cut short."""
+    n = len(members)
+    volume = [0.0]
+    for m in members:
+        volume.append(volume[-1] + m.volume)
+    # per prefix: (end, delay, previous prefix, index of its state there)
+    states: list[list[tuple[float, float, int, int]]] = [[(0.0, 0.0, -1, -1)]]
+    for j in range(1, n + 1):
+        options = []
+        for i in range(max(0, j - WINDOW), j):
+            comm = comm_time(volume[j] - volume[i])
+            pack, unpack = pack_time(i, j), unpack_time(i, j)
+            for k, (end, delay, _, _) in enumerate(states[i]):
+                packed = delay + pack
+                finish = max(end, members[j - 1].ready + packed) + comm + (unpack if j == n else 0.0)
+                options.append((finish, packed + host_share * comm + unpack, i, k))
+        options.sort()
+        frontier: list[tuple[float, float, int, int]] = []
+        for option in options:
+            if not frontier or option[1] < frontier[-1][1]:
+                frontier.append(option)
+                if len(frontier) == frontier_size:
+                    break
+        states.append(frontier)
+    buckets = []
+    j, k = n, 0
+    while j:
+        _, _, i, k = states[j][k]
+        buckets.append((i, j))
+        j = i
+    return buckets[::-1]
+
+
+# --------------------------------------------------------------------------
+# The rewrite
+# --------------------------------------------------------------------------
+
+
+def _typed(op: lg.LgOp, ins: Sequence[PlainNd], out_shape: Sequence[int], out_nd: PlainNd,
+           like: DTensorType) -> lg.LgOp:
+    Rewriter.replace_value_with_new_type(
+        op.results[0], dtensor_of(tuple(out_shape), like.element_type, like.placement_name, out_nd))
+    op.attributes[SIGNATURE_ATTR] = signature_of(ins, [out_nd])
+    return op
+
+
+def rewrite_bucket(members: Sequence[sbp.CollectiveOp], mesh: Mesh, index: int) -> list[Operation]:
+    """The ops of one bucket (see the module docstring); replaces the
+    members' results and erases them. Returns the new ops in order."""
+    first = members[0]
+    src, dst = _dtensor(first.input), _dtensor(first.result)
+    src_nd, dst_nd = nd_to_plain(src.nd_sbp), nd_to_plain(dst.nd_sbp)
+    axes = list(first.mesh_axes.get_values())
+    scatter = isinstance(first, sbp.ReduceScatterOp)
+    rows = mesh.shape[axes[0]] if scatter else 1
+    new: list[Operation] = []
+
+    def folded(n: int) -> tuple[int, ...]:
+        return (rows, n // rows) if scatter else (n,)
+
+    flats: list[SSAValue] = []
+    sizes: list[int] = []
+    for m in members:
+        t = _dtensor(m.input)
+        n = math.prod(t.get_shape())
+        sizes.append(n)
+        value: SSAValue = m.input
+        if tuple(t.get_shape()) != folded(n):
+            reshape = _typed(lg.ReshapeOp(value, folded(n)), [src_nd], folded(n), src_nd, src)
+            new.append(reshape)
+            value = reshape.result
+            if m.input.name_hint:
+                value.name_hint = f"{m.input.name_hint}.flat"
+        flats.append(value)
+    total = sum(sizes)
+    concat = _typed(lg.ConcatOp(flats, 1 if scatter else 0), [src_nd] * len(flats), folded(total), src_nd, src)
+    concat.result.name_hint = f"bucket.{index}.in"
+    new.append(concat)
+    volume = [m.bytes.value.data for m in members if m.bytes is not None]
+    nbytes = sum(volume) if len(volume) == len(members) else None
+    bucket_type = dtensor_of(folded(total), dst.element_type, dst.placement_name, dst_nd)
+    collective = type(first)(concat.result, axes, bucket_type, bytes=nbytes)
+    collective.attributes[BUCKET_ATTR] = ArrayAttr(
+        [StringAttr(m.input.name_hint or f"#{i}") for i, m in enumerate(members)])
+    collective.result.name_hint = f"bucket.{index}"
+    new.append(collective)
+    at = 0
+    for i, (m, n) in enumerate(zip(members, sizes)):
+        part = n // rows
+        piece = folded(n)
+        starts, limits = ([0, at], [rows, at + part]) if scatter else ([at], [at + n])
+        at += part
+        sliced = _typed(lg.SliceOp(collective.result, starts, limits), [dst_nd], piece, dst_nd, dst)
+        new.append(sliced)
+        value = sliced.result
+        shape = _dtensor(m.result).get_shape()
+        if tuple(shape) != piece:
+            value.name_hint = f"bucket.{index}.{i}"
+            back = _typed(lg.ReshapeOp(value, shape), [dst_nd], shape, dst_nd, dst)
+            new.append(back)
+            value = back.result
+        value.name_hint = m.result.name_hint
+        m.result.replace_all_uses_with(value)
+    return new
+
+
+def topological_order(block: Block) -> None:
+    """Reorders `block` so every op follows its operands' producers, keeping
+    the program order wherever it already does (the terminator stays last)."""
+    ops = list(block.ops)
+    index = {op: i for i, op in enumerate(ops)}
+    users: dict[Operation, list[Operation]] = {op: [] for op in ops}
+    waiting = dict.fromkeys(ops, 0)
+    for op in ops:
+        for producer in {o.owner for o in op.operands if o.owner in index}:
+            assert isinstance(producer, Operation)
+            users[producer].append(op)
+            waiting[op] += 1
+    ready = [(index[op], op) for op in ops if not waiting[op]]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, op = heapq.heappop(ready)
+        order.append(op)
+        for user in users[op]:
+            waiting[user] -= 1
+            if not waiting[user]:
+                heapq.heappush(ready, (index[user], user))
+    if order == ops:
+        return
+    for op in ops:
+        block.detach_op(op)
+    block.add_ops(order)
+
+
+@dataclass(frozen=True)
+class SbpBucketCollectivesPass(ModulePass):
+    """Coalesces gradient collectives into buckets; see the module docstring."""
+
+    name = "sbp-bucket-collectives"
+
+    device: str = "cpu"
+    """The cluster whose figures price the buckets (as sbp-infer's `device`)."""
+    bucket_bytes: int = 0
+    """0: the cost model chooses the buckets. Else a fixed size, as PyTorch
+    DDP's bucket_cap_mb: in ready order, a bucket closes once it holds this
+    many bytes (the collective's per-device volume)."""
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for graph in [o for o in op.walk() if isinstance(o, lg.GraphOp)]:
+            self.bucket_graph(graph)
+
+    def bucket_graph(self, graph: lg.GraphOp) -> None:
+        block = graph.body.block
+        ops = list(block.ops)
+        reaches = _reaches_reduction(ops)
+        candidates = [o for o in ops if isinstance(o, BUCKET_KINDS) and o not in reaches]
+        if len(candidates) < 2:
+            return
+        meshes: dict[str, Mesh] = {}
+        for o in ops:
+            for r in o.results:
+                if isinstance(r.type, DTensorType) and r.type.placement_name not in meshes:
+                    meshes[r.type.placement_name] = lookup_placement(o, r.type.placement).mesh()
+        devices = 1 + max((r for m in meshes.values() for r in m.ranks), default=0)
+        try:
+            cluster = pricing_cluster(self.device, devices)
+        except ValueError as e:
+            raise PassFailedException(f"sbp-bucket-collectives: {e}") from None
+        timing = Timing(cluster, meshes)
+        groups: dict[tuple, list[sbp.CollectiveOp]] = {}
+        for c in candidates:
+            assert isinstance(c, sbp.CollectiveOp)
+            key = _group_key(c, timing.mesh(c, _dtensor(c.input)))
+            if key is not None:
+                groups.setdefault(key, []).append(c)
+        groups = {k: g for k, g in groups.items() if len(g) > 1}
+        if not groups:
+            return
+        ready = ready_times(ops, timing)
+        position = {o: i for i, o in enumerate(ops)}
+        count = 0
+        for group in groups.values():
+            members = sorted((Member(c, ready.get(c.input.owner, 0.0), _volume(c, timing)) for c in group),
+                             key=lambda m: (m.ready, position[m.op]))
+            for i, j in self.cut(members, timing):
+                if j - i < 2:
+                    continue
+                chosen = [m.op for m in members[i:j]]
+                new = rewrite_bucket(chosen, timing.mesh(chosen[0], _dtensor(chosen[0].input)), count)
+                block.insert_ops_after(new, max(chosen, key=lambda c: position[c]))
+                for c in chosen:
+                    block.erase_op(c)
+                count += 1
+        if count:
+            topological_order(block)
+
+    def cut(self, members: Sequence[Member], timing: Timing) -> list[tuple[int, int]]:
+        """The buckets of one group, in ready order: a fixed size, or the
+        cost model's choice (choose_buckets)."""
+        if self.bucket_bytes:
+            return fixed_buckets(members, self.bucket_bytes)
+        first = members[0].op
+        mesh = timing.mesh(first, _dtensor(first.input))
+        axes = list(first.mesh_axes.get_values())
+        kind = first.name.removeprefix("sbp.")
+        cluster = timing.cluster
+        held = [0.0]  # bytes each device holds of the first k members
+        for m in members:
+            held.append(held[-1] + _local_bytes(_dtensor(m.op.input), mesh))
+
+        def comm_time(nbytes: float) -> float:
+            return timing.collective_time(kind, mesh, axes, nbytes)
+
+        def pack_time(i: int, j: int) -> float:  # one concat reads and writes the bucket
+            return 0.0 if j - i == 1 else cluster.work_time("lg.concat", 0.0, 2 * (held[j] - held[i]))
+
+        def unpack_time(i: int, j: int) -> float:  # one slice per member
+            if j - i == 1:
+                return 0.0
+            return (j - i) * cluster.work_time("lg.slice", 0.0, 0.0) + cluster.core_time(
+                "lg.slice", 0.0, 2 * (held[j] - held[i]))
+
+        return choose_buckets(members, comm_time, pack_time, unpack_time,
+                              host_share=1.0 - cluster.device.comm_overlap)
+
+
+def _volume(c: sbp.CollectiveOp, timing: Timing) -> float:
+    """The bytes a device receives in collective `c` (recorded by boxing, else estimated)."""
+    if c.bytes is not None:
+        return c.bytes.value.data
+    t = _dtensor(c.input)
+    return _local_bytes(t, timing.mesh(c, t))
