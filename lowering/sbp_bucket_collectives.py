@@ -44,7 +44,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr
@@ -134,9 +134,13 @@ class Timing:
             self.meshes[name] = lookup_placement(op, t.placement).mesh()
         return self.meshes[name]
 
+    groups: dict[tuple[str, tuple[int, ...]], list[int]] = field(default_factory=dict)
+
     def collective_time(self, kind: str, mesh: Mesh, axes: Sequence[int], nbytes: float) -> float:
-        group = rank_group(mesh, mesh.ranks[0], list(axes))
-        return self.cluster.collective_time(kind, group, nbytes) + self.cluster.device.actor_overhead
+        key = (mesh.name, tuple(axes))
+        if key not in self.groups:
+            self.groups[key] = rank_group(mesh, mesh.ranks[0], list(axes))
+        return self.cluster.collective_time(kind, self.groups[key], nbytes) + self.cluster.device.actor_overhead
 
     def op_time(self, op: Operation) -> float:
         if not op.results or not isinstance(op.results[0].type, DTensorType):
@@ -486,8 +490,13 @@ class SbpBucketCollectivesPass(ModulePass):
         for m in members:
             held.append(held[-1] + _local_bytes(_dtensor(m.op.input), mesh))
 
+        # alpha-beta: linear in the bytes (Cluster.collective_time)
+        alpha = timing.collective_time(kind, mesh, axes, 0.0)
+        beta = (timing.collective_time(kind, mesh, axes, 1e9) - alpha) / 1e9
+        per_slice = cluster.work_time("lg.slice", 0.0, 0.0)
+
         def comm_time(nbytes: float) -> float:
-            return timing.collective_time(kind, mesh, axes, nbytes)
+            return alpha + beta * nbytes
 
         def pack_time(i: int, j: int) -> float:  # one concat reads and writes the bucket
             return 0.0 if j - i == 1 else cluster.work_time("lg.concat", 0.0, 2 * (held[j] - held[i]))
@@ -495,7 +504,7 @@ class SbpBucketCollectivesPass(ModulePass):
         def unpack_time(i: int, j: int) -> float:  # one slice per member
             if j - i == 1:
                 return 0.0
-            return (j - i) * cluster.work_time("lg.slice", 0.0, 0.0) + cluster.core_time(
+            return (j - i) * per_slice + cluster.core_time(
                 "lg.slice", 0.0, 2 * (held[j] - held[i]))
 
         return choose_buckets(members, comm_time, pack_time, unpack_time,

@@ -153,9 +153,10 @@ def test_compile_verifies_the_plan_once():
     def verified_after(passes):
         return [type(p).__name__ for i, p in enumerate(passes) if not skips_verify(p, passes[i + 1:])]
 
-    assert verified_after(CompilePass().passes()) == ["SbpInferPass", "SbpInsertBoxingPass", "SbpSimplifyPass"]
+    assert verified_after(CompilePass().passes()) == [
+        "SbpInferPass", "SbpInsertBoxingPass", "SbpSimplifyPass", "SbpBucketCollectivesPass"]
     assert verified_after(CompilePass(to_plan=False).passes()) == [
-        "SbpInferPass", "SbpInsertBoxingPass", "SbpSimplifyPass"]
+        "SbpInferPass", "SbpInsertBoxingPass", "SbpSimplifyPass", "SbpBucketCollectivesPass"]
     # no plan-verify after them: every plan pass is verified
     assert verified_after([SbpToPlanPass(), PlanAllocateMemoryPass()]) == ["SbpToPlanPass", "PlanAllocateMemoryPass"]
     # a non-plan pass between: what comes before it is verified

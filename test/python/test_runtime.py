@@ -72,8 +72,12 @@ def test_sbp_run_matches_the_reference(model, ranks, tmp_path):
 
 
 def test_trace_is_chrome_json_and_shows_overlap(tmp_path):
+    """Two gradient all_reduces, each issued as its gradient is ready (not
+    bucketed: in one bucket they would wait for the last), overlap the
+    backward's kernels."""
     trace = tmp_path / "trace.json"
-    done = sbp_run(EXAMPLES / "mlp_train.mlir", "-n", 4, "--steps", 6, "--trace", trace, "-o", tmp_path / "o.npz")
+    done = sbp_run(EXAMPLES / "mlp_train.mlir", "-n", 4, "--steps", 6, "--trace", trace, "-o", tmp_path / "o.npz",
+                   "-p", "compile{bucket=false}")
     assert done.returncode == 0, done.stderr
     data = json.loads(trace.read_text())
     slices = [e for e in data["traceEvents"] if e["ph"] == "X"]
