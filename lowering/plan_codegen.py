@@ -69,8 +69,126 @@ def _grid(n: int) -> list[int]:
     return [max(1, -(-n // BLOCK)), 1, 1, BLOCK, 1, 1]
 
 
-Generator = Callable[["Site"], tuple[str, list[int]]]
-"""gen(site) -> (CUDA C source, launch [grid x, y, z, block x, y, z])"""
+@dataclass(frozen=True)
+class Kernel:
+    """A kernel as both targets share it: `threads` independent runs of
+    `body` (C statements over the thread index `i`, which may `return`
+    early), with parameters `params` (the inputs, then the output) over
+    the element type T. `cuda_source` makes it one CUDA thread per index;
+    `host_source` a loop over the indices in C for the CPU. The body may
+    use NEG_INF (minus infinity in T), rsqrt and the math functions of
+    both targets (`exp`, `tanh`, ...; on the host tgmath.h picks the T
+    version). `restrict`: the output never shares bytes with an input."""
+
+    name: str
+    t: str
+    params: tuple[str, ...]
+    threads: int
+    body: str
+    restrict: bool = False
+    nest: Nest | None = None
+    """The host loop nest of a broadcasting elementwise kernel (its inner
+    loop vectorizes; the flat loop's division per element would not)."""
+
+    def declarations(self, restrict: bool) -> str:
+        qualifier = " __restrict__" if restrict and self.restrict else ""
+        return ", ".join(p.replace("*", "*" + qualifier, 1) for p in self.params)
+
+
+CUDA_PRELUDE = "#define NEG_INF __int_as_float(0xff800000)\n"
+
+
+def cuda_source(k: Kernel) -> tuple[str, list[int]]:
+    """The CUDA C of `k` (one thread per index) and its launch."""
+    src = (
+        f'{_header(k.t)}{CUDA_PRELUDE}extern "C" __global__ void {k.name}({k.declarations(True)}) {{\n'
+        f"  long i = blockIdx.x * (long)blockDim.x + threadIdx.x;\n  if (i >= {k.threads}) return;\n"
+        f"  {k.body}\n}}\n"
+    )
+    return src, _grid(k.threads)
+
+
+HOST_PRELUDE = """#include <math.h>
+#include <tgmath.h>
+#define NEG_INF (-INFINITY)
+#define rsqrt(x) (1 / sqrt(x))
+"""
+"""What every host kernel file starts with (host_source is one kernel)."""
+
+VECTOR_MATH = "".join(
+    f'__attribute__((simd("notinbranch"))) {t} {f}{suffix}({t});\n'
+    for f in ("exp", "tanh", "erf", "log") for t, suffix in (("float", "f"), ("double", ""))
+)
+"""Declarations that let the C compiler call glibc's vector math library
+(libmvec) in vectorized loops, as it does under -ffast-math, without
+-ffast-math's loss of IEEE semantics (placed before tgmath.h, and linked
+with -lmvec; runtime/host_kernels.py falls back to the scalar prelude
+where the library lacks one)."""
+
+
+def host_prelude(vector_math: bool) -> str:
+    if not vector_math:
+        return HOST_PRELUDE
+    return HOST_PRELUDE.replace("#include <tgmath.h>", VECTOR_MATH + "#include <tgmath.h>")
+
+
+def host_source(k: Kernel) -> str:
+    """The C of `k` for the host, one function `void <name>(params)` that
+    runs the thread body for every index in order (or `k.nest`'s loops), T
+    defined for it alone (kernels of several element types share one file
+    after a host prelude)."""
+    if k.nest is not None:
+        return f"#define T {k.t}\nvoid {k.name}({k.declarations(False)}) {{\n{_host_nest(k.nest)}}}\n#undef T\n"
+    return (
+        f"#define T {k.t}\n"
+        f"static inline void {k.name}_at(long i, {k.declarations(False)}) {{\n  {k.body}\n}}\n"
+        f"void {k.name}({k.declarations(False)}) {{\n"
+        f"  {IVDEP}\n  for (long i = 0; i < {k.threads}; ++i) {k.name}_at(i, {', '.join(_param_names(k))});\n}}\n"
+        "#undef T\n"
+    )
+
+
+IVDEP = "#pragma GCC ivdep"
+"""The indices of a kernel are independent (CUDA threads run in any order),
+and its output meets an input only element for element (in place): no
+dependence between iterations, so the loop vectorizes without the runtime
+overlap checks the compiler would otherwise need (it gives up beyond ten
+pointers, and takes an in-place output for an overlap)."""
+
+
+def _host_nest(nest: Nest) -> str:
+    shape = nest.shape
+    lines = []
+    for d, n in enumerate(shape):
+        if d == len(shape) - 1:
+            lines.append("  " * (d + 1) + IVDEP)
+        lines.append("  " * (d + 1) + f"for (long c{d} = 0; c{d} < {n}; ++c{d}) {{")
+    depth = "  " * (len(shape) + 1)
+    flat = "0"
+    for d, n in enumerate(shape):
+        flat = f"({flat}) * {n} + c{d}" if d else f"c{d}"
+    lines.append(f"{depth}long i = {flat};")
+    for name, st in zip(nest.offsets, nest.strides):
+        terms = [f"c{d} * {s}" for d, s in enumerate(st) if s] or ["0"]
+        lines.append(f"{depth}long {name} = {' + '.join(terms)};")
+    lines.append(depth + nest.element.replace("\n      ", "\n" + depth))
+    for d in reversed(range(len(shape))):
+        lines.append("  " * (d + 1) + "}")
+    return "\n".join(lines) + "\n"
+
+
+def host_declaration(k: Kernel) -> str:
+    """`k`'s host function as a C declaration with T spelled out (for cffi)."""
+    return f"void {k.name}({k.declarations(False).replace('T*', k.t + '*')});"
+
+
+def _param_names(k: Kernel) -> list[str]:
+    return [p.rsplit("*", 1)[1].strip() for p in k.params]
+
+
+Generator = Callable[["Site"], "Kernel | tuple[str, list[int]]"]
+"""gen(site) -> a Kernel (both targets), or CUDA C alone and its launch
+[grid x, y, z, block x, y, z] (a kernel with no host form: matmul)."""
 
 CUDA: Backend[Generator | ElementwiseExpr | OnHost] = Backend("the CUDA code generator")
 """Every lg op's CUDA implementation: a generator, an elementwise C
@@ -94,7 +212,7 @@ class ElementwiseExpr:
 
     expr: str
 
-    def __call__(self, site: Site) -> tuple[str, list[int]]:
+    def __call__(self, site: Site) -> Kernel:
         return gen_fused(
             site.name, site.t, site.in_shapes, site.out_shape, [(site.kernel, tuple(range(len(site.in_shapes))))]
         )
@@ -147,16 +265,16 @@ def _broadcast_strides(shape, out_shape) -> list[int]:
     return [0] * pad + [0 if shape[i] == 1 and out_shape[pad + i] != 1 else st[i] for i in range(len(shape))]
 
 
-def gen_fused(name, t, in_shapes, out_shape, steps):
+def gen_fused(name, t, in_shapes, out_shape, steps) -> Kernel:
     """One kernel for a chain of elementwise steps (kernel, argument
     indices: inputs first, then earlier steps), one thread per output
     element. Broadcasting composes, so every input is read at the
     broadcast image of the output index and every step lives in a
     register; a lone elementwise op is a chain of one."""
     n = math.prod(out_shape)
-    # No __restrict__: the memory plan may write the output over an input
+    # Not restrict: the memory plan may write the output over an input
     # (in place); each thread reads its elements before writing its own.
-    params = ", ".join([f"const T* a{k}" for k in range(len(in_shapes))] + ["T* out"])
+    params = tuple([f"const T* a{k}" for k in range(len(in_shapes))] + ["T* out"])
     moved = [k for k, shape in enumerate(in_shapes) if tuple(shape) != tuple(out_shape)]
     lines = []
     if moved:
@@ -167,12 +285,40 @@ def gen_fused(name, t, in_shapes, out_shape, steps):
         expr = elementwise_expr(kernel).expr.format(*(f"v{a}" for a in args))
         lines.append(f"T v{len(in_shapes) + j} = {expr};")
     lines.append(f"out[i] = v{len(in_shapes) + len(steps) - 1};")
-    body = "\n    ".join(lines)
-    src = (
-        f'{_header(t)}extern "C" __global__ void {name}({params}) {{\n'
-        f"  long i = blockIdx.x * (long)blockDim.x + threadIdx.x;\n  if (i >= {n}) return;\n    {body}\n}}\n"
-    )
-    return src, _grid(n)
+    element = lines[1:] if moved else lines
+    nest = Nest(*_collapse(tuple(out_shape), [_broadcast_strides(in_shapes[k], out_shape) for k in moved]),
+                tuple(f"o{k}" for k in moved), "\n      ".join(element)) if moved else None
+    return Kernel(name, t, params, n, "\n    ".join(lines), nest=nest)
+
+
+@dataclass(frozen=True)
+class Nest:
+    """A broadcasting kernel's iteration as a loop nest, for the host: the
+    output's shape (adjacent axes merged where every input's strides allow),
+    each broadcast input's element strides over it and the name of its
+    offset, and the statements for one element (reading a<k>[o<k>], writing
+    out[i]). On a GPU each thread finds its offsets by division instead."""
+
+    shape: tuple[int, ...]
+    strides: tuple[tuple[int, ...], ...]
+    offsets: tuple[str, ...]
+    element: str
+
+
+def _collapse(shape: tuple[int, ...], strides: list[list[int]]) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """Merges axis d into d+1 where every stride list steps over both as
+    over one axis (stride[d] == stride[d+1] * shape[d+1])."""
+    dims = list(shape)
+    sts = [list(st) for st in strides]
+    d = len(dims) - 2
+    while d >= 0:
+        if all(st[d] == st[d + 1] * dims[d + 1] for st in sts):
+            dims[d + 1] *= dims[d]
+            del dims[d]
+            for st in sts:
+                del st[d]
+        d -= 1
+    return tuple(dims), tuple(tuple(st) for st in sts)
 
 
 @CUDA.impl(lg.MatmulOp)
@@ -218,7 +364,7 @@ def gen_matmul(site: Site) -> tuple[str, list[int]]:
 
 
 @CUDA.impl(lg.ReduceSumOp, lg.ReduceMeanOp, lg.ReduceMaxOp)
-def gen_reduce(site: Site) -> tuple[str, list[int]]:
+def gen_reduce(site: Site) -> Kernel:
     kernel, name, t, in_shape = site.kernel, site.name, site.t, site.in_shapes[0]
     axes = list(cast(DenseArrayBase[IntegerType], site.props["axes"]).get_values())
     kept = [d for d in range(len(in_shape)) if d not in axes]
@@ -230,29 +376,24 @@ def gen_reduce(site: Site) -> tuple[str, list[int]]:
     base = _index_loop(kept_shape, [[st[d] for d in kept]], ["b"]) if kept else "long b = 0;"
     inner = _index_loop(red_shape, [[st[d] for d in axes]], ["r"]).replace("long rem = i;", "long rem = j;")
     is_max = kernel == "lg.reduce_max"
-    init = "(T)__int_as_float(0xff800000)" if is_max else "(T)0"
+    init = "(T)NEG_INF" if is_max else "(T)0"
     update = "acc = acc > a0[b + r] ? acc : a0[b + r];" if is_max else "acc += a0[b + r];"
     scale = ""
     if kernel == "lg.reduce_mean":
         scale = f"acc = acc / (T){math.prod(site.global_in[d] for d in axes)};"
-    src = f"""{_header(t)}extern "C" __global__ void {name}(const T* __restrict__ a0, T* __restrict__ out) {{
-  long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
-  if (i >= {n_out}) return;
-  {base}
+    body = f"""{base}
   T acc = {init};
   for (long j = 0; j < {n_red}; ++j) {{
     {inner}
     {update}
   }}
   {scale}
-  out[i] = acc;
-}}
-"""
-    return src, _grid(n_out)
+  out[i] = acc;"""
+    return Kernel(name, t, ("const T* a0", "T* out"), n_out, body, restrict=True)
 
 
 @CUDA.impl(lg.SoftmaxOp, lg.LogSoftmaxOp)
-def gen_softmax(site: Site) -> tuple[str, list[int]]:
+def gen_softmax(site: Site) -> Kernel:
     kernel, name, t, shape = site.kernel, site.name, site.t, site.in_shapes[0]
     axis = cast(IntegerAttr, site.props["axis"]).value.data
     inner = math.prod(shape[axis + 1 :])
@@ -260,38 +401,26 @@ def gen_softmax(site: Site) -> tuple[str, list[int]]:
     n = shape[axis]
     log = kernel == "lg.log_softmax"
     write = "out[o + k * {inner}] = (x - m) - log(s);" if log else "out[o + k * {inner}] = exp(x - m) / s;"
-    src = f"""{_header(t)}extern "C" __global__ void {name}(const T* __restrict__ a0, T* __restrict__ out) {{
-  long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
-  if (i >= {rows}) return;
-  long o = (i / {inner}) * {n * inner} + (i % {inner});
-  T m = (T)__int_as_float(0xff800000);
+    body = f"""long o = (i / {inner}) * {n * inner} + (i % {inner});
+  T m = (T)NEG_INF;
   for (long k = 0; k < {n}; ++k) {{ T x = a0[o + k * {inner}]; m = x > m ? x : m; }}
   T s = (T)0;
   for (long k = 0; k < {n}; ++k) s += exp(a0[o + k * {inner}] - m);
-  for (long k = 0; k < {n}; ++k) {{ T x = a0[o + k * {inner}]; {write.format(inner=inner)} }}
-}}
-"""
-    return src, _grid(rows)
+  for (long k = 0; k < {n}; ++k) {{ T x = a0[o + k * {inner}]; {write.format(inner=inner)} }}"""
+    return Kernel(name, t, ("const T* a0", "T* out"), rows, body, restrict=True)
 
 
 @CUDA.impl(lg.LayerNormOp)
-def gen_layernorm(site: Site) -> tuple[str, list[int]]:
+def gen_layernorm(site: Site) -> Kernel:
     name, t, shape = site.name, site.t, site.in_shapes[0]
     axis = cast(IntegerAttr, site.props["axis"]).value.data
     eps = cast(FloatAttr, site.props["epsilon"]).value.data
     affine = len(site.in_shapes) == 3
     inner = math.prod(shape[axis:])
     rows = math.prod(shape[:axis])
-    params = (
-        "const T* __restrict__ a0, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ out"
-        if affine
-        else "const T* __restrict__ a0, T* __restrict__ out"
-    )
+    params = ("const T* a0", "const T* w", "const T* bias", "T* out") if affine else ("const T* a0", "T* out")
     scale = " * w[k] + bias[k]" if affine else ""
-    src = f"""{_header(t)}extern "C" __global__ void {name}({params}) {{
-  long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
-  if (i >= {rows}) return;
-  const T* x = a0 + i * {inner};
+    body = f"""const T* x = a0 + i * {inner};
   T mean = (T)0;
   for (long k = 0; k < {inner}; ++k) mean += x[k];
   mean /= (T){inner};
@@ -299,33 +428,25 @@ def gen_layernorm(site: Site) -> tuple[str, list[int]]:
   for (long k = 0; k < {inner}; ++k) {{ T d = x[k] - mean; var += d * d; }}
   var /= (T){inner};
   T r = rsqrt(var + (T){eps!r});
-  for (long k = 0; k < {inner}; ++k) out[i * {inner} + k] = (x[k] - mean) * r{scale};
-}}
-"""
-    return src, _grid(rows)
+  for (long k = 0; k < {inner}; ++k) out[i * {inner} + k] = (x[k] - mean) * r{scale};"""
+    return Kernel(name, t, params, rows, body, restrict=True)
 
 
 @CUDA.impl(lg.ReshapeOp)
-def gen_copy(site: Site) -> tuple[str, list[int]]:
-    name, t, n = site.name, site.t, math.prod(site.out_shape)
-    # No __restrict__: a reshape may be planned in place (out == a0), and
+def gen_copy(site: Site) -> Kernel:
+    # Not restrict: a reshape may be planned in place (out == a0), and
     # each thread reads its element before writing it.
-    src = (f'{_header(t)}extern "C" __global__ void {name}(const T* a0, T* out) {{\n'
-           f"  long i = blockIdx.x * (long)blockDim.x + threadIdx.x;\n  if (i < {n}) out[i] = a0[i];\n}}\n")
-    return src, _grid(n)
+    return Kernel(site.name, site.t, ("const T* a0", "T* out"), math.prod(site.out_shape), "out[i] = a0[i];")
 
 
 @CUDA.impl(lg.TransposeOp)
-def gen_transpose(site: Site) -> tuple[str, list[int]]:
-    name, t, in_shape, out_shape = site.name, site.t, site.in_shapes[0], site.out_shape
+def gen_transpose(site: Site) -> Kernel:
+    in_shape, out_shape = site.in_shapes[0], site.out_shape
     perm = list(cast(DenseArrayBase[IntegerType], site.props["perm"]).get_values())
     st = strides(in_shape)
-    n = math.prod(out_shape)
     index = _index_loop(out_shape, [[st[p] for p in perm]], ["s"])
-    src = (f'{_header(t)}extern "C" __global__ void {name}(const T* __restrict__ a0, T* __restrict__ out) {{\n'
-           f"  long i = blockIdx.x * (long)blockDim.x + threadIdx.x;\n  if (i >= {n}) return;\n    {index}\n"
-           f"  out[i] = a0[s];\n}}\n")
-    return src, _grid(n)
+    return Kernel(site.name, site.t, ("const T* a0", "T* out"), math.prod(out_shape), f"{index}\n  out[i] = a0[s];",
+                  restrict=True)
 
 
 @dataclass(frozen=True)
@@ -345,12 +466,36 @@ class Site:
 
 
 def generate(actor: plan.ComputeOp, registers: dict) -> tuple[str, str, list[int]]:
-    """(source, entry, launch) for one compute actor."""
+    """(CUDA source, entry, launch) for one compute actor."""
+    made = describe(actor, registers)
+    if isinstance(made, Kernel):
+        src, launch = cuda_source(made)
+        return src, made.name, launch
+    src, launch = made
+    return src, _kernel_name(actor), launch
+
+
+def generate_host(actor: plan.ComputeOp, registers: dict) -> Kernel:
+    """The kernel of one compute actor for the host (render it with
+    host_source); Unsupported where only a CUDA form exists (matmul)."""
+    made = describe(actor, registers)
+    if not isinstance(made, Kernel):
+        raise Unsupported(f"kernel {actor.kernel.data} on the host")
+    return made
+
+
+def _kernel_name(actor: plan.ComputeOp) -> str:
+    return "k_" + "".join(c if c.isalnum() else "_" for c in actor.sym_name.data)
+
+
+def describe(actor: plan.ComputeOp, registers: dict) -> Kernel | tuple[str, list[int]]:
+    """What the generators make of one compute actor: a Kernel for both
+    targets, or CUDA source and launch alone."""
     kernel = actor.kernel.data
     ins = [registers[r.string_value()] for r in actor.ins.data]
     out = registers[actor.outs.data[0].string_value()]
     site = Site(
-        name="k_" + "".join(c if c.isalnum() else "_" for c in actor.sym_name.data),
+        name=_kernel_name(actor),
         kernel=kernel,
         t=c_type(out.type.element_type),
         in_shapes=tuple(tuple(r.type.get_shape()) for r in ins),
@@ -360,16 +505,14 @@ def generate(actor: plan.ComputeOp, registers: dict) -> tuple[str, str, list[int
     )
     if kernel == plan.FUSED:
         steps = [(step.kernel, step.args) for step in plan.fused_steps(actor)]
-        src, launch = gen_fused(site.name, site.t, site.in_shapes, site.out_shape, steps)
-    else:
-        try:
-            impl = CUDA.get(lg.op_class(kernel))
-        except KeyError:
-            impl = None
-        if impl is None or isinstance(impl, OnHost):
-            raise Unsupported(f"kernel {kernel}")
-        src, launch = impl(site)
-    return src, site.name, launch
+        return gen_fused(site.name, site.t, site.in_shapes, site.out_shape, steps)
+    try:
+        impl = CUDA.get(lg.op_class(kernel))
+    except KeyError:
+        impl = None
+    if impl is None or isinstance(impl, OnHost):
+        raise Unsupported(f"kernel {kernel}")
+    return impl(site)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from sbpc.perf.step_time import REPRESENTATIVES
 from sbpc.semantics.plan_simulator import actor_kernel
 from sbpc.semantics.reference import constant_value, initialize
 
-from . import kernels, progress
+from . import host_kernels, kernels, progress
 from .collectives import CommActor, Pending
 
 STREAMS = {"compute": 0, "comm": 1}
@@ -203,9 +203,10 @@ class Executor:
         self.schedule = self.device.actors()
         self._meshes: dict[str, Any] = {}
         self.kernels = {}
+        generated = self._bind_host_kernels()
         for actor in self.schedule:
             if isinstance(actor, plan.ComputeOp):
-                self.kernels[actor] = self._bind(actor)
+                self.kernels[actor] = generated.get(actor) or self._bind(actor)
         self._parts = {
             a: p for a in self.kernels if a.kernel.data == "lg.matmul" and (p := self._bind_parts(a)) is not None
         }
@@ -479,6 +480,29 @@ class Executor:
                                 self.view(actor.outs.data[0].string_value(), 0))
         except Exception as e:  # noqa: BLE001 - reported with its place
             raise RuntimeFailure(f"rank {self.rank}: {self.describe(actor)}: {e}") from None
+
+    def _bind_host_kernels(self) -> dict[plan.ComputeOp, kernels.Fire]:
+        """The actors that run generated C (runtime/host_kernels.py: fused
+        chains, softmax, layernorm), built into one library per device;
+        none where SBPC_HOST_KERNELS=0 or no C compiler or cffi is here."""
+        if not host_kernels.enabled() or host_kernels.unavailable() is not None:
+            return {}
+        from sbpc.lowering.plan_codegen import Unsupported, generate_host
+
+        made = {}
+        for actor in self.schedule:
+            if isinstance(actor, plan.ComputeOp) and actor.kernel.data in host_kernels.HOST_KERNELS:
+                try:
+                    made[actor] = generate_host(actor, self.registers)
+                except Unsupported:  # an element type C is not generated for
+                    continue
+        if not made:
+            return {}
+        try:
+            library = host_kernels.Library(list(made.values()))
+        except host_kernels.BuildError as e:
+            raise RuntimeFailure(f"rank {self.rank}: {e}") from None
+        return {actor: library.bind(kernel.name) for actor, kernel in made.items()}
 
     def _bind_parts(self, actor: plan.ComputeOp):
         """A long matmul's column blocks (kernels.bind_parts), when its

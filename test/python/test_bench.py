@@ -21,6 +21,7 @@ SCRIPTS = {
     "compile_time.py": ["--quick", "--no-jax"],
     "memory_plan.py": ["--quick"],
     "communication.py": ["--quick"],
+    "host_kernels.py": ["--quick"],
     "gpu_kernels.py": ["--quick"],
     "sbp_infer_scaling.py": ["--sizes", "100", "200"],
     "simulator_accuracy.py": ["--quick"],
