@@ -205,9 +205,24 @@ quadratic, so large devices keep the fixed orders)."""
 RANDOM_ORDER_LIMIT = 200
 
 
-def place(buffers: list[Buffer]) -> int:
+def place(buffers: list[Buffer], memo: dict | None = None) -> int:
     """Each buffer at the lowest offset free over its whole lifetime, in the
-    best of several orders; returns the arena size."""
+    best of several orders; returns the arena size. The placement depends
+    only on the buffers' sizes and lifetimes in order, so devices alike (the
+    ranks of a data-parallel mesh) share one through `memo`."""
+    key = tuple((b.size, b.start, b.end) for b in buffers) if memo is not None else None
+    if memo is not None and key in memo:
+        arena, offsets = memo[key]
+        for i, buf in enumerate(buffers):
+            buf.offset = offsets[i]
+        return arena
+    arena = _place(buffers)
+    if memo is not None:
+        memo[key] = (arena, [b.offset for b in buffers])
+    return arena
+
+
+def _place(buffers: list[Buffer]) -> int:
     bound = live_bound(buffers)
     arena, offsets = _first_fit(buffers, ORDERS[0])
     # The other orders only where the first misses the bound: none can beat
@@ -359,7 +374,9 @@ def update_aliases(device: plan.DeviceOp, life: dict[str, tuple[int, int]]) -> t
     return aliases, in_place_actors
 
 
-def allocate_device(device: plan.DeviceOp, in_place: bool = True) -> None:
+def allocate_device(device: plan.DeviceOp, in_place: bool = True, memo: dict | None = None) -> None:
+    """Allocates one device's registers (`memo`: placements already made
+    for devices with the same buffers; see place)."""
     life = lifetimes(device)
     registers = {r.sym_name.data: r for r in device.registers()}
     aliases, alias_writers = update_aliases(device, life) if in_place else ({}, set())
@@ -390,7 +407,7 @@ def allocate_device(device: plan.DeviceOp, in_place: bool = True) -> None:
         buf = buffers.setdefault(root[name], Buffer(aligned(reg.size), *life[name]))
         buf.start, buf.end = min(buf.start, life[name][0]), max(buf.end, life[name][1])
         buf.registers.append(name)
-    arena = place(list(buffers.values()))
+    arena = place(list(buffers.values()), memo)
     for buf in buffers.values():
         for name in buf.registers:
             registers[name].offset = int_attr(buf.offset)
@@ -420,5 +437,6 @@ class PlanAllocateMemoryPass(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for program in plan.programs(op):
+            memo: dict = {}
             for device in program.devices():
-                allocate_device(device, self.in_place)
+                allocate_device(device, self.in_place, memo)
