@@ -109,27 +109,56 @@ def cuda_source(k: Kernel) -> tuple[str, list[int]]:
 
 
 HOST_PRELUDE = """#include <math.h>
+#include <stdint.h>
 #include <tgmath.h>
 #define NEG_INF (-INFINITY)
 #define rsqrt(x) (1 / sqrt(x))
+/* exp in float: Cephes' expf (range reduction by ln 2, a degree-6 polynomial,
+   within 3 ulp) written without branches, so a loop of it vectorizes; exact
+   0 below -104, inf above 89, NaN kept. glibc's vector expf calls its scalar
+   code for each lane out of range, and a causal mask puts -inf in half of a
+   softmax's lanes. */
+static inline float sbpc_pow2i(int32_t k) { union { int32_t i; float f; } u; u.i = (k + 127) << 23; return u.f; }
+static inline float sbpc_expf(float x) {
+  float c = x < -104.0f ? -104.0f : x;
+  c = c > 89.0f ? 89.0f : c;
+  float fn = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* rounded: 1.5 * 2^23 */
+  int32_t n = (int32_t)fn;
+  float r = (c - fn * 0.693359375f) + fn * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  float v = ((p * r) * r + r + 1.0f) * sbpc_pow2i(n >> 1) * sbpc_pow2i(n - (n >> 1));
+  v = x < -104.0f ? 0.0f : v;
+  v = x > 89.0f ? INFINITY : v;
+  return x != x ? x : v;
+}
+static inline double sbpc_exp(double x) { return (exp)(x); }
+#undef exp
+#define exp(x) _Generic((x), float: sbpc_expf, default: sbpc_exp)(x)
 """
 """What every host kernel file starts with (host_source is one kernel)."""
 
 VECTOR_MATH = "".join(
     f'__attribute__((simd("notinbranch"))) {t} {f}{suffix}({t});\n'
-    for f in ("exp", "tanh", "erf", "log") for t, suffix in (("float", "f"), ("double", ""))
+    for f, types in (("exp", (("double", ""),)), ("tanh", (("float", "f"), ("double", ""))),
+                     ("erf", (("float", "f"), ("double", ""))), ("log", (("float", "f"), ("double", ""))))
+    for t, suffix in types
 )
 """Declarations that let the C compiler call glibc's vector math library
 (libmvec) in vectorized loops, as it does under -ffast-math, without
 -ffast-math's loss of IEEE semantics (placed before tgmath.h, and linked
 with -lmvec; runtime/host_kernels.py falls back to the scalar prelude
-where the library lacks one)."""
+where the library lacks one). Float exp is the prelude's own."""
 
 
 def host_prelude(vector_math: bool) -> str:
     if not vector_math:
         return HOST_PRELUDE
-    return HOST_PRELUDE.replace("#include <tgmath.h>", VECTOR_MATH + "#include <tgmath.h>")
+    return HOST_PRELUDE.replace("#include <tgmath.h>\n", VECTOR_MATH + "#include <tgmath.h>\n", 1)
 
 
 def host_source(k: Kernel) -> str:
@@ -399,14 +428,20 @@ def gen_softmax(site: Site) -> Kernel:
     inner = math.prod(shape[axis + 1 :])
     rows = math.prod(shape) // shape[axis]
     n = shape[axis]
-    log = kernel == "lg.log_softmax"
-    write = "out[o + k * {inner}] = (x - m) - log(s);" if log else "out[o + k * {inner}] = exp(x - m) / s;"
+    at = f"o + k * {inner}"
+    if kernel == "lg.log_softmax":
+        total = f"for (long k = 0; k < {n}; ++k) s += exp(a0[{at}] - m);"
+        write = f"for (long k = 0; k < {n}; ++k) out[{at}] = (a0[{at}] - m) - log(s);"
+    else:  # each exponential once, kept in the output (a loop with no sum in it vectorizes), summed, divided
+        total = (f"for (long k = 0; k < {n}; ++k) out[{at}] = exp(a0[{at}] - m);\n"
+                 f"  for (long k = 0; k < {n}; ++k) s += out[{at}];")
+        write = f"for (long k = 0; k < {n}; ++k) out[{at}] = out[{at}] / s;"
     body = f"""long o = (i / {inner}) * {n * inner} + (i % {inner});
   T m = (T)NEG_INF;
-  for (long k = 0; k < {n}; ++k) {{ T x = a0[o + k * {inner}]; m = x > m ? x : m; }}
+  for (long k = 0; k < {n}; ++k) {{ T x = a0[{at}]; m = x > m ? x : m; }}
   T s = (T)0;
-  for (long k = 0; k < {n}; ++k) s += exp(a0[o + k * {inner}] - m);
-  for (long k = 0; k < {n}; ++k) {{ T x = a0[o + k * {inner}]; {write.format(inner=inner)} }}"""
+  {total}
+  {write}"""
     return Kernel(name, t, ("const T* a0", "T* out"), rows, body, restrict=True)
 
 

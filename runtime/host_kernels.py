@@ -91,7 +91,7 @@ def vector_math() -> bool:
     prelude declares vectorized here (a probe, built and loaded once)."""
     import cffi
 
-    calls = "".join(f"s += {f}(a[i]) + {f}f(b[i]);" for f in ("exp", "tanh", "erf", "log"))
+    calls = "".join(f"s += {f}(a[i]) + {f}(b[i]);" for f in ("exp", "tanh", "erf", "log"))
     probe = (host_prelude(True) + "double probe(const double* a, const float* b, long n) "
              f"{{ double s = 0; for (long i = 0; i < n; ++i) {{ {calls} }} return s; }}\n")
     try:

@@ -150,3 +150,32 @@ def test_training_with_host_kernels_matches_the_reference(enabled, monkeypatch):
                                        models.gpt_batches(size["batch"], size["seq"]), 8)
     rel = np.abs(np.array(losses) - expected) / np.abs(expected)
     assert rel.max() <= 1e-5, (losses, expected)
+
+
+def test_exp_and_softmax_keep_ieee_special_values():
+    """The host's own float exp (vectorizable, see plan_codegen.HOST_PRELUDE)
+    against numpy's over its whole range and at inf, NaN and the underflow
+    edge; a softmax row masked with -inf gives exact zeros there."""
+    g = sbpc.Graph("special", placement=sbpc.placement("cpu", ranks=1))
+    x = g.input("x", (4, 1000))
+    g.output(e=sbpc.exp(x), s=sbpc.softmax(x, axis=1))
+    module = g.module()
+    CompilePass().apply(Context(), module)
+    _, registers, actors = next(device_actors(module))
+    made = {a.kernel.data: generate_host(a, registers) for a in actors}
+    library = host_kernels.Library(list(made.values()))
+    rng = np.random.default_rng(0)
+    data = rng.uniform(-110, 95, (4, 1000)).astype(np.float32)
+    data[0, :13] = [-np.inf, np.inf, np.nan, 0.0, -0.0, 88.7, 88.72, 89.0, -87.3, -103.9, -104.0, -150.0, 1e-8]
+    data[1:, 500:] = -np.inf  # masked halves
+    data[1:, :500] = rng.normal(size=(3, 500))
+    out = np.empty_like(data)
+    library.bind(made["lg.exp"].name)([data], out)
+    with np.errstate(all="ignore"):
+        expected = np.exp(data)
+    np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-44)
+    assert np.isnan(out[0, 2]) and out[0, 1] == np.inf and out[0, 0] == 0.0
+    library.bind(made["lg.softmax"].name)([data], out)  # row 0 holds a NaN: only the masked rows are checked
+    shifted = np.exp(data[1:] - data[1:].max(axis=1, keepdims=True))
+    np.testing.assert_allclose(out[1:], shifted / shifted.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
+    assert (out[1:, 500:] == 0.0).all()
