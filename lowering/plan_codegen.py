@@ -541,12 +541,18 @@ def describe(actor: plan.ComputeOp, registers: dict) -> Kernel | tuple[str, list
     if kernel == plan.FUSED:
         steps = [(step.kernel, step.args) for step in plan.fused_steps(actor)]
         return gen_fused(site.name, site.t, site.in_shapes, site.out_shape, steps)
+    return describe_site(site)
+
+
+def describe_site(site: Site) -> Kernel | tuple[str, list[int]]:
+    """What the generator registered for `site.kernel` makes of it (an lg
+    kernel; fused chains go through gen_fused)."""
     try:
-        impl = CUDA.get(lg.op_class(kernel))
+        impl = CUDA.get(lg.op_class(site.kernel))
     except KeyError:
         impl = None
     if impl is None or isinstance(impl, OnHost):
-        raise Unsupported(f"kernel {kernel}")
+        raise Unsupported(f"kernel {site.kernel}")
     return impl(site)
 
 

@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
@@ -128,6 +129,26 @@ def build(source: str, libraries: tuple[str, ...] = ()) -> Path:
                 raise BuildError(f"{cc} failed on the generated host kernels:\n{done.stderr[-4000:]}")
             os.replace(built, library)
     return library
+
+
+def bind_kernel(op, local, ins: Sequence[np.ndarray], out: np.ndarray) -> Fire | None:
+    """The generated C for a lone lg op on these arrays, as the executor
+    would run it (None where it runs numpy's): what sbp-calibrate times, so
+    the cluster's kernel rates are the ones that run."""
+    from sbpc.lowering.plan_codegen import Site, Unsupported, c_type, describe_site
+
+    if op.name not in HOST_KERNELS or not enabled() or unavailable() is not None:
+        return None
+    site = Site(name="k_" + op.name.replace(".", "_"), kernel=op.name, t="", in_shapes=tuple(x.shape for x in ins),
+                out_shape=out.shape, props=dict(op.properties), global_in=tuple(local.in_shapes[0]) if ins else ())
+    try:
+        site = replace(site, t=c_type(op.results[0].type.element_type))
+        kernel = describe_site(site)
+    except Unsupported:
+        return None
+    if not isinstance(kernel, Kernel):
+        return None
+    return Library([kernel]).bind(kernel.name)
 
 
 class Library:
