@@ -71,11 +71,18 @@ def test_a_rank_killed_mid_step_is_named_with_its_signal_step_and_actor(tmp_path
     assert done.returncode == 1 and seconds < 30
     line = error_line(done)
     # mpiexec reports one rank's signal, at times one it killed after the
-    # culprit; the death watch then still names the culprit
-    assert "rank 1 (pid " in line and " in step 2, at actor @" in line, line
-    assert "died of signal 9 (SIGKILL)" in line or "died first (mpiexec reports signal 9 (SIGKILL)" in line, line
-    # and where the others were
-    assert all(f"rank {r} was in step 2, at actor @" in line for r in (0, 2, 3)), line
+    # culprit. The death watch names the culprit when it sees it go alone;
+    # under load (4 ranks on 2 cores, the suite running) mpiexec may have
+    # killed the others before the watch looked, and then the report is
+    # mpiexec's (progress.DeathWatch keeps none rather than guess).
+    named = next((r for r in range(4) if f"rank {r} (pid " in line), None)
+    assert named is not None and " in step 2, at actor @" in line, line
+    if "died first" in line:
+        assert named == 1 and "died first (mpiexec reports signal 9 (SIGKILL)" in line, line
+    else:
+        assert "died of signal 9 (SIGKILL)" in line, line
+    # and where the others were: every rank in step 2, the culprit at its actor
+    assert all(f"rank {r} was in step 2, at actor @" in line for r in range(4) if r != named), line
     assert no_rank_left()
 
 
