@@ -512,7 +512,7 @@ class Executor:
             library = host_kernels.Library(list(made.values()))
         except host_kernels.BuildError as e:
             raise RuntimeFailure(f"rank {self.rank}: {e}") from None
-        return {actor: library.bind(kernel.name) for actor, kernel in made.items()}
+        return {actor: library.bind(kernel) for actor, kernel in made.items()}
 
     def _bind_parts(self, actor: plan.ComputeOp):
         """A long matmul's column blocks (kernels.bind_parts), when its

@@ -158,9 +158,17 @@ class Library:
         import cffi
 
         self.ffi = cffi.FFI()
-        self.kernels = {k.name: k for k in kernels}
-        if len(self.kernels) != len(kernels):
-            raise ValueError("two host kernels share a name")
+        # Actor names that differ only in characters C names cannot hold
+        # ("a.b", "a_b") make one kernel name: later ones get a suffix.
+        self.kernels: dict[str, Kernel] = {}
+        self._given: dict[int, str] = {}
+        for k in kernels:
+            name, n = k.name, 1
+            while name in self.kernels:
+                name, n = f"{k.name}_{n}", n + 1
+            self.kernels[name] = replace(k, name=name)
+            self._given[id(k)] = name
+        kernels = list(self.kernels.values())
         self.ffi.cdef("\n".join(host_declaration(k) for k in kernels))
         body = "\n".join(host_source(k) for k in kernels)
         if vector_math():
@@ -171,10 +179,13 @@ class Library:
             self.path = build(self.source)
         self.lib = self.ffi.dlopen(str(self.path))
 
-    def bind(self, name: str) -> Fire:
-        """fire(inputs, out) for kernel `name`. Arguments are the
-        executor's register views, the same arrays step after step, so
-        their pointers are made once per array and kept."""
+    def bind(self, kernel: Kernel | str) -> Fire:
+        """fire(inputs, out) for `kernel` (one this library was made with,
+        or its name). The arrays must be the ones it was generated for:
+        their shapes are compiled in. They are the executor's register
+        views, the same arrays step after step, so their pointers are made
+        once per array and kept."""
+        name = kernel if isinstance(kernel, str) else self._given[id(kernel)]
         fn = getattr(self.lib, name)
         kernel = self.kernels[name]
         pointer_type = f"{kernel.t} *"

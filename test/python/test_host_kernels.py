@@ -5,6 +5,8 @@ odd sizes, broadcasting, splits over ranks and both element types; the CUDA
 source is rendered from the same description; plans run with them match the
 reference on real ranks."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from xdsl.context import Context
@@ -179,3 +181,22 @@ def test_exp_and_softmax_keep_ieee_special_values():
     shifted = np.exp(data[1:] - data[1:].max(axis=1, keepdims=True))
     np.testing.assert_allclose(out[1:], shifted / shifted.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
     assert (out[1:, 500:] == 0.0).all()
+
+
+def test_kernel_names_that_clash_in_c_get_suffixes():
+    """Actors named `a.b` and `a_b` make one C name; each still runs its own kernel."""
+    module = kernels_graph(1, "f32", True)
+    _, registers, actors = next(device_actors(module))
+    softmax = next(a for a in actors if a.kernel.data == "lg.softmax")
+    log_softmax = next(a for a in actors if a.kernel.data == "lg.log_softmax")
+    first = generate_host(softmax, registers)
+    second = dataclasses.replace(generate_host(log_softmax, registers), name=first.name)
+    library = host_kernels.Library([first, second])
+    rng = np.random.default_rng(0)
+    for kernel, actor in ((first, softmax), (second, log_softmax)):
+        x = random_input(registers[actor.ins.data[0].string_value()], rng)
+        got = np.empty(tuple(registers[actor.outs.data[0].string_value()].type.get_shape()), np.float32)
+        library.bind(kernel)([x], got)
+        op, local = actor_kernel(sbpc.make_context(), actor, registers,
+                                 lambda t: tuple(slice(0, d) for d in t.get_shape()))
+        np.testing.assert_allclose(got, local_kernel(op, local, x), rtol=1e-5, atol=1e-6)
