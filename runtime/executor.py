@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import sys
 import time
 import weakref
 from collections.abc import Collection, Mapping
@@ -510,8 +511,11 @@ class Executor:
             return {}
         try:
             library = host_kernels.Library(list(made.values()))
-        except host_kernels.BuildError as e:
+        except host_kernels.BuildError as e:  # generated C that does not compile: a bug, said loudly
             raise RuntimeFailure(f"rank {self.rank}: {e}") from None
+        except OSError as e:  # no room or no permission for the library: numpy's kernels run instead
+            print(f"sbpc: rank {self.rank}: generated C kernels unavailable ({e}); running numpy's", file=sys.stderr)
+            return {}
         return {actor: library.bind(kernel) for actor, kernel in made.items()}
 
     def _bind_parts(self, actor: plan.ComputeOp):

@@ -80,10 +80,31 @@ def compiler() -> str | None:
 
 
 def cache_dir() -> Path:
+    """$SBPC_CACHE/host-kernels (default ~/.cache/sbpc), or a folder under
+    the system's temporary directory where that cannot be made."""
     root = os.environ.get(CACHE_VARIABLE) or os.path.join(os.path.expanduser("~"), ".cache", "sbpc")
     path = Path(root) / "host-kernels"
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        path = Path(tempfile.gettempdir()) / f"sbpc-{os.getuid()}" / "host-kernels"
+        path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@cache
+def machine() -> str:
+    """What -march=native compiles for: the CPU's model and feature flags,
+    part of a library's cache key (a cache shared by machines of several
+    CPU kinds must not hand one a library with instructions it lacks)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [ln for ln in f if ln.startswith(("model name", "flags"))]
+    except OSError:
+        lines = []
+    import platform
+
+    return platform.machine() + "".join(sorted(set(lines)))
 
 
 @cache
@@ -111,7 +132,7 @@ def build(source: str, libraries: tuple[str, ...] = ()) -> Path:
     cc = compiler()
     if cc is None:
         raise BuildError("no C compiler (cc, gcc or clang) on PATH")
-    key = hashlib.sha256("\0".join((cc, *FLAGS, *libraries, source)).encode()).hexdigest()[:24]
+    key = hashlib.sha256("\0".join((cc, *FLAGS, *libraries, machine(), source)).encode()).hexdigest()[:24]
     directory = cache_dir()
     library = directory / f"k{key}.so"
     if library.exists():

@@ -200,3 +200,11 @@ def test_kernel_names_that_clash_in_c_get_suffixes():
         op, local = actor_kernel(sbpc.make_context(), actor, registers,
                                  lambda t: tuple(slice(0, d) for d in t.get_shape()))
         np.testing.assert_allclose(got, local_kernel(op, local, x), rtol=1e-5, atol=1e-6)
+
+
+def test_an_unusable_cache_folder_falls_back_to_a_temporary_one(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("SBPC_CACHE", str(blocker / "cache"))
+    folder = host_kernels.cache_dir()
+    assert folder.is_dir() and not str(folder).startswith(str(blocker))
