@@ -88,7 +88,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes (for the smoke test)")
     args = parser.parse_args()
     if host_kernels.unavailable():
-        print(f"skipped: {host_kernels.unavailable()}")
+        print(f"summary: skipped: {host_kernels.unavailable()} (the executor runs numpy's kernels here)")
         return 0
     train = __import__("train_throughput")
     cfg = {"batch": 32, "seq": 64, "dim": args.gpt_dim, "heads": 4, "layers": args.gpt_layers,
