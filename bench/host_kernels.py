@@ -26,7 +26,6 @@ from sbpc.dialects import plan
 from sbpc.dialects.layout import numpy_dtype, piece_of
 from sbpc.dialects.sbp import lookup_placement
 from sbpc.lowering.compile import CompilePass
-from sbpc.lowering.plan_codegen import Unsupported, generate_host
 from sbpc.runtime import host_kernels, kernels
 from sbpc.semantics.plan_simulator import actor_kernel
 
@@ -49,13 +48,7 @@ def measure(module, repeats: int) -> dict[str, list[float]]:
     registers = {r.sym_name.data: r for r in device.registers()}
     ctx = sbpc.make_context()
     rng = np.random.default_rng(0)
-    made = {}
-    for actor in device.actors():
-        if isinstance(actor, plan.ComputeOp):
-            try:
-                made[actor] = generate_host(actor, registers)
-            except Unsupported:
-                continue
+    made = host_kernels.generate([a for a in device.actors() if isinstance(a, plan.ComputeOp)], registers, None)
     library = host_kernels.Library(list(made.values()))
 
     def piece(t):
@@ -75,7 +68,7 @@ def measure(module, repeats: int) -> dict[str, list[float]]:
         row = rows[name]
         row[0] += 1
         row[1] += best(numpy_fire, ins, out, repeats)
-        row[2] += best(library.bind(kernel.name), ins, out, repeats)
+        row[2] += best(library.bind(kernel), ins, out, repeats)
     return rows
 
 

@@ -127,14 +127,14 @@ class Timing:
 
     cluster: Cluster
     meshes: dict[str, Mesh]
+    groups: dict[tuple[str, tuple[int, ...]], list[int]] = field(default_factory=dict)
+    """The rank group of each (placement, mesh axes) priced so far."""
 
     def mesh(self, op: Operation, t: DTensorType) -> Mesh:
         name = t.placement_name
         if name not in self.meshes:
             self.meshes[name] = lookup_placement(op, t.placement).mesh()
         return self.meshes[name]
-
-    groups: dict[tuple[str, tuple[int, ...]], list[int]] = field(default_factory=dict)
 
     def collective_time(self, kind: str, mesh: Mesh, axes: Sequence[int], nbytes: float) -> float:
         key = (mesh.name, tuple(axes))
@@ -148,12 +148,11 @@ class Timing:
         out = _dtensor(op.results[0])
         mesh = self.mesh(op, out)
         if isinstance(op, sbp.CollectiveOp | sbp.TransferOp):
-            kind = op.name.removeprefix("sbp.")
-            if not sbp.COLLECTIVES.get(kind, sbp.COLLECTIVES["all_reduce"]).communicates and kind != "transfer":
+            if not _communicates(op):  # a local slice or make_partial: a copy
                 return self.cluster.work_time("", 0.0, _local_bytes(out, mesh))
             volume = op.bytes.value.data if op.bytes is not None else _local_bytes(out, mesh)
             axes = list(op.mesh_axes.get_values()) if isinstance(op, sbp.CollectiveOp) else list(range(len(mesh.shape)))
-            return self.collective_time(kind if kind in sbp.COLLECTIVES else "transfer", mesh, axes, volume)
+            return self.collective_time(op.name.removeprefix("sbp."), mesh, axes, volume)
         if not isinstance(op, lg.LgOp):
             return 0.0
         shapes = [tuple(_dtensor(o).get_shape()) for o in op.operands]
@@ -172,7 +171,7 @@ def ready_times(ops: list[Operation], timing: Timing) -> dict[Operation, float]:
     for op in schedule(ops):
         inputs = max((ready.get(o.owner, 0.0) for o in op.operands if isinstance(o.owner, Operation)), default=0.0)
         t = timing.op_time(op)
-        if isinstance(op, sbp.CollectiveOp | sbp.TransferOp) and t > 0 and _communicates(op):
+        if isinstance(op, sbp.CollectiveOp | sbp.TransferOp) and _communicates(op):
             comm = max(comm, inputs) + t
             ready[op] = comm
         else:
@@ -326,8 +325,9 @@ def _typed(op: lg.LgOp, ins: Sequence[PlainNd], out_shape: Sequence[int], out_nd
 
 
 def rewrite_bucket(members: Sequence[sbp.CollectiveOp], mesh: Mesh, index: int) -> list[Operation]:
-    """The ops of one bucket (see the module docstring); replaces the
-    members' results and erases them. Returns the new ops in order."""
+    """The ops of one bucket (see the module docstring), in order, not yet
+    in the block; the members' results are replaced by its slices (the
+    caller inserts the ops and erases the members)."""
     first = members[0]
     src, dst = _dtensor(first.input), _dtensor(first.result)
     src_nd, dst_nd = nd_to_plain(src.nd_sbp), nd_to_plain(dst.nd_sbp)

@@ -494,19 +494,11 @@ class Executor:
 
     def _bind_host_kernels(self) -> dict[plan.ComputeOp, kernels.Fire]:
         """The actors that run generated C (runtime/host_kernels.py: fused
-        chains, softmax, layernorm), built into one library per device;
+        chains, elementwise ops, softmax, layernorm), built into one library per device;
         none where SBPC_HOST_KERNELS=0 or no C compiler or cffi is here."""
         if not host_kernels.enabled() or host_kernels.unavailable() is not None:
             return {}
-        from sbpc.lowering.plan_codegen import Unsupported, generate_host
-
-        made = {}
-        for actor in self.schedule:
-            if isinstance(actor, plan.ComputeOp) and actor.kernel.data in host_kernels.HOST_KERNELS:
-                try:
-                    made[actor] = generate_host(actor, self.registers)
-                except Unsupported:  # an element type C is not generated for
-                    continue
+        made = host_kernels.generate([a for a in self.schedule if isinstance(a, plan.ComputeOp)], self.registers)
         if not made:
             return {}
         try:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -34,7 +35,17 @@ from pathlib import Path
 import numpy as np
 
 from sbpc.dialects import plan
-from sbpc.lowering.plan_codegen import Kernel, host_declaration, host_prelude, host_source
+from sbpc.lowering.plan_codegen import (
+    Kernel,
+    Site,
+    Unsupported,
+    c_type,
+    describe_site,
+    generate_host,
+    host_declaration,
+    host_prelude,
+    host_source,
+)
 
 VARIABLE = "SBPC_HOST_KERNELS"
 CACHE_VARIABLE = "SBPC_CACHE"
@@ -102,8 +113,6 @@ def machine() -> str:
             lines = [ln for ln in f if ln.startswith(("model name", "flags"))]
     except OSError:
         lines = []
-    import platform
-
     return platform.machine() + "".join(sorted(set(lines)))
 
 
@@ -152,24 +161,35 @@ def build(source: str, libraries: tuple[str, ...] = ()) -> Path:
     return library
 
 
+def generate(actors: Sequence[plan.ComputeOp], registers: dict, kernels: frozenset[str] | None = HOST_KERNELS
+             ) -> dict[plan.ComputeOp, Kernel]:
+    """The host kernel of each actor whose kernel is in `kernels` (None:
+    every kernel the generator describes for the host), skipping those it
+    does not (matmul, integer element types)."""
+    made = {}
+    for actor in actors:
+        if kernels is None or actor.kernel.data in kernels:
+            try:
+                made[actor] = generate_host(actor, registers)
+            except Unsupported:
+                continue
+    return made
+
+
 def bind_kernel(op, local, ins: Sequence[np.ndarray], out: np.ndarray) -> Fire | None:
     """The generated C for a lone lg op on these arrays, as the executor
     would run it (None where it runs numpy's): what sbp-calibrate times, so
     the cluster's kernel rates are the ones that run."""
-    from sbpc.lowering.plan_codegen import Site, Unsupported, c_type, describe_site
-
     if op.name not in HOST_KERNELS or not enabled() or unavailable() is not None:
         return None
-    site = Site(name="k_" + op.name.replace(".", "_"), kernel=op.name, t="", in_shapes=tuple(x.shape for x in ins),
-                out_shape=out.shape, props=dict(op.properties), global_in=tuple(local.in_shapes[0]) if ins else ())
     try:
-        site = replace(site, t=c_type(op.results[0].type.element_type))
+        site = Site(name="k_" + op.name.replace(".", "_"), kernel=op.name, t=c_type(op.results[0].type.element_type),
+                    in_shapes=tuple(x.shape for x in ins), out_shape=out.shape, props=dict(op.properties),
+                    global_in=tuple(local.in_shapes[0]) if ins else ())
         kernel = describe_site(site)
     except Unsupported:
         return None
-    if not isinstance(kernel, Kernel):
-        return None
-    return Library([kernel]).bind(kernel.name)
+    return Library([kernel]).bind(kernel) if isinstance(kernel, Kernel) else None
 
 
 class Library:
@@ -182,13 +202,13 @@ class Library:
         # Actor names that differ only in characters C names cannot hold
         # ("a.b", "a_b") make one kernel name: later ones get a suffix.
         self.kernels: dict[str, Kernel] = {}
-        self._given: dict[int, str] = {}
+        self._given: dict[int, tuple[Kernel, str]] = {}  # by id, the object kept so the id stays its own
         for k in kernels:
             name, n = k.name, 1
             while name in self.kernels:
                 name, n = f"{k.name}_{n}", n + 1
             self.kernels[name] = replace(k, name=name)
-            self._given[id(k)] = name
+            self._given[id(k)] = (k, name)
         kernels = list(self.kernels.values())
         self.ffi.cdef("\n".join(host_declaration(k) for k in kernels))
         body = "\n".join(host_source(k) for k in kernels)
@@ -206,7 +226,7 @@ class Library:
         their shapes are compiled in. They are the executor's register
         views, the same arrays step after step, so their pointers are made
         once per array and kept."""
-        name = kernel if isinstance(kernel, str) else self._given[id(kernel)]
+        name = kernel if isinstance(kernel, str) else self._given[id(kernel)][1]
         fn = getattr(self.lib, name)
         kernel = self.kernels[name]
         pointer_type = f"{kernel.t} *"
