@@ -161,6 +161,14 @@ def host_prelude(vector_math: bool) -> str:
     return HOST_PRELUDE.replace("#include <tgmath.h>\n", VECTOR_MATH + "#include <tgmath.h>\n", 1)
 
 
+IVDEP = "#pragma GCC ivdep"
+"""The indices of a kernel are independent (CUDA threads run in any order),
+and its output meets an input only element for element (in place): no
+dependence between iterations, so the loop vectorizes without the runtime
+overlap checks the compiler would otherwise need (it gives up beyond ten
+pointers, and takes an in-place output for an overlap)."""
+
+
 def host_source(k: Kernel) -> str:
     """The C of `k` for the host, one function `void <name>(params)` that
     runs the thread body for every index in order (or `k.nest`'s loops), T
@@ -175,14 +183,6 @@ def host_source(k: Kernel) -> str:
         f"  {IVDEP}\n  for (long i = 0; i < {k.threads}; ++i) {k.name}_at(i, {', '.join(_param_names(k))});\n}}\n"
         "#undef T\n"
     )
-
-
-IVDEP = "#pragma GCC ivdep"
-"""The indices of a kernel are independent (CUDA threads run in any order),
-and its output meets an input only element for element (in place): no
-dependence between iterations, so the loop vectorizes without the runtime
-overlap checks the compiler would otherwise need (it gives up beyond ten
-pointers, and takes an in-place output for an overlap)."""
 
 
 def _host_nest(nest: Nest) -> str:
