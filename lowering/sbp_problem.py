@@ -603,19 +603,19 @@ class ExactCost:
         finally:
             self._track(None)
 
-    def _affected(self) -> list[list[int]]:
-        """Per node n: the other nodes whose `local` cost reads n's choice (its
-        producers and consumers, the other consumers of its producers, and
-        its tie partners)."""
+    def _near(self) -> list[list[int]]:
+        """Per node n: the other nodes whose `local` cost reads n's choice,
+        except the other consumers of n's producers: n's consumers, its
+        producers and its tie partners. The other consumers of a producer
+        are reached through the producer's stamp instead (see _refine):
+        listing them per node is quadratic in a producer's uses, and the
+        learning rate is read by every parameter's update."""
         nodes = self.problem.nodes
         out: list[set[int]] = [set() for _ in nodes]
         for n, node in enumerate(nodes):
             around = out[n]
             around.update(v for v, _ in self.slots[n])
-            for u in node.producers:
-                if u is not None:
-                    around.add(u)
-                    around.update(v for v, _ in self.slots[u])
+            around.update(u for u in node.producers if u is not None)
             for key in self.ties_of[n]:
                 around.update(key)
             around.discard(n)
@@ -624,18 +624,34 @@ class ExactCost:
     def _refine(self, choice: list[int], rounds: int) -> list[int]:
         nodes = self.problem.nodes
         assign = self._assign
-        affected = self._affected()
+        near = self._near()
+        producers = [sorted({u for u in node.producers if u is not None}) for node in nodes]
         # A node is tried again only when something its local cost reads has
         # changed since it was last tried: otherwise it would find the very
         # same costs and keep its choice. (Exact: the search takes the same
-        # steps it took when it tried every node every round.)
+        # steps it took when it tried every node every round.) A change
+        # marks its near nodes dirty and bumps the stamp of each of its
+        # producers; a node whose producers' stamps moved since it was last
+        # tried had a fellow consumer change.
+        stamp = [0] * len(nodes)
+
+        def stamps(v: int) -> int:
+            return sum(stamp[u] for u in producers[v])
+
+        def changed_at(v: int) -> None:
+            dirty[v] = True
+            for n in near[v]:
+                dirty[n] = True
+            for u in producers[v]:
+                stamp[u] += 1
+
+        seen = [0] * len(nodes)
         dirty = [True] * len(nodes)
         for _ in range(rounds):
             changed = False
             for v, node in enumerate(nodes):
-                if len(node.candidates) < 2 or not dirty[v]:
+                if len(node.candidates) < 2 or not (dirty[v] or seen[v] != stamps(v)):
                     continue
-                dirty[v] = False
                 current = choice[v]
                 before = self.local([v], choice)
                 best, best_cost = current, before
@@ -649,8 +665,8 @@ class ExactCost:
                 assign(choice, v, best)
                 if best != current:
                     changed = True
-                    for n in affected[v]:
-                        dirty[n] = True
+                    changed_at(v)
+                dirty[v], seen[v] = False, stamps(v)
             for direct in (True, False):
                 tried: set[int] = set()
                 for v in range(len(nodes)):
@@ -670,9 +686,7 @@ class ExactCost:
                         changed = True
                         for n, k in zip(region, old):
                             if choice[n] != k:
-                                dirty[n] = True
-                                for m in affected[n]:
-                                    dirty[m] = True
+                                changed_at(n)
                     else:
                         for n, k in zip(region, old):
                             assign(choice, n, k)
