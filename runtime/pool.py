@@ -29,7 +29,7 @@ from sbpc.dialects.sbp import lookup_placement
 from sbpc.semantics.local_eval import assemble
 
 from .cuda_backend import make_executor
-from .executor import Executor, actor_names, check_feeds, find_program
+from .executor import Executor, actor_names, check_feeds, find_program, give_way
 from .progress import Progress
 from .worker import fail, gather_outputs
 
@@ -73,6 +73,7 @@ def wait_idle(world: MPI.Intracomm) -> None:
     start = time.perf_counter()
     nap = 0.00005
     while not request.Test():
+        give_way()  # while it spins: the driver and rank 0, sending the next command, may need this core
         if time.perf_counter() - start > SPIN:
             time.sleep(nap)
             nap = min(NAP, nap * 2)

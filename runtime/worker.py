@@ -21,12 +21,10 @@ import numpy as np
 from mpi4py import MPI
 
 from sbpc.dialects import parse_module
-from sbpc.dialects.layout import numpy_dtype
-from sbpc.dialects.sbp import lookup_placement
 from sbpc.semantics.local_eval import assemble
 
 from .cuda_backend import make_executor
-from .executor import STREAMS, actor_names, check_feeds, find_program, rendezvous
+from .executor import STREAMS, actor_names, check_feeds, fetch_layouts, find_program, rendezvous
 from .progress import Progress
 
 
@@ -41,15 +39,10 @@ def gather_outputs(world: MPI.Comm, program, fetched: dict, outputs=None, step: 
     if world.rank != 0:
         return None
     assert everything is not None  # gather's result at its root
-    types = {}
-    for device in program.devices():
-        for reg in device.registers():
-            if reg.fetch is not None and (outputs is None or reg.fetch.data in outputs):
-                types[reg.fetch.data] = reg.value
     return {
-        name: assemble(t, lookup_placement(program, t.placement).mesh(),
-                       {rank: got[name][1] for rank, got in everything if name in got}, numpy_dtype(t.element_type))
-        for name, t in types.items()
+        name: assemble(t, mesh, {rank: got[name][1] for rank, got in everything if name in got}, dtype)
+        for name, (t, mesh, dtype) in fetch_layouts(program).items()
+        if outputs is None or name in outputs
     }
 
 
