@@ -1,6 +1,8 @@
 """How well the step-time simulator predicts real runs on this machine.
 
-Calibrates the machine on 1, 2 and 4 ranks (`sbp-calibrate`), then for each
+Calibrates the machine (`sbp-calibrate`, a few seconds) right before each
+configuration is measured (`--calibrate once`: on 1, 2 and 4 ranks at the
+start; a shared machine's speed drifts within a run), and for each
 configuration (MLP and GPT of examples/models.py; data, tensor, 2-D, ZeRO,
 FSDP and pipeline parallelism with 2 and 4 micro-batches; 1, 2 and 4 ranks)
 compiles the training step, predicts its steps/s with `sbpc.perf.step_time`
@@ -53,6 +55,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--simulated-steps", type=int, default=4)
+    parser.add_argument("--calibrate", choices=["each", "once"], default="each",
+                        help="calibrate right before each configuration is measured (default: this machine's "
+                             "speed drifts by up to 20%% within a run), or once per rank count at the start")
     args = parser.parse_args()
     steps = args.steps or (2 if args.quick else 5)
     repeats = args.repeats or (1 if args.quick else 3)
@@ -64,16 +69,22 @@ def main() -> int:
     configs = QUICK if args.quick else CONFIGS
     sizes = SIZES["quick" if args.quick else "full"]
     clusters = {}
-    for ranks in sorted({c[2] for c in configs}):
+
+    def calibrated(ranks: int):
         start = time.perf_counter()
-        clusters[ranks] = fit_cluster(calibrate(ranks, quick=args.quick)).cluster
-        print(f"calibrated {ranks} rank(s) in {time.perf_counter() - start:.1f} s")
+        cluster = fit_cluster(calibrate(ranks, quick=args.quick)).cluster
+        print(f"calibrated {ranks} rank(s) in {time.perf_counter() - start:.1f} s", flush=True)
+        return cluster
+
+    if args.calibrate == "once":
+        clusters = {ranks: calibrated(ranks) for ranks in sorted({c[2] for c in configs})}
     rows, errors = [], []
     for model, variant, ranks, micro in configs:
         name = f"{model} {variant}" + (f" mb{micro}" if variant == "pipeline" else "")
         module = build(model, variant, ranks, micro, sizes)
         exe = sbpc.compile(module)
-        prediction = simulate_plan(exe.module, clusters[ranks], steps=args.simulated_steps)
+        cluster = clusters[ranks] if args.calibrate == "once" else calibrated(ranks)
+        prediction = simulate_plan(exe.module, cluster, steps=args.simulated_steps)
         measured = _common.measure_plan(exe.module, ranks, steps, repeats)
         error = prediction.step_time / measured - 1.0
         errors.append(abs(error))

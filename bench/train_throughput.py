@@ -10,7 +10,8 @@ GPT of examples/gpt.py (Adam), same global batch on both systems. Rows:
 - PyTorch: DistributedDataParallel over gloo on R processes, and one plain
   process (the peer; torch.set_num_threads(1) everywhere);
 - the compute limit: every matmul of the same step with the local shapes of
-  the sbpc plan (rank 0's actors), run back to back by bare numpy on R
+  the sbpc plan (rank 0's actors; a stack of row blocks times one matrix as
+  one GEMM), run back to back by bare numpy on R
   concurrent processes (1 BLAS thread each), nothing else.
 Every process has one BLAS thread; best of --repeats for every row.
 
@@ -155,6 +156,8 @@ def launch(role: str, ranks: int, args: list[str]) -> dict:
 
 
 def gemm_work(gemms: list[dict], seed: int) -> list:
+    from sbpc.runtime.kernels import gemm_operands
+
     rng = np.random.default_rng(seed)
     work = []
     for g in gemms:
@@ -162,7 +165,8 @@ def gemm_work(gemms: list[dict], seed: int) -> list:
         b = rng.standard_normal(g["b"], dtype=np.float32)
         a = np.swapaxes(a, -1, -2) if g["ta"] else a
         b = np.swapaxes(b, -1, -2) if g["tb"] else b
-        work.append((a, b, np.empty(g["out"], np.float32)))
+        # one GEMM where it is one, as the executor runs it (and torch's linear)
+        work.append(gemm_operands(a, b, np.empty(g["out"], np.float32)))
     return work
 
 

@@ -102,13 +102,25 @@ def _rsqrt(x, o):
 # -- matmul ---------------------------------------------------------------------
 
 
+def gemm_operands(a: np.ndarray, b: np.ndarray, o: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """a @ b -> o as one GEMM where it is one: a stack of row blocks times
+    one matrix (a linear layer on [batch, seq, features]) becomes all the
+    rows times the matrix. numpy would call BLAS once per leading index:
+    16 GEMMs of 64 rows ran 1.15-1.5x slower than one of 1024 (the GPT's
+    linear layers, and their input gradients)."""
+    if b.ndim == 2 and a.ndim > 2 and a.flags.c_contiguous and o.flags.c_contiguous:
+        return a.reshape(-1, a.shape[-1]), b, o.reshape(-1, o.shape[-1])
+    return a, b, o
+
+
 @NUMPY.impl(lg.MatmulOp)
 def _bind_matmul(op: lg.MatmulOp, local, ins, out) -> Fire:
     ta, tb = op.transpose_lhs is not None, op.transpose_rhs is not None
 
     def fire(xs, o):
         a, b = xs
-        np.matmul(np.swapaxes(a, -1, -2) if ta else a, np.swapaxes(b, -1, -2) if tb else b, out=o)
+        a, b, o = gemm_operands(np.swapaxes(a, -1, -2) if ta else a, np.swapaxes(b, -1, -2) if tb else b, o)
+        np.matmul(a, b, out=o)
 
     return fire
 
@@ -139,8 +151,7 @@ def bind_parts(op: Operation, ins: Sequence[np.ndarray], out: np.ndarray):
 
     def parts(xs, o):
         a, b = xs
-        a = np.swapaxes(a, -1, -2) if ta else a
-        b = np.swapaxes(b, -1, -2) if tb else b
+        a, b, o = gemm_operands(np.swapaxes(a, -1, -2) if ta else a, np.swapaxes(b, -1, -2) if tb else b, o)
         for j in range(0, columns, width):
             np.matmul(a, b[..., j:j + width], out=o[..., j:j + width])
             yield

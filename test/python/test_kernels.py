@@ -228,6 +228,27 @@ def test_matmul_in_column_blocks_equals_one_call(monkeypatch, ta, tb, batch):
     np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("tb", [False, True])
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_matmul_of_a_stack_times_a_matrix_is_one_gemm(tb, contiguous):
+    """[batch, seq, k] @ [k, n] runs as one GEMM of batch*seq rows (gemm_operands)
+    and writes what numpy's per-index loop writes; a strided output (or
+    input), which a reshape would copy, keeps the loop."""
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((3, 5, 4), dtype=np.float32)
+    b = rng.standard_normal((6, 4) if tb else (4, 6), dtype=np.float32)
+    folded = kernels.gemm_operands(a, b.T if tb else b, np.empty((3, 5, 6), np.float32))
+    assert [x.ndim for x in folded] == [2, 2, 2]
+    op = sbpc.dialects.lg.MatmulOp(plan_free_value(a.shape), plan_free_value(b.shape), transpose_rhs=tb)
+    wide = np.full((3, 5, 12), np.nan, np.float32)
+    out = np.full((3, 5, 6), np.nan, np.float32) if contiguous else wide[..., ::2]
+    lhs = a if contiguous else np.repeat(a, 2, axis=2)[..., ::2]
+    kernels.bind(op, None, [lhs, b], out)([lhs, b], out)
+    np.testing.assert_allclose(out, np.matmul(a, b.T if tb else b), rtol=1e-6, atol=1e-6)
+    if not contiguous:
+        assert np.isnan(wide[..., 1::2]).all()  # nothing written between the output's columns
+
+
 def plan_free_value(shape):
     """An SSA value of a float32 tensor type, to build an lg op on."""
     from xdsl.dialects.builtin import TensorType, f32
