@@ -128,43 +128,41 @@ def find_program(module: ModuleOp, name: str | None = None) -> plan.ProgramOp:
     return programs[0]
 
 
-_FEED_TYPES: weakref.WeakKeyDictionary[plan.ProgramOp, dict[str, DTensorType]] = weakref.WeakKeyDictionary()
+_PROGRAM_IO: weakref.WeakKeyDictionary[plan.ProgramOp, tuple[dict, dict]] = weakref.WeakKeyDictionary()
+
+
+def _program_io(program: plan.ProgramOp) -> tuple[dict[str, DTensorType], dict[str, tuple]]:
+    """The program's feeds (global types) and fetched outputs (global type,
+    mesh, numpy dtype), found in one walk of its registers and remembered
+    per program: a plan does not change once it runs, and walking every
+    register of every device on each step cost the driver of `train_step`
+    and every rank about 10 ms of CPU per step on the GPT of
+    bench/train_throughput.py (feeds), and rank 0 1.2 of the 1.7 ms a
+    train_step spent outside its step (assembling the loss)."""
+    known = _PROGRAM_IO.get(program)
+    if known is None:
+        feeds: dict[str, DTensorType] = {}
+        fetches: dict[str, tuple] = {}
+        for device in program.devices():
+            for reg in device.registers():
+                t = reg.value
+                if reg.feed is not None:
+                    feeds[reg.feed.data] = t
+                if reg.fetch is not None:
+                    fetches[reg.fetch.data] = (t, lookup_placement(program, t.placement).mesh(),
+                                               numpy_dtype(t.element_type))
+        known = _PROGRAM_IO[program] = (feeds, fetches)
+    return known
 
 
 def feed_types(program: plan.ProgramOp) -> dict[str, DTensorType]:
-    """Every feed the program takes, with its global type. Remembered per
-    program: a plan does not change once it runs, and walking every register
-    of every device on each step cost the driver of `train_step` and every
-    rank about 10 ms of CPU per step on the GPT of bench/train_throughput.py."""
-    known = _FEED_TYPES.get(program)
-    if known is None:
-        known = {}
-        for device in program.devices():
-            for reg in device.registers():
-                if reg.feed is not None:
-                    known[reg.feed.data] = reg.value
-        _FEED_TYPES[program] = known
-    return known
-
-
-_FETCH_LAYOUTS: weakref.WeakKeyDictionary[plan.ProgramOp, dict[str, tuple]] = weakref.WeakKeyDictionary()
+    """Every feed the program takes, with its global type."""
+    return _program_io(program)[0]
 
 
 def fetch_layouts(program: plan.ProgramOp) -> dict[str, tuple[DTensorType, Any, np.dtype]]:
-    """Each fetched output's global type, mesh and numpy dtype, remembered per
-    program as feed_types is: walking the registers to assemble the outputs
-    took 1.2 of the 1.7 ms a train_step spent outside its step."""
-    known = _FETCH_LAYOUTS.get(program)
-    if known is None:
-        known = {}
-        for device in program.devices():
-            for reg in device.registers():
-                if reg.fetch is not None:
-                    t = reg.value
-                    known[reg.fetch.data] = (t, lookup_placement(program, t.placement).mesh(),
-                                             numpy_dtype(t.element_type))
-        _FETCH_LAYOUTS[program] = known
-    return known
+    """Each fetched output's global type, mesh and numpy dtype."""
+    return _program_io(program)[1]
 
 
 def check_feeds(program: plan.ProgramOp, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
