@@ -17,6 +17,7 @@ Every process has one BLAS thread; best of --repeats for every row.
 
     python bench/train_throughput.py [--hidden 4096] [--batch 256] [--ranks 2] [--steps 2] [--repeats 3]
         [--single mlp gpt]
+    python bench/train_throughput.py --models gpt --single --gpt-plans dp tp pipeline 2d   # + GPT plans on 4
     python bench/train_throughput.py --quick      # tiny sizes, seconds
 
 Goal (issue 9): sbpc >= 1.5x DDP and >= 75% of the compute limit at H=4096,
@@ -318,6 +319,10 @@ def main() -> int:
     parser.add_argument("--gpt-seq", type=int, default=64)
     parser.add_argument("--gpt-batch", type=int, default=32)
     parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--gpt-plans", nargs="*", default=[], choices=["dp", "tp", "2d", "zero", "fsdp", "pipeline"],
+                        help="also time these hand plans of the GPT on --plans-ranks (the first is the reference), "
+                             "e.g. --gpt-plans dp tp pipeline 2d")
+    parser.add_argument("--plans-ranks", type=int, default=4)
     parser.add_argument("--steps", type=int, default=2, help="steps per timed repeat")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--single", nargs="*", default=["mlp"], choices=["mlp", "gpt"],
@@ -407,10 +412,31 @@ def main() -> int:
         summary.append(f"{model} {args.ranks} ranks sbpc/DDP {_common.ratio(t['step_s'], s['step_s']) if t else 'n/a'}"
                        f" (goal 1.50x), sbpc {r[f'limit{args.ranks}']['step_s'] / s['step_s']:.0%} of numpy limit"
                        f" (goal 75%)")
+    if args.gpt_plans:
+        summary.append(gpt_plans(args, cfgs["gpt"]))
     if not have_torch:
         summary.append("torch missing: no DDP peer")
     print("summary: " + "; ".join(summary))
     return 0
+
+
+def gpt_plans(args, cfg: dict) -> str:
+    """The GPT's hand plans of examples/models.py (tensor, pipeline, 2-D, ...)
+    on --plans-ranks next to data parallelism there, so a regression in any
+    mode shows; timed inside the ranks like the sbpc column."""
+    import sbpc
+
+    ranks = args.plans_ranks
+    rows, rates = [], {}
+    for variant in args.gpt_plans:
+        exe = sbpc.compile(_common.gpt(variant, ranks, cfg), pipeline=args.pipeline)
+        rates[variant] = 1 / _common.measure_plan(exe.module, ranks, args.steps, args.repeats)
+    for variant, rate in rates.items():
+        rows.append((variant, rate, f"{rate / rates[args.gpt_plans[0]]:.2f}x"))
+    print(f"\ngpt hand plans on {ranks} ranks (examples/models.py; pipeline: 4 micro-batches); steps/s, "
+          f"best of {args.repeats}")
+    _common.table(["plan", "steps/s", f"vs {args.gpt_plans[0]}"], rows)
+    return f"gpt on {ranks} ranks " + ", ".join(f"{v} {r:.1f}" for v, r in rates.items()) + " steps/s"
 
 
 if __name__ == "__main__":
