@@ -4,8 +4,9 @@
 
 Rank 0 connects to the driver on 127.0.0.1:PORT and serves its commands
 (load a plan, run steps, read or write parameters, stop), broadcasting each
-to the other ranks over MPI; results are gathered back to rank 0 and sent to
-the driver. Messages are length-prefixed pickles. A failure on any rank is
+to the other ranks over MPI (a step's large feeds wait in shared memory,
+runtime/shared_feeds.py: the command only names them); results are
+gathered back to rank 0 and sent to the driver. Messages are length-prefixed pickles. A failure on any rank is
 written to ERRORS_DIR/rank<R>.err (a file survives the abort, where output
 forwarded by mpiexec may be cut off), sent to the driver if the failing rank
 is 0, and aborts the job.
@@ -31,6 +32,7 @@ from sbpc.semantics.local_eval import assemble
 from .cuda_backend import make_executor
 from .executor import Executor, actor_names, check_feeds, find_program, give_way
 from .progress import Progress
+from .shared_feeds import AttachedFeeds
 from .worker import fail, gather_outputs
 
 
@@ -90,6 +92,7 @@ def serve(port: int, errors: str | None = None) -> None:
         sock = socket.create_connection(("127.0.0.1", port))
     executor = None
     program = None
+    shared = AttachedFeeds()
     while True:
         command = receive(sock) if sock is not None else None  # the socket is rank 0's
         wait_idle(world)
@@ -98,6 +101,7 @@ def serve(port: int, errors: str | None = None) -> None:
         reply: object
         try:
             if kind == "stop":
+                shared.close()
                 break
             if kind == "load":
                 module = parse_module(command[1])
@@ -108,9 +112,9 @@ def serve(port: int, errors: str | None = None) -> None:
                 executor.initialize(command[2])
                 reply = "loaded"
             elif kind == "run":
-                feeds = check_feeds(program, command[1])
                 loaded = _loaded(executor)
-                loaded.feed(feeds)
+                # the rank's pieces are copied out of shared memory here, before the reply
+                loaded.feed(check_feeds(program, shared.views(command[1])))
                 outputs = command[3] if len(command) > 3 else None
                 fetched = loaded.run(command[2], outputs)
                 reply = gather_outputs(world, program, fetched, outputs, step=loaded.steps_run - 1)

@@ -219,7 +219,7 @@ class Executable:
             return self._run_inside(feeds, steps, outputs)
         pool = RankPool.get(self.ranks)
         self.params.ensure_loaded(pool)
-        return pool.request("run", feeds, steps, outputs)
+        return pool.request("run", pool.feeds.put(feeds), steps, outputs)
 
     def _run_inside(self, feeds, steps, outputs=None):
         from mpi4py import MPI
@@ -429,9 +429,12 @@ class RankPool:
 
     def __init__(self, ranks: int):
         from sbpc.runtime.launch import command, rank_environment
+        from sbpc.runtime.shared_feeds import SharedFeeds
 
         self.ranks = ranks
         self.loaded: Executable | None = None
+        self.feeds = SharedFeeds()
+        """Where a step's large feeds wait for the ranks (copied once, not pickled)."""
         server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         server.bind(("127.0.0.1", 0))
         server.listen(1)
@@ -518,6 +521,7 @@ class RankPool:
 
         self.watch.stop()
         stop(self.process)
+        self.feeds.close()
         RankPool.pools.pop(self.ranks, None)
 
     def close(self) -> None:
@@ -531,4 +535,5 @@ class RankPool:
                 self.process.kill()
         self.launcher_out.close()
         self.watch.stop()
+        self.feeds.close()
         RankPool.pools.pop(self.ranks, None)

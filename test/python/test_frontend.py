@@ -81,6 +81,41 @@ def test_run_on_real_ranks_matches_the_reference_and_reuses_them(ranks, mesh):
     np.testing.assert_allclose(only["loss"], again["loss"], rtol=1e-6)
 
 
+def test_large_feeds_reach_the_ranks_through_shared_memory():
+    """A feed of 64 KiB or more is copied into a shared-memory block the
+    command names (not pickled through rank 0): every rank reads its piece,
+    the next step's values replace the block's, a plan with a larger feed
+    gets a new block, and closing the pool unlinks them all."""
+    from multiprocessing import shared_memory
+
+    from sbpc.runtime.shared_feeds import SharedArray
+
+    def summed(rows):
+        g = sbpc.Graph("sum", placement=sbpc.placement("cpu", ranks=2))
+        x = g.input("x", (rows, 128), sbp=S(0))
+        g.output(total=sbpc.reduce_sum(x * x, axes=[1]), small=sbpc.reduce_sum(g.input("s", (4,)), axes=[0]))
+        return sbpc.compile(g)
+
+    rng = np.random.default_rng(0)
+    small = np.arange(4, dtype=np.float32)
+    blocks = []
+    for rows in (256, 256, 1024):  # 128 KiB twice (one block, new values), then 512 KiB (a new block)
+        exe = summed(rows)
+        x = rng.standard_normal((rows, 128)).astype(np.float32)
+        out = exe.run({"x": x, "s": small})
+        np.testing.assert_allclose(out["total"], (x * x).sum(axis=1), rtol=1e-5)
+        assert out["small"] == pytest.approx(6.0)
+        pool = RankPool.pools[2]
+        command = pool.feeds.put({"x": x, "s": small})
+        assert isinstance(command["x"], SharedArray) and isinstance(command["s"], np.ndarray)
+        blocks.append(command["x"].block)
+    assert blocks[0] == blocks[1] != blocks[2]
+    pool.close()
+    for name in blocks:
+        with pytest.raises(FileNotFoundError):
+            shared_memory.SharedMemory(name=name)
+
+
 def test_parameters_read_and_write_as_global_arrays():
     g = mlp()
     exe = sbpc.compile(g)
