@@ -131,7 +131,11 @@ def time_plan_in_ranks(plan_path: str, feeds_path: str, steps: int, repeats: int
     """The rank program of a timed run (under mpiexec): loads the plan and its
     feeds, runs one step, then times Executor.run(steps) `repeats` times;
     rank 0 prints `RESULT {"step_s": ...}`, the slowest rank's seconds per
-    step of the best repeat."""
+    step of the best repeat. Each run fetches what a training loop reads
+    (the loss and other outputs), not the updated parameters (`new.*`),
+    which stay on the ranks: copying them out of every run cost the MLP's
+    in-rank figure about 10% (64 MB of weights), which the API path does
+    not pay."""
     import json
 
     import numpy as np
@@ -149,11 +153,13 @@ def time_plan_in_ranks(plan_path: str, feeds_path: str, steps: int, repeats: int
     with np.load(feeds_path) as data:
         executor.feed(check_feeds(program, dict(data)))
     executor.run(1)
+    read = sorted({r.fetch.data for d in program.devices() for r in d.registers()
+                   if r.fetch is not None and not r.fetch.data.startswith("new.")})
 
     def once() -> float:
         world.Barrier()
         start = time.perf_counter()
-        executor.run(steps)
+        executor.run(steps, read)
         return world.allreduce((time.perf_counter() - start) / steps, op=MPI.MAX)
 
     best = min(once() for _ in range(repeats))
