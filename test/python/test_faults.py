@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -81,8 +82,11 @@ def test_a_rank_killed_mid_step_is_named_with_its_signal_step_and_actor(tmp_path
         assert named == 1 and "died first (mpiexec reports signal 9 (SIGKILL)" in line, line
     else:
         assert "died of signal 9 (SIGKILL)" in line, line
-    # and where the others were: every rank in step 2, the culprit at its actor
-    assert all(f"rank {r} was in step 2, at actor @" in line for r in range(4) if r != named), line
+    # and where the others were: each at an actor of step 2, or of step 1's
+    # tail (no collective holds the ranks in step there: after the last
+    # gradient bucket's all-reduce, rank 1 may start step 2 while another
+    # still unpacks the bucket)
+    assert all(re.search(rf"rank {r} was in step [12], at actor @", line) for r in range(4) if r != named), line
     assert no_rank_left()
 
 
