@@ -121,11 +121,6 @@ class DeviceKind:
     """Seconds of fixed cost per kernel name where it differs from
     `kernel_overhead` (numpy kernels that make several calls); for
     `plan.fused`, per fused step."""
-    fused_flops: float = 0.0
-    """Flop/s of a fused elementwise chain run as one generated kernel (the
-    CPU backend's C kernels: every step of an element in registers, one
-    call, its fixed cost `kernel_overheads["plan.fused"]` once). 0: each step
-    is a call of its own at the elementwise rates (numpy)."""
     cache_bytes: float = 0.0
     """Bytes a kernel may touch and still stream at `cache_bandwidth` (0: no cache tier)."""
     cache_bandwidth: float = 0.0
@@ -221,8 +216,6 @@ class Cluster:
         host calls on a CPU (numpy runs each step) and one kernel on a launch-ahead device."""
         d = self.device
         core = self.core_time(kernel, flops, nbytes, dtype)
-        if kernel == self.FUSED_KERNEL and d.fused_flops:
-            calls = 1  # one generated kernel
         if d.launch_ahead:  # a fused chain is one generated kernel: one launch
             return max(d.kernel_overheads.get(kernel, d.kernel_overhead), core)
         return d.kernel_overheads.get(kernel, d.kernel_overhead) * calls + core
@@ -234,9 +227,7 @@ class Cluster:
             return flops / d.gemm_rate(dtype)
         bandwidth = d.cache_bandwidth if 0 < nbytes <= d.cache_bytes and d.cache_bandwidth else d.memory_bandwidth
         rate = d.vector_flops
-        if kernel == self.FUSED_KERNEL and d.fused_flops:
-            rate = d.fused_flops
-        elif kernel == self.FUSED_KERNEL:
+        if kernel == self.FUSED_KERNEL:
             # A fused chain's steps are simple arithmetic over blocks that stay
             # in cache: a flop per element runs at least as fast as the cache
             # streams an add's 12 bytes (vector_flops is measured on exp, tanh,
@@ -321,7 +312,6 @@ def validate(c: Cluster) -> None:
         raise ClusterError(f"device.efficiency: a fraction of peak, at most 1, got {d.efficiency}")
     _positive("device.vector_flops", d.vector_flops)
     _positive("device.memory_bandwidth", d.memory_bandwidth)
-    _positive("device.fused_flops", d.fused_flops, zero_ok=True)
     _positive("device.kernel_overhead", d.kernel_overhead, zero_ok=True)
     _positive("device.actor_overhead", d.actor_overhead, zero_ok=True)
     _positive("device.comm_overlap", d.comm_overlap, zero_ok=True)

@@ -124,26 +124,15 @@ def fit_cluster(raw: Mapping[str, Any], name: str | None = None) -> Fitted:
     vector_flops = float(np.median(rates)) if rates else bandwidth  # memory-bound everywhere: ~1 flop/byte
     figures["vector GFLOP/s"] = vector_flops / 1e9
 
-    # A fused chain run as one generated kernel: its rate per flop over the
-    # timed sizes, memory traffic included (beyond the cache such a chain is
-    # bound by its bytes, and a training step's chains are that size).
-    fused_flops = 0.0
-    fused_rows, generated = raw.get("fused", [[], False])
-    if generated and fused_rows:
-        fused_flops = float(np.median([f / max(t - kernel_overhead, 1e-12) for f, _, _, t in fused_rows]))
-        figures["fused GFLOP/s"] = fused_flops / 1e9
-
     # Fixed costs per kernel: what the probe's actors took beyond their
     # arithmetic and bytes at the rates fitted above (the median over the
-    # kernel's actors; per step for a fused chain numpy runs step by step).
+    # kernel's actors; per step for a fused chain).
     unit = DeviceKind(kind="cpu", memory=1.0, peak_flops={"f32": gemm_rate}, efficiency=1.0,
-                       vector_flops=vector_flops, memory_bandwidth=bandwidth, kernel_overhead=0.0,
-                       fused_flops=fused_flops)
+                       vector_flops=vector_flops, memory_bandwidth=bandwidth, kernel_overhead=0.0)
     core = Cluster(name="rates", count=1, device=unit, levels=(Level("one", 1, 1.0, 0.0),))
     extra: dict[str, list[float]] = {}
     for kernel, flops, nbytes, dtype, calls, seconds in raw.get("probe", []):
-        one_call = kernel == Cluster.FUSED_KERNEL and fused_flops
-        left = (seconds - core.core_time(kernel, flops, nbytes, dtype)) / (1 if one_call else max(1, calls))
+        left = (seconds - core.core_time(kernel, flops, nbytes, dtype)) / max(1, calls)
         extra.setdefault(kernel, []).append(max(left, 0.0))
     kernel_overheads = {k: float(np.median(v)) for k, v in sorted(extra.items())}
     for k, v in kernel_overheads.items():
@@ -184,7 +173,7 @@ def fit_cluster(raw: Mapping[str, Any], name: str | None = None) -> Fitted:
     device = DeviceKind(
         kind="cpu", memory=memory, peak_flops={"f32": gemm_rate, "bf16": gemm_rate}, efficiency=1.0,
         vector_flops=vector_flops, memory_bandwidth=bandwidth, kernel_overhead=kernel_overhead,
-        actor_overhead=actor, comm_overlap=overlap, kernel_overheads=kernel_overheads, fused_flops=fused_flops,
+        actor_overhead=actor, comm_overlap=overlap, kernel_overheads=kernel_overheads,
         cache_bytes=cache_bytes if cache_bandwidth else 0.0, cache_bandwidth=cache_bandwidth,
     )
     cluster = Cluster(

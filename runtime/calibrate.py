@@ -126,8 +126,7 @@ def measure_compute(world: MPI.Comm, quick: bool) -> dict:
     one = np.ones(1, np.float32)
     tiny = min(_loop_time(lambda: np.add(one, one, out=one), 2000) for _ in range(3))
     return {"gemm": gemm, "elementwise": elementwise, "reduction": reduction, "vector": vector,
-            "tiny_kernel": tiny, "actor": measure_actor_overhead(world, tiny, quick),
-            "fused": measure_fused(world, quick)}
+            "tiny_kernel": tiny, "actor": measure_actor_overhead(world, tiny, quick)}
 
 
 def measure_actor_overhead(world: MPI.Comm, tiny: float, quick: bool) -> float:
@@ -154,56 +153,6 @@ def measure_actor_overhead(world: MPI.Comm, tiny: float, quick: bool) -> float:
     executor.run(2)
     per_actor = _best(world, lambda: executor.run(steps), 3) / (steps * count)
     return max(0.0, per_actor - tiny)
-
-
-FUSED_CHAIN = ("mul", "add", "sub", "mul", "div", "add", "mul", "sub", "add", "mul")
-"""The steps of the timed fused chain: the arithmetic of an optimizer's
-update or a bias-and-activation epilogue (about 0.6 flop per byte moved)."""
-
-
-def measure_fused(world: MPI.Comm, quick: bool) -> list:
-    """A fused elementwise chain as the executor runs it (generated C where
-    available, else numpy step by step), over sizes in and beyond the cache:
-    [flops, bytes, calls, best seconds] per size, and whether it ran as
-    generated C. Three inputs, FUSED_CHAIN's steps, one output."""
-    from xdsl.context import Context
-
-    from sbpc.lowering.compile import CompilePass
-    from sbpc.perf.step_time import actor_work
-
-    from .executor import Executor
-
-    rows = []
-    generated = False
-    for count in ([2**12, 2**16] if quick else [2**12, 2**16, 2**19, 2**21]):
-        t = f"tensor<{count}xf32>"
-        lines = ["sbp.placement @one cpu ranks [0] mesh [1]", "lg.graph @chain on @one {"]
-        lines += [f'  %{x} = lg.input "{x}" : {t}' for x in "abc"]
-        last, others = "a", "bc"
-        for i, step in enumerate(FUSED_CHAIN):
-            lines.append(f"  %s{i} = lg.{step} %{last}, %{others[i % 2]} : ({t}, {t}) -> {t}")
-            last = f"s{i}"
-        lines += [f'  lg.output ["y"] %{last} : {t}', "}"]
-        module = parse_module("\n".join(lines), "fused chain")
-        CompilePass().apply(Context(), module)
-        program = plan.programs(module)[0]
-        executor = Executor(module, program, MPI.COMM_SELF, trace=True, write_back=False)
-        generated = generated or any(a.kernel.data == plan.FUSED for a in executor.generated)
-        executor.initialize()
-        rng = np.random.default_rng(0)
-        executor.feed({x: rng.uniform(1.0, 2.0, count).astype(np.float32) for x in "abc"})
-        executor.run(2)
-        executor.events.clear()
-        world.Barrier()
-        executor.run(3 if quick else 10)
-        device = program.devices()[0]
-        registers = {r.sym_name.data: r for r in device.registers()}
-        for actor in device.actors():
-            if isinstance(actor, plan.ComputeOp) and actor.kernel.data == plan.FUSED:
-                best = min(e["dur"] for e in executor.events if e["name"] == actor.sym_name.data) / 1e6
-                w = actor_work(actor, registers)
-                rows.append([w.flops, w.nbytes, w.calls, best])
-    return [rows, generated]
 
 
 def measure_probe(world: MPI.Comm, path: str, feeds_path: str, quick: bool) -> list:

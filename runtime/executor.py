@@ -234,8 +234,6 @@ class Executor:
         self._meshes: dict[str, Any] = {}
         self.kernels = {}
         generated = self._bind_host_kernels()
-        self.generated: set[plan.ComputeOp] = set(generated)
-        """The actors that run generated C."""
         for actor in self.schedule:
             if isinstance(actor, plan.ComputeOp):
                 self.kernels[actor] = generated.get(actor) or self._bind(actor)

@@ -85,26 +85,6 @@ def test_exact_timings_give_the_figures_back(ranks):
         latency_steps("all_reduce", ranks) * alpha + 1e6 / beta, rel=1e-3)
 
 
-def test_a_generated_fused_chain_is_one_call_at_its_own_rate():
-    """Where the chain ran as generated C, its timings give `fused_flops`
-    (per flop, overhead off), the probe's fused actors a fixed cost per call,
-    not per step, and the cluster prices a chain of any length as one call."""
-    fused_rate, per_call = 30e9, 2e-6
-    raw = synthetic(2)
-    raw["fused"] = [[[f, 1.6 * f, 10, TRUE["kernel"] + f / fused_rate] for f in (1e5, 1e6, 1e7)], True]
-    raw["probe"][-1] = ["plan.fused", 1e3, 4e3, "f32", 3, per_call + max(1e3 / fused_rate, 4e3 / TRUE["bandwidth"])]
-    cluster = fit_cluster(raw).cluster
-    d = cluster.device
-    assert d.fused_flops == pytest.approx(fused_rate, rel=1e-6)
-    assert d.kernel_overheads["plan.fused"] == pytest.approx(per_call, rel=1e-3)
-    flops, nbytes = 4e7, 1e6  # compute-bound at the fused rate
-    for calls in (1, 7):
-        assert cluster.work_time("plan.fused", flops, nbytes, calls=calls) == pytest.approx(per_call + flops / fused_rate)
-    # numpy's chain (not generated): no fused rate, a fixed cost per step
-    raw["fused"][1] = False
-    assert fit_cluster(raw).cluster.device.fused_flops == 0.0
-
-
 def test_memory_bandwidth_is_the_median_past_the_cache():
     # one slow outlier past the cache does not move it
     raw = synthetic(2)
