@@ -214,7 +214,11 @@ def test_the_api_reports_a_killed_rank_then_runs_again(tmp_path):
 
 
 def test_ctrl_c_in_the_driver_stops_the_ranks_and_the_api_runs_again(tmp_path):
+    # Rank 1 stalls in step 3, so the interrupt finds the driver inside a
+    # command (between two train_steps it would be the user's own
+    # KeyboardInterrupt, with the ranks idle and nothing to stop).
     driver = run_script(tmp_path, """
+        os.environ["SBPC_TEST_FAULT"] = "stall:1:3:2"
         exe = sbpc.compile(module)
         exe.train_step(feeds)
         print("READY", flush=True)
@@ -223,6 +227,7 @@ def test_ctrl_c_in_the_driver_stops_the_ranks_and_the_api_runs_again(tmp_path):
                 exe.train_step(feeds)
         except KeyboardInterrupt:
             print("INTERRUPTED", flush=True)
+        del os.environ["SBPC_TEST_FAULT"]
         again = sbpc.compile(module)
         print("AGAIN:", float(again.train_step(feeds)["loss"]), flush=True)
     """)
@@ -235,7 +240,7 @@ def test_ctrl_c_in_the_driver_stops_the_ranks_and_the_api_runs_again(tmp_path):
     assert time.monotonic() - start < 30
     assert driver.returncode == 0, err
     assert "INTERRUPTED" in out and "AGAIN:" in out, out
-    assert "sbpc: interrupted; the 2 MPI ranks were stopped: rank 0 was in step " in err, err
+    assert "sbpc: interrupted; the 2 MPI ranks were stopped: rank 0 was in step 3" in err, err
     assert "Traceback" not in err, err
     assert no_rank_left()
 
