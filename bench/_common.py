@@ -134,7 +134,7 @@ def time_plan_in_ranks(plan_path: str, feeds_path: str, steps: int, repeats: int
     step of the best repeat. Each run fetches what a training loop reads
     (the loss and other outputs), not the updated parameters (`new.*`),
     which stay on the ranks: copying them out of every run cost the MLP's
-    in-rank figure about 10% (64 MB of weights), which the API path does
+    in-rank figure 6-10% (96 MB of weights per run), which the API path does
     not pay."""
     import json
 

@@ -6,10 +6,11 @@ Rank 0 connects to the driver on 127.0.0.1:PORT and serves its commands
 (load a plan, run steps, read or write parameters, stop), broadcasting each
 to the other ranks over MPI (a step's large feeds wait in shared memory,
 runtime/shared_feeds.py: the command only names them); results are
-gathered back to rank 0 and sent to the driver. Messages are length-prefixed pickles. A failure on any rank is
-written to ERRORS_DIR/rank<R>.err (a file survives the abort, where output
-forwarded by mpiexec may be cut off), sent to the driver if the failing rank
-is 0, and aborts the job.
+gathered back to rank 0 and sent to the driver. Messages are
+length-prefixed pickles. A failure on any rank is written to
+ERRORS_DIR/rank<R>.err (a file survives the abort, where output forwarded
+by mpiexec may be cut off), sent to the driver if the failing rank is 0,
+and aborts the job.
 """
 
 from __future__ import annotations
