@@ -142,7 +142,7 @@ def time_plan_in_ranks(plan_path: str, feeds_path: str, steps: int, repeats: int
     from mpi4py import MPI
 
     import sbpc
-    from sbpc.runtime.executor import Executor, check_feeds, find_program
+    from sbpc.runtime.executor import Executor, check_feeds, fetch_layouts, find_program
 
     world = MPI.COMM_WORLD
     with open(plan_path) as f:
@@ -153,8 +153,7 @@ def time_plan_in_ranks(plan_path: str, feeds_path: str, steps: int, repeats: int
     with np.load(feeds_path) as data:
         executor.feed(check_feeds(program, dict(data)))
     executor.run(1)
-    read = sorted({r.fetch.data for d in program.devices() for r in d.registers()
-                   if r.fetch is not None and not r.fetch.data.startswith("new.")})
+    read = [name for name in fetch_layouts(program) if not name.startswith("new.")]
 
     def once() -> float:
         world.Barrier()

@@ -81,7 +81,6 @@ def main() -> int:
 
     configs = QUICK if args.quick else CONFIGS
     sizes = SIZES["quick" if args.quick else "full"]
-    clusters = {}
 
     def calibrated(ranks: int):
         start = time.perf_counter()
@@ -89,8 +88,8 @@ def main() -> int:
         print(f"calibrated {ranks} rank(s) in {time.perf_counter() - start:.1f} s", flush=True)
         return cluster
 
-    if args.calibrate == "once":
-        clusters = {ranks: calibrated(ranks) for ranks in sorted({c[2] for c in configs})}
+    once = args.calibrate == "once"
+    clusters = {ranks: calibrated(ranks) for ranks in sorted({c[2] for c in configs})} if once else {}
     plans = {}
     for config in configs:
         model, variant, ranks, micro = config
@@ -101,7 +100,7 @@ def main() -> int:
             print(f"pass {run + 1} of {passes}", flush=True)
         for config in configs:
             model, variant, ranks, micro = config
-            cluster = clusters[ranks] if args.calibrate == "once" else calibrated(ranks)
+            cluster = clusters[ranks] if once else calibrated(ranks)
             prediction = simulate_plan(plans[config], cluster, steps=args.simulated_steps)
             measured = _common.measure_plan(plans[config], ranks, steps, repeats)
             print(f"  {name_of(config)} on {ranks}: measured {1.0 / measured:.2f} steps/s, predicted "
