@@ -25,7 +25,11 @@ Compute follows the roofline with a launch floor: a GEMM takes
 `overhead + max(flops / vector_flops, bytes / bandwidth)`, where the
 bandwidth is the cache's for kernels that touch at most `cache_bytes`
 (CPUs stream several times faster from their last-level cache) and the
-memory's otherwise.
+memory's otherwise. A calibrated device also carries, per kernel name, a
+fixed cost (`kernel_overheads`) and a factor on the rate-bound time
+(`kernel_scales`): what the kernel costs inside a training step, where
+operands arrive cold and ranks share caches, against the isolated timings
+the rates come from.
 
 The file format is JSON with exactly the fields of `Cluster`,
 `DeviceKind`, `Level`, `Links` and `CollectiveFit` below (`docs/CLUSTER.md`
@@ -121,6 +125,15 @@ class DeviceKind:
     """Seconds of fixed cost per kernel name where it differs from
     `kernel_overhead` (numpy kernels that make several calls); for
     `plan.fused`, per fused step."""
+    kernel_scales: Mapping[str, float] = field(default_factory=dict)
+    """Per kernel name, how much longer (above 1) or shorter the kernel's
+    rate-bound time runs inside a training step than the rates above
+    predict (1 where absent). The rates are timed on warm, isolated calls;
+    inside a step a kernel's operands arrive from other kernels, the ranks
+    share the caches and the memory bus, and shapes are thinner. For
+    `plan.fused`, the generated chains' speed against the fused roofline.
+    `sbp-calibrate` reads both this and `kernel_overheads` off traced
+    probe steps."""
     cache_bytes: float = 0.0
     """Bytes a kernel may touch and still stream at `cache_bandwidth` (0: no cache tier)."""
     cache_bandwidth: float = 0.0
@@ -223,6 +236,11 @@ class Cluster:
     def core_time(self, kernel: str, flops: float, nbytes: float, dtype: str = "f32") -> float:
         """The rate-bound part of a kernel's time (no fixed cost)."""
         d = self.device
+        return self.roofline(kernel, flops, nbytes, dtype) * d.kernel_scales.get(kernel, 1.0)
+
+    def roofline(self, kernel: str, flops: float, nbytes: float, dtype: str = "f32") -> float:
+        """A kernel's time at the device's rates, before its in-step scale."""
+        d = self.device
         if kernel in self.GEMM_KERNELS:
             return flops / d.gemm_rate(dtype)
         bandwidth = d.cache_bandwidth if 0 < nbytes <= d.cache_bytes and d.cache_bandwidth else d.memory_bandwidth
@@ -317,6 +335,8 @@ def validate(c: Cluster) -> None:
     _positive("device.comm_overlap", d.comm_overlap, zero_ok=True)
     for kernel, seconds in d.kernel_overheads.items():
         _positive(f"device.kernel_overheads.{kernel}", seconds, zero_ok=True)
+    for kernel, scale in d.kernel_scales.items():
+        _positive(f"device.kernel_scales.{kernel}", scale)
     _positive("device.cache_bytes", d.cache_bytes, zero_ok=True)
     _positive("device.cache_bandwidth", d.cache_bandwidth, zero_ok=True)
     for flag in ("launch_ahead", "stream_per_group"):
@@ -395,17 +415,17 @@ def _levels(data: Any, where: str) -> tuple[Level, ...]:
 
 
 def _device(data: Any, where: str) -> DeviceKind:
-    def rates(value: Any, at: str) -> dict[str, float]:
-        if not isinstance(value, dict):
-            raise ClusterError(f"{at}: must be an object of element type -> flop/s")
-        return dict(value)
+    def mapping(what: str):
+        def read(value: Any, at: str) -> dict[str, float]:
+            if not isinstance(value, dict):
+                raise ClusterError(f"{at}: must be an object of {what}")
+            return dict(value)
 
-    def overheads(value: Any, at: str) -> dict[str, float]:
-        if not isinstance(value, dict):
-            raise ClusterError(f"{at}: must be an object of kernel name -> seconds")
-        return dict(value)
+        return read
 
-    return _build(DeviceKind, data, where, {"peak_flops": rates, "kernel_overheads": overheads})
+    return _build(DeviceKind, data, where, {"peak_flops": mapping("element type -> flop/s"),
+                                            "kernel_overheads": mapping("kernel name -> seconds"),
+                                            "kernel_scales": mapping("kernel name -> factor")})
 
 
 def _links(data: Any, where: str) -> Links | None:

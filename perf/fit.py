@@ -14,7 +14,9 @@ coefficients (a fixed cost plus a rate) to the timed runs:
   of a GEMM and an all_reduce disappears when they run together;
 - the synchronization cost of a collective whose members arrive apart
   (what it adds to a step beyond its lock-step time: large where ranks
-  share cores).
+  share cores);
+- each kernel inside a training step: seconds = calls * fixed + scale *
+  roofline, over the actors of traced probe steps at two sizes.
 """
 
 from __future__ import annotations
@@ -77,6 +79,38 @@ def _relative_error(model, points) -> float:
     return max(errors, default=0.0)
 
 
+SEPARABLE_SPREAD = 4.0
+"""A kernel's fixed cost and in-step scale are fitted apart only where its
+probe actors' rate-bound times span this factor or more, the largest
+being at least a tenth of its actor's time (else the arithmetic does not
+show: the scale stays 1 and the fixed cost is the median remainder)."""
+
+
+def fit_kernel_costs(probe: Sequence[Sequence[Any]], rates: Cluster) -> tuple[dict[str, float], dict[str, float]]:
+    """(fixed seconds per call, scale on the rate-bound time) per kernel, from
+    the probe's traced actors [kernel, flops, bytes, dtype, calls, seconds]
+    priced at `rates` (a cluster without kernel costs): seconds = calls *
+    fixed + scale * roofline, least squares with both >= 0, where the probe
+    has that kernel at sizes far enough apart. A fused chain's fixed cost is
+    per step of the chain (its calls)."""
+    points: dict[str, list[tuple[float, float, float]]] = {}
+    for kernel, flops, nbytes, dtype, calls, seconds in probe:
+        core = rates.roofline(kernel, flops, nbytes, dtype)
+        points.setdefault(kernel, []).append((float(max(1, calls)), core, float(seconds)))
+    overheads, scales = {}, {}
+    for kernel, rows in sorted(points.items()):
+        per_call = [core / calls for calls, core, _ in rows]
+        largest = max(rows, key=lambda r: r[1])
+        if (min(per_call) > 0 and max(per_call) >= SEPARABLE_SPREAD * min(per_call)
+                and largest[1] >= 0.1 * largest[2]):
+            fixed, scale = fit_nonnegative([[calls, core] for calls, core, _ in rows], [t for *_, t in rows])
+            if scale > 0:
+                overheads[kernel], scales[kernel] = fixed, scale
+                continue
+        overheads[kernel] = float(np.median([max(t - core, 0.0) / calls for calls, core, t in rows]))
+    return overheads, scales
+
+
 def fit_cluster(raw: Mapping[str, Any], name: str | None = None) -> Fitted:
     """A cluster of `raw['ranks']` devices of this machine from the raw
     timings of runtime/calibrate.py."""
@@ -124,19 +158,18 @@ def fit_cluster(raw: Mapping[str, Any], name: str | None = None) -> Fitted:
     vector_flops = float(np.median(rates)) if rates else bandwidth  # memory-bound everywhere: ~1 flop/byte
     figures["vector GFLOP/s"] = vector_flops / 1e9
 
-    # Fixed costs per kernel: what the probe's actors took beyond their
-    # arithmetic and bytes at the rates fitted above (the median over the
-    # kernel's actors; per step for a fused chain).
+    # Per kernel, what its actors cost inside the probe steps against the
+    # rates fitted above: a fixed cost per call and a factor on the
+    # rate-bound time (fit_kernel_costs).
     unit = DeviceKind(kind="cpu", memory=1.0, peak_flops={"f32": gemm_rate}, efficiency=1.0,
-                       vector_flops=vector_flops, memory_bandwidth=bandwidth, kernel_overhead=0.0)
-    core = Cluster(name="rates", count=1, device=unit, levels=(Level("one", 1, 1.0, 0.0),))
-    extra: dict[str, list[float]] = {}
-    for kernel, flops, nbytes, dtype, calls, seconds in raw.get("probe", []):
-        left = (seconds - core.core_time(kernel, flops, nbytes, dtype)) / max(1, calls)
-        extra.setdefault(kernel, []).append(max(left, 0.0))
-    kernel_overheads = {k: float(np.median(v)) for k, v in sorted(extra.items())}
+                       vector_flops=vector_flops, memory_bandwidth=bandwidth, kernel_overhead=0.0,
+                       cache_bytes=cache_bytes if cache_bandwidth else 0.0, cache_bandwidth=cache_bandwidth)
+    rates = Cluster(name="rates", count=1, device=unit, levels=(Level("one", 1, 1.0, 0.0),))
+    kernel_overheads, kernel_scales = fit_kernel_costs(raw.get("probe", []), rates)
     for k, v in kernel_overheads.items():
         figures[f"overhead {k} us"] = v * 1e6
+    for k, v in kernel_scales.items():
+        figures[f"in-step scale {k}"] = v
 
     actor = max(0.0, float(raw.get("actor", 0.0)))
     figures["actor overhead us"] = actor * 1e6
@@ -173,7 +206,7 @@ def fit_cluster(raw: Mapping[str, Any], name: str | None = None) -> Fitted:
     device = DeviceKind(
         kind="cpu", memory=memory, peak_flops={"f32": gemm_rate, "bf16": gemm_rate}, efficiency=1.0,
         vector_flops=vector_flops, memory_bandwidth=bandwidth, kernel_overhead=kernel_overhead,
-        actor_overhead=actor, comm_overlap=overlap, kernel_overheads=kernel_overheads,
+        actor_overhead=actor, comm_overlap=overlap, kernel_overheads=kernel_overheads, kernel_scales=kernel_scales,
         cache_bytes=cache_bytes if cache_bandwidth else 0.0, cache_bandwidth=cache_bandwidth,
     )
     cluster = Cluster(

@@ -368,12 +368,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sbpc.runtime.calibrate")
     parser.add_argument("output")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--probe", nargs=2, metavar=("PLAN", "FEEDS"), help="a small training plan and its feeds")
+    parser.add_argument("--probe", nargs=2, action="append", default=[], metavar=("PLAN", "FEEDS"),
+                        help="a training plan on one device and its feeds (repeatable)")
     options = parser.parse_args(argv)
     world = MPI.COMM_WORLD
     raw: dict = {"ranks": world.size, "host": platform.node(), "quick": options.quick}
     raw.update(measure_compute(world, options.quick))
-    raw["probe"] = measure_probe(world, options.probe[0], options.probe[1], options.quick) if options.probe else []
+    raw["probe"] = [row for plan_path, feeds_path in options.probe
+                    for row in measure_probe(world, plan_path, feeds_path, options.quick)]
     raw["collectives"] = measure_collectives(world, options.quick) if world.size > 1 else {}
     raw["overlap"] = measure_overlap(world, options.quick) if world.size > 1 else None
     raw["sync"] = measure_sync(world, options.quick) if world.size > 1 else None

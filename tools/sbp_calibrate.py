@@ -24,10 +24,17 @@ from sbpc.perf.fit import fit_cluster
 from sbpc.runtime.launch import command, rank_environment
 
 
-def probe_module():
-    """A small transformer block's training step on one device (embedding,
+PROBE_SIZES = {"small": (4, 8, 16, 2, 32), "large": (8, 64, 128, 4, 256)}
+"""(batch, seq, dim, heads, vocab) of the probe steps: the small one's
+kernels are all fixed cost, the large one's mostly arithmetic, so the two
+separate a kernel's fixed cost from its in-step rate."""
+
+
+def probe_module(size: str = "small"):
+    """A transformer block's training step on one device (embedding,
     layernorm, attention, GELU MLP, cross-entropy, Adam), compiled: its
-    actors are the kernels whose fixed costs calibration measures."""
+    actors are the kernels whose fixed costs and in-step rates calibration
+    measures."""
     import numpy as np
     from xdsl.context import Context
 
@@ -36,7 +43,7 @@ def probe_module():
     from sbpc.lowering.lg_autodiff import LgAutodiffPass
     from sbpc.lowering.lg_optimizer import LgOptimizerPass
 
-    batch, seq, dim, heads, vocab = 4, 8, 16, 2, 32
+    batch, seq, dim, heads, vocab = PROBE_SIZES[size]
     hd = dim // heads
     g = sbpc.Graph("probe", placement=sbpc.placement("cpu", ranks=1))
     tokens = g.input("tokens", (batch, seq), dtype="i64")
@@ -77,12 +84,17 @@ def calibrate(ranks: int, quick: bool = False, timeout: float = 600.0) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="sbp-calibrate-") as tmp:
         raw_path = Path(tmp) / "raw.json"
-        probe = probe_module()
-        probe_path, feeds_path = Path(tmp) / "probe.mlir", Path(tmp) / "feeds.npz"
-        with open(probe_path, "w") as f:
-            Printer(stream=f).print_op(probe)
-        np.savez(feeds_path, **generated_feeds(plan.programs(probe)[0], 0))  # type: ignore[arg-type]
-        args = [str(raw_path), "--probe", str(probe_path), str(feeds_path), *(["--quick"] if quick else [])]
+        args = [str(raw_path), *(["--quick"] if quick else [])]
+        for size in PROBE_SIZES:
+            probe = probe_module(size)
+            probe_path, feeds_path = Path(tmp) / f"probe-{size}.mlir", Path(tmp) / f"feeds-{size}.npz"
+            with open(probe_path, "w") as f:
+                Printer(stream=f).print_op(probe)
+            feeds = generated_feeds(plan.programs(probe)[0], 0)
+            if "lr" in feeds:  # a rate that keeps the weights finite over the timed steps
+                feeds["lr"] = np.asarray(1e-3, feeds["lr"].dtype)
+            np.savez(feeds_path, **feeds)  # type: ignore[arg-type]
+            args += ["--probe", str(probe_path), str(feeds_path)]
         try:
             done = subprocess.run(command(ranks, "sbpc.runtime.calibrate", *args), env=rank_environment(),
                                   capture_output=True, text=True, timeout=timeout)

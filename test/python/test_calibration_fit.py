@@ -39,12 +39,13 @@ def synthetic(ranks: int = 2, noise: float = 0.0, seed: int = 0) -> dict:
     for kind, (alpha, beta) in TRUE["collectives"].items():
         p = ranks if kind != "transfer" else 2
         collectives[kind] = [[b, jitter(latency_steps(kind, p) * alpha + b / beta)] for b in (1e3, 1e4, 1e5, 1e6, 1e7)]
-    def core(flops: float, nbytes: float) -> float:  # the roofline of a small (in-cache) kernel
-        return max(flops / TRUE["vector"], nbytes / TRUE["cache_bandwidth"])
+    def core(flops: float, nbytes: float, rate: float = TRUE["vector"]) -> float:  # a small (in-cache) kernel
+        return max(flops / rate, nbytes / TRUE["cache_bandwidth"])
 
+    fused_rate = max(TRUE["vector"], TRUE["cache_bandwidth"] / 12)  # simple steps: an add's bytes per flop
     probe = [["lg.softmax", 5e3, 8e3, "f32", 1, jitter(20e-6 + core(5e3, 8e3))],
              ["lg.softmax", 5e4, 8e4, "f32", 1, jitter(20e-6 + core(5e4, 8e4))],
-             ["plan.fused", 1e3, 4e3, "f32", 3, jitter(3 * 2e-6 + core(1e3, 4e3))]]
+             ["plan.fused", 1e3, 4e3, "f32", 3, jitter(3 * 2e-6 + core(1e3, 4e3, fused_rate))]]
     return {"ranks": ranks, "gemm": gemm, "elementwise": elementwise, "reduction": reduction, "vector": vector,
             "tiny_kernel": TRUE["kernel"], "actor": TRUE["actor"], "collectives": collectives, "probe": probe,
             "overlap": {"compute": 0.02, "comm": 0.01, "both": 0.025}, "memory": 8e9,
@@ -83,6 +84,35 @@ def test_exact_timings_give_the_figures_back(ranks):
     alpha, beta = TRUE["collectives"]["all_reduce"]
     assert cluster.collective_time("all_reduce", group, 1e6) == pytest.approx(
         latency_steps("all_reduce", ranks) * alpha + 1e6 / beta, rel=1e-3)
+
+
+def test_probe_steps_at_two_sizes_give_a_kernels_fixed_cost_and_its_in_step_scale():
+    # Inside a step, matmuls run 1.3x slower than their isolated rate and
+    # fused chains 0.4x the fused roofline; a small and a large probe step
+    # separate that from each one's fixed cost.
+    raw = synthetic(2)
+    def gemm(flops: float) -> float:
+        return flops / TRUE["gemm_rate"]
+
+    def fused(flops: float, nbytes: float) -> float:
+        bandwidth = TRUE["cache_bandwidth"] if nbytes <= TRUE["cache_bytes"] else TRUE["bandwidth"]
+        return max(flops / max(TRUE["vector"], TRUE["cache_bandwidth"] / 12), nbytes / bandwidth)
+
+    raw["probe"] = [["lg.matmul", f, 0.0, "f32", 1, 5e-6 + 1.3 * gemm(f)] for f in (2e3, 2e4, 2e7, 6e7)]
+    raw["probe"] += [["plan.fused", f, 4 * f, "f32", 3, 3 * 1e-6 + 0.4 * fused(f, 4 * f)] for f in (1e3, 1e6, 1e7)]
+    d = fit_cluster(raw).cluster.device
+    assert d.kernel_scales["lg.matmul"] == pytest.approx(1.3, rel=1e-3)
+    assert d.kernel_overheads["lg.matmul"] == pytest.approx(5e-6, rel=1e-3)
+    assert d.kernel_scales["plan.fused"] == pytest.approx(0.4, rel=1e-3)
+    assert d.kernel_overheads["plan.fused"] == pytest.approx(1e-6, rel=1e-3)
+    # and the cluster prices the in-step time, not the isolated one
+    cluster = fit_cluster(raw).cluster
+    assert cluster.work_time("lg.matmul", 6e7, 0.0) == pytest.approx(5e-6 + 1.3 * gemm(6e7), rel=1e-3)
+    # a kernel at one size only keeps scale 1 (its remainder is all fixed
+    # cost); one at sizes apart whose in-step rate is the isolated one gets 1
+    plain = fit_cluster(synthetic(2)).cluster.device
+    assert "plan.fused" not in plain.kernel_scales and plain.kernel_overheads["plan.fused"] > 0
+    assert plain.kernel_scales["lg.softmax"] == pytest.approx(1.0, rel=1e-3)
 
 
 def test_memory_bandwidth_is_the_median_past_the_cache():

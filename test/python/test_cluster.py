@@ -125,6 +125,8 @@ MALFORMED = [
     ("memory-nan", _set("device.memory", math.nan), "device.memory:"),
     ("memory-infinite", _set("device.memory", math.inf), "device.memory:"),
     ("device-kind", _set("device.kind", "tpu"), "device.kind:"),
+    ("scale-zero", _set("device.kernel_scales", {"lg.matmul": 0}), "device.kernel_scales.lg.matmul:"),
+    ("scales-not-object", _set("device.kernel_scales", [1.2]), "device.kernel_scales: must be an object"),
     ("count-zero", _set("count", 0), "count:"),
     ("count-float", _set("count", 16.0), "count:"),
     ("count-bool", _set("count", True), "count:"),
