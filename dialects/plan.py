@@ -398,6 +398,23 @@ class CommOp(ActorOp):
             raise VerifyException(f"{where}: a transfer actor sends, receives, or both")
 
 
+MATMUL_BLOCK_FLOPS = 400e6
+"""While communication is in flight, a long matmul actor runs in column
+blocks of about this many flops (a few ms on one core), so MPI, which moves
+bytes only inside MPI calls, gets a call between blocks; a shorter one runs
+whole, and in-flight collectives wait for its end."""
+MIN_BLOCK_COLUMNS = 256
+"""Narrower blocks lose GEMM efficiency."""
+
+
+def matmul_blocks(flops: float, columns: int) -> int:
+    """The column blocks a matmul actor of `flops` with `columns` output
+    columns runs in while communication is in flight (1: in one call). The
+    runtime's kernels and the step-time simulator both read it here."""
+    count = min(int(flops // MATMUL_BLOCK_FLOPS), columns // MIN_BLOCK_COLUMNS)
+    return count if count >= 2 else 1
+
+
 def update_pairs(device: DeviceOp) -> list[tuple[str, str]]:
     """(register of `new.<key>`, register of parameter <key>) pairs whose
     local pieces match: after each step the runtime copies the update over

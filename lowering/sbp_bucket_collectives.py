@@ -76,7 +76,7 @@ BUCKET_ATTR = "sbp.bucket"
 WINDOW = 128
 """The most gradients one bucket may join: bounds the dynamic program's
 work (n * WINDOW * FRONTIER) on graphs with thousands of gradients."""
-FRONTIER = 6
+FRONTIER = 8
 """The most cuts the dynamic program keeps per prefix (see choose_buckets)."""
 
 

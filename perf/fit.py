@@ -86,13 +86,14 @@ being at least a tenth of its actor's time (else the arithmetic does not
 show: the scale stays 1 and the fixed cost is the median remainder)."""
 
 
-def fit_kernel_costs(probe: Sequence[Sequence[Any]], rates: Cluster) -> tuple[dict[str, float], dict[str, float]]:
+def fit_kernel_costs(probe: Sequence[Sequence[Any]], rates: Cluster,
+                     fit_scales: bool = True) -> tuple[dict[str, float], dict[str, float]]:
     """(fixed seconds per call, scale on the rate-bound time) per kernel, from
     the probe's traced actors [kernel, flops, bytes, dtype, calls, seconds]
     priced at `rates` (a cluster without kernel costs): seconds = calls *
     fixed + scale * roofline, least squares with both >= 0, where the probe
-    has that kernel at sizes far enough apart. A fused chain's fixed cost is
-    per step of the chain (its calls)."""
+    has that kernel at sizes far enough apart (and `fit_scales`). A fused chain's
+    fixed cost is per step of the chain (its calls)."""
     points: dict[str, list[tuple[float, float, float]]] = {}
     for kernel, flops, nbytes, dtype, calls, seconds in probe:
         core = rates.roofline(kernel, flops, nbytes, dtype)
@@ -101,7 +102,7 @@ def fit_kernel_costs(probe: Sequence[Sequence[Any]], rates: Cluster) -> tuple[di
     for kernel, rows in sorted(points.items()):
         per_call = [core / calls for calls, core, _ in rows]
         largest = max(rows, key=lambda r: r[1])
-        if (min(per_call) > 0 and max(per_call) >= SEPARABLE_SPREAD * min(per_call)
+        if (fit_scales and min(per_call) > 0 and max(per_call) >= SEPARABLE_SPREAD * min(per_call)
                 and largest[1] >= 0.1 * largest[2]):
             fixed, scale = fit_nonnegative([[calls, core] for calls, core, _ in rows], [t for *_, t in rows])
             if scale > 0:
@@ -164,8 +165,14 @@ def fit_cluster(raw: Mapping[str, Any], name: str | None = None) -> Fitted:
     unit = DeviceKind(kind="cpu", memory=1.0, peak_flops={"f32": gemm_rate}, efficiency=1.0,
                        vector_flops=vector_flops, memory_bandwidth=bandwidth, kernel_overhead=0.0,
                        cache_bytes=cache_bytes if cache_bandwidth else 0.0, cache_bandwidth=cache_bandwidth)
-    rates = Cluster(name="rates", count=1, device=unit, levels=(Level("one", 1, 1.0, 0.0),))
-    kernel_overheads, kernel_scales = fit_kernel_costs(raw.get("probe", []), rates)
+    isolated = Cluster(name="rates", count=1, device=unit, levels=(Level("one", 1, 1.0, 0.0),))
+    # Where ranks outnumber cores, the OS switches ranks out between actors
+    # (the executor yields there): the probe's actors then time as if each
+    # rank had a core, while the rates above were timed sharing them. Their
+    # ratio is no in-step scale, so those kernels keep scale 1 there.
+    shared = ranks > int(raw.get("cores", ranks))
+    kernel_overheads, kernel_scales = fit_kernel_costs(raw.get("probe", []), isolated,
+                                                       fit_scales=not shared)
     for k, v in kernel_overheads.items():
         figures[f"overhead {k} us"] = v * 1e6
     for k, v in kernel_scales.items():

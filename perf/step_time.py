@@ -140,8 +140,9 @@ class Task:
     duration: float
     ranges: list[tuple[int, int, int, bool]]
     comm: CommSpec | None = None
-    polls: bool = False
-    """The runtime lets MPI progress inside it (a GEMM runs in column blocks with a test between them)."""
+    blocks: int = 1
+    """Parts the runtime runs it in with an MPI call between them (a long
+    matmul's column blocks, plan.matmul_blocks); 1: no MPI call inside."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -344,14 +345,19 @@ class _Device:
 
         overhead = cluster.device.actor_overhead
         self.actors: list[tuple[str, str, float, list[str], int, CommSpec | None, int]] = []
-        """(name, what, seconds, registers read then written, how many are written, spec, index)"""
+        """(name, what, seconds, registers read then written, how many are written, spec, index);
+        for a matmul, `what` is its column blocks (plan.matmul_blocks) as 'gemm:N'."""
         self.kernels: dict[str, float] = {}
         for index, actor in enumerate(device.actors()):
             names = [r.string_value() for r in (*actor.ins.data, *actor.outs.data)]
             written = len(actor.outs.data)
             if isinstance(actor, plan.ComputeOp):
                 seconds = compute_time(actor, registers, cluster, cache) + overhead
-                what = "compute" if actor.kernel.data not in cluster.GEMM_KERNELS else "gemm"
+                what = "compute"
+                if actor.kernel.data in cluster.GEMM_KERNELS:
+                    out = registers[actor.outs.data[0].string_value()]
+                    columns = out.type.get_shape()[-1] if out.type.get_shape() else 1
+                    what = f"gemm:{plan.matmul_blocks(actor_work(actor, registers).flops, columns)}"
                 self.actors.append((actor.sym_name.data, what, seconds, names, written, None, index))
                 self.kernels[actor.kernel.data] = self.kernels.get(actor.kernel.data, 0.0) + seconds
                 continue
@@ -391,11 +397,12 @@ class _Device:
         self.issued: dict[tuple[int, int], Collective] = {}
         self.outside_starts: list[float] = []
         self.outside: list[Event] = []
-        """The thread's kernels and copies that make no MPI call, in time order."""
+        """The thread's stretches without an MPI call, in time order: kernels,
+        copies, and each column block of a long matmul."""
 
     def next_mpi_call(self, t: float) -> tuple[float, Event | None]:
         """When the thread is next inside MPI at or after `t` (it is whenever
-        it is not in a kernel or copy that polls nothing), and the event it ends."""
+        it is not inside one of `outside`), and the event it ends."""
         i = bisect.bisect_right(self.outside_starts, t) - 1
         if i >= 0 and self.outside[i].end > t:
             return self.outside[i].end, self.outside[i]
@@ -412,8 +419,8 @@ class _Device:
                 ranges = self.ranges(names, step, written)
                 if spec is not None:
                     ranges.append((2 + index, 0, 1, True))  # its own pack buffers: waits for its previous issue
-                if what == "gemm":
-                    tasks.append((step, Task(name, "compute", seconds, ranges, polls=True)))
+                if what.startswith("gemm:"):
+                    tasks.append((step, Task(name, "compute", seconds, ranges, blocks=int(what[5:]))))
                     continue
                 tasks.append((step, Task(name, what, seconds, ranges, spec)))
             for new, param in self.updates:
@@ -601,9 +608,13 @@ class Replay:
                 dev.t = event.end
                 dev.last = event
                 self.events.append(event)
-                if not task.polls and event.end > event.start:
-                    dev.outside_starts.append(event.start)
-                    dev.outside.append(event)
+                if event.end > event.start:  # MPI is called only between its blocks
+                    part = task.duration / task.blocks
+                    for b in range(task.blocks):
+                        block = event if task.blocks == 1 else Event(
+                            dev.rank, step, task.name, task.what, start + b * part, start + (b + 1) * part, dev.last)
+                        dev.outside_starts.append(block.start)
+                        dev.outside.append(block)
             else:
                 spec = task.comm
                 cost = task.duration + (1.0 - self.overlap) * spec.duration
@@ -681,8 +692,8 @@ class Replay:
                     start, cause = dep.event.end, dep.event
         # Without asynchronous progress (comm_overlap 0) a collective moves
         # only inside MPI calls: it waits for every member to leave the
-        # kernel it is in (the first time all of them are: each member's
-        # kernel may end inside another's next one).
+        # kernel (or the matmul's column block) it is in (the first time all
+        # of them are: each member's kernel may end inside another's next one).
         if self.overlap < 1.0:
             ready, moved_by = start, None
             while True:

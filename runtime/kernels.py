@@ -27,7 +27,7 @@ import numpy as np
 import scipy.special
 from xdsl.ir import Operation
 
-from sbpc.dialects import lg
+from sbpc.dialects import lg, plan
 from sbpc.dialects.backends import Backend
 from sbpc.dialects.layout import numpy_dtype
 from sbpc.semantics.local_eval import Fused, LocalContext
@@ -125,14 +125,6 @@ def _bind_matmul(op: lg.MatmulOp, local, ins, out) -> Fire:
     return fire
 
 
-PART_FLOPS = 400e6
-"""A long matmul runs in column blocks of about this many flops (a few ms on
-one core) when communication is in flight, so MPI, which progresses only
-inside MPI calls, gets a call between blocks."""
-MIN_PART_COLUMNS = 256
-"""Narrower blocks lose GEMM efficiency."""
-
-
 def bind_parts(op: Operation, ins: Sequence[np.ndarray], out: np.ndarray):
     """For a matmul long enough to split: parts(xs, o), a generator that
     computes `o` one block of output columns at a time and yields after
@@ -144,7 +136,7 @@ def bind_parts(op: Operation, ins: Sequence[np.ndarray], out: np.ndarray):
     k = ins[0].shape[-2] if ta else ins[0].shape[-1]
     columns = out.shape[-1]
     flops = 2.0 * math.prod(out.shape) * k
-    count = min(int(flops // PART_FLOPS), columns // MIN_PART_COLUMNS)
+    count = plan.matmul_blocks(flops, columns)
     if count < 2:
         return None
     width = -(-columns // count)

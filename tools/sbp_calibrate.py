@@ -23,7 +23,6 @@ from sbpc.perf.cluster import ClusterError
 from sbpc.perf.fit import fit_cluster
 from sbpc.runtime.launch import command, rank_environment
 
-
 PROBE_SIZES = {"small": (4, 8, 16, 2, 32), "large": (8, 64, 128, 4, 256)}
 """(batch, seq, dim, heads, vocab) of the probe steps: the small one's
 kernels are all fixed cost, the large one's mostly arithmetic, so the two

@@ -113,6 +113,9 @@ def test_probe_steps_at_two_sizes_give_a_kernels_fixed_cost_and_its_in_step_scal
     plain = fit_cluster(synthetic(2)).cluster.device
     assert "plan.fused" not in plain.kernel_scales and plain.kernel_overheads["plan.fused"] > 0
     assert plain.kernel_scales["lg.softmax"] == pytest.approx(1.0, rel=1e-3)
+    # where ranks outnumber cores, probe actors time a core of their own: no scales
+    shared = fit_cluster({**raw, "cores": 1}).cluster.device
+    assert shared.kernel_scales == {} and shared.kernel_overheads["lg.matmul"] > 0
 
 
 def test_memory_bandwidth_is_the_median_past_the_cache():

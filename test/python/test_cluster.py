@@ -549,6 +549,33 @@ def test_comm_overlap_decides_what_the_thread_pays():
     assert times[0] < times[1] < times[2]
 
 
+@pytest.mark.parametrize("blocks", [1, 4])
+def test_a_matmul_calls_mpi_only_between_its_column_blocks(monkeypatch, blocks):
+    """Without asynchronous progress, in-flight collectives move only when
+    every member is inside MPI: a matmul the runtime runs in one call keeps
+    them waiting to its end, one it splits (plan.matmul_blocks, shared with
+    the runtime's kernels) calls MPI after each column block."""
+    from sbpc.dialects import plan as plan_dialect
+    from sbpc.dialects.sbp import PlacementOp
+    from sbpc.perf.step_time import Replay
+
+    flops = 2 * 32 * 64 * 64  # OVERLAP's z.matmul on each of 2 ranks
+    if blocks > 1:
+        monkeypatch.setattr(plan_dialect, "MATMUL_BLOCK_FLOPS", flops / blocks)
+        monkeypatch.setattr(plan_dialect, "MIN_BLOCK_COLUMNS", 8)
+    assert plan_dialect.matmul_blocks(flops, 64) == blocks
+    module = compiled(OVERLAP)
+    replay = Replay(plan_dialect.programs(module)[0], small_cluster(2, overlap=0.0),
+                    [op for op in module.ops if isinstance(op, PlacementOp)], 2)
+    replay.run()
+    device = replay.devices[0]
+    matmul = next(e for e in replay.events if e.device == 0 and e.step == 1 and e.name == "z.matmul")
+    part = (matmul.end - matmul.start) / blocks
+    for b in range(blocks):
+        inside = matmul.start + (b + 0.5) * part
+        assert device.next_mpi_call(inside)[0] == pytest.approx(matmul.start + (b + 1) * part, rel=1e-9)
+
+
 def test_a_blocking_collective_is_not_paid_twice():
     """With comm_overlap 0 the thread moves the bytes itself: the all_reduce
     takes its time once, and the next step starts when it is done."""

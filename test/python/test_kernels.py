@@ -210,8 +210,8 @@ def test_a_steady_state_step_allocates_no_arrays(tmp_path):
 def test_matmul_in_column_blocks_equals_one_call(monkeypatch, ta, tb, batch):
     """A long matmul run in column blocks (so MPI can progress between them)
     writes exactly what one call writes, for every transpose and a batch."""
-    monkeypatch.setattr(kernels, "PART_FLOPS", 500)
-    monkeypatch.setattr(kernels, "MIN_PART_COLUMNS", 8)
+    monkeypatch.setattr(plan, "MATMUL_BLOCK_FLOPS", 500)
+    monkeypatch.setattr(plan, "MIN_BLOCK_COLUMNS", 8)
     rng = np.random.default_rng(0)
     m, k, n = 6, 5, 40
     a = rng.standard_normal((*batch, k, m) if ta else (*batch, m, k), dtype=np.float32)
