@@ -70,6 +70,8 @@ def main() -> int:
     parser.add_argument("--calibrate", choices=["each", "once"], default="each",
                         help="calibrate right before each configuration is measured (default: this machine's "
                              "speed drifts by up to 20%% within a run), or once per rank count at the start")
+    parser.add_argument("--only", nargs="+", metavar="CONFIG",
+                        help="run only these configurations, by the table's names ('mlp dp', 'gpt pipeline mb2')")
     args = parser.parse_args()
     steps = args.steps or (2 if args.quick else 5)
     repeats = args.repeats or (1 if args.quick else 3)
@@ -80,6 +82,12 @@ def main() -> int:
     from sbpc.tools.sbp_calibrate import calibrate
 
     configs = QUICK if args.quick else CONFIGS
+    if args.only:
+        unknown = set(args.only) - {name_of(c) for c in configs}
+        if unknown:
+            parser.error(f"no configuration named {', '.join(sorted(unknown))}; "
+                         f"there are: {', '.join(dict.fromkeys(name_of(c) for c in configs))}")
+        configs = [c for c in configs if name_of(c) in args.only]
     sizes = SIZES["quick" if args.quick else "full"]
 
     def calibrated(ranks: int):

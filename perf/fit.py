@@ -112,6 +112,12 @@ def fit_kernel_costs(probe: Sequence[Sequence[Any]], rates: Cluster,
     return overheads, scales
 
 
+def sync_excess(block: Mapping[str, float]) -> float:
+    """What a collective met in a plan adds beyond its lock-step time, from
+    one measurement of the calibration's `sync` (runtime.calibrate.measure_sync)."""
+    return block["both"] - block["compute"] - block["lockstep"]
+
+
 def fit_cluster(raw: Mapping[str, Any], name: str | None = None) -> Fitted:
     """A cluster of `raw['ranks']` devices of this machine from the raw
     timings of runtime/calibrate.py."""
@@ -206,7 +212,7 @@ def fit_cluster(raw: Mapping[str, Any], name: str | None = None) -> Fitted:
     sync = 0.0
     apart = raw.get("sync")
     if apart:
-        sync = max(0.0, apart["both"] - apart["compute"] - apart["lockstep"])
+        sync = max(0.0, sync_excess(apart))
     figures["collective sync us"] = sync * 1e6
 
     memory = float(raw.get("memory", 8 * 2**30))
