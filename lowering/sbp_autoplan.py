@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -80,6 +81,7 @@ from sbpc.perf.cluster import Cluster, ClusterError, load_cluster
 from sbpc.perf.step_time import Prediction, SimulationError, simulate_plan
 
 from .autoplan_layers import SOURCES, notable, plan_layers, write_plan
+from .cost_model import PLANNED_FOR_ATTR
 from .lg_autodiff import LgAutodiffPass
 from .lg_micro_batch import LgMicroBatchPass
 from .lg_optimizer import STATE_PREFIXES, LgOptimizerPass
@@ -445,11 +447,16 @@ class SbpAutoplanPass(ModulePass):
             op.body.block.add_op(new)
         chosen = next(iter(lg.graphs(op)))
         chosen.attributes["sbp.autoplan"] = StringAttr(f"{best.describe(budget)} on {cluster.name}")
+        chosen.attributes[PLANNED_FOR_ATTR] = StringAttr(self._cluster_spec())
         if self.explain:
             ranked = sorted(trials, key=lambda t: (t.prediction is None, t.prediction.step_time if t.prediction
                                                    else math.inf))
             chosen.attributes["sbp.autoplan.alternatives"] = ArrayAttr(
                 [StringAttr(t.describe(budget)) for t in ranked])
+
+    def _cluster_spec(self) -> str:
+        """The cluster option as later passes find it: a file by its absolute path."""
+        return os.path.abspath(self.cluster) if os.path.isfile(self.cluster) else self.cluster
 
     def _plan_layers(self, op: ModuleOp, graph: lg.GraphOp, placement: PlacementOp, ranks: list[int],
                      cluster: Cluster, budget: float, modes: Sequence[str], batch: int) -> None:
@@ -461,6 +468,7 @@ class SbpAutoplanPass(ModulePass):
         write_plan(op, graph, placement, layers, best, profiler, ranks, self.training, TRAINING_PASSES, batch,
                    self.loss)
         classes = len({layer.key for layer in layers})
+        graph.attributes[PLANNED_FOR_ATTR] = StringAttr(self._cluster_spec())
         graph.attributes["sbp.autoplan"] = StringAttr(
             f"{best.describe(budget)} on {cluster.name} (by layers: {len(layers)} layers of {classes} kinds, "
             f"{profiler.compiles} layer plans simulated, {len(estimates)} layouts composed)")

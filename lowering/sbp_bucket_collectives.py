@@ -68,7 +68,7 @@ from sbpc.dialects.sbp import (
 )
 from sbpc.perf.cluster import Cluster, ClusterError, Level, load_cluster, preset
 
-from .cost_model import load_device, local_fraction
+from .cost_model import device_for, load_device, local_fraction
 from .sbp_to_plan import rank_group, schedule
 
 BUCKET_KINDS = (sbp.AllReduceOp, sbp.ReduceScatterOp)
@@ -421,7 +421,9 @@ class SbpBucketCollectivesPass(ModulePass):
     name = "sbp-bucket-collectives"
 
     device: str = "cpu"
-    """The cluster whose figures price the buckets (as sbp-infer's `device`)."""
+    """The cluster whose figures price the buckets (as sbp-infer's `device`;
+    left at `cpu`, a graph sbp-autoplan planned is priced for the cluster it
+    was planned for)."""
     bucket_bytes: int = 0
     """0: the cost model chooses the buckets. Else a fixed size, as PyTorch
     DDP's bucket_cap_mb: in ready order, a bucket closes once it holds this
@@ -445,7 +447,7 @@ class SbpBucketCollectivesPass(ModulePass):
                     meshes[r.type.placement_name] = lookup_placement(o, r.type.placement).mesh()
         devices = 1 + max((r for m in meshes.values() for r in m.ranks), default=0)
         try:
-            cluster = pricing_cluster(self.device, devices)
+            cluster = pricing_cluster(device_for(graph, self.device), devices)
         except ValueError as e:
             raise PassFailedException(f"sbp-bucket-collectives: {e}") from None
         timing = Timing(cluster, meshes)

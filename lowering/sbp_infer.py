@@ -63,7 +63,7 @@ from sbpc.dialects.sbp import (
     signature_of,
 )
 
-from .cost_model import load_device
+from .cost_model import device_for, load_device
 from .sbp_problem import NdSignature, Problem, build_problem, solve_auto, solve_greedy, tied_updates
 
 STRATEGIES = ("greedy", "auto", "ilp")
@@ -219,11 +219,16 @@ class SbpInferPass(SbpInferOptions, ModulePass):
                 f"(choose {', '.join(STRATEGIES[:-1])} or {STRATEGIES[-1]})"
             )
         ranks = sorted({r for p in op.ops if isinstance(p, PlacementOp) for r in p.mesh().ranks})
-        try:
-            device = load_device(self.device, ranks)
-        except ValueError as e:
-            raise PassFailedException(f"sbp-infer: {e}") from None
-        for graph in lg.graphs(op):
-            problem = build_problem(graph, device)
+        devices = {}
+        for graph in [None, *lg.graphs(op)]:  # the option's device first: a bad one fails on any module
+            spec = self.device if graph is None else device_for(graph, self.device)
+            if spec not in devices:
+                try:
+                    devices[spec] = load_device(spec, ranks)
+                except ValueError as e:
+                    raise PassFailedException(f"sbp-infer: {e}") from None
+            if graph is None:
+                continue
+            problem = build_problem(graph, devices[spec])
             choice = solve_ilp(problem, self.gap) if self.strategy == "ilp" else SOLVERS[self.strategy](problem)
             apply_solution(graph, problem, choice, self.strategy, self.explain)
