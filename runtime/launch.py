@@ -7,6 +7,8 @@ import os
 import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Collection
 from pathlib import Path
 
 
@@ -46,3 +48,70 @@ def stop(process: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+    remove_orphaned_segments(wait=0.0)
+
+
+SEGMENT_DIR = Path("/dev/shm")
+SEGMENT_GRACE_S = 0.1
+"""A segment written this recently may be a starting job's, created and not
+yet mapped (microseconds): it is left alone."""
+
+
+def segments(directory: Path = SEGMENT_DIR) -> set[str]:
+    """The names of MPICH's shared-memory segments in `directory`."""
+    try:
+        return {p.name for p in directory.glob("mpich_shm_*")}
+    except OSError:
+        return set()
+
+
+def remove_orphaned_segments(directory: Path = SEGMENT_DIR, job: Collection[str] = (),
+                             wait: float = 3.0) -> list[str]:
+    """Unlinks MPICH's shared-memory segments (`mpich_shm_*`) that no process
+    maps any more, and returns their names. MPICH removes its segments when a
+    job ends normally, but a rank killed by a signal or MPI_Abort cannot: each
+    failed job left a few MiB in /dev/shm until it filled (187 segments, 513
+    MB, on a developer's machine). A segment some live process maps (a job of
+    this user or another) is kept. The segments named in `job` (a failed
+    job's, which its ranks may still map while they exit) are waited for, up
+    to `wait` seconds."""
+    removed: list[str] = []
+    deadline = time.monotonic() + wait
+    while True:
+        kept = _sweep(directory, removed)
+        if not kept & set(job) or time.monotonic() >= deadline:
+            return removed
+        time.sleep(0.05)
+
+
+def _sweep(directory: Path, removed: list[str]) -> set[str]:
+    """One pass of remove_orphaned_segments; the names it kept."""
+    names = segments(directory)
+    if not names:
+        return set()
+    prefix = str(directory / "mpich_shm_")
+    mapped: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:  # gone, or another user's (it cannot map our 0600 segments)
+            continue
+        if "mpich_shm_" in text:
+            for line in text.splitlines():
+                at = line.find(prefix)
+                if at >= 0:
+                    mapped.add(Path(line[at:].split(" (deleted)")[0].strip()).name)
+    kept = set()
+    now = time.time()
+    for name in sorted(names):
+        path = directory / name
+        try:
+            info = path.stat()
+            if name in mapped or now - info.st_mtime < SEGMENT_GRACE_S or info.st_uid != os.getuid():
+                kept.add(name)
+                continue
+            path.unlink()
+            removed.append(name)
+        except OSError:
+            continue
+    return kept

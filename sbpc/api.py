@@ -428,7 +428,7 @@ class RankPool:
         return pool
 
     def __init__(self, ranks: int):
-        from sbpc.runtime.launch import command, rank_environment
+        from sbpc.runtime.launch import command, rank_environment, segments
         from sbpc.runtime.shared_feeds import SharedFeeds
 
         self.ranks = ranks
@@ -444,6 +444,7 @@ class RankPool:
         # mpiexec reports a rank that died (its pid and exit code) on stdout:
         # kept in a file for the failure message, read only after a failure.
         self.launcher_out = open(pathlib.Path(self.errors.name) / "launcher.out", "w+")  # noqa: SIM115
+        self.segments_before = segments()
         self.process = subprocess.Popen(
             command(ranks, "sbpc.runtime.pool", str(port), self.errors.name),
             env=rank_environment(), stdout=self.launcher_out, stderr=subprocess.PIPE, text=True,
@@ -483,6 +484,7 @@ class RankPool:
 
     def request(self, *command):
         from sbpc.runtime.executor import RuntimeFailure
+        from sbpc.runtime.launch import remove_orphaned_segments, segments
         from sbpc.runtime.pool import receive, send
 
         try:
@@ -503,10 +505,12 @@ class RankPool:
         except (ConnectionError, OSError):
             self.process.wait(timeout=30)
             RankPool.pools.pop(self.ranks, None)
+            remove_orphaned_segments(job=segments() - self.segments_before)
             raise RuntimeFailure(f"the MPI ranks failed: {self._stderr()}") from None
         if status == "error":
             self.process.wait(timeout=30)
             RankPool.pools.pop(self.ranks, None)
+            remove_orphaned_segments(job=segments() - self.segments_before)  # an aborted rank cannot
             # where the ranks that did not report were (a stuck one, say)
             from sbpc.runtime.progress import describe_progress
 

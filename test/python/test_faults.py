@@ -53,6 +53,16 @@ def no_rank_left() -> bool:
     return False
 
 
+def segments() -> set[str]:
+    return {p.name for p in Path("/dev/shm").glob("mpich_shm_*")} if Path("/dev/shm").is_dir() else set()
+
+
+def no_segment_left(before: set[str]) -> bool:
+    """No MPICH shared-memory segment of the failed job remains (its killed
+    ranks could not remove it; the launcher does)."""
+    return not (segments() - before)
+
+
 def sbp_run(tmp_path: Path, fault: str, **env: str) -> tuple[subprocess.CompletedProcess, float]:
     start = time.monotonic()
     done = subprocess.run(
@@ -68,6 +78,7 @@ def error_line(done: subprocess.CompletedProcess) -> str:
 
 
 def test_a_rank_killed_mid_step_is_named_with_its_signal_step_and_actor(tmp_path):
+    before = segments()
     done, seconds = sbp_run(tmp_path, "kill:1:2:5")
     assert done.returncode == 1 and seconds < 30
     line = error_line(done)
@@ -88,6 +99,33 @@ def test_a_rank_killed_mid_step_is_named_with_its_signal_step_and_actor(tmp_path
     # still unpacks the bucket)
     assert all(re.search(rf"rank {r} was in step [12], at actor @", line) for r in range(4) if r != named), line
     assert no_rank_left()
+    assert no_segment_left(before)
+
+
+def test_segments_no_process_maps_are_removed_and_mapped_or_new_ones_kept(tmp_path, monkeypatch):
+    import mmap
+
+    from sbpc.runtime import launch
+    from sbpc.runtime.launch import remove_orphaned_segments
+
+    monkeypatch.setattr(launch, "SEGMENT_GRACE_S", 30.0)
+    def segment(name: str, age: float) -> Path:
+        path = tmp_path / name
+        path.write_bytes(b"\0" * 4096)
+        os.utime(path, (time.time() - age, time.time() - age))
+        return path
+
+    orphan, new, other = segment("mpich_shm_dead_0", 60), segment("mpich_shm_starting_0", 0), segment("x_0", 60)
+    in_use = segment("mpich_shm_live_0", 60)
+    with open(in_use, "r+b") as f, mmap.mmap(f.fileno(), 4096):
+        assert remove_orphaned_segments(tmp_path, wait=0) == ["mpich_shm_dead_0"]
+        assert not orphan.exists() and new.exists() and other.exists() and in_use.exists()
+        # a failed job's segment still mapped (its ranks exiting) is waited for, up to `wait`
+        start = time.monotonic()
+        assert remove_orphaned_segments(tmp_path, job=["mpich_shm_live_0"], wait=0.3) == []
+        assert 0.3 <= time.monotonic() - start < 2
+    os.utime(new, (time.time() - 60, time.time() - 60))
+    assert sorted(remove_orphaned_segments(tmp_path, wait=0)) == ["mpich_shm_live_0", "mpich_shm_starting_0"]
 
 
 def test_a_stuck_rank_ends_the_job_by_the_watchdog(tmp_path):
@@ -201,6 +239,7 @@ def run_script(tmp_path: Path, body: str, **kw) -> subprocess.Popen:
 
 
 def test_the_api_reports_a_killed_rank_then_runs_again(tmp_path):
+    before = segments()
     driver = run_script(tmp_path, """
         train_until_failure("kill:0:3:2", "FAILED:")
     """)
@@ -211,6 +250,7 @@ def test_the_api_reports_a_killed_rank_then_runs_again(tmp_path):
     assert np.isfinite(float(next(ln for ln in out.splitlines() if ln.startswith("AGAIN:")).split()[1]))
     assert "Traceback" not in err, err
     assert no_rank_left()
+    assert no_segment_left(before)
 
 
 def test_ctrl_c_in_the_driver_stops_the_ranks_and_the_api_runs_again(tmp_path):
