@@ -286,6 +286,10 @@ def choose_buckets(members: Sequence[Member], comm_time, pack_time, unpack_time,
     # per prefix: (end, delay, previous prefix, index of its state there)
     states: list[list[tuple[float, float, int, int]]] = [[(0.0, 0.0, -1, -1)]]
     for j in range(1, n + 1):
+        # The next bucket goes out no sooner than its members are ready and
+        # packed after this prefix's delay: an end before that is as good
+        # as that moment (exact, and it lets more cuts dominate others).
+        soonest = members[j].ready if j < n else -math.inf
         options = []
         for i in range(max(0, j - WINDOW), j):
             comm = comm_time(volume[j] - volume[i])
@@ -293,14 +297,22 @@ def choose_buckets(members: Sequence[Member], comm_time, pack_time, unpack_time,
             for k, (end, delay, _, _) in enumerate(states[i]):
                 packed = delay + pack
                 finish = max(end, members[j - 1].ready + packed) + comm + (unpack if j == n else 0.0)
-                options.append((finish, packed + host_share * comm + unpack, i, k))
-        options.sort()
+                after = packed + host_share * comm + unpack
+                options.append((max(finish, soonest + after), after, finish, i, k))
+        options.sort()  # among equals, the earliest actual end (results sooner)
         frontier: list[tuple[float, float, int, int]] = []
-        for option in options:
-            if not frontier or option[1] < frontier[-1][1]:
-                frontier.append(option)
-                if len(frontier) == frontier_size:
-                    break
+        least = math.inf
+        for _, after, finish, i, k in options:
+            if after < least:
+                least = after
+                frontier.append((finish, after, i, k))
+        if len(frontier) > frontier_size:
+            # both ends (the earliest end, the least delay) and evenly
+            # between: keeping only the earliest ends lost up to 6% on
+            # instances of 5-8 gradients (the cuts that delay the compute
+            # stream least were dropped)
+            last = len(frontier) - 1
+            frontier = [frontier[round(k * last / (frontier_size - 1))] for k in range(frontier_size)]
         states.append(frontier)
     buckets = []
     j, k = n, 0
