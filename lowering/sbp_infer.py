@@ -40,6 +40,7 @@ first operand runs, else on the graph's `on @mesh`.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -219,16 +220,15 @@ class SbpInferPass(SbpInferOptions, ModulePass):
                 f"(choose {', '.join(STRATEGIES[:-1])} or {STRATEGIES[-1]})"
             )
         ranks = sorted({r for p in op.ops if isinstance(p, PlacementOp) for r in p.mesh().ranks})
-        devices = {}
-        for graph in [None, *lg.graphs(op)]:  # the option's device first: a bad one fails on any module
-            spec = self.device if graph is None else device_for(graph, self.device)
-            if spec not in devices:
-                try:
-                    devices[spec] = load_device(spec, ranks)
-                except ValueError as e:
-                    raise PassFailedException(f"sbp-infer: {e}") from None
-            if graph is None:
-                continue
-            problem = build_problem(graph, devices[spec])
+        @functools.cache
+        def device(spec: str):
+            try:
+                return load_device(spec, ranks)
+            except ValueError as e:
+                raise PassFailedException(f"sbp-infer: {e}") from None
+
+        device(self.device)  # a bad option fails on any module
+        for graph in lg.graphs(op):
+            problem = build_problem(graph, device(device_for(graph, self.device)))
             choice = solve_ilp(problem, self.gap) if self.strategy == "ilp" else SOLVERS[self.strategy](problem)
             apply_solution(graph, problem, choice, self.strategy, self.explain)

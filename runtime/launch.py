@@ -65,21 +65,22 @@ def segments(directory: Path = SEGMENT_DIR) -> set[str]:
         return set()
 
 
-def remove_orphaned_segments(directory: Path = SEGMENT_DIR, job: Collection[str] = (),
+def remove_orphaned_segments(directory: Path = SEGMENT_DIR, before: Collection[str] | None = None,
                              wait: float = 3.0) -> list[str]:
     """Unlinks MPICH's shared-memory segments (`mpich_shm_*`) that no process
     maps any more, and returns their names. MPICH removes its segments when a
     job ends normally, but a rank killed by a signal or MPI_Abort cannot: each
     failed job left a few MiB in /dev/shm until it filled (187 segments, 513
     MB, on a developer's machine). A segment some live process maps (a job of
-    this user or another) is kept. The segments named in `job` (a failed
-    job's, which its ranks may still map while they exit) are waited for, up
-    to `wait` seconds."""
+    this user or another) is kept. Given `before` (the segments that existed
+    before a job that failed started), the job's own segments, which its
+    ranks may still map while they exit, are waited for, up to `wait` seconds."""
+    job = set() if before is None else segments(directory) - set(before)
     removed: list[str] = []
     deadline = time.monotonic() + wait
     while True:
         kept = _sweep(directory, removed)
-        if not kept & set(job) or time.monotonic() >= deadline:
+        if not kept & job or time.monotonic() >= deadline:
             return removed
         time.sleep(0.05)
 

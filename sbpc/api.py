@@ -484,7 +484,7 @@ class RankPool:
 
     def request(self, *command):
         from sbpc.runtime.executor import RuntimeFailure
-        from sbpc.runtime.launch import remove_orphaned_segments, segments
+        from sbpc.runtime.launch import remove_orphaned_segments
         from sbpc.runtime.pool import receive, send
 
         try:
@@ -505,12 +505,12 @@ class RankPool:
         except (ConnectionError, OSError):
             self.process.wait(timeout=30)
             RankPool.pools.pop(self.ranks, None)
-            remove_orphaned_segments(job=segments() - self.segments_before)
+            remove_orphaned_segments(before=self.segments_before)
             raise RuntimeFailure(f"the MPI ranks failed: {self._stderr()}") from None
         if status == "error":
             self.process.wait(timeout=30)
             RankPool.pools.pop(self.ranks, None)
-            remove_orphaned_segments(job=segments() - self.segments_before)  # an aborted rank cannot
+            remove_orphaned_segments(before=self.segments_before)  # an aborted rank cannot
             # where the ranks that did not report were (a stuck one, say)
             from sbpc.runtime.progress import describe_progress
 

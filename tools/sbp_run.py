@@ -91,7 +91,7 @@ def _run_job(argv: list[str], launcher: Path, timeout: float | None, watch: Deat
             stop(process)
             raise
     if code != 0:  # a killed or aborted rank cannot remove MPICH's segments
-        remove_orphaned_segments(job=segments() - before)
+        remove_orphaned_segments(before=before)
     return code
 
 

@@ -122,7 +122,7 @@ def test_segments_no_process_maps_are_removed_and_mapped_or_new_ones_kept(tmp_pa
         assert not orphan.exists() and new.exists() and other.exists() and in_use.exists()
         # a failed job's segment still mapped (its ranks exiting) is waited for, up to `wait`
         start = time.monotonic()
-        assert remove_orphaned_segments(tmp_path, job=["mpich_shm_live_0"], wait=0.3) == []
+        assert remove_orphaned_segments(tmp_path, before=["mpich_shm_starting_0"], wait=0.3) == []
         assert 0.3 <= time.monotonic() - start < 2
     os.utime(new, (time.time() - 60, time.time() - 60))
     assert sorted(remove_orphaned_segments(tmp_path, wait=0)) == ["mpich_shm_live_0", "mpich_shm_starting_0"]
