@@ -224,6 +224,8 @@ def _group_key(op: sbp.CollectiveOp, mesh: Mesh) -> tuple | None:
         return None  # another mesh axis splits it: its local piece is not the flat whole
     if not shape or not math.prod(shape):
         return None
+    if math.prod(mesh.shape[a] for a in axes) == 1:
+        return None  # a group of one device: nothing moves, a bucket would only copy
     if isinstance(op, sbp.ReduceScatterOp) and (
             len(axes) != 1 or dst_nd[axes[0]] != Sbp.S(0) or shape[0] % mesh.shape[axes[0]]):
         return None  # its S(0) piece is not one row of p

@@ -476,14 +476,19 @@ def load_cluster(spec: str | Cluster, devices: int | None = None) -> Cluster:
 # about 100 GFLOP/s; MPICH shared-memory all_reduce of 64 MB on 2 ranks in
 # 36 ms, about 3.5 GB/s of bus bandwidth: ../shared/MPI-NOTES.md); memory is the
 # machine's 24 GiB shared by its 2 ranks; the rest is typical of numpy on one
-# core (a few GB/s streamed, a few microseconds per call). `sbp-calibrate`
-# measures all of it.
+# core (a few microseconds per call). `sbp-calibrate` measures all of it; two
+# figures follow its measurements (2026-11-26, 2 ranks, four runs): memory
+# streamed at 26-50 GB/s, and no collective progresses while its rank
+# computes (comm overlap 0 in every run: MPI moves the bytes on the rank's
+# own core, inside its MPI calls). With the former 5 GB/s and 0.5, the
+# gradient buckets came out 19-37 all-reduces for the GPT where one is 11-13%
+# faster on 4 ranks (the GPT of bench/train_throughput.py, data parallel).
 CPU = Cluster(
     name="cpu",
     count=2,
     device=DeviceKind(kind="cpu", memory=12 * 2**30, peak_flops={"f32": 1.0e11, "f64": 5.0e10},
-                      efficiency=1.0, vector_flops=2.0e9, memory_bandwidth=5.0e9, kernel_overhead=3e-6,
-                      actor_overhead=1.1e-6, comm_overlap=0.5),
+                      efficiency=1.0, vector_flops=2.0e9, memory_bandwidth=2.5e10, kernel_overhead=3e-6,
+                      actor_overhead=1.1e-6, comm_overlap=0.0),
     levels=(Level("machine", 2, bandwidth=3.5e9, latency=2e-5),),
     source="the cost model's former constants; ../shared/MPI-NOTES.md",
 )

@@ -88,6 +88,10 @@ class Pending:
     finish: Callable[[], None] | None = None
     ranges: list[tuple[int, int, int, bool]] = field(default_factory=list)  # (buffer id, lo, hi, writes)
     start: float = 0.0
+    phase: tuple[int, int] | None = None
+    """(actor index, slot phase) when issued from the schedule: its ranges
+    are then those of every issue at that phase, so the hazards between it
+    and each actor phase are worked out once (Executor._wait_ranges)."""
 
 
 class CommActor:

@@ -254,6 +254,10 @@ class Executor:
             period = math.lcm(1, *(self._slots[n] for n in (*ins, *outs)))
             self._firing.append((actor, isinstance(actor, plan.ComputeOp), ins, outs, period))
         self._phase_cache: dict[tuple[int, int], tuple[list[np.ndarray], np.ndarray | None, list]] = {}
+        self._hazards: dict[tuple[int, int], dict[tuple[int, int], bool]] = {}
+        """Per actor phase, whether it must wait for a collective of each
+        issuing phase: the byte ranges of both are fixed, so each pair is
+        compared once, not at every firing."""
 
     # -- backend hooks (the numpy backend's registers are its host views) -------
 
@@ -446,13 +450,14 @@ class Executor:
                 inject(fault[0])
             try:
                 ins, out, ranges = self._phase(index, step)
+                phase = (index, step % self._firing[index][4])
                 if pending:
-                    self._wait_ranges(pending, ranges)
+                    self._wait_ranges(pending, ranges, phase)
                 if is_compute:
                     assert out is not None  # a compute actor writes one register (its kernel is bound to it)
                     self._fire_compute(actor, step, ins, out, pending)
                 else:
-                    self._issue_comm(pending, actor, step, ranges)
+                    self._issue_comm(pending, actor, step, ranges, phase)
                 if pending:
                     self._progress(pending)
             except RuntimeFailure:
@@ -462,7 +467,8 @@ class Executor:
                     f"rank {self.rank}: step {self._step}: {self.describe(actor)}: {type(e).__name__}: {e}"
                 ) from e
 
-    def _issue_comm(self, pending: list[Pending], actor: plan.CommOp, step: int, ranges=None) -> Pending:
+    def _issue_comm(self, pending: list[Pending], actor: plan.CommOp, step: int, ranges=None,
+                    phase: tuple[int, int] | None = None) -> Pending:
         """Issues a collective (the one path of every backend): its input
         slots are staged to the host views first, and once it completes (now,
         or when a hazard or progress retires it) its outputs are staged back."""
@@ -474,6 +480,7 @@ class Executor:
             issued.finish = self._staged_finish(actor, step, issued.finish)
         issued.start = start
         issued.ranges = ranges if ranges is not None else self._ranges(actor, step)
+        issued.phase = phase
         if issued.requests:
             pending.append(issued)
         else:
@@ -557,16 +564,28 @@ class Executor:
         return ([(*self._range(ref.string_value(), step), False) for ref in actor.ins.data]
                 + [(*self._range(ref.string_value(), step), True) for ref in actor.outs.data])
 
-    def _wait_ranges(self, pending: list[Pending], mine: list[tuple[int, int, int, bool]]) -> None:
+    def _wait_ranges(self, pending: list[Pending], mine: list[tuple[int, int, int, bool]],
+                     phase: tuple[int, int] | None = None) -> None:
         """Completes in-flight communication touching any of these bytes
         where either side writes them. Reading what a send is reading needs
         no wait (MPI-3 lets a send buffer be read while the send is in
         flight): a 1F1B stage reads the activation it sends on, and waiting
         there for the next stage to post its receive deadlocked the
-        pipeline."""
+        pipeline. `phase` names the actor phase whose ranges `mine` are:
+        its answers are remembered."""
+        known = None
+        if phase is not None:
+            known = self._hazards.get(phase)
+            if known is None:
+                known = self._hazards[phase] = {}
         for p in list(pending):
-            if any(b1 == b2 and lo1 < hi2 and lo2 < hi1 and (w1 or w2)
-                   for b1, lo1, hi1, w1 in mine for b2, lo2, hi2, w2 in p.ranges):
+            if known is not None and p.phase is not None:
+                hit = known.get(p.phase)
+                if hit is None:
+                    hit = known[p.phase] = _conflict(mine, p.ranges)
+            else:
+                hit = _conflict(mine, p.ranges)
+            if hit:
                 self._complete(pending, p)
 
     def _complete(self, pending: list[Pending], p: Pending) -> None:
@@ -611,6 +630,12 @@ class Executor:
         else:
             event["args"] = {"kernel": actor.kernel.data}
         self.events.append(event)
+
+
+def _conflict(a: list[tuple[int, int, int, bool]], b: list[tuple[int, int, int, bool]]) -> bool:
+    """Whether two lists of (buffer, lo, hi, writes) share a byte that either side writes."""
+    return any(b1 == b2 and lo1 < hi2 and lo2 < hi1 and (w1 or w2)
+               for b1, lo1, hi1, w1 in a for b2, lo2, hi2, w2 in b)
 
 
 def is_lg_module(module: ModuleOp) -> bool:

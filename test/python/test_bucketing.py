@@ -143,7 +143,7 @@ def test_bucketed_gradients_train_like_one_device(case):
 def test_the_cluster_decides_the_buckets():
     """One data-parallel GPT step on 16 devices, bucketed for two clusters.
     On this kind of CPU machine a collective over 16 ranks costs 8 latency
-    steps of 20 us, half of it on the rank's own core: one bucket for every
+    steps of 20 us, all of it on the rank's own core: one bucket for every
     gradient. On two H100 nodes NCCL runs beside the compute and the
     backward pass leaves time between gradients for each one's collective:
     they go out as they are ready (no copies), nearly all alone. No
