@@ -44,7 +44,7 @@ from xdsl.dialects.builtin import (
     UnitAttr,
     i64,
 )
-from xdsl.ir import Attribute, Block, Dialect, Region
+from xdsl.ir import Attribute, Block, Dialect, Operation, Region
 from xdsl.irdl import (
     IRDLOperation,
     lazy_traits_def,
@@ -276,6 +276,14 @@ REINTERPRETING_KERNELS = frozenset(op.name for op in lg.COMPUTE_OPS if op.has_tr
 """Kernels whose output is their input's bytes in the same order under
 another shape (lg.SameBytes): written over a dying input, they have
 nothing to do."""
+
+
+def does_nothing(actor: Operation) -> bool:
+    """A reinterpreting actor the memory plan wrote over its input (a
+    reshape in place): its output already holds its bytes, so the runtime
+    skips it and the simulator prices it at nothing."""
+    return (isinstance(actor, ComputeOp) and actor.in_place is not None
+            and actor.kernel.data in REINTERPRETING_KERNELS)
 
 
 @dataclass(frozen=True)

@@ -352,7 +352,8 @@ class _Device:
             names = [r.string_value() for r in (*actor.ins.data, *actor.outs.data)]
             written = len(actor.outs.data)
             if isinstance(actor, plan.ComputeOp):
-                seconds = compute_time(actor, registers, cluster, cache) + overhead
+                # a reshape written over its input: the runtime skips it
+                seconds = 0.0 if plan.does_nothing(actor) else compute_time(actor, registers, cluster, cache) + overhead
                 what = "compute"
                 if actor.kernel.data in cluster.GEMM_KERNELS:
                     out = registers[actor.outs.data[0].string_value()]

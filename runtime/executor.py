@@ -247,12 +247,13 @@ class Executor:
         # registers and, for each slot phase, their views and byte ranges.
         self._spans = {name: (1 if reg.is_persistent is not None else 0, reg.offset.value.data, reg.bytes.value.data)
                        for name, reg in self.registers.items()}
-        self._firing: list[tuple[Any, bool, list[str], list[str], int]] = []
+        self._firing: list[tuple[Any, bool, list[str], list[str], int, bool]] = []
         for actor in self.schedule:
             ins = [r.string_value() for r in actor.ins.data]
             outs = [r.string_value() for r in actor.outs.data]
             period = math.lcm(1, *(self._slots[n] for n in (*ins, *outs)))
-            self._firing.append((actor, isinstance(actor, plan.ComputeOp), ins, outs, period))
+            self._firing.append((actor, isinstance(actor, plan.ComputeOp), ins, outs, period,
+                                 plan.does_nothing(actor)))
         self._phase_cache: dict[tuple[int, int], tuple[list[np.ndarray], np.ndarray | None, list]] = {}
         self._hazards: dict[tuple[int, int], dict[tuple[int, int], bool]] = {}
         """Per actor phase, whether it must wait for a collective of each
@@ -300,7 +301,7 @@ class Executor:
     def _phase(self, index: int, step: int) -> tuple[list[np.ndarray], np.ndarray | None, list]:
         """Actor `index` at `step`: its input views, its output view, and the
         byte ranges it touches, computed once per slot phase."""
-        actor, is_compute, ins, outs, period = self._firing[index]
+        actor, is_compute, ins, outs, period, _ = self._firing[index]
         key = (index, step % period)
         found = self._phase_cache.get(key)
         if found is None:
@@ -443,14 +444,16 @@ class Executor:
 
     def _run_step(self, pending: list[Pending], step: int) -> None:
         record, fault = self.progress, self._fault
-        for index, (actor, is_compute, *_) in enumerate(self._firing):
+        for index, (actor, is_compute, _, _, period, nothing) in enumerate(self._firing):
             if record is not None:
                 record[progress.ACTOR] = index
             if fault is not None and fault[1:] == (self._step, index):
                 inject(fault[0])
+            if nothing:  # its output is its input's bytes: whoever reads it waits for them
+                continue
             try:
                 ins, out, ranges = self._phase(index, step)
-                phase = (index, step % self._firing[index][4])
+                phase = (index, step % period)
                 if pending:
                     self._wait_ranges(pending, ranges, phase)
                 if is_compute:

@@ -93,6 +93,40 @@ def test_trace_is_chrome_json_and_shows_overlap(tmp_path):
     assert overlapping, "no compute slice ran while a collective was in flight"
 
 
+RESHAPE_IN_PLACE = """
+sbp.placement @one cpu ranks [0] mesh [1]
+lg.graph @g on @one {
+  %x = lg.input "x" : tensor<4x6xf32>
+  %y = lg.exp %x : tensor<4x6xf32>
+  %r = lg.reshape %y : tensor<4x6xf32> -> tensor<24xf32>
+  %z = lg.tanh %r : tensor<24xf32>
+  lg.output ["z"] %z : tensor<24xf32>
+}
+"""
+
+
+def test_a_reshape_written_over_its_input_runs_nothing(tmp_path):
+    """The memory plan puts the reshape's output on its dying input's bytes:
+    the runtime skips the actor (no trace slice), the result is right, and
+    the simulator prices it at nothing."""
+    from sbpc.dialects import plan
+    path, trace, out = tmp_path / "g.mlir", tmp_path / "trace.json", tmp_path / "out.npz"
+    path.write_text(RESHAPE_IN_PLACE)
+    done = sbp_run(path, "-n", 1, "--steps", 2, "--trace", trace, "-o", out, "--seed", 1)
+    assert done.returncode == 0, done.stderr
+    names = [e["name"] for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
+    assert names == ["y.exp", "z.tanh"] * 2, names
+    _, program = load_program(str(path), "compile")
+    device = program.devices()[0]
+    reshape = next(a for a in device.actors() if a.sym_name.data == "r.reshape")
+    assert plan.does_nothing(reshape)
+    feeds = generated_feeds(program, 1)
+    with np.load(out) as got:
+        np.testing.assert_allclose(got["z"], np.tanh(np.exp(feeds["x"])).reshape(24), rtol=1e-6)
+    kernels = sbpc.compile(RESHAPE_IN_PLACE).predict("cpu").devices[0].kernels
+    assert kernels.get("lg.reshape", 0.0) == 0.0 and kernels["lg.exp"] > 0, kernels
+
+
 def test_bad_feeds_are_rejected_before_running(tmp_path):
     feeds = tmp_path / "feeds.npz"
     np.savez(feeds, x=np.zeros((32, 64), np.float32), label=np.zeros(32, np.int64))
