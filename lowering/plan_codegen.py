@@ -22,7 +22,7 @@ plans).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -89,13 +89,16 @@ class Kernel:
     nest: Nest | None = None
     """The host loop nest of a broadcasting elementwise kernel (its inner
     loop vectorizes; the flat loop's division per element would not)."""
+    host_body: str | None = None
+    """The host function's whole body where the threads' order would not
+    vectorize (a reduction: see gen_reduce)."""
 
     def declarations(self, restrict: bool) -> str:
         qualifier = " __restrict__" if restrict and self.restrict else ""
         return ", ".join(p.replace("*", "*" + qualifier, 1) for p in self.params)
 
 
-CUDA_PRELUDE = "#define NEG_INF __int_as_float(0xff800000)\n"
+CUDA_PRELUDE = "#define NEG_INF __int_as_float(0xff800000)\n#define SBPC_SUM(v)\n#define SBPC_MAX(v)\n"
 
 
 def cuda_source(k: Kernel) -> tuple[str, list[int]]:
@@ -113,11 +116,26 @@ HOST_PRELUDE = """#include <math.h>
 #include <tgmath.h>
 #define NEG_INF (-INFINITY)
 #define rsqrt(x) (1 / sqrt(x))
+/* A row's sum or maximum in several partial results at once (OpenMP's simd
+   reduction, -fopenmp-simd): the one place the order of a sum may change
+   (numpy's is pairwise, not serial, either), so the loop vectorizes; the
+   rest keeps IEEE semantics step by step. */
+#define SBPC_PRAGMA(x) _Pragma(#x)
+#define SBPC_SUM(v) SBPC_PRAGMA(omp simd reduction(+:v))
+#define SBPC_MAX(v) SBPC_PRAGMA(omp simd reduction(max:v))
 /* exp in float: Cephes' expf (range reduction by ln 2, a degree-6 polynomial,
    within 3 ulp) written without branches, so a loop of it vectorizes; exact
    0 below -104, inf above 89, NaN kept. glibc's vector expf calls its scalar
    code for each lane out of range, and a causal mask puts -inf in half of a
    softmax's lanes. */
+/* The polynomial's steps as fused multiply-adds where the CPU has them
+   (the build does not contract a * b + c by itself: the kernels round as
+   numpy's do, step by step). */
+#ifdef __FMA__
+#define SBPC_FMA(a, b, c) fmaf(a, b, c)
+#else
+#define SBPC_FMA(a, b, c) ((a) * (b) + (c))
+#endif
 static inline float sbpc_pow2i(int32_t k) { union { int32_t i; float f; } u; u.i = (k + 127) << 23; return u.f; }
 static inline float sbpc_expf(float x) {
   float c = x < -104.0f ? -104.0f : x;
@@ -126,11 +144,11 @@ static inline float sbpc_expf(float x) {
   int32_t n = (int32_t)fn;
   float r = (c - fn * 0.693359375f) + fn * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
+  p = SBPC_FMA(p, r, 1.3981999507e-3f);
+  p = SBPC_FMA(p, r, 8.3334519073e-3f);
+  p = SBPC_FMA(p, r, 4.1665795894e-2f);
+  p = SBPC_FMA(p, r, 1.6666665459e-1f);
+  p = SBPC_FMA(p, r, 5.0000001201e-1f);
   float v = ((p * r) * r + r + 1.0f) * sbpc_pow2i(n >> 1) * sbpc_pow2i(n - (n >> 1));
   v = x < -104.0f ? 0.0f : v;
   v = x > 89.0f ? INFINITY : v;
@@ -176,6 +194,8 @@ def host_source(k: Kernel) -> str:
     after a host prelude)."""
     if k.nest is not None:
         return f"#define T {k.t}\nvoid {k.name}({k.declarations(False)}) {{\n{_host_nest(k.nest)}}}\n#undef T\n"
+    if k.host_body is not None:
+        return f"#define T {k.t}\nvoid {k.name}({k.declarations(False)}) {{\n{k.host_body}\n}}\n#undef T\n"
     return (
         f"#define T {k.t}\n"
         f"static inline void {k.name}_at(long i, {k.declarations(False)}) {{\n  {k.body}\n}}\n"
@@ -408,8 +428,9 @@ def gen_reduce(site: Site) -> Kernel:
     init = "(T)NEG_INF" if is_max else "(T)0"
     update = "acc = acc > a0[b + r] ? acc : a0[b + r];" if is_max else "acc += a0[b + r];"
     scale = ""
+    count = math.prod(site.global_in[d] for d in axes)
     if kernel == "lg.reduce_mean":
-        scale = f"acc = acc / (T){math.prod(site.global_in[d] for d in axes)};"
+        scale = f"acc = acc / (T){count};"
     body = f"""{base}
   T acc = {init};
   for (long j = 0; j < {n_red}; ++j) {{
@@ -418,7 +439,47 @@ def gen_reduce(site: Site) -> Kernel:
   }}
   {scale}
   out[i] = acc;"""
-    return Kernel(name, t, ("const T* a0", "T* out"), n_out, body, restrict=True)
+    return Kernel(name, t, ("const T* a0", "T* out"), n_out, body, restrict=True,
+                  host_body=_host_reduce(in_shape, axes, is_max, count if kernel == "lg.reduce_mean" else 0))
+
+
+def _host_reduce(shape: Sequence[int], axes: Sequence[int], is_max: bool, mean_of: int) -> str | None:
+    """A reduction over one run of adjacent axes as loops that vectorize:
+    the input is [outer, reduced, inner]. With inner elements, each output
+    row accumulates the reduced rows in order (the threads' order, one
+    vector of outputs at a time); without, each output is one contiguous
+    run, summed in several partial sums (SBPC_SUM). None for axes that are
+    not adjacent: the flat loop then."""
+    if not axes or list(axes) != list(range(axes[0], axes[0] + len(axes))):
+        return None
+    outer = math.prod(shape[: axes[0]])
+    red = math.prod(shape[axes[0] : axes[-1] + 1])
+    inner = math.prod(shape[axes[-1] + 1 :])
+    init = "(T)NEG_INF" if is_max else "(T)0"
+    scale = f" / (T){mean_of}" if mean_of else ""
+    if inner == 1:
+        pragma = "SBPC_MAX(acc)" if is_max else "SBPC_SUM(acc)"
+        update = "acc = acc > x[r] ? acc : x[r];" if is_max else "acc += x[r];"
+        return f"""  for (long a = 0; a < {outer}; ++a) {{
+    const T* x = a0 + a * {red};
+    T acc = {init};
+    {pragma}
+    for (long r = 0; r < {red}; ++r) {update}
+    out[a] = acc{scale};
+  }}"""
+    update = "o[c] = o[c] > x[c] ? o[c] : x[c];" if is_max else "o[c] += x[c];"
+    finish = f"""
+    {IVDEP}
+    for (long c = 0; c < {inner}; ++c) o[c] = o[c]{scale};""" if mean_of else ""
+    return f"""  for (long a = 0; a < {outer}; ++a) {{
+    T* o = out + a * {inner};
+    for (long c = 0; c < {inner}; ++c) o[c] = {init};
+    for (long r = 0; r < {red}; ++r) {{
+      const T* x = a0 + (a * {red} + r) * {inner};
+      {IVDEP}
+      for (long c = 0; c < {inner}; ++c) {update}
+    }}{finish}
+  }}"""
 
 
 @CUDA.impl(lg.SoftmaxOp, lg.LogSoftmaxOp)
@@ -430,14 +491,15 @@ def gen_softmax(site: Site) -> Kernel:
     n = shape[axis]
     at = f"o + k * {inner}"
     if kernel == "lg.log_softmax":
-        total = f"for (long k = 0; k < {n}; ++k) s += exp(a0[{at}] - m);"
+        total = f"SBPC_SUM(s)\n  for (long k = 0; k < {n}; ++k) s += exp(a0[{at}] - m);"
         write = f"for (long k = 0; k < {n}; ++k) out[{at}] = (a0[{at}] - m) - log(s);"
     else:  # each exponential once, kept in the output (a loop with no sum in it vectorizes), summed, divided
         total = (f"for (long k = 0; k < {n}; ++k) out[{at}] = exp(a0[{at}] - m);\n"
-                 f"  for (long k = 0; k < {n}; ++k) s += out[{at}];")
+                 f"  SBPC_SUM(s)\n  for (long k = 0; k < {n}; ++k) s += out[{at}];")
         write = f"for (long k = 0; k < {n}; ++k) out[{at}] = out[{at}] / s;"
     body = f"""long o = (i / {inner}) * {n * inner} + (i % {inner});
   T m = (T)NEG_INF;
+  SBPC_MAX(m)
   for (long k = 0; k < {n}; ++k) {{ T x = a0[{at}]; m = x > m ? x : m; }}
   T s = (T)0;
   {total}
@@ -457,9 +519,11 @@ def gen_layernorm(site: Site) -> Kernel:
     scale = " * w[k] + bias[k]" if affine else ""
     body = f"""const T* x = a0 + i * {inner};
   T mean = (T)0;
+  SBPC_SUM(mean)
   for (long k = 0; k < {inner}; ++k) mean += x[k];
   mean /= (T){inner};
   T var = (T)0;
+  SBPC_SUM(var)
   for (long k = 0; k < {inner}; ++k) {{ T d = x[k] - mean; var += d * d; }}
   var /= (T){inner};
   T r = rsqrt(var + (T){eps!r});
