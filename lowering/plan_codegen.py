@@ -544,8 +544,11 @@ def gen_transpose(site: Site) -> Kernel:
     perm = list(cast(DenseArrayBase[IntegerType], site.props["perm"]).get_values())
     st = strides(in_shape)
     index = _index_loop(out_shape, [[st[p] for p in perm]], ["s"])
+    # on the host, loops over the output with the input's permuted strides
+    # (axes that stay together merged): no division per element
+    nest = Nest(*_collapse(tuple(out_shape), [[st[p] for p in perm]]), ("s",), "out[i] = a0[s];")
     return Kernel(site.name, site.t, ("const T* a0", "T* out"), math.prod(out_shape), f"{index}\n  out[i] = a0[s];",
-                  restrict=True)
+                  restrict=True, nest=nest)
 
 
 @dataclass(frozen=True)
