@@ -82,9 +82,10 @@ FRONTIER = (8, 64)
 FRONTIER_WORK = 2**18
 """Cuts the dynamic program may weigh in all (n * min(n, WINDOW) * frontier),
 about a quarter of a second: a group of tens of gradients (a GPT's data-parallel
-all-reduces) keeps 64 per prefix, one of hundreds the fewest. On random
-instances of 20-80 gradients 64 lost nothing against the exact frontier,
-32 up to 3.7%, 8 up to 6.6%."""
+all-reduces) keeps 64 per prefix, one of hundreds the fewest. On 700
+random instances of 20-80 gradients, 64 lost at most 5.4% (once) and
+0.02% on average against the exact frontier; 8 lost up to 9.9% and 0.17%
+on average."""
 
 
 def pricing_cluster(spec: str, devices: int) -> Cluster:
