@@ -426,7 +426,8 @@ def gen_reduce(site: Site) -> Kernel:
     inner = _index_loop(red_shape, [[st[d] for d in axes]], ["r"]).replace("long rem = i;", "long rem = j;")
     is_max = kernel == "lg.reduce_max"
     init = "(T)NEG_INF" if is_max else "(T)0"
-    update = "acc = acc > a0[b + r] ? acc : a0[b + r];" if is_max else "acc += a0[b + r];"
+    # a maximum keeps a NaN once met, as numpy's does
+    update = "acc = (acc > a0[b + r] || acc != acc) ? acc : a0[b + r];" if is_max else "acc += a0[b + r];"
     scale = ""
     count = math.prod(site.global_in[d] for d in axes)
     if kernel == "lg.reduce_mean":
@@ -448,8 +449,9 @@ def _host_reduce(shape: Sequence[int], axes: Sequence[int], is_max: bool, mean_o
     the input is [outer, reduced, inner]. With inner elements, each output
     row accumulates the reduced rows in order (the threads' order, one
     vector of outputs at a time); without, each output is one contiguous
-    run, summed in several partial sums (SBPC_SUM). None for axes that are
-    not adjacent: the flat loop then."""
+    run, summed in several partial sums (SBPC_SUM; a maximum stays one
+    chain, since OpenMP's combined maximum may drop a NaN that numpy's
+    keeps). None for axes that are not adjacent: the flat loop then."""
     if not axes or list(axes) != list(range(axes[0], axes[0] + len(axes))):
         return None
     outer = math.prod(shape[: axes[0]])
@@ -458,8 +460,8 @@ def _host_reduce(shape: Sequence[int], axes: Sequence[int], is_max: bool, mean_o
     init = "(T)NEG_INF" if is_max else "(T)0"
     scale = f" / (T){mean_of}" if mean_of else ""
     if inner == 1:
-        pragma = "SBPC_MAX(acc)" if is_max else "SBPC_SUM(acc)"
-        update = "acc = acc > x[r] ? acc : x[r];" if is_max else "acc += x[r];"
+        pragma = "" if is_max else "SBPC_SUM(acc)"
+        update = "acc = (acc > x[r] || acc != acc) ? acc : x[r];" if is_max else "acc += x[r];"
         return f"""  for (long a = 0; a < {outer}; ++a) {{
     const T* x = a0 + a * {red};
     T acc = {init};
@@ -467,7 +469,7 @@ def _host_reduce(shape: Sequence[int], axes: Sequence[int], is_max: bool, mean_o
     for (long r = 0; r < {red}; ++r) {update}
     out[a] = acc{scale};
   }}"""
-    update = "o[c] = o[c] > x[c] ? o[c] : x[c];" if is_max else "o[c] += x[c];"
+    update = "o[c] = (o[c] > x[c] || o[c] != o[c]) ? o[c] : x[c];" if is_max else "o[c] += x[c];"
     finish = f"""
     {IVDEP}
     for (long c = 0; c < {inner}; ++c) o[c] = o[c]{scale};""" if mean_of else ""
@@ -499,6 +501,7 @@ def gen_softmax(site: Site) -> Kernel:
         write = f"for (long k = 0; k < {n}; ++k) out[{at}] = out[{at}] / s;"
     body = f"""long o = (i / {inner}) * {n * inner} + (i % {inner});
   T m = (T)NEG_INF;
+  /* lanes may drop a NaN from the maximum; it reaches every output through the sum anyway */
   SBPC_MAX(m)
   for (long k = 0; k < {n}; ++k) {{ T x = a0[{at}]; m = x > m ? x : m; }}
   T s = (T)0;

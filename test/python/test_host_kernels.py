@@ -101,6 +101,32 @@ def test_every_host_kernel_matches_the_reference(ranks, dtype, fuse):
     assert expected_kinds <= seen, expected_kinds - seen
 
 
+def test_a_maximum_keeps_nan_as_numpy_does():
+    """A NaN anywhere in what a maximum reduces makes that output NaN, as
+    numpy's np.max does, whichever of the host's loops runs it (leading,
+    middle, trailing or scattered axes)."""
+    g = sbpc.Graph("maxima", placement=sbpc.placement("cpu", ranks=1))
+    x = g.input("x", (4, 5, 6), sbp=B)
+    g.output(a=x.max(axes=(0,)), b=x.max(axes=(1,)), c=x.max(axes=(2,)), d=x.max(axes=(0, 2)))
+    module = g.module()
+    CompilePass().apply(Context(), module)
+    ctx = sbpc.make_context()
+    data = np.arange(120, dtype=np.float32).reshape(4, 5, 6)
+    data[1, 2, 3] = data[3, 0, 5] = np.nan
+    (device, registers, actors), = device_actors(module)
+    maxima = [a for a in actors if a.kernel.data == "lg.reduce_max"]
+    assert len(maxima) == 4
+    library = host_kernels.Library([generate_host(a, registers) for a in maxima])
+    for actor in maxima:
+        out_reg = registers[actor.outs.data[0].string_value()]
+        out = np.zeros(tuple(out_reg.type.get_shape()), np.float32)
+        library.bind(generate_host(actor, registers).name)([data], out)
+        op, local = actor_kernel(ctx, actor, registers, lambda t: tuple(slice(None) for _ in t.get_shape()))
+        expected = local_kernel(op, local, data)
+        assert np.isnan(expected).any()
+        np.testing.assert_array_equal(out, expected, err_msg=f"@{actor.sym_name.data}")
+
+
 def test_the_cuda_kernel_is_rendered_from_the_same_description():
     module = kernels_graph(2, "f32", True)
     for _, registers, actors in device_actors(module):
