@@ -67,6 +67,7 @@ def device_spec(cluster: Cluster, ranks: Sequence[int] = ()) -> DeviceSpec:
 PLANNED_FOR_ATTR = "sbp.autoplan.cluster"
 """On a graph sbp-autoplan planned: the cluster it planned for (its `cluster` option)."""
 DEFAULT_DEVICE = "cpu"
+"""The cluster sbp-infer and sbp-bucket-collectives price with unless told."""
 
 
 def device_for(graph: Operation, device: str) -> str:

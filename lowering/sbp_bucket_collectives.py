@@ -68,7 +68,7 @@ from sbpc.dialects.sbp import (
 )
 from sbpc.perf.cluster import Cluster, ClusterError, Level, load_cluster, preset
 
-from .cost_model import device_for, load_device, local_fraction
+from .cost_model import DEFAULT_DEVICE, device_for, load_device, local_fraction
 from .sbp_to_plan import rank_group, schedule
 
 BUCKET_KINDS = (sbp.AllReduceOp, sbp.ReduceScatterOp)
@@ -446,7 +446,7 @@ class SbpBucketCollectivesPass(ModulePass):
 
     name = "sbp-bucket-collectives"
 
-    device: str = "cpu"
+    device: str = DEFAULT_DEVICE
     """The cluster whose figures price the buckets (as sbp-infer's `device`;
     left at `cpu`, a graph sbp-autoplan planned is priced for the cluster it
     was planned for)."""

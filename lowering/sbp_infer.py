@@ -64,7 +64,7 @@ from sbpc.dialects.sbp import (
     signature_of,
 )
 
-from .cost_model import device_for, load_device
+from .cost_model import DEFAULT_DEVICE, device_for, load_device
 from .sbp_problem import NdSignature, Problem, build_problem, solve_auto, solve_greedy, tied_updates
 
 STRATEGIES = ("greedy", "auto", "ilp")
@@ -192,7 +192,7 @@ class SbpInferOptions:
 
     strategy: str = "auto"
     """`auto` (global search), `greedy`, or `ilp` (the exact optimum by an integer program)."""
-    device: str = "cpu"
+    device: str = DEFAULT_DEVICE
     """A cluster preset (`cpu`, `h100-node`, `h100-16nodes`, ...), a cluster file
     (`sbp-calibrate`), `cuda`, or a JSON file of cost_model.DeviceSpec fields."""
 

@@ -254,7 +254,7 @@ class Executor:
             period = math.lcm(1, *(self._slots[n] for n in (*ins, *outs)))
             self._firing.append((actor, isinstance(actor, plan.ComputeOp), ins, outs, period,
                                  plan.does_nothing(actor)))
-        self._phase_cache: dict[tuple[int, int], tuple[list[np.ndarray], np.ndarray | None, list]] = {}
+        self._phase_cache: dict[tuple[int, int], tuple[list[np.ndarray], np.ndarray | None, list, tuple[int, int]]] = {}
         self._hazards: dict[tuple[int, int], dict[tuple[int, int], bool]] = {}
         """Per actor phase, whether it must wait for a collective of each
         issuing phase: the byte ranges of both are fixed, so each pair is
@@ -298,9 +298,11 @@ class Executor:
     def view(self, name: str, slot: int) -> np.ndarray:
         return self._views[(name, slot % self._slots[name])]
 
-    def _phase(self, index: int, step: int) -> tuple[list[np.ndarray], np.ndarray | None, list]:
-        """Actor `index` at `step`: its input views, its output view, and the
-        byte ranges it touches, computed once per slot phase."""
+    def _phase(self, index: int, step: int) -> tuple[list[np.ndarray], np.ndarray | None, list, tuple[int, int]]:
+        """Actor `index` at `step`: its input views, its output view, the
+        byte ranges it touches and the phase itself ((index, step mod its
+        registers' slots), which names it in `_hazards`), computed once per
+        slot phase."""
         actor, is_compute, ins, outs, period, _ = self._firing[index]
         key = (index, step % period)
         found = self._phase_cache.get(key)
@@ -311,7 +313,7 @@ class Executor:
                 # next issue, whose registers may be other slots: it waits for
                 # this one (a range no other actor has).
                 ranges.append((2 + index, 0, 1, True))
-            found = ([self.view(n, step) for n in ins], self.view(outs[0], step) if outs else None, ranges)
+            found = ([self.view(n, step) for n in ins], self.view(outs[0], step) if outs else None, ranges, key)
             self._phase_cache[key] = found
         return found
 
@@ -444,7 +446,7 @@ class Executor:
 
     def _run_step(self, pending: list[Pending], step: int) -> None:
         record, fault = self.progress, self._fault
-        for index, (actor, is_compute, _, _, period, nothing) in enumerate(self._firing):
+        for index, (actor, is_compute, *_, nothing) in enumerate(self._firing):
             if record is not None:
                 record[progress.ACTOR] = index
             if fault is not None and fault[1:] == (self._step, index):
@@ -452,8 +454,7 @@ class Executor:
             if nothing:  # its output is its input's bytes: whoever reads it waits for them
                 continue
             try:
-                ins, out, ranges = self._phase(index, step)
-                phase = (index, step % period)
+                ins, out, ranges, phase = self._phase(index, step)
                 if pending:
                     self._wait_ranges(pending, ranges, phase)
                 if is_compute:
