@@ -142,7 +142,8 @@ def time_plan_in_ranks(plan_path: str, feeds_path: str, steps: int, repeats: int
     from mpi4py import MPI
 
     import sbpc
-    from sbpc.runtime.executor import Executor, check_feeds, fetch_layouts, find_program
+    from sbpc.runtime.executor import Executor
+    from sbpc.runtime.program import check_feeds, fetch_layouts, find_program
 
     world = MPI.COMM_WORLD
     with open(plan_path) as f:
@@ -188,8 +189,8 @@ def measure_plan(module, ranks: int, steps: int, repeats: int, timeout: float = 
     import numpy as np
     from xdsl.printer import Printer
 
-    from sbpc.runtime.executor import find_program
     from sbpc.runtime.launch import rank_environment, script_command
+    from sbpc.runtime.program import find_program
 
     program = find_program(module)
     with tempfile.TemporaryDirectory(prefix="sbpc-bench-") as tmp:

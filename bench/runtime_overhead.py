@@ -29,7 +29,8 @@ from xdsl.context import Context
 
 import sbpc
 from sbpc.lowering.compile import CompilePass
-from sbpc.runtime.executor import Executor, find_program
+from sbpc.runtime.executor import Executor
+from sbpc.runtime.program import find_program
 
 
 def chain(ops: int):

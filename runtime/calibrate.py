@@ -161,7 +161,8 @@ def measure_probe(world: MPI.Comm, path: str, feeds_path: str, quick: bool) -> l
     What kernels cost beyond their arithmetic and bytes is read off these."""
     from sbpc.perf.step_time import actor_work
 
-    from .executor import Executor, check_feeds
+    from .executor import Executor
+    from .program import check_feeds
 
     with open(path) as f:
         module = parse_module(f.read(), path)

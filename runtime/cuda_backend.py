@@ -51,7 +51,8 @@ from sbpc.dialects.layout import numpy_dtype
 from sbpc.dialects.sbp import DeviceKind, lookup_placement
 
 from . import cuda
-from .executor import Executor, RuntimeFailure
+from .executor import Executor
+from .program import RuntimeFailure
 
 ARENA, PERSISTENT = 0, 1
 """Region ids, as the executor's byte ranges use them."""

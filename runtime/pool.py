@@ -1,25 +1,23 @@
 """A pool of MPI ranks that a plain Python process starts once and reuses.
 
-    mpiexec -n N python -m sbpc.runtime.pool PORT [ERRORS_DIR]
+    mpiexec -n N python -m sbpc.runtime.pool JOB_DIR
 
-Rank 0 connects to the driver on 127.0.0.1:PORT and serves its commands
-(load a plan, run steps, read or write parameters, stop), broadcasting each
-to the other ranks over MPI (a step's large feeds wait in shared memory,
-runtime/shared_feeds.py: the command only names them); results are
-gathered back to rank 0 and sent to the driver. Messages are
-length-prefixed pickles. A failure on any rank is written to
-ERRORS_DIR/rank<R>.err (a file survives the abort, where output forwarded
-by mpiexec may be cut off), sent to the driver if the failing rank is 0,
-and aborts the job.
+Rank 0 connects to the driver through the private channel in JOB_DIR (a
+Unix-domain socket and the job's secret, runtime/channel.py) and serves its
+commands (load a plan, run steps, read or write parameters, stop),
+broadcasting each to the other ranks over MPI (a step's large feeds wait in
+shared memory, runtime/shared_feeds.py: the command only names them);
+results are gathered back to rank 0 and sent to the driver. A failure on any
+rank is written to JOB_DIR/rank<R>.err (a file survives the abort, where
+output forwarded by mpiexec may be cut off), sent to the driver if the
+failing rank is 0, and aborts the job. Each rank keeps its progress record
+there from its start (runtime/progress.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import pickle
 import signal
-import socket
-import struct
 import sys
 import time
 
@@ -30,33 +28,13 @@ from sbpc.dialects.layout import numpy_dtype
 from sbpc.dialects.sbp import lookup_placement
 from sbpc.semantics.local_eval import assemble
 
+from .channel import connect, receive, send
 from .cuda_backend import make_executor
-from .executor import Executor, actor_names, check_feeds, find_program, give_way
+from .executor import Executor, actor_names, give_way
+from .program import check_feeds, find_program
 from .progress import Progress
 from .shared_feeds import AttachedFeeds
 from .worker import fail, gather_outputs
-
-
-def send(sock: socket.socket, obj) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    sock.sendall(struct.pack("!Q", len(data)) + data)
-
-
-def receive(sock: socket.socket):
-    header = _exactly(sock, 8)
-    return pickle.loads(_exactly(sock, struct.unpack("!Q", header)[0]))
-
-
-def _exactly(sock: socket.socket, n: int) -> bytes:
-    chunks = []
-    while n:
-        chunk = sock.recv(min(n, 1 << 20))
-        if not chunk:
-            raise ConnectionError("the other side closed the connection")
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
-
 
 SPIN = 0.002
 """Seconds a rank keeps testing without sleeping after it is idle: commands
@@ -82,15 +60,14 @@ def wait_idle(world: MPI.Intracomm) -> None:
             nap = min(NAP, nap * 2)
 
 
-def serve(port: int, errors: str | None = None) -> None:
+def serve(job: str) -> None:
     # Ctrl-C in the driver's terminal reaches every rank too; the driver
     # decides (it stops mpiexec, which ends the ranks), so no rank prints a
     # KeyboardInterrupt traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     world = MPI.COMM_WORLD
-    sock = None
-    if world.rank == 0:
-        sock = socket.create_connection(("127.0.0.1", port))
+    progress = Progress(job, world.rank)
+    sock = connect(job) if world.rank == 0 else None
     executor = None
     program = None
     shared = AttachedFeeds()
@@ -108,8 +85,7 @@ def serve(port: int, errors: str | None = None) -> None:
                 module = parse_module(command[1])
                 program = find_program(module)
                 executor = make_executor(module, program, world, trace=False)
-                if errors:
-                    executor.progress = Progress(errors, world.rank, actor_names(executor)).fields
+                executor.progress = progress.start(actor_names(executor))
                 executor.initialize(command[2])
                 reply = "loaded"
             elif kind == "run":
@@ -129,7 +105,7 @@ def serve(port: int, errors: str | None = None) -> None:
                 raise ValueError(f"unknown command {kind!r}")
         except Exception as e:  # noqa: BLE001 - reported to the driver, then the job ends
             message = str(e) if str(e).startswith("rank ") else f"rank {world.rank}: {type(e).__name__}: {e}"
-            fail(world, message, errors, tell=(lambda m: _tell_driver(sock, m)) if world.rank == 0 else None)
+            fail(world, message, job, tell=(lambda m: _tell_driver(sock, m)) if world.rank == 0 else None)
         if sock is not None:  # rank 0
             send(sock, ("ok", reply))
     if sock is not None:
@@ -162,4 +138,4 @@ def _assemble(program, key, pieces):
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)
+    serve(sys.argv[1])

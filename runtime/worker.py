@@ -24,7 +24,8 @@ from sbpc.dialects import parse_module
 from sbpc.semantics.local_eval import assemble
 
 from .cuda_backend import make_executor
-from .executor import STREAMS, actor_names, check_feeds, fetch_layouts, find_program, rendezvous
+from .executor import STREAMS, actor_names, rendezvous
+from .program import check_feeds, fetch_layouts, find_program
 from .progress import Progress
 
 
@@ -75,6 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides on Ctrl-C (see pool.serve)
     world = MPI.COMM_WORLD
+    progress = Progress(args.errors, world.rank) if args.errors else None
     try:
         with open(args.plan) as f:
             module = parse_module(f.read(), args.plan)
@@ -86,8 +88,8 @@ def main(argv: list[str] | None = None) -> None:
             with np.load(args.params) as data:
                 params = dict(data)
         executor = make_executor(module, program, world, trace=bool(args.trace))
-        if args.errors:
-            executor.progress = Progress(args.errors, world.rank, actor_names(executor)).fields
+        if progress is not None:
+            executor.progress = progress.start(actor_names(executor))
         executor.initialize(params)
         executor.feed(feeds)
         fetched = executor.run(args.steps)

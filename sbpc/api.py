@@ -21,7 +21,6 @@ import functools
 import os
 import pathlib
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -143,7 +142,7 @@ def compile(  # noqa: A001 - the verb users expect
 
 class Executable:
     def __init__(self, module: ModuleOp, mode: str):
-        from sbpc.runtime.executor import find_program
+        from sbpc.runtime.program import find_program
 
         self.module = module
         self.program = find_program(module)
@@ -204,7 +203,7 @@ class Executable:
         last (only those named in `outputs`, when given: the others are not
         gathered from the ranks). A training graph (lg-optimizer) updates
         its parameters and optimizer state in place after every step."""
-        from sbpc.runtime.executor import check_feeds
+        from sbpc.runtime.program import check_feeds
 
         feeds = check_feeds(self.program, {**self.default_feeds, **feeds})
         where = self._where()
@@ -428,39 +427,36 @@ class RankPool:
         return pool
 
     def __init__(self, ranks: int):
+        from sbpc.runtime.channel import Listener
         from sbpc.runtime.launch import command, rank_environment, segments
+        from sbpc.runtime.progress import DeathWatch
         from sbpc.runtime.shared_feeds import SharedFeeds
 
         self.ranks = ranks
         self.loaded: Executable | None = None
         self.feeds = SharedFeeds()
         """Where a step's large feeds wait for the ranks (copied once, not pickled)."""
-        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        server.bind(("127.0.0.1", 0))
-        server.listen(1)
-        server.settimeout(60)
-        port = server.getsockname()[1]
+        # The job's own folder (0700): the channel to rank 0 with the job's
+        # secret, the ranks' progress records and failure reports.
         self.errors = tempfile.TemporaryDirectory(prefix="sbpc-pool-")
+        listener = Listener(self.errors.name)
         # mpiexec reports a rank that died (its pid and exit code) on stdout:
         # kept in a file for the failure message, read only after a failure.
         self.launcher_out = open(pathlib.Path(self.errors.name) / "launcher.out", "w+")  # noqa: SIM115
         self.segments_before = segments()
         self.process = subprocess.Popen(
-            command(ranks, "sbpc.runtime.pool", str(port), self.errors.name),
+            command(ranks, "sbpc.runtime.pool", self.errors.name),
             env=rank_environment(), stdout=self.launcher_out, stderr=subprocess.PIPE, text=True,
         )
+        self.watch = DeathWatch(self.errors.name, ranks)
+        self.watch.start()
         try:
-            self.sock, _ = server.accept()
+            self.sock = listener.accept(timeout=60, waiting=lambda: self.process.poll() is None)
         except TimeoutError:
             self.process.kill()
             raise RuntimeError(f"the {ranks} MPI ranks did not start: {self._stderr()}") from None
         finally:
-            server.close()
-        self.sock.settimeout(None)
-        from sbpc.runtime.progress import DeathWatch
-
-        self.watch = DeathWatch(self.errors.name, ranks)  # active during requests
-        self.watch.start()
+            listener.close()
         atexit.register(self.close)
 
     def _stderr(self) -> str:
@@ -483,15 +479,13 @@ class RankPool:
         return described or forwarded or launcher.strip()
 
     def request(self, *command):
-        from sbpc.runtime.executor import RuntimeFailure
+        from sbpc.runtime.channel import receive, send
         from sbpc.runtime.launch import remove_orphaned_segments
-        from sbpc.runtime.pool import receive, send
+        from sbpc.runtime.program import RuntimeFailure
 
         try:
-            self.watch.active.set()
             send(self.sock, command)
             status, reply = receive(self.sock)
-            self.watch.active.clear()
         except KeyboardInterrupt:
             # The ranks are mid-command: stop them (mpiexec ends them on
             # SIGTERM) and say where they were; the next run starts a pool.
@@ -531,7 +525,7 @@ class RankPool:
     def close(self) -> None:
         if self.process.poll() is None:
             try:
-                from sbpc.runtime.pool import send
+                from sbpc.runtime.channel import send
 
                 send(self.sock, ("stop",))
                 self.process.wait(timeout=10)

@@ -41,7 +41,9 @@ import io
 import logging
 import math
 import operator
+import os
 import re
+import sys
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -108,12 +110,32 @@ _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)')
 
 def _user_line(trace: str) -> str | None:
     """The last frame of a PyTorch stack trace outside torch and sbpc: the user's line."""
-    frames = [m for m in _FRAME.finditer(trace or "")
-              if "/torch/" not in m.group(1) and "/sbpc/" not in m.group(1) and "<" not in m.group(1)]
+    frames = [m for m in _FRAME.finditer(trace or "") if not _is_library_file(m.group(1))]
     if not frames:
         return None
     file, line, func, code = frames[-1].groups()
     return f"{file}:{line} in {func}: {code.strip()}"
+
+
+def _is_library_file(file: str) -> bool:
+    """Whether a frame's file is torch's or sbpc's own code (or generated:
+    `<eval_with_key>`), decided by where those packages are installed: a
+    user's code under a folder that happens to be named `sbpc` or `torch` (a
+    clone of this repository, a virtual environment in it) is the user's."""
+    if file.startswith("<"):
+        return True
+    folder = os.path.dirname(os.path.realpath(file))
+    return any(folder == d or folder.startswith(d + os.sep) for d in _library_dirs())
+
+
+def _library_dirs() -> set[str]:
+    """The directory of the installed torch package and those of sbpc's
+    loaded modules (sbpc's layers live in folders of their own: sbpc.dialects
+    in dialects/, and so on; a frame in a trace is of a loaded module)."""
+    files = [getattr(module, "__file__", None) for name, module in list(sys.modules.items())
+             if name.partition(".")[0] == "sbpc"]
+    files.append(getattr(sys.modules.get("torch"), "__file__", None))
+    return {os.path.realpath(os.path.dirname(file)) for file in files if file}
 
 
 class _Const:

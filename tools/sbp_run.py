@@ -25,8 +25,8 @@ from xdsl.utils.exceptions import DiagnosticException, ParseError
 from sbpc.dialects import parse_module, plan
 from sbpc.dialects.layout import numpy_dtype
 from sbpc.lowering import PASSES
-from sbpc.runtime.executor import RuntimeFailure, check_feeds, feed_types, find_program
 from sbpc.runtime.launch import command, rank_environment, remove_orphaned_segments, segments, stop
+from sbpc.runtime.program import RuntimeFailure, check_feeds, feed_types, find_program
 from sbpc.runtime.progress import DeathWatch, describe_failure, describe_progress, reported_ranks
 
 
@@ -136,14 +136,13 @@ def main(args: list[str] | None = None) -> int:
             if options.params:
                 worker += ["--params", str(Path(options.params).resolve())]
             errors = Path(tmp) / "errors"
-            errors.mkdir()
+            errors.mkdir(mode=0o700)
             worker += ["--errors", str(errors)]
             # mpiexec reports a rank that died (its pid and exit code) on
             # stdout; it goes to a file, shown after the job and read for the
             # failure message.
             launcher = Path(tmp) / "launcher.out"
             watch = DeathWatch(errors, options.ranks)
-            watch.active.set()
             try:
                 code = _run_job(command(options.ranks, "sbpc.runtime.worker", *worker), launcher, options.timeout,
                                 watch)

@@ -13,7 +13,8 @@ from xdsl.context import Context
 
 import sbpc
 from sbpc.lowering.compile import CompilePass
-from sbpc.runtime.executor import Executor, find_program
+from sbpc.runtime.executor import Executor
+from sbpc.runtime.program import find_program
 from sbpc.semantics.local_eval import local_kernel
 from sbpc.semantics.plan_simulator import actor_kernel
 from sbpc.tools.sbp_run import generated_feeds

@@ -12,7 +12,7 @@ import pytest
 import sbpc
 from sbpc import B, S
 from sbpc.api import RankPool
-from sbpc.runtime.executor import RuntimeFailure
+from sbpc.runtime.program import RuntimeFailure
 from sbpc.semantics.reference import evaluate, initial_value
 
 

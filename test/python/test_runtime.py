@@ -146,7 +146,7 @@ def test_checking_feeds_does_not_walk_the_plan_each_step():
     """train_step checks its feeds on the driver and on every rank each step;
     walking every register of the plan there cost ~10 ms of CPU per step on
     a 2-layer GPT (the API at 0.84x of in-rank speed)."""
-    from sbpc.runtime.executor import check_feeds, feed_types
+    from sbpc.runtime.program import check_feeds, feed_types
 
     exe = sbpc.compile(sbpc.parse_module((EXAMPLES / "mlp.mlir").read_text()), mode="simulate")
     first = feed_types(exe.program)

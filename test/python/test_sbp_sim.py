@@ -14,7 +14,7 @@ from xdsl.context import Context
 from sbpc.dialects import parse_module, plan
 from sbpc.lowering.compile import CompilePass
 from sbpc.perf.step_time import REPRESENTATIVES, simulate_plan
-from sbpc.runtime.executor import RuntimeFailure, find_program
+from sbpc.runtime.program import RuntimeFailure, find_program
 from sbpc.tools.sbp_sim import main
 
 ROOT = Path(__file__).resolve().parents[2]

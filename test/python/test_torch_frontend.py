@@ -16,7 +16,7 @@ import pytest
 
 import sbpc
 from sbpc import B, S
-from sbpc.runtime.executor import RuntimeFailure
+from sbpc.runtime.program import RuntimeFailure
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -272,6 +272,50 @@ def test_an_unsupported_op_is_named_with_the_users_line():
     message = str(info.value)
     assert "aten.cumsum" in message
     assert f"{__file__}:" in message and "torch.cumsum(self.proj(x), 0).sum()" in message
+
+
+USER_MODEL = """
+import torch
+from torch import nn
+
+
+class Cumulative(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.cumsum(self.proj(x), 0).sum()  # the user's line
+"""
+
+
+@pytest.mark.parametrize("folders", [("sbpc",), ("work", "sbpc", "examples"), ("torch", "sbpc")])
+def test_the_users_line_is_found_in_a_folder_named_like_a_library(tmp_path, folders):
+    # A clone of this repository is a folder named sbpc (what `git clone`
+    # gives), and the user's code, or the virtual environment it runs in, is
+    # under it: only torch's and sbpc's installed package folders are theirs.
+    import importlib.util
+
+    folder = tmp_path.joinpath(*folders)
+    folder.mkdir(parents=True)
+    source = folder / "user_model.py"
+    source.write_text(USER_MODEL)
+    spec = importlib.util.spec_from_file_location("user_model_in_sbpc_folder", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert f"/{folders[-1]}/user_model.py" in str(source)
+    with pytest.raises(sbpc.TorchImportError) as info:
+        sbpc.from_torch(module.Cumulative(), (torch.randn(2, 4),))
+    assert f"\n  at {source}:12 in forward: return torch.cumsum(self.proj(x), 0).sum()" in str(info.value)
+
+
+def test_frames_of_torch_and_sbpc_themselves_are_not_the_users():
+    from sbpc import torch_frontend
+    from sbpc.lowering import sbp_infer
+
+    trace = "".join(f'  File "{file}", line {n}, in f\n    x = g()\n' for n, file in enumerate([
+        "/home/u/sbpc/train.py", torch.nn.modules.module.__file__, sbp_infer.__file__, "<eval_with_key>.3"]))
+    assert torch_frontend._user_line(trace) == "/home/u/sbpc/train.py:0 in f: x = g()"
 
 
 def test_data_dependent_control_flow_is_named_with_the_users_line():

@@ -105,7 +105,7 @@ def test_data_parallel_sgd_needs_one_all_reduce_per_weight():
 
 
 def plan_of(module):
-    from sbpc.runtime.executor import find_program
+    from sbpc.runtime.program import find_program
 
     CompilePass().apply(Context(), module)
     return find_program(module)
