@@ -24,17 +24,14 @@ import time
 from mpi4py import MPI
 
 from sbpc.dialects import parse_module
-from sbpc.dialects.layout import numpy_dtype
-from sbpc.dialects.sbp import lookup_placement
-from sbpc.semantics.local_eval import assemble
 
 from .channel import connect, receive, send
 from .cuda_backend import make_executor
 from .executor import Executor, actor_names, give_way
-from .program import check_feeds, find_program
+from .program import find_program
 from .progress import Progress
 from .shared_feeds import AttachedFeeds
-from .worker import fail, gather_outputs
+from .worker import fail, gather_pieces
 
 SPIN = 0.002
 """Seconds a rank keeps testing without sleeping after it is idle: commands
@@ -69,7 +66,6 @@ def serve(job: str) -> None:
     progress = Progress(job, world.rank)
     sock = connect(job) if world.rank == 0 else None
     executor = None
-    program = None
     shared = AttachedFeeds()
     while True:
         command = receive(sock) if sock is not None else None  # the socket is rank 0's
@@ -81,8 +77,8 @@ def serve(job: str) -> None:
             if kind == "stop":
                 shared.close()
                 break
-            if kind == "load":
-                module = parse_module(command[1])
+            if kind == "load":  # each rank parses its own device's plan alone (program.rank_plans)
+                module = parse_module(command[1][world.rank])
                 program = find_program(module)
                 executor = make_executor(module, program, world, trace=False)
                 executor.progress = progress.start(actor_names(executor))
@@ -90,14 +86,15 @@ def serve(job: str) -> None:
                 reply = "loaded"
             elif kind == "run":
                 loaded = _loaded(executor)
-                # the rank's pieces are copied out of shared memory here, before the reply
-                loaded.feed(check_feeds(program, shared.views(command[1])))
+                # the driver checked the feeds; the rank's pieces are copied
+                # out of shared memory here, before the reply
+                loaded.feed(shared.views(command[1]))
                 outputs = command[3] if len(command) > 3 else None
                 fetched = loaded.run(command[2], outputs)
-                reply = gather_outputs(world, program, fetched, outputs, step=loaded.steps_run - 1)
+                # the driver, which holds the whole program, assembles them
+                reply = gather_pieces(world, fetched, step=loaded.steps_run - 1)
             elif kind == "get_param":
-                pieces = world.gather(_loaded(executor).param_piece(command[1]), root=0)
-                reply = _assemble(program, command[1], pieces) if world.rank == 0 else None
+                reply = world.gather(_loaded(executor).param_piece(command[1]), root=0)
             elif kind == "set_param":
                 _loaded(executor).set_param(command[1], command[2])
                 reply = "set"
@@ -123,18 +120,6 @@ def _loaded(executor: Executor | None) -> Executor:
 def _tell_driver(sock, message: str) -> None:
     with contextlib.suppress(OSError):
         send(sock, ("error", message))
-
-
-def _assemble(program, key, pieces):
-    """A parameter's global value from every rank's piece (None where a
-    rank holds none)."""
-    found = [p for p in pieces if p is not None]
-    if not found:
-        raise KeyError(f"no parameter {key!r}")
-    t = found[0][0]
-    mesh = lookup_placement(program, t.placement).mesh()
-    held = {rank: got[2] for rank, got in enumerate(pieces) if got is not None}
-    return assemble(t, mesh, held, numpy_dtype(t.element_type))
 
 
 if __name__ == "__main__":

@@ -21,30 +21,28 @@ import numpy as np
 from mpi4py import MPI
 
 from sbpc.dialects import parse_module
-from sbpc.semantics.local_eval import assemble
 
 from .cuda_backend import make_executor
 from .executor import STREAMS, actor_names, rendezvous
-from .program import check_feeds, fetch_layouts, find_program
+from .program import assemble_outputs, check_feeds, find_program
 from .progress import Progress
+
+
+def gather_pieces(world: MPI.Comm, fetched: dict, step: int | None = None) -> list | None:
+    """Every rank's pieces of its fetched outputs, on rank 0 (None
+    elsewhere): [(rank, {name: (index, piece)})]. `step`, the last one run,
+    names the place if a rank never arrives."""
+    rendezvous(world, f"step {step}: gathering the outputs" if step is not None else "gathering the outputs")
+    mine = {name: (rank_piece[1], rank_piece[2]) for name, rank_piece in fetched.items()}
+    return world.gather((world.rank, mine), root=0)
 
 
 def gather_outputs(world: MPI.Comm, program, fetched: dict, outputs=None, step: int | None = None
                    ) -> dict[str, np.ndarray] | None:
-    """Assembles the fetched outputs (those named in `outputs`, when given)
-    on rank 0 (None elsewhere). `step`, the last one run, names the place
-    if a rank never arrives."""
-    rendezvous(world, f"step {step}: gathering the outputs" if step is not None else "gathering the outputs")
-    mine = {name: (rank_piece[1], rank_piece[2]) for name, rank_piece in fetched.items()}
-    everything = world.gather((world.rank, mine), root=0)
-    if world.rank != 0:
-        return None
-    assert everything is not None  # gather's result at its root
-    return {
-        name: assemble(t, mesh, {rank: got[name][1] for rank, got in everything if name in got}, dtype)
-        for name, (t, mesh, dtype) in fetch_layouts(program).items()
-        if outputs is None or name in outputs
-    }
+    """The fetched outputs (those named in `outputs`, when given) assembled
+    on rank 0 (None elsewhere), which holds the whole program."""
+    gathered = gather_pieces(world, fetched, step)
+    return None if gathered is None else assemble_outputs(program, gathered, outputs)
 
 
 def fail(world: MPI.Comm, message: str, errors: str | None = None, tell=None) -> None:

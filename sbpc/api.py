@@ -187,6 +187,13 @@ class Executable:
 
     # -- where to run ------------------------------------------------------------
 
+    @functools.cached_property
+    def rank_plans(self) -> list[str]:
+        """The plan text each rank of a pool loads: its own device alone."""
+        from sbpc.runtime.program import rank_plans
+
+        return rank_plans(self.module, self.ranks)
+
     def _where(self) -> str:
         if self.mode == "simulate":
             return "simulate"
@@ -218,7 +225,10 @@ class Executable:
             return self._run_inside(feeds, steps, outputs)
         pool = RankPool.get(self.ranks)
         self.params.ensure_loaded(pool)
-        return pool.request("run", pool.feeds.put(feeds), steps, outputs)
+        from sbpc.runtime.program import assemble_outputs
+
+        pieces = pool.request("run", pool.feeds.put(feeds), steps, outputs)
+        return assemble_outputs(self.program, pieces, outputs)
 
     def _run_inside(self, feeds, steps, outputs=None):
         from mpi4py import MPI
@@ -390,7 +400,9 @@ class Params:
             raise NotImplementedError("reading parameters inside an mpiexec launch: use the fetched outputs")
         pool = RankPool.get(exe.ranks)
         self.ensure_loaded(pool)
-        return pool.request("get_param", key)
+        from sbpc.runtime.program import assemble_param
+
+        return assemble_param(exe.program, key, pool.request("get_param", key))
 
     def __setitem__(self, key: str, value) -> None:
         if key not in self.keys():
@@ -410,7 +422,7 @@ class Params:
         """The pool runs one plan at a time; load this one (parameters from
         their initializers) if another was last."""
         if pool.loaded is not self.exe:
-            pool.request("load", self.exe.plan_text, self.exe.initial_values or None)
+            pool.request("load", self.exe.rank_plans, self.exe.initial_values or None)
             pool.loaded = self.exe
 
 
