@@ -1,13 +1,15 @@
 # The two commands of the README:
 #   make run    set up, then run the main job
 #   make test   set up, then run every test (ruff, mypy, lit, pytest)
-# Both create the virtual environment .venv on first use.
+# Both create the virtual environment .venv on first use. `make test-all`
+# adds the repeats that `make test` leaves out (test/python/conftest.py):
+# the whole rank-count matrix, longer random-graph campaigns.
 
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: run test lint typecheck lit pytest setup clean
+.PHONY: run test test-all checks lint typecheck lit pytest setup clean
 
 setup: $(VENV)/.installed
 
@@ -26,7 +28,16 @@ run: setup
 	$(BIN)/python examples/gpt.py --ranks 4 --parallel pipeline --steps 120
 	$(BIN)/python examples/torch_gpt.py --ranks 2 --steps 200
 
-test: lint typecheck lit pytest
+# The checks run two at a time: pytest alone leaves part of a second core
+# idle (its compiles are one process), which ruff, mypy and lit use. Each
+# check's output is printed whole when it ends.
+test: setup
+	$(MAKE) --no-print-directory -j2 --output-sync=target checks
+
+checks: lint typecheck lit pytest
+
+test-all: setup
+	SBPC_FULL=1 SBPC_RANDOM_EXAMPLES=200 $(MAKE) --no-print-directory -j2 --output-sync=target checks
 
 lint: setup
 	$(BIN)/ruff check .

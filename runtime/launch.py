@@ -85,11 +85,8 @@ def remove_orphaned_segments(directory: Path = SEGMENT_DIR, before: Collection[s
         time.sleep(0.05)
 
 
-def _sweep(directory: Path, removed: list[str]) -> set[str]:
-    """One pass of remove_orphaned_segments; the names it kept."""
-    names = segments(directory)
-    if not names:
-        return set()
+def mapped_segments(directory: Path = SEGMENT_DIR) -> set[str]:
+    """The names of MPICH segments in `directory` that some live process maps."""
     prefix = str(directory / "mpich_shm_")
     mapped: set[str] = set()
     for maps in Path("/proc").glob("[0-9]*/maps"):
@@ -102,6 +99,15 @@ def _sweep(directory: Path, removed: list[str]) -> set[str]:
                 at = line.find(prefix)
                 if at >= 0:
                     mapped.add(Path(line[at:].split(" (deleted)")[0].strip()).name)
+    return mapped
+
+
+def _sweep(directory: Path, removed: list[str]) -> set[str]:
+    """One pass of remove_orphaned_segments; the names it kept."""
+    names = segments(directory)
+    if not names:
+        return set()
+    mapped = mapped_segments(directory)
     kept = set()
     now = time.time()
     for name in sorted(names):

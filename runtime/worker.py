@@ -1,10 +1,14 @@
 """The program every MPI rank runs for `sbp-run`:
 
     mpiexec -n N python -m sbpc.runtime.worker PLAN FEEDS OUT [--steps K] [--trace FILE] [--params FILE]
+        [--errors DIR]
 
-Each rank loads the plan text, runs its device's actors, and sends its
-pieces of the fetched outputs to rank 0, which assembles the global arrays
-and writes them to OUT (.npz). Any exception ends every rank: the failing
+Each rank loads its plan (`{rank}` in PLAN is replaced by the rank: sbp-run
+writes each rank's own device alone, program.rank_plans), takes its pieces
+of the feeds (sbp-run checked them against the whole program), runs its
+device's actors, and sends its pieces of the fetched outputs to rank 0,
+which writes them to OUT (.npz, `rank<R>/<name>`) for sbp-run, which holds
+the whole program, to assemble. Any exception ends every rank: the failing
 rank prints where it happened and aborts the MPI job.
 """
 
@@ -15,7 +19,6 @@ import json
 import os
 import signal
 import sys
-from typing import Any, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -24,7 +27,7 @@ from sbpc.dialects import parse_module
 
 from .cuda_backend import make_executor
 from .executor import STREAMS, actor_names, rendezvous
-from .program import assemble_outputs, check_feeds, find_program
+from .program import assemble_outputs, find_program
 from .progress import Progress
 
 
@@ -76,11 +79,12 @@ def main(argv: list[str] | None = None) -> None:
     world = MPI.COMM_WORLD
     progress = Progress(args.errors, world.rank) if args.errors else None
     try:
-        with open(args.plan) as f:
-            module = parse_module(f.read(), args.plan)
+        plan_path = args.plan.replace("{rank}", str(world.rank))
+        with open(plan_path) as f:
+            module = parse_module(f.read(), plan_path)
         program = find_program(module)
         with np.load(args.feeds) as data:
-            feeds = check_feeds(program, dict(data))
+            feeds = dict(data)
         params = None
         if args.params:
             with np.load(args.params) as data:
@@ -91,13 +95,13 @@ def main(argv: list[str] | None = None) -> None:
         executor.initialize(params)
         executor.feed(feeds)
         fetched = executor.run(args.steps)
-        outputs = gather_outputs(world, program, fetched, step=executor.steps_run - 1)
+        gathered = gather_pieces(world, fetched, step=executor.steps_run - 1)
         if args.trace:
             events = world.gather(executor.events, root=0)
         if world.rank == 0:
-            assert outputs is not None  # gather_outputs assembles them on rank 0
-            # the cast quiets mypy, which rightly notes an output named allow_pickle would set savez's flag
-            np.savez(args.out, **cast("dict[str, Any]", outputs))
+            assert gathered is not None  # gathered on rank 0
+            pieces = {f"rank{rank}/{name}": piece for rank, got in gathered for name, (_, piece) in got.items()}
+            np.savez(args.out, **pieces)
             if args.trace:
                 assert events is not None  # gathered on rank 0
                 write_trace(args.trace, [e for rank_events in events for e in rank_events], world.size)

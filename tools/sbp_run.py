@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 from xdsl.context import Context
@@ -26,7 +27,7 @@ from sbpc.dialects import parse_module, plan
 from sbpc.dialects.layout import numpy_dtype
 from sbpc.lowering import PASSES
 from sbpc.runtime.launch import command, rank_environment, remove_orphaned_segments, segments, stop
-from sbpc.runtime.program import RuntimeFailure, check_feeds, feed_types, find_program
+from sbpc.runtime.program import RuntimeFailure, assemble_outputs, check_feeds, feed_types, find_program, rank_plans
 from sbpc.runtime.progress import DeathWatch, describe_failure, describe_progress, reported_ranks
 
 
@@ -122,14 +123,19 @@ def main(args: list[str] | None = None) -> int:
         else:
             feeds = generated_feeds(program, options.seed)
         with tempfile.TemporaryDirectory(prefix="sbp-run-") as tmp:
-            plan_path = Path(options.emit_plan or Path(tmp) / "plan.mlir")
-            with open(plan_path, "w") as f:
-                Printer(stream=f).print_op(module)
-                f.write("\n")
+            if options.emit_plan:
+                with open(options.emit_plan, "w") as f:
+                    Printer(stream=f).print_op(module)
+                    f.write("\n")
+            # each rank parses its own device's plan alone (program.rank_plans)
+            for rank, text in enumerate(rank_plans(module, options.ranks)):
+                (Path(tmp) / f"plan.rank{rank}.mlir").write_text(text)
             feeds_path = Path(tmp) / "feeds.npz"
             np.savez(feeds_path, **feeds)
+            pieces_path = Path(tmp) / "pieces.npz"
             worker = [
-                str(plan_path), str(feeds_path), str(Path(options.output).resolve()), "--steps", str(options.steps)
+                str(Path(tmp) / "plan.rank{rank}.mlir"), str(feeds_path), str(pieces_path),
+                "--steps", str(options.steps),
             ]
             if options.trace:
                 worker += ["--trace", str(Path(options.trace).resolve())]
@@ -165,6 +171,14 @@ def main(args: list[str] | None = None) -> int:
                 print(f"sbp-run: error: {reports}" if reports else
                       f"sbp-run: the job failed (exit code {code})", file=sys.stderr)
                 return 1
+            with np.load(pieces_path) as data:
+                by_rank: dict[int, dict] = {}
+                for key in data.files:
+                    rank_name, name = key.split("/", 1)
+                    by_rank.setdefault(int(rank_name.removeprefix("rank")), {})[name] = (None, data[key])
+            outputs = assemble_outputs(program, sorted(by_rank.items()))
+            # the cast quiets mypy, which rightly notes an output named allow_pickle would set savez's flag
+            np.savez(options.output, **cast("dict[str, Any]", outputs))
         with np.load(options.output) as out:
             for name in out.files:
                 print(f"{name}: {list(out[name].shape)} {out[name].dtype}")

@@ -24,33 +24,30 @@ ROOT = Path(__file__).resolve().parents[2]
 MLP_TRAIN = ROOT / "examples" / "mlp_train.mlir"
 
 
-def _parent(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def _ours(pid: int) -> bool:
-    """Whether `pid` descends from this test process (the rank pools other
-    tests of this session keep for reuse), not from a job a test started."""
-    while pid > 1:
-        pid = _parent(pid)
-        if pid == os.getpid():
-            return True
-    return False
-
-
-def no_rank_left() -> bool:
-    """No rank process of a job the test started is running."""
+def no_rank_left(jobs: Path) -> bool:
+    """No rank of a job the test started is running: a rank whose command
+    line names a path under `jobs`, the TMPDIR the test gave the job's
+    driver (its plan, its pool folder). Other jobs on the machine (another
+    test run, a user's) are not the test's to judge."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        found = subprocess.run(["pgrep", "-f", "sbpc.runtime.(worker|pool)"], capture_output=True, text=True)
-        if not [pid for pid in map(int, found.stdout.split()) if not _ours(pid)]:
+        if not _ranks_of(jobs):
             return True
         time.sleep(0.2)
     return False
+
+
+def _ranks_of(jobs: Path) -> list[int]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a in (b"sbpc.runtime.worker", b"sbpc.runtime.pool") for a in args) and \
+                any(a.startswith(f"{jobs}/".encode()) for a in args):
+            found.append(int(cmdline.parent.name))
+    return found
 
 
 def segments() -> set[str]:
@@ -58,9 +55,25 @@ def segments() -> set[str]:
 
 
 def no_segment_left(before: set[str]) -> bool:
-    """No MPICH shared-memory segment of the failed job remains (its killed
-    ranks could not remove it; the launcher does)."""
-    return not (segments() - before)
+    """No MPICH shared-memory segment made since `before` is orphaned (mapped
+    by no process: the failed job's killed ranks could not remove theirs, the
+    driver must). A live job's segments, another test run's say, are mapped."""
+    from sbpc.runtime.launch import mapped_segments
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        orphans = segments() - before - mapped_segments()
+        if not [n for n in orphans if time.time() - _mtime(n) > 1.0]:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _mtime(name: str) -> float:
+    try:
+        return (Path("/dev/shm") / name).stat().st_mtime
+    except OSError:
+        return time.time()
 
 
 def sbp_run(tmp_path: Path, fault: str, **env: str) -> tuple[subprocess.CompletedProcess, float]:
@@ -68,7 +81,8 @@ def sbp_run(tmp_path: Path, fault: str, **env: str) -> tuple[subprocess.Complete
     done = subprocess.run(
         [sys.executable, "-m", "sbpc.tools.sbp_run", str(MLP_TRAIN), "-n", "4", "--steps", "5",
          "-o", str(tmp_path / "out.npz")],
-        capture_output=True, text=True, timeout=60, env={**os.environ, "SBPC_TEST_FAULT": fault, **env},
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "SBPC_TEST_FAULT": fault, "TMPDIR": str(tmp_path), **env},
     )
     return done, time.monotonic() - start
 
@@ -110,7 +124,7 @@ def test_a_rank_killed_mid_step_is_named_with_its_signal_step_and_actor(tmp_path
     # gradient bucket's all-reduce, rank 1 may start step 2 while another
     # still unpacks the bucket)
     assert all(re.search(rf"rank {r} was in step [12], at actor @", line) for r in (0, 2, 3)), line
-    assert no_rank_left()
+    assert no_rank_left(tmp_path)
     assert no_segment_left(before)
 
 
@@ -146,14 +160,14 @@ def test_a_stuck_rank_ends_the_job_by_the_watchdog(tmp_path):
     line = error_line(done)
     assert "step 1: actor @" in line and "did not complete in 3 s (watchdog, SBPC_WATCHDOG_S)" in line, line
     assert "rank 2 was in step 1, at actor @" in line, line  # the stuck one, from its record
-    assert no_rank_left()
+    assert no_rank_left(tmp_path)
 
 
 def test_a_bad_watchdog_setting_is_refused(tmp_path):
     done, _ = sbp_run(tmp_path, "", SBPC_WATCHDOG_S="soon")
     assert done.returncode == 1
     assert "SBPC_WATCHDOG_S must be a positive number of seconds, got 'soon'" in error_line(done)
-    assert no_rank_left()
+    assert no_rank_left(tmp_path)
 
 
 STARTED: list[subprocess.Popen] = []
@@ -203,7 +217,7 @@ def test_ctrl_c_stops_sbp_run_and_its_ranks(tmp_path):
     assert re.search(r"sbp-run: interrupted; the 4 ranks were stopped: rank 0 was in step \d+, at actor @.*; "
                      r"rank 3 was in step \d+", err), err
     assert "Traceback" not in err, err
-    assert no_rank_left()
+    assert no_rank_left(tmp_path)
 
 
 API_SCRIPT = """
@@ -260,7 +274,7 @@ def test_the_api_reports_a_killed_rank_then_runs_again(tmp_path):
     assert "rank 0 (pid " in failed and "SIGKILL)" in failed and " in step 3, at actor @" in failed, failed
     assert np.isfinite(float(next(ln for ln in out.splitlines() if ln.startswith("AGAIN:")).split()[1]))
     assert "Traceback" not in err, err
-    assert no_rank_left()
+    assert no_rank_left(tmp_path)
     assert no_segment_left(before)
 
 
@@ -293,7 +307,7 @@ def test_ctrl_c_in_the_driver_stops_the_ranks_and_the_api_runs_again(tmp_path):
     assert "INTERRUPTED" in out and "AGAIN:" in out, out
     assert "sbpc: interrupted; the 2 MPI ranks were stopped: rank 0 was in step 3" in err, err
     assert "Traceback" not in err, err
-    assert no_rank_left()
+    assert no_rank_left(tmp_path)
 
 
 def test_a_checkpoint_save_killed_half_way_leaves_the_previous_one_intact(tmp_path):
@@ -355,4 +369,4 @@ def test_the_api_reports_a_kernel_raising_on_one_rank_and_a_stuck_rank_then_runs
     assert "rank 1 was in step 1, at actor @" in stuck, stuck
     assert len([ln for ln in lines if ln.startswith("AGAIN:")]) == 2, out
     assert "Traceback" not in err, err
-    assert no_rank_left()
+    assert no_rank_left(tmp_path)

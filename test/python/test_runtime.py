@@ -55,8 +55,12 @@ def sbp_run(*args, timeout=120) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize("ranks", [1, 2, 4])
-@pytest.mark.parametrize("model", ["mlp", "megatron", "gpt_block"])
+@pytest.mark.parametrize("model, ranks", [
+    # each model once and each rank count once; make test-all runs the 3 x 3
+    ("mlp", 1), ("megatron", 4), ("gpt_block", 2),
+    *(pytest.param(m, r, marks=pytest.mark.full) for m, r in [
+        ("mlp", 2), ("mlp", 4), ("megatron", 1), ("megatron", 2), ("gpt_block", 1), ("gpt_block", 4)]),
+])
 def test_sbp_run_matches_the_reference(model, ranks, tmp_path):
     path = model_on(model, ranks, tmp_path)
     out = tmp_path / "out.npz"

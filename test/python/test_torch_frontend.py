@@ -117,7 +117,7 @@ def gpt(**config):
 
 @pytest.mark.parametrize("ranks, sbp, mesh", [
     (1, None, None),
-    (2, {"idx": S(0), "targets": S(0)}, None),
+    pytest.param(2, {"idx": S(0), "targets": S(0)}, None, marks=pytest.mark.full),  # the 2-D case's data axis
     (4, {"idx": (S(0), B), "targets": (S(0), B), **{k: (B, v) for k, v in TP.items()}}, (2, 2)),
 ], ids=["1 rank", "data parallel 2", "2-D 2x2"])
 def test_nanogpt_with_masked_fill_attention_trains_as_pytorch(ranks, sbp, mesh):
@@ -132,7 +132,8 @@ def test_nanogpt_with_sdpa_tanh_gelu_and_no_bias_trains_tensor_parallel_as_pytor
                    4, tp)
 
 
-@pytest.mark.parametrize("ranks, sbp", [(1, None), (2, {"tokens": S(0), "targets": S(0)}), (4, LLAMA_TP)],
+@pytest.mark.parametrize("ranks, sbp", [pytest.param(1, None, marks=pytest.mark.full),
+                                         (2, {"tokens": S(0), "targets": S(0)}), (4, LLAMA_TP)],
                          ids=["1 rank", "data parallel 2", "tensor parallel 4"])
 def test_llama_blocks_train_as_pytorch(ranks, sbp):
     torch.manual_seed(0)
@@ -153,8 +154,10 @@ def class_batches(count, rows=8):
     return [(torch.randn(rows, 16, generator=g), torch.randint(0, 4, (rows,), generator=g)) for _ in range(count)]
 
 
-@pytest.mark.parametrize("activation", [nn.ReLU, nn.SiLU, nn.Tanh])
-@pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.parametrize("activation, ranks", [
+    (nn.ReLU, 1), (nn.SiLU, 2), (nn.Tanh, 2),
+    *(pytest.param(a, r, marks=pytest.mark.full) for a, r in [(nn.ReLU, 2), (nn.SiLU, 1), (nn.Tanh, 1)]),
+])
 def test_mlps_train_as_pytorch(activation, ranks):
     torch.manual_seed(0)
     model = tm.Classifier(activation=activation)
