@@ -99,14 +99,34 @@ def compiler() -> str | None:
 
 def cache_dir() -> Path:
     """$SBPC_CACHE/host-kernels (default ~/.cache/sbpc), or a folder under
-    the system's temporary directory where that cannot be made."""
+    the system's temporary directory where that cannot be made. Libraries
+    are loaded from it, so it must be the user's and writable by no one
+    else: a folder another user made (the temporary directory is everyone's)
+    or can write into is passed over for a new private one."""
     root = os.environ.get(CACHE_VARIABLE) or os.path.join(os.path.expanduser("~"), ".cache", "sbpc")
-    path = Path(root) / "host-kernels"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        path = Path(tempfile.gettempdir()) / f"sbpc-{os.getuid()}" / "host-kernels"
-        path.mkdir(parents=True, exist_ok=True)
+    for path in (Path(root) / "host-kernels", Path(tempfile.gettempdir()) / f"sbpc-{os.getuid()}" / "host-kernels"):
+        try:
+            return _private(path)
+        except OSError:
+            continue
+    return _process_private_dir()
+
+
+@cache
+def _process_private_dir() -> Path:
+    """A folder of this process alone (made once): its libraries are built anew."""
+    return Path(tempfile.mkdtemp(prefix="sbpc-host-kernels-"))
+
+
+def _private(path: Path) -> Path:
+    """`path`, made (0700) if missing, when the user owns it and its parent
+    and no one else can write to either; OSError otherwise."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=0o700, exist_ok=True)
+    for folder in (path.parent, path):
+        info = folder.stat()
+        if info.st_uid != os.getuid() or info.st_mode & 0o022:
+            raise PermissionError(f"{folder} is not this user's alone")
     return path
 
 
