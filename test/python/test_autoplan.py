@@ -204,6 +204,7 @@ def test_devices_overrides_the_placement_and_an_unknown_cluster_is_refused():
         SbpAutoplanPass(cluster="nonexistent.json").apply(Context(), training(2))
 
 
+@pytest.mark.full  # the example's steps are those of the 4-rank recomputation test above
 def test_the_autoplan_example_plans_trains_and_matches_the_reference():
     import subprocess
     import sys

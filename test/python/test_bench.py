@@ -18,12 +18,9 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 WITH_RANKS = {
-    "train_throughput.py": ["--quick"],
     "runtime_overhead.py": ["--quick"],
     "communication.py": ["--quick"],
     "host_kernels.py": ["--quick"],
-    "simulator_accuracy.py": ["--quick"],
-    "autoplan.py": ["--quick"],
 }
 """Scripts that start MPI ranks (a rank pool, sbp-run, a calibration)."""
 IN_ONE_PROCESS = {
@@ -31,10 +28,20 @@ IN_ONE_PROCESS = {
     "memory_plan.py": ["--quick"],
     "gpu_kernels.py": ["--quick"],
     "sbp_infer_scaling.py": ["--sizes", "100", "200"],
+}
+SLOW = {
+    # 4-27 s each even with --quick (a calibration, a search); make test-all
+    # (SBPC_FULL=1) runs them, with ranks in the first lane
+    "train_throughput.py": ["--quick"],
+    "simulator_accuracy.py": ["--quick"],
+    "autoplan.py": ["--quick"],
     "simulator_scale.py": ["--quick"],
     "autoplan_scale.py": ["--quick"],
 }
-SCRIPTS = {**WITH_RANKS, **IN_ONE_PROCESS}
+if os.environ.get("SBPC_FULL") == "1":
+    WITH_RANKS.update({k: SLOW[k] for k in ("train_throughput.py", "simulator_accuracy.py", "autoplan.py")})
+    IN_ONE_PROCESS.update({k: SLOW[k] for k in ("simulator_scale.py", "autoplan_scale.py")})
+SCRIPTS = {**WITH_RANKS, **IN_ONE_PROCESS, **SLOW}
 
 
 def _run_each(scripts: dict[str, list[str]], out: dict) -> None:
@@ -63,7 +70,7 @@ def test_every_benchmark_is_tested():
     assert sorted(SCRIPTS) == sorted(p.name for p in BENCH.glob("*.py") if not p.name.startswith("_"))
 
 
-@pytest.mark.parametrize("name", sorted(SCRIPTS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.full) if n in SLOW else n for n in sorted(SCRIPTS)])
 def test_benchmark_runs_and_summarizes(runs, name):
     rc, text = runs[name]
     assert rc == 0, text[-3000:]
