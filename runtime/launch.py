@@ -23,9 +23,16 @@ def mpiexec() -> str:
 
 
 def rank_environment() -> dict[str, str]:
+    """The ranks' environment: one BLAS thread each, and UCX (the mpich
+    wheel's network module) on shared memory alone. Every rank of ours runs
+    on this machine, where MPICH moves messages through shared memory
+    anyway; UCX's default transports also opened TCP listeners on every
+    interface in every rank, where anyone could connect to a channel whose
+    messages mpi4py unpickles."""
     env = dict(os.environ)
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env.setdefault(var, "1")
+    env.setdefault("UCX_TLS", "self,sm")
     return env
 
 

@@ -48,15 +48,21 @@ def _socket_inodes(pid: int) -> set[str]:
     return inodes
 
 
-def _listening_tcp_ports(pid: int) -> list[int]:
-    """The loopback TCP ports `pid` listens on (/proc/net/tcp, state 0A)."""
+def _listening_tcp(pid: int) -> dict[str, int]:
+    """The TCP sockets `pid` listens on (IPv4 and IPv6, state 0A): inode -> port."""
     inodes = _socket_inodes(pid)
-    ports = []
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if fields[3] == "0A" and fields[9] in inodes:
-            ports.append(int(fields[1].split(":")[1], 16))
-    return ports
+    found = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:
+                    found[fields[9]] = int(fields[1].split(":")[1], 16)
+    return found
+
+
+def _listening_tcp_ports(pid: int) -> list[int]:
+    return sorted(_listening_tcp(pid).values())
 
 
 def _unix_sockets(folder: Path) -> list[Path]:
@@ -269,3 +275,23 @@ def test_the_pools_files_are_the_users_alone():
     for block in pool.feeds.blocks.values():
         assert stat.S_IMODE(os.stat(f"/dev/shm/{block.name.lstrip('/')}").st_mode) == 0o600
     assert pool.feeds.blocks, "the test's feeds are large enough to travel in shared memory"
+
+
+def test_the_ranks_listen_on_no_tcp_port_of_their_own():
+    # MPICH's network module (UCX) listened on every interface in every
+    # rank; only the launcher's own control socket (mpiexec's, which its
+    # ranks inherit) is left
+    import sbpc
+    from sbpc.api import RankPool
+    from sbpc.runtime.progress import records
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    import models
+
+    sbpc.compile(models.mlp("dp", 2)).train_step(next(models.mlp_batches()))
+    pool = RankPool.pools[2]
+    launcher = set(_listening_tcp(pool.process.pid))
+    ranks = records(pool.errors.name, 2)
+    assert len(ranks) == 2
+    for pid, _, _ in ranks.values():
+        assert set(_listening_tcp(pid)) <= launcher, _listening_tcp(pid)
