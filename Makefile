@@ -28,13 +28,14 @@ run: setup
 	$(BIN)/python examples/gpt.py --ranks 4 --parallel pipeline --steps 120
 	$(BIN)/python examples/torch_gpt.py --ranks 2 --steps 200
 
-# The checks run two at a time: pytest alone leaves part of a second core
-# idle (its compiles are one process), which ruff, mypy and lit use. Each
-# check's output is printed whole when it ends.
+# The checks run two at a time: pytest, the longest, starts first, and ruff,
+# mypy and lit take turns beside it on the part of the second core it
+# leaves idle (its compiles are one process). Each check's output is printed
+# whole when it ends.
 test: setup
 	$(MAKE) --no-print-directory -j2 --output-sync=target checks
 
-checks: lint typecheck lit pytest
+checks: pytest lint typecheck lit
 
 test-all: setup
 	SBPC_FULL=1 SBPC_RANDOM_EXAMPLES=200 $(MAKE) --no-print-directory -j2 --output-sync=target checks
