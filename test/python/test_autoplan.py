@@ -189,10 +189,8 @@ def test_below_every_plan_without_recomputation_it_recomputes_and_trains_like_on
 def test_a_budget_nothing_meets_names_the_smallest_plan():
     import sbpc
 
-    with pytest.raises(PassFailedException, match="no plan fits"):  # the API says the same
+    with pytest.raises(PassFailedException, match=r"no plan fits .* the smallest needs .* \(mesh 2, .*(zero|fsdp)\)"):
         sbpc.compile(training(2), plan="auto", memory_budget=1000)
-    with pytest.raises(PassFailedException, match=r"no plan fits .* the smallest needs .* \(mesh 4, .*(zero|fsdp)\)"):
-        planned(4, memory=1000)
 
 
 def test_devices_overrides_the_placement_and_an_unknown_cluster_is_refused():
