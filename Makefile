@@ -28,10 +28,10 @@ run: setup
 	$(BIN)/python examples/gpt.py --ranks 4 --parallel pipeline --steps 120
 	$(BIN)/python examples/torch_gpt.py --ranks 2 --steps 200
 
-# The checks run two at a time: pytest, the longest, starts first, and ruff,
-# mypy and lit take turns beside it on the part of the second core it
-# leaves idle (its compiles are one process). Each check's output is printed
-# whole when it ends.
+# The checks run two at a time: pytest, the longest, starts first, its test
+# files shared by two processes (pytest-xdist; a file's tests stay together,
+# so its fixtures and rank pools are made once), and ruff, mypy and lit take
+# turns beside it. Each check's output is printed whole when it ends.
 test: setup
 	$(MAKE) --no-print-directory -j2 --output-sync=target checks
 
@@ -50,7 +50,7 @@ lit: setup
 	$(BIN)/lit -v test/filecheck
 
 pytest: setup
-	$(BIN)/python -m pytest -q test/python
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile test/python
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache

@@ -146,7 +146,6 @@ class Executable:
 
         self.module = module
         self.program = find_program(module)
-        self.plan_text = _text(module)
         self.ranks = max(d.rank.value.data for d in self.program.devices()) + 1
         self.mode = mode
         self.params = Params(self)
@@ -186,6 +185,11 @@ class Executable:
         return simulate_plan(self.module, load_cluster(cluster, devices), steps=steps)
 
     # -- where to run ------------------------------------------------------------
+
+    @functools.cached_property
+    def plan_text(self) -> str:
+        """The plan as IR text (printed on first use: a sixth of a compile)."""
+        return _text(self.module)
 
     @functools.cached_property
     def rank_plans(self) -> list[str]:

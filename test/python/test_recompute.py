@@ -48,7 +48,7 @@ def steps(module, feeds, count: int) -> dict[str, list[np.ndarray]]:
     return history
 
 
-@pytest.mark.parametrize("variant", ["dp", "pipeline"])
+@pytest.mark.parametrize("variant", [pytest.param("dp", marks=pytest.mark.full), "pipeline"])
 def test_recomputation_keeps_the_values_and_lowers_the_arena(variant):
     base = compiled(variant, "none")
     feeds = generated_feeds(plan.programs(base)[0], 0)
