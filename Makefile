@@ -9,7 +9,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: run test test-all checks lint typecheck lit pytest setup clean
+.PHONY: run test test-all lint typecheck lit pytest setup clean
 
 setup: $(VENV)/.installed
 
@@ -28,17 +28,13 @@ run: setup
 	$(BIN)/python examples/gpt.py --ranks 4 --parallel pipeline --steps 120
 	$(BIN)/python examples/torch_gpt.py --ranks 2 --steps 200
 
-# The checks run two at a time: pytest, the longest, starts first, its test
-# files shared by two processes (pytest-xdist; a file's tests stay together,
-# so its fixtures and rank pools are made once), and ruff, mypy and lit take
-# turns beside it. Each check's output is printed whole when it ends.
-test: setup
-	$(MAKE) --no-print-directory -j2 --output-sync=target checks
-
-checks: pytest lint typecheck lit
+# pytest shares the test files between two processes (pytest-xdist; a
+# file's tests stay together, so its fixtures and rank pools are made once):
+# most tests compile in one Python process and would leave a core idle.
+test: lint typecheck lit pytest
 
 test-all: setup
-	SBPC_FULL=1 SBPC_RANDOM_EXAMPLES=200 $(MAKE) --no-print-directory -j2 --output-sync=target checks
+	SBPC_FULL=1 SBPC_RANDOM_EXAMPLES=200 $(MAKE) --no-print-directory test
 
 lint: setup
 	$(BIN)/ruff check .
