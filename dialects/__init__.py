@@ -13,8 +13,8 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import Builtin, ModuleOp
 from xdsl.ir import Operation
 from xdsl.parser import Parser
-from xdsl.utils.exceptions import DiagnosticException, VerifyException
-from xdsl.utils.lexer import Span
+from xdsl.utils.exceptions import DiagnosticException, ParseError, VerifyException
+from xdsl.utils.lexer import Input, Span
 
 from .lg import LG
 from .plan import PLAN
@@ -34,6 +34,8 @@ def parse_text(ctx: Context, text: str | bytes, name: str, implicit_module: bool
     into a ParseError at the place they arose: an integer array element out
     of its type's range (`mesh [2, -9223372036854775809]`) fails in
     `struct.pack` after the array is read."""
+    if isinstance(text, bytes):
+        text = _utf8(text, name)
     parser = Parser(ctx, text, name)
     try:
         return parser.parse_module(implicit_module)
@@ -53,6 +55,18 @@ def parse_text(ctx: Context, text: str | bytes, name: str, implicit_module: bool
         if getattr(error, "__notes__", None):
             raise
         parser.raise_error(str(error))
+
+
+def _utf8(data: bytes, name: str) -> str:
+    """`data` as text, or a ParseError at the first byte that is not UTF-8
+    (a file with a flipped bit ended sbp-opt in a UnicodeDecodeError)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        shown = data.decode("utf-8", errors="replace")
+        at = len(data[: error.start].decode("utf-8", errors="replace"))
+        raise ParseError(Span(at, at + 1, Input(shown, name)),
+                         f"the input is not UTF-8 text: byte 0x{data[error.start]:02x} ({error.reason})") from None
 
 
 def _out_of_range(parser: Parser) -> tuple[str, Span]:

@@ -8,6 +8,8 @@
 // RUN: not sbp-opt %S/Inputs/mesh-ranks.mlir 2>&1 | filecheck %s --check-prefix=MESH
 // RUN: not sbp-opt %S/Inputs/shape.mlir -p no-such-pass 2>&1 | filecheck %s --check-prefix=PASS
 // RUN: not sbp-opt %S/Inputs/no-such-file.mlir 2>&1 | filecheck %s --check-prefix=FILE
+// RUN: not sbp-opt < %S/Inputs/not-utf8.bin 2>&1 | filecheck %s --check-prefix=UTF8
+// RUN: not sbp-opt -p compile < %S/Inputs/not-utf8.bin 2>&1 | filecheck %s --check-prefix=UTF8
 
 // SHAPE-NOT:   Traceback
 // SHAPE:       'lg.matmul': contracting dimensions differ: [8, 16] @ [8, 16]
@@ -34,3 +36,8 @@
 
 // FILE-NOT:    Traceback
 // FILE:        sbp-opt: error: {{.*}}No such file or directory
+
+// A byte that is not UTF-8 (a flipped bit) is named with its place.
+// UTF8-NOT:    Traceback
+// UTF8:        stdin:2:40
+// UTF8:        the input is not UTF-8 text: byte 0xff (invalid start byte)
