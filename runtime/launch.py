@@ -92,7 +92,26 @@ def remove_orphaned_segments(directory: Path = SEGMENT_DIR, before: Collection[s
         time.sleep(0.05)
 
 
-def mapped_segments(directory: Path = SEGMENT_DIR) -> set[str]:
+def orphaned_segments(directory: Path = SEGMENT_DIR) -> set[str]:
+    """This user's MPICH segments in `directory` that no live process maps
+    and that are older than SEGMENT_GRACE_S."""
+    names = segments(directory)
+    if not names:
+        return set()
+    mapped = _mapped_segments(directory)
+    now = time.time()
+    found = set()
+    for name in names - mapped:
+        try:
+            info = (directory / name).stat()
+        except OSError:
+            continue
+        if now - info.st_mtime >= SEGMENT_GRACE_S and info.st_uid == os.getuid():
+            found.add(name)
+    return found
+
+
+def _mapped_segments(directory: Path) -> set[str]:
     """The names of MPICH segments in `directory` that some live process maps."""
     prefix = str(directory / "mpich_shm_")
     mapped: set[str] = set()
@@ -111,21 +130,11 @@ def mapped_segments(directory: Path = SEGMENT_DIR) -> set[str]:
 
 def _sweep(directory: Path, removed: list[str]) -> set[str]:
     """One pass of remove_orphaned_segments; the names it kept."""
-    names = segments(directory)
-    if not names:
-        return set()
-    mapped = mapped_segments(directory)
-    kept = set()
-    now = time.time()
-    for name in sorted(names):
-        path = directory / name
+    orphans = orphaned_segments(directory)
+    for name in sorted(orphans):
         try:
-            info = path.stat()
-            if name in mapped or now - info.st_mtime < SEGMENT_GRACE_S or info.st_uid != os.getuid():
-                kept.add(name)
-                continue
-            path.unlink()
-            removed.append(name)
+            (directory / name).unlink()
         except OSError:
             continue
-    return kept
+        removed.append(name)
+    return segments(directory) - orphans

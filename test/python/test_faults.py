@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sbpc.runtime.launch import orphaned_segments, segments
+
 ROOT = Path(__file__).resolve().parents[2]
 MLP_TRAIN = ROOT / "examples" / "mlp_train.mlir"
 
@@ -50,30 +52,16 @@ def _ranks_of(jobs: Path) -> list[int]:
     return found
 
 
-def segments() -> set[str]:
-    return {p.name for p in Path("/dev/shm").glob("mpich_shm_*")} if Path("/dev/shm").is_dir() else set()
-
-
 def no_segment_left(before: set[str]) -> bool:
     """No MPICH shared-memory segment made since `before` is orphaned (mapped
     by no process: the failed job's killed ranks could not remove theirs, the
     driver must). A live job's segments, another test run's say, are mapped."""
-    from sbpc.runtime.launch import mapped_segments
-
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        orphans = segments() - before - mapped_segments()
-        if not [n for n in orphans if time.time() - _mtime(n) > 1.0]:
+        if not orphaned_segments() - before:
             return True
         time.sleep(0.2)
     return False
-
-
-def _mtime(name: str) -> float:
-    try:
-        return (Path("/dev/shm") / name).stat().st_mtime
-    except OSError:
-        return time.time()
 
 
 def sbp_run(tmp_path: Path, fault: str, **env: str) -> tuple[subprocess.CompletedProcess, float]:
