@@ -44,13 +44,6 @@ class Progress:
             np.save(f, np.array([os.getpid(), -1, -1], dtype=np.int64))
         os.replace(aside, path)
         self.fields = np.load(path, mmap_mode="r+")
-        try:  # the driver's DeathWatch made it; none where no driver watches
-            line = os.open(self.folder / LIFELINE.format(rank), os.O_WRONLY | os.O_NONBLOCK)
-        except OSError:
-            return
-        os.write(line, b"+")
-        os.dup2(line, 0)  # descriptor 0 closes first when this process ends (DeathWatch)
-        os.close(line)
 
     def start(self, actors: list[str]) -> np.ndarray:
         """A plan is loaded: its actor names beside the record, the record at
@@ -138,42 +131,25 @@ def describe_failure(folder: str | os.PathLike, ranks: int, launcher_output: str
     return "; ".join(lines + ([others] if others else []))
 
 
-LIFELINE = "rank{}.lifeline"
-"""A FIFO per rank in the job's folder: the driver reads, the rank writes."""
-
-
 class DeathWatch(threading.Thread):
-    """Knows which rank of a job ended first.
+    """Watches the ranks' processes and keeps the rank that ended first.
 
-    Made before the ranks start: it makes each rank's lifeline (a FIFO) and
-    puts its read end into one epoll set. Each rank, as it starts (Progress),
-    opens its write end, says hello through it and moves it to descriptor 0.
-    A process that ends closes its descriptors in ascending order, so the
-    lifeline closes before MPI's own connection to its launcher (an inherited
-    descriptor above 2); only that connection's closing makes mpiexec kill
-    the other ranks. Epoll hands out ready descriptors in the order they
-    became ready, so the first lifeline to close is the first rank to end,
-    however late this thread looks. (A pidfd turns ready only after the
-    process's descriptors are closed: mpiexec could kill another rank in
-    between, and did, once in about 60 runs of the fault tests.) A rank that
-    ended before every rank said hello leaves the first unknown: the watch
-    names none rather than guess."""
+    Each rank's pid comes from its record, made at the rank's start (long
+    before its first step), and gets a pidfd. Once every rank has one, they
+    all go into one epoll set, which hands out ready descriptors in the order
+    they became ready (the kernel queues each when it is woken, and a pidfd
+    is woken when its process exits): the first event is the first rank to
+    die, even when this thread runs late and finds the ranks mpiexec killed
+    after it dead too. A rank that ended before every pidfd was in the set
+    is first only if it is the only one found ended then; with two or more,
+    the order is not known and the watch names none rather than guess."""
 
-    def __init__(self, folder: str | os.PathLike, ranks: int):
+    def __init__(self, folder: str | os.PathLike, ranks: int, interval: float = 0.01):
         super().__init__(daemon=True, name="sbpc-death-watch")
-        self.folder, self.ranks = Path(folder), ranks
+        self.folder, self.ranks, self.interval = Path(folder), ranks, interval
         self.first: int | None = None
         self._stop_event = threading.Event()
-        self._poller = select.epoll()
-        self._lines: dict[int, int] = {}  # read end -> rank
-        for rank in range(ranks):
-            path = self.folder / LIFELINE.format(rank)
-            os.mkfifo(path, 0o600)
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-            self._lines[fd] = rank
-            self._poller.register(fd, select.EPOLLIN)
         self._wake_read, self._wake_write = os.pipe()  # stop() wakes the epoll wait at once
-        self._poller.register(self._wake_read, select.EPOLLIN)
 
     def run(self) -> None:
         # A watch that fails must not print from its thread into the user's
@@ -182,33 +158,37 @@ class DeathWatch(threading.Thread):
             self._watch()
 
     def _watch(self) -> None:
-        joined: set[int] = set()
-        stopping = False
-        while True:
-            # once stopped, one more look without waiting: a death queued
-            # before stop() still counts (the driver stops the watch once it
-            # has seen the job fail)
-            for fd, mask in self._poller.poll(0 if stopping else -1):
-                rank = self._lines.get(fd)
-                if rank is None:
-                    continue
-                if self._hello(fd):
-                    joined.add(rank)
-                if mask & select.EPOLLHUP:
-                    # every rank's hello, if sent, is in its FIFO by now
-                    joined |= {r for f, r in self._lines.items() if r not in joined and self._hello(f)}
-                    self.first = rank if len(joined) == self.ranks else None
-                    return
-            if stopping:
-                return
-            stopping = self._stop_event.is_set()
-
-    @staticmethod
-    def _hello(fd: int) -> bool:
+        fds: dict[int, int] = {}  # pidfd -> rank
+        ended: list[int] = []  # ranks that had ended (and been reaped) before their pidfd was opened
         try:
-            return bool(os.read(fd, 64))
-        except BlockingIOError:
-            return False
+            while len(fds) + len(ended) < self.ranks:  # records appear as the ranks start
+                for rank, (pid, _, _) in records(self.folder, self.ranks).items():
+                    if rank not in fds.values() and rank not in ended:
+                        try:
+                            fds[os.pidfd_open(pid)] = rank
+                        except ProcessLookupError:
+                            ended.append(rank)
+                if self._stop_event.wait(self.interval):
+                    return
+            with select.epoll() as poller:
+                for fd in fds:
+                    poller.register(fd, select.EPOLLIN)
+                ended += [fds[fd] for fd, _ in poller.poll(0)]
+                if ended:
+                    self.first = ended[0] if len(ended) == 1 else None
+                    return
+                poller.register(self._wake_read, select.EPOLLIN)
+                while True:
+                    # a death queued before stop() woke the wait still counts:
+                    # the driver stops the watch once it has seen the job fail
+                    events = poller.poll()
+                    deaths = [fds[fd] for fd, _ in events if fd in fds]
+                    if deaths or self._stop_event.is_set():
+                        self.first = deaths[0] if deaths else None
+                        return
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def stop(self, timeout: float = 5.0) -> int | None:
         """Stops watching; the rank that ended first, if the watch knows."""
@@ -218,9 +198,8 @@ class DeathWatch(threading.Thread):
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout)
         if not self.is_alive() and self._wake_write >= 0:
-            for fd in (*self._lines, self._wake_read, self._wake_write):
-                os.close(fd)
-            self._poller.close()
+            os.close(self._wake_read)
+            os.close(self._wake_write)
             self._wake_read = self._wake_write = -1
         return self.first
 

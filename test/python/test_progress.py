@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 from sbpc.runtime.progress import DeathWatch, Progress, describe_failure, records
@@ -43,32 +45,40 @@ def _end(rank: subprocess.Popen) -> None:
     os.waitid(os.P_PID, rank.pid, os.WEXITED | os.WNOWAIT)
 
 
-def test_a_ranks_lifeline_is_its_descriptor_0(tmp_path):
-    # descriptors close in ascending order as a process ends: the lifeline
-    # closes before MPI's connection to its launcher, whose closing makes
-    # mpiexec kill the other ranks
-    watch = DeathWatch(tmp_path, 1)
-    watch.start()
-    with stand_in_ranks(tmp_path, 1) as ranks:
-        assert os.readlink(f"/proc/{ranks[0].pid}/fd/0") == str(tmp_path / "rank0.lifeline")
-        _end(ranks[0])
-        assert watch.stop() == 0
+def test_epoll_hands_out_ended_processes_in_the_order_they_ended(tmp_path):
+    # what the watch relies on: looking once, late, after all of them ended
+    with stand_in_ranks(tmp_path, 4) as ranks:
+        fds = {os.pidfd_open(rank.pid): r for r, rank in enumerate(ranks)}
+        try:
+            with select.epoll() as poller:
+                for fd in fds:
+                    poller.register(fd, select.EPOLLIN)
+                for r in (2, 0, 3, 1):
+                    _end(ranks[r])
+                assert [fds[fd] for fd, _ in poller.poll(0)] == [2, 0, 3, 1]
+        finally:
+            for fd in fds:
+                os.close(fd)
 
 
 def test_the_watch_names_the_rank_that_ended_first(tmp_path):
-    watch = DeathWatch(tmp_path, 4)  # before the ranks, as the drivers make it
-    watch.start()
     with stand_in_ranks(tmp_path, 4) as ranks:
+        watch = DeathWatch(tmp_path, 4)
+        watch.start()
+        time.sleep(0.3)  # the watch has every rank's pidfd (records are made at each rank's start)
         for r in (2, 0, 3, 1):  # rank 2 dies, then mpiexec ends the others
             _end(ranks[r])
         assert watch.stop() == 2
 
 
-def test_a_rank_that_never_said_hello_leaves_the_first_unknown(tmp_path):
-    watch = DeathWatch(tmp_path, 3)
-    watch.start()
-    with stand_in_ranks(tmp_path, 2) as ranks:  # rank 2 never started
-        _end(ranks[1])
+def test_two_ranks_gone_before_the_watch_saw_them_leave_the_first_unknown(tmp_path):
+    with stand_in_ranks(tmp_path, 3) as ranks:
+        for r in (1, 0):
+            _end(ranks[r])
+            ranks[r].wait()  # reaped: no pidfd can be opened on it
+        watch = DeathWatch(tmp_path, 3)
+        watch.start()
+        time.sleep(0.3)
         assert watch.stop() is None
         # and the message names no rank as the one that failed
         line = describe_failure(tmp_path, 3, "")
