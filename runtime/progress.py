@@ -7,8 +7,8 @@ So each rank keeps a small record in the job's folder (private to the user),
 made at the rank's start and written in place as it runs (an int64 store
 into a memory-mapped file per actor, a few tens of nanoseconds): its pid,
 the step it is in and the index of the actor it last started, with the
-actor names written beside it when a plan is loaded. The driver watches the
-pids (DeathWatch) and knows which rank ended first; when the job fails with
+actor names written beside it when a plan is loaded. The driver watches each
+rank's lifelines (DeathWatch) and knows which rank ended first; when the job fails with
 no rank's own report, it says which rank died, of what where mpiexec
 reports it, in which step and at which actor, and where every other rank
 was.
@@ -17,8 +17,10 @@ was.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
+import resource
 import select
 import signal
 import threading
@@ -44,6 +46,13 @@ class Progress:
             np.save(f, np.array([os.getpid(), -1, -1], dtype=np.int64))
         os.replace(aside, path)
         self.fields = np.load(path, mmap_mode="r+")
+        for end, path in enumerate(lifelines(self.folder, rank)):
+            try:  # the driver's DeathWatch made them; none where no driver watches
+                line = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:
+                return
+            os.write(line, b"+")
+            _move_to_the_edge(line, first=end == 0)
 
     def start(self, actors: list[str]) -> np.ndarray:
         """A plan is loaded: its actor names beside the record, the record at
@@ -131,25 +140,64 @@ def describe_failure(folder: str | os.PathLike, ranks: int, launcher_output: str
     return "; ".join(lines + ([others] if others else []))
 
 
+def lifelines(folder: Path, rank: int) -> tuple[Path, Path]:
+    """A rank's two lifelines: FIFOs in the job's folder that the driver's
+    DeathWatch reads and the rank holds open for writing, one at its first
+    descriptor and one at its last (DeathWatch says why)."""
+    return folder / f"rank{rank}.lifeline.first", folder / f"rank{rank}.lifeline.last"
+
+
+def _move_to_the_edge(fd: int, first: bool) -> None:
+    """Moves a descriptor to 0, or above any this process will open: the
+    lowest free one from just under the limit of open files (from 1023 where
+    the limit is higher, so the descriptor table stays small)."""
+    if first:
+        os.dup2(fd, 0)
+    else:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        try:
+            fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, min(soft, 1024) - 1)
+        except OSError:  # none free up there: where it is, it is still above MPI's connection
+            return
+    os.close(fd)
+
+
 class DeathWatch(threading.Thread):
-    """Watches the ranks' processes and keeps the rank that ended first.
+    """Knows which rank of a job ended first.
 
-    Each rank's pid comes from its record, made at the rank's start (long
-    before its first step), and gets a pidfd. Once every rank has one, they
-    all go into one epoll set, which hands out ready descriptors in the order
-    they became ready (the kernel queues each when it is woken, and a pidfd
-    is woken when its process exits): the first event is the first rank to
-    die, even when this thread runs late and finds the ranks mpiexec killed
-    after it dead too. A rank that ended before every pidfd was in the set
-    is first only if it is the only one found ended then; with two or more,
-    the order is not known and the watch names none rather than guess."""
+    Made before the ranks start: it makes each rank's two lifelines (FIFOs)
+    and puts their read ends into one epoll set. Each rank, as it starts
+    (Progress), opens their write ends, says hello through each and moves
+    one to its first descriptor (0) and one to its last. A process that ends
+    closes its descriptors in one pass, in the order of their numbers (Linux
+    6.18 releases them from the highest down; the direction is the
+    kernel's to choose, and a lifeline at each end covers both), so one of
+    the lifelines is released before MPI's own connection to its launcher (an
+    inherited descriptor above 2), whose closing is what makes mpiexec kill
+    the other ranks. Epoll hands out ready descriptors in the order they
+    became ready, so the first lifeline to close belongs to the first rank to
+    end, however late this thread looks. (A pidfd turns ready only after all
+    the descriptors are closed: mpiexec could kill another rank in between,
+    and did, once in about 60 runs of the fault tests; a single lifeline at
+    descriptor 0 is released last here, and lost that race once in 9.) A
+    rank that ended before every rank said hello leaves the first unknown:
+    the watch names none rather than guess."""
 
-    def __init__(self, folder: str | os.PathLike, ranks: int, interval: float = 0.01):
+    def __init__(self, folder: str | os.PathLike, ranks: int):
         super().__init__(daemon=True, name="sbpc-death-watch")
-        self.folder, self.ranks, self.interval = Path(folder), ranks, interval
+        self.folder, self.ranks = Path(folder), ranks
         self.first: int | None = None
         self._stop_event = threading.Event()
+        self._poller = select.epoll()
+        self._lines: dict[int, int] = {}  # read end -> rank
+        for rank in range(ranks):
+            for path in lifelines(self.folder, rank):
+                os.mkfifo(path, 0o600)
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+                self._lines[fd] = rank
+                self._poller.register(fd, select.EPOLLIN)
         self._wake_read, self._wake_write = os.pipe()  # stop() wakes the epoll wait at once
+        self._poller.register(self._wake_read, select.EPOLLIN)
 
     def run(self) -> None:
         # A watch that fails must not print from its thread into the user's
@@ -158,37 +206,32 @@ class DeathWatch(threading.Thread):
             self._watch()
 
     def _watch(self) -> None:
-        fds: dict[int, int] = {}  # pidfd -> rank
-        ended: list[int] = []  # ranks that had ended (and been reaped) before their pidfd was opened
+        greeted: set[int] = set()  # the lifelines (read ends) a rank said hello through
+        stopping = False
+        while True:
+            # once stopped, one more look without waiting: a death queued
+            # before stop() still counts (the driver stops the watch once it
+            # has seen the job fail)
+            for fd, mask in self._poller.poll(0 if stopping else -1):
+                if fd not in self._lines:
+                    continue
+                if self._hello(fd):
+                    greeted.add(fd)
+                if mask & select.EPOLLHUP:
+                    # every hello sent is in its FIFO by now
+                    greeted |= {f for f in self._lines if f not in greeted and self._hello(f)}
+                    self.first = self._lines[fd] if len(greeted) == len(self._lines) else None
+                    return
+            if stopping:
+                return
+            stopping = self._stop_event.is_set()
+
+    @staticmethod
+    def _hello(fd: int) -> bool:
         try:
-            while len(fds) + len(ended) < self.ranks:  # records appear as the ranks start
-                for rank, (pid, _, _) in records(self.folder, self.ranks).items():
-                    if rank not in fds.values() and rank not in ended:
-                        try:
-                            fds[os.pidfd_open(pid)] = rank
-                        except ProcessLookupError:
-                            ended.append(rank)
-                if self._stop_event.wait(self.interval):
-                    return
-            with select.epoll() as poller:
-                for fd in fds:
-                    poller.register(fd, select.EPOLLIN)
-                ended += [fds[fd] for fd, _ in poller.poll(0)]
-                if ended:
-                    self.first = ended[0] if len(ended) == 1 else None
-                    return
-                poller.register(self._wake_read, select.EPOLLIN)
-                while True:
-                    # a death queued before stop() woke the wait still counts:
-                    # the driver stops the watch once it has seen the job fail
-                    events = poller.poll()
-                    deaths = [fds[fd] for fd, _ in events if fd in fds]
-                    if deaths or self._stop_event.is_set():
-                        self.first = deaths[0] if deaths else None
-                        return
-        finally:
-            for fd in fds:
-                os.close(fd)
+            return bool(os.read(fd, 64))
+        except BlockingIOError:
+            return False
 
     def stop(self, timeout: float = 5.0) -> int | None:
         """Stops watching; the rank that ended first, if the watch knows."""
@@ -198,8 +241,9 @@ class DeathWatch(threading.Thread):
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout)
         if not self.is_alive() and self._wake_write >= 0:
-            os.close(self._wake_read)
-            os.close(self._wake_write)
+            for fd in (*self._lines, self._wake_read, self._wake_write):
+                os.close(fd)
+            self._poller.close()
             self._wake_read = self._wake_write = -1
         return self.first
 

@@ -460,12 +460,12 @@ class RankPool:
         # kept in a file for the failure message, read only after a failure.
         self.launcher_out = open(pathlib.Path(self.errors.name) / "launcher.out", "w+")  # noqa: SIM115
         self.segments_before = segments()
+        self.watch = DeathWatch(self.errors.name, ranks)  # before the ranks: their lifelines
+        self.watch.start()
         self.process = subprocess.Popen(
             command(ranks, "sbpc.runtime.pool", self.errors.name),
             env=rank_environment(), stdout=self.launcher_out, stderr=subprocess.PIPE, text=True,
         )
-        self.watch = DeathWatch(self.errors.name, ranks)
-        self.watch.start()
         try:
             self.sock = listener.accept(timeout=60, waiting=lambda: self.process.poll() is None)
         except TimeoutError:

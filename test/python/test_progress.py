@@ -9,10 +9,9 @@ import select
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
-from sbpc.runtime.progress import DeathWatch, Progress, describe_failure, records
+from sbpc.runtime.progress import DeathWatch, Progress, describe_failure, lifelines, records
 
 RANK = """
 import sys, time
@@ -45,40 +44,68 @@ def _end(rank: subprocess.Popen) -> None:
     os.waitid(os.P_PID, rank.pid, os.WEXITED | os.WNOWAIT)
 
 
-def test_epoll_hands_out_ended_processes_in_the_order_they_ended(tmp_path):
-    # what the watch relies on: looking once, late, after all of them ended
-    with stand_in_ranks(tmp_path, 4) as ranks:
-        fds = {os.pidfd_open(rank.pid): r for r, rank in enumerate(ranks)}
-        try:
-            with select.epoll() as poller:
-                for fd in fds:
-                    poller.register(fd, select.EPOLLIN)
-                for r in (2, 0, 3, 1):
-                    _end(ranks[r])
-                assert [fds[fd] for fd, _ in poller.poll(0)] == [2, 0, 3, 1]
-        finally:
-            for fd in fds:
-                os.close(fd)
+def test_a_rank_holds_its_lifelines_at_its_first_and_last_descriptors(tmp_path):
+    watch = DeathWatch(tmp_path, 1)
+    watch.start()
+    with stand_in_ranks(tmp_path, 1) as ranks:
+        held = {int(fd): os.readlink(f"/proc/{ranks[0].pid}/fd/{fd}") for fd in os.listdir(f"/proc/{ranks[0].pid}/fd")}
+        first, last = lifelines(tmp_path, 0)
+        assert held[0] == str(first)
+        assert held[max(held)] == str(last)
+        _end(ranks[0])
+        assert watch.stop() == 0
+
+
+def test_a_killed_process_releases_a_lifeline_before_its_other_descriptors(tmp_path):
+    # What the watch relies on: mpiexec kills the other ranks when a rank's
+    # connection to it (an inherited descriptor above 2) closes; one of the
+    # rank's lifelines must close before that, whichever way the kernel
+    # orders a dying process's descriptors.
+    with contextlib.ExitStack() as stack:
+        poller = stack.enter_context(select.epoll())
+        names = {}
+        for path in lifelines(tmp_path, 0):
+            os.mkfifo(path, 0o600)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            stack.callback(os.close, fd)
+            names[fd] = path.name
+            poller.register(fd, select.EPOLLIN)
+        for _ in range(10):
+            connection, held = os.pipe()  # stands in for MPI's connection to mpiexec
+            stack.callback(os.close, connection)
+            try:
+                rank = subprocess.Popen([sys.executable, "-c", RANK, str(tmp_path), "0"], stdout=subprocess.PIPE,
+                                        text=True, pass_fds=(held,))
+            finally:
+                os.close(held)
+            with rank:
+                assert rank.stdout is not None and rank.stdout.readline().strip() == "ready"
+                for fd in names:
+                    os.read(fd, 64)  # the hellos
+                poller.register(connection, select.EPOLLIN)
+                # epoll keeps a descriptor it reported ready (the hellos) in
+                # its queue until a poll finds it is not: empty the queue
+                assert poller.poll(0) == []
+                _end(rank)
+                order = [names.get(fd, "connection") for fd, _ in poller.poll(0)]
+                poller.unregister(connection)
+            assert len(order) == 3 and order[0] != "connection", order
 
 
 def test_the_watch_names_the_rank_that_ended_first(tmp_path):
+    watch = DeathWatch(tmp_path, 4)  # before the ranks, as the drivers make it
+    watch.start()
     with stand_in_ranks(tmp_path, 4) as ranks:
-        watch = DeathWatch(tmp_path, 4)
-        watch.start()
-        time.sleep(0.3)  # the watch has every rank's pidfd (records are made at each rank's start)
         for r in (2, 0, 3, 1):  # rank 2 dies, then mpiexec ends the others
             _end(ranks[r])
         assert watch.stop() == 2
 
 
-def test_two_ranks_gone_before_the_watch_saw_them_leave_the_first_unknown(tmp_path):
-    with stand_in_ranks(tmp_path, 3) as ranks:
-        for r in (1, 0):
-            _end(ranks[r])
-            ranks[r].wait()  # reaped: no pidfd can be opened on it
-        watch = DeathWatch(tmp_path, 3)
-        watch.start()
-        time.sleep(0.3)
+def test_a_rank_that_never_said_hello_leaves_the_first_unknown(tmp_path):
+    watch = DeathWatch(tmp_path, 3)
+    watch.start()
+    with stand_in_ranks(tmp_path, 2) as ranks:  # rank 2 never started
+        _end(ranks[1])
         assert watch.stop() is None
         # and the message names no rank as the one that failed
         line = describe_failure(tmp_path, 3, "")
