@@ -24,14 +24,13 @@ import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
-import scipy.special
 from xdsl.ir import Operation
 
 from sbpc.dialects import lg, plan
 from sbpc.dialects.backends import Backend
 from sbpc.dialects.layout import numpy_dtype
 from sbpc.semantics.local_eval import Fused, LocalContext
-from sbpc.semantics.reference import EvaluationError, check_range, max_with_identity
+from sbpc.semantics.reference import EvaluationError, check_range, erf, max_with_identity
 
 Fire = Callable[[Sequence[np.ndarray], np.ndarray], None]
 """A bound kernel: fire(inputs, out) writes its result into `out`."""
@@ -580,7 +579,7 @@ def _bind_fused_whole(op: Fused, local, ins, out, rows: int | None = None) -> Fi
 NUMPY.register(lg.NegOp, _unary(lambda x, o: np.negative(x, out=o)))
 NUMPY.register(lg.ReluOp, _unary(lambda x, o: np.maximum(x, 0, out=o)))
 NUMPY.register(lg.TanhOp, _unary(lambda x, o: np.tanh(x, out=o)))
-NUMPY.register(lg.ErfOp, _unary(lambda x, o: scipy.special.erf(x, out=o)))
+NUMPY.register(lg.ErfOp, _unary(lambda x, o: erf(x, out=o)))
 NUMPY.register(lg.ExpOp, _unary(lambda x, o: np.exp(x, out=o)))
 NUMPY.register(lg.SqrtOp, _unary(lambda x, o: np.sqrt(x, out=o)))
 NUMPY.register(lg.RsqrtOp, _unary(_rsqrt))
