@@ -1473,20 +1473,35 @@ class SliceOp(LgOp):
 
 @op_definition
 class EmbeddingOp(LgOp):
-    """Row gather: result[..., :] = table[indices[...], :]."""
+    """Row gather: result[..., :] = table[indices[...], :]. With `padding`,
+    the table's row of that index gets no gradient (PyTorch's `padding_idx`:
+    BERT's padding token); the gather itself is unchanged."""
 
     name = "lg.embedding"
 
     table = operand_def(TensorLike)
     indices = operand_def(TensorLike)
+    padding_idx = opt_prop_def(IntegerAttr[I64])
     result = result_def(TensorLike)
 
     traits = traits_def(Pure())
 
-    assembly_format = "$table `,` $indices attr-dict `:` functional-type(operands, results)"
+    assembly_format = (
+        "$table `,` $indices (`padding` $padding_idx^)? attr-dict `:` functional-type(operands, results)"
+    )
 
-    def __init__(self, table: SSAValue, indices: SSAValue):
-        super().__init__(operands=[table, indices], result_types=[self.infer([table, indices])])
+    def __init__(self, table: SSAValue, indices: SSAValue, padding_idx: int | None = None):
+        props = {} if padding_idx is None else {"padding_idx": IntegerAttr(padding_idx, i64)}
+        super().__init__(operands=[table, indices], properties=props, result_types=[self.infer([table, indices])])
+
+    @property
+    def padding(self) -> int | None:
+        """The row that gets no gradient, if any."""
+        return None if self.padding_idx is None else self.padding_idx.value.data
+
+    def verify_(self) -> None:
+        super().verify_()
+        _verify_padding(self, self.padding, global_shape(self.table.type)[0])
 
     @classmethod
     def rule(cls, shapes, elems, **params):
@@ -1513,7 +1528,12 @@ class EmbeddingOp(LgOp):
         return sigs + [(("B", "B"), ("B",)), (("P", "B"), ("P",))]
 
     def gradient(self, g, e):
-        return [e.emit(EmbeddingGradOp(g, self.indices, global_shape(self.table.type)[0])), None]
+        return [e.emit(EmbeddingGradOp(g, self.indices, global_shape(self.table.type)[0], self.padding)), None]
+
+
+def _verify_padding(op: Operation, padding: int | None, rows: int) -> None:
+    if padding is not None and not 0 <= padding < rows:
+        raise VerifyException(f"'{op.name}': padding {padding} is not a row of the {rows}-row table")
 
 
 @op_definition
@@ -1670,24 +1690,38 @@ class OneHotOp(LgOp):
 @op_definition
 class EmbeddingGradOp(LgOp):
     """The gradient of lg.embedding for its table: rows [rows, D] where row r
-    is the sum of the gradient rows whose index is r (a scatter-add)."""
+    is the sum of the gradient rows whose index is r (a scatter-add); the
+    row `padding`, if given, stays zero."""
 
     name = "lg.embedding_grad"
 
     grad = operand_def(TensorLike)
     indices = operand_def(TensorLike)
     rows = prop_def(IntegerAttr[I64])
+    padding_idx = opt_prop_def(IntegerAttr[I64])
     result = result_def(TensorLike)
 
     traits = traits_def(Pure())
 
-    assembly_format = "$grad `,` $indices `rows` $rows attr-dict `:` functional-type(operands, results)"
+    assembly_format = (
+        "$grad `,` $indices `rows` $rows (`padding` $padding_idx^)? attr-dict `:` functional-type(operands, results)"
+    )
 
-    def __init__(self, grad: SSAValue, indices: SSAValue, rows: int):
+    def __init__(self, grad: SSAValue, indices: SSAValue, rows: int, padding_idx: int | None = None):
         result_type = self.infer([grad, indices], rows=rows)
-        super().__init__(
-            operands=[grad, indices], properties={"rows": IntegerAttr(rows, i64)}, result_types=[result_type]
-        )
+        props: dict[str, Attribute] = {"rows": IntegerAttr(rows, i64)}
+        if padding_idx is not None:
+            props["padding_idx"] = IntegerAttr(padding_idx, i64)
+        super().__init__(operands=[grad, indices], properties=props, result_types=[result_type])
+
+    @property
+    def padding(self) -> int | None:
+        """The row that stays zero, if any."""
+        return None if self.padding_idx is None else self.padding_idx.value.data
+
+    def verify_(self) -> None:
+        super().verify_()
+        _verify_padding(self, self.padding, self.rows.value.data)
 
     def params(self):
         return {"rows": self.rows.value.data}

@@ -405,7 +405,7 @@ needs no scratch."""
 
 @NUMPY.impl(lg.EmbeddingGradOp)
 def _bind_embedding_grad(op: lg.EmbeddingGradOp, local, ins, out) -> Fire:
-    rows = op.rows.value.data
+    rows, padding = op.rows.value.data, op.padding
     count = ins[1].size
     if rows * count <= ONE_HOT_ELEMENTS:
         hot = _scratch((count, rows), out.dtype)
@@ -416,6 +416,8 @@ def _bind_embedding_grad(op: lg.EmbeddingGradOp, local, ins, out) -> Fire:
             check_range(op, "index", ind, rows)
             hot.fill(0)
             hot[positions, ind.reshape(-1)] = 1
+            if padding is not None:
+                hot[:, padding] = 0
             np.matmul(hot.T, grad.reshape(count, grad.shape[-1]), out=o)
 
         return fire
@@ -425,6 +427,8 @@ def _bind_embedding_grad(op: lg.EmbeddingGradOp, local, ins, out) -> Fire:
         check_range(op, "index", ind, rows)
         o.fill(0)
         np.add.at(o, ind.reshape(-1), grad.reshape(-1, grad.shape[-1]))
+        if padding is not None:
+            o[padding] = 0
 
     return scatter
 

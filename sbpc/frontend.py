@@ -364,8 +364,9 @@ def slice(x: Tensor, starts: Sequence[int], limits: Sequence[int], strides: Sequ
     return x.graph.add(lg.SliceOp(x.value, starts, limits, strides))
 
 
-def embedding(table: Tensor, indices: Tensor) -> Tensor:
-    return table.graph.add(lg.EmbeddingOp(table.value, indices.value))
+def embedding(table: Tensor, indices: Tensor, padding_idx: int | None = None) -> Tensor:
+    """Rows of `table` at `indices`; the row `padding_idx` gets no gradient."""
+    return table.graph.add(lg.EmbeddingOp(table.value, indices.value, padding_idx))
 
 
 def cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:

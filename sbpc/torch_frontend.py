@@ -188,11 +188,34 @@ class _Importer:
                         self.g.buffers[spec.target] = value.detach().numpy().copy()
                 else:
                     self.env[node] = _Const(self.program.constants[spec.target])
+            elif node.op == "get_attr":  # a higher-order op's region (a GraphModule)
+                self.env[node] = getattr(self.program.graph_module, node.target)
             elif node.op == "call_function":
                 self.env[node] = self._call(node)
             elif node.op == "output":
                 self._outputs(node)
         return self.g
+
+    def inline(self, region, args) -> Any:
+        """A higher-order op's region (a GraphModule) imported in place, its
+        placeholders bound to `args`: the values it returns."""
+        outer = self.node
+        bound = iter(args)
+        result = None
+        try:
+            for node in region.graph.nodes:
+                self.node = node
+                if node.op == "placeholder":
+                    self.env[node] = next(bound)
+                elif node.op == "get_attr":
+                    self.env[node] = getattr(region, node.target)
+                elif node.op == "call_function":
+                    self.env[node] = self._call(node)
+                elif node.op == "output":
+                    result = _map(node.args[0], self._value)
+        finally:
+            self.node = outer
+        return result
 
     def _check_patterns(self) -> None:
         unmatched = sorted(set(self.sbp) - self.matched)
@@ -273,7 +296,7 @@ class _Importer:
         if spec is None or spec.is_leaf():
             only = self._output_value(0)
             return ["loss" if only is not None and tuple(only.shape) == () else "output"]
-        if spec.type is dict:
+        if isinstance(spec.type, type) and issubclass(spec.type, dict):  # a dict, or a Hugging Face ModelOutput
             return [str(k) for k in spec.context]
         keys = [f"output{i}" for i in range(count)]
         last = self._output_value(count - 1)
@@ -289,8 +312,19 @@ class _Importer:
     # -- one node ------------------------------------------------------------------
 
     def _error(self, message: str) -> TorchImportError:
-        where = _user_line(self.node.meta.get("stack_trace", "")) if self.node is not None else None
+        where = _user_line(self._stack_trace(self.node)) if self.node is not None else None
         return TorchImportError(message + (f"\n  at {where}" if where else ""))
+
+    def _stack_trace(self, node) -> str:
+        """Where PyTorch recorded the node; for a higher-order op, which
+        export records without one, where its region's first op was."""
+        trace = node.meta.get("stack_trace") or ""
+        regions = [self.env[a] for a in node.args if getattr(a, "op", None) == "get_attr" and a in self.env]
+        for region in regions if not trace else ():
+            trace = next((n.meta["stack_trace"] for n in region.graph.nodes if n.meta.get("stack_trace")), "")
+            if trace:
+                break
+        return trace
 
     def _call(self, node):
         args = _map(node.args, self._value)
@@ -620,7 +654,7 @@ def _identity(im: _Importer, x, memory_format=None):
     return x
 
 
-@rule("aten._to_copy", "aten.to.dtype", "aten.type_as")
+@rule("aten._to_copy", "aten.to.dtype", "aten.to.dtype_layout", "aten.to.device", "aten.type_as")
 def _to(im: _Importer, x, dtype=None, *args, **kwargs):
     x = im.lift(x)
     target = dtype if dtype is not None and not isinstance(dtype, Tensor) else kwargs.get("dtype")
@@ -629,6 +663,52 @@ def _to(im: _Importer, x, dtype=None, *args, **kwargs):
     if target is not None and _DTYPES.get(str(target)) != str(x.dtype):
         raise ValueError(f"a cast from {x.dtype} to {target} (sbpc keeps one dtype per value)")
     return x
+
+
+@rule("aten._assert_tensor_metadata")
+def _assert_metadata(im: _Importer, x, size=None, stride=None, dtype=None, **where):
+    """export's check that a value has the dtype it was traced with: true of
+    every lg value by construction (a cast to another dtype is refused)."""
+    x = im.lift(x)
+    if dtype is not None and _DTYPES.get(str(dtype)) != str(x.dtype):
+        raise ValueError(f"a value of dtype {x.dtype} where {dtype} was traced")
+    return None
+
+
+@rule("aten.pad", "aten.constant_pad_nd")
+def _pad(im: _Importer, x, pad, mode="constant", value=None):
+    """Constant padding as a concatenation with constant blocks, axis by axis
+    (F.pad's list names the last axis first: (left, right, top, bottom, ...))."""
+    if mode != "constant":
+        raise ValueError(f"pad with mode '{mode}' (only 'constant' is supported)")
+    x = im.lift(x)
+    fill = 0 if value is None else value
+    for i in range(len(pad) // 2):
+        before, after = pad[2 * i], pad[2 * i + 1]
+        d = len(x.shape) - 1 - i
+        if before < 0 or after < 0:
+            x = _slice_axis(x, d, -min(before, 0), x.shape[d] + min(after, 0))
+            before, after = max(before, 0), max(after, 0)
+        blocks = []
+        for width in (before, after):
+            shape = list(x.shape)
+            shape[d] = width
+            blocks.append(im.g.constant(np.full(shape, fill, fe._numpy_of(x.dtype))) if width else None)
+        pieces = [b for b in (blocks[0], x, blocks[1]) if b is not None]
+        x = fe.concat(pieces, d) if len(pieces) > 1 else x
+    return x
+
+
+@rule("wrap_with_set_grad_enabled")
+def _grad_mode_region(im: _Importer, enabled, region, *args):
+    """A `torch.no_grad()` / `torch.enable_grad()` region (LLaMA's rotary
+    embedding is computed under no_grad). One on constants was folded; one on
+    computed values is imported in place when gradients stay on. With them
+    off, gradients must not flow through it, which lg cannot yet say."""
+    if not enabled and any(isinstance(a, Tensor) for a in args):
+        raise ValueError("a torch.no_grad() region over values computed from the inputs or parameters "
+                         "(sbpc has no stop-gradient yet)")
+    return im.inline(region, args)
 
 
 @rule("aten.dropout")
@@ -692,9 +772,11 @@ def _cat(im: _Importer, tensors, dim=0):
 
 @rule("aten.embedding")
 def _embedding(im: _Importer, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    if padding_idx not in (-1, None) or scale_grad_by_freq:
-        raise ValueError("embedding with padding_idx or scale_grad_by_freq")
-    return fe.embedding(im.lift(weight), im.lift(indices))
+    if scale_grad_by_freq:
+        raise ValueError("embedding with scale_grad_by_freq")
+    weight = im.lift(weight)
+    padding = None if padding_idx in (-1, None) else _axis(padding_idx, weight.shape[0])
+    return fe.embedding(weight, im.lift(indices), padding_idx=padding)
 
 
 def _additive_mask(im: _Importer, mask: np.ndarray, value: float, like: Tensor) -> Tensor:

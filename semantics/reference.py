@@ -218,6 +218,8 @@ def _embedding_grad(op: lg.EmbeddingGradOp, grad: np.ndarray, indices: np.ndarra
     check_range(op, "index", indices, rows)
     table = np.zeros((rows, grad.shape[-1]), grad.dtype)
     np.add.at(table, indices.reshape(-1), grad.reshape(-1, grad.shape[-1]))
+    if op.padding is not None:
+        table[op.padding] = 0
     return table
 
 

@@ -47,7 +47,8 @@ def every_op_module(ranks: int, device: str = "cpu", batch: int = 8):
     w = g.param("w", (16, 6), init=sbpc.normal(0.0, 0.3))
     gamma = g.param("gamma", (16,), init=sbpc.ones())
     beta = g.param("beta", (16,))
-    e = sbpc.embedding(table, ids).sum(axes=(1,))  # (8, 12)
+    # (8, 12); the second gather's row 0 gets no gradient (padding_idx)
+    e = (sbpc.embedding(table, ids) + sbpc.embedding(table, ids, padding_idx=0)).sum(axes=(1,))
     h = sbpc.gelu(x + e) * sbpc.rsqrt(x * x + 1.0) - sbpc.tanh(sbpc.relu(x)) / sbpc.sqrt(sbpc.exp(-x) + 2.0)
     h = h + sbpc.erf(x) * 0.5
     hc = sbpc.concat([h, sbpc.slice(x, [0, 2], [batch, 6])], axis=1)  # (batch, 16)
@@ -110,7 +111,20 @@ def _device_inputs(rng, registers, actor):
 
 @pytest.mark.parametrize("fuse", [True, False])
 def test_out_kernels_write_what_local_kernels_compute(every_op, fuse):
-    _, program = compiled(every_op, fuse=fuse)
+    seen = _check_out_kernels(every_op, fuse)
+    assert ALL_KERNELS - {"lg.add", "lg.sub", "lg.mul"} <= seen | {"lg.matmul"}
+
+
+def test_the_embedding_gradient_scatters_as_its_gemm_computes(every_op, monkeypatch):
+    # a table too large for the one-hot GEMM (a real vocabulary) scatters
+    monkeypatch.setattr(kernels, "ONE_HOT_ELEMENTS", 0)
+    assert "lg.embedding_grad" in _check_out_kernels(every_op, fuse=True, kinds={"lg.embedding_grad"})
+
+
+def _check_out_kernels(module, fuse: bool, kinds: set[str] | None = None) -> set[str]:
+    """Each kernel (of `kinds`, or all) of the module's plan, bound as the
+    executor binds it, against its local kernel: the kernels it checked."""
+    _, program = compiled(module, fuse=fuse)
     ctx = sbpc.make_context()
     rng = np.random.default_rng(0)
     seen = set()
@@ -122,7 +136,7 @@ def test_out_kernels_write_what_local_kernels_compute(every_op, fuse):
             return piece_of(t, lookup_placement(device, t.placement).mesh(), rank)
 
         for actor in device.actors():
-            if not isinstance(actor, plan.ComputeOp):
+            if not isinstance(actor, plan.ComputeOp) or (kinds is not None and actor.kernel.data not in kinds):
                 continue
             op, local = actor_kernel(ctx, actor, registers, piece_here)
             inputs = _device_inputs(rng, registers, actor)
@@ -136,7 +150,7 @@ def test_out_kernels_write_what_local_kernels_compute(every_op, fuse):
             np.testing.assert_allclose(out, expected.astype(out.dtype), rtol=1e-5, atol=1e-6,
                                        err_msg=f"@{actor.sym_name.data} ({actor.kernel.data}) on rank {rank}")
             seen.add(actor.kernel.data)
-    assert ALL_KERNELS - {"lg.add", "lg.sub", "lg.mul"} <= seen | {"lg.matmul"}
+    return seen
 
 
 def test_an_in_place_chain_may_write_over_its_input():

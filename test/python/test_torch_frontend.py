@@ -7,7 +7,6 @@ PyTorch's own float32-vs-float64 spread, and the weights back in PyTorch
 reproducing sbpc's next loss. Then the import errors, each naming the thing
 and the user's line."""
 
-import copy
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ nn = torch.nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import torch_models as tm  # noqa: E402
+from torch_training import check_training  # noqa: E402
 
 STEPS = 20
 TP = {"*.c_attn.weight": S(0), "*.c_attn.bias": S(0), "*.attn.c_proj.weight": S(1),
@@ -38,64 +38,6 @@ def tokens(seed, batch=4, seq=16, vocab=65):
     y = torch.randint(0, vocab, (batch, seq), generator=g)
     y[0, :3] = -1  # nanoGPT's ignored targets
     return x, y
-
-
-def loss_of(result):
-    if isinstance(result, dict):
-        return result["loss"]
-    return result[-1] if isinstance(result, tuple) else result
-
-
-def torch_run(model, batches, make_opt, dtype):
-    """PyTorch's own training: the loss per step and the final parameters."""
-    model = copy.deepcopy(model).to(dtype)
-    opt = make_opt(model)
-    losses = []
-    for x, y in batches:
-        x = x.to(dtype) if x.is_floating_point() else x
-        y = y.to(dtype) if y.is_floating_point() else y
-        opt.zero_grad()
-        loss = loss_of(model(x, y))
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses, {k: v.detach().double() for k, v in model.state_dict().items()}
-
-
-def check_training(model, batches, names, optimizer, make_opt, ranks=1, sbp=None, mesh=None):
-    where = sbpc.placement("cpu", ranks, mesh)
-    graph = sbpc.from_torch(model, batches[0], sbp=sbp, placement=where)
-    exe = sbpc.compile(graph, optimizer=optimizer, mode="simulate" if ranks == 1 else "auto")
-    losses = [float(exe.train_step(dict(zip(names, (t.numpy() for t in b))))["loss"]) for b in batches[:-1]]
-    ref32, params32 = torch_run(model, batches[:-1], make_opt, torch.float32)
-    ref64, params64 = torch_run(model, batches[:-1], make_opt, torch.float64)
-    np.testing.assert_allclose(losses, ref32, rtol=1e-5)
-    state = exe.state_dict()
-    assert set(state) == set(model.state_dict())
-    steps = len(batches) - 1
-    for key, p64 in params64.items():
-        diff = (state[key].double() - p64).abs().flatten()
-        spread = (params32[key] - p64).abs().max().item()
-        # sbpc is float32 too: its distance from float64 is PyTorch's own,
-        # within a factor, plus float32 rounding of the tensor's scale, for
-        # all but a few elements. Those few: split reductions sum in another
-        # order (and how depends on the machine's BLAS kernels), and Adam
-        # turns a last-bit change of a near-zero gradient into a change of
-        # its update of up to 2 lr per step (its first step is lr * sign(g)).
-        tight = 4 * spread + 1e-5 * p64.abs().max().item()
-        outliers = int((diff > tight).sum().item())
-        assert outliers <= max(2, diff.numel() // 1000), (
-            f"{key}: {outliers} of {diff.numel()} elements differ by more than {tight:.3g}"
-        )
-        assert diff.max().item() <= tight + 2 * optimizer.lr * steps, key
-    # the weights back in PyTorch give sbpc's next loss
-    model = copy.deepcopy(model)
-    model.load_state_dict(state)
-    last = batches[-1]
-    expected = float(exe.train_step(dict(zip(names, (t.numpy() for t in last))))["loss"])
-    with torch.no_grad():
-        assert loss_of(model(*last)).item() == pytest.approx(expected, rel=1e-5)
-    return exe
 
 
 def adamw():
@@ -350,6 +292,23 @@ def test_dropout_in_training_is_refused_with_the_users_line():
     model = gpt(dropout=0.1)
     with pytest.raises(sbpc.TorchImportError, match=r"dropout with p=0.1 .*\n  at .*torch_models.py:\d+"):
         sbpc.from_torch(model, tokens(0))
+
+
+class NoGradOverTheInput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.no_grad():
+            scale = self.proj(x).abs().mean()
+        return (self.proj(x) / scale).sum()
+
+
+def test_a_no_grad_region_over_computed_values_is_refused_with_the_users_line():
+    with pytest.raises(sbpc.TorchImportError,
+                       match=r"torch.no_grad\(\) region over values computed .*\n  at .*test_torch_frontend.py:\d+"):
+        sbpc.from_torch(NoGradOverTheInput(), (torch.randn(2, 4),))
 
 
 def test_an_unhinted_module_is_planned_automatically_and_takes_weights_from_pytorch():

@@ -53,6 +53,8 @@ lg.graph @all_ops on @mesh {
   %oh = lg.one_hot %labels classes 4 : tensor<8xi64> -> tensor<8x4xf32>
   %ohi = lg.one_hot %labels classes 4 ignore -100 : tensor<8xi64> -> tensor<8x4xf32>
   %eg = lg.embedding_grad %em, %ids rows 16 : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>
+  %emp = lg.embedding %w, %ids padding 0 : (tensor<16x4xf32>, tensor<2x3xi32>) -> tensor<2x3x4xf32>
+  %egp = lg.embedding_grad %em, %ids rows 16 padding 0 : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>
   lg.output ["loss", "mse", "emb"] %ce, %mse, %em : tensor<f32>, tensor<f32>, tensor<2x3x4xf32>
 }
 
@@ -104,6 +106,8 @@ lg.graph @all_ops on @mesh {
 // CHECK-NEXT:   %oh = lg.one_hot %labels classes 4 : tensor<8xi64> -> tensor<8x4xf32>
 // CHECK-NEXT:   %ohi = lg.one_hot %labels classes 4 ignore -100 : tensor<8xi64> -> tensor<8x4xf32>
 // CHECK-NEXT:   %eg = lg.embedding_grad %em, %ids rows 16 : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>
+// CHECK-NEXT:   %emp = lg.embedding %w, %ids padding 0 : (tensor<16x4xf32>, tensor<2x3xi32>) -> tensor<2x3x4xf32>
+// CHECK-NEXT:   %egp = lg.embedding_grad %em, %ids rows 16 padding 0 : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>
 // CHECK-NEXT:   lg.output ["loss", "mse", "emb"] %ce, %mse, %em : tensor<f32>, tensor<f32>, tensor<2x3x4xf32>
 // CHECK-NEXT: }
 
@@ -125,6 +129,8 @@ lg.graph @all_ops on @mesh {
 // GENERIC:        %oh = "lg.one_hot"(%labels) <{classes = 4 : i64}> : (tensor<8xi64>) -> tensor<8x4xf32>
 // GENERIC-NEXT:   %ohi = "lg.one_hot"(%labels) <{classes = 4 : i64, ignore_index = -100 : i64}> : (tensor<8xi64>) -> tensor<8x4xf32>
 // GENERIC-NEXT:   %eg = "lg.embedding_grad"(%em, %ids) <{rows = 16 : i64}> : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>
+// GENERIC-NEXT:   %emp = "lg.embedding"(%w, %ids) <{padding_idx = 0 : i64}> : (tensor<16x4xf32>, tensor<2x3xi32>) -> tensor<2x3x4xf32>
+// GENERIC-NEXT:   %egp = "lg.embedding_grad"(%em, %ids) <{rows = 16 : i64, padding_idx = 0 : i64}> : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>
 // GENERIC:        "lg.output"(%ce, %mse, %em) <{names = ["loss", "mse", "emb"]}> : (tensor<f32>, tensor<f32>, tensor<2x3x4xf32>) -> ()
 
 // -----

@@ -248,6 +248,26 @@ lg.graph @g {
 // -----
 
 lg.graph @g {
+  %t = lg.input "t" : tensor<10x4xf32>
+  %i = lg.input "i" : tensor<3xi64>
+  %y = lg.embedding %t, %i padding 10 : (tensor<10x4xf32>, tensor<3xi64>) -> tensor<3x4xf32>
+  lg.output ["y"] %y : tensor<3x4xf32>
+}
+// CHECK: 'lg.embedding': padding 10 is not a row of the 10-row table
+
+// -----
+
+lg.graph @g {
+  %g = lg.input "g" : tensor<3x4xf32>
+  %i = lg.input "i" : tensor<3xi64>
+  %y = lg.embedding_grad %g, %i rows 5 padding -1 : (tensor<3x4xf32>, tensor<3xi64>) -> tensor<5x4xf32>
+  lg.output ["y"] %y : tensor<5x4xf32>
+}
+// CHECK: 'lg.embedding_grad': padding -1 is not a row of the 5-row table
+
+// -----
+
+lg.graph @g {
   %l = lg.input "l" : tensor<8x10xf32>
   %t = lg.input "t" : tensor<4xi64>
   %y = lg.cross_entropy %l, %t : (tensor<8x10xf32>, tensor<4xi64>) -> tensor<f32>

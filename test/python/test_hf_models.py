@@ -1,0 +1,161 @@
+"""Hugging Face `transformers` models as users have them (tiny configurations,
+eager attention, dropout 0, the model's own loss from `labels`), imported by
+`sbpc.from_torch` and trained by sbpc against the same model trained by
+PyTorch (`torch_training.check_training`): GPT-2 (tied head, Conv1D, the
+shifted loss with ignored labels), LLaMA with and without grouped-query
+attention (rotary embeddings under `torch.no_grad`, RMSNorm), BERT for
+sequence classification and masked language modelling (`padding_idx`
+embeddings, token types, the pooler)."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import sbpc
+from sbpc import S
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from torch_training import check_training  # noqa: E402
+
+STEPS = 6
+VOCAB = 64
+
+
+class LossOf(torch.nn.Module):
+    """The model called with keyword arguments, its loss returned: the
+    training loop both sides run."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, labels):
+        return self.model(input_ids=input_ids, labels=labels).loss
+
+
+def _eager(model):
+    model.config._attn_implementation = "eager"
+    model.config.use_cache = False
+    return model.train()
+
+
+def gpt2():
+    torch.manual_seed(0)
+    return _eager(transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=2, n_head=4,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)))
+
+
+def llama(kv_heads):
+    torch.manual_seed(0)
+    return _eager(transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=kv_heads, max_position_embeddings=16)))
+
+
+def bert(head):
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=16, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3)
+    return _eager(getattr(transformers, head)(config))
+
+
+def language_batches(count=STEPS + 1, batch=4, seq=8):
+    """Tokens and labels = tokens, some ignored (-100), as a causal LM's."""
+    g = torch.Generator().manual_seed(3)
+    batches = []
+    for _ in range(count):
+        x = torch.randint(0, VOCAB, (batch, seq), generator=g)
+        y = x.clone()
+        y[0, :3] = -100
+        batches.append((x, y))
+    return batches
+
+
+def masked_batches(count=STEPS + 1, batch=4, seq=8):
+    """Masked-LM batches: a few positions hidden behind token 3 and scored,
+    the rest ignored; token 0 (the padding token) appears too."""
+    g = torch.Generator().manual_seed(4)
+    batches = []
+    for _ in range(count):
+        x = torch.randint(0, VOCAB, (batch, seq), generator=g)
+        x[:, -2:] = 0
+        hidden = torch.rand(batch, seq, generator=g) < 0.3
+        y = torch.where(hidden, x, torch.full_like(x, -100))
+        batches.append((torch.where(hidden, torch.full_like(x, 3), x), y))
+    return batches
+
+
+def class_batches(count=STEPS + 1, batch=4, seq=8):
+    g = torch.Generator().manual_seed(5)
+    batches = []
+    for _ in range(count):
+        x = torch.randint(1, VOCAB, (batch, seq), generator=g)
+        x[:, -2:] = 0
+        batches.append((x, torch.randint(0, 3, (batch,), generator=g)))
+    return batches
+
+
+def adam():
+    return sbpc.optim.Adam(lr=1e-3), lambda m: torch.optim.Adam(m.parameters(), lr=1e-3)
+
+
+DATA_PARALLEL = {"input_ids": S(0), "labels": S(0)}
+GPT2_TP = {"*.c_attn.weight": S(1), "*.c_attn.bias": S(0), "*.attn.c_proj.weight": S(0),
+           "*.c_fc.weight": S(1), "*.c_fc.bias": S(0), "*.mlp.c_proj.weight": S(0)}
+"""Megatron's split in GPT-2's Conv1D layout (weights are (in, out))."""
+LLAMA_TP = {"*.q_proj.weight": S(0), "*.k_proj.weight": S(0), "*.v_proj.weight": S(0), "*.o_proj.weight": S(1),
+            "*.gate_proj.weight": S(0), "*.up_proj.weight": S(0), "*.down_proj.weight": S(1)}
+
+
+@pytest.mark.parametrize("ranks, sbp", [(1, None), pytest.param(2, DATA_PARALLEL, marks=pytest.mark.full),
+                                         (4, GPT2_TP)], ids=["1 rank", "data parallel 2", "tensor parallel 4"])
+def test_gpt2_trains_as_pytorch(ranks, sbp):
+    optimizer, make_opt = adam()
+    check_training(LossOf(gpt2()), language_batches(), ["input_ids", "labels"], optimizer, make_opt, ranks, sbp)
+
+
+@pytest.mark.parametrize("kv_heads, ranks, sbp", [
+    pytest.param(4, 1, None, marks=pytest.mark.full),
+    (2, 2, DATA_PARALLEL),
+    (2, 4, LLAMA_TP),
+], ids=["1 rank", "grouped-query, data parallel 2", "grouped-query, tensor parallel 4"])
+def test_llama_trains_as_pytorch(kv_heads, ranks, sbp):
+    optimizer, make_opt = adam()
+    check_training(LossOf(llama(kv_heads)), language_batches(), ["input_ids", "labels"], optimizer, make_opt,
+                   ranks, sbp)
+
+
+@pytest.mark.parametrize("head, batches, ranks, sbp", [
+    ("BertForSequenceClassification", class_batches, 2, DATA_PARALLEL),
+    ("BertForMaskedLM", masked_batches, 1, None),
+], ids=["sequence classification, data parallel 2", "masked LM, 1 rank"])
+def test_bert_trains_as_pytorch(head, batches, ranks, sbp):
+    optimizer, make_opt = adam()
+    exe = check_training(LossOf(bert(head)), batches(), ["input_ids", "labels"], optimizer, make_opt, ranks, sbp)
+    if head == "BertForSequenceClassification":
+        # the padding token's row never moved: the lookup gives it no
+        # gradient (padding_idx), and no tied head gives it one either
+        # (BertForMaskedLM's decoder does, in PyTorch as here)
+        rows = exe.state_dict()["model.bert.embeddings.word_embeddings.weight"]
+        initial = bert(head).bert.embeddings.word_embeddings.weight.detach()
+        np.testing.assert_array_equal(rows[0].numpy(), initial[0].numpy())
+        assert not np.array_equal(rows[1].numpy(), initial[1].numpy())
+
+
+def test_a_model_imports_directly_with_its_keyword_inputs_and_named_outputs():
+    model = gpt2()
+    x, y = language_batches(1)[0]
+    graph = sbpc.from_torch(model, (), {"input_ids": x, "labels": y}, placement=sbpc.placement("cpu", 1))
+    exe = sbpc.compile(graph, mode="simulate")
+    out = exe.run({"input_ids": x.numpy(), "labels": y.numpy()})
+    expected = model(input_ids=x, labels=y)
+    assert set(out) == {"loss", "logits"}  # the ModelOutput's keys
+    assert float(out["loss"]) == pytest.approx(expected.loss.item(), rel=1e-5)
+    np.testing.assert_allclose(out["logits"], expected.logits.detach().numpy(), rtol=1e-4, atol=1e-5)

@@ -1,0 +1,68 @@
+"""Training an imported PyTorch module with sbpc against PyTorch itself, for
+the frontend tests (`test_torch_frontend.py`, `test_hf_models.py`)."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+import sbpc
+
+
+def loss_of(result):
+    if isinstance(result, dict):
+        return result["loss"]
+    return result[-1] if isinstance(result, tuple) else result
+
+
+def torch_run(model, batches, make_opt, dtype):
+    """PyTorch's own training: the loss per step and the final parameters."""
+    model = copy.deepcopy(model).to(dtype)
+    opt = make_opt(model)
+    losses = []
+    for x, y in batches:
+        x = x.to(dtype) if x.is_floating_point() else x
+        y = y.to(dtype) if y.is_floating_point() else y
+        opt.zero_grad()
+        loss = loss_of(model(x, y))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, {k: v.detach().double() for k, v in model.state_dict().items()}
+
+
+def check_training(model, batches, names, optimizer, make_opt, ranks=1, sbp=None, mesh=None):
+    where = sbpc.placement("cpu", ranks, mesh)
+    graph = sbpc.from_torch(model, batches[0], sbp=sbp, placement=where)
+    exe = sbpc.compile(graph, optimizer=optimizer, mode="simulate" if ranks == 1 else "auto")
+    losses = [float(exe.train_step(dict(zip(names, (t.numpy() for t in b))))["loss"]) for b in batches[:-1]]
+    ref32, params32 = torch_run(model, batches[:-1], make_opt, torch.float32)
+    ref64, params64 = torch_run(model, batches[:-1], make_opt, torch.float64)
+    np.testing.assert_allclose(losses, ref32, rtol=1e-5)
+    state = exe.state_dict()
+    assert set(state) == set(model.state_dict())
+    steps = len(batches) - 1
+    for key, p64 in params64.items():
+        diff = (state[key].double() - p64).abs().flatten()
+        spread = (params32[key] - p64).abs().max().item()
+        # sbpc is float32 too: its distance from float64 is PyTorch's own,
+        # within a factor, plus float32 rounding of the tensor's scale, for
+        # all but a few elements. Those few: split reductions sum in another
+        # order (and how depends on the machine's BLAS kernels), and Adam
+        # turns a last-bit change of a near-zero gradient into a change of
+        # its update of up to 2 lr per step (its first step is lr * sign(g)).
+        tight = 4 * spread + 1e-5 * p64.abs().max().item()
+        outliers = int((diff > tight).sum().item())
+        assert outliers <= max(2, diff.numel() // 1000), (
+            f"{key}: {outliers} of {diff.numel()} elements differ by more than {tight:.3g}"
+        )
+        assert diff.max().item() <= tight + 2 * optimizer.lr * steps, key
+    # the weights back in PyTorch give sbpc's next loss
+    model = copy.deepcopy(model)
+    model.load_state_dict(state)
+    last = batches[-1]
+    expected = float(exe.train_step(dict(zip(names, (t.numpy() for t in last))))["loss"])
+    with torch.no_grad():
+        assert loss_of(model(*last)).item() == pytest.approx(expected, rel=1e-5)
+    return exe
