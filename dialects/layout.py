@@ -105,5 +105,5 @@ def numpy_dtype(elem: Attribute) -> np.dtype:
     if isinstance(elem, Float64Type):
         return np.dtype(np.float64)
     if isinstance(elem, IntegerType):
-        return np.dtype(f"int{elem.width.data}")
+        return np.dtype(np.bool_) if elem.width.data == 1 else np.dtype(f"int{elem.width.data}")
     raise ValueError(f"no numpy dtype for element type {elem}")

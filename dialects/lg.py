@@ -134,6 +134,11 @@ def is_index(elem: Attribute) -> bool:
     return isinstance(elem, IntegerType) and elem.width.data in (32, 64)
 
 
+def is_bool(elem: Attribute) -> bool:
+    """i1: booleans (masks)."""
+    return isinstance(elem, IntegerType) and elem.width.data == 1
+
+
 def fmt_type(shape: Shape, elem: Attribute) -> str:
     return "x".join([*(str(d) for d in shape), str(elem)])
 
@@ -524,8 +529,8 @@ def _verify_source(op: IRDLOperation, float_only: bool) -> None:
     elem = element_type(op.results[0].type)
     if float_only and not is_float(elem):
         raise VerifyException(f"'{op.name}': a parameter must have a float element type, got {elem}")
-    if not (is_float(elem) or is_index(elem)):
-        raise VerifyException(f"'{op.name}': element type {elem} is not supported (float, i32 or i64)")
+    if not (is_float(elem) or is_index(elem) or is_bool(elem)):
+        raise VerifyException(f"'{op.name}': element type {elem} is not supported (float, i32, i64 or i1)")
     verify_distributions(op)
 
 
@@ -1747,10 +1752,145 @@ class EmbeddingGradOp(LgOp):
         return sigs + [(("B", "B"), ("B",)), (("P", "B"), ("P",))]
 
 
+# --------------------------------------------------------------------------
+# Booleans, integers and casts (masks computed from the inputs)
+# --------------------------------------------------------------------------
+
+
+def _require_value_type(what: str, elem: Attribute) -> None:
+    if not (is_float(elem) or is_index(elem) or is_bool(elem)):
+        raise ShapeError(f"{what} must be a float, i32, i64 or i1 tensor, got {elem}")
+
+
+@op_definition
+class CastOp(LgOp):
+    """Elementwise conversion to another element type, as PyTorch's
+    `.to(dtype)`: float to integer truncates toward zero, anything to i1 is
+    `!= 0`, i1 to a number is 0 or 1. The gradient flows between float types
+    only (an integer or boolean has none)."""
+
+    name = "lg.cast"
+
+    input = operand_def(TensorLike)
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+
+    def __init__(self, input: SSAValue, elem: Attribute):
+        super().__init__(operands=[input], result_types=[TensorType(elem, global_shape(input.type))])
+
+    def params(self):
+        return {"elem": element_type(self.result.type)}
+
+    @classmethod
+    def rule(cls, shapes, elems, elem):
+        _require_value_type("operand", elems[0])
+        _require_value_type("result", elem)
+        return shapes[0], elem
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, elem):
+        return _aligned_splits(in_shapes, out_shape, p) + [(("B",), ("B",))]
+
+    def gradient(self, g, e):
+        if not (is_float(element_type(self.input.type)) and is_float(element_type(self.result.type))):
+            return [None]
+        return [e.emit(CastOp(g, element_type(self.input.type)))]
+
+
+LOGICAL_KINDS = ("and", "or", "xor")
+
+
+@op_definition
+class LogicalOp(LgOp):
+    """Elementwise `and`, `or` or `xor` of two i1 tensors, with numpy
+    broadcasting (`not x` is `x xor true`)."""
+
+    name = "lg.logical"
+
+    lhs = operand_def(TensorLike)
+    rhs = operand_def(TensorLike)
+    kind = prop_def(StringAttr)
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$kind $lhs `,` $rhs attr-dict `:` functional-type(operands, results)"
+
+    def __init__(self, kind: str, lhs: SSAValue, rhs: SSAValue):
+        props = {"kind": StringAttr(kind)}
+        super().__init__(operands=[lhs, rhs], properties=props,
+                         result_types=[self.infer([lhs, rhs], kind=kind)])
+
+    def params(self):
+        return {"kind": self.kind.data}
+
+    @classmethod
+    def rule(cls, shapes, elems, kind):
+        if kind not in LOGICAL_KINDS:
+            raise ShapeError(f"kind must be one of {', '.join(LOGICAL_KINDS)}, got '{kind}'")
+        for elem in elems:
+            if not is_bool(elem):
+                raise ShapeError(f"operands must be i1, got {elem}")
+        return broadcast_shapes(*shapes), elems[0]
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, kind):
+        return _aligned_splits(in_shapes, out_shape, p) + [(("B", "B"), ("B",))]
+
+    def gradient(self, g, e):
+        return [None, None]
+
+
+@op_definition
+class SelectOp(LgOp):
+    """`where`: elementwise, `if_true` where the i1 condition holds and
+    `if_false` elsewhere, all three broadcast as in numpy."""
+
+    name = "lg.select"
+
+    condition = operand_def(TensorLike)
+    if_true = operand_def(TensorLike)
+    if_false = operand_def(TensorLike)
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$condition `,` $if_true `,` $if_false attr-dict `:` functional-type(operands, results)"
+
+    def __init__(self, condition: SSAValue, if_true: SSAValue, if_false: SSAValue):
+        super().__init__(operands=[condition, if_true, if_false],
+                         result_types=[self.infer([condition, if_true, if_false])])
+
+    @classmethod
+    def rule(cls, shapes, elems, **params):
+        if not is_bool(elems[0]):
+            raise ShapeError(f"condition must be i1, got {elems[0]}")
+        _require_value_type("values", elems[1])
+        if elems[1] != elems[2]:
+            raise ShapeError(f"values must share one element type, got {elems[1]}, {elems[2]}")
+        return broadcast_shapes(*shapes), elems[1]
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, **params):
+        """Linear in the two values together: partial values under one whole
+        condition stay partial."""
+        return _aligned_splits(in_shapes, out_shape, p) + [(("B", "B", "B"), ("B",)), (("B", "P", "P"), ("P",))]
+
+    def gradient(self, g, e):
+        zero = e.scalar(0.0, g)
+        return [None,
+                e.unbroadcast(e.emit(SelectOp(self.condition, g, zero)), global_shape(self.if_true.type)),
+                e.unbroadcast(e.emit(SelectOp(self.condition, zero, g)), global_shape(self.if_false.type))]
+
+
 UNARY_OPS = (NegOp, ReluOp, GeluOp, TanhOp, ErfOp, ExpOp, SqrtOp, RsqrtOp)
 BINARY_OPS = (AddOp, SubOp, MulOp, DivOp)
 REDUCE_OPS = (ReduceSumOp, ReduceMeanOp, ReduceMaxOp)
 GRADIENT_OPS = (StepOp, OneHotOp, EmbeddingGradOp)
+MASK_OPS = (CastOp, LogicalOp, SelectOp)
 
 LG = Dialect(
     "lg",
@@ -1776,6 +1916,7 @@ LG = Dialect(
         CrossEntropyOp,
         MseLossOp,
         *GRADIENT_OPS,
+        *MASK_OPS,
     ],
     [ZerosInitAttr, OnesInitAttr, FillInitAttr, NormalInitAttr, UniformInitAttr],
 )

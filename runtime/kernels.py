@@ -30,7 +30,7 @@ from sbpc.dialects import lg, plan
 from sbpc.dialects.backends import Backend
 from sbpc.dialects.layout import numpy_dtype
 from sbpc.semantics.local_eval import Fused, LocalContext
-from sbpc.semantics.reference import EvaluationError, check_range, erf, max_with_identity
+from sbpc.semantics.reference import LOGICAL, EvaluationError, check_range, erf, max_with_identity
 
 Fire = Callable[[Sequence[np.ndarray], np.ndarray], None]
 """A bound kernel: fire(inputs, out) writes its result into `out`."""
@@ -392,6 +392,34 @@ def _bind_one_hot(op: lg.OneHotOp, local, ins, out) -> Fire:
         check_range(op, "label", labels, classes)
         np.add(base, labels, out=flat)
         np.put(o, flat, 1, mode="clip")
+
+    return fire
+
+
+@NUMPY.impl(lg.CastOp)
+def _bind_cast(op: lg.CastOp, local, ins, out) -> Fire:
+    def fire(xs, o):
+        np.copyto(o, xs[0], casting="unsafe")  # to bool: != 0; float to int: toward zero
+
+    return fire
+
+
+@NUMPY.impl(lg.LogicalOp)
+def _bind_logical(op: lg.LogicalOp, local, ins, out) -> Fire:
+    ufunc = LOGICAL[op.kind.data]
+
+    def fire(xs, o):
+        ufunc(xs[0], xs[1], out=o)
+
+    return fire
+
+
+@NUMPY.impl(lg.SelectOp)
+def _bind_select(op: lg.SelectOp, local, ins, out) -> Fire:
+    def fire(xs, o):
+        condition, if_true, if_false = xs
+        np.copyto(o, if_false)
+        np.copyto(o, if_true, where=condition)
 
     return fire
 

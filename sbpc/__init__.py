@@ -18,7 +18,7 @@ _FRONTEND = [
     "Graph", "Tensor", "Placement", "placement", "S", "B", "P", "zeros", "ones", "fill", "normal", "uniform",
     "neg", "relu", "gelu", "tanh", "erf", "exp", "sqrt", "rsqrt", "add", "sub", "mul", "div", "matmul", "softmax",
     "log_softmax", "layernorm", "reduce_sum", "reduce_mean", "reduce_max", "reshape", "transpose", "broadcast_to",
-    "concat", "slice", "embedding", "cross_entropy", "mse_loss",
+    "concat", "slice", "embedding", "cross_entropy", "mse_loss", "cast", "logical", "where",
 ]
 _WHERE = {
     "make_context": "sbpc.dialects",
@@ -63,6 +63,7 @@ if TYPE_CHECKING:
         Tensor,
         add,
         broadcast_to,
+        cast,
         concat,
         cross_entropy,
         div,
@@ -73,6 +74,7 @@ if TYPE_CHECKING:
         gelu,
         layernorm,
         log_softmax,
+        logical,
         matmul,
         mse_loss,
         mul,
@@ -93,6 +95,7 @@ if TYPE_CHECKING:
         tanh,
         transpose,
         uniform,
+        where,
         zeros,
     )
     from sbpc.torch_frontend import TorchImportError, from_torch

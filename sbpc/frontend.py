@@ -22,8 +22,8 @@ rule, so a graph that builds is a graph that verifies.
 from __future__ import annotations
 
 import contextlib
+import typing
 from collections.abc import Sequence
-from typing import cast
 
 import numpy as np
 from xdsl.dialects.builtin import AnyFloat, DenseIntOrFPElementsAttr, IntegerType, ModuleOp, SymbolRefAttr, TensorType
@@ -257,9 +257,11 @@ class Graph:
         """A constant tensor of `value`'s numpy type, or of `dtype` (bf16, which numpy lacks)."""
         array = np.asarray(value)
         dtype = dtype or {"float32": "f32", "float64": "f64", "float16": "f16", "int64": "i64",
-                          "int32": "i32"}[str(array.dtype)]
+                          "int32": "i32", "bool": "i1"}[str(array.dtype)]
+        if array.dtype == np.bool_:
+            array = array.astype(np.int64)  # an i1 attribute is written from 0s and 1s
         # a float or an integer tensor by the dtype above; from_list's overloads take one or the other
-        t = cast("TensorType[AnyFloat] | TensorType[IntegerType]", tensor_type(array.shape, dtype))
+        t = typing.cast("TensorType[AnyFloat] | TensorType[IntegerType]", tensor_type(array.shape, dtype))
         data = array.ravel().tolist() if array.size else []
         return self.add(lg.ConstantOp(DenseIntOrFPElementsAttr.from_list(t, data)))
 
@@ -354,6 +356,22 @@ def transpose(x: Tensor, perm: Sequence[int]) -> Tensor:
 
 def broadcast_to(x: Tensor, shape: Sequence[int]) -> Tensor:
     return x.graph.add(lg.BroadcastToOp(x.value, shape))
+
+
+def cast(x: Tensor, dtype: str) -> Tensor:
+    """`x` converted elementwise to `dtype` ("f32", "i64", "i1", ...): to
+    "i1" is `!= 0`, float to integer truncates toward zero."""
+    return x.graph.add(lg.CastOp(x.value, ELEMENT_TYPES[dtype]))
+
+
+def logical(kind: str, a: Tensor, b: Tensor) -> Tensor:
+    """Elementwise "and", "or" or "xor" of two i1 tensors (broadcast)."""
+    return a.graph.add(lg.LogicalOp(kind, a.value, b.value))
+
+
+def where(condition: Tensor, if_true: Tensor, if_false: Tensor) -> Tensor:
+    """`if_true` where the i1 `condition` holds, `if_false` elsewhere (broadcast)."""
+    return condition.graph.add(lg.SelectOp(condition.value, if_true.value, if_false.value))
 
 
 def concat(xs: Sequence[Tensor], axis: int = 0) -> Tensor:

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from xdsl.dialects.builtin import ModuleOp, TensorType, bf16, f16, f32, f64, i32, i64
+from xdsl.dialects.builtin import ModuleOp, TensorType, bf16, f16, f32, f64, i1, i32, i64
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 
 from sbpc.dialects import lg
 
-ELEMENT_TYPES: dict[str, Attribute] = {"bf16": bf16, "f16": f16, "f32": f32, "f64": f64, "i32": i32, "i64": i64}
+ELEMENT_TYPES: dict[str, Attribute] = {"bf16": bf16, "f16": f16, "f32": f32, "f64": f64, "i32": i32, "i64": i64,
+                                       "i1": i1}
 
 
 def tensor_type(shape: Sequence[int], dtype: str | Attribute = "f32") -> TensorType:

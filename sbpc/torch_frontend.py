@@ -60,7 +60,7 @@ class TorchImportError(ValueError):
 
 
 _DTYPES = {"torch.float32": "f32", "torch.float64": "f64", "torch.float16": "f16", "torch.bfloat16": "bf16",
-           "torch.int64": "i64", "torch.int32": "i32"}
+           "torch.int64": "i64", "torch.int32": "i32", "torch.bool": "i1"}
 
 
 def from_torch(module, args, kwargs: Mapping[str, Any] | None = None, *, sbp: Mapping[str, Any] | None = None,
@@ -655,14 +655,75 @@ def _identity(im: _Importer, x, memory_format=None):
 
 
 @rule("aten._to_copy", "aten.to.dtype", "aten.to.dtype_layout", "aten.to.device", "aten.type_as")
-def _to(im: _Importer, x, dtype=None, *args, **kwargs):
+def _to(im: _Importer, x, *args, **kwargs):
+    """`.to(dtype)`, `.to(device, dtype)`, `.type_as(other)`: a cast where the
+    dtype changes (lg.cast), the value itself where it does not; the device
+    is the placement's business."""
+    import torch
+
     x = im.lift(x)
-    target = dtype if dtype is not None and not isinstance(dtype, Tensor) else kwargs.get("dtype")
-    if isinstance(dtype, Tensor):
-        target = None if dtype.dtype == x.dtype else "another dtype"
-    if target is not None and _DTYPES.get(str(target)) != str(x.dtype):
-        raise ValueError(f"a cast from {x.dtype} to {target} (sbpc keeps one dtype per value)")
-    return x
+    wanted = None
+    for a in (*args, kwargs.get("dtype")):
+        if isinstance(a, Tensor):
+            wanted = str(a.dtype)
+        elif isinstance(a, torch.dtype):
+            if str(a) not in _DTYPES:
+                raise ValueError(f"a cast to {a}, which sbpc does not support (supported: {', '.join(_DTYPES)})")
+            wanted = _DTYPES[str(a)]
+        if wanted is not None:
+            break
+    return x if wanted is None or wanted == str(x.dtype) else fe.cast(x, wanted)
+
+
+def _boolean(im: _Importer, value, what: str) -> Tensor:
+    """An i1 tensor of a value: a computed i1 tensor, or a constant's truth."""
+    if isinstance(value, Tensor):
+        if str(value.dtype) != "i1":
+            raise ValueError(f"{what} of a {value.dtype} tensor (sbpc takes bool tensors here)")
+        return value
+    known = im.known(value)
+    if known is None:
+        raise TypeError(f"expected a tensor or a number, got {type(value).__name__}")
+    return im.g.constant(known.astype(bool))
+
+
+def _logical_rule(kind: str):
+    def lower(im: _Importer, a, b):
+        return fe.logical(kind, _boolean(im, a, f"'{kind}'"), _boolean(im, b, f"'{kind}'"))
+
+    return lower
+
+
+for _kind, _names in (("and", ("aten.__and__.Tensor", "aten.bitwise_and.Tensor", "aten.logical_and")),
+                      ("or", ("aten.__or__.Tensor", "aten.bitwise_or.Tensor", "aten.logical_or")),
+                      ("xor", ("aten.__xor__.Tensor", "aten.bitwise_xor.Tensor", "aten.logical_xor"))):
+    rule(*_names)(_logical_rule(_kind))
+
+
+@rule("aten.logical_not", "aten.bitwise_not")
+def _not(im: _Importer, x):
+    return fe.logical("xor", _boolean(im, x, "'not'"), im.g.constant(np.asarray(True)))
+
+
+@rule("aten.index.Tensor")
+def _index(im: _Importer, x, indices):
+    """Indexing with index tensors known at import time that only insert and
+    broadcast axes (transformers' masks index a padding mask with broadcast
+    `arange`s): a reshape and a broadcast. Other gathers are not supported."""
+    x = im.lift(x)
+    known = [None if i is None else im.known(i) for i in indices]
+    if any(i is None and k is not None for i, k in zip(indices, known)) or any(
+            i is not None and k is None for i, k in zip(indices, known)):
+        raise ValueError("indexing with indices computed from the inputs")
+    where = np.arange(math.prod(x.shape)).reshape(x.shape)[
+        tuple(slice(None) if k is None else k for k in known)]
+    spread = [axis for axis in range(where.ndim)
+              if np.all(where == where.take([0], axis=axis))]  # the same element all along: broadcast
+    core = where[tuple(slice(0, 1) if axis in spread else slice(None) for axis in range(where.ndim))]
+    if not np.array_equal(core.ravel(), np.arange(math.prod(x.shape))):
+        raise ValueError("indexing that gathers (sbpc imports indexing that only adds and broadcasts axes)")
+    reshaped = fe.reshape(x, list(core.shape)) if tuple(core.shape) != tuple(x.shape) else x
+    return fe.broadcast_to(reshaped, list(where.shape)) if core.shape != where.shape else reshaped
 
 
 @rule("aten._assert_tensor_metadata")
@@ -796,17 +857,22 @@ def _masked_fill(im: _Importer, x, mask, value):
     return x + _additive_mask(im, mask_value.astype(bool), float(fill), x)
 
 
-@rule("aten.where.self")
+@rule("aten.where.self", "aten.where.ScalarOther", "aten.where.ScalarSelf", "aten.where.Scalar")
 def _where(im: _Importer, condition, a, b):
     cond = im.known(condition)
-    if cond is None:
-        raise ValueError("where with a condition computed from the inputs")
-    cond = cond.astype(bool)
-    for kept, other, choose in ((a, b, ~cond), (b, a, cond)):
-        fill = im.known(other)
-        if isinstance(kept, Tensor) and fill is not None and fill.size == 1:
-            return kept + _additive_mask(im, choose, float(fill), kept) if choose.any() else kept
-    raise ValueError("where that chooses between two computed tensors")
+    if cond is not None:  # a mask known at import time: an additive mask, no select
+        cond = cond.astype(bool)
+        for kept, other, choose in ((a, b, ~cond), (b, a, cond)):
+            fill = im.known(other)
+            if isinstance(kept, Tensor) and fill is not None and fill.size == 1:
+                return kept + _additive_mask(im, choose, float(fill), kept) if choose.any() else kept
+    dtype = _DTYPES.get(str(im.node.meta["val"].dtype)) if "val" in im.node.meta else None
+    if dtype is None:
+        raise ValueError("where whose result dtype is not known")
+    values = [v if isinstance(v, Tensor) else im.g.constant(np.asarray(im.known(v), fe._numpy_of(
+        fe.ELEMENT_TYPES[dtype]))) for v in (a, b)]
+    values = [v if str(v.dtype) == dtype else fe.cast(v, dtype) for v in values]
+    return fe.where(_boolean(im, condition, "where's condition"), *values)
 
 
 @rule("aten.scaled_dot_product_attention")

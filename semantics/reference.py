@@ -212,6 +212,18 @@ def _one_hot(op: lg.OneHotOp, labels: np.ndarray) -> np.ndarray:
     return np.eye(classes)[np.where(kept, labels, 0)] * kept[..., None]
 
 
+@REFERENCE.impl(lg.CastOp)
+def _cast(op: lg.CastOp, x: np.ndarray) -> np.ndarray:
+    return x.astype(numpy_dtype(element_type(op.result.type)))
+
+
+LOGICAL = {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}
+"""lg.logical's kinds as numpy ufuncs."""
+
+REFERENCE.register(lg.LogicalOp, lambda op, a, b: LOGICAL[op.kind.data](a, b))
+REFERENCE.register(lg.SelectOp, lambda op, c, a, b: np.where(c, a, b))
+
+
 @REFERENCE.impl(lg.EmbeddingGradOp)
 def _embedding_grad(op: lg.EmbeddingGradOp, grad: np.ndarray, indices: np.ndarray) -> np.ndarray:
     rows = op.rows.value.data

@@ -5,7 +5,9 @@ PyTorch (`torch_training.check_training`): GPT-2 (tied head, Conv1D, the
 shifted loss with ignored labels), LLaMA with and without grouped-query
 attention (rotary embeddings under `torch.no_grad`, RMSNorm), BERT for
 sequence classification and masked language modelling (`padding_idx`
-embeddings, token types, the pooler)."""
+embeddings, token types, the pooler, and an `attention_mask` fed with each
+batch, its padding different per row: a mask computed from an input, through
+lg.cast, lg.logical and lg.select)."""
 
 import sys
 from pathlib import Path
@@ -34,8 +36,8 @@ class LossOf(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids, labels):
-        return self.model(input_ids=input_ids, labels=labels).loss
+    def forward(self, input_ids, labels, attention_mask=None):
+        return self.model(input_ids=input_ids, labels=labels, attention_mask=attention_mask).loss
 
 
 def _eager(model):
@@ -102,6 +104,19 @@ def class_batches(count=STEPS + 1, batch=4, seq=8):
     return batches
 
 
+def padded(batches, seed=6):
+    """Each batch with an attention mask: row r keeps its first tokens and
+    pads the rest (token 0, the padding token), a different length per row."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for x, y in batches:
+        lengths = torch.randint(2, x.shape[1] + 1, (x.shape[0],), generator=g)
+        lengths[0] = x.shape[1]
+        mask = (torch.arange(x.shape[1])[None, :] < lengths[:, None]).long()
+        out.append((torch.where(mask.bool(), x, torch.zeros_like(x)), y, mask))
+    return out
+
+
 def adam():
     return sbpc.optim.Adam(lr=1e-3), lambda m: torch.optim.Adam(m.parameters(), lr=1e-3)
 
@@ -110,6 +125,9 @@ DATA_PARALLEL = {"input_ids": S(0), "labels": S(0)}
 GPT2_TP = {"*.c_attn.weight": S(1), "*.c_attn.bias": S(0), "*.attn.c_proj.weight": S(0),
            "*.c_fc.weight": S(1), "*.c_fc.bias": S(0), "*.mlp.c_proj.weight": S(0)}
 """Megatron's split in GPT-2's Conv1D layout (weights are (in, out))."""
+BERT_TP = {"*.self.query.weight": S(0), "*.self.query.bias": S(0), "*.self.key.weight": S(0),
+           "*.self.key.bias": S(0), "*.self.value.weight": S(0), "*.self.value.bias": S(0),
+           "*.output.dense.weight": S(1), "*.intermediate.dense.weight": S(0), "*.intermediate.dense.bias": S(0)}
 LLAMA_TP = {"*.q_proj.weight": S(0), "*.k_proj.weight": S(0), "*.v_proj.weight": S(0), "*.o_proj.weight": S(1),
             "*.gate_proj.weight": S(0), "*.up_proj.weight": S(0), "*.down_proj.weight": S(1)}
 
@@ -147,6 +165,19 @@ def test_bert_trains_as_pytorch(head, batches, ranks, sbp):
         initial = bert(head).bert.embeddings.word_embeddings.weight.detach()
         np.testing.assert_array_equal(rows[0].numpy(), initial[0].numpy())
         assert not np.array_equal(rows[1].numpy(), initial[1].numpy())
+
+
+@pytest.mark.parametrize("head, batches, ranks, sbp", [
+    pytest.param("BertForSequenceClassification", class_batches, 1, None, marks=pytest.mark.full),
+    ("BertForSequenceClassification", class_batches, 2, {**DATA_PARALLEL, "attention_mask": S(0)}),
+    ("BertForSequenceClassification", class_batches, 4, BERT_TP),
+    ("BertForMaskedLM", masked_batches, 1, None),
+], ids=["sequence classification, 1 rank", "sequence classification, data parallel 2",
+        "sequence classification, tensor parallel 4", "masked LM, 1 rank"])
+def test_bert_with_a_padding_mask_per_batch_trains_as_pytorch(head, batches, ranks, sbp):
+    optimizer, make_opt = adam()
+    check_training(LossOf(bert(head)), padded(batches()), ["input_ids", "labels", "attention_mask"], optimizer,
+                   make_opt, ranks, sbp)
 
 
 def test_a_model_imports_directly_with_its_keyword_inputs_and_named_outputs():

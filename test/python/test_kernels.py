@@ -57,7 +57,12 @@ def every_op_module(ranks: int, device: str = "cpu", batch: int = 8):
     t = logits.transpose(1, 0).reshape(3, 2 * batch)
     b = sbpc.broadcast_to(logits.mean(axes=(0,)), (batch, 6))
     s = sbpc.softmax(logits, axis=1) + sbpc.log_softmax(logits - b, axis=0)
-    loss = sbpc.cross_entropy(logits, labels) + sbpc.mse_loss(s, b) * 0.1 + t.sum(axes=(0, 1)) * 0.01
+    # a mask computed from an input: cast to i1, a logical op, a select whose
+    # chosen values carry a gradient
+    keep = sbpc.logical("xor", sbpc.cast(ids, "i1"), g.constant(np.array([True, False, True])))
+    picked = sbpc.where(keep, sbpc.slice(logits, [0, 0], [batch, 3]), sbpc.cast(ids, "f32"))
+    loss = (sbpc.cross_entropy(logits, labels) + sbpc.mse_loss(s, b) * 0.1 + t.sum(axes=(0, 1)) * 0.01
+            + picked.sum(axes=(0, 1)) * 0.01)
     g.output(loss=loss, s=s, top=t.max(axes=(0,)))
     module = g.module()
     LgAutodiffPass().apply(Context(), module)

@@ -21,11 +21,10 @@ def torch_run(model, batches, make_opt, dtype):
     model = copy.deepcopy(model).to(dtype)
     opt = make_opt(model)
     losses = []
-    for x, y in batches:
-        x = x.to(dtype) if x.is_floating_point() else x
-        y = y.to(dtype) if y.is_floating_point() else y
+    for batch in batches:
+        batch = [t.to(dtype) if t.is_floating_point() else t for t in batch]
         opt.zero_grad()
-        loss = loss_of(model(x, y))
+        loss = loss_of(model(*batch))
         loss.backward()
         opt.step()
         losses.append(loss.item())

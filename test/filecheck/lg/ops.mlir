@@ -55,6 +55,9 @@ lg.graph @all_ops on @mesh {
   %eg = lg.embedding_grad %em, %ids rows 16 : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>
   %emp = lg.embedding %w, %ids padding 0 : (tensor<16x4xf32>, tensor<2x3xi32>) -> tensor<2x3x4xf32>
   %egp = lg.embedding_grad %em, %ids rows 16 padding 0 : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>
+  %mask = lg.cast %ids : tensor<2x3xi32> -> tensor<2x3xi1>
+  %both = lg.logical "and" %mask, %mask : (tensor<2x3xi1>, tensor<2x3xi1>) -> tensor<2x3xi1>
+  %picked = lg.select %both, %ids, %ids : (tensor<2x3xi1>, tensor<2x3xi32>, tensor<2x3xi32>) -> tensor<2x3xi32>
   lg.output ["loss", "mse", "emb"] %ce, %mse, %em : tensor<f32>, tensor<f32>, tensor<2x3x4xf32>
 }
 
@@ -108,6 +111,9 @@ lg.graph @all_ops on @mesh {
 // CHECK-NEXT:   %eg = lg.embedding_grad %em, %ids rows 16 : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>
 // CHECK-NEXT:   %emp = lg.embedding %w, %ids padding 0 : (tensor<16x4xf32>, tensor<2x3xi32>) -> tensor<2x3x4xf32>
 // CHECK-NEXT:   %egp = lg.embedding_grad %em, %ids rows 16 padding 0 : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>
+// CHECK-NEXT:   %mask = lg.cast %ids : tensor<2x3xi32> -> tensor<2x3xi1>
+// CHECK-NEXT:   %both = lg.logical "and" %mask, %mask : (tensor<2x3xi1>, tensor<2x3xi1>) -> tensor<2x3xi1>
+// CHECK-NEXT:   %picked = lg.select %both, %ids, %ids : (tensor<2x3xi1>, tensor<2x3xi32>, tensor<2x3xi32>) -> tensor<2x3xi32>
 // CHECK-NEXT:   lg.output ["loss", "mse", "emb"] %ce, %mse, %em : tensor<f32>, tensor<f32>, tensor<2x3x4xf32>
 // CHECK-NEXT: }
 
@@ -131,6 +137,9 @@ lg.graph @all_ops on @mesh {
 // GENERIC-NEXT:   %eg = "lg.embedding_grad"(%em, %ids) <{rows = 16 : i64}> : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>
 // GENERIC-NEXT:   %emp = "lg.embedding"(%w, %ids) <{padding_idx = 0 : i64}> : (tensor<16x4xf32>, tensor<2x3xi32>) -> tensor<2x3x4xf32>
 // GENERIC-NEXT:   %egp = "lg.embedding_grad"(%em, %ids) <{rows = 16 : i64, padding_idx = 0 : i64}> : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>
+// GENERIC-NEXT:   %mask = "lg.cast"(%ids) : (tensor<2x3xi32>) -> tensor<2x3xi1>
+// GENERIC-NEXT:   %both = "lg.logical"(%mask, %mask) <{kind = "and"}> : (tensor<2x3xi1>, tensor<2x3xi1>) -> tensor<2x3xi1>
+// GENERIC-NEXT:   %picked = "lg.select"(%both, %ids, %ids) : (tensor<2x3xi1>, tensor<2x3xi32>, tensor<2x3xi32>) -> tensor<2x3xi32>
 // GENERIC:        "lg.output"(%ce, %mse, %em) <{names = ["loss", "mse", "emb"]}> : (tensor<f32>, tensor<f32>, tensor<2x3x4xf32>) -> ()
 
 // -----

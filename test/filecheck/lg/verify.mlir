@@ -306,10 +306,68 @@ lg.graph @g {
 // -----
 
 lg.graph @g {
-  %x = lg.input "x" : tensor<4xi1>
-  lg.output ["x"] %x : tensor<4xi1>
+  %x = lg.input "x" : tensor<4xi8>
+  lg.output ["x"] %x : tensor<4xi8>
 }
-// CHECK: 'lg.input': element type i1 is not supported (float, i32 or i64)
+// CHECK: 'lg.input': element type i8 is not supported (float, i32, i64 or i1)
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<4xf32>
+  %y = lg.cast %x : tensor<4xf32> -> tensor<4xi8>
+  lg.output ["y"] %y : tensor<4xi8>
+}
+// CHECK: 'lg.cast': result must be a float, i32, i64 or i1 tensor, got i8
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<4xf32>
+  %y = lg.cast %x : tensor<4xf32> -> tensor<3xi1>
+  lg.output ["y"] %y : tensor<3xi1>
+}
+// CHECK: 'lg.cast': result type 3xi1 does not match the inferred 4xi1
+
+// -----
+
+lg.graph @g {
+  %a = lg.input "a" : tensor<4xi1>
+  %b = lg.input "b" : tensor<4xf32>
+  %y = lg.logical "and" %a, %b : (tensor<4xi1>, tensor<4xf32>) -> tensor<4xi1>
+  lg.output ["y"] %y : tensor<4xi1>
+}
+// CHECK: 'lg.logical': operands must be i1, got f32
+
+// -----
+
+lg.graph @g {
+  %a = lg.input "a" : tensor<4xi1>
+  %y = lg.logical "nand" %a, %a : (tensor<4xi1>, tensor<4xi1>) -> tensor<4xi1>
+  lg.output ["y"] %y : tensor<4xi1>
+}
+// CHECK: 'lg.logical': kind must be one of and, or, xor, got 'nand'
+
+// -----
+
+lg.graph @g {
+  %c = lg.input "c" : tensor<4xf32>
+  %a = lg.input "a" : tensor<4xf32>
+  %y = lg.select %c, %a, %a : (tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  lg.output ["y"] %y : tensor<4xf32>
+}
+// CHECK: 'lg.select': condition must be i1, got f32
+
+// -----
+
+lg.graph @g {
+  %c = lg.input "c" : tensor<4xi1>
+  %a = lg.input "a" : tensor<4xf32>
+  %b = lg.input "b" : tensor<4xi64>
+  %y = lg.select %c, %a, %b : (tensor<4xi1>, tensor<4xf32>, tensor<4xi64>) -> tensor<4xf32>
+  lg.output ["y"] %y : tensor<4xf32>
+}
+// CHECK: 'lg.select': values must share one element type, got f32, i64
 
 // -----
 
