@@ -132,7 +132,8 @@ LLAMA_TP = {"*.q_proj.weight": S(0), "*.k_proj.weight": S(0), "*.v_proj.weight":
             "*.gate_proj.weight": S(0), "*.up_proj.weight": S(0), "*.down_proj.weight": S(1)}
 
 
-@pytest.mark.parametrize("ranks, sbp", [(1, None), pytest.param(2, DATA_PARALLEL, marks=pytest.mark.full),
+@pytest.mark.parametrize("ranks, sbp", [pytest.param(1, None, marks=pytest.mark.full),
+                                         pytest.param(2, DATA_PARALLEL, marks=pytest.mark.full),
                                          (4, GPT2_TP)], ids=["1 rank", "data parallel 2", "tensor parallel 4"])
 def test_gpt2_trains_as_pytorch(ranks, sbp):
     optimizer, make_opt = adam()
@@ -141,7 +142,7 @@ def test_gpt2_trains_as_pytorch(ranks, sbp):
 
 @pytest.mark.parametrize("kv_heads, ranks, sbp", [
     pytest.param(4, 1, None, marks=pytest.mark.full),
-    (2, 2, DATA_PARALLEL),
+    pytest.param(2, 2, DATA_PARALLEL, marks=pytest.mark.full),
     (2, 4, LLAMA_TP),
 ], ids=["1 rank", "grouped-query, data parallel 2", "grouped-query, tensor parallel 4"])
 def test_llama_trains_as_pytorch(kv_heads, ranks, sbp):
@@ -152,7 +153,7 @@ def test_llama_trains_as_pytorch(kv_heads, ranks, sbp):
 
 @pytest.mark.parametrize("head, batches, ranks, sbp", [
     ("BertForSequenceClassification", class_batches, 2, DATA_PARALLEL),
-    ("BertForMaskedLM", masked_batches, 1, None),
+    pytest.param("BertForMaskedLM", masked_batches, 1, None, marks=pytest.mark.full),
 ], ids=["sequence classification, data parallel 2", "masked LM, 1 rank"])
 def test_bert_trains_as_pytorch(head, batches, ranks, sbp):
     optimizer, make_opt = adam()
@@ -169,7 +170,8 @@ def test_bert_trains_as_pytorch(head, batches, ranks, sbp):
 
 @pytest.mark.parametrize("head, batches, ranks, sbp", [
     pytest.param("BertForSequenceClassification", class_batches, 1, None, marks=pytest.mark.full),
-    ("BertForSequenceClassification", class_batches, 2, {**DATA_PARALLEL, "attention_mask": S(0)}),
+    pytest.param("BertForSequenceClassification", class_batches, 2, {**DATA_PARALLEL, "attention_mask": S(0)},
+                 marks=pytest.mark.full),
     ("BertForSequenceClassification", class_batches, 4, BERT_TP),
     ("BertForMaskedLM", masked_batches, 1, None),
 ], ids=["sequence classification, 1 rank", "sequence classification, data parallel 2",
