@@ -58,7 +58,7 @@ def gpt(**config):
 
 
 @pytest.mark.parametrize("ranks, sbp, mesh", [
-    (1, None, None),
+    pytest.param(1, None, None, marks=pytest.mark.full),  # the import itself is the 2-D case's too
     pytest.param(2, {"idx": S(0), "targets": S(0)}, None, marks=pytest.mark.full),  # the 2-D case's data axis
     (4, {"idx": (S(0), B), "targets": (S(0), B), **{k: (B, v) for k, v in TP.items()}}, (2, 2)),
 ], ids=["1 rank", "data parallel 2", "2-D 2x2"])
@@ -74,7 +74,7 @@ def test_nanogpt_with_sdpa_tanh_gelu_and_no_bias_trains_tensor_parallel_as_pytor
                    4, tp)
 
 
-@pytest.mark.parametrize("ranks, sbp", [(1, None),
+@pytest.mark.parametrize("ranks, sbp", [pytest.param(1, None, marks=pytest.mark.full),
                                          pytest.param(2, {"tokens": S(0), "targets": S(0)}, marks=pytest.mark.full),
                                          (4, LLAMA_TP)],
                          ids=["1 rank", "data parallel 2", "tensor parallel 4"])
