@@ -675,10 +675,13 @@ def _to(im: _Importer, x, *args, **kwargs):
     return x if wanted is None or wanted == str(x.dtype) else fe.cast(x, wanted)
 
 
-def _boolean(im: _Importer, value, what: str) -> Tensor:
-    """An i1 tensor of a value: a computed i1 tensor, or a constant's truth."""
+def _boolean(im: _Importer, value, what: str, truth: bool = False) -> Tensor:
+    """An i1 tensor of a value: a computed i1 tensor (or, with `truth`, any
+    computed tensor's `!= 0`, as torch.logical_* take it), or a constant's truth."""
     if isinstance(value, Tensor):
         if str(value.dtype) != "i1":
+            if truth:
+                return fe.cast(value, "i1")
             raise ValueError(f"{what} of a {value.dtype} tensor (sbpc takes bool tensors here)")
         return value
     known = im.known(value)
@@ -687,22 +690,28 @@ def _boolean(im: _Importer, value, what: str) -> Tensor:
     return im.g.constant(known.astype(bool))
 
 
-def _logical_rule(kind: str):
+def _logical_rule(kind: str, truth: bool):
     def lower(im: _Importer, a, b):
-        return fe.logical(kind, _boolean(im, a, f"'{kind}'"), _boolean(im, b, f"'{kind}'"))
+        return fe.logical(kind, _boolean(im, a, f"'{kind}'", truth), _boolean(im, b, f"'{kind}'", truth))
 
     return lower
 
 
-for _kind, _names in (("and", ("aten.__and__.Tensor", "aten.bitwise_and.Tensor", "aten.logical_and")),
-                      ("or", ("aten.__or__.Tensor", "aten.bitwise_or.Tensor", "aten.logical_or")),
-                      ("xor", ("aten.__xor__.Tensor", "aten.bitwise_xor.Tensor", "aten.logical_xor"))):
-    rule(*_names)(_logical_rule(_kind))
+for _kind in ("and", "or", "xor"):
+    # &, |, ^ on bool tensors (on integers they are bitwise, which lg has not);
+    # torch.logical_* take any tensor's truth
+    rule(f"aten.__{_kind}__.Tensor", f"aten.bitwise_{_kind}.Tensor")(_logical_rule(_kind, truth=False))
+    rule(f"aten.logical_{_kind}")(_logical_rule(_kind, truth=True))
 
 
-@rule("aten.logical_not", "aten.bitwise_not")
+@rule("aten.bitwise_not")
 def _not(im: _Importer, x):
     return fe.logical("xor", _boolean(im, x, "'not'"), im.g.constant(np.asarray(True)))
+
+
+@rule("aten.logical_not")
+def _logical_not(im: _Importer, x):
+    return fe.logical("xor", _boolean(im, x, "'not'", truth=True), im.g.constant(np.asarray(True)))
 
 
 @rule("aten.index.Tensor")
@@ -712,8 +721,7 @@ def _index(im: _Importer, x, indices):
     `arange`s): a reshape and a broadcast. Other gathers are not supported."""
     x = im.lift(x)
     known = [None if i is None else im.known(i) for i in indices]
-    if any(i is None and k is not None for i, k in zip(indices, known)) or any(
-            i is not None and k is None for i, k in zip(indices, known)):
+    if any(i is not None and k is None for i, k in zip(indices, known)):
         raise ValueError("indexing with indices computed from the inputs")
     where = np.arange(math.prod(x.shape)).reshape(x.shape)[
         tuple(slice(None) if k is None else k for k in known)]

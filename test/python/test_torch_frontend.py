@@ -294,6 +294,32 @@ def test_dropout_in_training_is_refused_with_the_users_line():
         sbpc.from_torch(model, tokens(0))
 
 
+class MaskedMean(nn.Module):
+    """A mask computed from the inputs as transformers builds one: a cast,
+    logical ops, indexing that adds a broadcast axis, a where."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x, keep, counts):
+        mask = keep & ~torch.tensor([False, True, False, False])
+        mask = torch.logical_or(mask, counts)  # any nonzero count keeps the column too
+        rows = mask[torch.arange(3)[:, None, None], torch.arange(4)[None, None, :]]  # (3, 1, 4)
+        y = torch.where(rows, self.proj(x).unsqueeze(1), -1.5)
+        return (y.to(torch.float64) * 2).to(torch.float32).mean()
+
+
+def test_a_mask_computed_from_the_inputs_is_imported_and_trains():
+    torch.manual_seed(0)
+    model = MaskedMean()
+    g = torch.Generator().manual_seed(7)
+    batches = [(torch.randn(3, 4, generator=g), torch.rand(3, 4, generator=g) < 0.5,
+                torch.randint(0, 2, (3, 4), generator=g)) for _ in range(4)]
+    check_training(model, batches, ["x", "keep", "counts"], sbpc.optim.SGD(lr=0.1),
+                   lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
+
+
 class NoGradOverTheInput(nn.Module):
     def __init__(self):
         super().__init__()
