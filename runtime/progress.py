@@ -46,9 +46,9 @@ class Progress:
             np.save(f, np.array([os.getpid(), -1, -1], dtype=np.int64))
         os.replace(aside, path)
         self.fields = np.load(path, mmap_mode="r+")
-        for end, path in enumerate(lifelines(self.folder, rank)):
+        for end, fifo in enumerate(lifelines(self.folder, rank)):
             try:  # the driver's DeathWatch made them; none where no driver watches
-                line = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+                line = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
             except OSError:
                 return
             os.write(line, b"+")

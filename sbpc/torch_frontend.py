@@ -318,13 +318,11 @@ class _Importer:
     def _stack_trace(self, node) -> str:
         """Where PyTorch recorded the node; for a higher-order op, which
         export records without one, where its region's first op was."""
-        trace = node.meta.get("stack_trace") or ""
+        if node.meta.get("stack_trace"):
+            return node.meta["stack_trace"]
         regions = [self.env[a] for a in node.args if getattr(a, "op", None) == "get_attr" and a in self.env]
-        for region in regions if not trace else ():
-            trace = next((n.meta["stack_trace"] for n in region.graph.nodes if n.meta.get("stack_trace")), "")
-            if trace:
-                break
-        return trace
+        inner = (n.meta.get("stack_trace") for region in regions for n in region.graph.nodes)
+        return next((trace for trace in inner if trace), "")
 
     def _call(self, node):
         args = _map(node.args, self._value)
