@@ -30,7 +30,7 @@ from sbpc.dialects import lg, plan
 from sbpc.dialects.backends import Backend
 from sbpc.dialects.layout import numpy_dtype
 from sbpc.semantics.local_eval import Fused, LocalContext
-from sbpc.semantics.reference import LOGICAL, EvaluationError, check_range, erf, max_with_identity
+from sbpc.semantics.reference import COMPARE, LOGICAL, EvaluationError, check_range, erf, max_with_identity
 
 Fire = Callable[[Sequence[np.ndarray], np.ndarray], None]
 """A bound kernel: fire(inputs, out) writes its result into `out`."""
@@ -323,6 +323,125 @@ def _bind_cross_entropy(op: lg.CrossEntropyOp, local: LocalContext, ins, out) ->
     return fire
 
 
+# -- the vocabulary-parallel cross-entropy ------------------------------------------------
+
+ROW_BLOCK_ELEMENTS = 1 << 20
+"""lg.sum_exp works through rows in blocks of about this many elements, so
+its scratch stays at 4 MiB of float32 beside a vocabulary's logits."""
+
+
+@NUMPY.impl(lg.SumExpOp)
+def _bind_sum_exp(op: lg.SumExpOp, local, ins, out) -> Fire:
+    classes = ins[0].shape[-1]
+    rows = math.prod(ins[0].shape[:-1])
+    block = max(1, min(rows, ROW_BLOCK_ELEMENTS // max(classes, 1)))
+    e = _scratch((block, classes), ins[0].dtype)
+
+    def fire(xs, o):
+        x, shift, total = xs[0].reshape(rows, classes), xs[1].reshape(rows, 1), o.reshape(rows)
+        for r in range(0, rows, block):
+            n = min(block, rows - r)
+            np.subtract(x[r:r + n], shift[r:r + n], out=e[:n])
+            np.exp(e[:n], out=e[:n])
+            np.sum(e[:n], axis=1, out=total[r:r + n])
+
+    return fire
+
+
+class _LabelRows:
+    """Per-row scratch of the token cross-entropy kernels, for logits holding
+    classes `piece` of `total`: which rows count, and for each row the flat
+    index of its label in the local logits (its row's first element where
+    another device holds the label). Filled without allocating."""
+
+    def __init__(self, op, local: LocalContext, rows: int, columns: int):
+        self.op, self.ignored = op, op.ignored
+        self.piece, self.total = local.in_pieces[0][-1], local.in_shapes[0][-1]
+        self.counted, self.skipped = _scratch((rows,), np.bool_), _scratch((rows,), np.bool_)
+        self.owned, self.elsewhere = _scratch((rows,), np.bool_), _scratch((rows,), np.bool_)
+        self.flat = _scratch((rows,), np.int64)
+        self.base = np.arange(rows, dtype=np.int64) * columns
+
+    def fill(self, labels: np.ndarray) -> None:
+        flat, owned, elsewhere = self.flat, self.owned, self.elsewhere
+        if self.ignored is None:
+            self.counted.fill(True)
+            self.skipped.fill(False)
+            check_range(self.op, "label", labels, self.total)
+        else:
+            np.not_equal(labels, self.ignored, out=self.counted)
+            np.logical_not(self.counted, out=self.skipped)
+            np.copyto(flat, labels, casting="unsafe")
+            np.copyto(flat, 0, where=self.skipped)  # an ignored label may be any value
+            check_range(self.op, "label", flat, self.total)
+        np.greater_equal(labels, self.piece.start, out=owned)
+        np.less(labels, self.piece.stop, out=elsewhere)
+        np.logical_and(owned, elsewhere, out=owned)
+        np.logical_and(owned, self.counted, out=owned)
+        np.logical_not(owned, out=elsewhere)
+        np.subtract(labels, self.piece.start, out=flat, casting="unsafe")
+        np.copyto(flat, 0, where=elsewhere)
+        np.add(flat, self.base, out=flat)
+
+
+@NUMPY.impl(lg.TokenCrossEntropyOp)
+def _bind_token_cross_entropy(op: lg.TokenCrossEntropyOp, local, ins, out) -> Fire:
+    # the row's log-sum-exp where this device holds class 0, minus the
+    # label's logit where it holds the label (reference.token_cross_entropy)
+    rows, columns = ins[1].size, ins[0].shape[-1]
+    labels = _LabelRows(op, local, rows, columns)
+    first = labels.piece.start == 0
+    picked = _scratch((rows,), out.dtype)
+
+    def fire(xs, o):
+        x, lab, row_max, sum_exp = xs
+        res = o.reshape(rows)
+        labels.fill(lab.reshape(rows))
+        if columns:
+            np.take(x.reshape(-1), labels.flat, out=picked, mode="clip")
+            np.copyto(picked, 0, where=labels.elsewhere)
+        else:
+            picked.fill(0)
+        if first:
+            np.log(sum_exp.reshape(rows), out=res)
+            np.add(res, row_max.reshape(rows), out=res)
+            np.subtract(res, picked, out=res)
+        else:
+            np.negative(picked, out=res)
+        np.copyto(res, 0, where=labels.skipped)
+
+    return fire
+
+
+@NUMPY.impl(lg.TokenCrossEntropyGradOp)
+def _bind_token_cross_entropy_grad(op: lg.TokenCrossEntropyGradOp, local, ins, out) -> Fire:
+    # written into the output: exp(x - max) * (grad / sum_exp), then the
+    # label's column less grad (reference.token_cross_entropy_grad)
+    rows, columns = ins[1].size, ins[0].shape[-1]
+    labels = _LabelRows(op, local, rows, columns)
+    scale = _scratch((rows, 1), out.dtype)
+    picked = _scratch((rows,), out.dtype)
+
+    def fire(xs, o):
+        x, lab, row_max, sum_exp, grad = xs
+        labels.fill(lab.reshape(rows))
+        grid = o.reshape(rows, columns)
+        np.subtract(x.reshape(rows, columns), row_max.reshape(rows, 1), out=grid)
+        np.exp(grid, out=grid)
+        np.divide(grad.reshape(rows, 1), sum_exp.reshape(rows, 1), out=scale)
+        np.copyto(scale[:, 0], 0, where=labels.skipped)
+        np.multiply(grid, scale, out=grid)
+        if columns:
+            flat = o.reshape(-1)
+            np.take(flat, labels.flat, out=picked, mode="clip")
+            np.copyto(scale[:, 0], grad.reshape(rows), where=labels.owned)
+            np.copyto(scale[:, 0], 0, where=labels.elsewhere)
+            np.subtract(picked, scale[:, 0], out=picked)
+            np.put(flat, labels.flat, picked, mode="clip")
+
+    return fire
+
+
 @NUMPY.impl(lg.MseLossOp)
 def _bind_mse(op: lg.MseLossOp, local: LocalContext, ins, out) -> Fire:
     d = _scratch(np.broadcast_shapes(ins[0].shape, ins[1].shape), out.dtype)
@@ -407,6 +526,16 @@ def _bind_cast(op: lg.CastOp, local, ins, out) -> Fire:
 @NUMPY.impl(lg.LogicalOp)
 def _bind_logical(op: lg.LogicalOp, local, ins, out) -> Fire:
     ufunc = LOGICAL[op.kind.data]
+
+    def fire(xs, o):
+        ufunc(xs[0], xs[1], out=o)
+
+    return fire
+
+
+@NUMPY.impl(lg.CompareOp)
+def _bind_compare(op: lg.CompareOp, local, ins, out) -> Fire:
+    ufunc = COMPARE[op.kind.data]
 
     def fire(xs, o):
         ufunc(xs[0], xs[1], out=o)

@@ -18,7 +18,8 @@ _FRONTEND = [
     "Graph", "Tensor", "Placement", "placement", "S", "B", "P", "zeros", "ones", "fill", "normal", "uniform",
     "neg", "relu", "gelu", "tanh", "erf", "exp", "sqrt", "rsqrt", "add", "sub", "mul", "div", "matmul", "softmax",
     "log_softmax", "layernorm", "reduce_sum", "reduce_mean", "reduce_max", "reshape", "transpose", "broadcast_to",
-    "concat", "slice", "embedding", "cross_entropy", "mse_loss", "cast", "logical", "where",
+    "concat", "slice", "embedding", "cross_entropy", "token_cross_entropy", "mse_loss", "cast", "logical",
+    "compare", "where",
 ]
 _WHERE = {
     "make_context": "sbpc.dialects",
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
         add,
         broadcast_to,
         cast,
+        compare,
         concat,
         cross_entropy,
         div,
@@ -93,6 +95,7 @@ if TYPE_CHECKING:
         sqrt,
         sub,
         tanh,
+        token_cross_entropy,
         transpose,
         uniform,
         where,

@@ -369,6 +369,12 @@ def logical(kind: str, a: Tensor, b: Tensor) -> Tensor:
     return a.graph.add(lg.LogicalOp(kind, a.value, b.value))
 
 
+def compare(kind: str, a: Tensor, b: Tensor) -> Tensor:
+    """Elementwise "eq", "ne", "lt", "le", "gt" or "ge" of two tensors of one
+    dtype (broadcast): an i1 tensor."""
+    return a.graph.add(lg.CompareOp(kind, a.value, b.value))
+
+
 def where(condition: Tensor, if_true: Tensor, if_false: Tensor) -> Tensor:
     """`if_true` where the i1 `condition` holds, `if_false` elsewhere (broadcast)."""
     return condition.graph.add(lg.SelectOp(condition.value, if_true.value, if_false.value))
@@ -389,6 +395,19 @@ def embedding(table: Tensor, indices: Tensor, padding_idx: int | None = None) ->
 
 def cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
     return logits.graph.add(lg.CrossEntropyOp(logits.value, labels.value))
+
+
+def token_cross_entropy(logits: Tensor, labels: Tensor, ignore_index: int | None = None) -> Tensor:
+    """Each row's cross-entropy, -log softmax(logits)[label], over the last
+    axis of `logits` (0 where the label is `ignore_index`): the row max
+    (lg.reduce_max), the sum of exponentials (lg.sum_exp) and the loss
+    (lg.token_cross_entropy). With the logits split over classes (a
+    vocabulary-parallel head) the row statistics are partial values reduced
+    across devices, and no device forms a one-hot of the classes."""
+    row_max = reduce_max(logits, [len(logits.shape) - 1])
+    sum_exp = logits.graph.add(lg.SumExpOp(logits.value, row_max.value))
+    return logits.graph.add(
+        lg.TokenCrossEntropyOp(logits.value, labels.value, row_max.value, sum_exp.value, ignore_index))
 
 
 def mse_loss(a: Tensor, b: Tensor) -> Tensor:

@@ -702,6 +702,30 @@ for _kind in ("and", "or", "xor"):
     rule(f"aten.logical_{_kind}")(_logical_rule(_kind, truth=True))
 
 
+def _compare_rule(kind: str):
+    def lower(im: _Importer, a, b):
+        tensor = a if isinstance(a, Tensor) else b
+        other = b if tensor is a else a
+        # PyTorch compares in the promoted dtype: an integer tensor against a
+        # fractional number, or against a float tensor, compares as floats
+        number = im.known(other)
+        if isinstance(other, Tensor):
+            if other.dtype != tensor.dtype:
+                wanted = str(tensor.dtype) if lg.is_float(tensor.dtype) else str(other.dtype)
+                a, b = (x if str(x.dtype) == wanted else fe.cast(x, wanted) for x in (a, b))
+        elif number is not None and number.dtype.kind == "f" and not lg.is_float(tensor.dtype):
+            tensor = fe.cast(tensor, "f32")
+            a, b = (tensor, other) if isinstance(a, Tensor) else (other, tensor)
+        like = a if isinstance(a, Tensor) else b
+        return fe.compare(kind, im.lift(a, like), im.lift(b, like))
+
+    return lower
+
+
+for _kind in ("eq", "ne", "lt", "le", "gt", "ge"):
+    rule(f"aten.{_kind}.Tensor", f"aten.{_kind}.Scalar")(_compare_rule(_kind))
+
+
 @rule("aten.bitwise_not")
 def _not(im: _Importer, x):
     return fe.logical("xor", _boolean(im, x, "'not'"), im.g.constant(np.asarray(True)))
@@ -907,21 +931,23 @@ def _sdpa(im: _Importer, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False
 @rule("aten.cross_entropy_loss")
 def _cross_entropy(im: _Importer, logits, target, weight=None, reduction=1, ignore_index=-100,
                    label_smoothing=0.0):
+    """Megatron's vocabulary-parallel cross-entropy (fe.token_cross_entropy):
+    the class axis may be split, and no one-hot of the classes is formed."""
     if weight is not None or label_smoothing:
         raise ValueError("cross_entropy with class weights or label smoothing")
-    if reduction not in (1, 2):
-        raise ValueError("cross_entropy with reduction='none'")
     logits, target = im.lift(logits), im.lift(target)
     if len(logits.shape) != 2:
         raise ValueError(f"cross_entropy of {len(logits.shape)}-D logits: flatten them to (N, C) as nanoGPT does")
-    # PyTorch's mean is over the targets not ignored, a count only the data
-    # knows: the sum and the count are separate reductions (each a partial
-    # sum when the batch is split), divided at the end
-    hot = logits.graph.add(lg.OneHotOp(target.value, logits.shape[-1], logits.dtype, ignore_index))
-    picked = fe.reduce_sum(hot * fe.log_softmax(logits, 1), [0, 1])
+    losses = fe.token_cross_entropy(logits, target, ignore_index)
+    if reduction == 0:  # 'none': each row's loss, 0 where ignored
+        return losses
+    total = fe.reduce_sum(losses, [0])
     if reduction == 2:
-        return -picked
-    return -(picked / fe.reduce_sum(hot, [0, 1]))
+        return total
+    # PyTorch's mean is over the targets not ignored, a count only the data
+    # knows: a reduction of its own (a partial sum when the batch is split)
+    counted = fe.compare("ne", target, im.g.constant(np.asarray(ignore_index, fe._numpy_of(target.dtype))))
+    return total / fe.reduce_sum(fe.cast(counted, str(logits.dtype)), [0])
 
 
 @rule("aten.mse_loss")

@@ -23,7 +23,7 @@ from sbpc.dialects import lg
 from sbpc.dialects.backends import Backend
 from sbpc.dialects.layout import Coord, coords, mesh_coord, partial_kind, piece
 from sbpc.dialects.sbp import PlainNd, Sbp, nd_to_plain, plain_nd
-from sbpc.semantics.reference import REFERENCE, check_range
+from sbpc.semantics.reference import REFERENCE, check_range, token_cross_entropy, token_cross_entropy_grad
 
 
 def distribute(
@@ -167,6 +167,18 @@ def _embedding(op: lg.EmbeddingOp, ctx: LocalContext, table: np.ndarray, indices
         (*indices.shape, table.shape[1]), table.dtype
     )
     return np.where(inside[..., None], gathered, 0)
+
+
+@LOCAL.impl(lg.TokenCrossEntropyOp)
+def _token_cross_entropy(op: lg.TokenCrossEntropyOp, ctx: LocalContext, *operands: np.ndarray) -> np.ndarray:
+    # logits split by classes: the piece holding a row's label subtracts its
+    # logit, the piece holding class 0 adds the row's log-sum-exp
+    return token_cross_entropy(op, *operands, ctx.in_pieces[0][-1], ctx.in_shapes[0][-1])
+
+
+@LOCAL.impl(lg.TokenCrossEntropyGradOp)
+def _token_cross_entropy_grad(op: lg.TokenCrossEntropyGradOp, ctx: LocalContext, *operands: np.ndarray) -> np.ndarray:
+    return token_cross_entropy_grad(op, *operands, ctx.in_pieces[0][-1], ctx.in_shapes[0][-1])
 
 
 def _to_local_shape(kernel: Callable) -> Callable:

@@ -224,6 +224,61 @@ REFERENCE.register(lg.LogicalOp, lambda op, a, b: LOGICAL[op.kind.data](a, b))
 REFERENCE.register(lg.SelectOp, lambda op, c, a, b: np.where(c, a, b))
 
 
+COMPARE = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
+           "ge": np.greater_equal}
+"""lg.compare's kinds as numpy ufuncs."""
+
+REFERENCE.register(lg.CompareOp, lambda op, a, b: COMPARE[op.kind.data](a, b))
+
+
+@REFERENCE.impl(lg.SumExpOp)
+def _sum_exp(op: lg.SumExpOp, x: np.ndarray, shift: np.ndarray) -> np.ndarray:
+    return np.exp(x - shift[..., None]).sum(axis=-1).astype(x.dtype)
+
+
+def owned_labels(op, labels: np.ndarray, classes: slice, total: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For lg.token_cross_entropy(_grad) on logits holding `classes` of
+    `total`: the rows counted (label not ignored), the rows whose label this
+    piece holds, and those labels' columns in the piece (0 elsewhere).
+    A counted label outside [0, total) is an error."""
+    counted = np.ones(labels.shape, bool) if op.ignored is None else labels != op.ignored
+    check_range(op, "label", labels[counted], total)
+    owned = counted & (labels >= classes.start) & (labels < classes.stop)
+    return counted, owned, np.where(owned, labels - classes.start, 0).astype(np.int64)
+
+
+def token_cross_entropy(op, logits, labels, row_max, sum_exp, classes: slice, total: int) -> np.ndarray:
+    """The loss rows a piece of the logits holding `classes` contributes."""
+    counted, owned, columns = owned_labels(op, labels, classes, total)
+    picked = np.take_along_axis(logits, columns[..., None], axis=-1)[..., 0] if logits.shape[-1] else 0.0
+    base = np.log(sum_exp) + row_max if classes.start == 0 else 0.0
+    return np.where(counted, base - np.where(owned, picked, 0.0), 0.0).astype(logits.dtype)
+
+
+def token_cross_entropy_grad(op, logits, labels, row_max, sum_exp, grad, classes: slice, total: int) -> np.ndarray:
+    """The gradient columns `classes` of lg.token_cross_entropy_grad."""
+    counted, owned, columns = owned_labels(op, labels, classes, total)
+    scale = np.where(counted, grad, 0.0)
+    out = np.exp(logits - row_max[..., None]) * (scale / sum_exp)[..., None]
+    if logits.shape[-1]:
+        hot = np.zeros_like(out)
+        np.put_along_axis(hot, columns[..., None], np.where(owned, scale, 0.0)[..., None], axis=-1)
+        out -= hot
+    return out.astype(logits.dtype)
+
+
+@REFERENCE.impl(lg.TokenCrossEntropyOp)
+def _token_cross_entropy(op, logits, labels, row_max, sum_exp):
+    classes = logits.shape[-1]
+    return token_cross_entropy(op, logits, labels, row_max, sum_exp, slice(0, classes), classes)
+
+
+@REFERENCE.impl(lg.TokenCrossEntropyGradOp)
+def _token_cross_entropy_grad(op, logits, labels, row_max, sum_exp, grad):
+    classes = logits.shape[-1]
+    return token_cross_entropy_grad(op, logits, labels, row_max, sum_exp, grad, slice(0, classes), classes)
+
+
 @REFERENCE.impl(lg.EmbeddingGradOp)
 def _embedding_grad(op: lg.EmbeddingGradOp, grad: np.ndarray, indices: np.ndarray) -> np.ndarray:
     rows = op.rows.value.data

@@ -49,7 +49,7 @@ def generated_feeds(program: plan.ProgramOp, seed: int) -> dict[str, np.ndarray]
                         origin[out.string_value()] = origin[names[0]]
                 continue
             ins = [regs[n] for n in names]
-            if actor.kernel.data == "lg.cross_entropy" and names[1] in origin:
+            if actor.kernel.data in ("lg.cross_entropy", "lg.token_cross_entropy") and names[1] in origin:
                 bounds[origin[names[1]]] = ins[0].value.get_shape()[-1]
             if actor.kernel.data == "lg.embedding" and names[1] in origin:
                 bounds[origin[names[1]]] = ins[0].value.get_shape()[0]

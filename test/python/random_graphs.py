@@ -59,7 +59,7 @@ def random_graphs(draw, meshes=((2,),)):
         kind = draw(
             st.sampled_from(
                 ["unary", "binary", "matmul", "softmax", "layernorm", "reduce", "reshape", "transpose",
-                 "broadcast", "concat", "slice", "embedding", "cross_entropy", "mse", "constant"]
+                 "broadcast", "concat", "slice", "embedding", "cross_entropy", "token_cross_entropy", "mse", "constant"]
             )
         )
         x = pick(lambda s: len(s) >= 1)
@@ -124,6 +124,18 @@ def random_graphs(draw, meshes=((2,),)):
         elif kind == "cross_entropy":
             labels = new_input(shape[:-1], "i64", shape[-1])
             op = lg.CrossEntropyOp(x, labels)
+        elif kind == "token_cross_entropy":
+            # the row statistics are ops of the graph too (a partial max and a
+            # partial sum when the class axis splits)
+            labels = new_input(shape[:-1], "i64", shape[-1])
+            row_max = b.add(lg.ReduceMaxOp(x, [rank - 1]))
+            sum_exp = b.add(lg.SumExpOp(x, row_max))
+            values += [row_max, sum_exp]
+            ignore = draw(st.sampled_from([None, 0]))
+            if draw(st.booleans()):
+                op = lg.TokenCrossEntropyOp(x, labels, row_max, sum_exp, ignore)
+            else:
+                op = lg.TokenCrossEntropyGradOp(x, labels, row_max, sum_exp, new_input(shape[:-1]), ignore)
         elif kind == "mse":
             op = lg.MseLossOp(x, new_input(shape))
         else:

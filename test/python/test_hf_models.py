@@ -22,6 +22,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from plan_signatures import signatures_of  # noqa: E402
 from torch_training import check_training  # noqa: E402
 
 STEPS = 6
@@ -46,10 +47,10 @@ def _eager(model):
     return model.train()
 
 
-def gpt2():
+def gpt2(vocab=VOCAB):
     torch.manual_seed(0)
     return _eager(transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=2, n_head=4,
+        vocab_size=vocab, n_positions=16, n_embd=32, n_layer=2, n_head=4,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)))
 
 
@@ -68,12 +69,12 @@ def bert(head):
     return _eager(getattr(transformers, head)(config))
 
 
-def language_batches(count=STEPS + 1, batch=4, seq=8):
+def language_batches(count=STEPS + 1, batch=4, seq=8, vocab=VOCAB):
     """Tokens and labels = tokens, some ignored (-100), as a causal LM's."""
     g = torch.Generator().manual_seed(3)
     batches = []
     for _ in range(count):
-        x = torch.randint(0, VOCAB, (batch, seq), generator=g)
+        x = torch.randint(0, vocab, (batch, seq), generator=g)
         y = x.clone()
         y[0, :3] = -100
         batches.append((x, y))
@@ -134,10 +135,28 @@ LLAMA_TP = {"*.q_proj.weight": S(0), "*.k_proj.weight": S(0), "*.v_proj.weight":
 
 @pytest.mark.parametrize("ranks, sbp", [pytest.param(1, None, marks=pytest.mark.full),
                                          pytest.param(2, DATA_PARALLEL, marks=pytest.mark.full),
-                                         (4, GPT2_TP)], ids=["1 rank", "data parallel 2", "tensor parallel 4"])
+                                         pytest.param(4, GPT2_TP, marks=pytest.mark.full)],
+                         ids=["1 rank", "data parallel 2", "tensor parallel 4"])
 def test_gpt2_trains_as_pytorch(ranks, sbp):
     optimizer, make_opt = adam()
     check_training(LossOf(gpt2()), language_batches(), ["input_ids", "labels"], optimizer, make_opt, ranks, sbp)
+
+
+def test_gpt2_with_a_vocabulary_parallel_head_trains_as_pytorch():
+    # Megatron's split plus the tied embedding and head split over the
+    # vocabulary (2048 classes: enough that gathering the logits costs more
+    # than reducing three per-row statistics, so the planner splits them)
+    vocab = 2048
+    optimizer, make_opt = adam()
+    exe = check_training(LossOf(gpt2(vocab)), language_batches(vocab=vocab), ["input_ids", "labels"], optimizer,
+                         make_opt, 4, {**GPT2_TP, "*.wte.weight": S(0)})
+    plan = exe.plan_text
+    assert "one_hot" not in plan
+    split_logits = "!sbp.dtensor<32x2048xf32, @cpu4_0_1_2_3, S<1>>"
+    assert signatures_of(plan, "lg.reduce_max") == {(split_logits, "!sbp.dtensor<32xf32, @cpu4_0_1_2_3, P<max>>")}
+    for kernel in ("lg.sum_exp", "lg.token_cross_entropy"):
+        assert signatures_of(plan, kernel) == {(split_logits, "!sbp.dtensor<32xf32, @cpu4_0_1_2_3, P>")}, kernel
+    assert signatures_of(plan, "lg.token_cross_entropy_grad") == {(split_logits, split_logits)}
 
 
 @pytest.mark.parametrize("kv_heads, ranks, sbp", [

@@ -18,13 +18,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from plan_signatures import signatures_of
 from xdsl.context import Context
 
 import sbpc
 from sbpc import S
-from sbpc.dialects import plan
+from sbpc.dialects import lg, plan
 from sbpc.dialects.layout import numpy_dtype, piece_of
-from sbpc.dialects.sbp import lookup_placement
+from sbpc.dialects.sbp import PartialAttr, ReduceKind, lookup_placement
 from sbpc.lowering.compile import CompilePass
 from sbpc.lowering.lg_autodiff import LgAutodiffPass
 from sbpc.runtime import kernels
@@ -61,8 +62,17 @@ def every_op_module(ranks: int, device: str = "cpu", batch: int = 8):
     # chosen values carry a gradient
     keep = sbpc.logical("xor", sbpc.cast(ids, "i1"), g.constant(np.array([True, False, True])))
     picked = sbpc.where(keep, sbpc.slice(logits, [0, 0], [batch, 3]), sbpc.cast(ids, "f32"))
+    # the vocabulary-parallel cross-entropy over logits split by class, its
+    # mean over the labels not ignored (a comparison's count)
+    # (the hints hold each op to its class-split signature)
+    by_class = g.input("scores", (batch, 6), sbp=S(1)) * g.param("temperature", (6,), init=sbpc.ones(), sbp=S(0))
+    row_max = sbpc.reduce_max(by_class, [1]).to(PartialAttr(ReduceKind.MAX))
+    sum_exp = g.add(lg.SumExpOp(by_class.value, row_max.value)).to(sbpc.P)
+    token_losses = g.add(lg.TokenCrossEntropyOp(by_class.value, labels.value, row_max.value, sum_exp.value, 0))
+    counted = sbpc.cast(sbpc.compare("ne", labels, g.constant(np.asarray(0))), "f32").sum(axes=(0,))
+    tokens = token_losses.to(sbpc.P).sum(axes=(0,)) / counted
     loss = (sbpc.cross_entropy(logits, labels) + sbpc.mse_loss(s, b) * 0.1 + t.sum(axes=(0, 1)) * 0.01
-            + picked.sum(axes=(0, 1)) * 0.01)
+            + picked.sum(axes=(0, 1)) * 0.01 + tokens)
     g.output(loss=loss, s=s, top=t.max(axes=(0,)))
     module = g.module()
     LgAutodiffPass().apply(Context(), module)
@@ -109,9 +119,19 @@ def _device_inputs(rng, registers, actor):
         if dtype.kind == "f":
             values.append(rng.normal(size=shape).astype(dtype))
         else:
-            bound = {"lg.cross_entropy": 6, "lg.one_hot": 6}.get(actor.kernel.data, 10)
+            bound = {"lg.cross_entropy": 6, "lg.one_hot": 6, "lg.token_cross_entropy": 6,
+                     "lg.token_cross_entropy_grad": 6}.get(actor.kernel.data, 10)
             values.append(rng.integers(0, bound, size=shape).astype(dtype))
     return values
+
+
+def test_the_cross_entropy_of_the_plan_runs_split_by_class(every_op):
+    text = str(compiled(every_op)[0])
+    by_class = "!sbp.dtensor<8x6xf32, @cpu2_0_1, S<1>>"
+    assert (by_class, "!sbp.dtensor<8xf32, @cpu2_0_1, P<max>>") in signatures_of(text, "lg.reduce_max")
+    for kernel in ("lg.sum_exp", "lg.token_cross_entropy"):
+        assert signatures_of(text, kernel) == {(by_class, "!sbp.dtensor<8xf32, @cpu2_0_1, P>")}
+    assert signatures_of(text, "lg.token_cross_entropy_grad") == {(by_class, by_class)}
 
 
 @pytest.mark.parametrize("fuse", [True, False])

@@ -17,6 +17,7 @@ lg.graph @all_ops on @mesh {
   %u = lg.param "u" init #lg.uniform<-0.1, 0.1> seed 3 : tensor<4xf32>
   %c = lg.constant dense<1.0> : tensor<4xf32>
   %ci = lg.constant dense<[1, 2]> : tensor<2xi64>
+  %ci0 = lg.constant dense<0> : tensor<i64>
   %mm = lg.matmul %x, %w : (tensor<8x16xf32>, tensor<16x4xf32>) -> tensor<8x4xf32>
   %mt = lg.matmul %x, %x transpose_rhs : (tensor<8x16xf32>, tensor<8x16xf32>) -> tensor<8x8xf32>
   %mtl = lg.matmul %x, %x transpose_lhs : (tensor<8x16xf32>, tensor<8x16xf32>) -> tensor<16x16xf32>
@@ -58,6 +59,12 @@ lg.graph @all_ops on @mesh {
   %mask = lg.cast %ids : tensor<2x3xi32> -> tensor<2x3xi1>
   %both = lg.logical "and" %mask, %mask : (tensor<2x3xi1>, tensor<2x3xi1>) -> tensor<2x3xi1>
   %picked = lg.select %both, %ids, %ids : (tensor<2x3xi1>, tensor<2x3xi32>, tensor<2x3xi32>) -> tensor<2x3xi32>
+  %less = lg.compare "lt" %ids, %ids : (tensor<2x3xi32>, tensor<2x3xi32>) -> tensor<2x3xi1>
+  %kept = lg.compare "ne" %labels, %ci0 : (tensor<8xi64>, tensor<i64>) -> tensor<8xi1>
+  %rowmax = lg.reduce_max %ln axes [1] : tensor<8x4xf32> -> tensor<8xf32>
+  %sumexp = lg.sum_exp %ln, %rowmax : (tensor<8x4xf32>, tensor<8xf32>) -> tensor<8xf32>
+  %tce = lg.token_cross_entropy %ln, %labels, %rowmax, %sumexp ignore -100 : (tensor<8x4xf32>, tensor<8xi64>, tensor<8xf32>, tensor<8xf32>) -> tensor<8xf32>
+  %tceg = lg.token_cross_entropy_grad %ln, %labels, %rowmax, %sumexp, %tce : (tensor<8x4xf32>, tensor<8xi64>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>) -> tensor<8x4xf32>
   lg.output ["loss", "mse", "emb"] %ce, %mse, %em : tensor<f32>, tensor<f32>, tensor<2x3x4xf32>
 }
 
@@ -73,6 +80,7 @@ lg.graph @all_ops on @mesh {
 // CHECK-NEXT:   %u = lg.param "u" init #lg.uniform<-0.1, 0.1> seed 3 : tensor<4xf32>
 // CHECK-NEXT:   %c = lg.constant dense<1.000000e+00> : tensor<4xf32>
 // CHECK-NEXT:   %ci = lg.constant dense<[1, 2]> : tensor<2xi64>
+// CHECK-NEXT:   %ci0 = lg.constant dense<0> : tensor<i64>
 // CHECK-NEXT:   %mm = lg.matmul %x, %w : (tensor<8x16xf32>, tensor<16x4xf32>) -> tensor<8x4xf32>
 // CHECK-NEXT:   %mt = lg.matmul %x, %x transpose_rhs : (tensor<8x16xf32>, tensor<8x16xf32>) -> tensor<8x8xf32>
 // CHECK-NEXT:   %mtl = lg.matmul %x, %x transpose_lhs : (tensor<8x16xf32>, tensor<8x16xf32>) -> tensor<16x16xf32>
@@ -114,6 +122,12 @@ lg.graph @all_ops on @mesh {
 // CHECK-NEXT:   %mask = lg.cast %ids : tensor<2x3xi32> -> tensor<2x3xi1>
 // CHECK-NEXT:   %both = lg.logical "and" %mask, %mask : (tensor<2x3xi1>, tensor<2x3xi1>) -> tensor<2x3xi1>
 // CHECK-NEXT:   %picked = lg.select %both, %ids, %ids : (tensor<2x3xi1>, tensor<2x3xi32>, tensor<2x3xi32>) -> tensor<2x3xi32>
+// CHECK-NEXT:   %less = lg.compare "lt" %ids, %ids : (tensor<2x3xi32>, tensor<2x3xi32>) -> tensor<2x3xi1>
+// CHECK-NEXT:   %kept = lg.compare "ne" %labels, %ci0 : (tensor<8xi64>, tensor<i64>) -> tensor<8xi1>
+// CHECK-NEXT:   %rowmax = lg.reduce_max %ln axes [1] : tensor<8x4xf32> -> tensor<8xf32>
+// CHECK-NEXT:   %sumexp = lg.sum_exp %ln, %rowmax : (tensor<8x4xf32>, tensor<8xf32>) -> tensor<8xf32>
+// CHECK-NEXT:   %tce = lg.token_cross_entropy %ln, %labels, %rowmax, %sumexp ignore -100 : (tensor<8x4xf32>, tensor<8xi64>, tensor<8xf32>, tensor<8xf32>) -> tensor<8xf32>
+// CHECK-NEXT:   %tceg = lg.token_cross_entropy_grad %ln, %labels, %rowmax, %sumexp, %tce : (tensor<8x4xf32>, tensor<8xi64>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>) -> tensor<8x4xf32>
 // CHECK-NEXT:   lg.output ["loss", "mse", "emb"] %ce, %mse, %em : tensor<f32>, tensor<f32>, tensor<2x3x4xf32>
 // CHECK-NEXT: }
 
@@ -140,6 +154,10 @@ lg.graph @all_ops on @mesh {
 // GENERIC-NEXT:   %mask = "lg.cast"(%ids) : (tensor<2x3xi32>) -> tensor<2x3xi1>
 // GENERIC-NEXT:   %both = "lg.logical"(%mask, %mask) <{kind = "and"}> : (tensor<2x3xi1>, tensor<2x3xi1>) -> tensor<2x3xi1>
 // GENERIC-NEXT:   %picked = "lg.select"(%both, %ids, %ids) : (tensor<2x3xi1>, tensor<2x3xi32>, tensor<2x3xi32>) -> tensor<2x3xi32>
+// GENERIC-NEXT:   %less = "lg.compare"(%ids, %ids) <{kind = "lt"}> : (tensor<2x3xi32>, tensor<2x3xi32>) -> tensor<2x3xi1>
+// GENERIC:        %sumexp = "lg.sum_exp"(%ln, %rowmax) : (tensor<8x4xf32>, tensor<8xf32>) -> tensor<8xf32>
+// GENERIC-NEXT:   %tce = "lg.token_cross_entropy"(%ln, %labels, %rowmax, %sumexp) <{ignore_index = -100 : i64}> : (tensor<8x4xf32>, tensor<8xi64>, tensor<8xf32>, tensor<8xf32>) -> tensor<8xf32>
+// GENERIC-NEXT:   %tceg = "lg.token_cross_entropy_grad"(%ln, %labels, %rowmax, %sumexp, %tce) : (tensor<8x4xf32>, tensor<8xi64>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>) -> tensor<8x4xf32>
 // GENERIC:        "lg.output"(%ce, %mse, %em) <{names = ["loss", "mse", "emb"]}> : (tensor<f32>, tensor<f32>, tensor<2x3x4xf32>) -> ()
 
 // -----

@@ -643,3 +643,86 @@ lg.graph @g {
   lg.output ["y"] %y : tensor<5x4xi64>
 }
 // CHECK: 'lg.embedding_grad': grad must have a float element type, got i64
+
+// -----
+
+lg.graph @g {
+  %a = lg.input "a" : tensor<4xi64>
+  %b = lg.input "b" : tensor<4xf32>
+  %y = lg.compare "lt" %a, %b : (tensor<4xi64>, tensor<4xf32>) -> tensor<4xi1>
+  lg.output ["y"] %y : tensor<4xi1>
+}
+// CHECK: 'lg.compare': operands must share one element type, got i64, f32
+
+// -----
+
+lg.graph @g {
+  %a = lg.input "a" : tensor<4xf32>
+  %y = lg.compare "less" %a, %a : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xi1>
+  lg.output ["y"] %y : tensor<4xi1>
+}
+// CHECK: 'lg.compare': kind must be one of eq, ne, lt, le, gt, ge, got 'less'
+
+// -----
+
+lg.graph @g {
+  %a = lg.input "a" : tensor<4xf32>
+  %y = lg.compare "eq" %a, %a : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  lg.output ["y"] %y : tensor<4xf32>
+}
+// CHECK: 'lg.compare': result type 4xf32 does not match the inferred 4xi1
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %m = lg.input "m" : tensor<4xf32>
+  %s = lg.sum_exp %x, %m : (tensor<8x4xf32>, tensor<4xf32>) -> tensor<8xf32>
+  lg.output ["s"] %s : tensor<8xf32>
+}
+// CHECK: 'lg.sum_exp': shift shape [4] must be the logits shape without its class axis [8]
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %m = lg.input "m" : tensor<8xf64>
+  %s = lg.sum_exp %x, %m : (tensor<8x4xf32>, tensor<8xf64>) -> tensor<8xf32>
+  lg.output ["s"] %s : tensor<8xf32>
+}
+// CHECK: 'lg.sum_exp': shift must be f32 as the logits are, got f64
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %labels = lg.input "labels" : tensor<8xf32>
+  %m = lg.input "m" : tensor<8xf32>
+  %y = lg.token_cross_entropy %x, %labels, %m, %m : (tensor<8x4xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>) -> tensor<8xf32>
+  lg.output ["y"] %y : tensor<8xf32>
+}
+// CHECK: 'lg.token_cross_entropy': labels must be i32 or i64, got f32
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %labels = lg.input "labels" : tensor<8xi64>
+  %m = lg.input "m" : tensor<8xf32>
+  %s = lg.input "s" : tensor<4xf32>
+  %y = lg.token_cross_entropy %x, %labels, %m, %s : (tensor<8x4xf32>, tensor<8xi64>, tensor<8xf32>, tensor<4xf32>) -> tensor<8xf32>
+  lg.output ["y"] %y : tensor<8xf32>
+}
+// CHECK: 'lg.token_cross_entropy': sum_exp shape [4] must be the logits shape without its class axis [8]
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %labels = lg.input "labels" : tensor<8xi64>
+  %m = lg.input "m" : tensor<8xf32>
+  %g = lg.input "g" : tensor<8x4xf32>
+  %y = lg.token_cross_entropy_grad %x, %labels, %m, %m, %g : (tensor<8x4xf32>, tensor<8xi64>, tensor<8xf32>, tensor<8xf32>, tensor<8x4xf32>) -> tensor<8x4xf32>
+  lg.output ["y"] %y : tensor<8x4xf32>
+}
+// CHECK: 'lg.token_cross_entropy_grad': grad shape [8, 4] must be the logits shape without its class axis [8]
