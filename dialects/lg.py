@@ -1472,6 +1472,63 @@ class SliceOp(LgOp):
         return [current]
 
 
+@op_definition
+class PadOp(LgOp):
+    """Constant padding: `low[i]` elements of `value` before axis i and
+    `high[i]` after it (PyTorch's `constant_pad_nd`, `F.pad` in constant
+    mode, with widths of at least 0). Axes without padding may be split."""
+
+    name = "lg.pad"
+
+    input = operand_def(TensorLike)
+    low = prop_def(DenseArrayBase.constr(i64))
+    high = prop_def(DenseArrayBase.constr(i64))
+    value = prop_def(FloatAttr[Float64Type])
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$input `low` $low `high` $high `value` $value attr-dict `:` type($input) `->` type($result)"
+
+    def __init__(self, input: SSAValue, low: Sequence[int], high: Sequence[int], value: float = 0.0):
+        result_type = self.infer([input], low=tuple(low), high=tuple(high), value=float(value))
+        super().__init__(
+            operands=[input],
+            properties={"low": DenseArrayBase.from_list(i64, low), "high": DenseArrayBase.from_list(i64, high),
+                        "value": FloatAttr(float(value), f64)},
+            result_types=[result_type],
+        )
+
+    def params(self):
+        return {"low": tuple(self.low.get_values()), "high": tuple(self.high.get_values()),
+                "value": self.value.value.data}
+
+    @classmethod
+    def rule(cls, shapes, elems, low, high, value):
+        x = shapes[0]
+        if not len(low) == len(high) == len(x):
+            raise ShapeError(f"low and high need one entry per axis ({len(x)})")
+        if any(w < 0 for w in (*low, *high)):
+            raise ShapeError(f"padding widths must be at least 0, got low {list(low)} high {list(high)}")
+        _require_value_type("operand", elems[0])
+        if not is_float(elems[0]) and value != int(value):
+            raise ShapeError(f"a {elems[0]} tensor cannot be padded with {value}")
+        return tuple(d + lo + hi for d, lo, hi in zip(x, low, high)), elems[0]
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, low, high, value):
+        sigs = [((f"S{i}",), (f"S{i}",)) for i, d in enumerate(in_shapes[0])
+                if low[i] == high[i] == 0 and _split_ok(d, p)]
+        return sigs + [(("B",), ("B",))] + ([(("P",), ("P",))] if value == 0 else [])
+
+    def gradient(self, g, e):
+        if not is_float(element_type(self.input.type)):
+            return [None]
+        p = self.params()
+        shape = global_shape(g.type)
+        return [e.emit(SliceOp(g, p["low"], [d - hi for d, hi in zip(shape, p["high"])]))]
+
+
 # --------------------------------------------------------------------------
 # Gathers and losses
 # --------------------------------------------------------------------------
@@ -2172,6 +2229,7 @@ LG = Dialect(
         TransposeOp,
         ConcatOp,
         SliceOp,
+        PadOp,
         EmbeddingOp,
         CrossEntropyOp,
         *CROSS_ENTROPY_OPS,

@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import DenseArrayBase, ModuleOp, SymbolRefAttr, TensorType, UnitAttr, i64
+from xdsl.dialects.builtin import DenseArrayBase, ModuleOp, SymbolRefAttr, TensorType, UnitAttr, f32, i64
 from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.irdl import VarConstraint
 from xdsl.passes import PassPipeline
@@ -290,6 +290,9 @@ class Profiler:
                 if shape:
                     # handed on replicated over the tensor axis, as the next layer's profile takes it
                     value = add(AnnotateOp(value, _replicated(v.type))).results[0]
+                if not lg.is_float(element_type(v.type)):  # a mask or labels handed on (no gradient)
+                    value = add(lg.CastOp(value, f32)).results[0]
+                if shape:
                     value = add(lg.ReduceMeanOp(value, list(range(len(shape))))).results[0]
                 terms.append(value)
             loss = terms[0]
@@ -300,7 +303,8 @@ class Profiler:
         module = ModuleOp([PlacementOp("mesh", self.kind, list(range(tensor)), (tensor,)), graph])
         rebatch(graph, micro)
         for op in list(block.ops):
-            if isinstance(op, lg.InputOp) and op.key.data.startswith("activation"):
+            if (isinstance(op, lg.InputOp) and op.key.data.startswith("activation")
+                    and lg.is_float(element_type(op.result.type))):
                 param = lg.ParamOp(op.key.data, _replicated(op.result.type), lg.NormalInitAttr(0.0, 0.02))
                 block.insert_op_before(param, op)
                 op.result.replace_all_uses_with(param.result)

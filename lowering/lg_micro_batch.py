@@ -19,11 +19,13 @@ backwards in reverse), since the one schedule every rank follows is the
 program order of the unrolled graph, which the pass makes micro-batch-major.
 
 What must hold (checked, with a diagnostic naming the op): every value that
-depends on the batch keeps the batch as its axis 0, or is a scalar; outputs
+depends on the batch keeps the batch as its axis 0 (as the leading factor of
+axis 0 after a reshape merges it with the axes after it: `view(-1, hidden)`
+gives B*T rows, T per example), or is a scalar; outputs
 that depend on the batch are scalars that are means over the examples (a
 loss), so the mean of the K micro-batch means is the batch's mean. Shapes
-written in ops (reshape, broadcast_to, slice limits) have their leading B
-replaced by B/K.
+written in ops (reshape, broadcast_to, slice limits) have their leading
+B*r replaced by (B/K)*r.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class Unroller:
         self.count = count
         self.schedule = schedule
         self.batch: int | None = None
+        self.rows: dict[SSAValue, int] = {}
+        """Rows of axis 0 per example of each batch-dependent value (0: a scalar)."""
 
     def fail(self, op: Operation, why: str) -> PassFailedException:
         return PassFailedException(f"'{op.name}': lg-micro-batch{{count={self.count}}}: {why}")
@@ -99,27 +103,59 @@ class Unroller:
             pieces.append(piece)
         return pieces
 
-    def check_batch_major(self, op: Operation, shape) -> None:
-        if shape and shape[0] != self.batch:
-            raise self.fail(
-                op, f"a value that depends on the batch must keep it as axis 0 (size {self.batch}) or be a "
-                f"scalar, got shape {list(shape)}"
-            )
+    def rows_per_example(self, op: Operation) -> int:
+        """How many rows of axis 0 of `op`'s result each example owns (0 for a
+        scalar), where the result stays batch-major: each example's elements
+        one contiguous block, in example order, so that micro-batch k's part
+        of axis 0 is its examples' rows. Inputs hold 1 row per example; a
+        reshape keeps the order of elements, so its axis 0 may merge the
+        batch with the axes after it (Hugging Face's `view(-1, hidden)`:
+        B*T rows of B examples); ops that move another axis to the front
+        (a transpose, a reduction or concatenation along axis 0, a broadcast
+        that adds leading axes) lose it, and are refused."""
+        assert self.batch is not None  # the inputs set it before any copy
+        shape = global_shape(op.results[0].type)
+        if not shape:
+            return 0
+        major = [(o, self.rows[o]) for o in op.operands if self.rows.get(o)]
+        lost = None
+        if not major:
+            lost = "a batch-dependent scalar"
+        elif isinstance(op, lg.ReshapeOp):
+            if shape[0] % self.batch == 0:
+                return shape[0] // self.batch
+            lost = f"a reshape whose axis 0 is not a multiple of the batch of {self.batch}"
+        elif isinstance(op, lg.TransposeOp) and op.perm.get_values()[0] != 0:
+            lost = "a transpose that moves axis 0"
+        elif isinstance(op, lg.ReduceOp) and 0 in op.axes.get_values():
+            lost = "a reduction over axis 0"
+        elif isinstance(op, lg.ConcatOp) and op.axis.value.data == 0:
+            lost = "a concatenation along axis 0"
+        elif (lg.is_elementwise(type(op)) or isinstance(op, lg.BroadcastToOp)) and any(
+                len(global_shape(o.type)) != len(shape) for o, _ in major):
+            lost = "broadcasting that adds axes in front of the batch"
+        elif any(shape[0] != self.batch * rows for _, rows in major):
+            lost = "an op whose axis 0 is not its batch-dependent operands' axis 0"
+        if lost is None:
+            return major[0][1]
+        raise self.fail(
+            op, f"a value that depends on the batch must keep it as axis 0 (size {self.batch}, or a multiple "
+            f"after a reshape merges it with the axes after it) or be a scalar: {lost} gives shape {list(shape)}"
+        )
 
     def copy(self, op: Operation, mapping: dict[SSAValue, SSAValue]) -> Operation:
         """`op` on micro-batch operands, with its written shapes and result type
         made per micro-batch."""
         new = op.clone(value_mapper=dict(mapping))
         assert self.batch is not None  # run splits the inputs, which sets it, before any copy
-        micro = self.batch // self.count
         old_shape = global_shape(op.results[0].type)
-        self.check_batch_major(op, old_shape)
-        shape = (micro, *old_shape[1:]) if old_shape else ()
+        rows = self.rows_per_example(op)
+        shape = (old_shape[0] // self.count, *old_shape[1:]) if old_shape else ()
         if isinstance(op, lg.SliceOp):
             starts, limits = list(op.starts.get_values()), list(op.limits.get_values())
-            if starts[0] != 0 or limits[0] != self.batch or op.strides.get_values()[0] != 1:
+            if starts[0] != 0 or limits[0] != old_shape[0] or op.strides.get_values()[0] != 1:
                 raise self.fail(op, "a slice of a batch-dependent value must keep the whole batch axis")
-            limits[0] = micro
+            limits[0] = shape[0]
             new.properties["limits"] = DenseArrayBase.from_list(i64, limits)
         if isinstance(op, lg.LgOp):
             try:
@@ -127,7 +163,8 @@ class Unroller:
                 shape = tuple(type(op).infer(list(new.operands), **params).get_shape())
             except ValueError as e:
                 raise self.fail(op, str(e)) from None
-        Rewriter.replace_value_with_new_type(new.results[0], _retyped(op.results[0].type, shape))
+        made = Rewriter.replace_value_with_new_type(new.results[0], _retyped(op.results[0].type, shape))
+        self.rows[op.results[0]] = self.rows[made] = rows
         return new
 
     @staticmethod
@@ -162,6 +199,7 @@ class Unroller:
             op.detach()
         copies: list[dict[SSAValue, SSAValue]] = [{} for _ in range(self.count)]
         for op in inputs:
+            self.rows[op.result] = 1
             for k, piece in enumerate(self.split_input(op, output)):
                 copies[k][op.result] = piece
         for k in range(self.count):
@@ -219,6 +257,7 @@ def rebatch(graph: lg.GraphOp, size: int) -> None:
         if shape[0] != batch:
             raise unroller.fail(op, f"input \"{op.key.data}\" has {shape[0]} rows but the batch has {batch}")
         Rewriter.replace_value_with_new_type(op.result, _retyped(op.result.type, (size, *shape[1:])))
+        unroller.rows[op.result] = 1
     dependent: set[SSAValue] = {op.result for op in inputs}
     for op in list(graph.body.ops):
         if isinstance(op, (lg.InputOp, lg.OutputOp)) or not any(o in dependent for o in op.operands):

@@ -458,6 +458,19 @@ def _bind_mse(op: lg.MseLossOp, local: LocalContext, ins, out) -> Fire:
 # -- gathers and scatters ---------------------------------------------------------------
 
 
+@NUMPY.impl(lg.PadOp)
+def _bind_pad(op: lg.PadOp, local, ins, out) -> Fire:
+    p = op.params()
+    inside = tuple(slice(lo, lo + d) for lo, d in zip(p["low"], ins[0].shape))
+    fill = np.asarray(p["value"]).astype(out.dtype)
+
+    def fire(xs, o):
+        o.fill(fill)
+        o[inside] = xs[0]
+
+    return fire
+
+
 @NUMPY.impl(lg.EmbeddingOp)
 def _bind_embedding(op: lg.EmbeddingOp, local: LocalContext, ins, out) -> Fire:
     # A table split by rows holds rows [lo, hi): gather those, zero the rest

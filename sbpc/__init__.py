@@ -18,7 +18,7 @@ _FRONTEND = [
     "Graph", "Tensor", "Placement", "placement", "S", "B", "P", "zeros", "ones", "fill", "normal", "uniform",
     "neg", "relu", "gelu", "tanh", "erf", "exp", "sqrt", "rsqrt", "add", "sub", "mul", "div", "matmul", "softmax",
     "log_softmax", "layernorm", "reduce_sum", "reduce_mean", "reduce_max", "reshape", "transpose", "broadcast_to",
-    "concat", "slice", "embedding", "cross_entropy", "token_cross_entropy", "mse_loss", "cast", "logical",
+    "concat", "slice", "pad", "embedding", "cross_entropy", "token_cross_entropy", "mse_loss", "cast", "logical",
     "compare", "where",
 ]
 _WHERE = {
@@ -83,6 +83,7 @@ if TYPE_CHECKING:
         neg,
         normal,
         ones,
+        pad,
         placement,
         reduce_max,
         reduce_mean,

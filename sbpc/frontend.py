@@ -388,6 +388,11 @@ def slice(x: Tensor, starts: Sequence[int], limits: Sequence[int], strides: Sequ
     return x.graph.add(lg.SliceOp(x.value, starts, limits, strides))
 
 
+def pad(x: Tensor, low: Sequence[int], high: Sequence[int], value: float = 0.0) -> Tensor:
+    """`x` with `low[i]` elements of `value` before axis i and `high[i]` after it."""
+    return x.graph.add(lg.PadOp(x.value, low, high, value))
+
+
 def embedding(table: Tensor, indices: Tensor, padding_idx: int | None = None) -> Tensor:
     """Rows of `table` at `indices`; the row `padding_idx` gets no gradient."""
     return table.graph.add(lg.EmbeddingOp(table.value, indices.value, padding_idx))

@@ -157,6 +157,8 @@ class _Importer:
         self.matched: set[str] = set()
         self.params: dict[str, Tensor] = {}
         self.inputs: dict[str, Any] = {}
+        self.state_inputs: dict[Any, str] = {}
+        """The placeholders of parameters and buffers, and their names."""
 
     # -- the graph ------------------------------------------------------------------
 
@@ -178,10 +180,12 @@ class _Importer:
             if node.op == "placeholder":
                 spec = specs[node.name]
                 if spec.kind == InputKind.PARAMETER:
+                    self.state_inputs[node] = spec.target
                     self.env[node] = self._param(spec.target, state[spec.target], names)
                 elif spec.kind == InputKind.USER_INPUT:
                     self.env[node] = self._input(node)
                 elif spec.kind == InputKind.BUFFER:
+                    self.state_inputs[node] = spec.target
                     value = state[spec.target] if spec.target in state else self.program.constants[spec.target]
                     self.env[node] = _Const(value)
                     if spec.persistent:
@@ -325,6 +329,13 @@ class _Importer:
         return next((trace for trace in inner if trace), "")
 
     def _call(self, node):
+        written = node.args[0] if node.args and getattr(getattr(node.target, "_schema", None), "is_mutable",
+                                                          False) else None
+        if hasattr(written, "op") and written in self.state_inputs:
+            # export keeps in-place updates of buffers (a step counter, running
+            # statistics) as ops of the graph; folding them would drop them
+            raise self._error(f"forward writes to buffer {self.state_inputs[written]!r} "
+                              f"({_op_name(node.target)}); sbpc imports pure forwards only")
         args = _map(node.args, self._value)
         kwargs = {k: _map(v, self._value) for k, v in node.kwargs.items()}
         name = _op_name(node.target)
@@ -460,7 +471,8 @@ def _binary(fn: Callable[[Tensor, Tensor], Tensor], swap: bool = False):
         if rounding_mode is not None:
             raise ValueError(f"rounding_mode={rounding_mode!r}")
         like = a if isinstance(a, Tensor) else b
-        a, b = im.lift(a, like), im.lift(b, like)
+        a, b = (im.g.constant(_compact(im.known(v), like)) if isinstance(v, _Const) and isinstance(like, Tensor)
+                else im.lift(v, like) for v in (a, b))
         if swap:  # rsub(a, b, alpha) = b - alpha * a
             a, b = b, a
         if alpha != 1:  # add/sub(a, b, alpha) = a +/- alpha * b
@@ -484,6 +496,12 @@ def _unary(fn: Callable[[Tensor], Tensor]):
 for _name, _fn in (("neg", fe.neg), ("relu", fe.relu), ("tanh", fe.tanh), ("exp", fe.exp), ("sqrt", fe.sqrt),
                    ("rsqrt", fe.rsqrt)):
     RULES[f"aten.{_name}"] = _unary(_fn)
+
+
+@rule("aten.abs")
+def _abs(im: _Importer, x):
+    x = im.lift(x)
+    return fe.relu(x) + fe.relu(-x)  # its gradient is sign(x), 0 at 0 as PyTorch's
 
 
 def _sigmoid(x: Tensor) -> Tensor:
@@ -768,26 +786,20 @@ def _assert_metadata(im: _Importer, x, size=None, stride=None, dtype=None, **whe
 
 @rule("aten.pad", "aten.constant_pad_nd")
 def _pad(im: _Importer, x, pad, mode="constant", value=None):
-    """Constant padding as a concatenation with constant blocks, axis by axis
-    (F.pad's list names the last axis first: (left, right, top, bottom, ...))."""
+    """Constant padding (F.pad's list names the last axis first: (left,
+    right, top, bottom, ...)); a negative width crops, a slice."""
     if mode != "constant":
         raise ValueError(f"pad with mode '{mode}' (only 'constant' is supported)")
     x = im.lift(x)
-    fill = 0 if value is None else value
+    rank = len(x.shape)
+    if len(pad) % 2 or len(pad) // 2 > rank:
+        raise ValueError(f"pad of {len(pad)} widths for a {rank}-D tensor")
+    low, high = [0] * rank, [0] * rank
     for i in range(len(pad) // 2):
-        before, after = pad[2 * i], pad[2 * i + 1]
-        d = len(x.shape) - 1 - i
-        if before < 0 or after < 0:
-            x = _slice_axis(x, d, -min(before, 0), x.shape[d] + min(after, 0))
-            before, after = max(before, 0), max(after, 0)
-        blocks = []
-        for width in (before, after):
-            shape = list(x.shape)
-            shape[d] = width
-            blocks.append(im.g.constant(np.full(shape, fill, fe._numpy_of(x.dtype))) if width else None)
-        pieces = [b for b in (blocks[0], x, blocks[1]) if b is not None]
-        x = fe.concat(pieces, d) if len(pieces) > 1 else x
-    return x
+        low[rank - 1 - i], high[rank - 1 - i] = pad[2 * i], pad[2 * i + 1]
+    if any(w < 0 for w in (*low, *high)):
+        x = fe.slice(x, [max(-w, 0) for w in low], [d - max(-w, 0) for d, w in zip(x.shape, high)])
+    return fe.pad(x, [max(w, 0) for w in low], [max(w, 0) for w in high], 0 if value is None else value)
 
 
 @rule("wrap_with_set_grad_enabled")
@@ -874,7 +886,21 @@ def _additive_mask(im: _Importer, mask: np.ndarray, value: float, like: Tensor) 
     """`value` where `mask` is true, 0 elsewhere: masked_fill as an add (exact
     for finite inputs, and for -inf, softmax's use)."""
     fill = np.where(mask, np.asarray(value, fe._numpy_of(like.dtype)), 0).astype(fe._numpy_of(like.dtype))
-    return im.g.constant(fill)
+    return im.g.constant(_compact(fill, like))
+
+
+def _compact(constant: np.ndarray, other: Tensor) -> np.ndarray:
+    """A constant operand of an elementwise op with `other`, with each axis it
+    only repeats along, and that `other` spans already, cut to 1 (the op
+    broadcasts it back): a causal mask expanded over the batch is one mask
+    for every example, whose size then no longer follows the batch (which
+    micro-batches and batch splits leave alone)."""
+    lead = constant.ndim - len(other.shape)
+    for axis in range(max(lead, 0), constant.ndim):
+        if (constant.shape[axis] > 1 and other.shape[axis - lead] == constant.shape[axis]
+                and (constant == constant.take([0], axis=axis)).all()):
+            constant = constant.take([0], axis=axis)
+    return constant
 
 
 @rule("aten.masked_fill.Scalar", "aten.masked_fill.Tensor")

@@ -190,6 +190,12 @@ def _slice(op: lg.SliceOp, x: np.ndarray) -> np.ndarray:
     return x[tuple(slice(lo, hi, st) for lo, hi, st in zip(p["starts"], p["limits"], p["strides"]))]
 
 
+@REFERENCE.impl(lg.PadOp)
+def _pad(op: lg.PadOp, x: np.ndarray) -> np.ndarray:
+    p = op.params()
+    return np.pad(x, list(zip(p["low"], p["high"])), constant_values=np.asarray(p["value"]).astype(x.dtype))
+
+
 @REFERENCE.impl(lg.EmbeddingOp)
 def _embedding(op: lg.EmbeddingOp, table: np.ndarray, indices: np.ndarray) -> np.ndarray:
     check_range(op, "index", indices, table.shape[0])

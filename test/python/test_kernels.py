@@ -52,7 +52,7 @@ def every_op_module(ranks: int, device: str = "cpu", batch: int = 8):
     e = (sbpc.embedding(table, ids) + sbpc.embedding(table, ids, padding_idx=0)).sum(axes=(1,))
     h = sbpc.gelu(x + e) * sbpc.rsqrt(x * x + 1.0) - sbpc.tanh(sbpc.relu(x)) / sbpc.sqrt(sbpc.exp(-x) + 2.0)
     h = h + sbpc.erf(x) * 0.5
-    hc = sbpc.concat([h, sbpc.slice(x, [0, 2], [batch, 6])], axis=1)  # (batch, 16)
+    hc = sbpc.concat([sbpc.pad(h, [0, 1], [0, 0], -0.5), sbpc.slice(x, [0, 3], [batch, 6])], axis=1)  # (batch, 16)
     ln = sbpc.layernorm(hc, gamma, beta, axis=1)
     logits = ln @ w  # (8, 6)
     t = logits.transpose(1, 0).reshape(3, 2 * batch)

@@ -337,6 +337,76 @@ def test_a_no_grad_region_over_computed_values_is_refused_with_the_users_line():
         sbpc.from_torch(NoGradOverTheInput(), (torch.randn(2, 4),))
 
 
+class PowerOfTheInput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return (self.proj(x).abs() ** 2.5).sum()
+
+
+class ByteInput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.proj(x.float()).sum()
+
+
+class CountingCalls(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls += 1
+        return self.proj(x).sum()
+
+
+class ConstantOutput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.ones(3)
+
+
+REFUSALS = [  # (module, example input, keyword arguments of from_torch, what the message says, names the line)
+    (Cumulative, torch.randn(2, 4), {}, "the ATen op aten.cumsum (cumsum) has no lg lowering", True),
+    (PowerOfTheInput, torch.randn(2, 4), {}, "power 2.5 (supported: -1, -0.5, 0.5, 1, 2, 3)", True),
+    (NoGradOverTheInput, torch.randn(2, 4), {}, "torch.no_grad() region over values computed from the inputs", True),
+    (Branchy, torch.randn(2, 4), {}, "data-dependent control flow", True),
+    (ByteInput, torch.zeros(2, 4, dtype=torch.uint8), {}, "input 'x' has dtype torch.uint8, which sbpc does not "
+     "support", False),
+    (CountingCalls, torch.randn(2, 4), {}, "forward writes to buffer 'calls' (aten.add_.Tensor); sbpc imports pure "
+     "forwards only", True),
+    (ConstantOutput, torch.randn(2, 4), {}, "ConstantOutput.forward returns no tensor computed from its inputs",
+     False),
+    (Cumulative, torch.randn(2, 4), {"sbp": {"x": S(0)}}, "an sbp hint for 'x' needs a placement: pass placement=",
+     False),
+    (Cumulative, torch.randn(2, 4), {"sbp": {"proj.wieght": S(0)}, "placement": sbpc.placement("cpu", 2)},
+     "sbp pattern 'proj.wieght' matches no input or parameter of Cumulative", False),
+]
+
+
+@pytest.mark.parametrize("module, example, options, says, names_the_line", REFUSALS,
+                         ids=[f"{r[0].__name__}-{i}" for i, r in enumerate(REFUSALS)])
+def test_each_kind_of_refusal_is_a_sentence_naming_what_and_where(module, example, options, says, names_the_line):
+    with pytest.raises(sbpc.TorchImportError) as info:
+        sbpc.from_torch(module(), (example,), **options)
+    message = str(info.value)
+    assert says in message
+    if names_the_line:
+        assert f"\n  at {__file__}:" in message, message
+    # no internal exception text: no traceback, no Python error class, no torch.fx object
+    for internal in ("Traceback", "Error:", "Exception", "<built-in", "object at 0x", "Node"):
+        assert internal not in message, message
+
+
 def test_an_unhinted_module_is_planned_automatically_and_takes_weights_from_pytorch():
     torch.manual_seed(0)
     model = tm.Classifier(sizes=(16, 64, 64, 4))

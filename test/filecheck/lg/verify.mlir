@@ -726,3 +726,30 @@ lg.graph @g {
   lg.output ["y"] %y : tensor<8x4xf32>
 }
 // CHECK: 'lg.token_cross_entropy_grad': grad shape [8, 4] must be the logits shape without its class axis [8]
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %y = lg.pad %x low [0, -1] high [0, 0] value 0.000000e+00 : tensor<8x4xf32> -> tensor<8x3xf32>
+  lg.output ["y"] %y : tensor<8x3xf32>
+}
+// CHECK: 'lg.pad': padding widths must be at least 0, got low [0, -1] high [0, 0]
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8xi64>
+  %y = lg.pad %x low [1] high [0] value 5.000000e-01 : tensor<8xi64> -> tensor<9xi64>
+  lg.output ["y"] %y : tensor<9xi64>
+}
+// CHECK: 'lg.pad': a i64 tensor cannot be padded with 0.5
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %y = lg.pad %x low [1] high [0] value 0.000000e+00 : tensor<8x4xf32> -> tensor<9x4xf32>
+  lg.output ["y"] %y : tensor<9x4xf32>
+}
+// CHECK: 'lg.pad': low and high need one entry per axis (2)
