@@ -153,7 +153,7 @@ class _Importer:
         self.g = Graph(re.sub(r"\W", "_", name), placement=placement)
         self.env: dict[Any, Any] = {}
         self.node: Any = None
-        self.lifted: dict[int, Tensor] = {}
+        self.lifted: dict[tuple, Tensor] = {}
         self.matched: set[str] = set()
         self.params: dict[str, Tensor] = {}
         self.inputs: dict[str, Any] = {}
@@ -367,17 +367,19 @@ class _Importer:
         result = node.target(*_map(args, _unwrap), **{k: _map(v, _unwrap) for k, v in kwargs.items()})
         return _map(result, lambda r: _Const(r) if hasattr(r, "shape") else r)
 
-    def lift(self, value, like: Tensor | None = None) -> Tensor:
-        """An lg value for a tensor, a constant or a Python number (in `like`'s dtype)."""
+    def lift(self, value, like: Tensor | None = None, compact: bool = False) -> Tensor:
+        """An lg value for a tensor, a constant or a Python number (in `like`'s
+        dtype). With `compact`, a constant operand of an elementwise op with
+        `like` loses the axes it only repeats along (`_compact`)."""
         if isinstance(value, Tensor):
             return value
         if isinstance(value, _Const):
-            key = id(value)
+            key = (id(value), tuple(like.shape) if compact and like is not None else None)
             if key not in self.lifted:
                 array = value.value.detach().numpy()
                 if array.dtype == np.bool_:
                     array = array.astype(np.float32)
-                self.lifted[key] = self.g.constant(array)
+                self.lifted[key] = self.g.constant(_compact(array, like) if compact and like is not None else array)
             return self.lifted[key]
         if isinstance(value, bool | int | float):
             dtype = fe._numpy_of(like.dtype) if like is not None else np.float32
@@ -471,8 +473,7 @@ def _binary(fn: Callable[[Tensor, Tensor], Tensor], swap: bool = False):
         if rounding_mode is not None:
             raise ValueError(f"rounding_mode={rounding_mode!r}")
         like = a if isinstance(a, Tensor) else b
-        a, b = (im.g.constant(_compact(im.known(v), like)) if isinstance(v, _Const) and isinstance(like, Tensor)
-                else im.lift(v, like) for v in (a, b))
+        a, b = (im.lift(v, like, compact=True) for v in (a, b))
         if swap:  # rsub(a, b, alpha) = b - alpha * a
             a, b = b, a
         if alpha != 1:  # add/sub(a, b, alpha) = a +/- alpha * b
