@@ -802,8 +802,16 @@ class BinaryOp(LgOp, ABC):
     """Signatures with partial operands, where the op is linear (P) or
     monotone (Pmax) in them."""
 
+    INTEGERS: ClassVar[bool] = False
+    """Whether i32/i64 operands are taken too (exact integer arithmetic:
+    positions counted from masks); their results get no gradient."""
+
     @classmethod
     def rule(cls, shapes, elems, **params):
+        if cls.INTEGERS and is_index(elems[0]):
+            if any(e != elems[0] for e in elems[1:]):
+                raise ShapeError(f"operands must share one element type, got {', '.join(map(str, elems))}")
+            return broadcast_shapes(*shapes), elems[0]
         return broadcast_shapes(*shapes), _same_elem(elems)
 
     @classmethod
@@ -814,6 +822,7 @@ class BinaryOp(LgOp, ABC):
 @op_definition
 class AddOp(BinaryOp):
     name = "lg.add"
+    INTEGERS: ClassVar[bool] = True
     PARTIAL_SIGNATURES: ClassVar[tuple[Signature, ...]] = (
         (("P", "P"), ("P",)),
         (("Pmax", "B"), ("Pmax",)),
@@ -827,6 +836,7 @@ class AddOp(BinaryOp):
 @op_definition
 class SubOp(BinaryOp):
     name = "lg.sub"
+    INTEGERS: ClassVar[bool] = True
     PARTIAL_SIGNATURES: ClassVar[tuple[Signature, ...]] = ((("P", "P"), ("P",)), (("Pmax", "B"), ("Pmax",)))
 
     def gradient(self, g, e):
@@ -837,6 +847,7 @@ class SubOp(BinaryOp):
 @op_definition
 class MulOp(BinaryOp):
     name = "lg.mul"
+    INTEGERS: ClassVar[bool] = True
     PARTIAL_SIGNATURES: ClassVar[tuple[Signature, ...]] = ((("P", "B"), ("P",)), (("B", "P"), ("P",)))
 
     def gradient(self, g, e):
@@ -1527,6 +1538,54 @@ class PadOp(LgOp):
         p = self.params()
         shape = global_shape(g.type)
         return [e.emit(SliceOp(g, p["low"], [d - hi for d, hi in zip(shape, p["high"])]))]
+
+
+@op_definition
+class CumsumOp(LgOp):
+    """Running sum along `axis` (PyTorch's `cumsum`): element i is the sum
+    of elements 0..i, or with `reverse` of elements i..end, of floats or
+    integers. With the scanned axis split, each device computes what its
+    elements add to every position of the whole axis (0 before them, their
+    running sum along them, their total after them): a partial sum, so the
+    scan needs no exchange of running totals between devices."""
+
+    name = "lg.cumsum"
+
+    input = operand_def(TensorLike)
+    axis = prop_def(IntegerAttr[I64])
+    reverse = opt_prop_def(UnitAttr)
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$input `axis` $axis (`reverse` $reverse^)? attr-dict `:` type($input) `->` type($result)"
+
+    def __init__(self, input: SSAValue, axis: int, reverse: bool = False):
+        props: dict[str, Attribute] = {"axis": IntegerAttr(axis, i64)}
+        if reverse:
+            props["reverse"] = UnitAttr()
+        super().__init__(operands=[input], properties=props,
+                         result_types=[self.infer([input], axis=axis, reverse=reverse)])
+
+    def params(self):
+        return {"axis": self.axis.value.data, "reverse": self.reverse is not None}
+
+    @classmethod
+    def rule(cls, shapes, elems, axis, reverse):
+        if not (is_float(elems[0]) or is_index(elems[0])):
+            raise ShapeError(f"operand must be a float, i32 or i64 tensor, got {elems[0]}")
+        _check_axis(axis, len(shapes[0]))
+        return shapes[0], elems[0]
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, axis, reverse):
+        sigs = [((f"S{i}",), (f"S{i}" if i != axis else "P",)) for i, d in enumerate(in_shapes[0]) if _split_ok(d, p)]
+        return sigs + _passthrough(1, ("P",))
+
+    def gradient(self, g, e):
+        if not is_float(element_type(self.input.type)):
+            return [None]
+        return [e.emit(CumsumOp(g, self.axis.value.data, reverse=self.reverse is None))]
 
 
 # --------------------------------------------------------------------------
@@ -2230,6 +2289,7 @@ LG = Dialect(
         ConcatOp,
         SliceOp,
         PadOp,
+        CumsumOp,
         EmbeddingOp,
         CrossEntropyOp,
         *CROSS_ENTROPY_OPS,

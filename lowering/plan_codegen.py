@@ -284,8 +284,9 @@ for _op, _expr in (
 ):
     CUDA.register(_op, ElementwiseExpr(_expr))
 
-for _op in (lg.BroadcastToOp, lg.ConcatOp, lg.SliceOp, lg.PadOp, lg.EmbeddingOp, lg.CrossEntropyOp, lg.MseLossOp,
-            lg.OneHotOp, lg.EmbeddingGradOp, *lg.MASK_OPS, *lg.CROSS_ENTROPY_OPS, lg.TokenCrossEntropyGradOp):
+for _op in (lg.BroadcastToOp, lg.ConcatOp, lg.SliceOp, lg.PadOp, lg.CumsumOp, lg.EmbeddingOp, lg.CrossEntropyOp,
+            lg.MseLossOp, lg.OneHotOp, lg.EmbeddingGradOp, *lg.MASK_OPS, *lg.CROSS_ENTROPY_OPS,
+            lg.TokenCrossEntropyGradOp):
     CUDA.register(_op, ON_HOST)
 
 

@@ -30,7 +30,15 @@ from sbpc.dialects import lg, plan
 from sbpc.dialects.backends import Backend
 from sbpc.dialects.layout import numpy_dtype
 from sbpc.semantics.local_eval import Fused, LocalContext
-from sbpc.semantics.reference import COMPARE, LOGICAL, EvaluationError, check_range, erf, max_with_identity
+from sbpc.semantics.reference import (
+    COMPARE,
+    LOGICAL,
+    EvaluationError,
+    check_range,
+    cumsum_piece,
+    erf,
+    max_with_identity,
+)
 
 Fire = Callable[[Sequence[np.ndarray], np.ndarray], None]
 """A bound kernel: fire(inputs, out) writes its result into `out`."""
@@ -467,6 +475,17 @@ def _bind_pad(op: lg.PadOp, local, ins, out) -> Fire:
     def fire(xs, o):
         o.fill(fill)
         o[inside] = xs[0]
+
+    return fire
+
+
+@NUMPY.impl(lg.CumsumOp)
+def _bind_cumsum(op: lg.CumsumOp, local: LocalContext, ins, out) -> Fire:
+    axis, reverse = op.params()["axis"], op.params()["reverse"]
+    piece, length = local.in_pieces[0][axis], local.in_shapes[0][axis]
+
+    def fire(xs, o):
+        cumsum_piece(xs[0], axis, reverse, piece, length, o)
 
     return fire
 

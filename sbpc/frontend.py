@@ -393,6 +393,11 @@ def pad(x: Tensor, low: Sequence[int], high: Sequence[int], value: float = 0.0) 
     return x.graph.add(lg.PadOp(x.value, low, high, value))
 
 
+def cumsum(x: Tensor, axis: int, reverse: bool = False) -> Tensor:
+    """Running sums along `axis` (from the end with `reverse`)."""
+    return x.graph.add(lg.CumsumOp(x.value, axis, reverse))
+
+
 def embedding(table: Tensor, indices: Tensor, padding_idx: int | None = None) -> Tensor:
     """Rows of `table` at `indices`; the row `padding_idx` gets no gradient."""
     return table.graph.add(lg.EmbeddingOp(table.value, indices.value, padding_idx))

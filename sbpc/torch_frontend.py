@@ -367,19 +367,17 @@ class _Importer:
         result = node.target(*_map(args, _unwrap), **{k: _map(v, _unwrap) for k, v in kwargs.items()})
         return _map(result, lambda r: _Const(r) if hasattr(r, "shape") else r)
 
-    def lift(self, value, like: Tensor | None = None, compact: bool = False) -> Tensor:
-        """An lg value for a tensor, a constant or a Python number (in `like`'s
-        dtype). With `compact`, a constant operand of an elementwise op with
-        `like` loses the axes it only repeats along (`_compact`)."""
+    def lift(self, value, like: Tensor | None = None) -> Tensor:
+        """An lg value for a tensor, a constant or a Python number (in `like`'s dtype)."""
         if isinstance(value, Tensor):
             return value
         if isinstance(value, _Const):
-            key = (id(value), tuple(like.shape) if compact and like is not None else None)
+            key = (id(value),)
             if key not in self.lifted:
                 array = value.value.detach().numpy()
                 if array.dtype == np.bool_:
                     array = array.astype(np.float32)
-                self.lifted[key] = self.g.constant(_compact(array, like) if compact and like is not None else array)
+                self.lifted[key] = self.g.constant(array)
             return self.lifted[key]
         if isinstance(value, bool | int | float):
             dtype = fe._numpy_of(like.dtype) if like is not None else np.float32
@@ -472,15 +470,50 @@ def _binary(fn: Callable[[Tensor, Tensor], Tensor], swap: bool = False):
     def lower(im: _Importer, a, b, alpha=1, rounding_mode=None):
         if rounding_mode is not None:
             raise ValueError(f"rounding_mode={rounding_mode!r}")
-        like = a if isinstance(a, Tensor) else b
-        a, b = (im.lift(v, like, compact=True) for v in (a, b))
+        # in the dtype PyTorch computes in (an int mask times 0.5 is float;
+        # int / int divides as floats)
+        a, b = _operands(im, a, b, _result_dtype(im))
         if swap:  # rsub(a, b, alpha) = b - alpha * a
             a, b = b, a
         if alpha != 1:  # add/sub(a, b, alpha) = a +/- alpha * b
-            b = b * im.lift(alpha, like)
+            b = b * im.lift(alpha, b)
         return fn(a, b)
 
     return lower
+
+
+def _result_dtype(im: _Importer) -> str:
+    """The dtype of the node being lowered, as PyTorch traced it."""
+    value = im.node.meta.get("val")
+    dtype = _DTYPES.get(str(getattr(value, "dtype", None)))
+    if dtype is None:
+        raise ValueError(f"a result of dtype {getattr(value, 'dtype', 'unknown')}")
+    return dtype
+
+
+def _operands(im: _Importer, a, b, dtype: str) -> tuple[Tensor, Tensor]:
+    """Both operands of an elementwise op as lg values of `dtype`: tensors
+    cast where PyTorch promotes them, constants compacted (`_compact`)."""
+    like = a if isinstance(a, Tensor) else b
+    if not isinstance(like, Tensor):
+        raise TypeError("an elementwise op of two constants")
+    out = []
+    for v in (a, b):
+        if isinstance(v, Tensor):
+            out.append(v if str(v.dtype) == dtype else fe.cast(v, dtype))
+            continue
+        known = im.known(v)
+        if known is None:
+            raise TypeError(f"expected a tensor or a number, got {type(v).__name__}")
+        key = (id(v), tuple(like.shape), dtype)
+        if not isinstance(v, _Const) or key not in im.lifted:  # a buffer's constant is made once per use shape
+            value = im.g.constant(_compact(np.asarray(known).astype(fe._numpy_of(fe.ELEMENT_TYPES[dtype])), like))
+            if not isinstance(v, _Const):
+                out.append(value)
+                continue
+            im.lifted[key] = value
+        out.append(im.lifted[key])
+    return out[0], out[1]
 
 
 RULES["aten.add.Tensor"] = RULES["aten.add.Scalar"] = _binary(fe.add)
@@ -723,20 +756,15 @@ for _kind in ("and", "or", "xor"):
 
 def _compare_rule(kind: str):
     def lower(im: _Importer, a, b):
-        tensor = a if isinstance(a, Tensor) else b
-        other = b if tensor is a else a
         # PyTorch compares in the promoted dtype: an integer tensor against a
         # fractional number, or against a float tensor, compares as floats
-        number = im.known(other)
-        if isinstance(other, Tensor):
-            if other.dtype != tensor.dtype:
-                wanted = str(tensor.dtype) if lg.is_float(tensor.dtype) else str(other.dtype)
-                a, b = (x if str(x.dtype) == wanted else fe.cast(x, wanted) for x in (a, b))
-        elif number is not None and number.dtype.kind == "f" and not lg.is_float(tensor.dtype):
-            tensor = fe.cast(tensor, "f32")
-            a, b = (tensor, other) if isinstance(a, Tensor) else (other, tensor)
-        like = a if isinstance(a, Tensor) else b
-        return fe.compare(kind, im.lift(a, like), im.lift(b, like))
+        import torch
+
+        traced = [x.meta.get("val") if hasattr(x, "meta") else x for x in im.node.args[:2]]
+        dtype = _DTYPES.get(str(torch.result_type(*traced)))
+        if dtype is None:
+            raise ValueError(f"a comparison in dtype {torch.result_type(*traced)}")
+        return fe.compare(kind, *_operands(im, a, b, dtype))
 
     return lower
 
@@ -773,6 +801,16 @@ def _index(im: _Importer, x, indices):
         raise ValueError("indexing that gathers (sbpc imports indexing that only adds and broadcasts axes)")
     reshaped = fe.reshape(x, list(core.shape)) if tuple(core.shape) != tuple(x.shape) else x
     return fe.broadcast_to(reshaped, list(where.shape)) if core.shape != where.shape else reshaped
+
+
+@rule("aten.cumsum")
+def _cumsum(im: _Importer, x, dim, dtype=None):
+    """Running sums; PyTorch sums integers and booleans as int64 unless told a dtype."""
+    x = im.lift(x)
+    wanted = _DTYPES.get(str(dtype)) if dtype is not None else str(x.dtype) if lg.is_float(x.dtype) else "i64"
+    if wanted is None or wanted == "i1":
+        raise ValueError(f"cumsum to dtype {dtype}")
+    return fe.cumsum(x if str(x.dtype) == wanted else fe.cast(x, wanted), _axis(dim, len(x.shape)))
 
 
 @rule("aten._assert_tensor_metadata")

@@ -23,7 +23,13 @@ from sbpc.dialects import lg
 from sbpc.dialects.backends import Backend
 from sbpc.dialects.layout import Coord, coords, mesh_coord, partial_kind, piece
 from sbpc.dialects.sbp import PlainNd, Sbp, nd_to_plain, plain_nd
-from sbpc.semantics.reference import REFERENCE, check_range, token_cross_entropy, token_cross_entropy_grad
+from sbpc.semantics.reference import (
+    REFERENCE,
+    check_range,
+    cumsum_piece,
+    token_cross_entropy,
+    token_cross_entropy_grad,
+)
 
 
 def distribute(
@@ -179,6 +185,14 @@ def _token_cross_entropy(op: lg.TokenCrossEntropyOp, ctx: LocalContext, *operand
 @LOCAL.impl(lg.TokenCrossEntropyGradOp)
 def _token_cross_entropy_grad(op: lg.TokenCrossEntropyGradOp, ctx: LocalContext, *operands: np.ndarray) -> np.ndarray:
     return token_cross_entropy_grad(op, *operands, ctx.in_pieces[0][-1], ctx.in_shapes[0][-1])
+
+
+@LOCAL.impl(lg.CumsumOp)
+def _cumsum(op: lg.CumsumOp, ctx: LocalContext, x: np.ndarray) -> np.ndarray:
+    # a split scanned axis: this piece's contribution to the whole axis (P)
+    axis, reverse = op.params()["axis"], op.params()["reverse"]
+    out = np.empty(ctx.out_piece_shape, x.dtype)
+    return cumsum_piece(x, axis, reverse, ctx.in_pieces[0][axis], ctx.in_shapes[0][axis], out)
 
 
 def _to_local_shape(kernel: Callable) -> Callable:

@@ -196,6 +196,33 @@ def _pad(op: lg.PadOp, x: np.ndarray) -> np.ndarray:
     return np.pad(x, list(zip(p["low"], p["high"])), constant_values=np.asarray(p["value"]).astype(x.dtype))
 
 
+def cumsum_piece(x: np.ndarray, axis: int, reverse: bool, piece: slice, length: int, out: np.ndarray) -> np.ndarray:
+    """What elements `piece` of the scanned axis (of `length`) add to every
+    position of a running sum (the whole scan where the piece is the whole
+    axis), written into `out` (the whole axis long)."""
+    def along(part: slice) -> tuple[slice, ...]:
+        return (slice(None),) * axis + (part,)
+
+    inside, head, tail = along(slice(piece.start, piece.stop)), along(slice(0, piece.start)), along(
+        slice(piece.stop, length))
+    if reverse:
+        np.cumsum(np.flip(x, axis), axis=axis, out=np.flip(out[inside], axis))
+        out[head] = out[along(slice(piece.start, piece.start + 1))] if x.shape[axis] else 0
+        out[tail] = 0
+    else:
+        np.cumsum(x, axis=axis, out=out[inside])
+        out[head] = 0
+        out[tail] = out[along(slice(piece.stop - 1, piece.stop))] if x.shape[axis] else 0
+    return out
+
+
+@REFERENCE.impl(lg.CumsumOp)
+def _cumsum(op: lg.CumsumOp, x: np.ndarray) -> np.ndarray:
+    p = op.params()
+    length = x.shape[p["axis"]]
+    return cumsum_piece(x, p["axis"], p["reverse"], slice(0, length), length, np.empty_like(x))
+
+
 @REFERENCE.impl(lg.EmbeddingOp)
 def _embedding(op: lg.EmbeddingOp, table: np.ndarray, indices: np.ndarray) -> np.ndarray:
     check_range(op, "index", indices, table.shape[0])

@@ -59,8 +59,8 @@ def random_graphs(draw, meshes=((2,),)):
         kind = draw(
             st.sampled_from(
                 ["unary", "binary", "matmul", "softmax", "layernorm", "reduce", "reshape", "transpose",
-                 "broadcast", "concat", "slice", "pad", "embedding", "cross_entropy", "token_cross_entropy", "mse",
-                 "constant"]
+                 "broadcast", "concat", "slice", "pad", "cumsum", "embedding", "cross_entropy", "token_cross_entropy",
+                 "mse", "constant"]
             )
         )
         x = pick(lambda s: len(s) >= 1)
@@ -123,6 +123,8 @@ def random_graphs(draw, meshes=((2,),)):
             low = [draw(st.integers(0, 2)) for _ in shape]
             high = [draw(st.integers(0, 2)) for _ in shape]
             op = lg.PadOp(x, low, high, draw(st.sampled_from([0.0, -1.5])))
+        elif kind == "cumsum":
+            op = lg.CumsumOp(x, draw(st.integers(0, rank - 1)), draw(st.booleans()))
         elif kind == "embedding":
             vocab, dim = draw(FLOAT_DIMS), draw(FLOAT_DIMS)
             op = lg.EmbeddingOp(new_param((vocab, dim)), new_input(_shape(draw, 1, 2), "i64", vocab))

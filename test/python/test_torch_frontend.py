@@ -197,7 +197,7 @@ class Cumulative(nn.Module):
         self.proj = nn.Linear(4, 4)
 
     def forward(self, x):
-        return torch.cumsum(self.proj(x), 0).sum()  # the line the error names
+        return torch.cummax(self.proj(x), 0).values.sum()  # the line the error names
 
 
 class Branchy(nn.Module):
@@ -216,8 +216,8 @@ def test_an_unsupported_op_is_named_with_the_users_line():
     with pytest.raises(sbpc.TorchImportError) as info:
         sbpc.from_torch(Cumulative(), (torch.randn(2, 4),))
     message = str(info.value)
-    assert "aten.cumsum" in message
-    assert f"{__file__}:" in message and "torch.cumsum(self.proj(x), 0).sum()" in message
+    assert "aten.cummax" in message
+    assert f"{__file__}:" in message and "torch.cummax(self.proj(x), 0).values.sum()" in message
 
 
 USER_MODEL = """
@@ -231,7 +231,7 @@ class Cumulative(nn.Module):
         self.proj = nn.Linear(4, 4)
 
     def forward(self, x):
-        return torch.cumsum(self.proj(x), 0).sum()  # the user's line
+        return torch.cummax(self.proj(x), 0).values.sum()  # the user's line
 """
 
 
@@ -252,7 +252,7 @@ def test_the_users_line_is_found_in_a_folder_named_like_a_library(tmp_path, fold
     assert f"/{folders[-1]}/user_model.py" in str(source)
     with pytest.raises(sbpc.TorchImportError) as info:
         sbpc.from_torch(module.Cumulative(), (torch.randn(2, 4),))
-    assert f"\n  at {source}:12 in forward: return torch.cumsum(self.proj(x), 0).sum()" in str(info.value)
+    assert f"\n  at {source}:12 in forward: return torch.cummax(self.proj(x), 0).values.sum()" in str(info.value)
 
 
 def test_frames_of_torch_and_sbpc_themselves_are_not_the_users():
@@ -320,6 +320,38 @@ def test_a_mask_computed_from_the_inputs_is_imported_and_trains():
                    lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
 
 
+class PositionsFromPadding(nn.Module):
+    """RoBERTa's position ids, the running count of the tokens that are not
+    padding (a cumsum of a mask computed from the input), and a running mean
+    of the features (a cumsum of floats: its gradient is a reverse cumsum)."""
+
+    def __init__(self):
+        super().__init__()
+        self.tokens = nn.Embedding(10, 4, padding_idx=0)
+        self.positions = nn.Embedding(8, 4)
+        self.proj = nn.Linear(4, 1)
+
+    def forward(self, ids):
+        mask = ids.ne(0).int()
+        positions = torch.cumsum(mask, dim=1).type_as(mask) * mask
+        h = self.tokens(ids) + self.positions(positions)
+        running = torch.cumsum(h, dim=1) / torch.arange(1, ids.shape[1] + 1)[:, None]
+        return self.proj(running).square().mean()
+
+
+@pytest.mark.parametrize("ranks, sbp", [(1, None), (2, {"ids": S(0)})], ids=["1 rank", "data parallel 2"])
+def test_running_sums_of_a_mask_and_of_features_train_as_pytorch(ranks, sbp):
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(8)
+    batches = []
+    for _ in range(4):
+        ids = torch.randint(1, 10, (4, 7), generator=g)
+        ids[1:, 5:] = 0  # padding at the end of some rows
+        batches.append((ids,))
+    check_training(PositionsFromPadding(), batches, ["ids"], sbpc.optim.SGD(lr=0.1),
+                   lambda m: torch.optim.SGD(m.parameters(), lr=0.1), ranks, sbp)
+
+
 class NoGradOverTheInput(nn.Module):
     def __init__(self):
         super().__init__()
@@ -376,7 +408,7 @@ class ConstantOutput(nn.Module):
 
 
 REFUSALS = [  # (module, example input, keyword arguments of from_torch, what the message says, names the line)
-    (Cumulative, torch.randn(2, 4), {}, "the ATen op aten.cumsum (cumsum) has no lg lowering", True),
+    (Cumulative, torch.randn(2, 4), {}, "the ATen op aten.cummax (cummax) has no lg lowering", True),
     (PowerOfTheInput, torch.randn(2, 4), {}, "power 2.5 (supported: -1, -0.5, 0.5, 1, 2, 3)", True),
     (NoGradOverTheInput, torch.randn(2, 4), {}, "torch.no_grad() region over values computed from the inputs", True),
     (Branchy, torch.randn(2, 4), {}, "data-dependent control flow", True),

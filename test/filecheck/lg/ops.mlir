@@ -48,6 +48,9 @@ lg.graph @all_ops on @mesh {
   %cc = lg.concat %ln, %relu, %mm axis 1 : (tensor<8x4xf32>, tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<8x12xf32>
   %sl = lg.slice %cc starts [0, 1] limits [8, 12] strides [2, 3] : tensor<8x12xf32> -> tensor<4x4xf32>
   %pad = lg.pad %ln low [0, 1] high [2, 0] value -1.000000e+02 : tensor<8x4xf32> -> tensor<10x5xf32>
+  %cs = lg.cumsum %ln axis 1 reverse : tensor<8x4xf32> -> tensor<8x4xf32>
+  %csi = lg.cumsum %ci axis 0 : tensor<2xi64> -> tensor<2xi64>
+  %addi = lg.add %csi, %ci : (tensor<2xi64>, tensor<2xi64>) -> tensor<2xi64>
   %em = lg.embedding %w, %ids : (tensor<16x4xf32>, tensor<2x3xi32>) -> tensor<2x3x4xf32>
   %ce = lg.cross_entropy %ln, %labels : (tensor<8x4xf32>, tensor<8xi64>) -> tensor<f32>
   %mse = lg.mse_loss %ln, %relu : (tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<f32>
@@ -112,6 +115,9 @@ lg.graph @all_ops on @mesh {
 // CHECK-NEXT:   %cc = lg.concat %ln, %relu, %mm axis 1 : (tensor<8x4xf32>, tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<8x12xf32>
 // CHECK-NEXT:   %sl = lg.slice %cc starts [0, 1] limits [8, 12] strides [2, 3] : tensor<8x12xf32> -> tensor<4x4xf32>
 // CHECK-NEXT:   %pad = lg.pad %ln low [0, 1] high [2, 0] value -1.000000e+02 : tensor<8x4xf32> -> tensor<10x5xf32>
+// CHECK-NEXT:  %cs = lg.cumsum %ln axis 1 reverse : tensor<8x4xf32> -> tensor<8x4xf32>
+// CHECK-NEXT:  %csi = lg.cumsum %ci axis 0 : tensor<2xi64> -> tensor<2xi64>
+// CHECK-NEXT:  %addi = lg.add %csi, %ci : (tensor<2xi64>, tensor<2xi64>) -> tensor<2xi64>
 // CHECK-NEXT:   %em = lg.embedding %w, %ids : (tensor<16x4xf32>, tensor<2x3xi32>) -> tensor<2x3x4xf32>
 // CHECK-NEXT:   %ce = lg.cross_entropy %ln, %labels : (tensor<8x4xf32>, tensor<8xi64>) -> tensor<f32>
 // CHECK-NEXT:   %mse = lg.mse_loss %ln, %relu : (tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<f32>
@@ -149,6 +155,7 @@ lg.graph @all_ops on @mesh {
 // GENERIC-NEXT:   %cc = "lg.concat"(%ln, %relu, %mm) <{axis = 1 : i64}> : (tensor<8x4xf32>, tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<8x12xf32>
 // GENERIC-NEXT:   %sl = "lg.slice"(%cc) <{starts = array<i64: 0, 1>, limits = array<i64: 8, 12>, strides = array<i64: 2, 3>}> : (tensor<8x12xf32>) -> tensor<4x4xf32>
 // GENERIC:        %pad = "lg.pad"(%ln) <{low = array<i64: 0, 1>, high = array<i64: 2, 0>, value = -1.000000e+02 : f64}> : (tensor<8x4xf32>) -> tensor<10x5xf32>
+// GENERIC:        %cs = "lg.cumsum"(%ln) <{axis = 1 : i64, reverse}> : (tensor<8x4xf32>) -> tensor<8x4xf32>
 // GENERIC:        %oh = "lg.one_hot"(%labels) <{classes = 4 : i64}> : (tensor<8xi64>) -> tensor<8x4xf32>
 // GENERIC-NEXT:   %ohi = "lg.one_hot"(%labels) <{classes = 4 : i64, ignore_index = -100 : i64}> : (tensor<8xi64>) -> tensor<8x4xf32>
 // GENERIC-NEXT:   %eg = "lg.embedding_grad"(%em, %ids) <{rows = 16 : i64}> : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>

@@ -61,11 +61,11 @@ lg.graph @g {
 // -----
 
 lg.graph @g {
-  %a = lg.input "a" : tensor<8x4xi64>
-  %y = lg.mul %a, %a : (tensor<8x4xi64>, tensor<8x4xi64>) -> tensor<8x4xi64>
-  lg.output ["y"] %y : tensor<8x4xi64>
+  %a = lg.input "a" : tensor<8x4xi1>
+  %y = lg.mul %a, %a : (tensor<8x4xi1>, tensor<8x4xi1>) -> tensor<8x4xi1>
+  lg.output ["y"] %y : tensor<8x4xi1>
 }
-// CHECK: 'lg.mul': operands must have a float element type, got i64
+// CHECK: 'lg.mul': operands must have a float element type, got i1
 
 // -----
 
@@ -753,3 +753,40 @@ lg.graph @g {
   lg.output ["y"] %y : tensor<9x4xf32>
 }
 // CHECK: 'lg.pad': low and high need one entry per axis (2)
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8xi1>
+  %y = lg.cumsum %x axis 0 : tensor<8xi1> -> tensor<8xi1>
+  lg.output ["y"] %y : tensor<8xi1>
+}
+// CHECK: 'lg.cumsum': operand must be a float, i32 or i64 tensor, got i1
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8xf32>
+  %y = lg.cumsum %x axis 1 : tensor<8xf32> -> tensor<8xf32>
+  lg.output ["y"] %y : tensor<8xf32>
+}
+// CHECK: 'lg.cumsum': axis 1 is out of range for rank 1
+
+// -----
+
+lg.graph @g {
+  %a = lg.input "a" : tensor<4xi64>
+  %b = lg.input "b" : tensor<4xi32>
+  %y = lg.add %a, %b : (tensor<4xi64>, tensor<4xi32>) -> tensor<4xi64>
+  lg.output ["y"] %y : tensor<4xi64>
+}
+// CHECK: 'lg.add': operands must share one element type, got i64, i32
+
+// -----
+
+lg.graph @g {
+  %a = lg.input "a" : tensor<4xi64>
+  %y = lg.div %a, %a : (tensor<4xi64>, tensor<4xi64>) -> tensor<4xi64>
+  lg.output ["y"] %y : tensor<4xi64>
+}
+// CHECK: 'lg.div': operands must have a float element type, got i64
