@@ -1157,10 +1157,14 @@ class ReduceOp(LgOp, ABC):
     def params(self):
         return {"axes": tuple(self.axes.get_values()), "keepdims": self.keepdims is not None}
 
+    INTEGERS: ClassVar[bool] = False
+    """Whether i32/i64 operands are taken too (counting a mask's tokens)."""
+
     @classmethod
     def rule(cls, shapes, elems, axes, keepdims):
         x = shapes[0]
-        _require_float("operand", elems[0])
+        if not (cls.INTEGERS and is_index(elems[0])):
+            _require_float("operand", elems[0])
         if list(axes) != sorted(set(axes)):
             raise ShapeError(f"axes {list(axes)} must be sorted and distinct")
         for a in axes:
@@ -1205,6 +1209,7 @@ class ReduceOp(LgOp, ABC):
 @op_definition
 class ReduceSumOp(ReduceOp):
     name = "lg.reduce_sum"
+    INTEGERS: ClassVar[bool] = True
 
     def gradient(self, g, e):
         return self._spread(g, e)
@@ -1221,6 +1226,7 @@ class ReduceMeanOp(ReduceOp):
 @op_definition
 class ReduceMaxOp(ReduceOp):
     name = "lg.reduce_max"
+    INTEGERS: ClassVar[bool] = True
     PARTIAL: ClassVar[str] = "Pmax"
 
 
@@ -2091,6 +2097,114 @@ def _require_value_type(what: str, elem: Attribute) -> None:
         raise ShapeError(f"{what} must be a float, i32, i64 or i1 tensor, got {elem}")
 
 
+def _gather_rule(what: str, data: Shape, indices: Shape, axis: int, index_elem: Attribute) -> None:
+    _check_axis(axis, len(data))
+    if not is_index(index_elem):
+        raise ShapeError(f"indices must be i32 or i64, got {index_elem}")
+    if len(indices) != len(data) or any(a != b for i, (a, b) in enumerate(zip(data, indices)) if i != axis):
+        raise ShapeError(f"indices shape {list(indices)} must be the {what} shape {list(data)} but on axis {axis}")
+
+
+@op_definition
+class GatherOp(LgOp):
+    """Elements picked along `axis` by computed indices (PyTorch's `gather`,
+    numpy's `take_along_axis`): result[..., j, ...] = input[..., indices[...,
+    j, ...], ...], the indices shaped as the input but on `axis`. With the
+    input split on `axis` each device picks the elements it holds and zeros
+    the others: a partial sum, as a vocabulary-split embedding."""
+
+    name = "lg.gather"
+
+    input = operand_def(TensorLike)
+    indices = operand_def(TensorLike)
+    axis = prop_def(IntegerAttr[I64])
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$input `,` $indices `axis` $axis attr-dict `:` functional-type(operands, results)"
+
+    def __init__(self, input: SSAValue, indices: SSAValue, axis: int):
+        super().__init__(operands=[input, indices], properties={"axis": IntegerAttr(axis, i64)},
+                         result_types=[self.infer([input, indices], axis=axis)])
+
+    def params(self):
+        return {"axis": self.axis.value.data}
+
+    @classmethod
+    def rule(cls, shapes, elems, axis):
+        _require_value_type("input", elems[0])
+        _gather_rule("input", shapes[0], shapes[1], axis, elems[1])
+        return shapes[1], elems[0]
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, axis):
+        data, indices = in_shapes
+        sigs = [((f"S{i}", f"S{i}"), (f"S{i}",)) for i, d in enumerate(indices) if i != axis and _split_ok(d, p)]
+        if _split_ok(indices[axis], p):
+            sigs.append((("B", f"S{axis}"), (f"S{axis}",)))
+        if _split_ok(data[axis], p):
+            sigs.append(((f"S{axis}", "B"), ("P",)))
+        return sigs + [(("B", "B"), ("B",)), (("P", "B"), ("P",))]
+
+    def gradient(self, g, e):
+        if not is_float(element_type(self.input.type)):
+            return [None, None]
+        size = global_shape(self.input.type)[self.axis.value.data]
+        return [e.emit(ScatterAddOp(g, self.indices, self.axis.value.data, size)), None]
+
+
+@op_definition
+class ScatterAddOp(LgOp):
+    """The gradient of lg.gather for its input: zeros of `size` along
+    `axis`, with each update added where its index points (PyTorch's
+    `scatter_add` into zeros)."""
+
+    name = "lg.scatter_add"
+
+    updates = operand_def(TensorLike)
+    indices = operand_def(TensorLike)
+    axis = prop_def(IntegerAttr[I64])
+    size = prop_def(IntegerAttr[I64])
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = (
+        "$updates `,` $indices `axis` $axis `size` $size attr-dict `:` functional-type(operands, results)"
+    )
+
+    def __init__(self, updates: SSAValue, indices: SSAValue, axis: int, size: int):
+        params = {"axis": axis, "size": size}
+        super().__init__(operands=[updates, indices],
+                         properties={k: IntegerAttr(v, i64) for k, v in params.items()},
+                         result_types=[self.infer([updates, indices], **params)])
+
+    def params(self):
+        return {"axis": self.axis.value.data, "size": self.size.value.data}
+
+    @classmethod
+    def rule(cls, shapes, elems, axis, size):
+        _require_float("updates", elems[0])
+        _gather_rule("updates", shapes[0], shapes[1], axis, elems[1])
+        if size < 0:
+            raise ShapeError(f"size must be at least 0, got {size}")
+        return tuple(size if i == axis else d for i, d in enumerate(shapes[0])), elems[0]
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, axis, size):
+        """Split positions along `axis` give partial results (each device adds
+        its updates); whole updates and indices may fill a result split on
+        `axis` (each device keeps the rows it holds); linear in the updates."""
+        updates, indices = in_shapes
+        sigs = [((f"S{i}", f"S{i}"), (f"S{i}",)) for i, d in enumerate(indices) if i != axis and _split_ok(d, p)]
+        if _split_ok(indices[axis], p):
+            sigs.append(((f"S{axis}", f"S{axis}"), ("P",)))
+        if _split_ok(size, p):
+            sigs.append((("B", "B"), (f"S{axis}",)))
+        return sigs + [(("B", "B"), ("B",)), (("P", "B"), ("P",))]
+
+
 @op_definition
 class CastOp(LgOp):
     """Elementwise conversion to another element type, as PyTorch's
@@ -2264,7 +2378,7 @@ class SelectOp(LgOp):
 UNARY_OPS = (NegOp, ReluOp, GeluOp, TanhOp, ErfOp, ExpOp, SqrtOp, RsqrtOp)
 BINARY_OPS = (AddOp, SubOp, MulOp, DivOp)
 REDUCE_OPS = (ReduceSumOp, ReduceMeanOp, ReduceMaxOp)
-GRADIENT_OPS = (StepOp, OneHotOp, EmbeddingGradOp, TokenCrossEntropyGradOp)
+GRADIENT_OPS = (StepOp, OneHotOp, EmbeddingGradOp, TokenCrossEntropyGradOp, ScatterAddOp)
 MASK_OPS = (CastOp, LogicalOp, CompareOp, SelectOp)
 CROSS_ENTROPY_OPS = (SumExpOp, TokenCrossEntropyOp)
 
@@ -2291,6 +2405,7 @@ LG = Dialect(
         PadOp,
         CumsumOp,
         EmbeddingOp,
+        GatherOp,
         CrossEntropyOp,
         *CROSS_ENTROPY_OPS,
         MseLossOp,

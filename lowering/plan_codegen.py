@@ -286,7 +286,7 @@ for _op, _expr in (
 
 for _op in (lg.BroadcastToOp, lg.ConcatOp, lg.SliceOp, lg.PadOp, lg.CumsumOp, lg.EmbeddingOp, lg.CrossEntropyOp,
             lg.MseLossOp, lg.OneHotOp, lg.EmbeddingGradOp, *lg.MASK_OPS, *lg.CROSS_ENTROPY_OPS,
-            lg.TokenCrossEntropyGradOp):
+            lg.TokenCrossEntropyGradOp, lg.GatherOp, lg.ScatterAddOp):
     CUDA.register(_op, ON_HOST)
 
 

@@ -490,6 +490,78 @@ def _bind_cumsum(op: lg.CumsumOp, local: LocalContext, ins, out) -> Fire:
     return fire
 
 
+class _AlongAxis:
+    """Flat indices into a contiguous array of local `shape` for positions
+    of the local `index_shape`, with the coordinate on `axis` taken from an
+    index tensor, for those indices `rows` holds (of `total` along the
+    axis); the others are marked and point at offset 0. Filled without
+    allocating."""
+
+    def __init__(self, op, shape, index_shape, axis: int, rows: slice, total: int):
+        self.op, self.axis, self.rows, self.total = op, axis, rows, total
+        stride = strides_of(shape)
+        coords = np.indices(index_shape, sparse=True)
+        self.base = sum((c * stride[d] for d, c in enumerate(coords) if d != axis), np.zeros(index_shape, np.int64))
+        self.base = np.ascontiguousarray(np.broadcast_to(self.base, index_shape), dtype=np.int64)
+        self.stride = stride[axis]
+        self.flat = _scratch(index_shape, np.int64)
+        self.outside, self.below = _scratch(index_shape, np.bool_), _scratch(index_shape, np.bool_)
+
+    def fill(self, indices: np.ndarray) -> None:
+        check_range(self.op, "index", indices, self.total)
+        np.subtract(indices, self.rows.start, out=self.flat, casting="unsafe")
+        np.less(self.flat, 0, out=self.below)
+        np.greater_equal(self.flat, self.rows.stop - self.rows.start, out=self.outside)
+        np.logical_or(self.outside, self.below, out=self.outside)
+        np.copyto(self.flat, 0, where=self.outside)
+        np.multiply(self.flat, self.stride, out=self.flat)
+        np.add(self.flat, self.base, out=self.flat)
+
+
+def strides_of(shape) -> list[int]:
+    """Element strides of a contiguous array of `shape`."""
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return out[::-1]
+
+
+@NUMPY.impl(lg.GatherOp)
+def _bind_gather(op: lg.GatherOp, local: LocalContext, ins, out) -> Fire:
+    # the elements the local input holds, 0 for the others (local_eval._gather)
+    axis = op.axis.value.data
+    at = _AlongAxis(op, ins[0].shape, ins[1].shape, axis, local.in_pieces[0][axis], local.in_shapes[0][axis])
+    empty = ins[0].shape[axis] == 0
+
+    def fire(xs, o):
+        at.fill(xs[1])
+        if empty:
+            o.fill(0)
+            return
+        np.take(xs[0].reshape(-1), at.flat, out=o, mode="clip")
+        np.copyto(o, 0, where=at.outside)
+
+    return fire
+
+
+@NUMPY.impl(lg.ScatterAddOp)
+def _bind_scatter_add(op: lg.ScatterAddOp, local: LocalContext, ins, out) -> Fire:
+    axis = op.axis.value.data
+    at = _AlongAxis(op, out.shape, ins[1].shape, axis, local.out_piece[axis], local.out_shape[axis])
+    kept = _scratch(ins[0].shape, out.dtype)
+
+    def fire(xs, o):
+        at.fill(xs[1])
+        np.copyto(kept, xs[0])
+        np.copyto(kept, 0, where=at.outside)
+        o.fill(0)
+        if o.size:
+            np.add.at(o.reshape(-1), at.flat.reshape(-1), kept.reshape(-1))
+
+    return fire
+
+
 @NUMPY.impl(lg.EmbeddingOp)
 def _bind_embedding(op: lg.EmbeddingOp, local: LocalContext, ins, out) -> Fire:
     # A table split by rows holds rows [lo, hi): gather those, zero the rest

@@ -18,8 +18,8 @@ _FRONTEND = [
     "Graph", "Tensor", "Placement", "placement", "S", "B", "P", "zeros", "ones", "fill", "normal", "uniform",
     "neg", "relu", "gelu", "tanh", "erf", "exp", "sqrt", "rsqrt", "add", "sub", "mul", "div", "matmul", "softmax",
     "log_softmax", "layernorm", "reduce_sum", "reduce_mean", "reduce_max", "reshape", "transpose", "broadcast_to",
-    "concat", "slice", "pad", "cumsum", "embedding", "cross_entropy", "token_cross_entropy", "mse_loss", "cast",
-    "logical", "compare", "where",
+    "concat", "slice", "pad", "cumsum", "gather", "embedding", "cross_entropy", "token_cross_entropy", "mse_loss",
+    "cast", "logical", "compare", "where",
 ]
 _WHERE = {
     "make_context": "sbpc.dialects",
@@ -74,6 +74,7 @@ if TYPE_CHECKING:
         erf,
         exp,
         fill,
+        gather,
         gelu,
         layernorm,
         log_softmax,

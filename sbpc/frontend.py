@@ -398,6 +398,12 @@ def cumsum(x: Tensor, axis: int, reverse: bool = False) -> Tensor:
     return x.graph.add(lg.CumsumOp(x.value, axis, reverse))
 
 
+def gather(x: Tensor, indices: Tensor, axis: int) -> Tensor:
+    """Elements of `x` picked along `axis` by integer `indices` (PyTorch's
+    `gather`): the indices have `x`'s shape but on `axis`."""
+    return x.graph.add(lg.GatherOp(x.value, indices.value, axis))
+
+
 def embedding(table: Tensor, indices: Tensor, padding_idx: int | None = None) -> Tensor:
     """Rows of `table` at `indices`; the row `padding_idx` gets no gradient."""
     return table.graph.add(lg.EmbeddingOp(table.value, indices.value, padding_idx))

@@ -27,6 +27,8 @@ from sbpc.semantics.reference import (
     REFERENCE,
     check_range,
     cumsum_piece,
+    gather_piece,
+    scatter_add_piece,
     token_cross_entropy,
     token_cross_entropy_grad,
 )
@@ -193,6 +195,20 @@ def _cumsum(op: lg.CumsumOp, ctx: LocalContext, x: np.ndarray) -> np.ndarray:
     axis, reverse = op.params()["axis"], op.params()["reverse"]
     out = np.empty(ctx.out_piece_shape, x.dtype)
     return cumsum_piece(x, axis, reverse, ctx.in_pieces[0][axis], ctx.in_shapes[0][axis], out)
+
+
+@LOCAL.impl(lg.GatherOp)
+def _gather(op: lg.GatherOp, ctx: LocalContext, x: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    # an input split along the gathered axis: the elements this piece holds (P)
+    axis = op.axis.value.data
+    return gather_piece(op, x, indices, axis, ctx.in_pieces[0][axis], ctx.in_shapes[0][axis])
+
+
+@LOCAL.impl(lg.ScatterAddOp)
+def _scatter_add(op: lg.ScatterAddOp, ctx: LocalContext, updates: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    axis = op.axis.value.data
+    return scatter_add_piece(op, updates, indices, axis, ctx.out_piece[axis], ctx.out_shape[axis],
+                             ctx.out_piece_shape)
 
 
 def _to_local_shape(kernel: Callable) -> Callable:

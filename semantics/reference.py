@@ -312,6 +312,45 @@ def _token_cross_entropy_grad(op, logits, labels, row_max, sum_exp, grad):
     return token_cross_entropy_grad(op, logits, labels, row_max, sum_exp, grad, slice(0, classes), classes)
 
 
+def gather_piece(op, x: np.ndarray, indices: np.ndarray, axis: int, rows: slice, total: int) -> np.ndarray:
+    """lg.gather from a piece of the input holding `rows` of `total` along
+    `axis`: the elements it holds, 0 for the others."""
+    check_range(op, "index", indices, total)
+    inside = (indices >= rows.start) & (indices < rows.stop)
+    if not x.shape[axis]:
+        return np.zeros(indices.shape, x.dtype)
+    picked = np.take_along_axis(x, np.where(inside, indices - rows.start, 0).astype(np.int64), axis=axis)
+    return np.where(inside, picked, np.zeros((), x.dtype))
+
+
+def scatter_add_piece(op, updates: np.ndarray, indices: np.ndarray, axis: int, rows: slice, total: int,
+                      shape) -> np.ndarray:
+    """lg.scatter_add into a piece of the result holding `rows` of `total`
+    along `axis` (of local `shape`): the updates whose index it holds."""
+    check_range(op, "index", indices, total)
+    out = np.zeros(shape, updates.dtype)
+    if not out.size:
+        return out
+    inside = (indices >= rows.start) & (indices < rows.stop)
+    grid: list[np.ndarray] = list(np.indices(indices.shape, sparse=True))
+    grid[axis] = np.where(inside, indices - rows.start, 0).astype(np.int64)
+    np.add.at(out, tuple(grid), np.where(inside, updates, np.zeros((), updates.dtype)))
+    return out
+
+
+@REFERENCE.impl(lg.GatherOp)
+def _gather(op: lg.GatherOp, x: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    axis = op.axis.value.data
+    return gather_piece(op, x, indices, axis, slice(0, x.shape[axis]), x.shape[axis])
+
+
+@REFERENCE.impl(lg.ScatterAddOp)
+def _scatter_add(op: lg.ScatterAddOp, updates: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    axis, size = op.axis.value.data, op.size.value.data
+    shape = tuple(size if i == axis else d for i, d in enumerate(updates.shape))
+    return scatter_add_piece(op, updates, indices, axis, slice(0, size), size, shape)
+
+
 @REFERENCE.impl(lg.EmbeddingGradOp)
 def _embedding_grad(op: lg.EmbeddingGradOp, grad: np.ndarray, indices: np.ndarray) -> np.ndarray:
     rows = op.rows.value.data

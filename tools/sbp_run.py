@@ -19,6 +19,7 @@ from typing import Any, cast
 
 import numpy as np
 from xdsl.context import Context
+from xdsl.dialects.builtin import IntegerAttr
 from xdsl.passes import PassPipeline
 from xdsl.printer import Printer
 from xdsl.utils.exceptions import DiagnosticException, ParseError
@@ -53,6 +54,10 @@ def generated_feeds(program: plan.ProgramOp, seed: int) -> dict[str, np.ndarray]
                 bounds[origin[names[1]]] = ins[0].value.get_shape()[-1]
             if actor.kernel.data == "lg.embedding" and names[1] in origin:
                 bounds[origin[names[1]]] = ins[0].value.get_shape()[0]
+            if actor.kernel.data == "lg.gather" and names[1] in origin:
+                axis = actor.props.data["axis"]
+                assert isinstance(axis, IntegerAttr)  # lg.gather's property
+                bounds[origin[names[1]]] = ins[0].value.get_shape()[axis.value.data]
     feeds = {}
     for name, t in sorted(feed_types(program).items()):
         dtype = numpy_dtype(t.element_type)

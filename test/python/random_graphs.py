@@ -59,8 +59,8 @@ def random_graphs(draw, meshes=((2,),)):
         kind = draw(
             st.sampled_from(
                 ["unary", "binary", "matmul", "softmax", "layernorm", "reduce", "reshape", "transpose",
-                 "broadcast", "concat", "slice", "pad", "cumsum", "embedding", "cross_entropy", "token_cross_entropy",
-                 "mse", "constant"]
+                 "broadcast", "concat", "slice", "pad", "cumsum", "gather", "embedding", "cross_entropy",
+                 "token_cross_entropy", "mse", "constant"]
             )
         )
         x = pick(lambda s: len(s) >= 1)
@@ -125,6 +125,17 @@ def random_graphs(draw, meshes=((2,),)):
             op = lg.PadOp(x, low, high, draw(st.sampled_from([0.0, -1.5])))
         elif kind == "cumsum":
             op = lg.CumsumOp(x, draw(st.integers(0, rank - 1)), draw(st.booleans()))
+        elif kind == "gather":
+            # indices shaped as x but on the gathered axis; the gradient's
+            # scatter-add into zeros of x's shape
+            axis = draw(st.integers(0, rank - 1))
+            picks = draw(FLOAT_DIMS)
+            indices = new_input(tuple(picks if i == axis else d for i, d in enumerate(shape)), "i64", shape[axis])
+            if draw(st.booleans()):
+                op = lg.GatherOp(x, indices, axis)
+            else:
+                updates = new_input(global_shape(indices.type))
+                op = lg.ScatterAddOp(updates, indices, axis, shape[axis] + draw(st.integers(0, 1)))
         elif kind == "embedding":
             vocab, dim = draw(FLOAT_DIMS), draw(FLOAT_DIMS)
             op = lg.EmbeddingOp(new_param((vocab, dim)), new_input(_shape(draw, 1, 2), "i64", vocab))

@@ -44,6 +44,7 @@ def every_op_module(ranks: int, device: str = "cpu", batch: int = 8):
     x = g.input("x", (batch, 12), sbp=S(0))
     ids = g.input("ids", (batch, 3), dtype="i64")
     labels = g.input("labels", (batch,), dtype="i64")
+    picks = g.input("picks", (batch, 2), dtype="i64")
     table = g.param("table", (10, 12), init=sbpc.normal(0.0, 0.5), sbp=S(0))  # row-split: masked gather
     w = g.param("w", (16, 6), init=sbpc.normal(0.0, 0.3))
     gamma = g.param("gamma", (16,), init=sbpc.ones())
@@ -76,7 +77,7 @@ def every_op_module(ranks: int, device: str = "cpu", batch: int = 8):
     counted = sbpc.cast(sbpc.compare("ne", labels, g.constant(np.asarray(0))), "f32").sum(axes=(0,))
     tokens = token_losses.to(sbpc.P).sum(axes=(0,)) / counted
     loss = (sbpc.cross_entropy(logits, labels) + sbpc.mse_loss(s, b) * 0.1 + t.sum(axes=(0, 1)) * 0.01
-            + picked.sum(axes=(0, 1)) * 0.01 + tokens)
+            + picked.sum(axes=(0, 1)) * 0.01 + tokens + sbpc.gather(logits, picks, 1).sum(axes=(0, 1)) * 0.01)
     g.output(loss=loss, s=s, top=t.max(axes=(0,)))
     module = g.module()
     LgAutodiffPass().apply(Context(), module)
@@ -124,7 +125,7 @@ def _device_inputs(rng, registers, actor):
             values.append(rng.normal(size=shape).astype(dtype))
         else:
             bound = {"lg.cross_entropy": 6, "lg.one_hot": 6, "lg.token_cross_entropy": 6,
-                     "lg.token_cross_entropy_grad": 6}.get(actor.kernel.data, 10)
+                     "lg.token_cross_entropy_grad": 6, "lg.gather": 6, "lg.scatter_add": 6}.get(actor.kernel.data, 10)
             values.append(rng.integers(0, bound, size=shape).astype(dtype))
     return values
 

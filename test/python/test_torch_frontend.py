@@ -352,6 +352,41 @@ def test_running_sums_of_a_mask_and_of_features_train_as_pytorch(ranks, sbp):
                    lambda m: torch.optim.SGD(m.parameters(), lr=0.1), ranks, sbp)
 
 
+class PicksByComputedIndices(nn.Module):
+    """Indexing with indices computed from the inputs: each row's last token
+    that is not padding (a classification head's pooling, x[arange(n),
+    lengths - 1], the lengths a count of a mask), columns chosen per batch
+    (index_select) and a choice per row (gather)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(10, 6)
+        self.proj = nn.Linear(6, 6)
+
+    def forward(self, ids, columns, choice):
+        h = self.proj(self.embed(ids))  # (4, 7, 6)
+        lengths = ids.ne(0).sum(-1)
+        last = h[torch.arange(ids.shape[0]), lengths - 1]  # (4, 6)
+        chosen = torch.index_select(h, 2, columns)  # (4, 7, 3)
+        picked = torch.gather(last, 1, choice)  # (4, 2)
+        return chosen.square().mean() + picked.sum() * 0.1 + last[:, columns].mean()
+
+
+@pytest.mark.parametrize("ranks, sbp", [(1, None), (2, {"ids": S(0), "choice": S(0)})],
+                         ids=["1 rank", "data parallel 2"])
+def test_indices_computed_from_the_inputs_gather_and_train_as_pytorch(ranks, sbp):
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(9)
+    batches = []
+    for _ in range(4):
+        ids = torch.randint(1, 10, (4, 7), generator=g)
+        ids[1:, 4:] = 0
+        ids[2, 2:] = 0
+        batches.append((ids, torch.randperm(6, generator=g)[:3], torch.randint(0, 6, (4, 2), generator=g)))
+    check_training(PicksByComputedIndices(), batches, ["ids", "columns", "choice"], sbpc.optim.SGD(lr=0.1),
+                   lambda m: torch.optim.SGD(m.parameters(), lr=0.1), ranks, sbp)
+
+
 class NoGradOverTheInput(nn.Module):
     def __init__(self):
         super().__init__()

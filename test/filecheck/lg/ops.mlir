@@ -58,6 +58,10 @@ lg.graph @all_ops on @mesh {
   %oh = lg.one_hot %labels classes 4 : tensor<8xi64> -> tensor<8x4xf32>
   %ohi = lg.one_hot %labels classes 4 ignore -100 : tensor<8xi64> -> tensor<8x4xf32>
   %eg = lg.embedding_grad %em, %ids rows 16 : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>
+  %gidx = lg.cast %ids : tensor<2x3xi32> -> tensor<2x3xi64>
+  %gidx3 = lg.reshape %gidx : tensor<2x3xi64> -> tensor<2x3x1xi64>
+  %ga = lg.gather %em, %gidx3 axis 2 : (tensor<2x3x4xf32>, tensor<2x3x1xi64>) -> tensor<2x3x1xf32>
+  %sa = lg.scatter_add %ga, %gidx3 axis 2 size 4 : (tensor<2x3x1xf32>, tensor<2x3x1xi64>) -> tensor<2x3x4xf32>
   %emp = lg.embedding %w, %ids padding 0 : (tensor<16x4xf32>, tensor<2x3xi32>) -> tensor<2x3x4xf32>
   %egp = lg.embedding_grad %em, %ids rows 16 padding 0 : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>
   %mask = lg.cast %ids : tensor<2x3xi32> -> tensor<2x3xi1>
@@ -125,6 +129,10 @@ lg.graph @all_ops on @mesh {
 // CHECK-NEXT:   %oh = lg.one_hot %labels classes 4 : tensor<8xi64> -> tensor<8x4xf32>
 // CHECK-NEXT:   %ohi = lg.one_hot %labels classes 4 ignore -100 : tensor<8xi64> -> tensor<8x4xf32>
 // CHECK-NEXT:   %eg = lg.embedding_grad %em, %ids rows 16 : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>
+// CHECK-NEXT:  %gidx = lg.cast %ids : tensor<2x3xi32> -> tensor<2x3xi64>
+// CHECK-NEXT:  %gidx3 = lg.reshape %gidx : tensor<2x3xi64> -> tensor<2x3x1xi64>
+// CHECK-NEXT:  %ga = lg.gather %em, %gidx3 axis 2 : (tensor<2x3x4xf32>, tensor<2x3x1xi64>) -> tensor<2x3x1xf32>
+// CHECK-NEXT:  %sa = lg.scatter_add %ga, %gidx3 axis 2 size 4 : (tensor<2x3x1xf32>, tensor<2x3x1xi64>) -> tensor<2x3x4xf32>
 // CHECK-NEXT:   %emp = lg.embedding %w, %ids padding 0 : (tensor<16x4xf32>, tensor<2x3xi32>) -> tensor<2x3x4xf32>
 // CHECK-NEXT:   %egp = lg.embedding_grad %em, %ids rows 16 padding 0 : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>
 // CHECK-NEXT:   %mask = lg.cast %ids : tensor<2x3xi32> -> tensor<2x3xi1>
@@ -159,7 +167,9 @@ lg.graph @all_ops on @mesh {
 // GENERIC:        %oh = "lg.one_hot"(%labels) <{classes = 4 : i64}> : (tensor<8xi64>) -> tensor<8x4xf32>
 // GENERIC-NEXT:   %ohi = "lg.one_hot"(%labels) <{classes = 4 : i64, ignore_index = -100 : i64}> : (tensor<8xi64>) -> tensor<8x4xf32>
 // GENERIC-NEXT:   %eg = "lg.embedding_grad"(%em, %ids) <{rows = 16 : i64}> : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>
-// GENERIC-NEXT:   %emp = "lg.embedding"(%w, %ids) <{padding_idx = 0 : i64}> : (tensor<16x4xf32>, tensor<2x3xi32>) -> tensor<2x3x4xf32>
+// GENERIC:        %ga = "lg.gather"(%em, %gidx3) <{axis = 2 : i64}> : (tensor<2x3x4xf32>, tensor<2x3x1xi64>) -> tensor<2x3x1xf32>
+// GENERIC-NEXT:   %sa = "lg.scatter_add"(%ga, %gidx3) <{axis = 2 : i64, size = 4 : i64}> : (tensor<2x3x1xf32>, tensor<2x3x1xi64>) -> tensor<2x3x4xf32>
+// GENERIC:   %emp = "lg.embedding"(%w, %ids) <{padding_idx = 0 : i64}> : (tensor<16x4xf32>, tensor<2x3xi32>) -> tensor<2x3x4xf32>
 // GENERIC-NEXT:   %egp = "lg.embedding_grad"(%em, %ids) <{rows = 16 : i64, padding_idx = 0 : i64}> : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>
 // GENERIC-NEXT:   %mask = "lg.cast"(%ids) : (tensor<2x3xi32>) -> tensor<2x3xi1>
 // GENERIC-NEXT:   %both = "lg.logical"(%mask, %mask) <{kind = "and"}> : (tensor<2x3xi1>, tensor<2x3xi1>) -> tensor<2x3xi1>

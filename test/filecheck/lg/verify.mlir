@@ -526,10 +526,10 @@ lg.graph @g {
 
 lg.graph @g {
   %x = lg.input "x" : tensor<8x4xi64>
-  %y = lg.reduce_sum %x axes [0] : tensor<8x4xi64> -> tensor<4xi64>
+  %y = lg.reduce_mean %x axes [0] : tensor<8x4xi64> -> tensor<4xi64>
   lg.output ["y"] %y : tensor<4xi64>
 }
-// CHECK: 'lg.reduce_sum': operand must have a float element type, got i64
+// CHECK: 'lg.reduce_mean': operand must have a float element type, got i64
 
 // -----
 
@@ -790,3 +790,33 @@ lg.graph @g {
   lg.output ["y"] %y : tensor<4xi64>
 }
 // CHECK: 'lg.div': operands must have a float element type, got i64
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %i = lg.input "i" : tensor<4x2xi64>
+  %y = lg.gather %x, %i axis 1 : (tensor<8x4xf32>, tensor<4x2xi64>) -> tensor<4x2xf32>
+  lg.output ["y"] %y : tensor<4x2xf32>
+}
+// CHECK: 'lg.gather': indices shape [4, 2] must be the input shape [8, 4] but on axis 1
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %i = lg.input "i" : tensor<8x2xf32>
+  %y = lg.gather %x, %i axis 1 : (tensor<8x4xf32>, tensor<8x2xf32>) -> tensor<8x2xf32>
+  lg.output ["y"] %y : tensor<8x2xf32>
+}
+// CHECK: 'lg.gather': indices must be i32 or i64, got f32
+
+// -----
+
+lg.graph @g {
+  %u = lg.input "u" : tensor<8x2xf32>
+  %i = lg.input "i" : tensor<8x2xi64>
+  %y = lg.scatter_add %u, %i axis 2 size 4 : (tensor<8x2xf32>, tensor<8x2xi64>) -> tensor<8x4xf32>
+  lg.output ["y"] %y : tensor<8x4xf32>
+}
+// CHECK: 'lg.scatter_add': axis 2 is out of range for rank 2
