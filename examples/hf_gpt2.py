@@ -72,7 +72,7 @@ def main() -> int:
     start = time.perf_counter()
     for step in range(args.steps):
         tokens = next(feed)
-        loss = float(exe.train_step({"input_ids": tokens, "labels": tokens})["loss"])
+        loss = float(exe.train_step({"input_ids": tokens, "labels": tokens}, outputs=["loss"])["loss"])
         first = loss if first is None else first
         last = loss
         if step % 50 == 0 or step == args.steps - 1:

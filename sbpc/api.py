@@ -249,16 +249,23 @@ class Executable:
         gathered = gather_outputs(world, self.program, self._local.run(steps, outputs), outputs)
         return world.bcast(gathered, root=0)
 
-    def train_step(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def train_step(self, feeds: Mapping[str, Any], outputs: Collection[str] | None = None) -> dict[str, np.ndarray]:
         """Runs one step and writes every `new.<name>` output (updated
         parameters and optimizer state, from lg-optimizer) back into the
-        parameter `<name>`; returns the other outputs."""
+        parameter `<name>`; returns the other outputs, or only those named
+        in `outputs` (the rest are not gathered from the ranks: a language
+        model's logits beside its loss)."""
+        returned = [name for name in self.output_names if not name.startswith("new.")]
+        unknown = sorted(set(outputs or ()) - set(returned))
+        if unknown:
+            raise ValueError(f"no output named {unknown[0]!r} (outputs: {', '.join(returned)})")
         # On MPI ranks each rank wrote its pieces back in place where the update
         # has its parameter's distribution (sbp-infer ties them), and those are
         # not gathered at all; the rest, and everything in the simulator, goes
         # back as global arrays.
         in_place = set() if self._where() == "simulate" else self._in_place_updates
-        out = self.run(feeds, outputs=[name for name in self.output_names if name not in in_place])
+        out = self.run(feeds, outputs=[name for name in self.output_names if name not in in_place and (
+            name.startswith("new.") or outputs is None or name in outputs)])
         for name, value in out.items():
             if name.startswith("new.") and name not in in_place:
                 self.params[name.removeprefix("new.")] = value

@@ -907,6 +907,18 @@ def _grad_mode_region(im: _Importer, enabled, region, *args):
     return im.inline(region, args)
 
 
+@rule("wrap_with_autocast")
+def _autocast_region(im: _Importer, device_type, dtype, enabled, cache_enabled, region, *args):
+    """A `torch.autocast` region: one that is off (models force float32 so,
+    around rotary embeddings and norms) computes what its ops say, imported
+    in place. One that is on runs matmuls in a lower precision by PyTorch's
+    own rules, which lg does not apply."""
+    if enabled:
+        raise ValueError(f"a torch.autocast region to {dtype} (sbpc computes each op in its traced dtype; "
+                         "cast explicitly with .to() instead)")
+    return im.inline(region, args)
+
+
 @rule("aten.dropout")
 def _dropout(im: _Importer, x, p, train):
     if train and p > 0:

@@ -7,6 +7,7 @@ import pytest
 from xdsl.context import Context
 
 import sbpc
+from sbpc.dialects import lg
 from sbpc.lowering.lg_autodiff import LgAutodiffPass
 from sbpc.semantics.reference import evaluate, initial_value
 
@@ -86,6 +87,22 @@ def test_batched_matmul_transposes_broadcasting_and_embedding():
     out = sbpc.matmul(scores, e) + sbpc.matmul(wq, e, transpose_a=True, transpose_b=True).transpose(0, 2, 1)
     g.output(loss=(out * out).mean() + (table * table).sum())
     check_gradients(g, {"ids": np.array([[0, 1, 1], [4, 2, 0]])})
+
+
+def test_scans_gathers_padding_and_the_vocabulary_parallel_cross_entropy():
+    g = sbpc.Graph("picks")
+    labels = g.input("labels", (4,), dtype="i64")
+    picks = g.input("picks", (4, 2), dtype="i64")
+    w = g.param("w", (4, 5), init=sbpc.normal(0.0, 1.0), dtype="f64", seed=12)
+    v = g.param("v", (4, 3), init=sbpc.normal(0.0, 1.0), dtype="f64", seed=13)
+    logits = sbpc.cumsum(w, 1) * 0.5 + sbpc.cumsum(w, 0, reverse=True) * 0.25
+    tokens = sbpc.token_cross_entropy(logits, labels, ignore_index=-100)  # lg.token_cross_entropy_grad
+    shift = g.param("shift", (4,), init=sbpc.normal(0.0, 1.0), dtype="f64", seed=14)
+    sums = g.add(lg.SumExpOp(v.value, shift.value))  # its own gradient, through both operands
+    padded = sbpc.pad(v, [1, 0], [0, 2], 0.5)  # (5, 5)
+    picked = sbpc.gather(w, picks, 1)  # lg.scatter_add
+    g.output(loss=tokens.sum() + sums.sum() * 0.1 + (padded * padded).sum() * 0.1 + (picked * picked).sum())
+    check_gradients(g, {"labels": np.array([1, -100, 4, 0]), "picks": np.array([[0, 0], [4, 1], [2, 3], [1, 1]])})
 
 
 def test_unused_parameters_get_zero_gradients_and_hints_pass_through():

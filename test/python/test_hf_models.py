@@ -208,3 +208,13 @@ def test_a_model_imports_directly_with_its_keyword_inputs_and_named_outputs():
     assert set(out) == {"loss", "logits"}  # the ModelOutput's keys
     assert float(out["loss"]) == pytest.approx(expected.loss.item(), rel=1e-5)
     np.testing.assert_allclose(out["logits"], expected.logits.detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_training_step_gathers_only_the_outputs_asked_for():
+    x, y = language_batches(1)[0]
+    graph = sbpc.from_torch(LossOf(gpt2()), (x, y), placement=sbpc.placement("cpu", 2), sbp=DATA_PARALLEL)
+    exe = sbpc.compile(graph, optimizer=sbpc.optim.SGD(lr=0.1))
+    feeds = {"input_ids": x.numpy(), "labels": y.numpy()}
+    assert set(exe.train_step(feeds, outputs=["loss"])) == {"loss"}
+    with pytest.raises(ValueError, match="no output named 'logits' .*outputs: loss"):
+        exe.train_step(feeds, outputs=["logits"])

@@ -352,6 +352,36 @@ def test_running_sums_of_a_mask_and_of_features_train_as_pytorch(ranks, sbp):
                    lambda m: torch.optim.SGD(m.parameters(), lr=0.1), ranks, sbp)
 
 
+class Float32Region(nn.Module):
+    """A region that forces float32 with autocast off, as models do around
+    rotary embeddings and norms: imported in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.autocast("cpu", enabled=False):
+            y = self.proj(x).float() * 2
+        return y.square().mean()
+
+
+class BFloat16Region(Float32Region):
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = self.proj(x) * 2
+        return y.float().square().mean()
+
+
+def test_an_autocast_region_that_is_off_is_imported_in_place_and_one_that_is_on_refused():
+    torch.manual_seed(0)
+    batches = [(torch.randn(3, 4),) for _ in range(3)]
+    check_training(Float32Region(), batches, ["x"], sbpc.optim.SGD(lr=0.1),
+                   lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
+    with pytest.raises(sbpc.TorchImportError, match=r"torch.autocast region to torch.bfloat16 .*\n  at .*test_tor"):
+        sbpc.from_torch(BFloat16Region(), batches[0])
+
+
 class PicksByComputedIndices(nn.Module):
     """Indexing with indices computed from the inputs: each row's last token
     that is not padding (a classification head's pooling, x[arange(n),

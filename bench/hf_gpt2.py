@@ -1,0 +1,211 @@
+"""Hugging Face GPT-2 small at full size (124M parameters, vocabulary 50257,
+12 layers, dim 768) imported with `sbpc.from_torch` and trained on R ranks,
+against PyTorch DDP on R processes measured in the same run.
+
+    python bench/hf_gpt2.py [--ranks 2] [--steps 10] [--batch 8] [--seq 128] [--plan manual|auto] [--quick]
+
+Prints the import and compile times, seconds per step (the median of the
+steps after the first), each step's loss beside PyTorch's (one process over
+the whole batch, the same SGD), and the peak resident memory per rank of
+both systems (VmHWM of sbpc's rank processes; ru_maxrss of DDP's). `--plan
+auto` lets sbp-autoplan choose the plan (and prints its choice); `manual`
+is data parallel. `--quick` is a check that the script runs: a 2-layer
+GPT-2 of dim 64 over 1000 tokens, 3 steps. Needs `pip install -e ".[models]"`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import _common  # first: one BLAS thread per process
+
+SCRIPT = str(Path(__file__).resolve())
+SMALL: dict = {}
+"""GPT-2 small: transformers' default configuration."""
+QUICK = {"vocab_size": 1000, "n_positions": 64, "n_embd": 64, "n_layer": 2, "n_head": 4}
+
+
+def model(config: dict, seed: int = 0):
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    m = transformers.GPT2LMHeadModel(transformers.GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                                              use_cache=False, **config))
+    m.config._attn_implementation = "eager"
+    return m.train()
+
+
+def batches(args):
+    import torch
+
+    vocab = model_config(args).get("vocab_size", 50257)
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, vocab, (args.batch, args.seq), generator=g) for _ in range(args.steps)]
+
+
+def model_config(args) -> dict:
+    return QUICK if args.quick else SMALL
+
+
+def rank_peaks() -> list[float]:
+    """Peak resident memory (GiB) of this process's descendants that run
+    Python (the ranks; not mpiexec and its proxies)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    todo, found = [os.getpid()], []
+    while todo:
+        for child in children.get(todo.pop(), []):
+            todo.append(child)
+            try:
+                with open(f"/proc/{child}/cmdline", "rb") as f:
+                    is_python = b"python" in f.read().split(b"\0")[0]
+                with open(f"/proc/{child}/status") as f:
+                    peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+            except (OSError, StopIteration):
+                continue
+            if is_python:
+                found.append(peak / 2**20)
+    return sorted(found)
+
+
+def run_sbpc(args, data) -> dict:
+    import sbpc
+
+    start = time.perf_counter()
+    graph = sbpc.from_torch(model(model_config(args)), (), {"input_ids": data[0], "labels": data[0]},
+                            sbp={"input_ids": sbpc.S(0), "labels": sbpc.S(0)} if args.plan == "manual" else None,
+                            placement=sbpc.placement("cpu", args.ranks))
+    imported = time.perf_counter() - start
+    start = time.perf_counter()
+    exe = sbpc.compile(graph, optimizer=sbpc.optim.SGD(lr=args.lr), plan=args.plan)
+    compiled = time.perf_counter() - start
+    losses, times = [], []
+    for x in data:
+        start = time.perf_counter()
+        losses.append(float(exe.train_step({"input_ids": x.numpy(), "labels": x.numpy()}, outputs=["loss"])["loss"]))
+        times.append(time.perf_counter() - start)
+    return {"import_s": imported, "compile_s": compiled, "losses": losses, "step_s": times,
+            "peaks": rank_peaks(), "plan": exe.autoplan.get("chosen", "data parallel (manual)")}
+
+
+def run_torch_reference(args, data) -> list[float]:
+    """PyTorch on one process over the whole batch: the losses sbpc must give."""
+    import torch
+
+    torch.set_num_threads(1)
+    m = model(model_config(args))
+    opt = torch.optim.SGD(m.parameters(), lr=args.lr)
+    losses = []
+    for x in data:
+        opt.zero_grad(set_to_none=True)
+        loss = m(input_ids=x, labels=x).loss
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def role_ddp(args) -> None:
+    """One DDP process (launched by mpiexec): its half of each batch."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    rank, size = int(os.environ.get("PMI_RANK", "0")), int(os.environ.get("PMI_SIZE", "1"))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=size)
+    net = torch.nn.parallel.DistributedDataParallel(model(model_config(args)))
+    opt = torch.optim.SGD(net.parameters(), lr=args.lr)
+    local = args.batch // size
+    times = []
+    for x in batches(args):
+        x = x[rank * local:(rank + 1) * local]
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        net(input_ids=x, labels=x).loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - start)
+    peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20])
+    gathered = [torch.zeros(1) for _ in range(size)]
+    dist.all_gather(gathered, peak)
+    if rank == 0:
+        print("RESULT " + json.dumps({"peaks": sorted(float(p[0]) for p in gathered), "step_s": times}), flush=True)
+    dist.destroy_process_group()
+
+
+def run_ddp(args) -> dict:
+    from sbpc.runtime.launch import rank_environment, script_command
+
+    cmd = script_command(args.ranks, SCRIPT, "--role", "ddp", "--port", str(_common.free_port()),
+                         *(f"--{k}={v}" for k, v in (("steps", args.steps), ("batch", args.batch),
+                                                      ("seq", args.seq), ("lr", args.lr))),
+                         *(["--quick"] if args.quick else []))
+    done = subprocess.run(cmd, env=rank_environment(), capture_output=True, text=True, timeout=1800)
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"DDP on {args.ranks} processes failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--lr", type=float, default=1e-2)
+    parser.add_argument("--plan", choices=("manual", "auto"), default="manual")
+    parser.add_argument("--quick", action="store_true", help="a tiny GPT-2, 3 steps: that the script runs")
+    parser.add_argument("--role", choices=("ddp",), help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role == "ddp":
+        role_ddp(args)
+        return 0
+    if _common.missing_peers({"torch": "the model and the DDP peer", "transformers": "GPT-2"}):
+        print("summary: skipped (peer missing)")
+        return 0
+    if args.quick:
+        args.steps, args.batch, args.seq = 3, 4, 16
+    data = batches(args)
+    sbpc_run = run_sbpc(args, data)
+    _common.stop_pools()
+    reference = run_torch_reference(args, data)
+    ddp = run_ddp(args)
+    name = "GPT-2 (quick: 2 layers, dim 64)" if args.quick else "GPT-2 small"
+    print(f"{name}, batch {args.batch} x {args.seq}, {args.ranks} ranks, SGD; sbpc plan: {sbpc_run['plan']}")
+    print(f"import {sbpc_run['import_s']:.1f} s, compile {sbpc_run['compile_s']:.1f} s")
+    worst = max(abs(a - b) / abs(b) for a, b in zip(sbpc_run["losses"], reference))
+    print("loss per step, sbpc / PyTorch: " + ", ".join(f"{a:.6f}/{b:.6f}" for a, b in zip(sbpc_run["losses"],
+                                                                                            reference)))
+    print(f"worst relative loss difference: {worst:.2e}")
+    sbpc_step = statistics.median(sbpc_run["step_s"][1:] or sbpc_run["step_s"])
+    ddp_step = statistics.median(ddp["step_s"][1:] or ddp["step_s"])
+    _common.table(["", "s/step (median after the first)", "peak GiB per rank"], [
+        ["sbpc", f"{sbpc_step:.2f}", ", ".join(f"{p:.2f}" for p in sbpc_run["peaks"])],
+        ["PyTorch DDP", f"{ddp_step:.2f}", ", ".join(f"{p:.2f}" for p in ddp["peaks"])],
+        ["sbpc / DDP", _common.ratio(sbpc_step, ddp_step),
+         _common.ratio(max(sbpc_run["peaks"], default=None), max(ddp["peaks"]))],
+    ])
+    print(f"summary: sbpc {sbpc_step:.2f} s/step, {_common.ratio(sbpc_step, ddp_step)} DDP's; peak "
+          f"{_common.ratio(max(sbpc_run['peaks'], default=None), max(ddp['peaks']))} DDP's; loss within {worst:.1e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
