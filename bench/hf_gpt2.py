@@ -87,8 +87,9 @@ def rank_peaks() -> list[float]:
 def run_sbpc(args, data) -> dict:
     import sbpc
 
+    gpt2 = model(model_config(args))
     start = time.perf_counter()
-    graph = sbpc.from_torch(model(model_config(args)), (), {"input_ids": data[0], "labels": data[0]},
+    graph = sbpc.from_torch(gpt2, (), {"input_ids": data[0], "labels": data[0]},
                             sbp={"input_ids": sbpc.S(0), "labels": sbpc.S(0)} if args.plan == "manual" else None,
                             placement=sbpc.placement("cpu", args.ranks))
     imported = time.perf_counter() - start
