@@ -1664,6 +1664,20 @@ def _verify_padding(op: Operation, padding: int | None, rows: int) -> None:
         raise VerifyException(f"'{op.name}': padding {padding} is not a row of the {rows}-row table")
 
 
+def _logits_and_labels_rule(shapes: Sequence[Shape], elems: Sequence[Attribute]) -> None:
+    """Float logits [..., C] and integer labels [...] of a cross-entropy."""
+    logits, labels = shapes[:2]
+    if len(logits) < 1:
+        raise ShapeError("logits must have a class axis")
+    _require_float("logits", elems[0])
+    if not is_index(elems[1]):
+        raise ShapeError(f"labels must be i32 or i64, got {elems[1]}")
+    if labels != logits[:-1]:
+        raise ShapeError(
+            f"labels shape {list(labels)} must be the logits shape without its class axis {list(logits[:-1])}"
+        )
+
+
 @op_definition
 class CrossEntropyOp(LgOp):
     """Mean softmax cross-entropy: logits [..., C], integer labels [...]."""
@@ -1683,16 +1697,7 @@ class CrossEntropyOp(LgOp):
 
     @classmethod
     def rule(cls, shapes, elems, **params):
-        logits, labels = shapes
-        if len(logits) < 1:
-            raise ShapeError("logits must have a class axis")
-        _require_float("logits", elems[0])
-        if not is_index(elems[1]):
-            raise ShapeError(f"labels must be i32 or i64, got {elems[1]}")
-        if labels != logits[:-1]:
-            raise ShapeError(
-                f"labels shape {list(labels)} must be the logits shape without its class axis {list(logits[:-1])}"
-            )
+        _logits_and_labels_rule(shapes, elems)
         return (), elems[0]
 
     FLOPS_PER_ELEMENT: ClassVar[float] = 6.0
@@ -1855,16 +1860,8 @@ class _TokenCrossEntropyBase(LgOp, ABC):
 
     @classmethod
     def _check_operands(cls, shapes, elems) -> None:
-        logits, labels, row_max, sum_exp = shapes[:4]
-        if len(logits) < 1:
-            raise ShapeError("logits must have a class axis")
-        _require_float("logits", elems[0])
-        if not is_index(elems[1]):
-            raise ShapeError(f"labels must be i32 or i64, got {elems[1]}")
-        if labels != logits[:-1]:
-            raise ShapeError(
-                f"labels shape {list(labels)} must be the logits shape without its class axis {list(logits[:-1])}"
-            )
+        logits, _, row_max, sum_exp = shapes[:4]
+        _logits_and_labels_rule(shapes, elems)
         _row_statistics_rule("row_max", row_max, elems[2], logits, elems[0])
         _row_statistics_rule("sum_exp", sum_exp, elems[3], logits, elems[0])
 
@@ -2243,15 +2240,10 @@ class CastOp(LgOp):
         return [e.emit(CastOp(g, element_type(self.input.type)))]
 
 
-LOGICAL_KINDS = ("and", "or", "xor")
-
-
-@op_definition
-class LogicalOp(LgOp):
-    """Elementwise `and`, `or` or `xor` of two i1 tensors, with numpy
-    broadcasting (`not x` is `x xor true`)."""
-
-    name = "lg.logical"
+class _KindedBinaryOp(LgOp, ABC):
+    """An elementwise op of two tensors with numpy broadcasting whose
+    `kind` (one of KINDS) says what it computes; no gradient flows through
+    it (its result is boolean)."""
 
     lhs = operand_def(TensorLike)
     rhs = operand_def(TensorLike)
@@ -2262,6 +2254,8 @@ class LogicalOp(LgOp):
 
     assembly_format = "$kind $lhs `,` $rhs attr-dict `:` functional-type(operands, results)"
 
+    KINDS: ClassVar[tuple[str, ...]] = ()
+
     def __init__(self, kind: str, lhs: SSAValue, rhs: SSAValue):
         props = {"kind": StringAttr(kind)}
         super().__init__(operands=[lhs, rhs], properties=props,
@@ -2271,13 +2265,9 @@ class LogicalOp(LgOp):
         return {"kind": self.kind.data}
 
     @classmethod
-    def rule(cls, shapes, elems, kind):
-        if kind not in LOGICAL_KINDS:
-            raise ShapeError(f"kind must be one of {', '.join(LOGICAL_KINDS)}, got '{kind}'")
-        for elem in elems:
-            if not is_bool(elem):
-                raise ShapeError(f"operands must be i1, got {elem}")
-        return broadcast_shapes(*shapes), elems[0]
+    def _check_kind(cls, kind: str) -> None:
+        if kind not in cls.KINDS:
+            raise ShapeError(f"kind must be one of {', '.join(cls.KINDS)}, got '{kind}'")
 
     @classmethod
     def sbp_rule(cls, in_shapes, out_shape, p, kind):
@@ -2285,53 +2275,48 @@ class LogicalOp(LgOp):
 
     def gradient(self, g, e):
         return [None, None]
+
+
+LOGICAL_KINDS = ("and", "or", "xor")
+
+
+@op_definition
+class LogicalOp(_KindedBinaryOp):
+    """Elementwise `and`, `or` or `xor` of two i1 tensors, with numpy
+    broadcasting (`not x` is `x xor true`)."""
+
+    name = "lg.logical"
+    KINDS: ClassVar[tuple[str, ...]] = LOGICAL_KINDS
+
+    @classmethod
+    def rule(cls, shapes, elems, kind):
+        cls._check_kind(kind)
+        for elem in elems:
+            if not is_bool(elem):
+                raise ShapeError(f"operands must be i1, got {elem}")
+        return broadcast_shapes(*shapes), elems[0]
 
 
 COMPARE_KINDS = ("eq", "ne", "lt", "le", "gt", "ge")
 
 
 @op_definition
-class CompareOp(LgOp):
+class CompareOp(_KindedBinaryOp):
     """Elementwise comparison `eq`, `ne`, `lt`, `le`, `gt` or `ge` of two
     tensors of one element type, with numpy broadcasting: an i1 tensor
     (PyTorch's `==`, `<`, ... on tensors: causal and padding masks built
     from positions, the count of labels not ignored)."""
 
     name = "lg.compare"
-
-    lhs = operand_def(TensorLike)
-    rhs = operand_def(TensorLike)
-    kind = prop_def(StringAttr)
-    result = result_def(TensorLike)
-
-    traits = traits_def(Pure())
-
-    assembly_format = "$kind $lhs `,` $rhs attr-dict `:` functional-type(operands, results)"
-
-    def __init__(self, kind: str, lhs: SSAValue, rhs: SSAValue):
-        props = {"kind": StringAttr(kind)}
-        super().__init__(operands=[lhs, rhs], properties=props,
-                         result_types=[self.infer([lhs, rhs], kind=kind)])
-
-    def params(self):
-        return {"kind": self.kind.data}
+    KINDS: ClassVar[tuple[str, ...]] = COMPARE_KINDS
 
     @classmethod
     def rule(cls, shapes, elems, kind):
-        if kind not in COMPARE_KINDS:
-            raise ShapeError(f"kind must be one of {', '.join(COMPARE_KINDS)}, got '{kind}'")
+        cls._check_kind(kind)
         _require_value_type("operands", elems[0])
         if elems[0] != elems[1]:
             raise ShapeError(f"operands must share one element type, got {elems[0]}, {elems[1]}")
         return broadcast_shapes(*shapes), i1
-
-    @classmethod
-    def sbp_rule(cls, in_shapes, out_shape, p, kind):
-        return _aligned_splits(in_shapes, out_shape, p) + [(("B", "B"), ("B",))]
-
-    def gradient(self, g, e):
-        return [None, None]
-
 
 @op_definition
 class SelectOp(LgOp):

@@ -627,24 +627,18 @@ def _bind_cast(op: lg.CastOp, local, ins, out) -> Fire:
     return fire
 
 
-@NUMPY.impl(lg.LogicalOp)
-def _bind_logical(op: lg.LogicalOp, local, ins, out) -> Fire:
-    ufunc = LOGICAL[op.kind.data]
+def _kinded(ufuncs: dict) -> Binder:
+    """lg.logical and lg.compare: the ufunc of the op's kind."""
 
-    def fire(xs, o):
-        ufunc(xs[0], xs[1], out=o)
+    def bind(op, local, ins, out):
+        ufunc = ufuncs[op.kind.data]
+        return lambda xs, o: ufunc(xs[0], xs[1], out=o)
 
-    return fire
+    return bind
 
 
-@NUMPY.impl(lg.CompareOp)
-def _bind_compare(op: lg.CompareOp, local, ins, out) -> Fire:
-    ufunc = COMPARE[op.kind.data]
-
-    def fire(xs, o):
-        ufunc(xs[0], xs[1], out=o)
-
-    return fire
+NUMPY.register(lg.LogicalOp, _kinded(LOGICAL))
+NUMPY.register(lg.CompareOp, _kinded(COMPARE))
 
 
 @NUMPY.impl(lg.SelectOp)

@@ -320,6 +320,15 @@ def test_a_mask_computed_from_the_inputs_is_imported_and_trains():
                    lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
 
 
+def padded_ids(g) -> torch.Tensor:
+    """A batch of 4 rows of 7 token ids, some rows padded (id 0) from
+    different positions on."""
+    ids = torch.randint(1, 10, (4, 7), generator=g)
+    ids[1:, 4:] = 0
+    ids[2, 2:] = 0
+    return ids
+
+
 class PositionsFromPadding(nn.Module):
     """RoBERTa's position ids, the running count of the tokens that are not
     padding (a cumsum of a mask computed from the input), and a running mean
@@ -343,11 +352,7 @@ class PositionsFromPadding(nn.Module):
 def test_running_sums_of_a_mask_and_of_features_train_as_pytorch(ranks, sbp):
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(8)
-    batches = []
-    for _ in range(4):
-        ids = torch.randint(1, 10, (4, 7), generator=g)
-        ids[1:, 5:] = 0  # padding at the end of some rows
-        batches.append((ids,))
+    batches = [(padded_ids(g),) for _ in range(4)]
     check_training(PositionsFromPadding(), batches, ["ids"], sbpc.optim.SGD(lr=0.1),
                    lambda m: torch.optim.SGD(m.parameters(), lr=0.1), ranks, sbp)
 
@@ -407,12 +412,8 @@ class PicksByComputedIndices(nn.Module):
 def test_indices_computed_from_the_inputs_gather_and_train_as_pytorch(ranks, sbp):
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(9)
-    batches = []
-    for _ in range(4):
-        ids = torch.randint(1, 10, (4, 7), generator=g)
-        ids[1:, 4:] = 0
-        ids[2, 2:] = 0
-        batches.append((ids, torch.randperm(6, generator=g)[:3], torch.randint(0, 6, (4, 2), generator=g)))
+    batches = [(padded_ids(g), torch.randperm(6, generator=g)[:3], torch.randint(0, 6, (4, 2), generator=g))
+               for _ in range(4)]
     check_training(PicksByComputedIndices(), batches, ["ids", "columns", "choice"], sbpc.optim.SGD(lr=0.1),
                    lambda m: torch.optim.SGD(m.parameters(), lr=0.1), ranks, sbp)
 
