@@ -34,6 +34,7 @@ from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import lg, plan
 from sbpc.dialects.backends import Backend
+from sbpc.dialects.layout import piece_of
 from sbpc.dialects.sbp import DeviceKind, lookup_placement
 
 BLOCK = 256
@@ -98,7 +99,10 @@ class Kernel:
         return ", ".join(p.replace("*", "*" + qualifier, 1) for p in self.params)
 
 
-CUDA_PRELUDE = "#define NEG_INF __int_as_float(0xff800000)\n#define SBPC_SUM(v)\n#define SBPC_MAX(v)\n"
+CUDA_PRELUDE = (
+    "#define NEG_INF __int_as_float(0xff800000)\n#define SBPC_SUM(v)\n#define SBPC_MAX(v)\n"
+    "typedef long long int64_t;\ntypedef int int32_t;\n"
+)
 
 
 def cuda_source(k: Kernel) -> tuple[str, list[int]]:
@@ -284,9 +288,8 @@ for _op, _expr in (
 ):
     CUDA.register(_op, ElementwiseExpr(_expr))
 
-for _op in (lg.BroadcastToOp, lg.ConcatOp, lg.SliceOp, lg.PadOp, lg.CumsumOp, lg.EmbeddingOp, lg.CrossEntropyOp,
-            lg.MseLossOp, lg.OneHotOp, lg.EmbeddingGradOp, *lg.MASK_OPS, *lg.CROSS_ENTROPY_OPS,
-            lg.TokenCrossEntropyGradOp, lg.GatherOp, lg.ScatterAddOp):
+for _op in (lg.BroadcastToOp, lg.ConcatOp, lg.SliceOp, lg.EmbeddingOp, lg.CrossEntropyOp, lg.MseLossOp, lg.OneHotOp,
+            lg.EmbeddingGradOp, *lg.MASK_OPS, lg.GatherOp, lg.ScatterAddOp):
     CUDA.register(_op, ON_HOST)
 
 
@@ -555,12 +558,121 @@ def gen_transpose(site: Site) -> Kernel:
                   restrict=True, nest=nest)
 
 
+# -- the vocabulary-parallel cross-entropy, padding, running sums --------------------
+
+_INDEX_C_TYPES = {"i64": "int64_t", "i32": "int32_t"}
+
+
+def _labels_type(site: Site, i: int) -> str:
+    elem = site.in_elems[i] if site.in_elems else "i64"
+    if elem not in _INDEX_C_TYPES:
+        raise Unsupported(f"labels of element type {elem}")
+    return _INDEX_C_TYPES[elem]
+
+
+def _class_start(site: Site) -> int:
+    """Where this device's piece of the logits starts along the classes."""
+    return site.in_starts[0][-1] if site.in_starts else 0
+
+
+def _ignored(site: Site) -> str:
+    """A C condition on `label`: it is the ignored label (false without one)."""
+    ignore = site.props.get("ignore_index")
+    return f"label == {cast(IntegerAttr, ignore).value.data}" if ignore is not None else "0"
+
+
+@CUDA.impl(lg.SumExpOp)
+def gen_sum_exp(site: Site) -> Kernel:
+    classes = site.in_shapes[0][-1]
+    rows = math.prod(site.in_shapes[0][:-1])
+    body = f"""const T* x = a0 + i * {classes};
+  T m = a1[i];
+  T s = (T)0;
+  SBPC_SUM(s)
+  for (long k = 0; k < {classes}; ++k) s += exp(x[k] - m);
+  out[i] = s;"""
+    return Kernel(site.name, site.t, ("const T* a0", "const T* a1", "T* out"), rows, body, restrict=True)
+
+
+@CUDA.impl(lg.TokenCrossEntropyOp)
+def gen_token_cross_entropy(site: Site) -> Kernel:
+    # one thread per row: the label's logit where this piece holds it, the
+    # row's log-sum-exp where it holds class 0 (reference.token_cross_entropy).
+    # A label outside the classes is not checked here (numpy's kernel does).
+    classes = site.in_shapes[0][-1]
+    rows = math.prod(site.in_shapes[1])
+    start = _class_start(site)
+    total = "log(a3[i]) + a2[i]" if start == 0 else "(T)0"
+    body = f"""long label = (long)a1[i];
+  if ({_ignored(site)}) {{ out[i] = (T)0; return; }}
+  long c = label - {start};
+  T picked = (c >= 0 && c < {classes}) ? a0[i * {classes} + c] : (T)0;
+  out[i] = ({total}) - picked;"""
+    params = ("const T* a0", f"const {_labels_type(site, 1)}* a1", "const T* a2", "const T* a3", "T* out")
+    return Kernel(site.name, site.t, params, rows, body, restrict=True)
+
+
+@CUDA.impl(lg.TokenCrossEntropyGradOp)
+def gen_token_cross_entropy_grad(site: Site) -> Kernel:
+    # one thread per logit: softmax times the incoming gradient, less it at
+    # the label's column (reference.token_cross_entropy_grad)
+    classes = site.in_shapes[0][-1]
+    start = _class_start(site)
+    body = f"""long r = i / {classes};
+  long label = (long)a1[r];
+  T g = ({_ignored(site)}) ? (T)0 : a4[r];
+  T v = exp(a0[i] - a2[r]) * (g / a3[r]);
+  out[i] = (label - {start} == i % {classes}) ? v - g : v;"""
+    params = ("const T* a0", f"const {_labels_type(site, 1)}* a1", "const T* a2", "const T* a3", "const T* a4",
+              "T* out")
+    return Kernel(site.name, site.t, params, math.prod(site.out_shape), body, restrict=True)
+
+
+@CUDA.impl(lg.PadOp)
+def gen_pad(site: Site) -> Kernel:
+    shape, out_shape = site.in_shapes[0], site.out_shape
+    low = list(cast(DenseArrayBase[IntegerType], site.props["low"]).get_values())
+    value = cast(FloatAttr, site.props["value"]).value.data
+    st = strides(shape)
+    lines = ["long rem = i;", "long s = 0;", "int inside = 1;"]
+    for d in reversed(range(len(shape))):
+        lines.append(f"{{ long x = rem % {out_shape[d]} - {low[d]}; rem /= {out_shape[d]}; "
+                     f"inside &= x >= 0 && x < {shape[d]}; s += x * {st[d]}; }}")
+    body = "\n  ".join([*lines, f"out[i] = inside ? a0[s] : (T){value!r};"])
+    return Kernel(site.name, site.t, ("const T* a0", "T* out"), math.prod(out_shape), body, restrict=True)
+
+
+@CUDA.impl(lg.CumsumOp)
+def gen_cumsum(site: Site) -> Kernel:
+    # one thread per scanned line: what this piece's elements add to every
+    # position of the whole axis (reference.cumsum_piece)
+    shape, out_shape = site.in_shapes[0], site.out_shape
+    axis = cast(IntegerAttr, site.props["axis"]).value.data
+    reverse = "reverse" in site.props
+    inner = math.prod(shape[axis + 1:])
+    n, length = shape[axis], out_shape[axis]
+    start = site.in_starts[0][axis] if site.in_starts and length != n else 0
+    lines = math.prod(shape) // max(n, 1) if n else math.prod(out_shape) // max(length, 1)
+    ahead = f"const T* x = a0 + (i / {inner}) * {n * inner} + i % {inner};\n  " \
+            f"T* o = out + (i / {inner}) * {length * inner} + i % {inner};\n  T acc = (T)0;"
+    if reverse:
+        scan = f"""for (long k = {length - 1}; k >= {start + n}; --k) o[k * {inner}] = (T)0;
+  for (long k = {n - 1}; k >= 0; --k) {{ acc += x[k * {inner}]; o[({start} + k) * {inner}] = acc; }}
+  for (long k = {start - 1}; k >= 0; --k) o[k * {inner}] = acc;"""
+    else:
+        scan = f"""for (long k = 0; k < {start}; ++k) o[k * {inner}] = (T)0;
+  for (long k = 0; k < {n}; ++k) {{ acc += x[k * {inner}]; o[({start} + k) * {inner}] = acc; }}
+  for (long k = {start + n}; k < {length}; ++k) o[k * {inner}] = acc;"""
+    return Kernel(site.name, site.t, ("const T* a0", "T* out"), lines, f"{ahead}\n  {scan}", restrict=True)
+
+
 @dataclass(frozen=True)
 class Site:
     """What a generator knows of one compute actor: its kernel's name (the
     C entry point), the lg kernel, the C element type, local shapes, the
-    lg op's properties, and the global shape of the first input (a mean
-    over a split axis divides by the global count)."""
+    lg op's properties, the global shape of the first input (a mean over a
+    split axis divides by the global count), and the inputs' element types
+    and where their pieces start."""
 
     name: str
     kernel: str
@@ -569,6 +681,12 @@ class Site:
     out_shape: tuple[int, ...]
     props: dict[str, Attribute]
     global_in: tuple[int, ...]
+    in_elems: tuple[str, ...] = ()
+    """The inputs' element types ("f32", "i64", ...): labels and indices."""
+    in_starts: tuple[tuple[int, ...], ...] = ()
+    """Where each input's piece on this device starts in the global tensor
+    (empty: the inputs are whole): the classes a vocabulary-split piece of
+    logits holds."""
 
 
 def generate(actor: plan.ComputeOp, registers: dict) -> tuple[str, str, list[int]]:
@@ -600,6 +718,9 @@ def describe(actor: plan.ComputeOp, registers: dict) -> Kernel | tuple[str, list
     kernel = actor.kernel.data
     ins = [registers[r.string_value()] for r in actor.ins.data]
     out = registers[actor.outs.data[0].string_value()]
+    device = actor.parent_op()
+    assert isinstance(device, plan.DeviceOp)  # compute actors live in a device's body
+    rank = device.rank.value.data
     site = Site(
         name=_kernel_name(actor),
         kernel=kernel,
@@ -608,6 +729,9 @@ def describe(actor: plan.ComputeOp, registers: dict) -> Kernel | tuple[str, list
         out_shape=tuple(out.type.get_shape()),
         props=dict(actor.props.data),
         global_in=tuple(ins[0].value.get_shape()) if ins else (),
+        in_elems=tuple(str(r.type.element_type) for r in ins),
+        in_starts=tuple(tuple(s.start for s in piece_of(r.value, lookup_placement(device, r.value.placement).mesh(),
+                                                         rank)) for r in ins),
     )
     if kernel == plan.FUSED:
         steps = [(step.kernel, step.args) for step in plan.fused_steps(actor)]

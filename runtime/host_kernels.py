@@ -229,6 +229,12 @@ def bind_kernel(op, local, ins: Sequence[np.ndarray], out: np.ndarray) -> Fire |
     return Library([kernel]).bind(kernel)
 
 
+def _pointer_type(param: str, t: str) -> str:
+    """The cffi pointer type of a kernel parameter ("const T* a0" -> "float *")."""
+    base = param.rsplit("*", 1)[0].replace("const", "").strip()
+    return f"{t if base == 'T' else base} *"
+
+
 class Library:
     """Compiled kernels, callable on numpy arrays."""
 
@@ -266,11 +272,12 @@ class Library:
         name = kernel if isinstance(kernel, str) else self._given[id(kernel)][1]
         fn = getattr(self.lib, name)
         kernel = self.kernels[name]
-        pointer_type = f"{kernel.t} *"
+        # each parameter's C pointer type: T's, or its own (labels: int64_t)
+        pointer_types = [_pointer_type(param, kernel.t) for param in kernel.params]
         cast = self.ffi.cast
         pointers: dict[int, tuple[np.ndarray, object]] = {}
 
-        def pointer(a: np.ndarray):
+        def pointer(a: np.ndarray, pointer_type: str):
             known = pointers.get(id(a))
             if known is not None and known[0] is a:
                 return known[1]
@@ -281,6 +288,6 @@ class Library:
             return p
 
         def fire(xs: Sequence[np.ndarray], out: np.ndarray) -> None:
-            fn(*[pointer(x) for x in xs], pointer(out))
+            fn(*[pointer(x, t) for x, t in zip(xs, pointer_types)], pointer(out, pointer_types[-1]))
 
         return fire

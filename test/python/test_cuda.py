@@ -9,9 +9,9 @@ from xdsl.context import Context
 
 import sbpc
 from sbpc import B, S
-from sbpc.dialects import plan
+from sbpc.dialects import lg, plan
 from sbpc.dialects.layout import numpy_dtype, piece
-from sbpc.dialects.sbp import lookup_placement, nd_to_plain
+from sbpc.dialects.sbp import PartialAttr, ReduceKind, lookup_placement, nd_to_plain
 from sbpc.lowering.compile import CompilePass
 from sbpc.lowering.plan_codegen import PlanCodegenPass
 from sbpc.runtime import cuda
@@ -37,7 +37,17 @@ def kernels_graph():
     ln0 = sbpc.layernorm(r, axis=1)
     red = e.sum(axes=(1, 2)) + ln0.mean(axes=(1, 2)) + ln.max(axes=(1, 2), keepdims=False)
     t = x.transpose(0, 2, 1).reshape(8, 96)
-    g.output(yt=yt, b=b, s=s, red=red, t=t)
+    scans = sbpc.cumsum(x, 0) + sbpc.cumsum(x, 2, reverse=True)
+    padded = sbpc.pad(r, [0, 1, 2], [1, 0, 0], -0.5)
+    # the vocabulary-parallel cross-entropy over logits split by class (the hints hold the split)
+    logits = g.input("logits", (8, 13), sbp=S(1))
+    labels = g.input("labels", (8,), sbp=B, dtype="i64")
+    row_max = sbpc.reduce_max(logits, [1]).to(PartialAttr(ReduceKind.MAX))
+    sum_exp = g.add(lg.SumExpOp(logits.value, row_max.value)).to(sbpc.P)
+    tokens = g.add(lg.TokenCrossEntropyOp(logits.value, labels.value, row_max.value, sum_exp.value, -100))
+    grad = g.add(lg.TokenCrossEntropyGradOp(logits.value, labels.value, row_max.value, sum_exp.value,
+                                            tokens.value, -100))
+    g.output(yt=yt, b=b, s=s, red=red, t=t, scans=scans, padded=padded, tokens=tokens.to(sbpc.P), grad=grad.to(S(1)))
     module = g.module()
     CompilePass().apply(Context(), module)
     PlanCodegenPass().apply(Context(), module)
@@ -72,7 +82,8 @@ def test_every_kernel_compiles_to_ptx(module):
             cuda.check_ptx(ptx)
         seen.add(actor.kernel.data)
     assert {"lg.matmul", "lg.add", "plan.fused", "lg.softmax", "lg.log_softmax", "lg.layernorm", "lg.reduce_sum",
-            "lg.reduce_mean", "lg.reduce_max", "lg.transpose", "lg.reshape"} <= seen
+            "lg.reduce_mean", "lg.reduce_max", "lg.transpose", "lg.reshape", "lg.cumsum", "lg.pad", "lg.sum_exp",
+            "lg.token_cross_entropy", "lg.token_cross_entropy_grad"} <= seen
 
 
 def test_ptx_is_cached_by_source(module, tmp_path, monkeypatch):
@@ -107,6 +118,13 @@ def gpu_or_skip():
         pytest.skip(f"no GPU here: {e}")
 
 
+def random_input(register, rng) -> np.ndarray:
+    shape, dtype = register.type.get_shape(), numpy_dtype(register.type.element_type)
+    if dtype.kind == "i":  # labels of 13 classes, some ignored (-100)
+        return np.where(rng.random(shape) < 0.2, -100, rng.integers(0, 13, shape)).astype(dtype)
+    return rng.normal(size=shape).astype(dtype)
+
+
 def test_kernels_launch_and_match_numpy(module):
     gpu_or_skip()
     rng = np.random.default_rng(0)
@@ -115,7 +133,7 @@ def test_kernels_launch_and_match_numpy(module):
             continue
         ins = [registers[r.string_value()] for r in actor.ins.data]
         out = registers[actor.outs.data[0].string_value()]
-        inputs = [rng.normal(size=r.type.get_shape()).astype(numpy_dtype(r.type.element_type)) for r in ins]
+        inputs = [random_input(r, rng) for r in ins]
         op = sbpc.make_context().get_op(actor.kernel.data).create(properties=dict(actor.props.data),
                                                                    result_types=[out.type])
         def piece_of(t, device=device):

@@ -13,9 +13,9 @@ from xdsl.context import Context
 
 import sbpc
 from sbpc import B, S
-from sbpc.dialects import plan
+from sbpc.dialects import lg, plan
 from sbpc.dialects.layout import numpy_dtype, piece_of
-from sbpc.dialects.sbp import lookup_placement
+from sbpc.dialects.sbp import PartialAttr, ReduceKind, lookup_placement
 from sbpc.lowering.compile import CompilePass
 from sbpc.lowering.plan_codegen import Unsupported, cuda_source, describe, generate, generate_host
 from sbpc.runtime import host_kernels
@@ -43,7 +43,20 @@ def kernels_graph(ranks: int, dtype: str, fuse: bool):
     cols = e.sum(axes=(0, 1)) + r.mean(axes=(1,)).max(axes=(0,)) + s.max(axes=(0,)).sum(axes=(0,))
     t = ln.transpose(0, 2, 1).reshape(6, 65)
     swapped = (e * 2.0).transpose(2, 0, 1) + 1.0  # a transpose that moves the innermost axis
-    g.output(red=red, t=t, d=-e / (r + 3.0), cols=cols, swapped=swapped)
+    # running sums over the split batch (each piece's contribution) and backwards along a row; padding
+    scans = sbpc.cumsum(x, 0) * 0.5
+    padded = sbpc.cumsum(sbpc.pad(r, [0, 1, 0], [0, 0, 2], -0.5), 2, reverse=True)  # (6, 6, 15)
+    # the vocabulary-parallel cross-entropy over logits split by class, labels some of them ignored
+    logits = g.input("logits", (6, 13), sbp=S(1), dtype=dtype)
+    labels = g.input("labels", (6,), sbp=B, dtype="i64")
+    row_max = sbpc.reduce_max(logits, [1]).to(PartialAttr(ReduceKind.MAX))  # the hints hold the class split
+    sum_exp = g.add(lg.SumExpOp(logits.value, row_max.value)).to(sbpc.P)
+    tokens = g.add(lg.TokenCrossEntropyOp(logits.value, labels.value, row_max.value, sum_exp.value, -100))
+    grad = g.add(lg.TokenCrossEntropyGradOp(logits.value, labels.value, row_max.value, sum_exp.value,
+                                            tokens.value, -100))
+    g.output(red=red, t=t, d=-e / (r + 3.0), cols=cols, swapped=swapped, scans=scans, padded=padded,
+             tokens=tokens.to(sbpc.P),
+             grad=grad.to(S(1)))
     module = g.module()
     CompilePass(fuse=fuse).apply(Context(), module)
     return module
@@ -58,7 +71,10 @@ def device_actors(module):
 
 def random_input(register, rng):
     shape = tuple(register.type.get_shape())
-    return np.array(rng.normal(size=shape) * 1.5, numpy_dtype(register.type.element_type))
+    dtype = numpy_dtype(register.type.element_type)
+    if dtype.kind == "i":  # labels of 13 classes, some ignored (-100)
+        return np.where(rng.random(shape) < 0.2, -100, rng.integers(0, 13, shape)).astype(dtype)
+    return np.array(rng.normal(size=shape) * 1.5, dtype)
 
 
 CASES = [(1, "f32", True), (2, "f32", True), (2, "f64", True), (2, "f32", False), (1, "f64", False)]
@@ -96,7 +112,8 @@ def test_every_host_kernel_matches_the_reference(ranks, dtype, fuse):
                                        err_msg=f"{actor.kernel.data} @{actor.sym_name.data} on rank {rank}")
             seen.add(actor.kernel.data)
     expected_kinds = {"lg.softmax", "lg.log_softmax", "lg.layernorm", "lg.reduce_sum", "lg.reduce_mean",
-                      "lg.reduce_max", "lg.transpose"}
+                      "lg.reduce_max", "lg.transpose", "lg.cumsum", "lg.pad", "lg.sum_exp", "lg.token_cross_entropy",
+                      "lg.token_cross_entropy_grad"}
     expected_kinds |= {plan.FUSED} if fuse else {"lg.add", "lg.mul", "lg.gelu", "lg.erf", "lg.rsqrt"}
     assert expected_kinds <= seen, expected_kinds - seen
 
