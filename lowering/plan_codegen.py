@@ -289,7 +289,7 @@ for _op, _expr in (
     CUDA.register(_op, ElementwiseExpr(_expr))
 
 for _op in (lg.BroadcastToOp, lg.ConcatOp, lg.SliceOp, lg.EmbeddingOp, lg.CrossEntropyOp, lg.MseLossOp, lg.OneHotOp,
-            lg.EmbeddingGradOp, *lg.MASK_OPS, lg.GatherOp, lg.ScatterAddOp):
+            lg.EmbeddingGradOp, *lg.MASK_OPS):
     CUDA.register(_op, ON_HOST)
 
 
@@ -666,6 +666,49 @@ def gen_cumsum(site: Site) -> Kernel:
     return Kernel(site.name, site.t, ("const T* a0", "T* out"), lines, f"{ahead}\n  {scan}", restrict=True)
 
 
+@CUDA.impl(lg.GatherOp)
+def gen_gather(site: Site) -> Kernel:
+    # one thread per picked element: the index along `axis`, the element
+    # there where this piece of the input holds it (reference.gather_piece)
+    shape, index_shape = site.in_shapes
+    axis = cast(IntegerAttr, site.props["axis"]).value.data
+    start = site.in_starts[0][axis] if site.in_starts else 0
+    st = strides(shape)
+    lines = ["long rem = i;", "long s = 0;"]
+    for d in reversed(range(len(index_shape))):
+        if d != axis:
+            lines.append(f"s += (rem % {index_shape[d]}) * {st[d]};")
+        lines.append(f"rem /= {index_shape[d]};")
+    lines.append(f"long k = (long)a1[i] - {start};")
+    lines.append(f"out[i] = (k >= 0 && k < {shape[axis]}) ? a0[s + k * {st[axis]}] : (T)0;")
+    params = ("const T* a0", f"const {_labels_type(site, 1)}* a1", "T* out")
+    return Kernel(site.name, site.t, params, math.prod(index_shape), "\n  ".join(lines), restrict=True)
+
+
+@CUDA.impl(lg.ScatterAddOp)
+def gen_scatter_add(site: Site) -> Kernel:
+    # one thread per line along `axis` (every other coordinate fixed): it
+    # zeroes the line of the result, then adds the line's updates where
+    # their indices point, in order (no two threads write one element)
+    updates_shape, out_shape = site.in_shapes[0], site.out_shape
+    axis = cast(IntegerAttr, site.props["axis"]).value.data
+    inner = math.prod(out_shape[axis + 1:])
+    n, m = out_shape[axis], updates_shape[axis]
+    lines = math.prod(out_shape) // n if n else 0
+    start = site.out_starts[axis] if site.out_starts else 0  # where this device's rows of the result begin
+    body = f"""long outer = i / {inner}, c = i % {inner};
+  T* o = out + outer * {n * inner} + c;
+  const T* u = a0 + outer * {m * inner} + c;
+  const {_labels_type(site, 1)}* x = a1 + outer * {m * inner} + c;
+  for (long k = 0; k < {n}; ++k) o[k * {inner}] = (T)0;
+  for (long j = 0; j < {m}; ++j) {{
+    long k = (long)x[j * {inner}] - {start};
+    if (k >= 0 && k < {n}) o[k * {inner}] += u[j * {inner}];
+  }}"""
+    params = ("const T* a0", f"const {_labels_type(site, 1)}* a1", "T* out")
+    return Kernel(site.name, site.t, params, lines, body, restrict=True)
+
+
 @dataclass(frozen=True)
 class Site:
     """What a generator knows of one compute actor: its kernel's name (the
@@ -687,6 +730,8 @@ class Site:
     """Where each input's piece on this device starts in the global tensor
     (empty: the inputs are whole): the classes a vocabulary-split piece of
     logits holds."""
+    out_starts: tuple[int, ...] = ()
+    """Where the result's piece starts (empty: whole or partial)."""
 
 
 def generate(actor: plan.ComputeOp, registers: dict) -> tuple[str, str, list[int]]:
@@ -730,13 +775,18 @@ def describe(actor: plan.ComputeOp, registers: dict) -> Kernel | tuple[str, list
         props=dict(actor.props.data),
         global_in=tuple(ins[0].value.get_shape()) if ins else (),
         in_elems=tuple(str(r.type.element_type) for r in ins),
-        in_starts=tuple(tuple(s.start for s in piece_of(r.value, lookup_placement(device, r.value.placement).mesh(),
-                                                         rank)) for r in ins),
+        in_starts=tuple(_starts(device, r.value, rank) for r in ins),
+        out_starts=_starts(device, out.value, rank),
     )
     if kernel == plan.FUSED:
         steps = [(step.kernel, step.args) for step in plan.fused_steps(actor)]
         return gen_fused(site.name, site.t, site.in_shapes, site.out_shape, steps)
     return describe_site(site)
+
+
+def _starts(device: plan.DeviceOp, t, rank: int) -> tuple[int, ...]:
+    """Where `rank`'s piece of dtensor `t` starts in the global tensor."""
+    return tuple(s.start for s in piece_of(t, lookup_placement(device, t.placement).mesh(), rank))
 
 
 def describe_site(site: Site) -> Kernel | tuple[str, list[int]]:

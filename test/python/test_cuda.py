@@ -38,6 +38,8 @@ def kernels_graph():
     red = e.sum(axes=(1, 2)) + ln0.mean(axes=(1, 2)) + ln.max(axes=(1, 2), keepdims=False)
     t = x.transpose(0, 2, 1).reshape(8, 96)
     scans = sbpc.cumsum(x, 0) + sbpc.cumsum(x, 2, reverse=True)
+    picks = g.input("picks", (8, 6, 4), sbp=S(0), dtype="i64")
+    scattered = g.add(lg.ScatterAddOp(sbpc.gather(x, picks, 2).value, picks.value, 2, 16))
     padded = sbpc.pad(r, [0, 1, 2], [1, 0, 0], -0.5)
     # the vocabulary-parallel cross-entropy over logits split by class (the hints hold the split)
     logits = g.input("logits", (8, 13), sbp=S(1))
@@ -47,7 +49,8 @@ def kernels_graph():
     tokens = g.add(lg.TokenCrossEntropyOp(logits.value, labels.value, row_max.value, sum_exp.value, -100))
     grad = g.add(lg.TokenCrossEntropyGradOp(logits.value, labels.value, row_max.value, sum_exp.value,
                                             tokens.value, -100))
-    g.output(yt=yt, b=b, s=s, red=red, t=t, scans=scans, padded=padded, tokens=tokens.to(sbpc.P), grad=grad.to(S(1)))
+    g.output(yt=yt, b=b, s=s, red=red, t=t, scans=scans, padded=padded, scattered=scattered,
+             tokens=tokens.to(sbpc.P), grad=grad.to(S(1)))
     module = g.module()
     CompilePass().apply(Context(), module)
     PlanCodegenPass().apply(Context(), module)
@@ -83,7 +86,7 @@ def test_every_kernel_compiles_to_ptx(module):
         seen.add(actor.kernel.data)
     assert {"lg.matmul", "lg.add", "plan.fused", "lg.softmax", "lg.log_softmax", "lg.layernorm", "lg.reduce_sum",
             "lg.reduce_mean", "lg.reduce_max", "lg.transpose", "lg.reshape", "lg.cumsum", "lg.pad", "lg.sum_exp",
-            "lg.token_cross_entropy", "lg.token_cross_entropy_grad"} <= seen
+            "lg.token_cross_entropy", "lg.token_cross_entropy_grad", "lg.gather", "lg.scatter_add"} <= seen
 
 
 def test_ptx_is_cached_by_source(module, tmp_path, monkeypatch):
@@ -120,8 +123,9 @@ def gpu_or_skip():
 
 def random_input(register, rng) -> np.ndarray:
     shape, dtype = register.type.get_shape(), numpy_dtype(register.type.element_type)
-    if dtype.kind == "i":  # labels of 13 classes, some ignored (-100)
-        return np.where(rng.random(shape) < 0.2, -100, rng.integers(0, 13, shape)).astype(dtype)
+    if dtype.kind == "i":  # of 13 classes or elements: labels (1-D) some ignored (-100), indices all in range
+        ignored = rng.random(shape) < (0.2 if len(shape) == 1 else 0)
+        return np.where(ignored, -100, rng.integers(0, 13, shape)).astype(dtype)
     return rng.normal(size=shape).astype(dtype)
 
 

@@ -45,6 +45,16 @@ def kernels_graph(ranks: int, dtype: str, fuse: bool):
     swapped = (e * 2.0).transpose(2, 0, 1) + 1.0  # a transpose that moves the innermost axis
     # running sums over the split batch (each piece's contribution) and backwards along a row; padding
     scans = sbpc.cumsum(x, 0) * 0.5
+    # picks along the innermost axis by computed indices, and the gradient's scatter-add back
+    picks = g.input("picks", (6, 5, 4), sbp=S(0), dtype="i64")
+    picked = sbpc.gather(x, picks, 2)
+    scattered = g.add(lg.ScatterAddOp(picked.value, picks.value, 2, 13))
+    # the same along a split axis: each piece picks what it holds (P), and fills its rows (S)
+    rows = g.input("rows", (6, 13), sbp=S(1), dtype=dtype)
+    row_picks = g.input("row_picks", (6, 4), sbp=B, dtype="i64")
+    split_picked = sbpc.gather(rows, row_picks, 1).to(sbpc.P)
+    split_scattered = g.add(lg.ScatterAddOp(g.input("updates", (6, 4), sbp=B, dtype=dtype).value, row_picks.value, 1,
+                                            13)).to(S(1))
     padded = sbpc.cumsum(sbpc.pad(r, [0, 1, 0], [0, 0, 2], -0.5), 2, reverse=True)  # (6, 6, 15)
     # the vocabulary-parallel cross-entropy over logits split by class, labels some of them ignored
     logits = g.input("logits", (6, 13), sbp=S(1), dtype=dtype)
@@ -55,8 +65,8 @@ def kernels_graph(ranks: int, dtype: str, fuse: bool):
     grad = g.add(lg.TokenCrossEntropyGradOp(logits.value, labels.value, row_max.value, sum_exp.value,
                                             tokens.value, -100))
     g.output(red=red, t=t, d=-e / (r + 3.0), cols=cols, swapped=swapped, scans=scans, padded=padded,
-             tokens=tokens.to(sbpc.P),
-             grad=grad.to(S(1)))
+             scattered=scattered, tokens=tokens.to(sbpc.P), grad=grad.to(S(1)), split_picked=split_picked,
+             split_scattered=split_scattered)
     module = g.module()
     CompilePass(fuse=fuse).apply(Context(), module)
     return module
@@ -72,8 +82,9 @@ def device_actors(module):
 def random_input(register, rng):
     shape = tuple(register.type.get_shape())
     dtype = numpy_dtype(register.type.element_type)
-    if dtype.kind == "i":  # labels of 13 classes, some ignored (-100)
-        return np.where(rng.random(shape) < 0.2, -100, rng.integers(0, 13, shape)).astype(dtype)
+    if dtype.kind == "i":  # of 13 classes or elements: labels (1-D) some ignored (-100), indices all in range
+        ignored = rng.random(shape) < (0.2 if len(shape) == 1 else 0)
+        return np.where(ignored, -100, rng.integers(0, 13, shape)).astype(dtype)
     return np.array(rng.normal(size=shape) * 1.5, dtype)
 
 
@@ -113,7 +124,7 @@ def test_every_host_kernel_matches_the_reference(ranks, dtype, fuse):
             seen.add(actor.kernel.data)
     expected_kinds = {"lg.softmax", "lg.log_softmax", "lg.layernorm", "lg.reduce_sum", "lg.reduce_mean",
                       "lg.reduce_max", "lg.transpose", "lg.cumsum", "lg.pad", "lg.sum_exp", "lg.token_cross_entropy",
-                      "lg.token_cross_entropy_grad"}
+                      "lg.token_cross_entropy_grad", "lg.gather", "lg.scatter_add"}
     expected_kinds |= {plan.FUSED} if fuse else {"lg.add", "lg.mul", "lg.gelu", "lg.erf", "lg.rsqrt"}
     assert expected_kinds <= seen, expected_kinds - seen
 
