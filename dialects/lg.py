@@ -1595,6 +1595,233 @@ class CumsumOp(LgOp):
 
 
 # --------------------------------------------------------------------------
+# Convolutions
+# --------------------------------------------------------------------------
+
+
+def _conv_output_size(size: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
+    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+
+
+class _ConvOp(LgOp, ABC):
+    """What a 2-D convolution and its gradients share: stride, padding and
+    dilation (height, width) and the number of groups, as PyTorch's
+    `conv2d` takes them; images are NCHW and weights (O, C/groups, kh, kw)."""
+
+    stride = prop_def(DenseArrayBase.constr(i64))
+    padding = prop_def(DenseArrayBase.constr(i64))
+    dilation = prop_def(DenseArrayBase.constr(i64))
+    groups = prop_def(IntegerAttr[I64])
+
+    @staticmethod
+    def _props(stride, padding, dilation, groups) -> dict[str, Attribute]:
+        return {"stride": DenseArrayBase.from_list(i64, list(stride)),
+                "padding": DenseArrayBase.from_list(i64, list(padding)),
+                "dilation": DenseArrayBase.from_list(i64, list(dilation)), "groups": IntegerAttr(groups, i64)}
+
+    def params(self):
+        return {"stride": tuple(self.stride.get_values()), "padding": tuple(self.padding.get_values()),
+                "dilation": tuple(self.dilation.get_values()), "groups": self.groups.value.data}
+
+    @staticmethod
+    def _check(image: Shape, weight: Shape, stride, padding, dilation, groups) -> tuple[int, int]:
+        """The output's height and width, or a ShapeError."""
+        if len(image) != 4 or len(weight) != 4:
+            raise ShapeError(f"images must be NCHW and weights (O, C/groups, kh, kw), got {list(image)} and "
+                             f"{list(weight)}")
+        if not (len(stride) == len(padding) == len(dilation) == 2):
+            raise ShapeError("stride, padding and dilation need 2 entries (height, width)")
+        if min(stride) < 1 or min(dilation) < 1 or min(padding) < 0 or groups < 1:
+            raise ShapeError(f"need stride >= 1, dilation >= 1, padding >= 0 and groups >= 1, got stride "
+                             f"{list(stride)}, padding {list(padding)}, dilation {list(dilation)}, groups {groups}")
+        if image[1] != weight[1] * groups or weight[0] % groups:
+            raise ShapeError(f"{image[1]} input channels and {weight[0]} output channels do not fit weights "
+                             f"{list(weight)} in {groups} groups")
+        sizes = (_conv_output_size(image[2], weight[2], stride[0], padding[0], dilation[0]),
+                 _conv_output_size(image[3], weight[3], stride[1], padding[1], dilation[1]))
+        if min(sizes) < 1:
+            raise ShapeError(f"the kernel {list(weight[2:])} (dilation {list(dilation)}) does not fit the padded "
+                             f"image {[image[2] + 2 * padding[0], image[3] + 2 * padding[1]]}")
+        return sizes
+
+
+@op_definition
+class Conv2dOp(_ConvOp):
+    """2-D convolution (cross-correlation, as PyTorch's `conv2d`, without
+    bias: the importer adds it): x (N, C, H, W), weight (O, C/groups, kh,
+    kw) -> (N, O, Ho, Wo). A split batch stays split (data parallel);
+    split output channels split the result (the weight split by rows);
+    split input channels give a partial sum."""
+
+    name = "lg.conv2d"
+
+    input = operand_def(TensorLike)
+    weight = operand_def(TensorLike)
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = (
+        "$input `,` $weight `stride` $stride `padding` $padding `dilation` $dilation `groups` $groups attr-dict "
+        "`:` functional-type(operands, results)"
+    )
+
+    def __init__(self, input: SSAValue, weight: SSAValue, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
+                 groups: int = 1):
+        params = {"stride": tuple(stride), "padding": tuple(padding), "dilation": tuple(dilation), "groups": groups}
+        super().__init__(operands=[input, weight], properties=self._props(**params),
+                         result_types=[self.infer([input, weight], **params)])
+
+    @classmethod
+    def rule(cls, shapes, elems, stride, padding, dilation, groups):
+        image, weight = shapes
+        _require_float("input", elems[0])
+        height, width = cls._check(image, weight, stride, padding, dilation, groups)
+        return (image[0], weight[0], height, width), _same_elem(elems)
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, stride, padding, dilation, groups):
+        image, weight = in_shapes
+        sigs: list[Signature] = []
+        if _split_ok(image[0], p):
+            sigs.append((("S0", "B"), ("S0",)))
+        if groups == 1 and _split_ok(weight[0], p):
+            sigs.append((("B", "S0"), ("S1",)))
+        if groups == 1 and _split_ok(image[1], p):
+            sigs.append((("S1", "S1"), ("P",)))
+        return sigs + [(("B", "B"), ("B",)), (("P", "B"), ("P",)), (("B", "P"), ("P",))]
+
+    @classmethod
+    def flops(cls, in_shapes, out_shape, **params):
+        return 2.0 * math.prod(out_shape) * math.prod(in_shapes[1][1:])
+
+    def gradient(self, g, e):
+        p = self.params()
+        image = global_shape(self.input.type)
+        return [e.emit(Conv2dGradInputOp(g, self.weight, image[2:], **p)),
+                e.emit(Conv2dGradWeightOp(self.input, g, global_shape(self.weight.type)[2:], **p))]
+
+
+@op_definition
+class Conv2dGradInputOp(_ConvOp):
+    """The gradient of lg.conv2d for its input: (N, O, Ho, Wo) gradient and
+    the weight -> (N, C, H, W) (a transposed convolution), `size` (H, W)."""
+
+    name = "lg.conv2d_grad_input"
+
+    grad = operand_def(TensorLike)
+    weight = operand_def(TensorLike)
+    size = prop_def(DenseArrayBase.constr(i64))
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = (
+        "$grad `,` $weight `size` $size `stride` $stride `padding` $padding `dilation` $dilation `groups` $groups "
+        "attr-dict `:` functional-type(operands, results)"
+    )
+
+    def __init__(self, grad: SSAValue, weight: SSAValue, size, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
+                 groups: int = 1):
+        params = {"stride": tuple(stride), "padding": tuple(padding), "dilation": tuple(dilation), "groups": groups}
+        props = {**self._props(**params), "size": DenseArrayBase.from_list(i64, list(size))}
+        super().__init__(operands=[grad, weight], properties=props,
+                         result_types=[self.infer([grad, weight], size=tuple(size), **params)])
+
+    def params(self):
+        return {**super().params(), "size": tuple(self.size.get_values())}
+
+    @classmethod
+    def rule(cls, shapes, elems, size, stride, padding, dilation, groups):
+        grad, weight = shapes
+        _require_float("grad", elems[0])
+        if len(size) != 2 or len(grad) != 4 or len(weight) != 4:
+            raise ShapeError(f"size needs (H, W), grad (N, O, Ho, Wo) and weight (O, C/groups, kh, kw), got "
+                             f"{list(size)}, {list(grad)} and {list(weight)}")
+        image = (grad[0], weight[1] * groups, *size)
+        if tuple(grad[1:]) != (weight[0], *cls._check(image, weight, stride, padding, dilation, groups)):
+            raise ShapeError(f"grad shape {list(grad)} is not the convolution's output for images of size "
+                             f"{list(size)} and weights {list(weight)}")
+        return image, _same_elem(elems)
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, size, stride, padding, dilation, groups):
+        grad, weight = in_shapes
+        sigs: list[Signature] = []
+        if _split_ok(grad[0], p):
+            sigs.append((("S0", "B"), ("S0",)))
+        if groups == 1 and _split_ok(weight[0], p):
+            sigs.append((("S1", "S0"), ("P",)))
+        if groups == 1 and _split_ok(weight[1], p):
+            sigs.append((("B", "S1"), ("S1",)))
+        return sigs + [(("B", "B"), ("B",)), (("P", "B"), ("P",)), (("B", "P"), ("P",))]
+
+    @classmethod
+    def flops(cls, in_shapes, out_shape, **params):
+        return 2.0 * math.prod(in_shapes[0]) * math.prod(in_shapes[1][1:])
+
+
+@op_definition
+class Conv2dGradWeightOp(_ConvOp):
+    """The gradient of lg.conv2d for its weight: the input (N, C, H, W) and
+    the (N, O, Ho, Wo) gradient -> (O, C/groups, kh, kw), `kernel` (kh, kw).
+    A split batch gives a partial sum (each device's examples)."""
+
+    name = "lg.conv2d_grad_weight"
+
+    input = operand_def(TensorLike)
+    grad = operand_def(TensorLike)
+    kernel = prop_def(DenseArrayBase.constr(i64))
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = (
+        "$input `,` $grad `kernel` $kernel `stride` $stride `padding` $padding `dilation` $dilation `groups` "
+        "$groups attr-dict `:` functional-type(operands, results)"
+    )
+
+    def __init__(self, input: SSAValue, grad: SSAValue, kernel, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
+                 groups: int = 1):
+        params = {"stride": tuple(stride), "padding": tuple(padding), "dilation": tuple(dilation), "groups": groups}
+        props = {**self._props(**params), "kernel": DenseArrayBase.from_list(i64, list(kernel))}
+        super().__init__(operands=[input, grad], properties=props,
+                         result_types=[self.infer([input, grad], kernel=tuple(kernel), **params)])
+
+    def params(self):
+        return {**super().params(), "kernel": tuple(self.kernel.get_values())}
+
+    @classmethod
+    def rule(cls, shapes, elems, kernel, stride, padding, dilation, groups):
+        image, grad = shapes
+        _require_float("input", elems[0])
+        if len(kernel) != 2 or len(grad) != 4 or len(image) != 4:
+            raise ShapeError(f"kernel needs (kh, kw), input (N, C, H, W) and grad (N, O, Ho, Wo), got "
+                             f"{list(kernel)}, {list(image)} and {list(grad)}")
+        weight = (grad[1], image[1] // groups, *kernel)
+        if (grad[0], *grad[2:]) != (image[0], *cls._check(image, weight, stride, padding, dilation, groups)):
+            raise ShapeError(f"grad shape {list(grad)} is not the convolution's output for input {list(image)} and "
+                             f"a kernel {list(kernel)}")
+        return weight, _same_elem(elems)
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, kernel, stride, padding, dilation, groups):
+        image, grad = in_shapes
+        sigs: list[Signature] = []
+        if _split_ok(image[0], p):
+            sigs.append((("S0", "S0"), ("P",)))
+        if groups == 1 and _split_ok(grad[1], p):
+            sigs.append((("B", "S1"), ("S0",)))
+        if groups == 1 and _split_ok(image[1], p):
+            sigs.append((("S1", "B"), ("S1",)))
+        return sigs + [(("B", "B"), ("B",)), (("P", "B"), ("P",)), (("B", "P"), ("P",))]
+
+    @classmethod
+    def flops(cls, in_shapes, out_shape, **params):
+        return 2.0 * math.prod(in_shapes[1]) * math.prod(out_shape[1:])
+
+
+# --------------------------------------------------------------------------
 # Gathers and losses
 # --------------------------------------------------------------------------
 
@@ -2363,7 +2590,8 @@ class SelectOp(LgOp):
 UNARY_OPS = (NegOp, ReluOp, GeluOp, TanhOp, ErfOp, ExpOp, SqrtOp, RsqrtOp)
 BINARY_OPS = (AddOp, SubOp, MulOp, DivOp)
 REDUCE_OPS = (ReduceSumOp, ReduceMeanOp, ReduceMaxOp)
-GRADIENT_OPS = (StepOp, OneHotOp, EmbeddingGradOp, TokenCrossEntropyGradOp, ScatterAddOp)
+GRADIENT_OPS = (StepOp, OneHotOp, EmbeddingGradOp, TokenCrossEntropyGradOp, ScatterAddOp, Conv2dGradInputOp,
+                Conv2dGradWeightOp)
 MASK_OPS = (CastOp, LogicalOp, CompareOp, SelectOp)
 CROSS_ENTROPY_OPS = (SumExpOp, TokenCrossEntropyOp)
 
@@ -2378,6 +2606,7 @@ LG = Dialect(
         *UNARY_OPS,
         *BINARY_OPS,
         MatmulOp,
+        Conv2dOp,
         SoftmaxOp,
         LogSoftmaxOp,
         LayerNormOp,

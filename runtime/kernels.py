@@ -34,10 +34,12 @@ from sbpc.semantics.reference import (
     COMPARE,
     LOGICAL,
     EvaluationError,
+    add_windows,
     check_range,
     cumsum_piece,
     erf,
     max_with_identity,
+    windows_of,
 )
 
 Fire = Callable[[Sequence[np.ndarray], np.ndarray], None]
@@ -327,6 +329,84 @@ def _bind_cross_entropy(op: lg.CrossEntropyOp, local: LocalContext, ins, out) ->
         np.subtract(picked, m.reshape(-1), out=picked)
         np.negative(picked, out=picked)
         _mean_into(picked, o, factor)
+
+    return fire
+
+
+# -- convolutions -------------------------------------------------------------------------
+# Each as GEMMs over the windows the convolution reads, copied once per
+# firing into scratch laid out for the GEMM (im2col); the padded images are
+# scratch too, their border zero from binding on.
+
+
+class _ConvScratch:
+    def __init__(self, op, image_shape, dtype):
+        p = op.params()
+        self.stride, self.padding, self.dilation, self.groups = p["stride"], p["padding"], p["dilation"], p["groups"]
+        n, c, h, w = image_shape
+        self.image_shape = tuple(image_shape)
+        self.padded = np.zeros((n, c, h + 2 * self.padding[0], w + 2 * self.padding[1]), dtype)
+        self.inside = self.padded[:, :, self.padding[0]:self.padding[0] + h, self.padding[1]:self.padding[1] + w]
+
+    def windows(self, kernel):
+        return windows_of(self.padded, self.image_shape, kernel, self.stride, self.padding, self.dilation,
+                          self.groups)
+
+
+@NUMPY.impl(lg.Conv2dOp)
+def _bind_conv2d(op: lg.Conv2dOp, local, ins, out) -> Fire:
+    x, w = ins
+    at = _ConvScratch(op, x.shape, out.dtype)
+    g, kernel = at.groups, w.shape[2:]
+    n, _, ho, wo = out.shape
+    k = math.prod(w.shape[1:])
+    cols = _scratch((n, g, w.shape[1], *kernel, ho, wo), out.dtype)  # (N, G, K, Ho*Wo) for the GEMM
+
+    def fire(xs, o):
+        np.copyto(at.inside, xs[0])
+        np.copyto(cols, at.windows(kernel).transpose(0, 1, 2, 5, 6, 3, 4))
+        np.matmul(xs[1].reshape(g, -1, k), cols.reshape(n, g, k, ho * wo), out=o.reshape(n, g, -1, ho * wo))
+
+    return fire
+
+
+@NUMPY.impl(lg.Conv2dGradWeightOp)
+def _bind_conv2d_grad_weight(op: lg.Conv2dGradWeightOp, local, ins, out) -> Fire:
+    x, grad = ins
+    at = _ConvScratch(op, x.shape, out.dtype)
+    g, kernel = at.groups, op.params()["kernel"]
+    n, o_channels, ho, wo = grad.shape
+    k = math.prod(out.shape[1:])
+    cols = _scratch((g, n, ho, wo, out.shape[1], *kernel), out.dtype)  # (G, N*Ho*Wo, K)
+    grads = _scratch((g, o_channels // g, n, ho * wo), out.dtype)  # (G, O/G, N*Ho*Wo)
+
+    def fire(xs, o):
+        np.copyto(at.inside, xs[0])
+        np.copyto(cols, at.windows(kernel).transpose(1, 0, 3, 4, 2, 5, 6))
+        np.copyto(grads, xs[1].reshape(n, g, o_channels // g, ho * wo).transpose(1, 2, 0, 3))
+        np.matmul(grads.reshape(g, o_channels // g, n * ho * wo), cols.reshape(g, n * ho * wo, k),
+                  out=o.reshape(g, o_channels // g, k))
+
+    return fire
+
+
+@NUMPY.impl(lg.Conv2dGradInputOp)
+def _bind_conv2d_grad_input(op: lg.Conv2dGradInputOp, local, ins, out) -> Fire:
+    grad, w = ins
+    at = _ConvScratch(op, out.shape, out.dtype)
+    g, kernel = at.groups, w.shape[2:]
+    n, o_channels, ho, wo = grad.shape
+    k = math.prod(w.shape[1:])
+    shares = _scratch((n, g, w.shape[1], *kernel, ho, wo), out.dtype)  # (N, G, K, Ho*Wo)
+    weights = _scratch((g, k, o_channels // g), out.dtype)
+    offset = _scratch((n, g, w.shape[1], ho, wo), out.dtype)  # one kernel offset's sums
+
+    def fire(xs, o):
+        np.copyto(weights, xs[1].reshape(g, o_channels // g, k).transpose(0, 2, 1))
+        np.matmul(weights, xs[0].reshape(n, g, o_channels // g, ho * wo), out=shares.reshape(n, g, k, ho * wo))
+        at.padded.fill(0)
+        add_windows(at.padded, shares.transpose(0, 1, 2, 5, 6, 3, 4), at.stride, at.dilation, g, offset)
+        np.copyto(o, at.inside)
 
     return fire
 

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 _FRONTEND = [
     "Graph", "Tensor", "Placement", "placement", "S", "B", "P", "zeros", "ones", "fill", "normal", "uniform",
-    "neg", "relu", "gelu", "tanh", "erf", "exp", "sqrt", "rsqrt", "add", "sub", "mul", "div", "matmul", "softmax",
+    "neg", "relu", "gelu", "tanh", "erf", "exp", "sqrt", "rsqrt", "add", "sub", "mul", "div", "matmul", "conv2d",
+    "softmax",
     "log_softmax", "layernorm", "reduce_sum", "reduce_mean", "reduce_max", "reshape", "transpose", "broadcast_to",
     "concat", "slice", "pad", "cumsum", "gather", "embedding", "cross_entropy", "token_cross_entropy", "mse_loss",
     "cast", "logical", "compare", "where",
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
         cast,
         compare,
         concat,
+        conv2d,
         cross_entropy,
         cumsum,
         div,

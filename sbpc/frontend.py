@@ -330,6 +330,16 @@ def _axes(x: Tensor, axes) -> list[int]:
     return [axes] if isinstance(axes, int) else list(axes)
 
 
+def conv2d(x: Tensor, weight: Tensor, stride=1, padding=0, dilation=1, groups: int = 1) -> Tensor:
+    """2-D convolution of NCHW images by (O, C/groups, kh, kw) weights, as
+    PyTorch's `conv2d` without bias; stride, padding and dilation are ints
+    or (height, width) pairs."""
+    def pair(v) -> tuple[int, int]:
+        return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+    return x.graph.add(lg.Conv2dOp(x.value, weight.value, pair(stride), pair(padding), pair(dilation), groups))
+
+
 def reduce_sum(x: Tensor, axes=None, keepdims: bool = False) -> Tensor:
     return x.graph.add(lg.ReduceSumOp(x.value, _axes(x, axes), keepdims))
 

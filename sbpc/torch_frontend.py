@@ -451,6 +451,24 @@ def _linear(im: _Importer, x, weight, bias=None):
     return y if bias is None else y + im.lift(bias)
 
 
+@rule("aten.conv2d", "aten.conv2d.padding")
+def _conv2d(im: _Importer, x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    x, weight = im.lift(x), im.lift(weight)
+    if len(x.shape) != 4:
+        raise ValueError(f"conv2d of a {len(x.shape)}-D input (sbpc takes batched NCHW images)")
+    pair = lambda v: (v, v) if isinstance(v, int) else tuple(int(a) for a in v)  # noqa: E731
+    dilation = pair(dilation)
+    if padding == "valid":
+        padding = 0
+    elif padding == "same":
+        total = [dilation[a] * (weight.shape[2 + a] - 1) for a in range(2)]
+        if any(t % 2 for t in total):
+            raise ValueError("conv2d padding='same' with an even kernel extent (PyTorch pads one side more)")
+        padding = [t // 2 for t in total]
+    y = fe.conv2d(x, weight, pair(stride), pair(padding), dilation, groups)
+    return y if bias is None else y + fe.reshape(im.lift(bias), [weight.shape[0], 1, 1])
+
+
 @rule("aten.matmul", "aten.mm", "aten.bmm")
 def _matmul(im: _Importer, a, b):
     a, b = im.lift(a), im.lift(b)

@@ -351,6 +351,85 @@ def _scatter_add(op: lg.ScatterAddOp, updates: np.ndarray, indices: np.ndarray) 
     return scatter_add_piece(op, updates, indices, axis, slice(0, size), size, shape)
 
 
+def conv_windows(x: np.ndarray, kernel, stride, padding, dilation, groups: int) -> np.ndarray:
+    """The windows a convolution reads of the NCHW images `x`, zero-padded:
+    a view (N, groups, C/groups, Ho, Wo, kh, kw)."""
+    (ph, pw) = padding
+    padded = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    return windows_of(padded, x.shape, kernel, stride, padding, dilation, groups)
+
+
+def windows_of(padded: np.ndarray, shape, kernel, stride, padding, dilation, groups: int) -> np.ndarray:
+    """The window view of already padded NCHW images of unpadded `shape`."""
+    n, c, h, w = shape
+    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
+    ho = (h + 2 * padding[0] - dh * (kh - 1) - 1) // sh + 1
+    wo = (w + 2 * padding[1] - dw * (kw - 1) - 1) // sw + 1
+    s = padded.strides
+    return np.lib.stride_tricks.as_strided(
+        padded, (n, groups, c // groups, ho, wo, kh, kw),
+        (s[0], s[1] * (c // groups), s[1], s[2] * sh, s[3] * sw, s[2] * dh, s[3] * dw), writeable=False)
+
+
+def _conv_params(op) -> tuple:
+    p = op.params()
+    return p["stride"], p["padding"], p["dilation"], p["groups"]
+
+
+@REFERENCE.impl(lg.Conv2dOp)
+def _conv2d(op: lg.Conv2dOp, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    stride, padding, dilation, groups = _conv_params(op)
+    win = conv_windows(x, w.shape[2:], stride, padding, dilation, groups)
+    kernel = w.reshape(groups, w.shape[0] // groups, *w.shape[1:])
+    out = np.einsum("ngchwij,gocij->ngohw", win, kernel, optimize=True)
+    return out.reshape(x.shape[0], w.shape[0], *out.shape[3:]).astype(x.dtype)
+
+
+@REFERENCE.impl(lg.Conv2dGradWeightOp)
+def _conv2d_grad_weight(op: lg.Conv2dGradWeightOp, x: np.ndarray, g: np.ndarray) -> np.ndarray:
+    stride, padding, dilation, groups = _conv_params(op)
+    kernel = op.params()["kernel"]
+    win = conv_windows(x, kernel, stride, padding, dilation, groups)
+    grad = g.reshape(g.shape[0], groups, g.shape[1] // groups, *g.shape[2:])
+    out = np.einsum("ngohw,ngchwij->gocij", grad, win, optimize=True)
+    return out.reshape(g.shape[1], x.shape[1] // groups, *kernel).astype(x.dtype)
+
+
+@REFERENCE.impl(lg.Conv2dGradInputOp)
+def _conv2d_grad_input(op: lg.Conv2dGradInputOp, g: np.ndarray, w: np.ndarray) -> np.ndarray:
+    stride, padding, dilation, groups = _conv_params(op)
+    h, wd = op.params()["size"]
+    n, c = g.shape[0], w.shape[1] * groups
+    kernel = w.reshape(groups, w.shape[0] // groups, *w.shape[1:])
+    grad = g.reshape(n, groups, g.shape[1] // groups, *g.shape[2:])
+    pieces = np.einsum("ngohw,gocij->ngchwij", grad, kernel, optimize=True)  # each window's share
+    padded = np.zeros((n, c, h + 2 * padding[0], wd + 2 * padding[1]), g.dtype)
+    add_windows(padded, pieces, stride, dilation, groups)
+    return padded[:, :, padding[0]:padding[0] + h, padding[1]:padding[1] + wd]
+
+
+def add_windows(padded: np.ndarray, pieces: np.ndarray, stride, dilation, groups: int,
+                scratch: np.ndarray | None = None) -> None:
+    """Adds each window's share (N, groups, C/groups, Ho, Wo, kh, kw) back
+    where the window read the padded images (the transpose of reading).
+    With `scratch` (N, groups, C/groups, Ho, Wo), each kernel offset's sum
+    is formed there, contiguous, and copied back: numpy adds into a strided
+    view through buffers it allocates, and copies into one without."""
+    n, g, cg, ho, wo, kh, kw = pieces.shape
+    images = padded.reshape(n, g, cg, *padded.shape[2:])
+    for i in range(kh):
+        for j in range(kw):
+            rows = slice(i * dilation[0], i * dilation[0] + stride[0] * (ho - 1) + 1, stride[0])
+            cols = slice(j * dilation[1], j * dilation[1] + stride[1] * (wo - 1) + 1, stride[1])
+            target = images[:, :, :, rows, cols]
+            if scratch is None:
+                np.add(target, pieces[..., i, j], out=target)
+                continue
+            np.copyto(scratch, target)
+            np.add(scratch, pieces[..., i, j], out=scratch)
+            np.copyto(target, scratch)
+
+
 @REFERENCE.impl(lg.EmbeddingGradOp)
 def _embedding_grad(op: lg.EmbeddingGradOp, grad: np.ndarray, indices: np.ndarray) -> np.ndarray:
     rows = op.rows.value.data

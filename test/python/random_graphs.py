@@ -59,7 +59,7 @@ def random_graphs(draw, meshes=((2,),)):
         kind = draw(
             st.sampled_from(
                 ["unary", "binary", "matmul", "softmax", "layernorm", "reduce", "reshape", "transpose",
-                 "broadcast", "concat", "slice", "pad", "cumsum", "gather", "embedding", "cross_entropy",
+                 "broadcast", "concat", "slice", "pad", "cumsum", "gather", "conv", "embedding", "cross_entropy",
                  "token_cross_entropy", "mse", "constant"]
             )
         )
@@ -136,6 +136,24 @@ def random_graphs(draw, meshes=((2,),)):
             else:
                 updates = new_input(global_shape(indices.type))
                 op = lg.ScatterAddOp(updates, indices, axis, shape[axis] + draw(st.integers(0, 1)))
+        elif kind == "conv":
+            # a convolution of fresh images (N, C, H, W), or one of its gradients
+            groups = draw(st.sampled_from([1, 1, 2]))
+            n, c, o = draw(FLOAT_DIMS), groups * draw(st.integers(1, 2)), groups * draw(st.integers(1, 2))
+            h, w = draw(st.integers(2, 5)), draw(st.integers(2, 5))
+            kernel = (draw(st.integers(1, h)), draw(st.integers(1, w)))
+            conv = {"stride": (draw(st.integers(1, 2)), draw(st.integers(1, 2))),
+                    "padding": (draw(st.integers(0, 1)), draw(st.integers(0, 1))), "dilation": (1, 1),
+                    "groups": groups}
+            image, weight = new_input((n, c, h, w)), new_param((o, c // groups, *kernel))
+            out = global_shape(lg.Conv2dOp(image, weight, **conv).result.type)
+            which = draw(st.sampled_from(["forward", "input", "weight"]))
+            if which == "forward":
+                op = lg.Conv2dOp(image, weight, **conv)
+            elif which == "input":
+                op = lg.Conv2dGradInputOp(new_input(out), weight, (h, w), **conv)
+            else:
+                op = lg.Conv2dGradWeightOp(image, new_input(out), kernel, **conv)
         elif kind == "embedding":
             vocab, dim = draw(FLOAT_DIMS), draw(FLOAT_DIMS)
             op = lg.EmbeddingOp(new_param((vocab, dim)), new_input(_shape(draw, 1, 2), "i64", vocab))

@@ -105,6 +105,18 @@ def test_scans_gathers_padding_and_the_vocabulary_parallel_cross_entropy():
     check_gradients(g, {"labels": np.array([1, -100, 4, 0]), "picks": np.array([[0, 0], [4, 1], [2, 3], [1, 1]])})
 
 
+@pytest.mark.parametrize("stride, padding, dilation, groups",
+                         [((1, 1), (0, 0), (1, 1), 1), ((2, 1), (1, 2), (1, 2), 2)])
+def test_convolutions(stride, padding, dilation, groups):
+    g = sbpc.Graph("conv")
+    x = g.input("x", (2, 4, 6, 5), dtype="f64")
+    w = g.param("w", (6, 4 // groups, 3, 2), init=sbpc.normal(0.0, 0.5), dtype="f64", seed=15)
+    lift = g.param("lift", (2, 4, 6, 5), init=sbpc.normal(0.0, 0.5), dtype="f64", seed=16)  # the input's gradient
+    y = sbpc.conv2d(x * lift, w, stride, padding, dilation, groups)
+    g.output(loss=(y * y).mean())
+    check_gradients(g, {"x": RNG.normal(size=(2, 4, 6, 5))})
+
+
 def test_unused_parameters_get_zero_gradients_and_hints_pass_through():
     where = sbpc.placement("cpu", ranks=2)
     g = sbpc.Graph("hinted", placement=where)

@@ -7,7 +7,8 @@ split over the vocabulary on 4 ranks, the vocabulary-parallel
 cross-entropy), LLaMA with and without grouped-query attention (rotary
 embeddings under `torch.no_grad`, RMSNorm), BERT for sequence classification
 and masked language modelling (`padding_idx` embeddings, token types, the
-pooler), and an `attention_mask` fed with each batch, its padding different
+pooler), ViT for image classification (a patch embedding convolution), and
+an `attention_mask` fed with each batch, its padding different
 per row: a mask computed from an input, through lg.compare, lg.cast,
 lg.logical and lg.select."""
 
@@ -71,6 +72,30 @@ def bert(head):
     return _eager(getattr(transformers, head)(config))
 
 
+def vit():
+    torch.manual_seed(0)
+    return _eager(transformers.ViTForImageClassification(transformers.ViTConfig(
+        image_size=8, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)))
+
+
+class ClassifierLoss(torch.nn.Module):
+    """An image classifier called with keyword arguments, its loss returned."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values, labels):
+        return self.model(pixel_values=pixel_values, labels=labels).loss
+
+
+def image_batches(count=STEPS + 1, batch=4):
+    g = torch.Generator().manual_seed(2)
+    return [(torch.randn(batch, 3, 8, 8, generator=g), torch.randint(0, 3, (batch,), generator=g))
+            for _ in range(count)]
+
+
 def language_batches(count=STEPS + 1, batch=4, seq=8, vocab=VOCAB):
     """Tokens and labels = tokens, some ignored (-100), as a causal LM's."""
     g = torch.Generator().manual_seed(3)
@@ -125,6 +150,10 @@ def adam():
 
 
 DATA_PARALLEL = {"input_ids": S(0), "labels": S(0)}
+VIT_TP = {"*.q_proj.weight": S(0), "*.q_proj.bias": S(0), "*.k_proj.weight": S(0), "*.k_proj.bias": S(0),
+          "*.v_proj.weight": S(0), "*.v_proj.bias": S(0), "*.o_proj.weight": S(1), "*.fc1.weight": S(0),
+          "*.fc1.bias": S(0), "*.fc2.weight": S(1), "*.projection.weight": S(0), "*.projection.bias": S(0)}
+"""Megatron's split of ViT's blocks, and its patch embedding (a convolution) split by output channels."""
 GPT2_TP = {"*.c_attn.weight": S(1), "*.c_attn.bias": S(0), "*.attn.c_proj.weight": S(0),
            "*.c_fc.weight": S(1), "*.c_fc.bias": S(0), "*.mlp.c_proj.weight": S(0)}
 """Megatron's split in GPT-2's Conv1D layout (weights are (in, out))."""
@@ -180,6 +209,21 @@ def test_causal_language_models_with_a_padding_mask_train_as_pytorch(family):
     optimizer, make_opt = adam()
     check_training(LossOf(make()), padded(language_batches()), ["input_ids", "labels", "attention_mask"], optimizer,
                    make_opt, 2, {**DATA_PARALLEL, "attention_mask": S(0)})
+
+
+@pytest.mark.parametrize("ranks, sbp", [pytest.param(1, None, marks=pytest.mark.full),
+                                         pytest.param(2, {"pixel_values": S(0), "labels": S(0)},
+                                                      marks=pytest.mark.full),
+                                         (4, VIT_TP)], ids=["1 rank", "data parallel 2", "tensor parallel 4"])
+def test_vit_trains_as_pytorch(ranks, sbp):
+    optimizer, make_opt = adam()
+    exe = check_training(ClassifierLoss(vit()), image_batches(), ["pixel_values", "labels"], optimizer, make_opt,
+                         ranks, sbp)
+    if ranks == 4:  # the patch embedding's convolution split by output channels, forward and backward
+        image = "!sbp.dtensor<4x3x8x8xf32, @cpu4_0_1_2_3, B>"
+        assert signatures_of(exe.plan_text, "lg.conv2d") == {(image, "!sbp.dtensor<4x32x2x2xf32, @cpu4_0_1_2_3, S<1>>")}
+        assert signatures_of(exe.plan_text, "lg.conv2d_grad_weight") == {
+            (image, "!sbp.dtensor<32x3x4x4xf32, @cpu4_0_1_2_3, S<0>>")}
 
 
 @pytest.mark.full

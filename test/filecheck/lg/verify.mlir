@@ -820,3 +820,53 @@ lg.graph @g {
   lg.output ["y"] %y : tensor<8x4xf32>
 }
 // CHECK: 'lg.scatter_add': axis 2 is out of range for rank 2
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<2x3x4x4xf32>
+  %w = lg.input "w" : tensor<4x2x2x2xf32>
+  %y = lg.conv2d %x, %w stride [1, 1] padding [0, 0] dilation [1, 1] groups 1 : (tensor<2x3x4x4xf32>, tensor<4x2x2x2xf32>) -> tensor<2x4x3x3xf32>
+  lg.output ["y"] %y : tensor<2x4x3x3xf32>
+}
+// CHECK: 'lg.conv2d': 3 input channels and 4 output channels do not fit weights [4, 2, 2, 2] in 1 groups
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<2x2x4x4xf32>
+  %w = lg.input "w" : tensor<4x2x6x2xf32>
+  %y = lg.conv2d %x, %w stride [1, 1] padding [0, 0] dilation [1, 1] groups 1 : (tensor<2x2x4x4xf32>, tensor<4x2x6x2xf32>) -> tensor<2x4x1x3xf32>
+  lg.output ["y"] %y : tensor<2x4x1x3xf32>
+}
+// CHECK: 'lg.conv2d': the kernel [6, 2] (dilation [1, 1]) does not fit the padded image [4, 4]
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<2x2x4x4xf32>
+  %w = lg.input "w" : tensor<4x2x2x2xf32>
+  %y = lg.conv2d %x, %w stride [0, 1] padding [0, 0] dilation [1, 1] groups 1 : (tensor<2x2x4x4xf32>, tensor<4x2x2x2xf32>) -> tensor<2x4x3x3xf32>
+  lg.output ["y"] %y : tensor<2x4x3x3xf32>
+}
+// CHECK: 'lg.conv2d': need stride >= 1, dilation >= 1, padding >= 0 and groups >= 1, got stride [0, 1], padding [0, 0], dilation [1, 1], groups 1
+
+// -----
+
+lg.graph @g {
+  %g = lg.input "g" : tensor<2x4x3x3xf32>
+  %w = lg.input "w" : tensor<4x2x2x2xf32>
+  %y = lg.conv2d_grad_input %g, %w size [5, 4] stride [1, 1] padding [0, 0] dilation [1, 1] groups 1 : (tensor<2x4x3x3xf32>, tensor<4x2x2x2xf32>) -> tensor<2x2x5x4xf32>
+  lg.output ["y"] %y : tensor<2x2x5x4xf32>
+}
+// CHECK: 'lg.conv2d_grad_input': grad shape [2, 4, 3, 3] is not the convolution's output for images of size [5, 4] and weights [4, 2, 2, 2]
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<2x2x4x4xf32>
+  %g = lg.input "g" : tensor<2x4x3x3xf32>
+  %y = lg.conv2d_grad_weight %x, %g kernel [3, 2] stride [1, 1] padding [0, 0] dilation [1, 1] groups 1 : (tensor<2x2x4x4xf32>, tensor<2x4x3x3xf32>) -> tensor<4x2x3x2xf32>
+  lg.output ["y"] %y : tensor<4x2x3x2xf32>
+}
+// CHECK: 'lg.conv2d_grad_weight': grad shape [2, 4, 3, 3] is not the convolution's output for input [2, 2, 4, 4] and a kernel [3, 2]
