@@ -289,7 +289,7 @@ for _op, _expr in (
     CUDA.register(_op, ElementwiseExpr(_expr))
 
 for _op in (lg.BroadcastToOp, lg.ConcatOp, lg.SliceOp, lg.EmbeddingOp, lg.CrossEntropyOp, lg.MseLossOp, lg.OneHotOp,
-            lg.EmbeddingGradOp, *lg.MASK_OPS, lg.Conv2dOp, lg.Conv2dGradInputOp, lg.Conv2dGradWeightOp):
+            lg.EmbeddingGradOp, *lg.MASK_OPS):
     CUDA.register(_op, ON_HOST)
 
 
@@ -707,6 +707,94 @@ def gen_scatter_add(site: Site) -> Kernel:
   }}"""
     params = ("const T* a0", f"const {_labels_type(site, 1)}* a1", "T* out")
     return Kernel(site.name, site.t, params, lines, body, restrict=True)
+
+
+def _conv_site(site: Site) -> tuple:
+    p = {k: tuple(cast(DenseArrayBase[IntegerType], site.props[k]).get_values())
+         for k in ("stride", "padding", "dilation")}
+    return p["stride"], p["padding"], p["dilation"], cast(IntegerAttr, site.props["groups"]).value.data
+
+
+def _decompose(names: Sequence[str], shape: Sequence[int]) -> str:
+    """C statements naming the coordinates of flat index i in `shape`."""
+    lines = ["long rem = i;"]
+    for name, n in zip(reversed(names), reversed(shape)):
+        lines.append(f"long {name} = rem % {n}; rem /= {n};")
+    return "\n  ".join(lines)
+
+
+@CUDA.impl(lg.Conv2dOp)
+def gen_conv2d(site: Site) -> Kernel:
+    # one thread per output element: its window's dot product with the filter
+    (_, c, h, w), (o, cg, kh, kw) = site.in_shapes
+    (sh, sw), (ph, pw), (dh, dw), groups = _conv_site(site)
+    body = f"""{_decompose(["b", "oc", "y", "x"], site.out_shape)}
+  long first = (oc / {o // groups}) * {cg};
+  T acc = (T)0;
+  for (long c = 0; c < {cg}; ++c)
+    for (long ki = 0; ki < {kh}; ++ki) {{
+      long hi = y * {sh} - {ph} + ki * {dh};
+      if (hi < 0 || hi >= {h}) continue;
+      for (long kj = 0; kj < {kw}; ++kj) {{
+        long wi = x * {sw} - {pw} + kj * {dw};
+        if (wi < 0 || wi >= {w}) continue;
+        acc += a0[((b * {c} + first + c) * {h} + hi) * {w} + wi] * a1[((oc * {cg} + c) * {kh} + ki) * {kw} + kj];
+      }}
+    }}
+  out[i] = acc;"""
+    return Kernel(site.name, site.t, ("const T* a0", "const T* a1", "T* out"), math.prod(site.out_shape), body,
+                  restrict=True)
+
+
+@CUDA.impl(lg.Conv2dGradInputOp)
+def gen_conv2d_grad_input(site: Site) -> Kernel:
+    # one thread per input element: the gradients of the outputs whose
+    # windows read it, times the filter taps that read it
+    (_, o, ho, wo), (_, cg, kh, kw) = site.in_shapes
+    (sh, sw), (ph, pw), (dh, dw), groups = _conv_site(site)
+    og = o // groups
+    body = f"""{_decompose(["b", "ch", "y", "x"], site.out_shape)}
+  long first = (ch / {cg}) * {og}, cl = ch % {cg};
+  T acc = (T)0;
+  for (long oc = first; oc < first + {og}; ++oc)
+    for (long ki = 0; ki < {kh}; ++ki) {{
+      long ry = y + {ph} - ki * {dh};
+      if (ry < 0 || ry % {sh} || ry / {sh} >= {ho}) continue;
+      for (long kj = 0; kj < {kw}; ++kj) {{
+        long rx = x + {pw} - kj * {dw};
+        if (rx < 0 || rx % {sw} || rx / {sw} >= {wo}) continue;
+        acc += a0[((b * {o} + oc) * {ho} + ry / {sh}) * {wo} + rx / {sw}]
+               * a1[((oc * {cg} + cl) * {kh} + ki) * {kw} + kj];
+      }}
+    }}
+  out[i] = acc;"""
+    return Kernel(site.name, site.t, ("const T* a0", "const T* a1", "T* out"), math.prod(site.out_shape), body,
+                  restrict=True)
+
+
+@CUDA.impl(lg.Conv2dGradWeightOp)
+def gen_conv2d_grad_weight(site: Site) -> Kernel:
+    # one thread per filter tap: the sum over examples and output positions
+    # of the gradient times the input the tap read
+    (n, c, h, w), (_, o, ho, wo) = site.in_shapes
+    (sh, sw), (ph, pw), (dh, dw), groups = _conv_site(site)
+    cg = c // groups
+    body = f"""{_decompose(["oc", "cl", "ki", "kj"], site.out_shape)}
+  long ch = (oc / {o // groups}) * {cg} + cl;
+  T acc = (T)0;
+  for (long b = 0; b < {n}; ++b)
+    for (long y = 0; y < {ho}; ++y) {{
+      long hi = y * {sh} - {ph} + ki * {dh};
+      if (hi < 0 || hi >= {h}) continue;
+      for (long x = 0; x < {wo}; ++x) {{
+        long wi = x * {sw} - {pw} + kj * {dw};
+        if (wi < 0 || wi >= {w}) continue;
+        acc += a1[((b * {o} + oc) * {ho} + y) * {wo} + x] * a0[((b * {c} + ch) * {h} + hi) * {w} + wi];
+      }}
+    }}
+  out[i] = acc;"""
+    return Kernel(site.name, site.t, ("const T* a0", "const T* a1", "T* out"), math.prod(site.out_shape), body,
+                  restrict=True)
 
 
 @dataclass(frozen=True)

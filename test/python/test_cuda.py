@@ -41,6 +41,13 @@ def kernels_graph():
     picks = g.input("picks", (8, 6, 4), sbp=S(0), dtype="i64")
     scattered = g.add(lg.ScatterAddOp(sbpc.gather(x, picks, 2).value, picks.value, 2, 16))
     padded = sbpc.pad(r, [0, 1, 2], [1, 0, 0], -0.5)
+    conv = {"stride": (2, 1), "padding": (1, 0), "dilation": (1, 2), "groups": 2}
+    filters = g.param("filters", (6, 2, 3, 2), init=sbpc.normal(0.0, 0.3))
+    images = g.input("images", (8, 4, 5, 7), sbp=S(0))
+    back = g.input("back", (8, 6, 3, 5), sbp=S(0))
+    convs = [sbpc.conv2d(images, filters, **conv),
+             g.add(lg.Conv2dGradInputOp(back.value, filters.value, (5, 7), **conv)),
+             g.add(lg.Conv2dGradWeightOp(images.value, back.value, (3, 2), **conv))]
     # the vocabulary-parallel cross-entropy over logits split by class (the hints hold the split)
     logits = g.input("logits", (8, 13), sbp=S(1))
     labels = g.input("labels", (8,), sbp=B, dtype="i64")
@@ -50,7 +57,7 @@ def kernels_graph():
     grad = g.add(lg.TokenCrossEntropyGradOp(logits.value, labels.value, row_max.value, sum_exp.value,
                                             tokens.value, -100))
     g.output(yt=yt, b=b, s=s, red=red, t=t, scans=scans, padded=padded, scattered=scattered,
-             tokens=tokens.to(sbpc.P), grad=grad.to(S(1)))
+             tokens=tokens.to(sbpc.P), grad=grad.to(S(1)), conv=convs[0], conv_input=convs[1], conv_weight=convs[2])
     module = g.module()
     CompilePass().apply(Context(), module)
     PlanCodegenPass().apply(Context(), module)
@@ -86,7 +93,8 @@ def test_every_kernel_compiles_to_ptx(module):
         seen.add(actor.kernel.data)
     assert {"lg.matmul", "lg.add", "plan.fused", "lg.softmax", "lg.log_softmax", "lg.layernorm", "lg.reduce_sum",
             "lg.reduce_mean", "lg.reduce_max", "lg.transpose", "lg.reshape", "lg.cumsum", "lg.pad", "lg.sum_exp",
-            "lg.token_cross_entropy", "lg.token_cross_entropy_grad", "lg.gather", "lg.scatter_add"} <= seen
+            "lg.token_cross_entropy", "lg.token_cross_entropy_grad", "lg.gather", "lg.scatter_add", "lg.conv2d",
+            "lg.conv2d_grad_input", "lg.conv2d_grad_weight"} <= seen
 
 
 def test_ptx_is_cached_by_source(module, tmp_path, monkeypatch):

@@ -56,6 +56,14 @@ def kernels_graph(ranks: int, dtype: str, fuse: bool):
     split_scattered = g.add(lg.ScatterAddOp(g.input("updates", (6, 4), sbp=B, dtype=dtype).value, row_picks.value, 1,
                                             13)).to(S(1))
     padded = sbpc.cumsum(sbpc.pad(r, [0, 1, 0], [0, 0, 2], -0.5), 2, reverse=True)  # (6, 6, 15)
+    # a grouped, strided, padded, dilated convolution and its two gradients
+    images = g.input("images", (6, 4, 5, 7), sbp=S(0), dtype=dtype)
+    conv = {"stride": (2, 1), "padding": (1, 0), "dilation": (1, 2), "groups": 2}
+    filters = g.param("filters", (6, 2, 3, 2), init=sbpc.normal(0.0, 0.3), dtype=dtype)
+    convolved = sbpc.conv2d(images, filters, **conv)  # (6, 6, 3, 5)
+    back = g.input("back", (6, 6, 3, 5), sbp=S(0), dtype=dtype)
+    conv_grads = (g.add(lg.Conv2dGradInputOp(back.value, filters.value, (5, 7), **conv)),
+                  g.add(lg.Conv2dGradWeightOp(images.value, back.value, (3, 2), **conv)))
     # the vocabulary-parallel cross-entropy over logits split by class, labels some of them ignored
     logits = g.input("logits", (6, 13), sbp=S(1), dtype=dtype)
     labels = g.input("labels", (6,), sbp=B, dtype="i64")
@@ -66,7 +74,8 @@ def kernels_graph(ranks: int, dtype: str, fuse: bool):
                                             tokens.value, -100))
     g.output(red=red, t=t, d=-e / (r + 3.0), cols=cols, swapped=swapped, scans=scans, padded=padded,
              scattered=scattered, tokens=tokens.to(sbpc.P), grad=grad.to(S(1)), split_picked=split_picked,
-             split_scattered=split_scattered)
+             split_scattered=split_scattered, convolved=convolved, conv_input=conv_grads[0],
+             conv_weight=conv_grads[1])
     module = g.module()
     CompilePass(fuse=fuse).apply(Context(), module)
     return module
@@ -124,7 +133,8 @@ def test_every_host_kernel_matches_the_reference(ranks, dtype, fuse):
             seen.add(actor.kernel.data)
     expected_kinds = {"lg.softmax", "lg.log_softmax", "lg.layernorm", "lg.reduce_sum", "lg.reduce_mean",
                       "lg.reduce_max", "lg.transpose", "lg.cumsum", "lg.pad", "lg.sum_exp", "lg.token_cross_entropy",
-                      "lg.token_cross_entropy_grad", "lg.gather", "lg.scatter_add"}
+                      "lg.token_cross_entropy_grad", "lg.gather", "lg.scatter_add", "lg.conv2d",
+                      "lg.conv2d_grad_input", "lg.conv2d_grad_weight"}
     expected_kinds |= {plan.FUSED} if fuse else {"lg.add", "lg.mul", "lg.gelu", "lg.erf", "lg.rsqrt"}
     assert expected_kinds <= seen, expected_kinds - seen
 
