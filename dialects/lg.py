@@ -1821,6 +1821,126 @@ class Conv2dGradWeightOp(_ConvOp):
         return 2.0 * math.prod(in_shapes[1]) * math.prod(out_shape[1:])
 
 
+class _PoolOp(LgOp, ABC):
+    """What max pooling and its gradient share: the window (kh, kw), stride
+    and padding (height, width) over NCHW images; padding counts as minus
+    infinity (PyTorch's max_pool2d), so it is never the maximum."""
+
+    kernel = prop_def(DenseArrayBase.constr(i64))
+    stride = prop_def(DenseArrayBase.constr(i64))
+    padding = prop_def(DenseArrayBase.constr(i64))
+
+    @staticmethod
+    def _props(kernel, stride, padding) -> dict[str, Attribute]:
+        return {"kernel": DenseArrayBase.from_list(i64, list(kernel)),
+                "stride": DenseArrayBase.from_list(i64, list(stride)),
+                "padding": DenseArrayBase.from_list(i64, list(padding))}
+
+    def params(self):
+        return {"kernel": tuple(self.kernel.get_values()), "stride": tuple(self.stride.get_values()),
+                "padding": tuple(self.padding.get_values())}
+
+    @staticmethod
+    def _pooled(image: Shape, kernel, stride, padding) -> tuple[int, int, int, int]:
+        if len(image) != 4:
+            raise ShapeError(f"images must be NCHW, got {list(image)}")
+        if not (len(kernel) == len(stride) == len(padding) == 2):
+            raise ShapeError("kernel, stride and padding need 2 entries (height, width)")
+        if min(kernel) < 1 or min(stride) < 1 or min(padding) < 0 or any(2 * p > k for p, k in zip(padding, kernel)):
+            raise ShapeError(f"need kernel >= 1, stride >= 1 and 0 <= padding <= kernel / 2, got kernel "
+                             f"{list(kernel)}, stride {list(stride)}, padding {list(padding)}")
+        sizes = (_conv_output_size(image[2], kernel[0], stride[0], padding[0], 1),
+                 _conv_output_size(image[3], kernel[1], stride[1], padding[1], 1))
+        if min(sizes) < 1:
+            raise ShapeError(f"the window {list(kernel)} does not fit the padded image "
+                             f"{[image[2] + 2 * padding[0], image[3] + 2 * padding[1]]}")
+        return image[0], image[1], sizes[0], sizes[1]
+
+
+@op_definition
+class MaxPool2dOp(_PoolOp):
+    """Each window's maximum (PyTorch's `max_pool2d`, without dilation or
+    ceil mode): (N, C, H, W) -> (N, C, Ho, Wo). Batch and channels may be
+    split; a maximum of candidates (P<max>) stays one."""
+
+    name = "lg.max_pool2d"
+
+    input = operand_def(TensorLike)
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = (
+        "$input `kernel` $kernel `stride` $stride `padding` $padding attr-dict `:` type($input) `->` type($result)"
+    )
+
+    def __init__(self, input: SSAValue, kernel, stride, padding=(0, 0)):
+        params = {"kernel": tuple(kernel), "stride": tuple(stride), "padding": tuple(padding)}
+        super().__init__(operands=[input], properties=self._props(**params),
+                         result_types=[self.infer([input], **params)])
+
+    @classmethod
+    def rule(cls, shapes, elems, kernel, stride, padding):
+        _require_float("input", elems[0])
+        return cls._pooled(shapes[0], kernel, stride, padding), elems[0]
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, kernel, stride, padding):
+        sigs = [((f"S{i}",), (f"S{i}",)) for i in (0, 1) if _split_ok(in_shapes[0][i], p)]
+        return sigs + _passthrough(1, ("Pmax",))
+
+    @classmethod
+    def flops(cls, in_shapes, out_shape, kernel, **params):
+        return float(math.prod(out_shape) * math.prod(kernel))
+
+    def gradient(self, g, e):
+        return [e.emit(MaxPool2dGradOp(self.input, g, **self.params()))]
+
+
+@op_definition
+class MaxPool2dGradOp(_PoolOp):
+    """The gradient of lg.max_pool2d: each window's gradient goes to the
+    first element (in row-major order) that holds its maximum, as PyTorch
+    routes it; the images (N, C, H, W) and the gradient (N, C, Ho, Wo) ->
+    (N, C, H, W)."""
+
+    name = "lg.max_pool2d_grad"
+
+    input = operand_def(TensorLike)
+    grad = operand_def(TensorLike)
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = (
+        "$input `,` $grad `kernel` $kernel `stride` $stride `padding` $padding attr-dict `:` "
+        "functional-type(operands, results)"
+    )
+
+    def __init__(self, input: SSAValue, grad: SSAValue, kernel, stride, padding=(0, 0)):
+        params = {"kernel": tuple(kernel), "stride": tuple(stride), "padding": tuple(padding)}
+        super().__init__(operands=[input, grad], properties=self._props(**params),
+                         result_types=[self.infer([input, grad], **params)])
+
+    @classmethod
+    def rule(cls, shapes, elems, kernel, stride, padding):
+        _require_float("input", elems[0])
+        if tuple(shapes[1]) != cls._pooled(shapes[0], kernel, stride, padding):
+            raise ShapeError(f"grad shape {list(shapes[1])} is not the pooling's output for images "
+                             f"{list(shapes[0])}")
+        return shapes[0], _same_elem(elems)
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, kernel, stride, padding):
+        """Linear in the gradient: a partial gradient under whole images gives a partial result."""
+        sigs = [((f"S{i}", f"S{i}"), (f"S{i}",)) for i in (0, 1) if _split_ok(in_shapes[0][i], p)]
+        return sigs + [(("B", "B"), ("B",)), (("B", "P"), ("P",))]
+
+    @classmethod
+    def flops(cls, in_shapes, out_shape, kernel, **params):
+        return float(math.prod(in_shapes[1]) * math.prod(kernel))
+
+
 # --------------------------------------------------------------------------
 # Gathers and losses
 # --------------------------------------------------------------------------
@@ -2591,7 +2711,7 @@ UNARY_OPS = (NegOp, ReluOp, GeluOp, TanhOp, ErfOp, ExpOp, SqrtOp, RsqrtOp)
 BINARY_OPS = (AddOp, SubOp, MulOp, DivOp)
 REDUCE_OPS = (ReduceSumOp, ReduceMeanOp, ReduceMaxOp)
 GRADIENT_OPS = (StepOp, OneHotOp, EmbeddingGradOp, TokenCrossEntropyGradOp, ScatterAddOp, Conv2dGradInputOp,
-                Conv2dGradWeightOp)
+                Conv2dGradWeightOp, MaxPool2dGradOp)
 MASK_OPS = (CastOp, LogicalOp, CompareOp, SelectOp)
 CROSS_ENTROPY_OPS = (SumExpOp, TokenCrossEntropyOp)
 
@@ -2607,6 +2727,7 @@ LG = Dialect(
         *BINARY_OPS,
         MatmulOp,
         Conv2dOp,
+        MaxPool2dOp,
         SoftmaxOp,
         LogSoftmaxOp,
         LayerNormOp,

@@ -289,7 +289,7 @@ for _op, _expr in (
     CUDA.register(_op, ElementwiseExpr(_expr))
 
 for _op in (lg.BroadcastToOp, lg.ConcatOp, lg.SliceOp, lg.EmbeddingOp, lg.CrossEntropyOp, lg.MseLossOp, lg.OneHotOp,
-            lg.EmbeddingGradOp, *lg.MASK_OPS):
+            lg.EmbeddingGradOp, *lg.MASK_OPS, lg.MaxPool2dOp, lg.MaxPool2dGradOp):
     CUDA.register(_op, ON_HOST)
 
 

@@ -411,6 +411,66 @@ def _bind_conv2d_grad_input(op: lg.Conv2dGradInputOp, local, ins, out) -> Fire:
     return fire
 
 
+class _PoolScratch:
+    """The padded images (-inf at the border) and the windows, contiguous."""
+
+    def __init__(self, op, image_shape, dtype):
+        p = op.params()
+        self.kernel, self.stride, self.padding = p["kernel"], p["stride"], p["padding"]
+        n, c, h, w = image_shape
+        self.image_shape = tuple(image_shape)
+        self.padded = np.full((n, c, h + 2 * self.padding[0], w + 2 * self.padding[1]), -np.inf, dtype)
+        self.inside = self.padded[:, :, self.padding[0]:self.padding[0] + h, self.padding[1]:self.padding[1] + w]
+        ho, wo = (_pool_size(d + 2 * q, k, s) for d, q, k, s in zip((h, w), self.padding, self.kernel, self.stride))
+        self.cols = _scratch((n, c, ho, wo, *self.kernel), dtype)
+        self.flat_windows = self.cols.reshape(n, c, ho, wo, math.prod(self.kernel))
+
+    def read(self, x) -> np.ndarray:
+        np.copyto(self.inside, x)
+        windows = windows_of(self.padded, self.image_shape, self.kernel, self.stride, self.padding, (1, 1), 1)
+        np.copyto(self.cols, windows[:, 0])
+        return self.flat_windows
+
+
+def _pool_size(padded: int, kernel: int, stride: int) -> int:
+    return (padded - kernel) // stride + 1
+
+
+@NUMPY.impl(lg.MaxPool2dOp)
+def _bind_max_pool2d(op: lg.MaxPool2dOp, local, ins, out) -> Fire:
+    at = _PoolScratch(op, ins[0].shape, out.dtype)
+
+    def fire(xs, o):
+        np.max(at.read(xs[0]), axis=-1, out=o)
+
+    return fire
+
+
+@NUMPY.impl(lg.MaxPool2dGradOp)
+def _bind_max_pool2d_grad(op: lg.MaxPool2dGradOp, local, ins, out) -> Fire:
+    # each window's gradient to its first maximum (reference._max_pool2d_grad)
+    at = _PoolScratch(op, ins[0].shape, out.dtype)
+    n, c, ho, wo = ins[1].shape
+    taps = math.prod(at.kernel)
+    first = _scratch((n, c, ho, wo), np.int64)
+    base = np.arange(n * c * ho * wo, dtype=np.int64).reshape(n, c, ho, wo) * taps
+    shares = _scratch((n, 1, c, ho, wo, *at.kernel), out.dtype)
+    offset = _scratch((n, 1, c, ho, wo), out.dtype)
+    padded = np.zeros(at.padded.shape, out.dtype)
+    inside = padded[:, :, at.padding[0]:at.padding[0] + ins[0].shape[2], at.padding[1]:at.padding[1] + ins[0].shape[3]]
+
+    def fire(xs, o):
+        np.argmax(at.read(xs[0]), axis=-1, out=first)
+        np.add(first, base, out=first)
+        shares.fill(0)
+        np.put(shares, first, xs[1])
+        padded.fill(0)
+        add_windows(padded, shares, at.stride, (1, 1), 1, offset)
+        np.copyto(o, inside)
+
+    return fire
+
+
 # -- the vocabulary-parallel cross-entropy ------------------------------------------------
 
 ROW_BLOCK_ELEMENTS = 1 << 20

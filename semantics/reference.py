@@ -430,6 +430,32 @@ def add_windows(padded: np.ndarray, pieces: np.ndarray, stride, dilation, groups
             np.copyto(target, scratch)
 
 
+def pool_windows(x: np.ndarray, kernel, stride, padding) -> np.ndarray:
+    """The windows max pooling reads of NCHW images, padded with -inf:
+    contiguous (N, C, Ho, Wo, kh*kw)."""
+    padded = np.pad(x, ((0, 0), (0, 0), (padding[0],) * 2, (padding[1],) * 2), constant_values=-np.inf)
+    win = windows_of(padded, x.shape, kernel, stride, padding, (1, 1), 1)[:, 0]
+    return np.ascontiguousarray(win).reshape(*win.shape[:4], kernel[0] * kernel[1])
+
+
+@REFERENCE.impl(lg.MaxPool2dOp)
+def _max_pool2d(op: lg.MaxPool2dOp, x: np.ndarray) -> np.ndarray:
+    p = op.params()
+    return pool_windows(x, p["kernel"], p["stride"], p["padding"]).max(axis=-1)
+
+
+@REFERENCE.impl(lg.MaxPool2dGradOp)
+def _max_pool2d_grad(op: lg.MaxPool2dGradOp, x: np.ndarray, g: np.ndarray) -> np.ndarray:
+    p = op.params()
+    win = pool_windows(x, p["kernel"], p["stride"], p["padding"])
+    shares = np.zeros(win.shape, g.dtype)
+    np.put_along_axis(shares, win.argmax(axis=-1)[..., None], g[..., None], axis=-1)  # the first maximum
+    n, c, h, w = x.shape
+    padded = np.zeros((n, c, h + 2 * p["padding"][0], w + 2 * p["padding"][1]), g.dtype)
+    add_windows(padded, shares.reshape(n, 1, c, *win.shape[2:4], *p["kernel"]), p["stride"], (1, 1), 1)
+    return padded[:, :, p["padding"][0]:p["padding"][0] + h, p["padding"][1]:p["padding"][1] + w]
+
+
 @REFERENCE.impl(lg.EmbeddingGradOp)
 def _embedding_grad(op: lg.EmbeddingGradOp, grad: np.ndarray, indices: np.ndarray) -> np.ndarray:
     rows = op.rows.value.data

@@ -147,8 +147,15 @@ def random_graphs(draw, meshes=((2,),)):
                     "groups": groups}
             image, weight = new_input((n, c, h, w)), new_param((o, c // groups, *kernel))
             out = global_shape(lg.Conv2dOp(image, weight, **conv).result.type)
-            which = draw(st.sampled_from(["forward", "input", "weight"]))
-            if which == "forward":
+            which = draw(st.sampled_from(["forward", "input", "weight", "pool", "pool grad"]))
+            window = {"kernel": kernel, "stride": conv["stride"],
+                      "padding": tuple(min(q, k // 2) for q, k in zip(conv["padding"], kernel))}
+            if which == "pool":
+                op = lg.MaxPool2dOp(image, **window)
+            elif which == "pool grad":
+                pooled = global_shape(lg.MaxPool2dOp(image, **window).result.type)
+                op = lg.MaxPool2dGradOp(image, new_input(pooled), **window)
+            elif which == "forward":
                 op = lg.Conv2dOp(image, weight, **conv)
             elif which == "input":
                 op = lg.Conv2dGradInputOp(new_input(out), weight, (h, w), **conv)

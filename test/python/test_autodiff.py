@@ -107,13 +107,14 @@ def test_scans_gathers_padding_and_the_vocabulary_parallel_cross_entropy():
 
 @pytest.mark.parametrize("stride, padding, dilation, groups",
                          [((1, 1), (0, 0), (1, 1), 1), ((2, 1), (1, 2), (1, 2), 2)])
-def test_convolutions(stride, padding, dilation, groups):
+def test_convolutions_and_max_pooling(stride, padding, dilation, groups):
     g = sbpc.Graph("conv")
     x = g.input("x", (2, 4, 6, 5), dtype="f64")
     w = g.param("w", (6, 4 // groups, 3, 2), init=sbpc.normal(0.0, 0.5), dtype="f64", seed=15)
     lift = g.param("lift", (2, 4, 6, 5), init=sbpc.normal(0.0, 0.5), dtype="f64", seed=16)  # the input's gradient
     y = sbpc.conv2d(x * lift, w, stride, padding, dilation, groups)
-    g.output(loss=(y * y).mean())
+    pooled = g.add(lg.MaxPool2dOp(y.value, (2, 2), (1, 2), (1, 0)))  # lg.max_pool2d_grad
+    g.output(loss=(y * y).mean() + (pooled * pooled).sum() * 0.1)
     check_gradients(g, {"x": RNG.normal(size=(2, 4, 6, 5))})
 
 

@@ -61,7 +61,9 @@ def every_op_module(ranks: int, device: str = "cpu", batch: int = 8):
     # a convolution of the rows seen as 3-channel 2x2 images (its gradients: lg.conv2d_grad_*)
     images = sbpc.conv2d(sbpc.slice(hc, [0, 0], [batch, 12]).reshape(batch, 3, 2, 2),
                          g.param("kernel", (4, 3, 2, 1), init=sbpc.normal(0.0, 0.3)), padding=(1, 0))
-    hc = hc + images.reshape(batch, 24).sum(axes=(1,), keepdims=True) * 0.01
+    pooled = g.add(lg.MaxPool2dOp(images.value, (2, 2), (1, 1), (1, 0)))  # (batch, 4, 4, 1)
+    hc = hc + (images.reshape(batch, 24).sum(axes=(1,), keepdims=True)
+               + pooled.reshape(batch, 16).sum(axes=(1,), keepdims=True)) * 0.01
     ln = sbpc.layernorm(hc, gamma, beta, axis=1)
     logits = ln @ w  # (8, 6)
     t = logits.transpose(1, 0).reshape(3, 2 * batch)

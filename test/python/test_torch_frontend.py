@@ -387,6 +387,37 @@ def test_an_autocast_region_that_is_off_is_imported_in_place_and_one_that_is_on_
         sbpc.from_torch(BFloat16Region(), batches[0])
 
 
+class SmallConvNet(nn.Module):
+    """A convolutional classifier: strided, padded and grouped convolutions
+    with bias, max and average pooling, a global average (adaptive pooling
+    to 1x1) and a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, stride=1, padding=1)
+        self.grouped = nn.Conv2d(8, 8, 3, stride=2, padding="valid", groups=2, bias=False)
+        self.pool = nn.MaxPool2d(2, stride=1, padding=1)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, images, labels):
+        h = torch.relu(self.stem(images))
+        h = nn.functional.avg_pool2d(self.pool(h), 2, stride=1)
+        h = torch.relu(self.grouped(h))
+        h = nn.functional.adaptive_avg_pool2d(h, 1).flatten(1)
+        return nn.functional.cross_entropy(self.head(h), labels)
+
+
+@pytest.mark.parametrize("ranks, sbp", [(1, None), pytest.param(2, {"images": S(0), "labels": S(0)},
+                                                                 marks=pytest.mark.full)],
+                         ids=["1 rank", "data parallel 2"])
+def test_a_convolutional_network_with_pooling_trains_as_pytorch(ranks, sbp):
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(10)
+    batches = [(torch.randn(4, 3, 9, 9, generator=g), torch.randint(0, 4, (4,), generator=g)) for _ in range(6)]
+    check_training(SmallConvNet(), batches, ["images", "labels"], sbpc.optim.SGD(lr=0.1),
+                   lambda m: torch.optim.SGD(m.parameters(), lr=0.1), ranks, sbp)
+
+
 class PicksByComputedIndices(nn.Module):
     """Indexing with indices computed from the inputs: each row's last token
     that is not padding (a classification head's pooling, x[arange(n),

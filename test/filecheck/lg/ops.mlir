@@ -56,6 +56,8 @@ lg.graph @all_ops on @mesh {
   %cv = lg.conv2d %img, %kern stride [2, 1] padding [1, 0] dilation [1, 2] groups 2 : (tensor<2x4x4x4xf32>, tensor<4x2x2x2xf32>) -> tensor<2x4x3x2xf32>
   %cvi = lg.conv2d_grad_input %cv, %kern size [4, 4] stride [2, 1] padding [1, 0] dilation [1, 2] groups 2 : (tensor<2x4x3x2xf32>, tensor<4x2x2x2xf32>) -> tensor<2x4x4x4xf32>
   %cvw = lg.conv2d_grad_weight %img, %cv kernel [2, 2] stride [2, 1] padding [1, 0] dilation [1, 2] groups 2 : (tensor<2x4x4x4xf32>, tensor<2x4x3x2xf32>) -> tensor<4x2x2x2xf32>
+  %mp = lg.max_pool2d %img kernel [3, 2] stride [2, 2] padding [1, 1] : tensor<2x4x4x4xf32> -> tensor<2x4x2x3xf32>
+  %mpg = lg.max_pool2d_grad %img, %mp kernel [3, 2] stride [2, 2] padding [1, 1] : (tensor<2x4x4x4xf32>, tensor<2x4x2x3xf32>) -> tensor<2x4x4x4xf32>
   %em = lg.embedding %w, %ids : (tensor<16x4xf32>, tensor<2x3xi32>) -> tensor<2x3x4xf32>
   %ce = lg.cross_entropy %ln, %labels : (tensor<8x4xf32>, tensor<8xi64>) -> tensor<f32>
   %mse = lg.mse_loss %ln, %relu : (tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<f32>
@@ -132,6 +134,8 @@ lg.graph @all_ops on @mesh {
 // CHECK-NEXT:  %cv = lg.conv2d %img, %kern stride [2, 1] padding [1, 0] dilation [1, 2] groups 2 : (tensor<2x4x4x4xf32>, tensor<4x2x2x2xf32>) -> tensor<2x4x3x2xf32>
 // CHECK-NEXT:  %cvi = lg.conv2d_grad_input %cv, %kern size [4, 4] stride [2, 1] padding [1, 0] dilation [1, 2] groups 2 : (tensor<2x4x3x2xf32>, tensor<4x2x2x2xf32>) -> tensor<2x4x4x4xf32>
 // CHECK-NEXT:  %cvw = lg.conv2d_grad_weight %img, %cv kernel [2, 2] stride [2, 1] padding [1, 0] dilation [1, 2] groups 2 : (tensor<2x4x4x4xf32>, tensor<2x4x3x2xf32>) -> tensor<4x2x2x2xf32>
+// CHECK-NEXT:  %mp = lg.max_pool2d %img kernel [3, 2] stride [2, 2] padding [1, 1] : tensor<2x4x4x4xf32> -> tensor<2x4x2x3xf32>
+// CHECK-NEXT:  %mpg = lg.max_pool2d_grad %img, %mp kernel [3, 2] stride [2, 2] padding [1, 1] : (tensor<2x4x4x4xf32>, tensor<2x4x2x3xf32>) -> tensor<2x4x4x4xf32>
 // CHECK-NEXT:   %em = lg.embedding %w, %ids : (tensor<16x4xf32>, tensor<2x3xi32>) -> tensor<2x3x4xf32>
 // CHECK-NEXT:   %ce = lg.cross_entropy %ln, %labels : (tensor<8x4xf32>, tensor<8xi64>) -> tensor<f32>
 // CHECK-NEXT:   %mse = lg.mse_loss %ln, %relu : (tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<f32>
@@ -175,6 +179,7 @@ lg.graph @all_ops on @mesh {
 // GENERIC:        %pad = "lg.pad"(%ln) <{low = array<i64: 0, 1>, high = array<i64: 2, 0>, value = -1.000000e+02 : f64}> : (tensor<8x4xf32>) -> tensor<10x5xf32>
 // GENERIC:        %cs = "lg.cumsum"(%ln) <{axis = 1 : i64, reverse}> : (tensor<8x4xf32>) -> tensor<8x4xf32>
 // GENERIC:        %cv = "lg.conv2d"(%img, %kern) <{stride = array<i64: 2, 1>, padding = array<i64: 1, 0>, dilation = array<i64: 1, 2>, groups = 2 : i64}> : (tensor<2x4x4x4xf32>, tensor<4x2x2x2xf32>) -> tensor<2x4x3x2xf32>
+// GENERIC:        %mp = "lg.max_pool2d"(%img) <{kernel = array<i64: 3, 2>, stride = array<i64: 2, 2>, padding = array<i64: 1, 1>}> : (tensor<2x4x4x4xf32>) -> tensor<2x4x2x3xf32>
 // GENERIC:        %oh = "lg.one_hot"(%labels) <{classes = 4 : i64}> : (tensor<8xi64>) -> tensor<8x4xf32>
 // GENERIC-NEXT:   %ohi = "lg.one_hot"(%labels) <{classes = 4 : i64, ignore_index = -100 : i64}> : (tensor<8xi64>) -> tensor<8x4xf32>
 // GENERIC-NEXT:   %eg = "lg.embedding_grad"(%em, %ids) <{rows = 16 : i64}> : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>

@@ -870,3 +870,22 @@ lg.graph @g {
   lg.output ["y"] %y : tensor<4x2x3x2xf32>
 }
 // CHECK: 'lg.conv2d_grad_weight': grad shape [2, 4, 3, 3] is not the convolution's output for input [2, 2, 4, 4] and a kernel [3, 2]
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<2x2x4x4xf32>
+  %y = lg.max_pool2d %x kernel [2, 2] stride [2, 2] padding [2, 0] : tensor<2x2x4x4xf32> -> tensor<2x2x4x2xf32>
+  lg.output ["y"] %y : tensor<2x2x4x2xf32>
+}
+// CHECK: 'lg.max_pool2d': need kernel >= 1, stride >= 1 and 0 <= padding <= kernel / 2, got kernel [2, 2], stride [2, 2], padding [2, 0]
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<2x2x4x4xf32>
+  %g = lg.input "g" : tensor<2x2x3x3xf32>
+  %y = lg.max_pool2d_grad %x, %g kernel [2, 2] stride [2, 2] padding [0, 0] : (tensor<2x2x4x4xf32>, tensor<2x2x3x3xf32>) -> tensor<2x2x4x4xf32>
+  lg.output ["y"] %y : tensor<2x2x4x4xf32>
+}
+// CHECK: 'lg.max_pool2d_grad': grad shape [2, 2, 3, 3] is not the pooling's output for images [2, 2, 4, 4]
