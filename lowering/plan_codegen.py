@@ -289,7 +289,7 @@ for _op, _expr in (
     CUDA.register(_op, ElementwiseExpr(_expr))
 
 for _op in (lg.BroadcastToOp, lg.ConcatOp, lg.SliceOp, lg.EmbeddingOp, lg.CrossEntropyOp, lg.MseLossOp, lg.OneHotOp,
-            lg.EmbeddingGradOp, *lg.MASK_OPS, lg.MaxPool2dOp, lg.MaxPool2dGradOp):
+            lg.EmbeddingGradOp, *lg.MASK_OPS):
     CUDA.register(_op, ON_HOST)
 
 
@@ -792,6 +792,66 @@ def gen_conv2d_grad_weight(site: Site) -> Kernel:
         acc += a1[((b * {o} + oc) * {ho} + y) * {wo} + x] * a0[((b * {c} + ch) * {h} + hi) * {w} + wi];
       }}
     }}
+  out[i] = acc;"""
+    return Kernel(site.name, site.t, ("const T* a0", "const T* a1", "T* out"), math.prod(site.out_shape), body,
+                  restrict=True)
+
+
+def _pool_site(site: Site) -> tuple:
+    return tuple(tuple(cast(DenseArrayBase[IntegerType], site.props[k]).get_values())
+                 for k in ("kernel", "stride", "padding"))
+
+
+@CUDA.impl(lg.MaxPool2dOp)
+def gen_max_pool2d(site: Site) -> Kernel:
+    # one thread per output: its window's first maximum (a NaN wins, as numpy's max)
+    _, _, h, w = site.in_shapes[0]
+    (kh, kw), (sh, sw), (ph, pw) = _pool_site(site)
+    body = f"""{_decompose(["bc", "y", "x"], (math.prod(site.out_shape[:2]), *site.out_shape[2:]))}
+  T m = (T)NEG_INF;
+  for (long ki = 0; ki < {kh}; ++ki) {{
+    long hi = y * {sh} - {ph} + ki;
+    if (hi < 0 || hi >= {h}) continue;
+    for (long kj = 0; kj < {kw}; ++kj) {{
+      long wi = x * {sw} - {pw} + kj;
+      if (wi < 0 || wi >= {w}) continue;
+      T v = a0[(bc * {h} + hi) * {w} + wi];
+      m = (v > m || v != v || m != m) ? (m != m ? m : v) : m;
+    }}
+  }}
+  out[i] = m;"""
+    return Kernel(site.name, site.t, ("const T* a0", "T* out"), math.prod(site.out_shape), body, restrict=True)
+
+
+@CUDA.impl(lg.MaxPool2dGradOp)
+def gen_max_pool2d_grad(site: Site) -> Kernel:
+    # one thread per input element: the gradients of the windows whose first
+    # maximum it is (row-major order within the window, as numpy's argmax)
+    (_, _, h, w), (_, _, ho, wo) = site.in_shapes
+    (kh, kw), (sh, sw), (ph, pw) = _pool_site(site)
+    body = f"""{_decompose(["bc", "y", "x"], (math.prod(site.out_shape[:2]), h, w))}
+  const T* img = a0 + bc * {h * w};
+  T acc = (T)0;
+  for (long ki = 0; ki < {kh}; ++ki) {{
+    long ry = y + {ph} - ki;
+    if (ry < 0 || ry % {sh} || ry / {sh} >= {ho}) continue;
+    long oy = ry / {sh};
+    for (long kj = 0; kj < {kw}; ++kj) {{
+      long rx = x + {pw} - kj;
+      if (rx < 0 || rx % {sw} || rx / {sw} >= {wo}) continue;
+      long ox = rx / {sw};
+      /* the window (oy, ox): is this element its first maximum? */
+      long best = -1;
+      T m = (T)NEG_INF;
+      for (long a = 0; a < {kh}; ++a)
+        for (long b = 0; b < {kw}; ++b) {{
+          long hi = oy * {sh} - {ph} + a, wi = ox * {sw} - {pw} + b;
+          T v = (hi < 0 || hi >= {h} || wi < 0 || wi >= {w}) ? (T)NEG_INF : img[hi * {w} + wi];
+          if (best < 0 || v > m) {{ m = v; best = a * {kw} + b; }}
+        }}
+      if (best == ki * {kw} + kj) acc += a1[(bc * {ho} + oy) * {wo} + ox];
+    }}
+  }}
   out[i] = acc;"""
     return Kernel(site.name, site.t, ("const T* a0", "const T* a1", "T* out"), math.prod(site.out_shape), body,
                   restrict=True)

@@ -48,6 +48,8 @@ def kernels_graph():
     convs = [sbpc.conv2d(images, filters, **conv),
              g.add(lg.Conv2dGradInputOp(back.value, filters.value, (5, 7), **conv)),
              g.add(lg.Conv2dGradWeightOp(images.value, back.value, (3, 2), **conv))]
+    pooled = g.add(lg.MaxPool2dOp(images.value, (3, 2), (2, 2), (1, 1)))
+    convs.append(g.add(lg.MaxPool2dGradOp(images.value, pooled.value, (3, 2), (2, 2), (1, 1))))
     # the vocabulary-parallel cross-entropy over logits split by class (the hints hold the split)
     logits = g.input("logits", (8, 13), sbp=S(1))
     labels = g.input("labels", (8,), sbp=B, dtype="i64")
@@ -57,7 +59,8 @@ def kernels_graph():
     grad = g.add(lg.TokenCrossEntropyGradOp(logits.value, labels.value, row_max.value, sum_exp.value,
                                             tokens.value, -100))
     g.output(yt=yt, b=b, s=s, red=red, t=t, scans=scans, padded=padded, scattered=scattered,
-             tokens=tokens.to(sbpc.P), grad=grad.to(S(1)), conv=convs[0], conv_input=convs[1], conv_weight=convs[2])
+             tokens=tokens.to(sbpc.P), grad=grad.to(S(1)), conv=convs[0], conv_input=convs[1], conv_weight=convs[2],
+             pool_back=convs[3])
     module = g.module()
     CompilePass().apply(Context(), module)
     PlanCodegenPass().apply(Context(), module)
@@ -94,7 +97,7 @@ def test_every_kernel_compiles_to_ptx(module):
     assert {"lg.matmul", "lg.add", "plan.fused", "lg.softmax", "lg.log_softmax", "lg.layernorm", "lg.reduce_sum",
             "lg.reduce_mean", "lg.reduce_max", "lg.transpose", "lg.reshape", "lg.cumsum", "lg.pad", "lg.sum_exp",
             "lg.token_cross_entropy", "lg.token_cross_entropy_grad", "lg.gather", "lg.scatter_add", "lg.conv2d",
-            "lg.conv2d_grad_input", "lg.conv2d_grad_weight"} <= seen
+            "lg.conv2d_grad_input", "lg.conv2d_grad_weight", "lg.max_pool2d", "lg.max_pool2d_grad"} <= seen
 
 
 def test_ptx_is_cached_by_source(module, tmp_path, monkeypatch):

@@ -62,6 +62,8 @@ def kernels_graph(ranks: int, dtype: str, fuse: bool):
     filters = g.param("filters", (6, 2, 3, 2), init=sbpc.normal(0.0, 0.3), dtype=dtype)
     convolved = sbpc.conv2d(images, filters, **conv)  # (6, 6, 3, 5)
     back = g.input("back", (6, 6, 3, 5), sbp=S(0), dtype=dtype)
+    pooled = g.add(lg.MaxPool2dOp(images.value, (3, 2), (2, 2), (1, 1)))
+    pool_back = g.add(lg.MaxPool2dGradOp(images.value, pooled.value, (3, 2), (2, 2), (1, 1)))
     conv_grads = (g.add(lg.Conv2dGradInputOp(back.value, filters.value, (5, 7), **conv)),
                   g.add(lg.Conv2dGradWeightOp(images.value, back.value, (3, 2), **conv)))
     # the vocabulary-parallel cross-entropy over logits split by class, labels some of them ignored
@@ -75,7 +77,7 @@ def kernels_graph(ranks: int, dtype: str, fuse: bool):
     g.output(red=red, t=t, d=-e / (r + 3.0), cols=cols, swapped=swapped, scans=scans, padded=padded,
              scattered=scattered, tokens=tokens.to(sbpc.P), grad=grad.to(S(1)), split_picked=split_picked,
              split_scattered=split_scattered, convolved=convolved, conv_input=conv_grads[0],
-             conv_weight=conv_grads[1])
+             conv_weight=conv_grads[1], pool_back=pool_back)
     module = g.module()
     CompilePass(fuse=fuse).apply(Context(), module)
     return module
@@ -134,7 +136,7 @@ def test_every_host_kernel_matches_the_reference(ranks, dtype, fuse):
     expected_kinds = {"lg.softmax", "lg.log_softmax", "lg.layernorm", "lg.reduce_sum", "lg.reduce_mean",
                       "lg.reduce_max", "lg.transpose", "lg.cumsum", "lg.pad", "lg.sum_exp", "lg.token_cross_entropy",
                       "lg.token_cross_entropy_grad", "lg.gather", "lg.scatter_add", "lg.conv2d",
-                      "lg.conv2d_grad_input", "lg.conv2d_grad_weight"}
+                      "lg.conv2d_grad_input", "lg.conv2d_grad_weight", "lg.max_pool2d", "lg.max_pool2d_grad"}
     expected_kinds |= {plan.FUSED} if fuse else {"lg.add", "lg.mul", "lg.gelu", "lg.erf", "lg.rsqrt"}
     assert expected_kinds <= seen, expected_kinds - seen
 
