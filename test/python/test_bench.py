@@ -28,6 +28,7 @@ IN_ONE_PROCESS = {
     "memory_plan.py": ["--quick"],
     "gpu_kernels.py": ["--quick"],
     "sbp_infer_scaling.py": ["--sizes", "100", "200"],
+    "conv.py": ["--quick"],
 }
 SLOW = {
     # 4-27 s each even with --quick (a calibration, a search); make test-all
