@@ -561,7 +561,11 @@ class InputOp(SbpRules, IRDLOperation):
 
 @op_definition
 class ParamOp(SbpRules, IRDLOperation):
-    """A named trainable tensor and how it is first initialized."""
+    """A named tensor that lives across steps and how it is first
+    initialized: trained (lg-autodiff gives it a gradient, lg-optimizer an
+    update) or, marked `state`, updated by the graph itself through its
+    `new.<key>` output, with no gradient and no optimizer update (a
+    batch-norm's running statistics and count, which may be integers)."""
 
     FLOPS_PER_ELEMENT: ClassVar[float] = 0.0
 
@@ -574,18 +578,24 @@ class ParamOp(SbpRules, IRDLOperation):
     key = prop_def(StringAttr)
     init = prop_def(InitializerAttr)
     seed = prop_def(IntegerAttr[I64], default_value=IntegerAttr(0, i64))
+    state = opt_prop_def(UnitAttr)
     result = result_def(TensorLike)
 
-    assembly_format = "$key `init` $init (`seed` $seed^)? attr-dict `:` type($result)"
+    assembly_format = "$key `init` $init (`seed` $seed^)? (`state` $state^)? attr-dict `:` type($result)"
 
-    def __init__(self, key: str, type: Attribute, init: InitializerAttr, seed: int = 0):
-        super().__init__(
-            properties={"key": StringAttr(key), "init": init, "seed": IntegerAttr(seed, i64)},
-            result_types=[type],
-        )
+    def __init__(self, key: str, type: Attribute, init: InitializerAttr, seed: int = 0, state: bool = False):
+        props: dict[str, Attribute] = {"key": StringAttr(key), "init": init, "seed": IntegerAttr(seed, i64)}
+        if state:
+            props["state"] = UnitAttr()
+        super().__init__(properties=props, result_types=[type])
+
+    @property
+    def trained(self) -> bool:
+        """Whether lg-autodiff and lg-optimizer train it (not `state`)."""
+        return self.state is None
 
     def verify_(self) -> None:
-        _verify_source(self, float_only=True)
+        _verify_source(self, float_only=self.trained)
 
 
 @op_definition

@@ -111,7 +111,7 @@ def differentiate(graph: lg.GraphOp, loss: str) -> None:
     # ignore_index mean), a mask or a position table gets none.
     trained: set[SSAValue] = set()
     for op in forward:
-        if isinstance(op, lg.ParamOp) or any(o in trained for o in op.operands):
+        if (isinstance(op, lg.ParamOp) and op.trained) or any(o in trained for o in op.operands):
             trained.update(op.results)
 
     for op in reversed(forward):
@@ -144,7 +144,7 @@ def differentiate(graph: lg.GraphOp, loss: str) -> None:
         settle(value)  # the parameters (sources are not walked)
     values, out_names = list(output.values), list(names)
     for op in forward:
-        if isinstance(op, lg.ParamOp):
+        if isinstance(op, lg.ParamOp) and op.trained:
             grad = grads.get(op.result)
             if grad is None:
                 e.place_like(op)

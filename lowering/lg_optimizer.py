@@ -97,7 +97,7 @@ class LgOptimizerPass(ModulePass):
     def update(self, graph: lg.GraphOp, groups: Sequence[tuple[str, float]] = ()) -> None:
         output = graph.output()
         names = [n.data for n in output.names.data]
-        params = {o.key.data: o for o in graph.body.ops if isinstance(o, lg.ParamOp)}
+        params = {o.key.data: o for o in graph.body.ops if isinstance(o, lg.ParamOp) and o.trained}
         grads = {n.removeprefix("grad."): v for n, v in zip(names, output.values) if n.startswith("grad.")}
         if not grads:
             raise PassFailedException(

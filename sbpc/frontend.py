@@ -250,8 +250,10 @@ class Graph:
         return self.add(lg.InputOp(name, self._typed(shape, dtype, sbp)))
 
     def param(self, name: str, shape: Sequence[int], init: lg.InitializerAttr | None = None, seed: int = 0,
-              dtype: str = "f32", sbp=None) -> Tensor:
-        return self.add(lg.ParamOp(name, self._typed(shape, dtype, sbp), init or lg.ZerosInitAttr(), seed))
+              dtype: str = "f32", sbp=None, state: bool = False) -> Tensor:
+        """A trained parameter, or with `state` a tensor the graph updates
+        itself: give it an output named `new.<name>`."""
+        return self.add(lg.ParamOp(name, self._typed(shape, dtype, sbp), init or lg.ZerosInitAttr(), seed, state))
 
     def constant(self, value, dtype: str | None = None) -> Tensor:
         """A constant tensor of `value`'s numpy type, or of `dtype` (bf16, which numpy lacks)."""

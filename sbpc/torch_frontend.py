@@ -138,6 +138,20 @@ def _library_dirs() -> set[str]:
     return {os.path.realpath(os.path.dirname(file)) for file in files if file}
 
 
+def _updated_buffers(nodes) -> set:
+    """The buffer placeholders the forward updates in a way sbpc imports:
+    the running statistics of a batch-norm in training mode, and a count
+    increased in place (`num_batches_tracked += 1`)."""
+    found: set[Any] = set()
+    for node in nodes:
+        name = _op_name(node.target) if node.op == "call_function" else ""
+        if name == "aten.batch_norm" and len(node.args) > 5 and node.args[5] is True:
+            found.update(a for a in node.args[3:5] if getattr(a, "op", None) == "placeholder")
+        elif name == "aten.add_.Tensor" and getattr(node.args[0], "op", None) == "placeholder":
+            found.add(node.args[0])
+    return found
+
+
 class _Const:
     """A value known at import time (a buffer, a constant, or folded from them)."""
 
@@ -159,6 +173,8 @@ class _Importer:
         self.inputs: dict[str, Any] = {}
         self.state_inputs: dict[Any, str] = {}
         """The placeholders of parameters and buffers, and their names."""
+        self.updates: dict[str, Tensor] = {}
+        """Each state buffer's value after the step (its `new.<name>` output)."""
 
     # -- the graph ------------------------------------------------------------------
 
@@ -173,6 +189,7 @@ class _Importer:
         self.g.state_names = {}
         self.g.buffers = {}
         nodes = list(self.program.graph.nodes)
+        updated = _updated_buffers(nodes)
         for node in sorted(nodes, key=lambda n: n.op != "placeholder"):
             if node.op != "placeholder" and self.node is not None and self.node.op == "placeholder":
                 self._check_patterns()
@@ -187,6 +204,9 @@ class _Importer:
                 elif spec.kind == InputKind.BUFFER:
                     self.state_inputs[node] = spec.target
                     value = state[spec.target] if spec.target in state else self.program.constants[spec.target]
+                    if node in updated:  # a batch-norm's running statistics, its count: state the graph updates
+                        self.env[node] = self._state(spec.target, value)
+                        continue
                     self.env[node] = _Const(value)
                     if spec.persistent:
                         self.g.buffers[spec.target] = value.detach().numpy().copy()
@@ -269,6 +289,22 @@ class _Importer:
         self.params[key] = t
         return t
 
+    def _state(self, name: str, value) -> Tensor:
+        """A buffer the forward updates, as an lg parameter marked `state`:
+        its value lives across steps, `state_dict()` returns it, and the
+        graph's `new.<name>` output is its next value."""
+        t = self.g.param(name, tuple(value.shape), dtype=self._dtype(value, f"buffer {name!r}"), state=True)
+        self.g.initial_values[name] = value.detach().numpy().copy()
+        self.g.state_names[name] = name
+        return t
+
+    def update(self, node, value: Tensor) -> None:
+        """Records `value` as the next value of the state buffer `node`."""
+        name = self.state_inputs[node]
+        if name in self.updates:
+            raise ValueError(f"buffer {name!r} updated twice in one forward")
+        self.updates[name] = value
+
     def _input(self, node) -> Tensor:
         value = node.meta.get("val")
         if value is None or not hasattr(value, "shape"):
@@ -293,7 +329,7 @@ class _Importer:
             outputs[key] = value
         if not outputs:
             raise TorchImportError(f"{type(self.module).__name__}.forward returns no tensor computed from its inputs")
-        self.g.output(**outputs)
+        self.g.output(**outputs, **{f"new.{name}": value for name, value in self.updates.items()})
 
     def _output_keys(self, count: int) -> list[str]:
         spec = self.program.call_spec.out_spec
@@ -331,6 +367,13 @@ class _Importer:
     def _call(self, node):
         written = node.args[0] if node.args and getattr(getattr(node.target, "_schema", None), "is_mutable",
                                                           False) else None
+        if hasattr(written, "op") and written not in self.state_inputs and written.op != "placeholder":
+            return self._in_place(node, written)
+        if hasattr(written, "op") and isinstance(self.env.get(written), Tensor) and _op_name(node.target) == (
+                "aten.add_.Tensor"):  # a state buffer's count: num_batches_tracked += 1
+            current, other = self.env[written], _map(node.args[1], self._value)
+            self.update(written, current + self.lift(other, current))
+            return self.updates[self.state_inputs[written]]
         if hasattr(written, "op") and written in self.state_inputs:
             # export keeps in-place updates of buffers (a step counter, running
             # statistics) as ops of the graph; folding them would drop them
@@ -358,6 +401,27 @@ class _Importer:
             raise self._error(f"{name} ({node.name}): {error}") from None
         except Exception as error:  # noqa: BLE001 - a lowering bug is still reported with the op and the line
             raise self._error(f"{name} ({node.name}) could not be lowered: {type(error).__name__}: {error}") from None
+
+    def _in_place(self, node, written):
+        """An in-place op on a computed value (`h += residual`): its
+        functional form, and the written value is the result from then on."""
+        name = _op_name(node.target)
+        if "_." in name:  # aten.add_.Tensor -> aten.add.Tensor
+            base, overload = name.split("_.", 1)
+            functional = f"{base}.{overload}"
+        else:  # aten.relu_ -> aten.relu
+            functional = name.removesuffix("_")
+        rule = RULES.get(functional) if functional != name else None
+        if rule is None:
+            raise self._error(f"the in-place ATen op {name} ({node.name}) has no lg lowering in sbpc yet")
+        args = _map(node.args, self._value)
+        kwargs = {k: _map(v, self._value) for k, v in node.kwargs.items()}
+        try:
+            result = rule(self, *args, **kwargs)
+        except (ValueError, TypeError) as error:
+            raise self._error(f"{name} ({node.name}): {error}") from None
+        self.env[written] = result
+        return result
 
     def _value(self, a):
         return self.env[a] if hasattr(a, "op") and a in self.env else a
@@ -522,6 +586,45 @@ def _adaptive_avg_pool2d(im: _Importer, x, output_size):
                          "number of rows and columns per output")
     kernel = (x.shape[2] // out[0], x.shape[3] // out[1])
     return _average(im, x, kernel, kernel, (0, 0))
+
+
+@rule("aten.batch_norm")
+def _batch_norm(im: _Importer, x, weight, bias, running_mean, running_var, training, momentum, eps,
+                cudnn_enabled=True):
+    """Training: the statistics of the whole logical batch (reductions over
+    the batch and the spatial axes: partial sums across a split batch, so
+    every plan computes what one device does, as SyncBatchNorm), and the
+    running statistics updated as state (the unbiased variance, as PyTorch).
+    Evaluation: the running statistics."""
+    x = im.lift(x)
+    rank = len(x.shape)
+    if rank < 2:
+        raise ValueError(f"batch_norm of a {rank}-D input")
+    channels = x.shape[1]
+    per_channel = [1, channels, *[1] * (rank - 2)]
+    axes = [0, *range(2, rank)]
+    if training:
+        if momentum is None:
+            raise ValueError("batch_norm with momentum=None (a cumulative average)")
+        mean = fe.reduce_mean(x, axes, keepdims=True)
+        centered = x - mean
+        var = fe.reduce_mean(centered * centered, axes, keepdims=True)
+        count = math.prod(x.shape[a] for a in axes)
+        for node, stat, scale in ((im.node.args[3], mean, 1.0), (im.node.args[4], var, count / max(count - 1, 1))):
+            running = im.env.get(node) if getattr(node, "op", None) == "placeholder" else None
+            if isinstance(running, Tensor):  # track_running_stats=False has none
+                im.update(node, running * (1.0 - momentum) + fe.reshape(stat, [channels]) * (momentum * scale))
+    else:
+        if running_mean is None or running_var is None:
+            raise ValueError("batch_norm in evaluation without running statistics")
+        mean, var = (fe.reshape(im.lift(v, x), per_channel) for v in (running_mean, running_var))
+        centered = x - mean
+    y = centered * fe.rsqrt(var + float(eps))
+    if weight is not None:
+        y = y * fe.reshape(im.lift(weight, x), per_channel)
+    if bias is not None:
+        y = y + fe.reshape(im.lift(bias, x), per_channel)
+    return y
 
 
 @rule("aten.matmul", "aten.mm", "aten.bmm")

@@ -7,8 +7,9 @@ split over the vocabulary on 4 ranks, the vocabulary-parallel
 cross-entropy), LLaMA with and without grouped-query attention (rotary
 embeddings under `torch.no_grad`, RMSNorm), BERT for sequence classification
 and masked language modelling (`padding_idx` embeddings, token types, the
-pooler), ViT for image classification (a patch embedding convolution), and
-an `attention_mask` fed with each batch, its padding different
+pooler), ViT for image classification (a patch embedding convolution),
+ResNet (convolutions, batch-norm with running statistics, pooling), and an
+`attention_mask` fed with each batch, its padding different
 per row: a mask computed from an input, through lg.compare, lg.cast,
 lg.logical and lg.select."""
 
@@ -90,9 +91,16 @@ class ClassifierLoss(torch.nn.Module):
         return self.model(pixel_values=pixel_values, labels=labels).loss
 
 
-def image_batches(count=STEPS + 1, batch=4):
+def resnet():
+    torch.manual_seed(0)
+    return transformers.ResNetForImageClassification(transformers.ResNetConfig(
+        num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic",
+        num_labels=3)).train()
+
+
+def image_batches(count=STEPS + 1, batch=4, size=8):
     g = torch.Generator().manual_seed(2)
-    return [(torch.randn(batch, 3, 8, 8, generator=g), torch.randint(0, 3, (batch,), generator=g))
+    return [(torch.randn(batch, 3, size, size, generator=g), torch.randint(0, 3, (batch,), generator=g))
             for _ in range(count)]
 
 
@@ -224,6 +232,21 @@ def test_vit_trains_as_pytorch(ranks, sbp):
         assert signatures_of(exe.plan_text, "lg.conv2d") == {(image, "!sbp.dtensor<4x32x2x2xf32, @cpu4_0_1_2_3, S<1>>")}
         assert signatures_of(exe.plan_text, "lg.conv2d_grad_weight") == {
             (image, "!sbp.dtensor<32x3x4x4xf32, @cpu4_0_1_2_3, S<0>>")}
+
+
+IMAGES = {"pixel_values": S(0), "labels": S(0)}
+
+
+@pytest.mark.parametrize("ranks", [pytest.param(1, marks=pytest.mark.full), pytest.param(2, marks=pytest.mark.full),
+                                   4])
+def test_resnet_trains_as_one_process_on_the_whole_batch(ranks):
+    # batch-norm's statistics are the whole batch's on every plan (what
+    # SyncBatchNorm computes), and its running statistics and count are
+    # state that state_dict() returns: check_training compares them too
+    optimizer, make_opt = adam()
+    exe = check_training(ClassifierLoss(resnet()), image_batches(size=16), ["pixel_values", "labels"], optimizer,
+                         make_opt, ranks, None if ranks == 1 else IMAGES)
+    assert int(exe.state_dict()["model.resnet.embedder.embedder.normalization.num_batches_tracked"]) == STEPS + 1
 
 
 @pytest.mark.full

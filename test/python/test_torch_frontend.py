@@ -418,6 +418,51 @@ def test_a_convolutional_network_with_pooling_trains_as_pytorch(ranks, sbp):
                    lambda m: torch.optim.SGD(m.parameters(), lr=0.1), ranks, sbp)
 
 
+class NormalizedConvNet(nn.Module):
+    """Batch-norm after convolutions (2-D, one with its own momentum) and
+    after a linear layer (1-D), an in-place residual add and ReLU."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(8, momentum=0.3)
+        self.head = nn.Linear(8, 4)
+        self.bn1d = nn.BatchNorm1d(4)
+
+    def forward(self, images, labels):
+        h = torch.relu(self.bn(self.conv(images)))
+        r = self.bn2(self.conv2(h))
+        r += h
+        r = nn.functional.relu_(r)
+        h = nn.functional.adaptive_avg_pool2d(r, 1).flatten(1)
+        return nn.functional.cross_entropy(self.bn1d(self.head(h)), labels)
+
+
+@pytest.mark.parametrize("ranks, sbp", [(1, None), pytest.param(2, {"images": S(0), "labels": S(0)},
+                                                                 marks=pytest.mark.full)],
+                         ids=["1 rank", "data parallel 2"])
+def test_batch_norm_trains_with_the_whole_batchs_statistics_and_keeps_running_ones(ranks, sbp):
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(11)
+    batches = [(torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 4, (4,), generator=g)) for _ in range(6)]
+    model = NormalizedConvNet()
+    exe = check_training(model, batches, ["images", "labels"], sbpc.optim.SGD(lr=0.1),
+                         lambda m: torch.optim.SGD(m.parameters(), lr=0.1), ranks, sbp)
+    state = exe.state_dict()  # the running statistics moved, as PyTorch's (compared by check_training)
+    assert int(state["bn.num_batches_tracked"]) == 6
+    assert not np.allclose(state["bn2.running_var"].numpy(), 1.0)
+    # evaluation mode uses the running statistics: a forward of the module as it is
+    evaluated = NormalizedConvNet().eval()
+    evaluated.load_state_dict(state)
+    graph = sbpc.from_torch(evaluated, batches[0], placement=sbpc.placement("cpu", 1))
+    got = sbpc.compile(graph, mode="simulate").run({"images": batches[0][0].numpy(),
+                                                     "labels": batches[0][1].numpy()})["loss"]
+    with torch.no_grad():
+        assert float(got) == pytest.approx(evaluated(*batches[0]).item(), rel=1e-5)
+
+
 class PicksByComputedIndices(nn.Module):
     """Indexing with indices computed from the inputs: each row's last token
     that is not padding (a classification head's pooling, x[arange(n),

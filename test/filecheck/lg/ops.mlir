@@ -15,6 +15,7 @@ lg.graph @all_ops on @mesh {
   %g = lg.param "g" init #lg.ones : tensor<4xf32>
   %f = lg.param "f" init #lg.fill<1.5> : tensor<4xf32>
   %u = lg.param "u" init #lg.uniform<-0.1, 0.1> seed 3 : tensor<4xf32>
+  %st = lg.param "st" init #lg.zeros state : tensor<4xi64>
   %c = lg.constant dense<1.0> : tensor<4xf32>
   %ci = lg.constant dense<[1, 2]> : tensor<2xi64>
   %ci0 = lg.constant dense<0> : tensor<i64>
@@ -93,6 +94,7 @@ lg.graph @all_ops on @mesh {
 // CHECK-NEXT:   %g = lg.param "g" init #lg.ones : tensor<4xf32>
 // CHECK-NEXT:   %f = lg.param "f" init #lg.fill<1.5> : tensor<4xf32>
 // CHECK-NEXT:   %u = lg.param "u" init #lg.uniform<-0.1, 0.1> seed 3 : tensor<4xf32>
+// CHECK-NEXT:   %st = lg.param "st" init #lg.zeros state : tensor<4xi64>
 // CHECK-NEXT:   %c = lg.constant dense<1.000000e+00> : tensor<4xf32>
 // CHECK-NEXT:   %ci = lg.constant dense<[1, 2]> : tensor<2xi64>
 // CHECK-NEXT:   %ci0 = lg.constant dense<0> : tensor<i64>
@@ -165,6 +167,7 @@ lg.graph @all_ops on @mesh {
 // GENERIC-NEXT: "lg.graph"() <{sym_name = "all_ops", placement = @mesh}> ({
 // GENERIC-NEXT:   %x = "lg.input"() <{key = "x"}> : () -> tensor<8x16xf32>
 // GENERIC:        %w = "lg.param"() <{key = "w", init = #lg.normal<0.0, 0.02>, seed = 1 : i64}> : () -> tensor<16x4xf32>
+// GENERIC:        %st = "lg.param"() <{key = "st", init = #lg.zeros, state, seed = 0 : i64}> : () -> tensor<4xi64>
 // GENERIC:        %c = "lg.constant"() <{value = dense<1.000000e+00> : tensor<4xf32>}> : () -> tensor<4xf32>
 // GENERIC:        %mt = "lg.matmul"(%x, %x) <{transpose_rhs}> : (tensor<8x16xf32>, tensor<8x16xf32>) -> tensor<8x8xf32>
 // GENERIC:        %add = "lg.add"(%mm, %b) : (tensor<8x4xf32>, tensor<4xf32>) -> tensor<8x4xf32>
