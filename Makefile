@@ -28,6 +28,7 @@ run: setup
 	$(BIN)/python examples/gpt.py --ranks 4 --parallel pipeline --steps 120
 	$(BIN)/python examples/torch_gpt.py --ranks 2 --steps 200
 	$(BIN)/python examples/hf_gpt2.py --ranks 2 --steps 200
+	$(BIN)/python examples/hf_resnet.py --ranks 2 --steps 60
 
 # pytest shares the test files between two processes (pytest-xdist; a
 # file's tests stay together, so its fixtures and rank pools are made once):
