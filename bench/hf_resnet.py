@@ -1,0 +1,157 @@
+"""A Hugging Face ResNet (`ResNetForImageClassification`, ResNet-18's
+layout at a reduced width) imported with `sbpc.from_torch` and trained data
+parallel on R ranks, against PyTorch DDP on R processes in the same run.
+
+    python bench/hf_resnet.py [--ranks 2] [--steps 8] [--batch 16] [--size 64] [--quick]
+
+Prints seconds per step (the median after the first) of both, and the loss
+of each step beside one PyTorch process on the whole batch (batch-norm's
+statistics are the whole batch's on every sbpc plan: SyncBatchNorm's
+semantics; DDP's are per rank, so its loss is not the reference). SGD.
+`--quick`: a 2-stage ResNet on 16x16 images, 3 steps (that the script runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import _common  # first: one BLAS thread per process
+
+SCRIPT = str(Path(__file__).resolve())
+FULL = {"embedding_size": 32, "hidden_sizes": [32, 64, 128, 256], "depths": [2, 2, 2, 2]}
+"""ResNet-18's stages and depths at half the width."""
+QUICK = {"embedding_size": 8, "hidden_sizes": [8, 16], "depths": [1, 1]}
+
+
+def model(quick: bool):
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    return transformers.ResNetForImageClassification(transformers.ResNetConfig(
+        num_channels=3, layer_type="basic", num_labels=10, **(QUICK if quick else FULL))).train()
+
+
+def batches(args):
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(args.batch, 3, args.size, args.size, generator=g),
+             torch.randint(0, 10, (args.batch,), generator=g)) for _ in range(args.steps)]
+
+
+def run_sbpc(args, data) -> dict:
+    import sbpc
+
+    resnet = model(args.quick)
+    graph = sbpc.from_torch(resnet, (), {"pixel_values": data[0][0], "labels": data[0][1]},
+                            sbp={"pixel_values": sbpc.S(0), "labels": sbpc.S(0)},
+                            placement=sbpc.placement("cpu", args.ranks))
+    exe = sbpc.compile(graph, optimizer=sbpc.optim.SGD(lr=args.lr))
+    losses, times = [], []
+    for x, y in data:
+        start = time.perf_counter()
+        losses.append(float(exe.train_step({"pixel_values": x.numpy(), "labels": y.numpy()},
+                                           outputs=["loss"])["loss"]))
+        times.append(time.perf_counter() - start)
+    return {"losses": losses, "step_s": times}
+
+
+def run_reference(args, data) -> list[float]:
+    import torch
+
+    torch.set_num_threads(1)
+    resnet = model(args.quick)
+    opt = torch.optim.SGD(resnet.parameters(), lr=args.lr)
+    losses = []
+    for x, y in data:
+        opt.zero_grad(set_to_none=True)
+        loss = resnet(pixel_values=x, labels=y).loss
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def role_ddp(args) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    rank, size = int(os.environ.get("PMI_RANK", "0")), int(os.environ.get("PMI_SIZE", "1"))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=size)
+    net = torch.nn.parallel.DistributedDataParallel(model(args.quick))
+    opt = torch.optim.SGD(net.parameters(), lr=args.lr)
+    local = args.batch // size
+    times = []
+    for x, y in batches(args):
+        x, y = x[rank * local:(rank + 1) * local], y[rank * local:(rank + 1) * local]
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        net(pixel_values=x, labels=y).loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - start)
+    if rank == 0:
+        print("RESULT " + json.dumps({"step_s": times}), flush=True)
+    dist.destroy_process_group()
+
+
+def run_ddp(args) -> dict:
+    from sbpc.runtime.launch import rank_environment, script_command
+
+    options = [f"--{k}={v}" for k, v in (("steps", args.steps), ("batch", args.batch), ("size", args.size),
+                                          ("lr", args.lr))]
+    cmd = script_command(args.ranks, SCRIPT, "--role", "ddp", "--port", str(_common.free_port()), *options,
+                         *(["--quick"] if args.quick else []))
+    done = subprocess.run(cmd, env=rank_environment(), capture_output=True, text=True, timeout=1800)
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"DDP on {args.ranks} processes failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--quick", action="store_true", help="a 2-stage ResNet on 16x16 images, 3 steps")
+    parser.add_argument("--role", choices=("ddp",), help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role == "ddp":
+        role_ddp(args)
+        return 0
+    if _common.missing_peers({"torch": "the model and the DDP peer", "transformers": "ResNet"}):
+        print("summary: skipped (peer missing)")
+        return 0
+    if args.quick:
+        args.steps, args.batch, args.size = 3, 4, 16
+    data = batches(args)
+    sbpc_run = run_sbpc(args, data)
+    _common.stop_pools()
+    reference = run_reference(args, data)
+    ddp = run_ddp(args)
+    name = "ResNet (quick: 2 stages)" if args.quick else "ResNet-18 layout at half width"
+    print(f"{name}, batch {args.batch} of {args.size}x{args.size}, {args.ranks} ranks data parallel, SGD")
+    worst = max(abs(a - b) / abs(b) for a, b in zip(sbpc_run["losses"], reference))
+    print(f"loss against one PyTorch process on the whole batch: worst relative difference {worst:.2e}")
+    mine = statistics.median(sbpc_run["step_s"][1:] or sbpc_run["step_s"])
+    theirs = statistics.median(ddp["step_s"][1:] or ddp["step_s"])
+    _common.table(["", "s/step (median after the first)"], [
+        ["sbpc", f"{mine:.3f}"], ["PyTorch DDP", f"{theirs:.3f}"], ["sbpc / DDP", _common.ratio(mine, theirs)]])
+    print(f"summary: sbpc {mine:.3f} s/step, {_common.ratio(mine, theirs)} DDP's; loss within {worst:.1e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
