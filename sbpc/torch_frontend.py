@@ -367,7 +367,7 @@ class _Importer:
     def _call(self, node):
         written = node.args[0] if node.args and getattr(getattr(node.target, "_schema", None), "is_mutable",
                                                           False) else None
-        if hasattr(written, "op") and written not in self.state_inputs and written.op != "placeholder":
+        if hasattr(written, "op") and isinstance(self.env.get(written), Tensor) and written not in self.state_inputs:
             return self._in_place(node, written)
         if hasattr(written, "op") and isinstance(self.env.get(written), Tensor) and _op_name(node.target) == (
                 "aten.add_.Tensor"):  # a state buffer's count: num_batches_tracked += 1
@@ -411,7 +411,7 @@ class _Importer:
             functional = f"{base}.{overload}"
         else:  # aten.relu_ -> aten.relu
             functional = name.removesuffix("_")
-        rule = RULES.get(functional) if functional != name else None
+        rule = RULES.get(functional) if functional != name else RULES.get(name)
         if rule is None:
             raise self._error(f"the in-place ATen op {name} ({node.name}) has no lg lowering in sbpc yet")
         args = _map(node.args, self._value)
