@@ -273,3 +273,21 @@ def trace_breakdown(events: list[dict], steps: int) -> dict[int, dict[str, float
 
 if __name__ == "__main__":  # the rank program of measure_plan: PLAN FEEDS STEPS REPEATS
     time_plan_in_ranks(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+
+
+def run_on_ranks(script: str, ranks: int, *args: str, timeout: int = 1800) -> dict:
+    """Runs `script` with `args` on `ranks` processes (mpiexec, as sbpc's
+    ranks run) and returns the JSON its rank 0 printed after `RESULT `: a
+    peer such as PyTorch DDP measured beside sbpc."""
+    import json
+    import subprocess
+
+    from sbpc.runtime.launch import rank_environment, script_command
+
+    done = subprocess.run(script_command(ranks, script, *args), env=rank_environment(), capture_output=True,
+                          text=True, timeout=timeout)
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"{Path(script).name} {' '.join(args)} on {ranks} processes failed (exit "
+                       f"{done.returncode}):\n{done.stderr[-3000:]}")

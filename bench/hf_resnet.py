@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -104,17 +103,10 @@ def role_ddp(args) -> None:
 
 
 def run_ddp(args) -> dict:
-    from sbpc.runtime.launch import rank_environment, script_command
-
-    options = [f"--{k}={v}" for k, v in (("steps", args.steps), ("batch", args.batch), ("size", args.size),
-                                          ("lr", args.lr))]
-    cmd = script_command(args.ranks, SCRIPT, "--role", "ddp", "--port", str(_common.free_port()), *options,
-                         *(["--quick"] if args.quick else []))
-    done = subprocess.run(cmd, env=rank_environment(), capture_output=True, text=True, timeout=1800)
-    for line in done.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    raise RuntimeError(f"DDP on {args.ranks} processes failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    options = [f"--{k}={v}" for k, v in (("steps", args.steps), ("batch", args.batch),
+                                          ("size", args.size), ("lr", args.lr))]
+    return _common.run_on_ranks(SCRIPT, args.ranks, "--role", "ddp", "--port", str(_common.free_port()), *options,
+                                *(["--quick"] if args.quick else []))
 
 
 def main() -> int:
