@@ -339,32 +339,36 @@ def _bind_cross_entropy(op: lg.CrossEntropyOp, local: LocalContext, ins, out) ->
 # scratch too, their border zero from binding on.
 
 
-class _ConvScratch:
-    def __init__(self, op, image_shape, dtype):
-        p = op.params()
-        self.stride, self.padding, self.dilation, self.groups = p["stride"], p["padding"], p["dilation"], p["groups"]
-        n, c, h, w = image_shape
-        self.image_shape = tuple(image_shape)
-        self.padded = np.zeros((n, c, h + 2 * self.padding[0], w + 2 * self.padding[1]), dtype)
-        self.inside = self.padded[:, :, self.padding[0]:self.padding[0] + h, self.padding[1]:self.padding[1] + w]
+class _Windows:
+    """Padded images as scratch (the border `fill`, from binding on) and the
+    view of the windows a convolution or pooling reads of them, (N, groups,
+    C/groups, Ho, Wo, kh, kw), made once: each firing copies the images in."""
 
-    def windows(self, kernel):
-        return windows_of(self.padded, self.image_shape, kernel, self.stride, self.padding, self.dilation,
-                          self.groups)
+    def __init__(self, image_shape, kernel, stride, padding, dilation, groups: int, dtype, fill: float = 0.0):
+        n, c, h, w = image_shape
+        self.stride, self.dilation, self.padding = stride, dilation, padding
+        self.padded = np.full((n, c, h + 2 * padding[0], w + 2 * padding[1]), fill, dtype)
+        self.inside = self.padded[:, :, padding[0]:padding[0] + h, padding[1]:padding[1] + w]
+        self.view = windows_of(self.padded, image_shape, kernel, stride, padding, dilation, groups)
+
+    @classmethod
+    def of_conv(cls, op, image_shape, kernel, dtype) -> _Windows:
+        p = op.params()
+        return cls(image_shape, kernel, p["stride"], p["padding"], p["dilation"], p["groups"], dtype)
 
 
 @NUMPY.impl(lg.Conv2dOp)
 def _bind_conv2d(op: lg.Conv2dOp, local, ins, out) -> Fire:
     x, w = ins
-    at = _ConvScratch(op, x.shape, out.dtype)
-    g, kernel = at.groups, w.shape[2:]
+    g, kernel = op.params()["groups"], w.shape[2:]
+    at = _Windows.of_conv(op, x.shape, kernel, out.dtype)
     n, _, ho, wo = out.shape
     k = math.prod(w.shape[1:])
     cols = _scratch((n, g, w.shape[1], *kernel, ho, wo), out.dtype)  # (N, G, K, Ho*Wo) for the GEMM
 
     def fire(xs, o):
         np.copyto(at.inside, xs[0])
-        np.copyto(cols, at.windows(kernel).transpose(0, 1, 2, 5, 6, 3, 4))
+        np.copyto(cols, at.view.transpose(0, 1, 2, 5, 6, 3, 4))
         np.matmul(xs[1].reshape(g, -1, k), cols.reshape(n, g, k, ho * wo), out=o.reshape(n, g, -1, ho * wo))
 
     return fire
@@ -373,8 +377,8 @@ def _bind_conv2d(op: lg.Conv2dOp, local, ins, out) -> Fire:
 @NUMPY.impl(lg.Conv2dGradWeightOp)
 def _bind_conv2d_grad_weight(op: lg.Conv2dGradWeightOp, local, ins, out) -> Fire:
     x, grad = ins
-    at = _ConvScratch(op, x.shape, out.dtype)
-    g, kernel = at.groups, op.params()["kernel"]
+    g, kernel = op.params()["groups"], op.params()["kernel"]
+    at = _Windows.of_conv(op, x.shape, kernel, out.dtype)
     n, o_channels, ho, wo = grad.shape
     k = math.prod(out.shape[1:])
     cols = _scratch((g, n, ho, wo, out.shape[1], *kernel), out.dtype)  # (G, N*Ho*Wo, K)
@@ -382,7 +386,7 @@ def _bind_conv2d_grad_weight(op: lg.Conv2dGradWeightOp, local, ins, out) -> Fire
 
     def fire(xs, o):
         np.copyto(at.inside, xs[0])
-        np.copyto(cols, at.windows(kernel).transpose(1, 0, 3, 4, 2, 5, 6))
+        np.copyto(cols, at.view.transpose(1, 0, 3, 4, 2, 5, 6))
         np.copyto(grads, xs[1].reshape(n, g, o_channels // g, ho * wo).transpose(1, 2, 0, 3))
         np.matmul(grads.reshape(g, o_channels // g, n * ho * wo), cols.reshape(g, n * ho * wo, k),
                   out=o.reshape(g, o_channels // g, k))
@@ -393,8 +397,8 @@ def _bind_conv2d_grad_weight(op: lg.Conv2dGradWeightOp, local, ins, out) -> Fire
 @NUMPY.impl(lg.Conv2dGradInputOp)
 def _bind_conv2d_grad_input(op: lg.Conv2dGradInputOp, local, ins, out) -> Fire:
     grad, w = ins
-    at = _ConvScratch(op, out.shape, out.dtype)
-    g, kernel = at.groups, w.shape[2:]
+    g, kernel = op.params()["groups"], w.shape[2:]
+    at = _Windows.of_conv(op, out.shape, kernel, out.dtype)
     n, o_channels, ho, wo = grad.shape
     k = math.prod(w.shape[1:])
     shares = _scratch((n, g, w.shape[1], *kernel, ho, wo), out.dtype)  # (N, G, K, Ho*Wo)
@@ -411,29 +415,21 @@ def _bind_conv2d_grad_input(op: lg.Conv2dGradInputOp, local, ins, out) -> Fire:
     return fire
 
 
-class _PoolScratch:
-    """The padded images (-inf at the border) and the windows, contiguous."""
+class _PoolScratch(_Windows):
+    """The padded images (-inf at the border: never a maximum) and their
+    windows copied contiguous, (N, C, Ho, Wo, kh*kw)."""
 
     def __init__(self, op, image_shape, dtype):
         p = op.params()
-        self.kernel, self.stride, self.padding = p["kernel"], p["stride"], p["padding"]
-        n, c, h, w = image_shape
-        self.image_shape = tuple(image_shape)
-        self.padded = np.full((n, c, h + 2 * self.padding[0], w + 2 * self.padding[1]), -np.inf, dtype)
-        self.inside = self.padded[:, :, self.padding[0]:self.padding[0] + h, self.padding[1]:self.padding[1] + w]
-        ho, wo = (_pool_size(d + 2 * q, k, s) for d, q, k, s in zip((h, w), self.padding, self.kernel, self.stride))
-        self.cols = _scratch((n, c, ho, wo, *self.kernel), dtype)
-        self.flat_windows = self.cols.reshape(n, c, ho, wo, math.prod(self.kernel))
+        self.kernel = p["kernel"]
+        super().__init__(image_shape, p["kernel"], p["stride"], p["padding"], (1, 1), 1, dtype, -np.inf)
+        self.cols = _scratch((self.view.shape[0], *self.view.shape[2:]), dtype)  # (N, C, Ho, Wo, kh, kw)
+        self.flat_windows = self.cols.reshape(*self.cols.shape[:4], math.prod(self.kernel))
 
     def read(self, x) -> np.ndarray:
         np.copyto(self.inside, x)
-        windows = windows_of(self.padded, self.image_shape, self.kernel, self.stride, self.padding, (1, 1), 1)
-        np.copyto(self.cols, windows[:, 0])
+        np.copyto(self.cols, self.view[:, 0])
         return self.flat_windows
-
-
-def _pool_size(padded: int, kernel: int, stride: int) -> int:
-    return (padded - kernel) // stride + 1
 
 
 @NUMPY.impl(lg.MaxPool2dOp)
