@@ -15,24 +15,15 @@ import argparse
 import sys
 import time
 
-import numpy as np
 import torch
 import transformers
-from models import corpus
+from models import corpus, corpus_windows
 
 import sbpc
 from sbpc import S
 
 TENSOR_PARALLEL = {"*.c_attn.weight": S(1), "*.c_attn.bias": S(0), "*.attn.c_proj.weight": S(0),
                    "*.c_fc.weight": S(1), "*.c_fc.bias": S(0), "*.mlp.c_proj.weight": S(0)}
-
-
-def batches(data: np.ndarray, batch: int, seq: int, seed: int = 0):
-    """Windows of the corpus; the labels are the inputs (GPT-2 shifts them)."""
-    rng = np.random.default_rng(seed)
-    while True:
-        starts = rng.integers(0, len(data) - seq, batch)
-        yield np.stack([data[s:s + seq] for s in starts])
 
 
 def main() -> int:
@@ -46,14 +37,13 @@ def main() -> int:
 
     text, stoi = corpus()
     itos = {i: c for c, i in stoi.items()}
-    data = np.array([stoi[c] for c in text], np.int64)
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=len(stoi), n_positions=32, n_embd=64, n_layer=2, n_head=4,
                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
                                      bos_token_id=0, eos_token_id=0)
     model = transformers.GPT2LMHeadModel(config)
     model.config._attn_implementation = "eager"
-    feed = batches(data, args.batch, config.n_positions)
+    feed = (tokens for tokens, _ in corpus_windows(args.batch, config.n_positions))  # GPT-2 shifts its labels
     example = torch.from_numpy(next(feed))
 
     start = time.perf_counter()

@@ -225,15 +225,19 @@ def corpus() -> tuple[str, dict[str, int]]:
     return text, {c: i for i, c in enumerate(sorted(set(text)))}
 
 
-def gpt_batches(batch: int = 16, seq: int = 16, seed: int = 0, lr: float = 3e-3):
-    """Random windows of the corpus: tokens and the next characters."""
+def corpus_windows(batch: int, seq: int, seed: int = 0):
+    """Random windows of the corpus, as (tokens, the next characters)."""
     text, stoi = corpus()
     data = np.array([stoi[c] for c in text], np.int64)
     rng = np.random.default_rng(seed)
     while True:
         starts = rng.integers(0, len(data) - seq - 1, batch)
-        tokens = np.stack([data[s : s + seq] for s in starts])
-        targets = np.stack([data[s + 1 : s + seq + 1] for s in starts])
+        yield np.stack([data[s : s + seq] for s in starts]), np.stack([data[s + 1 : s + seq + 1] for s in starts])
+
+
+def gpt_batches(batch: int = 16, seq: int = 16, seed: int = 0, lr: float = 3e-3):
+    """Random windows of the corpus: tokens and the next characters."""
+    for tokens, targets in corpus_windows(batch, seq, seed):
         yield {"tokens": tokens, "targets": targets, "lr": np.float32(lr)}
 
 

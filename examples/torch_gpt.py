@@ -15,9 +15,8 @@ import argparse
 import sys
 import time
 
-import numpy as np
 import torch
-from models import corpus
+from models import corpus, corpus_windows
 from torch_models import GPT, GPTConfig
 
 import sbpc
@@ -25,13 +24,6 @@ from sbpc import S
 
 TENSOR_PARALLEL = {"*.c_attn.weight": S(0), "*.c_attn.bias": S(0), "*.attn.c_proj.weight": S(1),
                    "*.c_fc.weight": S(0), "*.c_fc.bias": S(0), "*.mlp.c_proj.weight": S(1)}
-
-
-def batches(data: np.ndarray, batch: int, seq: int, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    while True:
-        starts = rng.integers(0, len(data) - seq - 1, batch)
-        yield (np.stack([data[s:s + seq] for s in starts]), np.stack([data[s + 1:s + seq + 1] for s in starts]))
 
 
 def main() -> int:
@@ -45,11 +37,10 @@ def main() -> int:
 
     text, stoi = corpus()
     itos = {i: c for c, i in stoi.items()}
-    data = np.array([stoi[c] for c in text], np.int64)
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=len(stoi), block_size=32, n_layer=2, n_head=4, n_embd=64)
     model = GPT(config)
-    feed = batches(data, args.batch, config.block_size)
+    feed = corpus_windows(args.batch, config.block_size)
     example = tuple(torch.from_numpy(a) for a in next(feed))
 
     start = time.perf_counter()
