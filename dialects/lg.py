@@ -1624,6 +1624,11 @@ class _ConvOp(LgOp, ABC):
     groups = prop_def(IntegerAttr[I64])
 
     @staticmethod
+    def _conv(stride, padding, dilation, groups: int) -> dict[str, Any]:
+        """The convolution's keywords as the rules take them."""
+        return {"stride": tuple(stride), "padding": tuple(padding), "dilation": tuple(dilation), "groups": groups}
+
+    @staticmethod
     def _props(stride, padding, dilation, groups) -> dict[str, Attribute]:
         return {"stride": DenseArrayBase.from_list(i64, list(stride)),
                 "padding": DenseArrayBase.from_list(i64, list(padding)),
@@ -1678,7 +1683,7 @@ class Conv2dOp(_ConvOp):
 
     def __init__(self, input: SSAValue, weight: SSAValue, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
                  groups: int = 1):
-        params = {"stride": tuple(stride), "padding": tuple(padding), "dilation": tuple(dilation), "groups": groups}
+        params = self._conv(stride, padding, dilation, groups)
         super().__init__(operands=[input, weight], properties=self._props(**params),
                          result_types=[self.infer([input, weight], **params)])
 
@@ -1733,7 +1738,7 @@ class Conv2dGradInputOp(_ConvOp):
 
     def __init__(self, grad: SSAValue, weight: SSAValue, size, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
                  groups: int = 1):
-        params = {"stride": tuple(stride), "padding": tuple(padding), "dilation": tuple(dilation), "groups": groups}
+        params = self._conv(stride, padding, dilation, groups)
         props = {**self._props(**params), "size": DenseArrayBase.from_list(i64, list(size))}
         super().__init__(operands=[grad, weight], properties=props,
                          result_types=[self.infer([grad, weight], size=tuple(size), **params)])
@@ -1793,7 +1798,7 @@ class Conv2dGradWeightOp(_ConvOp):
 
     def __init__(self, input: SSAValue, grad: SSAValue, kernel, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
                  groups: int = 1):
-        params = {"stride": tuple(stride), "padding": tuple(padding), "dilation": tuple(dilation), "groups": groups}
+        params = self._conv(stride, padding, dilation, groups)
         props = {**self._props(**params), "kernel": DenseArrayBase.from_list(i64, list(kernel))}
         super().__init__(operands=[input, grad], properties=props,
                          result_types=[self.infer([input, grad], kernel=tuple(kernel), **params)])
