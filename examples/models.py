@@ -154,10 +154,12 @@ def mlp_batches(batch: int = 64, features: int = 32, classes: int = 8, seed: int
 
 def gpt(variant: str, ranks: int, vocab: int, batch: int = 16, seq: int = 16, dim: int = 32, heads: int = 4,
         layers: int = 2, tied: bool = False, algorithm: str = "adam", micro_batches: int | None = None,
-        training: bool = True, schedule: str = "gpipe"):
+        training: bool = True, schedule: str = "gpipe", dropout: float = 0.0):
     """Token + position embeddings, `layers` pre-LN blocks of causal multi-head
     attention and a GELU MLP, final layernorm, output head (tied to the token
-    embedding or its own), cross-entropy on the next token."""
+    embedding or its own), cross-entropy on the next token. `dropout` where
+    GPT-2 has it: on the embeddings, the attention probabilities and each
+    block's two residual branches."""
     layout = Layout(variant, ranks)
     if micro_batches is None:
         micro_batches = 4 if variant == "pipeline" else 1
@@ -175,7 +177,7 @@ def gpt(variant: str, ranks: int, vocab: int, batch: int = 16, seq: int = 16, di
     wpe = g.param("wpe", (seq, dim), init=sbpc.normal(0.0, std), seed=2, sbp=layout.replicated)
     # causal mask: -1e9 above the diagonal, added to the attention scores
     mask = g.constant(np.triu(np.full((seq, seq), -1e9, np.float32), k=1))
-    h = layout.activation(sbpc.embedding(wte, tokens) + wpe)
+    h = layout.activation(sbpc.dropout(sbpc.embedding(wte, tokens) + wpe, dropout))
     for i in range(layers):
         if i == boundary:
             scope.close()
@@ -200,11 +202,13 @@ def gpt(variant: str, ranks: int, vocab: int, batch: int = 16, seq: int = 16, di
         k = heads_of(x @ param("wk", (dim, dim), layout.columns, seed=10 * i + 4))
         v = heads_of(x @ param("wv", (dim, dim), layout.columns, seed=10 * i + 5))
         scores = sbpc.matmul(q, k, transpose_b=True) * (1.0 / np.sqrt(hd)) + mask
-        att = sbpc.matmul(sbpc.softmax(scores, axis=3), v).transpose(0, 2, 1, 3).reshape(batch, seq, dim)
-        h = layout.activation(h + att @ param("wo", (dim, dim), layout.rows, seed=10 * i + 6))
+        probs = sbpc.dropout(sbpc.softmax(scores, axis=3), dropout)
+        att = sbpc.matmul(probs, v).transpose(0, 2, 1, 3).reshape(batch, seq, dim)
+        h = layout.activation(h + sbpc.dropout(att @ param("wo", (dim, dim), layout.rows, seed=10 * i + 6), dropout))
         x = norm("ln2", h)
         up = sbpc.gelu(x @ param("w1", (dim, 4 * dim), layout.columns, seed=10 * i + 7))
-        h = layout.activation(h + up @ param("w2", (4 * dim, dim), layout.rows, seed=10 * i + 8))
+        h = layout.activation(h + sbpc.dropout(up @ param("w2", (4 * dim, dim), layout.rows, seed=10 * i + 8),
+                                               dropout))
     if boundary is not None and boundary >= layers:
         raise ValueError("the pipeline variant needs at least 2 layers")
     h = sbpc.layernorm(h, g.param("lnf.g", (dim,), init=sbpc.ones(), sbp=layout.replicated),

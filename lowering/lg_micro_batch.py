@@ -25,7 +25,9 @@ gives B*T rows, T per example), or is a scalar; outputs
 that depend on the batch are scalars that are means over the examples (a
 loss), so the mean of the K micro-batch means is the batch's mean. Shapes
 written in ops (reshape, broadcast_to, slice limits) have their leading
-B*r replaced by (B/K)*r.
+B*r replaced by (B/K)*r. A dropout's copy records which rows of the batch
+it holds, so that it draws the whole batch's mask: micro-batching changes
+no random number.
 """
 
 from __future__ import annotations
@@ -167,6 +169,16 @@ class Unroller:
         self.rows[op.results[0]] = self.rows[made] = rows
         return new
 
+    def draw_as_in_the_batch(self, op: lg.DropoutOp, k: int) -> None:
+        """Micro-batch k's copy of a dropout draws what the whole batch's
+        would for its rows: its row r is the batch's row of example
+        (r / R) * K + k (lg.dropout's micro_batch)."""
+        rows = self.rows[op.results[0]]
+        if op.params()["micro_batch"] != (1, 0, 1) or not rows:
+            raise self.fail(op, "a dropout of a value already cut into micro-batches, or of a scalar that depends "
+                            "on the batch, has no row in the batch to draw for")
+        op.properties["micro_batch"] = DenseArrayBase.from_list(i64, [self.count, k, rows])
+
     @staticmethod
     def _written(op: Operation, shape) -> dict:
         if isinstance(op, lg.ToShapeOp):
@@ -206,6 +218,8 @@ class Unroller:
             for op in batch_ops:
                 new = self.copy(op, copies[k])
                 new.attributes[lg.MICRO_BATCH_ATTR] = IntegerAttr(k, i64)
+                if isinstance(new, lg.DropoutOp):
+                    self.draw_as_in_the_batch(new, k)
                 if op.results[0].name_hint:
                     new.results[0].name_hint = f"{op.results[0].name_hint}_mb{k}"
                 output.parent_block().insert_op_before(new, output)

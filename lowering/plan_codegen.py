@@ -45,13 +45,20 @@ class Unsupported(Exception):
     pass
 
 
+C_TYPES = {"f32": "float", "f64": "double", "i64": "int64_t", "i32": "int32_t"}
+
+INTEGER_KERNELS = frozenset({"lg.add", "lg.sub", "lg.mul", "lg.neg", "lg.reshape", "lg.transpose", "lg.cumsum",
+                             "lg.pad", "lg.gather"})
+"""Kernels generated for integer elements too (counts, positions, the
+random step's count): their C is the same for any arithmetic T. The others
+assume floats (infinities, exp), and their integer forms run on the host."""
+
+
 def c_type(elem) -> str:
     name = str(elem)
-    if name == "f32":
-        return "float"
-    if name == "f64":
-        return "double"
-    raise Unsupported(f"element type {name}")
+    if name not in C_TYPES:
+        raise Unsupported(f"element type {name}")
+    return C_TYPES[name]
 
 
 def strides(shape) -> list[int]:
@@ -99,16 +106,29 @@ class Kernel:
         return ", ".join(p.replace("*", "*" + qualifier, 1) for p in self.params)
 
 
+PHILOX_C = """{qualifiers} void sbpc_philox(uint32_t* c, uint32_t k0, uint32_t k1) {{
+  /* Philox4x32-10 (Random123) of counter c under key (k0, k1), in place:
+     the generator of lg.dropout (semantics/philox.py is its definition) */
+  for (int r = 0; r < 10; ++r) {{
+    uint64_t p0 = (uint64_t)0xD2511F53u * c[0], p1 = (uint64_t)0xCD9E8D57u * c[2];
+    uint32_t n0 = (uint32_t)(p1 >> 32) ^ c[1] ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c[3] ^ k1;
+    c[0] = n0; c[1] = (uint32_t)p1; c[2] = n2; c[3] = (uint32_t)p0;
+    k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
+  }}
+}}
+"""
+
 CUDA_PRELUDE = (
     "#define NEG_INF __int_as_float(0xff800000)\n#define SBPC_SUM(v)\n#define SBPC_MAX(v)\n"
-    "typedef long long int64_t;\ntypedef int int32_t;\n"
+    "typedef long long int64_t;\ntypedef int int32_t;\ntypedef unsigned int uint32_t;\n"
+    "typedef unsigned long long uint64_t;\n" + PHILOX_C.format(qualifiers="static __device__ __forceinline__")
 )
 
 
 def cuda_source(k: Kernel) -> tuple[str, list[int]]:
     """The CUDA C of `k` (one thread per index) and its launch."""
     src = (
-        f'{_header(k.t)}{CUDA_PRELUDE}extern "C" __global__ void {k.name}({k.declarations(True)}) {{\n'
+        f'{CUDA_PRELUDE}{_header(k.t)}extern "C" __global__ void {k.name}({k.declarations(True)}) {{\n'
         f"  long i = blockIdx.x * (long)blockDim.x + threadIdx.x;\n  if (i >= {k.threads}) return;\n"
         f"  {k.body}\n}}\n"
     )
@@ -161,7 +181,7 @@ static inline float sbpc_expf(float x) {
 static inline double sbpc_exp(double x) { return (exp)(x); }
 #undef exp
 #define exp(x) _Generic((x), float: sbpc_expf, default: sbpc_exp)(x)
-"""
+""" + PHILOX_C.format(qualifiers="static inline")
 """What every host kernel file starts with (host_source is one kernel)."""
 
 VECTOR_MATH = "".join(
@@ -709,6 +729,48 @@ def gen_scatter_add(site: Site) -> Kernel:
     return Kernel(site.name, site.t, params, lines, body, restrict=True)
 
 
+@CUDA.impl(lg.DropoutOp)
+def gen_dropout(site: Site) -> Kernel:
+    # each element's index in the whole tensor, from where this piece starts
+    # (and, in a micro-batch copy, its row in the batch), then its word of
+    # the Philox block of four it falls in (semantics/philox.py). On the
+    # host the elements run in order, so four neighbours share one block.
+    rate = cast(FloatAttr, site.props["rate"]).value.data
+    stream = cast(IntegerAttr, site.props["stream"]).value.data
+    batch = site.props.get("micro_batch")
+    count, index, rows = tuple(cast(DenseArrayBase[IntegerType], batch).get_values()) if batch else (1, 0, 1)
+    local, shape = site.in_shapes[0] or (1,), site.global_in or (1,)
+    starts = site.in_starts[0] if site.in_starts and site.in_starts[0] else (0,) * len(local)
+    st = strides([shape[0] * count, *shape[1:]])
+
+    def at(d: int, c: str) -> str:
+        """The index along axis d of the whole tensor of local coordinate c."""
+        g = f"({c} + {starts[d]})"
+        return f"(({g} / {rows}) * {count} + {index}) * {rows} + {g} % {rows}" if d == 0 and count > 1 else g
+
+    key = "(uint32_t)a1[0], (uint32_t)((uint64_t)a1[0] >> 32)"
+    draw = f"sbpc_philox(w, {key});"
+    keep = f"out[i] = a0[i] * ((w[g & 3] >> {32 - lg.DROPOUT_BITS}) >= {lg.dropout_threshold(rate)}u ? " \
+           f"(T){1.0 / (1.0 - rate)!r} : (T)0);"
+    counter = f"w[0] = (uint32_t)group; w[1] = (uint32_t)(group >> 32); w[2] = {stream}u; w[3] = (uint32_t)a2[0];"
+    lines = ["long rem = i;", "long g = 0;"]
+    for d in reversed(range(len(local))):
+        lines.append(f"{{ long c = rem % {local[d]}; rem /= {local[d]}; g += ({at(d, 'c')}) * {st[d]}; }}")
+    body = "\n  ".join([*lines, "uint64_t group = (uint64_t)g >> 2;", "uint32_t w[4];", counter, draw, keep])
+    nest = ["  uint32_t w[4];", "  uint64_t cached = ~(uint64_t)0;  /* no block has this number */", "  long i = 0;"]
+    for d, n in enumerate(local):
+        pad = "  " * (d + 1)
+        before = f"g{d - 1} + " if d else ""
+        nest.append(f"{pad}for (long c{d} = 0; c{d} < {n}; ++c{d}) {{")
+        nest.append(f"{pad}  long g{d} = {before}({at(d, f'c{d}')}) * {st[d]};")
+    pad = "  " * (len(local) + 1)
+    nest += [f"{pad}long g = g{len(local) - 1};", f"{pad}uint64_t group = (uint64_t)g >> 2;",
+             f"{pad}if (group != cached) {{ {counter} {draw} cached = group; }}", f"{pad}{keep}", f"{pad}++i;"]
+    nest += ["  " * (d + 1) + "}" for d in reversed(range(len(local)))]
+    params = ("const T* a0", "const int64_t* a1", "const int64_t* a2", "T* out")
+    return Kernel(site.name, site.t, params, math.prod(local), body, restrict=True, host_body="\n".join(nest))
+
+
 def _conv_site(site: Site) -> tuple:
     p = {k: tuple(cast(DenseArrayBase[IntegerType], site.props[k]).get_values())
          for k in ("stride", "padding", "dilation")}
@@ -928,8 +990,15 @@ def describe(actor: plan.ComputeOp, registers: dict) -> Kernel | tuple[str, list
     )
     if kernel == plan.FUSED:
         steps = [(step.kernel, step.args) for step in plan.fused_steps(actor)]
+        _check_element_type(site, [k for k, _ in steps])
         return gen_fused(site.name, site.t, site.in_shapes, site.out_shape, steps)
+    _check_element_type(site, [kernel])
     return describe_site(site)
+
+
+def _check_element_type(site: Site, kernels: Sequence[str]) -> None:
+    if site.t.startswith("int") and not set(kernels) <= INTEGER_KERNELS:
+        raise Unsupported(f"kernel {', '.join(sorted(set(kernels) - INTEGER_KERNELS))} on {site.t} elements")
 
 
 def _starts(device: plan.DeviceOp, t, rank: int) -> tuple[int, ...]:

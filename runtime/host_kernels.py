@@ -58,7 +58,7 @@ row sums that may be reordered (plan_codegen's SBPC_SUM)."""
 
 REDUCTIONS = frozenset({"lg.reduce_sum", "lg.reduce_mean", "lg.reduce_max"})
 HOST_KERNELS = frozenset({plan.FUSED, *plan.FUSABLE_KERNELS, "lg.softmax", "lg.log_softmax", "lg.layernorm",
-                          "lg.transpose", *REDUCTIONS})
+                          "lg.transpose", "lg.dropout", *REDUCTIONS})
 """Kernels whose generated C beats numpy's on this backend, measured by
 bench/host_kernels.py on the GPT step: fused chains 3x (one pass, the
 intermediates in registers), lone elementwise ops 1.3-2.5x, GELU 2.6x,

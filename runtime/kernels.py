@@ -30,6 +30,7 @@ from sbpc.dialects import lg, plan
 from sbpc.dialects.backends import Backend
 from sbpc.dialects.layout import numpy_dtype
 from sbpc.semantics.local_eval import Fused, LocalContext
+from sbpc.semantics.philox import DropoutMask
 from sbpc.semantics.reference import (
     COMPARE,
     LOGICAL,
@@ -622,6 +623,21 @@ def _bind_cumsum(op: lg.CumsumOp, local: LocalContext, ins, out) -> Fire:
 
     def fire(xs, o):
         cumsum_piece(xs[0], axis, reverse, piece, length, o)
+
+    return fire
+
+
+@NUMPY.impl(lg.DropoutOp)
+def _bind_dropout(op: lg.DropoutOp, local: LocalContext, ins, out) -> Fire:
+    # the piece's counters found once; each firing draws them for its seed and step
+    p = op.params()
+    mask = DropoutMask(local.in_shapes[0], local.in_pieces[0], p["rate"], p["stream"], p["micro_batch"])
+    kept = _scratch(out.shape, np.bool_)
+    factors = _scratch(out.shape, out.dtype)
+
+    def fire(xs, o):
+        mask.factors(int(xs[1]), int(xs[2]), o.dtype, factors, kept)
+        np.multiply(xs[0], factors, out=o)
 
     return fire
 

@@ -19,8 +19,8 @@ _FRONTEND = [
     "neg", "relu", "gelu", "tanh", "erf", "exp", "sqrt", "rsqrt", "add", "sub", "mul", "div", "matmul", "conv2d",
     "softmax",
     "log_softmax", "layernorm", "reduce_sum", "reduce_mean", "reduce_max", "reshape", "transpose", "broadcast_to",
-    "concat", "slice", "pad", "cumsum", "gather", "embedding", "cross_entropy", "token_cross_entropy", "mse_loss",
-    "cast", "logical", "compare", "where",
+    "concat", "slice", "pad", "cumsum", "dropout", "gather", "embedding", "cross_entropy", "token_cross_entropy",
+    "mse_loss", "cast", "logical", "compare", "where",
 ]
 _WHERE = {
     "make_context": "sbpc.dialects",
@@ -72,6 +72,7 @@ if TYPE_CHECKING:
         cross_entropy,
         cumsum,
         div,
+        dropout,
         embedding,
         erf,
         exp,

@@ -62,6 +62,7 @@ def compile(  # noqa: A001 - the verb users expect
     memory_budget: int | None = None,
     devices: int | None = None,
     optimizer: Any = None,
+    seed: int | None = None,
 ) -> Executable:
     """Runs the pass pipeline (default: the whole `compile` chain) on a
     frontend graph, a module, or IR text, and returns an Executable.
@@ -77,7 +78,12 @@ def compile(  # noqa: A001 - the verb users expect
 
     `optimizer` (`sbpc.optim.SGD`, `Adam`, `AdamW`) makes it a training step:
     lg-autodiff and the optimizer's lg-optimizer run before `pipeline`, and
-    its learning rate is fed as `lr` unless a step's feeds give one."""
+    its learning rate is fed as `lr` unless a step's feeds give one.
+
+    `seed` starts the graph's random numbers (dropout; default 0): the
+    parameter `rng.seed`, saved in checkpoints with the step count
+    `rng.step`, so that a reload resumes the same stream. Every plan of one
+    graph draws the same numbers for one seed."""
     from sbpc.lowering import PASSES
 
     if mode not in MODES:
@@ -137,6 +143,13 @@ def compile(  # noqa: A001 - the verb users expect
         exe.buffers = dict(graph.buffers)
     if optimizer is not None:
         exe.default_feeds["lr"] = np.asarray(optimizer.lr, dtype=np.float32)
+    if seed is not None:
+        from sbpc.frontend import RANDOM_SEED
+
+        if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or not -2**63 <= seed < 2**63:
+            raise ValueError(f"seed must be a 64-bit integer, got {seed!r}")
+        if RANDOM_SEED in exe.param_keys():
+            exe.initial_values[RANDOM_SEED] = np.asarray(seed, np.int64)
     return exe
 
 
@@ -216,12 +229,18 @@ class Executable:
         its parameters and optimizer state in place after every step."""
         from sbpc.runtime.program import check_feeds
 
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"steps must be a positive integer, got {steps!r}")
         feeds = check_feeds(self.program, {**self.default_feeds, **feeds})
         where = self._where()
         if where == "simulate":
             from sbpc.semantics.plan_simulator import run_plan
 
-            everything = run_plan(self.module, feeds, {**self.initial_values, **self._sim_params})
+            for _ in range(steps):  # each step's updates (`new.<key>`) written back, as the ranks do
+                everything = run_plan(self.module, feeds, {**self.initial_values, **self._sim_params})
+                for name, value in everything.items():
+                    if name.startswith("new."):
+                        self.params[name.removeprefix("new.")] = value
             return {k: v for k, v in everything.items() if outputs is None or k in outputs}
         if outputs is not None:
             outputs = sorted(outputs)

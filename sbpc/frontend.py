@@ -188,6 +188,11 @@ def _numpy_of(elem) -> np.dtype:
     return numpy_dtype(elem)
 
 
+RANDOM_SEED = "rng.seed"
+RANDOM_STEP = "rng.step"
+"""The parameters holding a graph's random-number state (Graph.random_state)."""
+
+
 class Graph:
     """Builds one lg.graph."""
 
@@ -209,6 +214,8 @@ class Graph:
         self.buffers: dict[str, np.ndarray] = {}
         """State that is not trained, returned by `Executable.state_dict()` as
         it came (PyTorch buffers)."""
+        self._random: tuple[Tensor, Tensor] | None = None
+        self._streams = 0
 
     def use(self, where: Placement) -> None:
         self.placements.setdefault(where.name, where)
@@ -267,6 +274,27 @@ class Graph:
         data = array.ravel().tolist() if array.size else []
         return self.add(lg.ConstantOp(DenseIntOrFPElementsAttr.from_list(t, data)))
 
+    def random_state(self) -> tuple[Tensor, Tensor]:
+        """The graph's random-number state, made on first use: the i64
+        scalars `rng.seed` (`compile(seed=...)` sets it; a checkpoint keeps
+        it) and `rng.step`, which every run of the graph advances by one
+        through its `new.rng.step` output, so that each step draws new
+        numbers (lg.dropout) and a checkpoint resumes the stream. On the
+        graph's placement, not a pipeline stage's: every stage reads them."""
+        if self._random is None:
+            scope, self._scope = self._scope, None
+            try:
+                self._random = (self.param(RANDOM_SEED, (), dtype="i64", state=True),
+                                self.param(RANDOM_STEP, (), dtype="i64", state=True))
+            finally:
+                self._scope = scope
+        return self._random
+
+    def new_stream(self) -> int:
+        """A number no other random op of this graph draws with."""
+        self._streams += 1
+        return self._streams
+
     def output(self, **outputs: Tensor) -> None:
         self.outputs = {name: t.value for name, t in outputs.items()}
 
@@ -275,8 +303,14 @@ class Graph:
         if self.outputs is None:
             raise ValueError(f"graph @{self.name} has no outputs: call output(name=tensor, ...)")
         if getattr(self, "_module", None) is None:
+            outputs = dict(self.outputs)
+            if self._random is not None and f"new.{RANDOM_STEP}" not in outputs:
+                step = self._random[1]
+                scope, self._scope = self._scope, None
+                outputs[f"new.{RANDOM_STEP}"] = (step + self.constant(np.int64(1))).value
+                self._scope = scope
             placements = [p.op() for p in self.placements.values()]
-            self._module = ModuleOp([*placements, self.builder.graph(self.outputs)])
+            self._module = ModuleOp([*placements, self.builder.graph(outputs)])
             self._module.verify()
         return self._module.clone()
 
@@ -403,6 +437,20 @@ def slice(x: Tensor, starts: Sequence[int], limits: Sequence[int], strides: Sequ
 def pad(x: Tensor, low: Sequence[int], high: Sequence[int], value: float = 0.0) -> Tensor:
     """`x` with `low[i]` elements of `value` before axis i and `high[i]` after it."""
     return x.graph.add(lg.PadOp(x.value, low, high, value))
+
+
+def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
+    """PyTorch's `dropout`: each element zeroed with probability `p`, the
+    others scaled by 1 / (1 - p) (the identity when not `training` or p is
+    0). The mask is a function of the graph's seed and step, this op and
+    the element's place in the whole tensor (lg.dropout): every plan, and
+    the reference interpreter, draws the same one."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    if not training or p == 0.0:
+        return x
+    seed, step = x.graph.random_state()
+    return x.graph.add(lg.DropoutOp(x.value, seed.value, step.value, p, x.graph.new_stream()))
 
 
 def cumsum(x: Tensor, axis: int, reverse: bool = False) -> Tensor:

@@ -23,6 +23,7 @@ from sbpc.dialects import lg
 from sbpc.dialects.backends import Backend
 from sbpc.dialects.layout import Coord, coords, mesh_coord, partial_kind, piece
 from sbpc.dialects.sbp import PlainNd, Sbp, nd_to_plain, plain_nd
+from sbpc.semantics.philox import dropout_piece
 from sbpc.semantics.reference import (
     REFERENCE,
     check_range,
@@ -195,6 +196,13 @@ def _cumsum(op: lg.CumsumOp, ctx: LocalContext, x: np.ndarray) -> np.ndarray:
     axis, reverse = op.params()["axis"], op.params()["reverse"]
     out = np.empty(ctx.out_piece_shape, x.dtype)
     return cumsum_piece(x, axis, reverse, ctx.in_pieces[0][axis], ctx.in_shapes[0][axis], out)
+
+
+@LOCAL.impl(lg.DropoutOp)
+def _dropout(op: lg.DropoutOp, ctx: LocalContext, x: np.ndarray, seed: np.ndarray, step: np.ndarray) -> np.ndarray:
+    # the piece's elements drawn by their indices in the whole tensor
+    p = op.params()
+    return dropout_piece(x, seed, step, ctx.in_shapes[0], ctx.in_pieces[0], p["rate"], p["stream"], p["micro_batch"])
 
 
 @LOCAL.impl(lg.GatherOp)

@@ -223,6 +223,15 @@ def _cumsum(op: lg.CumsumOp, x: np.ndarray) -> np.ndarray:
     return cumsum_piece(x, p["axis"], p["reverse"], slice(0, length), length, np.empty_like(x))
 
 
+@REFERENCE.impl(lg.DropoutOp)
+def _dropout(op: lg.DropoutOp, x: np.ndarray, seed: np.ndarray, step: np.ndarray) -> np.ndarray:
+    from sbpc.semantics.philox import dropout_piece
+
+    p = op.params()
+    return dropout_piece(x, seed, step, x.shape, tuple(slice(0, d) for d in x.shape), p["rate"], p["stream"],
+                         p["micro_batch"])
+
+
 @REFERENCE.impl(lg.EmbeddingOp)
 def _embedding(op: lg.EmbeddingOp, table: np.ndarray, indices: np.ndarray) -> np.ndarray:
     check_range(op, "index", indices, table.shape[0])

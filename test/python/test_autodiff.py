@@ -23,7 +23,10 @@ def check_gradients(g: sbpc.Graph, feeds, eps=1e-6, rtol=1e-5, atol=1e-8):
     LgAutodiffPass().apply(Context(), differentiated)
     differentiated.verify()
     out = evaluate(differentiated, feeds, params)
+    trained = {op.key.data for op in module.ops.last.body.ops if isinstance(op, lg.ParamOp) and op.trained}
     for key, value in params.items():
+        if key not in trained:  # state (the random numbers' seed and step) gets no gradient
+            continue
         numeric = np.zeros_like(value)
         for index in np.ndindex(value.shape):
             for sign in (1, -1):
@@ -103,6 +106,15 @@ def test_scans_gathers_padding_and_the_vocabulary_parallel_cross_entropy():
     picked = sbpc.gather(w, picks, 1)  # lg.scatter_add
     g.output(loss=tokens.sum() + sums.sum() * 0.1 + (padded * padded).sum() * 0.1 + (picked * picked).sum())
     check_gradients(g, {"labels": np.array([1, -100, 4, 0]), "picks": np.array([[0, 0], [4, 1], [2, 3], [1, 1]])})
+
+
+def test_dropout_scales_the_gradient_by_the_forward_mask():
+    # the backward draws the mask again (same seed, step and stream)
+    g = sbpc.Graph("dropped")
+    w = g.param("w", (6, 5), init=sbpc.normal(0.0, 1.0), dtype="f64", seed=15)
+    h = sbpc.dropout(sbpc.tanh(w), 0.4)
+    g.output(loss=(sbpc.dropout(h * h, 0.2) * w).sum())
+    check_gradients(g, {})
 
 
 @pytest.mark.parametrize("stride, padding, dilation, groups",

@@ -58,7 +58,8 @@ def kernels_graph():
     tokens = g.add(lg.TokenCrossEntropyOp(logits.value, labels.value, row_max.value, sum_exp.value, -100))
     grad = g.add(lg.TokenCrossEntropyGradOp(logits.value, labels.value, row_max.value, sum_exp.value,
                                             tokens.value, -100))
-    g.output(yt=yt, b=b, s=s, red=red, t=t, scans=scans, padded=padded, scattered=scattered,
+    dropped = sbpc.dropout(x, 0.3) + sbpc.dropout(logits, 0.5).to(S(1)).sum(axes=(1,)).reshape(8, 1, 1)
+    g.output(yt=yt, b=b, s=s, red=red, t=t, scans=scans, padded=padded, scattered=scattered, dropped=dropped,
              tokens=tokens.to(sbpc.P), grad=grad.to(S(1)), conv=convs[0], conv_input=convs[1], conv_weight=convs[2],
              pool_back=convs[3])
     module = g.module()
@@ -97,7 +98,8 @@ def test_every_kernel_compiles_to_ptx(module):
     assert {"lg.matmul", "lg.add", "plan.fused", "lg.softmax", "lg.log_softmax", "lg.layernorm", "lg.reduce_sum",
             "lg.reduce_mean", "lg.reduce_max", "lg.transpose", "lg.reshape", "lg.cumsum", "lg.pad", "lg.sum_exp",
             "lg.token_cross_entropy", "lg.token_cross_entropy_grad", "lg.gather", "lg.scatter_add", "lg.conv2d",
-            "lg.conv2d_grad_input", "lg.conv2d_grad_weight", "lg.max_pool2d", "lg.max_pool2d_grad"} <= seen
+            "lg.conv2d_grad_input", "lg.conv2d_grad_weight", "lg.max_pool2d", "lg.max_pool2d_grad",
+            "lg.dropout"} <= seen
 
 
 def test_ptx_is_cached_by_source(module, tmp_path, monkeypatch):

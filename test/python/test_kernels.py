@@ -52,7 +52,7 @@ def every_op_module(ranks: int, device: str = "cpu", batch: int = 8):
     # (8, 12); the second gather's row 0 gets no gradient (padding_idx)
     e = (sbpc.embedding(table, ids) + sbpc.embedding(table, ids, padding_idx=0)).sum(axes=(1,))
     h = sbpc.gelu(x + e) * sbpc.rsqrt(x * x + 1.0) - sbpc.tanh(sbpc.relu(x)) / sbpc.sqrt(sbpc.exp(-x) + 2.0)
-    h = h + sbpc.erf(x) * 0.5
+    h = sbpc.dropout(h + sbpc.erf(x) * 0.5, 0.25)
     # running sums over the split batch axis (partial) and along a row, as ids' positions are counted
     ranks_of = sbpc.cumsum(sbpc.cast(sbpc.compare("gt", ids, g.constant(np.asarray(4))), "i64"), 1)
     counts = sbpc.cast(ranks_of, "f32").sum(axes=(1,), keepdims=True)

@@ -16,6 +16,8 @@ lg.graph @all_ops on @mesh {
   %f = lg.param "f" init #lg.fill<1.5> : tensor<4xf32>
   %u = lg.param "u" init #lg.uniform<-0.1, 0.1> seed 3 : tensor<4xf32>
   %st = lg.param "st" init #lg.zeros state : tensor<4xi64>
+  %seed = lg.param "rng.seed" init #lg.zeros state : tensor<i64>
+  %rstep = lg.param "rng.step" init #lg.zeros state : tensor<i64>
   %c = lg.constant dense<1.0> : tensor<4xf32>
   %ci = lg.constant dense<[1, 2]> : tensor<2xi64>
   %ci0 = lg.constant dense<0> : tensor<i64>
@@ -51,6 +53,8 @@ lg.graph @all_ops on @mesh {
   %pad = lg.pad %ln low [0, 1] high [2, 0] value -1.000000e+02 : tensor<8x4xf32> -> tensor<10x5xf32>
   %cs = lg.cumsum %ln axis 1 reverse : tensor<8x4xf32> -> tensor<8x4xf32>
   %csi = lg.cumsum %ci axis 0 : tensor<2xi64> -> tensor<2xi64>
+  %drop = lg.dropout %ln, %seed, %rstep rate 1.000000e-01 stream 3 : (tensor<8x4xf32>, tensor<i64>, tensor<i64>) -> tensor<8x4xf32>
+  %dropmb = lg.dropout %ln, %seed, %rstep rate 5.000000e-01 stream 4 micro_batch [2, 1, 4] : (tensor<8x4xf32>, tensor<i64>, tensor<i64>) -> tensor<8x4xf32>
   %addi = lg.add %csi, %ci : (tensor<2xi64>, tensor<2xi64>) -> tensor<2xi64>
   %img = lg.reshape %x : tensor<8x16xf32> -> tensor<2x4x4x4xf32>
   %kern = lg.reshape %mm : tensor<8x4xf32> -> tensor<4x2x2x2xf32>
@@ -95,6 +99,8 @@ lg.graph @all_ops on @mesh {
 // CHECK-NEXT:   %f = lg.param "f" init #lg.fill<1.5> : tensor<4xf32>
 // CHECK-NEXT:   %u = lg.param "u" init #lg.uniform<-0.1, 0.1> seed 3 : tensor<4xf32>
 // CHECK-NEXT:   %st = lg.param "st" init #lg.zeros state : tensor<4xi64>
+// CHECK-NEXT:   %seed = lg.param "rng.seed" init #lg.zeros state : tensor<i64>
+// CHECK-NEXT:   %rstep = lg.param "rng.step" init #lg.zeros state : tensor<i64>
 // CHECK-NEXT:   %c = lg.constant dense<1.000000e+00> : tensor<4xf32>
 // CHECK-NEXT:   %ci = lg.constant dense<[1, 2]> : tensor<2xi64>
 // CHECK-NEXT:   %ci0 = lg.constant dense<0> : tensor<i64>
@@ -130,6 +136,8 @@ lg.graph @all_ops on @mesh {
 // CHECK-NEXT:   %pad = lg.pad %ln low [0, 1] high [2, 0] value -1.000000e+02 : tensor<8x4xf32> -> tensor<10x5xf32>
 // CHECK-NEXT:  %cs = lg.cumsum %ln axis 1 reverse : tensor<8x4xf32> -> tensor<8x4xf32>
 // CHECK-NEXT:  %csi = lg.cumsum %ci axis 0 : tensor<2xi64> -> tensor<2xi64>
+// CHECK-NEXT:  %drop = lg.dropout %ln, %seed, %rstep rate 1.000000e-01 stream 3 : (tensor<8x4xf32>, tensor<i64>, tensor<i64>) -> tensor<8x4xf32>
+// CHECK-NEXT:  %dropmb = lg.dropout %ln, %seed, %rstep rate 5.000000e-01 stream 4 micro_batch [2, 1, 4] : (tensor<8x4xf32>, tensor<i64>, tensor<i64>) -> tensor<8x4xf32>
 // CHECK-NEXT:  %addi = lg.add %csi, %ci : (tensor<2xi64>, tensor<2xi64>) -> tensor<2xi64>
 // CHECK-NEXT:  %img = lg.reshape %x : tensor<8x16xf32> -> tensor<2x4x4x4xf32>
 // CHECK-NEXT:  %kern = lg.reshape %mm : tensor<8x4xf32> -> tensor<4x2x2x2xf32>
@@ -181,6 +189,7 @@ lg.graph @all_ops on @mesh {
 // GENERIC-NEXT:   %sl = "lg.slice"(%cc) <{starts = array<i64: 0, 1>, limits = array<i64: 8, 12>, strides = array<i64: 2, 3>}> : (tensor<8x12xf32>) -> tensor<4x4xf32>
 // GENERIC:        %pad = "lg.pad"(%ln) <{low = array<i64: 0, 1>, high = array<i64: 2, 0>, value = -1.000000e+02 : f64}> : (tensor<8x4xf32>) -> tensor<10x5xf32>
 // GENERIC:        %cs = "lg.cumsum"(%ln) <{axis = 1 : i64, reverse}> : (tensor<8x4xf32>) -> tensor<8x4xf32>
+// GENERIC:        %dropmb = "lg.dropout"(%ln, %seed, %rstep) <{rate = 5.000000e-01 : f64, stream = 4 : i64, micro_batch = array<i64: 2, 1, 4>}> : (tensor<8x4xf32>, tensor<i64>, tensor<i64>) -> tensor<8x4xf32>
 // GENERIC:        %cv = "lg.conv2d"(%img, %kern) <{stride = array<i64: 2, 1>, padding = array<i64: 1, 0>, dilation = array<i64: 1, 2>, groups = 2 : i64}> : (tensor<2x4x4x4xf32>, tensor<4x2x2x2xf32>) -> tensor<2x4x3x2xf32>
 // GENERIC:        %mp = "lg.max_pool2d"(%img) <{kernel = array<i64: 3, 2>, stride = array<i64: 2, 2>, padding = array<i64: 1, 1>}> : (tensor<2x4x4x4xf32>) -> tensor<2x4x2x3xf32>
 // GENERIC:        %oh = "lg.one_hot"(%labels) <{classes = 4 : i64}> : (tensor<8xi64>) -> tensor<8x4xf32>

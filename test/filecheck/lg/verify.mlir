@@ -889,3 +889,54 @@ lg.graph @g {
   lg.output ["y"] %y : tensor<2x2x4x4xf32>
 }
 // CHECK: 'lg.max_pool2d_grad': grad shape [2, 2, 3, 3] is not the pooling's output for images [2, 2, 4, 4]
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8xi64>
+  %s = lg.param "rng.seed" init #lg.zeros state : tensor<i64>
+  %y = lg.dropout %x, %s, %s rate 1.000000e-01 stream 1 : (tensor<8xi64>, tensor<i64>, tensor<i64>) -> tensor<8xi64>
+  lg.output ["y"] %y : tensor<8xi64>
+}
+// CHECK: 'lg.dropout': input must be a float tensor, got i64
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8xf32>
+  %s = lg.param "rng.seed" init #lg.zeros state : tensor<i64>
+  %t = lg.param "rng.step" init #lg.zeros state : tensor<2xi64>
+  %y = lg.dropout %x, %s, %t rate 1.000000e-01 stream 1 : (tensor<8xf32>, tensor<i64>, tensor<2xi64>) -> tensor<8xf32>
+  lg.output ["y"] %y : tensor<8xf32>
+}
+// CHECK: 'lg.dropout': step must be an i64 scalar, got 2xi64
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8xf32>
+  %s = lg.param "rng.seed" init #lg.zeros state : tensor<i64>
+  %y = lg.dropout %x, %s, %s rate 1.000000e+00 stream 1 : (tensor<8xf32>, tensor<i64>, tensor<i64>) -> tensor<8xf32>
+  lg.output ["y"] %y : tensor<8xf32>
+}
+// CHECK: 'lg.dropout': rate must be in [0, 1), got 1.0
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8xf32>
+  %s = lg.param "rng.seed" init #lg.zeros state : tensor<i64>
+  %y = lg.dropout %x, %s, %s rate 1.000000e-01 stream -1 : (tensor<8xf32>, tensor<i64>, tensor<i64>) -> tensor<8xf32>
+  lg.output ["y"] %y : tensor<8xf32>
+}
+// CHECK: 'lg.dropout': stream must be in [0, 2^32), got -1
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8xf32>
+  %s = lg.param "rng.seed" init #lg.zeros state : tensor<i64>
+  %y = lg.dropout %x, %s, %s rate 1.000000e-01 stream 1 micro_batch [2, 2, 1] : (tensor<8xf32>, tensor<i64>, tensor<i64>) -> tensor<8xf32>
+  lg.output ["y"] %y : tensor<8xf32>
+}
+// CHECK: 'lg.dropout': micro_batch (count, index, rows per example) = [2, 2, 1] is not a micro-batch of a batch along axis 0
