@@ -93,7 +93,11 @@ def compile(  # noqa: A001 - the verb users expect
     if optimizer is not None:
         if any(p in pipeline for p in ("lg-autodiff", "lg-optimizer")):
             raise ValueError("pass either optimizer= or a pipeline with lg-autodiff and lg-optimizer, not both")
-        pipeline = f"{optimizer.pipeline()},{pipeline}"
+        # micro-batches are cut before autodiff: a pipeline that begins with
+        # lg-micro-batch gets the optimizer's passes after it
+        specs = [str(p.pipeline_pass_spec()) for p in PassPipeline.parse_spec(PASSES, pipeline).passes]
+        lead = next((i for i, spec in enumerate(specs) if not spec.startswith("lg-micro-batch")), len(specs))
+        pipeline = ",".join([*specs[:lead], optimizer.pipeline(), *specs[lead:]])
     if isinstance(graph, Graph):
         if placement is not None and graph.placement is None:
             graph.placement = placement

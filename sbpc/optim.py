@@ -24,10 +24,17 @@ from typing import Any
 @dataclass(frozen=True)
 class Optimizer:
     lr: float = 1e-3
+    zero: bool = False
+    """ZeRO (stage 1): each rank of the data axis keeps and updates 1/p of
+    the optimizer state (lg-optimizer's `zero`), as PyTorch's
+    ZeroRedundancyOptimizer does."""
 
     def pass_spec(self) -> str:
         """The lg-optimizer pass that applies this update."""
         raise NotImplementedError
+
+    def _pass(self, options: str) -> str:
+        return f"lg-optimizer{{{options}{' zero=true' if self.zero else ''}}}"
 
     def pipeline(self) -> str:
         return f"lg-autodiff,{self.pass_spec()}"
@@ -43,8 +50,8 @@ class SGD(Optimizer):
     def pass_spec(self) -> str:
         _no_coupled_decay(self.weight_decay, "SGD")
         if self.momentum:
-            return f"lg-optimizer{{algorithm=momentum momentum={_num(self.momentum)}}}"
-        return "lg-optimizer{algorithm=sgd}"
+            return self._pass(f"algorithm=momentum momentum={_num(self.momentum)}")
+        return self._pass("algorithm=sgd")
 
 
 @dataclass(frozen=True)
@@ -57,7 +64,7 @@ class Adam(Optimizer):
 
     def pass_spec(self) -> str:
         _no_coupled_decay(self.weight_decay, "Adam")
-        return f"lg-optimizer{{algorithm=adam {self._adam()}}}"
+        return self._pass(f"algorithm=adam {self._adam()}")
 
     def _adam(self) -> str:
         return f"beta1={_num(self.betas[0])} beta2={_num(self.betas[1])} eps={_num(self.eps)}"
@@ -85,7 +92,7 @@ class AdamW(Adam):
                 rules.append(f"{pattern}:{_num(group.get('weight_decay', self.weight_decay))}")
         if rules:
             spec += f' decay_groups="{";".join(rules)}"'
-        return f"lg-optimizer{{{spec}}}"
+        return self._pass(spec)
 
 
 def _num(x: float) -> str:

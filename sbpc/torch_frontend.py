@@ -1097,9 +1097,11 @@ def _autocast_region(im: _Importer, device_type, dtype, enabled, cache_enabled, 
 
 @rule("aten.dropout")
 def _dropout(im: _Importer, x, p, train):
-    if train and p > 0:
-        raise ValueError(f"dropout with p={p} in training: sbpc has no random dropout yet; use p=0")
-    return x
+    """lg.dropout: its mask is sbpc's own draw (from `compile(seed=...)`),
+    the same under every plan, not PyTorch's generator's."""
+    if not train or p == 0:
+        return x
+    return fe.dropout(im.lift(x), float(p))
 
 
 @rule("aten.chunk")
@@ -1214,8 +1216,6 @@ def _where(im: _Importer, condition, a, b):
 
 @rule("aten.scaled_dot_product_attention")
 def _sdpa(im: _Importer, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    if dropout_p > 0:
-        raise ValueError(f"attention dropout p={dropout_p}: sbpc has no random dropout yet")
     if enable_gqa:
         raise ValueError("grouped-query attention (enable_gqa): repeat the key and value heads instead")
     q, k, v = im.lift(q), im.lift(k), im.lift(v)
@@ -1232,7 +1232,7 @@ def _sdpa(im: _Importer, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False
             scores = scores + _additive_mask(im, ~mask, -math.inf, scores)
         else:
             scores = scores + im.lift(attn_mask)
-    return fe.matmul(fe.softmax(scores, len(scores.shape) - 1), v)
+    return fe.matmul(fe.dropout(fe.softmax(scores, len(scores.shape) - 1), float(dropout_p)), v)
 
 
 @rule("aten.cross_entropy_loss")

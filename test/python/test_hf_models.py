@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import sbpc
-from sbpc import S
+from sbpc import B, S
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -275,6 +275,62 @@ def test_bert_with_a_padding_mask_per_batch_trains_as_pytorch(head, batches, ran
         initial = bert(head).bert.embeddings.word_embeddings.weight.detach()
         np.testing.assert_array_equal(rows[0].numpy(), initial[0].numpy())
         assert not np.array_equal(rows[1].numpy(), initial[1].numpy())
+
+
+def gpt2_with_dropout():
+    """GPT-2 as its default configuration has it: dropout 0.1 on the
+    embeddings, the attention probabilities and both residual branches."""
+    torch.manual_seed(0)
+    return _eager(transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=2, n_head=4)))
+
+
+def dropout_losses(ranks=1, sbp=None, mesh=None, zero=False, micro_batches=1):
+    """20 Adam steps of GPT-2 with dropout, seed 5: the losses, and the plan.
+    No label is ignored: a micro-batched step's loss is the mean of its
+    micro-batches' means, which is the batch's mean only where each
+    micro-batch counts as many labels."""
+    batches = [(x, x.clone()) for x, _ in language_batches()[:STEPS]]
+    graph = sbpc.from_torch(LossOf(gpt2_with_dropout()), batches[0], sbp=sbp,
+                            placement=sbpc.placement("cpu", ranks, mesh))
+    pipeline = f"lg-micro-batch{{count={micro_batches}}},compile" if micro_batches > 1 else "compile"
+    exe = sbpc.compile(graph, optimizer=sbpc.optim.Adam(lr=1e-3, zero=zero), pipeline=pipeline,
+                       mode="simulate" if ranks == 1 else "auto", seed=5)
+    losses = [float(exe.train_step({"input_ids": x.numpy(), "labels": y.numpy()})["loss"]) for x, y in batches]
+    return losses, exe
+
+
+@pytest.fixture(scope="module")
+def one_rank_with_dropout():
+    losses, exe = dropout_losses()
+    assert "lg.dropout" in exe.plan_text
+    # the same weights without dropout give other losses from the first step on
+    batches = [(x, x.clone()) for x, _ in language_batches()[:3]]
+    plain = sbpc.compile(sbpc.from_torch(LossOf(gpt2()), batches[0], placement=sbpc.placement("cpu", 1)),
+                         optimizer=sbpc.optim.Adam(lr=1e-3),
+                         mode="simulate")
+    without = [float(plain.train_step({"input_ids": x.numpy(), "labels": y.numpy()})["loss"]) for x, y in batches]
+    assert np.abs(np.array(losses[:3]) - without).min() > 1e-3
+    return losses
+
+
+GPT2_2D = {"input_ids": (S(0), B), "labels": (S(0), B), **{k: (B, v) for k, v in GPT2_TP.items()}}
+
+
+@pytest.mark.parametrize("ranks, sbp, mesh, zero, micro_batches", [
+    pytest.param(2, DATA_PARALLEL, None, False, 1, marks=pytest.mark.full),
+    pytest.param(4, GPT2_TP, None, False, 1, marks=pytest.mark.full),
+    (4, GPT2_2D, (2, 2), False, 1),
+    (2, DATA_PARALLEL, None, True, 4),
+], ids=["data parallel 2", "tensor parallel 4", "2-D 2x2", "ZeRO and 4 micro-batches on data parallel 2"])
+def test_gpt2_with_dropout_draws_the_same_masks_under_every_plan(one_rank_with_dropout, ranks, sbp, mesh, zero,
+                                                                 micro_batches):
+    # sbpc's own masks, not PyTorch's: the reference is sbpc on one rank with the same seed
+    losses, exe = dropout_losses(ranks, sbp, mesh, zero, micro_batches)
+    np.testing.assert_allclose(losses, one_rank_with_dropout, rtol=1e-5)
+    if zero:  # each rank keeps half of Adam's state
+        assert ('param "adam.m.model.transformer.h.0.mlp.c_fc.weight" init #lg.zeros seed 0 of '
+                '!sbp.dtensor<32x128xf32, @cpu2_0_1, S<0>>') in exe.plan_text
 
 
 def test_a_model_imports_directly_with_its_keyword_inputs_and_named_outputs():

@@ -288,10 +288,28 @@ def test_a_feed_under_a_wrong_name_is_named():
         exe.train_step({"inputs": x.numpy(), "y": y.numpy()})
 
 
-def test_dropout_in_training_is_refused_with_the_users_line():
-    model = gpt(dropout=0.1)
-    with pytest.raises(sbpc.TorchImportError, match=r"dropout with p=0.1 .*\n  at .*torch_models.py:\d+"):
-        sbpc.from_torch(model, tokens(0))
+@pytest.mark.parametrize("flash", [False, True], ids=["nn.Dropout", "sdpa's dropout_p"])
+def test_dropout_imports_as_lg_dropout_in_training_and_vanishes_in_eval(flash):
+    # in training: one lg.dropout per dropout site (embeddings, attention,
+    # two residual branches per block), drawing sbpc's masks: 2 ranks data
+    # parallel give the 1-rank losses; in eval: none, and PyTorch's loss
+    model = gpt(dropout=0.1, flash=flash)
+    batches = [tokens(i) for i in range(3)]
+    feeds = [{"idx": x.numpy(), "targets": y.numpy()} for x, y in batches]
+    losses = []
+    for ranks, sbp in ((1, None), (2, {"idx": S(0), "targets": S(0)})):
+        graph = sbpc.from_torch(model, batches[0], sbp=sbp, placement=sbpc.placement("cpu", ranks))
+        dropouts = sum(op.name == "lg.dropout" for op in graph.module().walk())
+        assert dropouts == 1 + 3 * model.config.n_layer
+        exe = sbpc.compile(graph, optimizer=sbpc.optim.SGD(lr=0.1), mode="simulate" if ranks == 1 else "auto")
+        losses.append([float(exe.train_step(f)["loss"]) for f in feeds])
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
+    model.eval()
+    graph = sbpc.from_torch(model, batches[0], placement=sbpc.placement("cpu", 1))
+    assert not any(op.name == "lg.dropout" for op in graph.module().walk())
+    out = sbpc.compile(graph, mode="simulate").run(feeds[0])
+    with torch.no_grad():
+        assert float(out["loss"]) == pytest.approx(model(*batches[0])[1].item(), rel=1e-5)
 
 
 class MaskedMean(nn.Module):
