@@ -29,6 +29,7 @@ IN_ONE_PROCESS = {
     "gpu_kernels.py": ["--quick"],
     "sbp_infer_scaling.py": ["--sizes", "100", "200"],
     "conv.py": ["--quick"],
+    "dropout.py": ["--quick"],
 }
 SLOW = {
     # 4-27 s each even with --quick (a calibration, a search); make test-all
