@@ -68,6 +68,7 @@ from xdsl.utils.exceptions import PassFailedException
 from sbpc.dialects import lg
 from sbpc.dialects.sbp import (
     PLACEMENT_ATTR,
+    AnnotateOp,
     DTensorType,
     PlacementOp,
     Sbp,
@@ -305,6 +306,35 @@ def _place_stages(module: ModuleOp, graph: lg.GraphOp, placement: PlacementOp, l
     graph.placement = SymbolRefAttr(names[0])
     placement.detach()
     placement.erase()
+
+
+def place_stages(module: ModuleOp, stages: int) -> None:
+    """Cuts the forward graph of `module` into `stages` pipeline stages as
+    sbp-autoplan cuts them (near equal shares of the flops where the fewest
+    bytes cross; each source with its first use), stage i on the i-th
+    equal share of its placement's ranks (`compile(stages=...)`). The graph
+    must carry no distribution yet: sbp-infer chooses each stage's."""
+    graphs = lg.graphs(module)
+    if len(graphs) != 1:
+        raise PassFailedException(f"pipeline stages: cuts one lg.graph, found {len(graphs)}")
+    graph = graphs[0]
+    if graph.placement is None:
+        raise PassFailedException(f"'lg.graph' @{graph.sym_name.data}: pipeline stages need the graph's placement")
+    placement = lookup_placement(graph, graph.placement)
+    ranks = list(placement.ranks.get_values())
+    if stages < 1 or len(ranks) % stages:
+        raise PassFailedException(f"pipeline stages: {len(ranks)} ranks do not make {stages} stages of equal size")
+    for op in graph.body.ops:
+        if PLACEMENT_ATTR in op.attributes or isinstance(op, AnnotateOp) or any(
+                isinstance(r.type, DTensorType) for r in op.results):
+            raise PassFailedException(
+                f"'{op.name}': pipeline stages are cut from a graph without sbp hints or placed ops "
+                "(sbp-infer chooses each stage's distribution)")
+    forward = [o for o in graph.body.ops if not isinstance(o, (*SOURCES, lg.OutputOp))]
+    if len(forward) < stages:
+        raise PassFailedException(f"pipeline stages: {len(forward)} ops do not make {stages} stages")
+    if stages > 1:
+        _place_stages(module, graph, placement, Layout((len(ranks) // stages,), "replicated", stages), ranks)
 
 
 def _seed_inputs(graph: lg.GraphOp, layout: Layout) -> None:

@@ -63,6 +63,7 @@ def compile(  # noqa: A001 - the verb users expect
     devices: int | None = None,
     optimizer: Any = None,
     seed: int | None = None,
+    stages: int = 1,
 ) -> Executable:
     """Runs the pass pipeline (default: the whole `compile` chain) on a
     frontend graph, a module, or IR text, and returns an Executable.
@@ -79,6 +80,13 @@ def compile(  # noqa: A001 - the verb users expect
     `optimizer` (`sbpc.optim.SGD`, `Adam`, `AdamW`) makes it a training step:
     lg-autodiff and the optimizer's lg-optimizer run before `pipeline`, and
     its learning rate is fed as `lr` unless a step's feeds give one.
+
+    `stages` cuts a graph without sbp hints into that many pipeline stages
+    (as sbp-autoplan cuts them: equal shares of the flops where the fewest
+    bytes cross), each on an equal share of the placement's ranks, with
+    sbp-infer choosing each stage's distribution; with a pipeline that
+    begins with `lg-micro-batch{count=K}` the stages overlap K
+    micro-batches. (`plan="auto"` chooses stages itself.)
 
     `seed` starts the graph's random numbers (dropout; default 0): the
     parameter `rng.seed`, saved in checkpoints with the step count
@@ -118,6 +126,13 @@ def compile(  # noqa: A001 - the verb users expect
                 assert first is not None  # `g` is in this block
                 module.body.block.insert_op_before(placement.op(), first)
     autoplan: dict[str, Any] = {}
+    if stages != 1:
+        if plan == "auto" or programs(module):
+            raise ValueError("stages= cuts a graph by hand: not with plan='auto' (which chooses stages) "
+                             "or a compiled plan")
+        from sbpc.lowering.sbp_autoplan import place_stages
+
+        place_stages(module, stages)
     if not programs(module):
         passes = list(PassPipeline.parse_spec(PASSES, pipeline).passes)
         if plan == "auto":

@@ -179,3 +179,27 @@ def test_a_failing_rank_is_reported_by_run():
     # the next run starts fresh ranks
     np.testing.assert_allclose(exe.run({"ids": np.array([0, 1, 2, 3, 3, 1])})["s"],
                                evaluate(g.module(), {"ids": np.array([0, 1, 2, 3, 3, 1])})["s"], rtol=1e-5)
+
+
+def test_stages_cut_an_unhinted_graph_into_pipeline_stages():
+    def mlp(hinted=False):
+        g = sbpc.Graph("staged", placement=sbpc.placement("cpu", 4))
+        x = g.input("x", (8, 6), sbp=S(0) if hinted else None)
+        h = sbpc.gelu(x @ g.param("w1", (6, 16), init=sbpc.normal(0.0, 0.5), seed=1))
+        g.output(loss=(h @ g.param("w2", (16, 3), init=sbpc.normal(0.0, 0.5), seed=2)).mean())
+        return g
+
+    feeds = {"x": np.random.default_rng(0).normal(size=(8, 6)).astype(np.float32)}
+    whole = sbpc.compile(mlp(), optimizer=sbpc.optim.SGD(lr=0.1), mode="simulate")
+    staged = sbpc.compile(mlp(), optimizer=sbpc.optim.SGD(lr=0.1), mode="simulate", stages=2,
+                          pipeline="lg-micro-batch{count=2},compile")
+    assert "@stage0" in staged.plan_text and "@stage1" in staged.plan_text
+    for _ in range(2):
+        assert float(staged.train_step(feeds)["loss"]) == pytest.approx(float(whole.train_step(feeds)["loss"]),
+                                                                        rel=1e-6)
+    with pytest.raises(Exception, match="4 ranks do not make 3 stages of equal size"):
+        sbpc.compile(mlp(), mode="simulate", stages=3)
+    with pytest.raises(Exception, match="'lg.input': pipeline stages are cut from a graph without sbp hints"):
+        sbpc.compile(mlp(hinted=True), mode="simulate", stages=2)
+    with pytest.raises(ValueError, match="stages= cuts a graph by hand: not with plan='auto'"):
+        sbpc.compile(mlp(), plan="auto", stages=2)

@@ -285,7 +285,7 @@ def gpt2_with_dropout():
         vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=2, n_head=4)))
 
 
-def dropout_losses(ranks=1, sbp=None, mesh=None, zero=False, micro_batches=1):
+def dropout_losses(ranks=1, sbp=None, mesh=None, zero=False, micro_batches=1, stages=1):
     """20 Adam steps of GPT-2 with dropout, seed 5: the losses, and the plan.
     No label is ignored: a micro-batched step's loss is the mean of its
     micro-batches' means, which is the batch's mean only where each
@@ -295,7 +295,7 @@ def dropout_losses(ranks=1, sbp=None, mesh=None, zero=False, micro_batches=1):
                             placement=sbpc.placement("cpu", ranks, mesh))
     pipeline = f"lg-micro-batch{{count={micro_batches}}},compile" if micro_batches > 1 else "compile"
     exe = sbpc.compile(graph, optimizer=sbpc.optim.Adam(lr=1e-3, zero=zero), pipeline=pipeline,
-                       mode="simulate" if ranks == 1 else "auto", seed=5)
+                       mode="simulate" if ranks == 1 else "auto", seed=5, stages=stages)
     losses = [float(exe.train_step({"input_ids": x.numpy(), "labels": y.numpy()})["loss"]) for x, y in batches]
     return losses, exe
 
@@ -317,20 +317,23 @@ def one_rank_with_dropout():
 GPT2_2D = {"input_ids": (S(0), B), "labels": (S(0), B), **{k: (B, v) for k, v in GPT2_TP.items()}}
 
 
-@pytest.mark.parametrize("ranks, sbp, mesh, zero, micro_batches", [
-    pytest.param(2, DATA_PARALLEL, None, False, 1, marks=pytest.mark.full),
-    pytest.param(4, GPT2_TP, None, False, 1, marks=pytest.mark.full),
-    (4, GPT2_2D, (2, 2), False, 1),
-    (2, DATA_PARALLEL, None, True, 4),
-], ids=["data parallel 2", "tensor parallel 4", "2-D 2x2", "ZeRO and 4 micro-batches on data parallel 2"])
+@pytest.mark.parametrize("ranks, sbp, mesh, zero, micro_batches, stages", [
+    pytest.param(2, DATA_PARALLEL, None, False, 1, 1, marks=pytest.mark.full),
+    pytest.param(4, GPT2_TP, None, False, 1, 1, marks=pytest.mark.full),
+    (4, GPT2_2D, (2, 2), False, 1, 1),
+    pytest.param(2, DATA_PARALLEL, None, True, 4, 1, marks=pytest.mark.full),
+    (4, None, None, True, 4, 2),
+], ids=["data parallel 2", "tensor parallel 4", "2-D 2x2", "ZeRO and 4 micro-batches on data parallel 2",
+        "2 pipeline stages of 2 ranks, 4 micro-batches, ZeRO"])
 def test_gpt2_with_dropout_draws_the_same_masks_under_every_plan(one_rank_with_dropout, ranks, sbp, mesh, zero,
-                                                                 micro_batches):
+                                                                 micro_batches, stages):
     # sbpc's own masks, not PyTorch's: the reference is sbpc on one rank with the same seed
-    losses, exe = dropout_losses(ranks, sbp, mesh, zero, micro_batches)
+    losses, exe = dropout_losses(ranks, sbp, mesh, zero, micro_batches, stages)
     np.testing.assert_allclose(losses, one_rank_with_dropout, rtol=1e-5)
-    if zero:  # each rank keeps half of Adam's state
-        assert ('param "adam.m.model.transformer.h.0.mlp.c_fc.weight" init #lg.zeros seed 0 of '
-                '!sbp.dtensor<32x128xf32, @cpu2_0_1, S<0>>') in exe.plan_text
+    if zero:  # each rank of a block's stage keeps half of its Adam state
+        for block, where in enumerate(("stage0", "stage1") if stages > 1 else ("cpu2_0_1", "cpu2_0_1")):
+            assert (f'param "adam.m.model.transformer.h.{block}.mlp.c_fc.weight" init #lg.zeros seed 0 of '
+                    f'!sbp.dtensor<32x128xf32, @{where}, S<0>>') in exe.plan_text
 
 
 def test_a_model_imports_directly_with_its_keyword_inputs_and_named_outputs():
