@@ -60,7 +60,7 @@ def random_graphs(draw, meshes=((2,),)):
             st.sampled_from(
                 ["unary", "binary", "matmul", "softmax", "layernorm", "reduce", "reshape", "transpose",
                  "broadcast", "concat", "slice", "pad", "cumsum", "gather", "conv", "embedding", "cross_entropy",
-                 "token_cross_entropy", "mse", "constant"]
+                 "token_cross_entropy", "mse", "constant", "dropout"]
             )
         )
         x = pick(lambda s: len(s) >= 1)
@@ -125,6 +125,12 @@ def random_graphs(draw, meshes=((2,),)):
             op = lg.PadOp(x, low, high, draw(st.sampled_from([0.0, -1.5])))
         elif kind == "cumsum":
             op = lg.CumsumOp(x, draw(st.integers(0, rank - 1)), draw(st.booleans()))
+        elif kind == "dropout":
+            # seed and step fed as scalars (a graph's rng.seed and rng.step state);
+            # sometimes the copy of micro-batch k of 2 of a batch of one row per example
+            seed, step = new_input((), "i64", 2**40), new_input((), "i64", 2**20)
+            micro = (2, draw(st.integers(0, 1)), 1) if draw(st.booleans()) else None
+            op = lg.DropoutOp(x, seed, step, draw(st.sampled_from([0.0, 0.1, 0.5])), draw(st.integers(0, 9)), micro)
         elif kind == "gather":
             # indices shaped as x but on the gathered axis; the gradient's
             # scatter-add into zeros of x's shape
