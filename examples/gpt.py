@@ -10,7 +10,7 @@ Executable.train_step on examples/data/corpus.txt. The first step is
 checked against the single-device reference interpreter.
 
     python examples/gpt.py [--ranks 2] [--steps 300] [--layers 2] [--parallel dp|tp|2d|zero|fsdp|pipeline]
-                           [--tied] [--micro-batches K] [--save ckpt.npz] [--load ckpt.npz]
+                           [--tied] [--micro-batches K] [--dropout 0.1 --seed 0] [--save ckpt.npz] [--load ckpt.npz]
 """
 
 import argparse
@@ -35,17 +35,20 @@ def main() -> int:
     parser.add_argument("--parallel", choices=VARIANTS, default="dp")
     parser.add_argument("--tied", action="store_true", help="tie the output head to the token embedding")
     parser.add_argument("--micro-batches", type=int, default=None, help="per step (default: 4 for pipeline, else 1)")
+    parser.add_argument("--dropout", type=float, default=0.0, help="GPT-2's dropout sites (the same masks on any plan)")
+    parser.add_argument("--seed", type=int, default=0, help="of the dropout masks")
     parser.add_argument("--save", help="write the parameters and optimizer state here at the end")
     parser.add_argument("--load", help="start from this checkpoint")
     args = parser.parse_args()
     text, stoi = corpus()
     try:
         module = gpt(args.parallel, args.ranks, len(stoi), batch=args.batch, seq=args.seq, dim=args.dim,
-                     heads=args.heads, layers=args.layers, tied=args.tied, micro_batches=args.micro_batches)
+                     heads=args.heads, layers=args.layers, tied=args.tied, micro_batches=args.micro_batches,
+                     dropout=args.dropout)
     except ValueError as e:
         print(f"gpt: {e}", file=sys.stderr)
         return 2
-    exe = sbpc.compile(module)
+    exe = sbpc.compile(module, seed=args.seed)
     if args.load:
         exe.load(args.load)
     data = gpt_batches(args.batch, args.seq)
@@ -55,6 +58,8 @@ def main() -> int:
         if step == 0:
             params = ({k: exe.params[k] for k in exe.param_keys()} if args.load else
                       {op.key.data: initial_value(op) for op in module.ops.last.body.ops if op.name == "lg.param"})
+            if "rng.seed" in params and not args.load:
+                params["rng.seed"] = np.asarray(args.seed, np.int64)
             ref = float(evaluate(module, feeds, params)["loss"])
         loss = float(exe.train_step(feeds)["loss"])
         losses.append(loss)
