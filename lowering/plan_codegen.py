@@ -45,10 +45,11 @@ class Unsupported(Exception):
     pass
 
 
-C_TYPES = {"f32": "float", "f64": "double", "i64": "int64_t", "i32": "int32_t"}
+C_TYPES = {"f32": "float", "f64": "double", "i64": "int64_t", "i32": "int32_t", "i1": "uint8_t"}
+"""Element types as C types; i1 is numpy's bool, one byte holding 0 or 1."""
 
 INTEGER_KERNELS = frozenset({"lg.add", "lg.sub", "lg.mul", "lg.neg", "lg.reshape", "lg.transpose", "lg.cumsum",
-                             "lg.pad", "lg.gather"})
+                             "lg.pad", "lg.gather", *(op.name for op in lg.MASK_OPS)})
 """Kernels generated for integer elements too (counts, positions, the
 random step's count): their C is the same for any arithmetic T. The others
 assume floats (infinities, exp), and their integer forms run on the host."""
@@ -120,7 +121,7 @@ PHILOX_C = """{qualifiers} void sbpc_philox(uint32_t* c, uint32_t k0, uint32_t k
 
 CUDA_PRELUDE = (
     "#define NEG_INF __int_as_float(0xff800000)\n#define SBPC_SUM(v)\n#define SBPC_MAX(v)\n"
-    "typedef long long int64_t;\ntypedef int int32_t;\ntypedef unsigned int uint32_t;\n"
+    "typedef long long int64_t;\ntypedef int int32_t;\ntypedef unsigned char uint8_t;\ntypedef unsigned int uint32_t;\n"
     "typedef unsigned long long uint64_t;\n" + PHILOX_C.format(qualifiers="static __device__ __forceinline__")
 )
 
@@ -309,7 +310,7 @@ for _op, _expr in (
     CUDA.register(_op, ElementwiseExpr(_expr))
 
 for _op in (lg.BroadcastToOp, lg.ConcatOp, lg.SliceOp, lg.EmbeddingOp, lg.CrossEntropyOp, lg.MseLossOp, lg.OneHotOp,
-            lg.EmbeddingGradOp, *lg.MASK_OPS):
+            lg.EmbeddingGradOp):
     CUDA.register(_op, ON_HOST)
 
 
@@ -344,20 +345,30 @@ def gen_fused(name, t, in_shapes, out_shape, steps) -> Kernel:
     element. Broadcasting composes, so every input is read at the
     broadcast image of the output index and every step lives in a
     register; a lone elementwise op is a chain of one."""
+    lines = []
+    for j, (kernel, args) in enumerate(steps):
+        expr = elementwise_expr(kernel).expr.format(*(f"v{a}" for a in args))
+        lines.append(f"T v{len(in_shapes) + j} = {expr};")
+    return _broadcasting(name, t, in_shapes, out_shape, ["T"] * len(in_shapes), lines,
+                         f"v{len(in_shapes) + len(steps) - 1}")
+
+
+def _broadcasting(name, t, in_shapes, out_shape, in_types, steps: list[str], result: str) -> Kernel:
+    """An elementwise kernel with numpy broadcasting: each input k (of C
+    type in_types[k]) read into v<k> at the broadcast image of the output
+    index, then the statements `steps`, then out[i] = (T)result."""
     n = math.prod(out_shape)
     # Not restrict: the memory plan may write the output over an input
     # (in place); each thread reads its elements before writing its own.
-    params = tuple([f"const T* a{k}" for k in range(len(in_shapes))] + ["T* out"])
+    params = tuple([f"const {in_types[k]}* a{k}" for k in range(len(in_shapes))] + ["T* out"])
     moved = [k for k, shape in enumerate(in_shapes) if tuple(shape) != tuple(out_shape)]
     lines = []
     if moved:
         lines.append(_index_loop(out_shape, [_broadcast_strides(in_shapes[k], out_shape) for k in moved],
                                  [f"o{k}" for k in moved]))
-    lines += [f"T v{k} = a{k}[{f'o{k}' if k in moved else 'i'}];" for k in range(len(in_shapes))]
-    for j, (kernel, args) in enumerate(steps):
-        expr = elementwise_expr(kernel).expr.format(*(f"v{a}" for a in args))
-        lines.append(f"T v{len(in_shapes) + j} = {expr};")
-    lines.append(f"out[i] = v{len(in_shapes) + len(steps) - 1};")
+    lines += [f"{in_types[k]} v{k} = a{k}[{f'o{k}' if k in moved else 'i'}];" for k in range(len(in_shapes))]
+    lines += steps
+    lines.append(f"out[i] = {result};" if steps else f"out[i] = (T)({result});")
     element = lines[1:] if moved else lines
     nest = Nest(*_collapse(tuple(out_shape), [_broadcast_strides(in_shapes[k], out_shape) for k in moved]),
                 tuple(f"o{k}" for k in moved), "\n      ".join(element)) if moved else None
@@ -771,6 +782,41 @@ def gen_dropout(site: Site) -> Kernel:
     return Kernel(site.name, site.t, params, math.prod(local), body, restrict=True, host_body="\n".join(nest))
 
 
+# -- masks: comparisons, casts, logical ops, select -----------------------------
+
+COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+LOGICAL = {"and": "{0} && {1}", "or": "{0} || {1}", "xor": "({0} != 0) != ({1} != 0)"}
+
+
+def _mask_kernel(site: Site, expr: str) -> Kernel:
+    """One of the mask ops: elementwise with broadcasting, each operand of
+    its own element type (site.in_elems), the result `(T)(expr)`."""
+    in_types = [C_TYPES[e] if e in C_TYPES else c_type(e) for e in site.in_elems]
+    return _broadcasting(site.name, site.t, site.in_shapes, site.out_shape, in_types, [], expr)
+
+
+@CUDA.impl(lg.CompareOp)
+def gen_compare(site: Site) -> Kernel:
+    # IEEE comparisons, as numpy's: NaN compares unequal to everything
+    return _mask_kernel(site, f"v0 {COMPARISONS[cast(StringAttr, site.props['kind']).data]} v1")
+
+
+@CUDA.impl(lg.LogicalOp)
+def gen_logical(site: Site) -> Kernel:
+    return _mask_kernel(site, LOGICAL[cast(StringAttr, site.props["kind"]).data].format("v0", "v1"))
+
+
+@CUDA.impl(lg.CastOp)
+def gen_cast(site: Site) -> Kernel:
+    # to i1: != 0 (NaN is true, as numpy's bool()); float to integer truncates toward zero (C's conversion)
+    return _mask_kernel(site, "v0 != 0" if site.t == "uint8_t" else "v0")
+
+
+@CUDA.impl(lg.SelectOp)
+def gen_select(site: Site) -> Kernel:
+    return _mask_kernel(site, "v0 ? v1 : v2")
+
+
 def _conv_site(site: Site) -> tuple:
     p = {k: tuple(cast(DenseArrayBase[IntegerType], site.props[k]).get_values())
          for k in ("stride", "padding", "dilation")}
@@ -997,7 +1043,7 @@ def describe(actor: plan.ComputeOp, registers: dict) -> Kernel | tuple[str, list
 
 
 def _check_element_type(site: Site, kernels: Sequence[str]) -> None:
-    if site.t.startswith("int") and not set(kernels) <= INTEGER_KERNELS:
+    if site.t not in ("float", "double") and not set(kernels) <= INTEGER_KERNELS:
         raise Unsupported(f"kernel {', '.join(sorted(set(kernels) - INTEGER_KERNELS))} on {site.t} elements")
 
 

@@ -59,7 +59,14 @@ def kernels_graph():
     grad = g.add(lg.TokenCrossEntropyGradOp(logits.value, labels.value, row_max.value, sum_exp.value,
                                             tokens.value, -100))
     dropped = sbpc.dropout(x, 0.3) + sbpc.dropout(logits, 0.5).to(S(1)).sum(axes=(1,)).reshape(8, 1, 1)
+    # masks: comparisons of floats and of integers, casts both ways, a logical op, a select, broadcasting
+    positive = sbpc.compare("gt", x, v)
+    high = sbpc.compare("ge", picks, g.constant(np.int64(7)))
+    either = sbpc.logical("or", positive, sbpc.compare("le", x, g.constant(np.float32(-1.0))))
+    masked = (sbpc.where(either, x, sbpc.cast(sbpc.cast(x * 3.0, "i64"), "f32"))
+              + sbpc.cast(high, "f32").sum(axes=(2,), keepdims=True))
     g.output(yt=yt, b=b, s=s, red=red, t=t, scans=scans, padded=padded, scattered=scattered, dropped=dropped,
+             masked=masked,
              tokens=tokens.to(sbpc.P), grad=grad.to(S(1)), conv=convs[0], conv_input=convs[1], conv_weight=convs[2],
              pool_back=convs[3])
     module = g.module()
@@ -99,7 +106,7 @@ def test_every_kernel_compiles_to_ptx(module):
             "lg.reduce_mean", "lg.reduce_max", "lg.transpose", "lg.reshape", "lg.cumsum", "lg.pad", "lg.sum_exp",
             "lg.token_cross_entropy", "lg.token_cross_entropy_grad", "lg.gather", "lg.scatter_add", "lg.conv2d",
             "lg.conv2d_grad_input", "lg.conv2d_grad_weight", "lg.max_pool2d", "lg.max_pool2d_grad",
-            "lg.dropout"} <= seen
+            "lg.dropout", "lg.compare", "lg.cast", "lg.logical", "lg.select"} <= seen
 
 
 def test_ptx_is_cached_by_source(module, tmp_path, monkeypatch):
@@ -136,6 +143,8 @@ def gpu_or_skip():
 
 def random_input(register, rng) -> np.ndarray:
     shape, dtype = register.type.get_shape(), numpy_dtype(register.type.element_type)
+    if dtype.kind == "b":
+        return rng.random(shape) < 0.5
     if dtype.kind == "i":  # of 13 classes or elements: labels (1-D) some ignored (-100), indices all in range
         ignored = rng.random(shape) < (0.2 if len(shape) == 1 else 0)
         return np.where(ignored, -100, rng.integers(0, 13, shape)).astype(dtype)

@@ -77,10 +77,16 @@ def kernels_graph(ranks: int, dtype: str, fuse: bool):
     # dropout of the batch split by rows, and of rows split along their last axis: each piece draws the
     # elements it holds by their indices in the whole tensor
     dropped, split_dropped = sbpc.dropout(x, 0.3), sbpc.dropout(rows, 0.5).to(S(1))
+    # masks: a comparison in the inputs' type, casts both ways, a logical op and a select, broadcasting
+    positive = sbpc.compare("gt", x, v)  # (6, 5, 13) i1
+    counted = sbpc.cast(sbpc.logical("xor", positive, sbpc.compare("le", c, v)), dtype)
+    masked = sbpc.where(positive, x, c) + counted + sbpc.cast(sbpc.cast(x * 3.0, "i64"), dtype)
+    picked_high = sbpc.cast(sbpc.compare("ge", picks, g.constant(np.int64(7))), dtype)  # integers compared
     g.output(red=red, t=t, d=-e / (r + 3.0), cols=cols, swapped=swapped, scans=scans, padded=padded,
              scattered=scattered, tokens=tokens.to(sbpc.P), grad=grad.to(S(1)), split_picked=split_picked,
              split_scattered=split_scattered, convolved=convolved, conv_input=conv_grads[0],
-             conv_weight=conv_grads[1], pool_back=pool_back, dropped=dropped, split_dropped=split_dropped)
+             conv_weight=conv_grads[1], pool_back=pool_back, dropped=dropped, split_dropped=split_dropped,
+             masked=masked, picked_high=picked_high)
     module = g.module()
     CompilePass(fuse=fuse).apply(Context(), module)
     return module
@@ -96,6 +102,8 @@ def device_actors(module):
 def random_input(register, rng):
     shape = tuple(register.type.get_shape())
     dtype = numpy_dtype(register.type.element_type)
+    if dtype.kind == "b":
+        return rng.random(shape) < 0.5
     if dtype.kind == "i":  # of 13 classes or elements: labels (1-D) some ignored (-100), indices all in range
         ignored = rng.random(shape) < (0.2 if len(shape) == 1 else 0)
         return np.where(ignored, -100, rng.integers(0, 13, shape)).astype(dtype)
@@ -142,7 +150,7 @@ def test_every_host_kernel_matches_the_reference(ranks, dtype, fuse):
                       "lg.reduce_max", "lg.transpose", "lg.cumsum", "lg.pad", "lg.sum_exp", "lg.token_cross_entropy",
                       "lg.token_cross_entropy_grad", "lg.gather", "lg.scatter_add", "lg.conv2d",
                       "lg.conv2d_grad_input", "lg.conv2d_grad_weight", "lg.max_pool2d", "lg.max_pool2d_grad",
-                      "lg.dropout"}
+                      "lg.dropout", "lg.compare", "lg.cast", "lg.logical", "lg.select"}
     expected_kinds |= {plan.FUSED} if fuse else {"lg.add", "lg.mul", "lg.gelu", "lg.erf", "lg.rsqrt"}
     assert expected_kinds <= seen, expected_kinds - seen
 
