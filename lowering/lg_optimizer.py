@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp, TensorType
-from xdsl.ir import SSAValue
+from xdsl.dialects.builtin import BFloat16Type, Float16Type, ModuleOp, TensorType, f32
+from xdsl.ir import Attribute, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
@@ -55,6 +55,11 @@ STATE_PREFIXES = ("adam.m.", "adam.v.", "momentum.")
 """How the keys of a parameter's optimizer state begin (the parameter's key follows)."""
 OPTIMIZER_STATE_KEYS = (*STATE_PREFIXES, "adam.beta1_power", "adam.beta2_power")
 """Every parameter key the optimizer adds begins so."""
+
+
+def _computed_in(elem: Attribute) -> Attribute:
+    """The element type an update of `elem` values computes in: float32 for the 16-bit floats."""
+    return f32 if isinstance(elem, Float16Type | BFloat16Type) else elem
 
 
 @dataclass(frozen=True)
@@ -108,46 +113,69 @@ class LgOptimizerPass(ModulePass):
         # the learning rate is a scalar input, so schedules stay outside the graph
         existing = [o for o in graph.body.ops if isinstance(o, lg.InputOp) and o.key.data == "lr"]
         lr = existing[0].result if existing else self._source(
-            graph, lg.InputOp("lr", TensorType(element_type(first.type), []))
+            graph, lg.InputOp("lr", TensorType(_computed_in(element_type(first.type)), []))
         )
         lr.name_hint = lr.name_hint or "lr"
+        scalars: dict[tuple[SSAValue, Attribute], SSAValue] = {}
+
+        def scalar_in(value: SSAValue, elem: Attribute) -> SSAValue:
+            """A scalar of the update (lr, a bias correction) in `elem`, cast once per element type."""
+            if element_type(value.type) == elem:
+                return value
+            if (value, elem) not in scalars:
+                scalars[(value, elem)] = e.emit(lg.CastOp(value, elem))
+            return scalars[(value, elem)]
+
         if self.clip > 0:
             grads = self._clip(e, grads, first)
         kept = [(n, v) for n, v in zip(names, output.values) if not n.startswith("grad.")]
         new: list[tuple[str, SSAValue]] = []
         if self.algorithm in ("adam", "adamw"):
-            p1 = self._state(graph, "adam.beta1_power", (), lg.FillInitAttr(self.beta1), first.owner)
-            p2 = self._state(graph, "adam.beta2_power", (), lg.FillInitAttr(self.beta2), first.owner)
+            p1 = self._state(graph, "adam.beta1_power", (), lg.FillInitAttr(self.beta1), first.owner,
+                             element_type(lr.type))
+            p2 = self._state(graph, "adam.beta2_power", (), lg.FillInitAttr(self.beta2), first.owner,
+                             element_type(lr.type))
             new += [("adam.beta1_power", e.emit(lg.MulOp(p1, e.scalar(self.beta1, p1)))),
                     ("adam.beta2_power", e.emit(lg.MulOp(p2, e.scalar(self.beta2, p2))))]
             bias1 = e.emit(lg.SubOp(e.scalar(1.0, p1), p1))
             bias2 = e.emit(lg.SubOp(e.scalar(1.0, p2), p2))
         for key, g in grads.items():
             e.place_like(params[key])
-            w = params[key].result
+            stored = element_type(params[key].result.type)
+            computed = _computed_in(stored)
+
+            # a 16-bit float parameter and its state are updated in float32,
+            # each new value rounded once (PyTorch's fused update ops)
+            def wide(v: SSAValue) -> SSAValue:
+                return v if computed == stored else e.emit(lg.CastOp(v, computed))  # noqa: B023 - this key's
+
+            def narrow(v: SSAValue) -> SSAValue:
+                return v if computed == stored else e.emit(lg.CastOp(v, stored))  # noqa: B023 - this key's
+
+            w, g = wide(params[key].result), wide(g)
             shape = global_shape(w.type)
             if self.algorithm == "sgd":
                 step = g
             elif self.algorithm == "momentum":
-                v = self._state(graph, f"momentum.{key}", shape, lg.ZerosInitAttr(), params[key])
+                v = wide(self._state(graph, f"momentum.{key}", shape, lg.ZerosInitAttr(), params[key]))
                 v_new = e.emit(lg.AddOp(e.emit(lg.MulOp(v, e.scalar(self.momentum, v))), g))
-                new.append((f"momentum.{key}", v_new))
+                new.append((f"momentum.{key}", narrow(v_new)))
                 step = v_new
             else:
-                m = self._state(graph, f"adam.m.{key}", shape, lg.ZerosInitAttr(), params[key])
-                v = self._state(graph, f"adam.v.{key}", shape, lg.ZerosInitAttr(), params[key])
+                m = wide(self._state(graph, f"adam.m.{key}", shape, lg.ZerosInitAttr(), params[key]))
+                v = wide(self._state(graph, f"adam.v.{key}", shape, lg.ZerosInitAttr(), params[key]))
                 m_new = e.emit(lg.AddOp(e.emit(lg.MulOp(m, e.scalar(self.beta1, m))),
                                         e.emit(lg.MulOp(g, e.scalar(1 - self.beta1, g)))))
                 v_new = e.emit(lg.AddOp(e.emit(lg.MulOp(v, e.scalar(self.beta2, v))),
                                         e.emit(lg.MulOp(e.emit(lg.MulOp(g, g)), e.scalar(1 - self.beta2, g)))))
-                new += [(f"adam.m.{key}", m_new), (f"adam.v.{key}", v_new)]
-                m_hat = e.emit(lg.DivOp(m_new, bias1))
-                v_hat = e.emit(lg.DivOp(v_new, bias2))
+                new += [(f"adam.m.{key}", narrow(m_new)), (f"adam.v.{key}", narrow(v_new))]
+                m_hat = e.emit(lg.DivOp(m_new, scalar_in(bias1, computed)))
+                v_hat = e.emit(lg.DivOp(v_new, scalar_in(bias2, computed)))
                 step = e.emit(lg.DivOp(m_hat, e.emit(lg.AddOp(e.emit(lg.SqrtOp(v_hat)), e.scalar(self.eps, v_hat)))))
                 decay = next((d for pattern, d in groups if fnmatch.fnmatchcase(key, pattern)), self.weight_decay)
                 if self.algorithm == "adamw" and decay:
                     step = e.emit(lg.AddOp(step, e.emit(lg.MulOp(w, e.scalar(decay, w)))))
-            new.append((key, e.emit(lg.SubOp(w, e.emit(lg.MulOp(step, lr))))))
+            new.append((key, narrow(e.emit(lg.SubOp(w, e.emit(lg.MulOp(step, scalar_in(lr, computed))))))))
         for key, value in new:
             value.name_hint = key.replace(".", "_") + "_new"
         values = [v for _, v in kept] + [v for _, v in new]
@@ -161,10 +189,10 @@ class LgOptimizerPass(ModulePass):
         graph.body.block.insert_op_before(op, graph.body.block.first_op)
         return op.results[0]
 
-    def _state(self, graph, key, shape, init, param: lg.ParamOp) -> SSAValue:
-        """A persistent state parameter, placed where `param` is."""
+    def _state(self, graph, key, shape, init, param: lg.ParamOp, elem: Attribute | None = None) -> SSAValue:
+        """A persistent state parameter, placed where `param` is (of `param`'s element type, or `elem`)."""
         like = param.result
-        t = TensorType(element_type(like.type), list(shape))
+        t = TensorType(elem or element_type(like.type), list(shape))
         placed = param.attributes.get(PLACEMENT_ATTR)
         where = (like.type.placement if isinstance(like.type, DTensorType) else placed) or graph.placement
         if self.zero and shape and where is not None:

@@ -54,6 +54,12 @@ def _steps(actor: plan.ComputeOp, out_type) -> list[plan.FusedStep]:
     return [plan.FusedStep(actor.kernel.data, tuple(range(len(actor.ins.data))), out_type)]
 
 
+def _rounded(reg: plan.RegisterOp) -> bool:
+    """A 16-bit float value: each op rounds its result to it, so a chain
+    that kept it in float32 between steps would compute something else."""
+    return str(reg.type.element_type) in ("f16", "bf16")
+
+
 def _is_intermediate(reg: plan.RegisterOp) -> bool:
     return (reg.feed is None and reg.param is None and reg.constant is None and reg.fetch is None
             and reg.is_persistent is None)
@@ -106,7 +112,8 @@ def fuse_device(device: plan.DeviceOp) -> int:
                 name = ref.string_value()
                 producer = producers.get(name)
                 if (producer is None or producer is actor or not _fusable(producer)
-                        or readers.get(name) != {actor} or not _is_intermediate(registers[name])):
+                        or readers.get(name) != {actor} or not _is_intermediate(registers[name])
+                        or _rounded(registers[name])):
                     continue
                 ins, steps = merge(producer, actor, name, registers)
                 for r in producer.ins.data:

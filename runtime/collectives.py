@@ -20,7 +20,7 @@ from mpi4py import MPI
 from mpi4py.util.dtlib import from_numpy_dtype
 
 from sbpc.dialects import plan
-from sbpc.dialects.layout import coords, mesh_coord, partial_kind, piece
+from sbpc.dialects.layout import coords, is_half, mesh_coord, partial_kind, piece
 from sbpc.dialects.sbp import DTensorType, Mesh, Sbp, nd_to_plain
 
 Region = tuple[slice, ...]
@@ -113,10 +113,15 @@ class CommActor:
         kind = partial_kind(nd_to_plain(src_t.nd_sbp))
         self.op = MPI.MAX if kind == Sbp.PMAX else MPI.SUM
         self.fill = -np.inf if partial_kind(nd_to_plain(dst_t.nd_sbp)) == Sbp.PMAX else 0
-        self.dtype = None
         sample = views(self.in_name or self.out_name, 0)
+        # 16-bit floats (f16, bf16) travel as their bytes (uint16: MPI has no
+        # bfloat16) and are summed in float32, each result rounded once
+        self.half = is_half(sample.dtype)
         self.dtype = sample.dtype
+        if self.half:
+            self.dtype = np.dtype(np.float32) if self.kind in REDUCING else np.dtype(np.uint16)
         self.mpi_type = from_numpy_dtype(self.dtype)
+        self._wide: dict[str, np.ndarray] = {}
         self._prepare()
 
     # -- load-time plans for packing ------------------------------------------
@@ -197,6 +202,34 @@ class CommActor:
             src = np.empty(src.shape, src.dtype)
         if dst is not None and dst.size == 0:
             dst = np.empty(dst.shape, dst.dtype)
+        narrow = None
+        if self.half and k in REDUCING:
+            wide = self._widened("src", src)
+            np.copyto(wide, src)
+            narrow, src, dst = dst, wide, self._widened("dst", dst)
+        elif self.half and k in MOVING:
+            src = src.view(np.uint16) if src is not None else src
+            dst = dst.view(np.uint16) if dst is not None else dst
+        pending = self._issue(k, src, dst, comm, pending, me)
+        if narrow is not None:
+            inner = pending.finish
+
+            def rounded():
+                if inner is not None:
+                    inner()
+                np.copyto(narrow, dst)
+
+            pending.finish = rounded
+        return pending
+
+    def _widened(self, which: str, like: np.ndarray) -> np.ndarray:
+        """A float32 buffer shaped like `like`, made on first use."""
+        buf = self._wide.get(which)
+        if buf is None or buf.shape != like.shape:
+            buf = self._wide[which] = np.empty(like.shape, np.float32)
+        return buf
+
+    def _issue(self, k: str, src, dst, comm, pending: Pending, me: int) -> Pending:
         if k == "all_reduce":
             pending.requests.append(comm.Iallreduce(src, dst, self.op))
         elif k == "all_gather" and self.direct:
@@ -275,5 +308,9 @@ class CommActor:
         else:
             raise ValueError(f"unknown collective '{k}'")
         return pending
+
+
+REDUCING = ("all_reduce", "reduce_scatter")
+MOVING = ("all_gather", "all_to_all", "transfer")
 
 

@@ -28,7 +28,7 @@ from xdsl.ir import Operation
 
 from sbpc.dialects import lg, plan
 from sbpc.dialects.backends import Backend
-from sbpc.dialects.layout import numpy_dtype
+from sbpc.dialects.layout import is_half, numpy_dtype
 from sbpc.semantics.local_eval import Fused, LocalContext
 from sbpc.semantics.philox import DropoutMask
 from sbpc.semantics.reference import (
@@ -135,12 +135,36 @@ def _bind_matmul(op: lg.MatmulOp, local, ins, out) -> Fire:
     return fire
 
 
+def _widened(op: Operation, local: LocalContext, ins: Sequence[np.ndarray], out: np.ndarray) -> Fire:
+    """The kernel of an op on 16-bit floats: its float32 kernel on float32
+    copies of the half inputs, the result rounded once into `out` (the
+    reference's semantics)."""
+    wide_ins = [np.empty(x.shape, np.float32) if is_half(x.dtype) else None for x in ins]
+    wide_out = np.empty(out.shape, np.float32) if is_half(out.dtype) else None
+    inner = bind(op, local, [w if w is not None else x for w, x in zip(wide_ins, ins)],
+                 wide_out if wide_out is not None else out)
+
+    def fire(xs, o):
+        args = []
+        for x, w in zip(xs, wide_ins):
+            if w is not None:
+                np.copyto(w, x)
+            args.append(x if w is None else w)
+        if wide_out is None:
+            inner(args, o)
+        else:
+            inner(args, wide_out)
+            np.copyto(o, wide_out)
+
+    return fire
+
+
 def bind_parts(op: Operation, ins: Sequence[np.ndarray], out: np.ndarray):
     """For a matmul long enough to split: parts(xs, o), a generator that
     computes `o` one block of output columns at a time and yields after
     each; None for anything else. The blocks write disjoint columns of the
     output, each a strided view BLAS takes as is."""
-    if not isinstance(op, lg.MatmulOp) or out.ndim < 2:
+    if not isinstance(op, lg.MatmulOp) or out.ndim < 2 or is_half(out.dtype):
         return None
     ta, tb = op.transpose_lhs is not None, op.transpose_rhs is not None
     k = ins[0].shape[-2] if ta else ins[0].shape[-1]
@@ -1011,6 +1035,8 @@ def _alias_safe(op: type) -> bool:
 
 def bind(op: Operation, local: LocalContext, ins: Sequence[np.ndarray], out: np.ndarray) -> Fire:
     """The out= kernel of `op` bound to registers shaped like `ins`/`out`."""
+    if any(is_half(x.dtype) for x in (*ins, out)):
+        return _widened(op, local, ins, out)
     binder = NUMPY.get(type(op))
     if binder is None:
         raise EvaluationError(f"no numpy kernel for {op.name}")

@@ -161,7 +161,11 @@ def compile(  # noqa: A001 - the verb users expect
         exe.state_names = dict(graph.state_names)
         exe.buffers = dict(graph.buffers)
     if optimizer is not None:
-        exe.default_feeds["lr"] = np.asarray(optimizer.lr, dtype=np.float32)
+        from sbpc.dialects.layout import numpy_dtype
+        from sbpc.runtime.program import feed_types
+
+        lr = feed_types(exe.program).get("lr")
+        exe.default_feeds["lr"] = np.asarray(optimizer.lr, dtype=numpy_dtype(lr.element_type) if lr else np.float32)
     if seed is not None:
         from sbpc.frontend import RANDOM_SEED
 
@@ -353,6 +357,8 @@ class Executable:
             for key in self.param_keys():
                 value = data[key]
                 shape, dtype = shapes[key]
+                if value.dtype.kind == "V" and value.dtype.itemsize == dtype.itemsize:
+                    value = value.view(dtype)  # npz keeps ml_dtypes' bfloat16 as raw 2-byte records
                 if value.shape != shape or value.dtype != dtype:
                     raise ValueError(
                         f"checkpoint {os.fspath(path)!r}: parameter {key!r} is {value.dtype}{list(value.shape)}, "
@@ -366,14 +372,13 @@ class Executable:
         weights under each name, buffers as they came), so that
         `module.load_state_dict(exe.state_dict())` works. For a graph built
         in sbpc: every parameter but the optimizer's state."""
-        import torch
 
         from sbpc.lowering.lg_optimizer import OPTIMIZER_STATE_KEYS
 
         names = self.state_names or {k: k for k in self.param_keys() if not k.startswith(OPTIMIZER_STATE_KEYS)}
         values = {key: self.params[key] for key in sorted(set(names.values()))}
-        state = {name: torch.from_numpy(np.array(values[key])) for name, key in names.items()}
-        state.update({name: torch.from_numpy(np.array(value)) for name, value in self.buffers.items()})
+        state = {name: _tensor(np.array(values[key])) for name, key in names.items()}
+        state.update({name: _tensor(np.array(value)) for name, value in self.buffers.items()})
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -416,7 +421,22 @@ class Executable:
 
 def _array(value) -> np.ndarray:
     """A torch tensor (on any device) or an array-like as a numpy array."""
-    return np.asarray(value.detach().cpu().numpy() if hasattr(value, "detach") else value)
+    if hasattr(value, "detach"):
+        from sbpc.torch_frontend import to_numpy
+
+        return to_numpy(value.cpu())
+    return np.asarray(value)
+
+
+def _tensor(value: np.ndarray):
+    """A numpy array as a torch tensor; ml_dtypes' bfloat16 as torch.bfloat16."""
+    import torch
+
+    from sbpc.dialects.layout import is_half
+
+    if is_half(value.dtype) and value.dtype != np.float16:
+        return torch.from_numpy(value.astype(np.float32)).to(torch.bfloat16)
+    return torch.from_numpy(value)
 
 
 class Params:

@@ -265,7 +265,7 @@ class Graph:
     def constant(self, value, dtype: str | None = None) -> Tensor:
         """A constant tensor of `value`'s numpy type, or of `dtype` (bf16, which numpy lacks)."""
         array = np.asarray(value)
-        dtype = dtype or {"float32": "f32", "float64": "f64", "float16": "f16", "int64": "i64",
+        dtype = dtype or {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16", "int64": "i64",
                           "int32": "i32", "bool": "i1"}[str(array.dtype)]
         if array.dtype == np.bool_:
             array = array.astype(np.int64)  # an i1 attribute is written from 0s and 1s

@@ -209,7 +209,7 @@ class _Importer:
                         continue
                     self.env[node] = _Const(value)
                     if spec.persistent:
-                        self.g.buffers[spec.target] = value.detach().numpy().copy()
+                        self.g.buffers[spec.target] = to_numpy(value).copy()
                 else:
                     self.env[node] = _Const(self.program.constants[spec.target])
             elif node.op == "get_attr":  # a higher-order op's region (a GraphModule)
@@ -283,7 +283,7 @@ class _Importer:
             return self.params[key]
         hint = next((h for h in (self._hint(n) for n in aliases) if h is not None), None)
         t = self.g.param(key, tuple(value.shape), dtype=self._dtype(value, f"parameter {key!r}"), sbp=hint)
-        self.g.initial_values[key] = value.detach().numpy().copy()
+        self.g.initial_values[key] = to_numpy(value).copy()
         for alias in aliases:
             self.g.state_names[alias] = key
         self.params[key] = t
@@ -294,7 +294,7 @@ class _Importer:
         its value lives across steps, `state_dict()` returns it, and the
         graph's `new.<name>` output is its next value."""
         t = self.g.param(name, tuple(value.shape), dtype=self._dtype(value, f"buffer {name!r}"), state=True)
-        self.g.initial_values[name] = value.detach().numpy().copy()
+        self.g.initial_values[name] = to_numpy(value).copy()
         self.g.state_names[name] = name
         return t
 
@@ -438,7 +438,7 @@ class _Importer:
         if isinstance(value, _Const):
             key = (id(value),)
             if key not in self.lifted:
-                array = value.value.detach().numpy()
+                array = to_numpy(value.value)
                 if array.dtype == np.bool_:
                     array = array.astype(np.float32)
                 self.lifted[key] = self.g.constant(array)
@@ -451,10 +451,23 @@ class _Importer:
     def known(self, value) -> np.ndarray | None:
         """The value as an array when it is known at import time."""
         if isinstance(value, _Const):
-            return value.value.detach().numpy()
+            return to_numpy(value.value)
         if isinstance(value, bool | int | float):
             return np.asarray(value)
         return None
+
+
+def to_numpy(tensor) -> np.ndarray:
+    """A CPU torch tensor as a numpy array; bfloat16 (which numpy lacks) as
+    ml_dtypes' bfloat16, exactly (every bfloat16 is a float32)."""
+    import torch
+
+    tensor = tensor.detach()
+    if tensor.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return tensor.float().numpy().astype(ml_dtypes.bfloat16)
+    return tensor.numpy()
 
 
 def _unwrap(a):

@@ -21,8 +21,8 @@ from xdsl.ir import Operation
 
 from sbpc.dialects import lg
 from sbpc.dialects.backends import Backend
-from sbpc.dialects.layout import Coord, coords, mesh_coord, partial_kind, piece
-from sbpc.dialects.sbp import PlainNd, Sbp, nd_to_plain, plain_nd
+from sbpc.dialects.layout import Coord, coords, is_float_dtype, is_half, mesh_coord, numpy_dtype, partial_kind, piece
+from sbpc.dialects.sbp import PlainNd, Sbp, element_type, nd_to_plain, plain_nd
 from sbpc.semantics.philox import dropout_piece
 from sbpc.semantics.reference import (
     REFERENCE,
@@ -32,6 +32,7 @@ from sbpc.semantics.reference import (
     scatter_add_piece,
     token_cross_entropy,
     token_cross_entropy_grad,
+    widened,
 )
 
 
@@ -82,7 +83,7 @@ def combine(
     kind = partial_kind(nd)
     broadcast_axes = [a for a, s in enumerate(nd) if s == Sbp.B]
     fill = -np.inf if kind == Sbp.PMAX else 0
-    result = np.full(shape, fill, dtype=np.float64 if np.dtype(dtype).kind == "f" else dtype)
+    result = np.full(shape, fill, dtype=np.float64 if is_float_dtype(dtype) else dtype)
     for c in coords(mesh):
         region = piece(shape, nd, mesh, c)
         local = pieces[c]
@@ -265,10 +266,13 @@ LOCAL.register(lg.BroadcastToOp, _to_local_shape(np.broadcast_to))
 
 def local_kernel(op: Operation, ctx: LocalContext, *inputs: np.ndarray) -> np.ndarray:
     special = LOCAL.get(type(op))
+    # half types (f16, bf16) computed in float32, the result rounded once, as in the reference
+    wide = [widened(x) for x in inputs]
     with np.errstate(all="ignore"):
-        if special is not None:
-            return np.asarray(special(op, ctx, *inputs))
-        return np.asarray(REFERENCE[type(op)](op, *inputs))
+        result = np.asarray(special(op, ctx, *wide) if special is not None else REFERENCE[type(op)](op, *wide))
+    last = op.steps[-1][0] if isinstance(op, Fused) else op
+    dtype = numpy_dtype(element_type(last.results[0].type)) if last.results else None
+    return result.astype(dtype) if dtype is not None and is_half(dtype) else result
 
 
 def run_distributed(

@@ -21,7 +21,7 @@ from xdsl.ir import Attribute, Operation
 
 from sbpc.dialects import lg, sbp
 from sbpc.dialects.backends import Backend
-from sbpc.dialects.layout import numpy_dtype
+from sbpc.dialects.layout import is_float_dtype, is_half, numpy_dtype
 from sbpc.dialects.sbp import element_type, global_shape
 
 
@@ -58,6 +58,11 @@ def initialize(init: Attribute, seed: int, key: str, shape, dtype) -> np.ndarray
     else:
         raise EvaluationError(f'"{key}": unknown initializer {init}')
     return np.asarray(value, dtype=dtype)
+
+
+def widened(x: np.ndarray) -> np.ndarray:
+    """A half-type (f16, bf16) value in float32, what ops on it compute in; others as they are."""
+    return x.astype(np.float32) if is_half(x.dtype) else x
 
 
 def constant_value(value) -> np.ndarray:
@@ -492,7 +497,7 @@ def _check_value(op: Operation, what: str, value: Any, type: Attribute) -> np.nd
     array = np.asarray(value)
     if array.shape != shape:
         raise EvaluationError(f"'{op.name}' {what}: expected shape {list(shape)}, got {list(array.shape)}")
-    if array.dtype.kind != dtype.kind:
+    if array.dtype.kind != dtype.kind and not (is_float_dtype(array.dtype) and is_float_dtype(dtype)):
         raise EvaluationError(f"'{op.name}' {what}: expected {dtype} values, got {array.dtype}")
     return array.astype(dtype, copy=False)
 
@@ -536,8 +541,8 @@ def evaluate(
             kernel = REFERENCE.get(type(op))
             if kernel is None:
                 raise EvaluationError(f"'{op.name}': the reference interpreter has no kernel for this op")
-            with np.errstate(all="ignore"):
-                result = kernel(op, *(values[o] for o in op.operands))
+            with np.errstate(all="ignore"):  # half types computed in float32, the result rounded once
+                result = kernel(op, *(widened(values[o]) for o in op.operands))
             result = np.asarray(result, dtype=numpy_dtype(element_type(op.results[0].type)))
         values[op.results[0]] = result
     raise EvaluationError(f"graph @{graph_op.sym_name.data} has no lg.output")

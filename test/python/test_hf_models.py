@@ -336,6 +336,38 @@ def test_gpt2_with_dropout_draws_the_same_masks_under_every_plan(one_rank_with_d
                     f'!sbp.dtensor<32x128xf32, @{where}, S<0>>') in exe.plan_text
 
 
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_gpt2_in_bfloat16_trains_as_pytorch_does_in_bfloat16(ranks):
+    # a model whose weights are bfloat16: stored so (ml_dtypes), each op
+    # computed in float32 and rounded once, gradients summed in float32
+    # across ranks, Adam's update in float32 rounded into the bfloat16
+    # weights and moments; PyTorch's own bfloat16 run is the reference, and
+    # its distance from float32 the scale
+    from torch_training import torch_run
+
+    batches = language_batches()[:10]
+    model = gpt2().to(torch.bfloat16)
+    graph = sbpc.from_torch(LossOf(model), batches[0], placement=sbpc.placement("cpu", ranks),
+                            sbp=DATA_PARALLEL if ranks > 1 else None)
+    exe = sbpc.compile(graph, optimizer=sbpc.optim.Adam(lr=1e-3), mode="simulate" if ranks == 1 else "auto")
+    assert "bf16" in exe.plan_text
+    losses = [float(exe.train_step({"input_ids": x.numpy(), "labels": y.numpy()})["loss"]) for x, y in batches]
+    ref16, _ = torch_run(LossOf(model), batches, lambda m: torch.optim.Adam(m.parameters(), lr=1e-3), torch.bfloat16)
+    ref32, _ = torch_run(LossOf(gpt2()), batches, lambda m: torch.optim.Adam(m.parameters(), lr=1e-3),
+                         torch.float32)
+    spread = np.abs(np.array(ref16) - ref32).max()
+    assert np.abs(np.array(losses) - ref16).max() <= 3 * spread
+    state = exe.state_dict()
+    assert state["model.transformer.h.0.attn.c_attn.weight"].dtype == torch.bfloat16
+    trained = LossOf(gpt2().to(torch.bfloat16))
+    trained.load_state_dict(state)
+    x, y = language_batches()[10]
+    with torch.no_grad():
+        expected = trained(x, y).item()
+    assert float(exe.train_step({"input_ids": x.numpy(), "labels": y.numpy()})["loss"]) == pytest.approx(
+        expected, rel=1e-3)
+
+
 def test_a_model_imports_directly_with_its_keyword_inputs_and_named_outputs():
     model = gpt2()
     x, y = language_batches(1)[0]

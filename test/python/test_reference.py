@@ -276,3 +276,32 @@ lg.graph @b {
     assert evaluate(module, {"x": np.ones(2, F)}, graph="b")["y"].tolist() == [-1.0, -1.0]
     with pytest.raises(EvaluationError, match="no lg.graph @c"):
         evaluate(module, {"x": np.ones(2, F)}, graph="c")
+
+
+def test_16_bit_floats_compute_in_float32_and_round_each_result():
+    # bf16 and f16 are storage types: every op computes in float32 and rounds
+    # its result once (PyTorch's CPU kernels); a sum accumulates in float32
+    import ml_dtypes
+
+    for dtype, numpy_type in (("bf16", ml_dtypes.bfloat16), ("f16", np.float16)):
+        g = sbpc.Graph("half")
+        x = g.input("x", (5, 7), dtype=dtype)
+        w = g.param("w", (7, 3), init=sbpc.normal(0.0, 0.5), seed=2, dtype=dtype)
+        h = sbpc.gelu(x @ w) * 3.0
+        g.output(h=h, total=h.sum(axes=(0, 1)), wide=sbpc.cast(h, "f32") / 3.0)
+        module = g.module()
+        xs = np.random.default_rng(1).normal(size=(5, 7)).astype(numpy_type)
+        out = evaluate(module, {"x": xs})
+        ws = initial_value(next(op for op in module.ops.last.body.ops if op.name == "lg.param"))
+        assert ws.dtype == numpy_type and out["h"].dtype == numpy_type and out["wide"].dtype == np.float32
+
+        def rounded(v, numpy_type=numpy_type):
+            return np.asarray(v, np.float32).astype(numpy_type).astype(np.float32)
+
+        mm = rounded(xs.astype(np.float32) @ ws.astype(np.float32))
+        gelu = rounded(0.5 * mm * (1 + np.tanh(math.sqrt(2 / math.pi) * (mm + 0.044715 * (mm * mm * mm)))))
+        expected = rounded(gelu * 3.0)
+        np.testing.assert_allclose(out["h"].astype(np.float32), expected, rtol=0, atol=0)
+        assert out["total"].astype(np.float32) == rounded(expected.sum(dtype=np.float32))
+        # the cast to float32 is exact and the division then float32's
+        np.testing.assert_array_equal(out["wide"], expected / np.float32(3.0))
