@@ -175,6 +175,8 @@ class _Importer:
         """The placeholders of parameters and buffers, and their names."""
         self.updates: dict[str, Tensor] = {}
         """Each state buffer's value after the step (its `new.<name>` output)."""
+        self.autocast: str | None = None
+        """The lower precision of the `torch.autocast` region being imported ("bf16", "f16"), if one is on."""
 
     # -- the graph ------------------------------------------------------------------
 
@@ -393,14 +395,39 @@ class _Importer:
                 f"the ATen op {name} ({node.name}) has no lg lowering in sbpc yet "
                 f"(the {len(RULES)} supported ones are listed in sbpc.torch_frontend.RULES)"
             )
+        if self.autocast is not None:
+            args, kwargs = _autocast_args(name, self.autocast, args, kwargs)
+        traced = _DTYPES.get(str(getattr(node.meta.get("val"), "dtype", None)))
+        halves = any(isinstance(a, Tensor) and str(a.dtype) in _HALVES for a in _flat([args, kwargs]))
+        narrow = halves and traced in _HALVES
+        if halves and traced in _FLOATS:
+            # an op on 16-bit floats computes in float32 and rounds once (to
+            # a 16-bit result) or not at all (to a wider one: promotion, an
+            # op autocast runs in float32), as PyTorch's CPU kernel does,
+            # however many lg ops lower it (pow, gelu, silu, rms_norm)
+            args, kwargs = _map(args, _widen), {k: _map(v, _widen) for k, v in kwargs.items()}
         try:
-            return rule(self, *args, **kwargs)
+            result = rule(self, *args, **kwargs)
+            if narrow:
+                result = _map(result, lambda r: fe.cast(r, traced) if isinstance(r, Tensor) and str(
+                    r.dtype) == "f32" else r)
+            return self._as_traced(result) if self.autocast is not None else result
         except TorchImportError:
             raise
         except (ValueError, TypeError) as error:  # an argument or a shape the lowering does not take
             raise self._error(f"{name} ({node.name}): {error}") from None
         except Exception as error:  # noqa: BLE001 - a lowering bug is still reported with the op and the line
             raise self._error(f"{name} ({node.name}) could not be lowered: {type(error).__name__}: {error}") from None
+
+    def _as_traced(self, result):
+        """Under autocast, a float result in the dtype PyTorch traced for
+        the node (ops that promote, or run in their inputs' precision)."""
+        value = self.node.meta.get("val")
+        traced = _DTYPES.get(str(getattr(value, "dtype", None)))
+        if isinstance(result, Tensor) and traced in _FLOATS and str(result.dtype) in _FLOATS and (
+                str(result.dtype) != traced):
+            return fe.cast(result, traced)
+        return result
 
     def _in_place(self, node, written):
         """An in-place op on a computed value (`h += residual`): its
@@ -522,10 +549,21 @@ def _dims(dim, rank: int) -> list[int]:
     return [_axis(d, rank) for d in ([dim] if isinstance(dim, int) else dim)]
 
 
+def _with_bias(product: Callable[[Tensor, Tensor], Tensor], a: Tensor, b: Tensor, bias: Tensor | None) -> Tensor:
+    """A GEMM plus a bias as PyTorch's fused kernels compute it: for 16-bit
+    floats the bias is added in float32 before the one rounding (the
+    operands widened exactly, the GEMM accumulating in float32 as lg's does)."""
+    half = str(a.dtype) in ("bf16", "f16")
+    if not half or bias is None:
+        y = product(a, b)
+        return y if bias is None else y + bias
+    return fe.cast(product(fe.cast(a, "f32"), fe.cast(b, "f32")) + fe.cast(bias, "f32"), str(a.dtype))
+
+
 @rule("aten.linear")
 def _linear(im: _Importer, x, weight, bias=None):
-    y = fe.matmul(im.lift(x), im.lift(weight), transpose_b=True)
-    return y if bias is None else y + im.lift(bias)
+    return _with_bias(lambda a, b: fe.matmul(a, b, transpose_b=True), im.lift(x), im.lift(weight),
+                      None if bias is None else im.lift(bias))
 
 
 def _pair(v) -> tuple[int, int]:
@@ -652,7 +690,7 @@ def _matmul(im: _Importer, a, b):
 def _addmm(im: _Importer, bias, a, b, beta=1, alpha=1):
     if beta != 1 or alpha != 1:
         raise ValueError("addmm with beta or alpha other than 1")
-    return fe.matmul(im.lift(a), im.lift(b)) + im.lift(bias)
+    return _with_bias(fe.matmul, im.lift(a), im.lift(b), im.lift(bias))
 
 
 def _binary(fn: Callable[[Tensor, Tensor], Tensor], swap: bool = False):
@@ -661,7 +699,10 @@ def _binary(fn: Callable[[Tensor, Tensor], Tensor], swap: bool = False):
             raise ValueError(f"rounding_mode={rounding_mode!r}")
         # in the dtype PyTorch computes in (an int mask times 0.5 is float;
         # int / int divides as floats)
-        a, b = _operands(im, a, b, _result_dtype(im))
+        # (a 16-bit result computes in float32, with a Python number at float32
+        # precision as PyTorch's opmath has it; _Importer._call rounds it once)
+        dtype = _result_dtype(im)
+        a, b = _operands(im, a, b, "f32" if dtype in _HALVES else dtype)
         if swap:  # rsub(a, b, alpha) = b - alpha * a
             a, b = b, a
         if alpha != 1:  # add/sub(a, b, alpha) = a +/- alpha * b
@@ -1096,16 +1137,53 @@ def _grad_mode_region(im: _Importer, enabled, region, *args):
     return im.inline(region, args)
 
 
+_FLOATS = ("f32", "f64", "f16", "bf16")
+_HALVES = ("f16", "bf16")
+
+
+def _widen(v):
+    """A 16-bit float tensor in float32 (exact); anything else as it is."""
+    return fe.cast(v, "f32") if isinstance(v, Tensor) and str(v.dtype) in _HALVES else v
+
+AUTOCAST_LOWER = frozenset(f"aten.{op}" for op in (
+    "conv1d", "conv2d", "conv3d", "bmm", "mm", "linalg_vecdot", "baddbmm", "addmm", "addbmm", "linear", "matmul",
+    "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "prelu", "scaled_dot_product_attention"))
+"""The ops CPU autocast runs in its lower precision (PyTorch's
+autocast_mode.cpp, `lower_precision_fp` for CPU): their float inputs are
+cast to it."""
+
+
+def _autocast_args(name: str, dtype: str, args, kwargs):
+    """The arguments of an op inside an autocast region as autocast casts
+    them: a matmul's, linear's or convolution's float inputs to its lower
+    precision. (Those of the ops it runs in float32 are widened as any
+    16-bit input of an op traced wider is: _Importer._call.)"""
+    base = name.rsplit(".", 1)[0] if name.count(".") > 1 else name
+    if base not in AUTOCAST_LOWER:
+        return args, kwargs
+
+    def cast(v):
+        return fe.cast(v, dtype) if isinstance(v, Tensor) and str(v.dtype) in ("f32", "f64") else v
+
+    return _map(args, cast), {k: _map(v, cast) for k, v in kwargs.items()}
+
+
 @rule("wrap_with_autocast")
 def _autocast_region(im: _Importer, device_type, dtype, enabled, cache_enabled, region, *args):
-    """A `torch.autocast` region: one that is off (models force float32 so,
-    around rotary embeddings and norms) computes what its ops say, imported
-    in place. One that is on runs matmuls in a lower precision by PyTorch's
-    own rules, which lg does not apply."""
-    if enabled:
-        raise ValueError(f"a torch.autocast region to {dtype} (sbpc computes each op in its traced dtype; "
-                         "cast explicitly with .to() instead)")
-    return im.inline(region, args)
+    """A `torch.autocast` region, imported in place. One that is on casts as
+    PyTorch's CPU autocast does: the inputs of matmuls, linears and
+    convolutions to its lower precision, and every other op's result to
+    the dtype PyTorch traced (promotion; the ops it runs in float32). One
+    that is off (models force float32 so, around rotary embeddings and
+    norms) computes what its ops say."""
+    lower = _DTYPES.get(str(dtype))
+    if enabled and lower not in ("bf16", "f16"):
+        raise ValueError(f"a torch.autocast region to {dtype} (sbpc's lower precisions: bfloat16, float16)")
+    outer, im.autocast = im.autocast, lower if enabled else None
+    try:
+        return im.inline(region, args)
+    finally:
+        im.autocast = outer
 
 
 @rule("aten.dropout")

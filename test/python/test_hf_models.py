@@ -368,6 +368,35 @@ def test_gpt2_in_bfloat16_trains_as_pytorch_does_in_bfloat16(ranks):
         expected, rel=1e-3)
 
 
+class AutocastLoss(torch.nn.Module):
+    """The model's loss under CPU autocast to bfloat16 (mixed precision)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, labels):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return self.model(input_ids=input_ids, labels=labels).loss
+
+
+def test_gpt2_under_autocast_trains_as_pytorch_autocast():
+    # float32 weights, the Conv1D GEMMs and attention matmuls in bfloat16,
+    # the rest as autocast traced it; the first loss is PyTorch's, and the
+    # run stays nearer PyTorch's autocast run than float32 training is
+    from torch_training import torch_run
+
+    batches = language_batches()[:10]
+    model = AutocastLoss(gpt2())
+    exe = sbpc.compile(sbpc.from_torch(model, batches[0], placement=sbpc.placement("cpu", 2), sbp=DATA_PARALLEL),
+                       optimizer=sbpc.optim.Adam(lr=1e-3))
+    losses = [float(exe.train_step({"input_ids": x.numpy(), "labels": y.numpy()})["loss"]) for x, y in batches]
+    mixed, _ = torch_run(model, batches, lambda m: torch.optim.Adam(m.parameters(), lr=1e-3), torch.float32)
+    full, _ = torch_run(LossOf(gpt2()), batches, lambda m: torch.optim.Adam(m.parameters(), lr=1e-3), torch.float32)
+    assert losses[0] == pytest.approx(mixed[0], rel=2e-6) and abs(full[0] - mixed[0]) > 1e-5
+    assert np.abs(np.array(losses) - mixed).max() < np.abs(np.array(full) - mixed).max()
+
+
 def test_a_model_imports_directly_with_its_keyword_inputs_and_named_outputs():
     model = gpt2()
     x, y = language_batches(1)[0]

@@ -7,6 +7,7 @@ PyTorch's own float32-vs-float64 spread, and the weights back in PyTorch
 reproducing sbpc's next loss. Then the import errors, each naming the thing
 and the user's line."""
 
+import copy
 import sys
 from pathlib import Path
 
@@ -389,20 +390,48 @@ class Float32Region(nn.Module):
         return y.square().mean()
 
 
-class BFloat16Region(Float32Region):
-    def forward(self, x):
+class MixedPrecision(nn.Module):
+    """Mixed precision as PyTorch's CPU autocast runs it: the linears in
+    bfloat16 (their inputs, weights and bias cast down, the bias added
+    before the one rounding), ReLU in bfloat16, a residual add promoted to
+    float32, a loss autocast runs in float32, and a region switched off
+    inside that stays float32."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(8, 16), nn.Linear(16, 4), nn.Linear(4, 4)
+
+    def forward(self, x, y):
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            y = self.proj(x) * 2
-        return y.float().square().mean()
+            h = torch.relu(self.a(x))
+            h = self.b(h) * 0.7 + x[:, :4]
+            with torch.autocast("cpu", enabled=False):
+                h = self.c(h.float())
+            return nn.functional.mse_loss(h, y)
 
 
-def test_an_autocast_region_that_is_off_is_imported_in_place_and_one_that_is_on_refused():
+def test_autocast_regions_train_as_pytorch_autocast():
+    # off: in place, in float32; on: PyTorch's CPU autocast, step for step
     torch.manual_seed(0)
     batches = [(torch.randn(3, 4),) for _ in range(3)]
     check_training(Float32Region(), batches, ["x"], sbpc.optim.SGD(lr=0.1),
                    lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
-    with pytest.raises(sbpc.TorchImportError, match=r"torch.autocast region to torch.bfloat16 .*\n  at .*test_tor"):
-        sbpc.from_torch(BFloat16Region(), batches[0])
+    model = MixedPrecision()
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(4, 8, generator=g), torch.randn(4, 4, generator=g)) for _ in range(6)]
+    exe = sbpc.compile(sbpc.from_torch(copy.deepcopy(model), batches[0], placement=sbpc.placement("cpu", 1)),
+                       optimizer=sbpc.optim.SGD(lr=0.1), mode="simulate")
+    assert "bf16" in exe.plan_text
+    losses = [float(exe.train_step({"x": x.numpy(), "y": y.numpy()})["loss"]) for x, y in batches]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    expected = []
+    for x, y in batches:
+        opt.zero_grad()
+        loss = model(x, y)
+        loss.backward()
+        opt.step()
+        expected.append(loss.item())
+    np.testing.assert_allclose(losses, expected, rtol=1e-6)
 
 
 class SmallConvNet(nn.Module):
