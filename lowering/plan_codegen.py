@@ -49,7 +49,7 @@ C_TYPES = {"f32": "float", "f64": "double", "i64": "int64_t", "i32": "int32_t", 
 """Element types as C types; i1 is numpy's bool, one byte holding 0 or 1."""
 
 INTEGER_KERNELS = frozenset({"lg.add", "lg.sub", "lg.mul", "lg.neg", "lg.reshape", "lg.transpose", "lg.cumsum",
-                             "lg.pad", "lg.gather", *(op.name for op in lg.MASK_OPS)})
+                             "lg.pad", "lg.gather", "lg.reduce_sum", *(op.name for op in lg.MASK_OPS)})
 """Kernels generated for integer elements too (counts, positions, the
 random step's count): their C is the same for any arithmetic T. The others
 assume floats (infinities, exp), and their integer forms run on the host."""

@@ -65,8 +65,9 @@ def kernels_graph():
     either = sbpc.logical("or", positive, sbpc.compare("le", x, g.constant(np.float32(-1.0))))
     masked = (sbpc.where(either, x, sbpc.cast(sbpc.cast(x * 3.0, "i64"), "f32"))
               + sbpc.cast(high, "f32").sum(axes=(2,), keepdims=True))
+    counts = sbpc.cast(high, "i64").sum(axes=(2,)) * picks.sum(axes=(2,))  # integer sums and products
     g.output(yt=yt, b=b, s=s, red=red, t=t, scans=scans, padded=padded, scattered=scattered, dropped=dropped,
-             masked=masked,
+             masked=masked, counts=counts,
              tokens=tokens.to(sbpc.P), grad=grad.to(S(1)), conv=convs[0], conv_input=convs[1], conv_weight=convs[2],
              pool_back=convs[3])
     module = g.module()

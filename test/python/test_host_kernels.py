@@ -82,11 +82,12 @@ def kernels_graph(ranks: int, dtype: str, fuse: bool):
     counted = sbpc.cast(sbpc.logical("xor", positive, sbpc.compare("le", c, v)), dtype)
     masked = sbpc.where(positive, x, c) + counted + sbpc.cast(sbpc.cast(x * 3.0, "i64"), dtype)
     picked_high = sbpc.cast(sbpc.compare("ge", picks, g.constant(np.int64(7))), dtype)  # integers compared
+    counts = sbpc.cast(positive, "i64").sum(axes=(1, 2)) * picks.sum(axes=(1, 2))  # integer sums and products
     g.output(red=red, t=t, d=-e / (r + 3.0), cols=cols, swapped=swapped, scans=scans, padded=padded,
              scattered=scattered, tokens=tokens.to(sbpc.P), grad=grad.to(S(1)), split_picked=split_picked,
              split_scattered=split_scattered, convolved=convolved, conv_input=conv_grads[0],
              conv_weight=conv_grads[1], pool_back=pool_back, dropped=dropped, split_dropped=split_dropped,
-             masked=masked, picked_high=picked_high)
+             masked=masked, picked_high=picked_high, counts=counts)
     module = g.module()
     CompilePass(fuse=fuse).apply(Context(), module)
     return module
