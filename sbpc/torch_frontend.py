@@ -553,8 +553,7 @@ def _with_bias(product: Callable[[Tensor, Tensor], Tensor], a: Tensor, b: Tensor
     """A GEMM plus a bias as PyTorch's fused kernels compute it: for 16-bit
     floats the bias is added in float32 before the one rounding (the
     operands widened exactly, the GEMM accumulating in float32 as lg's does)."""
-    half = str(a.dtype) in ("bf16", "f16")
-    if not half or bias is None:
+    if str(a.dtype) not in _HALVES or bias is None:
         y = product(a, b)
         return y if bias is None else y + bias
     return fe.cast(product(fe.cast(a, "f32"), fe.cast(b, "f32")) + fe.cast(bias, "f32"), str(a.dtype))
@@ -1144,6 +1143,7 @@ _HALVES = ("f16", "bf16")
 def _widen(v):
     """A 16-bit float tensor in float32 (exact); anything else as it is."""
     return fe.cast(v, "f32") if isinstance(v, Tensor) and str(v.dtype) in _HALVES else v
+
 
 AUTOCAST_LOWER = frozenset(f"aten.{op}" for op in (
     "conv1d", "conv2d", "conv3d", "bmm", "mm", "linalg_vecdot", "baddbmm", "addmm", "addbmm", "linear", "matmul",
