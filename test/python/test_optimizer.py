@@ -178,3 +178,35 @@ def test_the_gpt_example_learns_and_matches_the_reference():
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "(learning)" in done.stdout and "MISMATCH" not in done.stdout
+
+
+def test_a_16_bit_weight_is_updated_in_float32_and_rounded_once():
+    # a graph mixing bfloat16 and float32 weights: each update computes in
+    # float32 (lr and the gradient widened exactly) and rounds the new
+    # bfloat16 weight once, as PyTorch's fused SGD update does
+    import ml_dtypes
+
+    g = sbpc.Graph("mixed", placement=sbpc.placement("cpu", 1))
+    x = g.input("x", (4, 3))
+    w1 = g.param("w1", (3, 5), init=sbpc.normal(0.0, 0.5), dtype="bf16", seed=1)
+    w2 = g.param("w2", (5, 2), init=sbpc.normal(0.0, 0.5), seed=2)
+    h = sbpc.cast(sbpc.cast(x, "bf16") @ w1, "f32") @ w2
+    g.output(loss=(h * h).mean())
+    feeds = {"x": np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)}
+    module = g.module()
+    LgAutodiffPass().apply(Context(), module)
+    params = {op.key.data: initial_value(op) for op in module.ops.last.body.ops if op.name == "lg.param"}
+    grads = evaluate(module, feeds, params)
+    exe = sbpc.compile(g, mode="simulate", optimizer=sbpc.optim.SGD(lr=0.1))
+    exe.train_step(feeds)
+    expected = (params["w1"].astype(np.float32) - np.float32(0.1) * grads["grad.w1"].astype(np.float32)).astype(
+        ml_dtypes.bfloat16)
+    assert exe.params["w1"].dtype == ml_dtypes.bfloat16 and exe.params["w2"].dtype == np.float32
+    np.testing.assert_array_equal(exe.params["w1"], expected)
+    np.testing.assert_allclose(exe.params["w2"], params["w2"] - np.float32(0.1) * grads["grad.w2"], rtol=1e-6)
+    for optimizer in (sbpc.optim.Adam(lr=0.01), sbpc.optim.SGD(lr=0.1, momentum=0.9), sbpc.optim.AdamW(lr=0.01)):
+        trained = sbpc.compile(g, mode="simulate", optimizer=optimizer)
+        losses = [float(trained.train_step(feeds)["loss"]) for _ in range(3)]
+        assert losses[-1] < losses[0]
+        assert {trained.params[k].dtype for k in trained.param_keys() if k.endswith("w1")} == {
+            np.dtype(ml_dtypes.bfloat16)}
