@@ -327,7 +327,10 @@ def _unary(cls):
     return fn
 
 
-neg, relu, gelu, tanh, erf, exp, sqrt, rsqrt = (_unary(c) for c in lg.UNARY_OPS)
+_UNARY = {c.name.removeprefix("lg."): _unary(c) for c in lg.UNARY_OPS}
+# by name, not by position: reordering lg.UNARY_OPS must not swap two functions
+neg, relu, gelu, tanh, erf = _UNARY["neg"], _UNARY["relu"], _UNARY["gelu"], _UNARY["tanh"], _UNARY["erf"]
+exp, sqrt, rsqrt = _UNARY["exp"], _UNARY["sqrt"], _UNARY["rsqrt"]
 
 
 def _binary(cls):
@@ -338,7 +341,8 @@ def _binary(cls):
     return fn
 
 
-add, sub, mul, div = (_binary(c) for c in lg.BINARY_OPS)
+_BINARY = {c.name.removeprefix("lg."): _binary(c) for c in lg.BINARY_OPS}
+add, sub, mul, div = _BINARY["add"], _BINARY["sub"], _BINARY["mul"], _BINARY["div"]
 
 
 def matmul(a: Tensor, b: Tensor, transpose_a: bool = False, transpose_b: bool = False) -> Tensor:

@@ -130,6 +130,80 @@ def test_convolutions_and_max_pooling(stride, padding, dilation, groups):
     check_gradients(g, {"x": RNG.normal(size=(2, 4, 6, 5))})
 
 
+def _ids(g, name, shape, high):
+    return g.input(name, shape, dtype="i64"), {name: np.random.default_rng(len(name)).integers(0, high, shape)}
+
+
+def _square(t):
+    return t.reshape(1, 1, 3, 4)
+
+
+GRADIENT_SAMPLES = {
+    # op -> a value that uses it, built from the (3, 4) float64 parameters a
+    # (normal) and b (in [0.5, 1.5]), with the feeds it needs
+    lg.NegOp: lambda g, a, b: (sbpc.neg(a), {}),
+    lg.ReluOp: lambda g, a, b: (sbpc.relu(a), {}),
+    lg.GeluOp: lambda g, a, b: (sbpc.gelu(a), {}),
+    lg.TanhOp: lambda g, a, b: (sbpc.tanh(a), {}),
+    lg.ErfOp: lambda g, a, b: (sbpc.erf(a), {}),
+    lg.ExpOp: lambda g, a, b: (sbpc.exp(a), {}),
+    lg.SqrtOp: lambda g, a, b: (sbpc.sqrt(b), {}),
+    lg.RsqrtOp: lambda g, a, b: (sbpc.rsqrt(b), {}),
+    lg.AddOp: lambda g, a, b: (a + b, {}),
+    lg.SubOp: lambda g, a, b: (a - b, {}),
+    lg.MulOp: lambda g, a, b: (a * b, {}),
+    lg.DivOp: lambda g, a, b: (a / b, {}),
+    lg.MatmulOp: lambda g, a, b: (sbpc.matmul(a, b, transpose_b=True), {}),
+    lg.Conv2dOp: lambda g, a, b: (sbpc.conv2d(_square(a), sbpc.slice(b, [0, 0], [2, 2]).reshape(1, 1, 2, 2),
+                                              padding=(1, 0)), {}),
+    lg.MaxPool2dOp: lambda g, a, b: (g.add(lg.MaxPool2dOp(_square(a).value, (2, 2), (1, 1), (0, 0))), {}),
+    lg.SoftmaxOp: lambda g, a, b: (sbpc.softmax(a, axis=1), {}),
+    lg.LogSoftmaxOp: lambda g, a, b: (sbpc.log_softmax(a, axis=0), {}),
+    lg.LayerNormOp: lambda g, a, b: (sbpc.layernorm(a, b.sum(axes=(0,)), b.mean(axes=(0,)), axis=1), {}),
+    lg.ReduceSumOp: lambda g, a, b: (a.sum(axes=(1,)), {}),
+    lg.ReduceMeanOp: lambda g, a, b: (a.mean(axes=(0,)), {}),
+    lg.ReshapeOp: lambda g, a, b: (a.reshape(2, 6) * sbpc.slice(b.reshape(12), [0], [6]), {}),
+    lg.BroadcastToOp: lambda g, a, b: (sbpc.broadcast_to(a, (2, 3, 4)) * b, {}),
+    lg.TransposeOp: lambda g, a, b: (a.transpose(1, 0) @ b, {}),
+    lg.ConcatOp: lambda g, a, b: (sbpc.concat([a, b * b], axis=1), {}),
+    lg.SliceOp: lambda g, a, b: (sbpc.slice(a, [0, 1], [2, 4]), {}),  # (strided slices have no gradient yet)
+    lg.PadOp: lambda g, a, b: (sbpc.pad(a, [1, 0], [0, 2], 0.5) * 2.0, {}),
+    lg.CumsumOp: lambda g, a, b: (sbpc.cumsum(a, 1) + sbpc.cumsum(b, 0, reverse=True), {}),
+    lg.DropoutOp: lambda g, a, b: (sbpc.dropout(a * b, 0.3), {}),
+    lg.EmbeddingOp: lambda g, a, b: (lambda ids: (sbpc.embedding(a, ids[0]), ids[1]))(_ids(g, "ids", (2, 5), 3)),
+    lg.GatherOp: lambda g, a, b: (lambda ids: (sbpc.gather(a, ids[0], 1), ids[1]))(_ids(g, "picks", (3, 2), 4)),
+    lg.CrossEntropyOp: lambda g, a, b: (lambda ids: (sbpc.cross_entropy(a * b, ids[0]), ids[1]))(
+        _ids(g, "labels", (3,), 4)),
+    lg.SumExpOp: lambda g, a, b: (g.add(lg.SumExpOp(a.value, b.sum(axes=(1,)).value)), {}),
+    lg.TokenCrossEntropyOp: lambda g, a, b: (lambda ids: (sbpc.token_cross_entropy(a * b, ids[0]), ids[1]))(
+        _ids(g, "labels", (3,), 4)),
+    lg.MseLossOp: lambda g, a, b: (sbpc.mse_loss(a, b), {}),
+    lg.StepOp: lambda g, a, b: (g.add(lg.StepOp(a.value)) * a, {}),
+    lg.CastOp: lambda g, a, b: (sbpc.cast(sbpc.cast(a, "f32"), "f64") * b, {}),
+    lg.CompareOp: lambda g, a, b: (sbpc.cast(sbpc.compare("gt", a, b), "f64") * a, {}),
+    lg.LogicalOp: lambda g, a, b: (sbpc.cast(sbpc.logical("or", sbpc.compare("gt", a, b),
+                                                          sbpc.compare("lt", a, -b)), "f64") * b, {}),
+    lg.SelectOp: lambda g, a, b: (sbpc.where(sbpc.compare("gt", a, b), a * 2.0, b), {}),
+}
+
+
+@pytest.mark.parametrize("op", [op for op in lg.COMPUTE_OPS if op.differentiable()], ids=lambda op: op.name)
+def test_every_differentiable_op_against_finite_differences(op):
+    # walks lg's ops: an op with a gradient rule and no sample here fails
+    assert op in GRADIENT_SAMPLES, f"{op.name} has a gradient rule but no finite-difference check: add a sample"
+    g = sbpc.Graph(op.name.removeprefix("lg."))
+    a = g.param("a", (3, 4), init=sbpc.normal(0.0, 1.0), dtype="f64", seed=21)
+    b = g.param("b", (3, 4), init=sbpc.uniform(0.5, 1.5), dtype="f64", seed=22)
+    value, feeds = GRADIENT_SAMPLES[op](g, a, b)
+    weights = g.constant(np.random.default_rng(3).normal(size=value.shape))  # every element's own weight
+    g.output(loss=(value * weights).sum() + (value * value).sum() * 0.1)
+    module = g.module()
+    assert any(isinstance(o, op) for o in module.walk()), f"the sample of {op.name} does not use it"
+    # a float32 round trip (lg.cast) needs a step float32 resolves, and gives float32's precision
+    eps, rtol = (1e-2, 1e-3) if op is lg.CastOp else (1e-6, 1e-5)
+    check_gradients(g, feeds, eps=eps, rtol=rtol, atol=1e-8 if op is not lg.CastOp else 1e-4)
+
+
 def test_unused_parameters_get_zero_gradients_and_hints_pass_through():
     where = sbpc.placement("cpu", ranks=2)
     g = sbpc.Graph("hinted", placement=where)

@@ -203,3 +203,13 @@ def test_stages_cut_an_unhinted_graph_into_pipeline_stages():
         sbpc.compile(mlp(hinted=True), mode="simulate", stages=2)
     with pytest.raises(ValueError, match="stages= cuts a graph by hand: not with plan='auto'"):
         sbpc.compile(mlp(), plan="auto", stages=2)
+
+
+@pytest.mark.parametrize("name", ["neg", "relu", "gelu", "tanh", "erf", "exp", "sqrt", "rsqrt", "add", "sub", "mul",
+                                  "div"])
+def test_each_op_function_builds_the_op_of_its_name(name):
+    g = sbpc.Graph("named")
+    x = g.input("x", (2,))
+    fn = getattr(sbpc, name)
+    y = fn(x) if name not in ("add", "sub", "mul", "div") else fn(x, x)
+    assert y.value.owner.name == f"lg.{name}"
