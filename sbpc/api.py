@@ -16,13 +16,8 @@ Where it runs:
 
 from __future__ import annotations
 
-import atexit
 import functools
 import os
-import pathlib
-import re
-import subprocess
-import sys
 import tempfile
 from collections.abc import Collection, Mapping
 from io import StringIO
@@ -37,6 +32,7 @@ from xdsl.printer import Printer
 from sbpc.dialects import lg, parse_module
 from sbpc.dialects.plan import programs
 from sbpc.frontend import Graph, Placement
+from sbpc.runtime.pool_client import RankPool
 
 MODES = ("auto", "mpi", "simulate")
 
@@ -328,7 +324,6 @@ class Executable:
         """Writes every parameter (optimizer state included) as global arrays
         to an .npz checkpoint, atomically: into a temporary file next to it,
         then renamed over `path`, so a crash never leaves a torn checkpoint."""
-        import tempfile
 
         path = os.fspath(path)
         arrays = {key: self.params[key] for key in self.param_keys()}
@@ -493,126 +488,3 @@ class Params:
         if pool.loaded is not self.exe:
             pool.request("load", self.exe.rank_plans, self.exe.initial_values or None)
             pool.loaded = self.exe
-
-
-class RankPool:
-    """N MPI ranks started once by this process and kept for later runs."""
-
-    pools: dict[int, RankPool] = {}
-
-    @classmethod
-    def get(cls, ranks: int) -> RankPool:
-        pool = cls.pools.get(ranks)
-        if pool is None or pool.process.poll() is not None:
-            pool = cls.pools[ranks] = RankPool(ranks)
-        return pool
-
-    def __init__(self, ranks: int):
-        from sbpc.runtime.channel import Listener
-        from sbpc.runtime.launch import command, rank_environment, segments
-        from sbpc.runtime.progress import DeathWatch
-        from sbpc.runtime.shared_feeds import SharedFeeds
-
-        self.ranks = ranks
-        self.loaded: Executable | None = None
-        self.feeds = SharedFeeds()
-        """Where a step's large feeds wait for the ranks (copied once, not pickled)."""
-        # The job's own folder (0700): the channel to rank 0 with the job's
-        # secret, the ranks' progress records and failure reports.
-        self.errors = tempfile.TemporaryDirectory(prefix="sbpc-pool-")
-        listener = Listener(self.errors.name)
-        # mpiexec reports a rank that died (its pid and exit code) on stdout:
-        # kept in a file for the failure message, read only after a failure.
-        self.launcher_out = open(pathlib.Path(self.errors.name) / "launcher.out", "w+")  # noqa: SIM115
-        self.segments_before = segments()
-        self.watch = DeathWatch(self.errors.name, ranks)  # before the ranks: their lifelines
-        self.watch.start()
-        self.process = subprocess.Popen(
-            command(ranks, "sbpc.runtime.pool", self.errors.name),
-            env=rank_environment(), stdout=self.launcher_out, stderr=subprocess.PIPE, text=True,
-        )
-        try:
-            self.sock = listener.accept(timeout=60, waiting=lambda: self.process.poll() is None)
-        except TimeoutError:
-            self.process.kill()
-            raise RuntimeError(f"the {ranks} MPI ranks did not start: {self._stderr()}") from None
-        finally:
-            listener.close()
-        atexit.register(self.close)
-
-    def _stderr(self) -> str:
-        """Why the ranks failed: the messages failing ranks wrote to their
-        error files, else what mpiexec forwarded."""
-        try:
-            forwarded = self.process.communicate(timeout=10)[1].strip()
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            forwarded = ""
-        reports = sorted(pathlib.Path(self.errors.name).glob("rank*.err"))
-        if reports:
-            return "; ".join(r.read_text() for r in reports)
-        from sbpc.runtime.progress import describe_failure
-
-        self.launcher_out.seek(0)
-        launcher = self.launcher_out.read()
-        first = self.watch.stop()
-        described = describe_failure(self.errors.name, self.ranks, launcher + forwarded, first)
-        return described or forwarded or launcher.strip()
-
-    def request(self, *command):
-        from sbpc.runtime.channel import receive, send
-        from sbpc.runtime.launch import remove_orphaned_segments
-        from sbpc.runtime.program import RuntimeFailure
-
-        try:
-            send(self.sock, command)
-            status, reply = receive(self.sock)
-        except KeyboardInterrupt:
-            # The ranks are mid-command: stop them (mpiexec ends them on
-            # SIGTERM) and say where they were; the next run starts a pool.
-            from sbpc.runtime.progress import describe_progress
-
-            self.stop()
-            where = describe_progress(self.errors.name, self.ranks)
-            print(f"sbpc: interrupted; the {self.ranks} MPI ranks were stopped" + (f": {where}" if where else ""),
-                  file=sys.stderr)
-            raise
-        except (ConnectionError, OSError):
-            self.process.wait(timeout=30)
-            RankPool.pools.pop(self.ranks, None)
-            remove_orphaned_segments(before=self.segments_before)
-            raise RuntimeFailure(f"the MPI ranks failed: {self._stderr()}") from None
-        if status == "error":
-            self.process.wait(timeout=30)
-            RankPool.pools.pop(self.ranks, None)
-            remove_orphaned_segments(before=self.segments_before)  # an aborted rank cannot
-            # where the ranks that did not report were (a stuck one, say)
-            from sbpc.runtime.progress import describe_progress
-
-            reporter = re.match(r"rank (\d+):", reply)
-            others = describe_progress(self.errors.name, self.ranks, skip={int(reporter[1])} if reporter else ())
-            raise RuntimeFailure(reply + (f"; {others}" if others else ""))
-        return reply
-
-    def stop(self) -> None:
-        """Ends the ranks now, wherever they are."""
-        from sbpc.runtime.launch import stop
-
-        self.watch.stop()
-        stop(self.process)
-        self.feeds.close()
-        RankPool.pools.pop(self.ranks, None)
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            try:
-                from sbpc.runtime.channel import send
-
-                send(self.sock, ("stop",))
-                self.process.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                self.process.kill()
-        self.launcher_out.close()
-        self.watch.stop()
-        self.feeds.close()
-        RankPool.pools.pop(self.ranks, None)

@@ -1,0 +1,140 @@
+"""The driver's half of a rank pool (runtime/pool.py is the ranks'): N MPI
+ranks that a plain Python process starts once, under mpiexec, and keeps
+for later runs; commands go to rank 0 over the job's private channel
+(runtime/channel.py) and large feeds through shared memory
+(runtime/shared_feeds.py). A failure of any rank comes back as a
+RuntimeFailure naming the rank, step and actor."""
+
+from __future__ import annotations
+
+import atexit
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+
+class RankPool:
+    """N MPI ranks started once by this process and kept for later runs."""
+
+    pools: dict[int, RankPool] = {}
+
+    @classmethod
+    def get(cls, ranks: int) -> RankPool:
+        pool = cls.pools.get(ranks)
+        if pool is None or pool.process.poll() is not None:
+            pool = cls.pools[ranks] = RankPool(ranks)
+        return pool
+
+    def __init__(self, ranks: int):
+        from .channel import Listener
+        from .launch import command, rank_environment, segments
+        from .progress import DeathWatch
+        from .shared_feeds import SharedFeeds
+
+        self.ranks = ranks
+        self.loaded: Any = None
+        """The Executable whose plan the ranks hold."""
+        self.feeds = SharedFeeds()
+        """Where a step's large feeds wait for the ranks (copied once, not pickled)."""
+        # The job's own folder (0700): the channel to rank 0 with the job's
+        # secret, the ranks' progress records and failure reports.
+        self.errors = tempfile.TemporaryDirectory(prefix="sbpc-pool-")
+        listener = Listener(self.errors.name)
+        # mpiexec reports a rank that died (its pid and exit code) on stdout:
+        # kept in a file for the failure message, read only after a failure.
+        self.launcher_out = open(pathlib.Path(self.errors.name) / "launcher.out", "w+")  # noqa: SIM115
+        self.segments_before = segments()
+        self.watch = DeathWatch(self.errors.name, ranks)  # before the ranks: their lifelines
+        self.watch.start()
+        self.process = subprocess.Popen(
+            command(ranks, "sbpc.runtime.pool", self.errors.name),
+            env=rank_environment(), stdout=self.launcher_out, stderr=subprocess.PIPE, text=True,
+        )
+        try:
+            self.sock = listener.accept(timeout=60, waiting=lambda: self.process.poll() is None)
+        except TimeoutError:
+            self.process.kill()
+            raise RuntimeError(f"the {ranks} MPI ranks did not start: {self._stderr()}") from None
+        finally:
+            listener.close()
+        atexit.register(self.close)
+
+    def _stderr(self) -> str:
+        """Why the ranks failed: the messages failing ranks wrote to their
+        error files, else what mpiexec forwarded."""
+        try:
+            forwarded = self.process.communicate(timeout=10)[1].strip()
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            forwarded = ""
+        reports = sorted(pathlib.Path(self.errors.name).glob("rank*.err"))
+        if reports:
+            return "; ".join(r.read_text() for r in reports)
+        from .progress import describe_failure
+
+        self.launcher_out.seek(0)
+        launcher = self.launcher_out.read()
+        first = self.watch.stop()
+        described = describe_failure(self.errors.name, self.ranks, launcher + forwarded, first)
+        return described or forwarded or launcher.strip()
+
+    def request(self, *command):
+        from .channel import receive, send
+        from .launch import remove_orphaned_segments
+        from .program import RuntimeFailure
+
+        try:
+            send(self.sock, command)
+            status, reply = receive(self.sock)
+        except KeyboardInterrupt:
+            # The ranks are mid-command: stop them (mpiexec ends them on
+            # SIGTERM) and say where they were; the next run starts a pool.
+            from .progress import describe_progress
+
+            self.stop()
+            where = describe_progress(self.errors.name, self.ranks)
+            print(f"sbpc: interrupted; the {self.ranks} MPI ranks were stopped" + (f": {where}" if where else ""),
+                  file=sys.stderr)
+            raise
+        except (ConnectionError, OSError):
+            self.process.wait(timeout=30)
+            RankPool.pools.pop(self.ranks, None)
+            remove_orphaned_segments(before=self.segments_before)
+            raise RuntimeFailure(f"the MPI ranks failed: {self._stderr()}") from None
+        if status == "error":
+            self.process.wait(timeout=30)
+            RankPool.pools.pop(self.ranks, None)
+            remove_orphaned_segments(before=self.segments_before)  # an aborted rank cannot
+            # where the ranks that did not report were (a stuck one, say)
+            from .progress import describe_progress
+
+            reporter = re.match(r"rank (\d+):", reply)
+            others = describe_progress(self.errors.name, self.ranks, skip={int(reporter[1])} if reporter else ())
+            raise RuntimeFailure(reply + (f"; {others}" if others else ""))
+        return reply
+
+    def stop(self) -> None:
+        """Ends the ranks now, wherever they are."""
+        from .launch import stop
+
+        self.watch.stop()
+        stop(self.process)
+        self.feeds.close()
+        RankPool.pools.pop(self.ranks, None)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                from .channel import send
+
+                send(self.sock, ("stop",))
+                self.process.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.process.kill()
+        self.launcher_out.close()
+        self.watch.stop()
+        self.feeds.close()
+        RankPool.pools.pop(self.ranks, None)
