@@ -60,7 +60,7 @@ from . import lg
 from .irdl_verify import op_definition
 from .layout import local_shape
 from .lg import InitializerAttr
-from .sbp import COLLECTIVES, TRANSFER, DTensorType, element_bytes, format_nd, verify_distribution
+from .sbp import COLLECTIVES, TRANSFER, DTensorType, PlacementOp, element_bytes, format_nd, verify_distribution
 
 
 def tensor_bytes(t: TensorType) -> int:
@@ -448,3 +448,21 @@ def programs(module: ModuleOp) -> list[ProgramOp]:
 
 
 PLAN = Dialect("plan", [ProgramOp, DeviceOp, RegisterOp, ComputeOp, CommOp], [])
+
+
+REPRESENTATIVES = "plan.representatives"
+"""Unit attribute of a plan.program that holds one device per equivalence
+class (for simulation only; the runtime refuses it)."""
+
+
+def equivalence_classes(placements: Sequence[PlacementOp], ranks: Sequence[int] = ()) -> dict[int, int]:
+    """rank -> the representative rank of its class: the smallest rank on the
+    same set of placements (`ranks` adds ranks on none)."""
+    on: dict[int, list[str]] = {r: [] for r in ranks}
+    for p in placements:
+        for r in p.mesh().ranks:
+            on.setdefault(r, []).append(p.sym_name.data)
+    first: dict[tuple[str, ...], int] = {}
+    for r in sorted(on):
+        first.setdefault(tuple(sorted(on[r])), r)
+    return {r: first[tuple(sorted(on[r]))] for r in on}

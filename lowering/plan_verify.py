@@ -31,8 +31,7 @@ from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import plan
-
-from .plan_allocate_memory import lifetimes
+from sbpc.dialects.plan_analysis import lifetimes
 
 
 def _fail(device: plan.DeviceOp, what: str) -> NoReturn:

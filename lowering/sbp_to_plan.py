@@ -53,7 +53,6 @@ from xdsl.utils.exceptions import PassFailedException
 from sbpc.dialects import lg, plan, sbp
 from sbpc.dialects.layout import coords, mesh_coord, piece_of
 from sbpc.dialects.sbp import DTensorType, Mesh, lookup_placement
-from sbpc.perf.step_time import REPRESENTATIVES, equivalence_classes
 
 
 def schedule(ops: list[Operation], slot: Callable[[Operation], int] | None = None) -> list[Operation]:
@@ -547,10 +546,10 @@ class SbpToPlanPass(ModulePass):
         only = None
         if self.representatives:
             placements = [p for p in op.ops if isinstance(p, sbp.PlacementOp)]
-            only = set(equivalence_classes(placements).values())
+            only = set(plan.equivalence_classes(placements).values())
         for graph in lg.graphs(op):
             program = Lowering(graph, self.pipeline_slots, only).lower()
             if only is not None:
-                program.attributes[REPRESENTATIVES] = UnitAttr()
+                program.attributes[plan.REPRESENTATIVES] = UnitAttr()
             graph.parent_block().insert_op_before(program, graph)
             Rewriter.erase_op(graph)

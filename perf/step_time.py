@@ -50,10 +50,6 @@ from .cluster import Cluster
 EXACT_LIMIT = 64
 """Plans of more devices replay one representative per equivalence class."""
 
-REPRESENTATIVES = "plan.representatives"
-"""Unit attribute of a plan.program that holds one device per equivalence
-class (for simulation only; the runtime refuses it)."""
-
 _DTYPES = {"f64": "f64", "f32": "f32", "bf16": "bf16", "f16": "f16"}
 
 
@@ -304,19 +300,6 @@ def _bytes(n: float) -> str:
     return f"{n}"
 
 
-def equivalence_classes(placements: Sequence[PlacementOp], ranks: Sequence[int] = ()) -> dict[int, int]:
-    """rank -> the representative rank of its class: the smallest rank on the
-    same set of placements (`ranks` adds ranks on none)."""
-    on: dict[int, list[str]] = {r: [] for r in ranks}
-    for p in placements:
-        for r in p.mesh().ranks:
-            on.setdefault(r, []).append(p.sym_name.data)
-    first: dict[tuple[str, ...], int] = {}
-    for r in sorted(on):
-        first.setdefault(tuple(sorted(on[r])), r)
-    return {r: first[tuple(sorted(on[r]))] for r in on}
-
-
 class _Device:
     def __init__(self, device: plan.DeviceOp, cluster: Cluster, steps: int, cache: dict):
         self.rank = device.rank.value.data
@@ -530,14 +513,14 @@ class Replay:
         devices = program.devices()
         if not devices:
             raise SimulationError(f"'plan.program' @{program.sym_name.data}: no devices")
-        reps_only = REPRESENTATIVES in program.attributes
+        reps_only = plan.REPRESENTATIVES in program.attributes
         ranks = sorted({r for p in placements for r in p.mesh().ranks} | {d.rank.value.data for d in devices})
         self.total = len(ranks)
         if ranks[-1] >= cluster.count:
             raise SimulationError(
                 f"the plan uses rank {ranks[-1]} but cluster {cluster.name} has {cluster.count} devices "
                 f"(give a larger cluster, or -n {ranks[-1] + 1})")
-        self.rep = equivalence_classes(placements, [d.rank.value.data for d in devices])
+        self.rep = plan.equivalence_classes(placements, [d.rank.value.data for d in devices])
         if exact is None:
             exact = not reps_only and len(devices) <= EXACT_LIMIT
         if exact and not reps_only:

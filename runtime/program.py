@@ -20,7 +20,6 @@ from xdsl.printer import Printer
 from sbpc.dialects import plan
 from sbpc.dialects.layout import numpy_dtype
 from sbpc.dialects.sbp import DTensorType, lookup_placement
-from sbpc.perf.step_time import REPRESENTATIVES
 from sbpc.semantics.local_eval import assemble
 
 
@@ -34,7 +33,7 @@ def find_program(module: ModuleOp, name: str | None = None) -> plan.ProgramOp:
         programs = [p for p in programs if p.sym_name.data == name]
     if len(programs) != 1:
         raise RuntimeFailure("the module holds no plan.program" if not programs else "name the plan.program to run")
-    if REPRESENTATIVES in programs[0].attributes:
+    if plan.REPRESENTATIVES in programs[0].attributes:
         raise RuntimeFailure(f"@{programs[0].sym_name.data} holds one device per equivalence class, for the "
                              "step-time simulator (sbp-to-plan{representatives=true}); compile without it to run")
     return programs[0]

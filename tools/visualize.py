@@ -123,7 +123,7 @@ COLORS = {"feed": "#8ecae6", "fetch": "#ffb703", "in_place": "#b5e48c", "temp": 
 
 
 def memory_svg(module: ModuleOp) -> str:
-    from sbpc.lowering.plan_allocate_memory import lifetimes
+    from sbpc.dialects.plan_analysis import lifetimes
 
     panels = []
     width, left, top, height = 640, 70, 40, 260

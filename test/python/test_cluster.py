@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from xdsl.context import Context
 
 from sbpc.dialects import parse_module, plan
+from sbpc.dialects.plan_analysis import lifetimes
 from sbpc.lowering.compile import CompilePass
-from sbpc.lowering.plan_allocate_memory import lifetimes
 from sbpc.perf.cluster import (
     INFINIBAND,
     NVLINK,

@@ -12,8 +12,9 @@ import pytest
 from xdsl.context import Context
 
 from sbpc.dialects import parse_module, plan
+from sbpc.dialects.plan import REPRESENTATIVES
 from sbpc.lowering.compile import CompilePass
-from sbpc.perf.step_time import REPRESENTATIVES, simulate_plan
+from sbpc.perf.step_time import simulate_plan
 from sbpc.runtime.program import RuntimeFailure, find_program
 from sbpc.tools.sbp_sim import main
 

@@ -1,0 +1,62 @@
+"""Analyses of a plan's device schedule that several layers read: the
+memory allocator (plan-allocate-memory), plan-verify, the visualizer and
+the tests all need when each register is live."""
+
+from __future__ import annotations
+
+from . import plan
+
+
+def lifetimes(device: plan.DeviceOp) -> dict[str, tuple[int, int]]:
+    """[first, last] schedule positions of every register (feeds from -1,
+    fetched outputs to the end)."""
+    actors = device.actors()
+    end = len(actors)
+    span: dict[str, list[int | None]] = {}
+    for reg in device.registers():
+        first = -1 if reg.feed is not None else None
+        last = end if reg.fetch is not None else None
+        span[reg.sym_name.data] = [first, last]
+    for pos, actor in enumerate(actors):
+        for ref in actor.outs.data:
+            s = span[ref.string_value()]
+            s[0] = pos if s[0] is None else min(s[0], pos)
+        for ref in actor.ins.data:
+            s = span[ref.string_value()]
+            s[1] = pos if s[1] is None else max(s[1], pos)
+    # Communication is asynchronous: what a collective reads stays in flight
+    # until its result is first needed by a kernel (a send with no local
+    # result, until the step ends), so its bytes may not be reused before
+    # then. A collective that reads another's result (a boxing chain:
+    # reduce_scatter, all_reduce, all_gather) does not count: a device that
+    # enqueues collectives on streams issues it without waiting.
+    readers: dict[str, list[int]] = {}
+    for pos, actor in enumerate(actors):
+        for ref in actor.ins.data:
+            readers.setdefault(ref.string_value(), []).append(pos)
+    done_at: dict[int, int] = {}
+
+    def done(pos: int) -> int:
+        """Where the collective at `pos` is known complete: the first
+        compute actor that reads its result, through any collectives that
+        read it in turn (a device that enqueues them does not wait at
+        their issue)."""
+        if pos not in done_at:
+            first = end
+            for ref in actors[pos].outs.data:
+                for r in readers.get(ref.string_value(), ()):
+                    first = min(first, done(r) if isinstance(actors[r], plan.CommOp) and r > pos else r)
+            done_at[pos] = first
+        return done_at[pos]
+
+    for pos, actor in enumerate(actors):
+        if isinstance(actor, plan.CommOp):
+            finish = done(pos)
+            for ref in actor.ins.data:
+                s = span[ref.string_value()]
+                s[1] = max(s[1] if s[1] is not None else pos, finish)
+    out = {}
+    for name, (first, last) in span.items():
+        first = -1 if first is None else first
+        out[name] = (first, max(first, last if last is not None else first))
+    return out
