@@ -63,13 +63,14 @@ def plan(model: str, devices: int, batch: int, compile_it: bool = True):
     from xdsl.context import Context
 
     from sbpc.dialects import lg
+    from sbpc.dialects.sbp import AUTOPLAN_ATTR
     from sbpc.lowering.sbp_autoplan import SbpAutoplanPass
 
     module, _, _ = scale.build(model, "none", devices, batch // devices, 1, training=False)
     t0 = time.perf_counter()
     SbpAutoplanPass(cluster="h100", devices=devices, training=TRAIN, search="layers").apply(Context(), module)
     plan_s = time.perf_counter() - t0
-    chosen = lg.graphs(module)[0].attributes["sbp.autoplan"].data
+    chosen = lg.graphs(module)[0].attributes[AUTOPLAN_ATTR].data
     if not compile_it:
         return chosen, plan_s, None, 0.0
     prediction, compile_s = _simulate(module, devices)

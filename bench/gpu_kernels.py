@@ -50,7 +50,7 @@ def kernels(module):
     device = program.devices()[0]
     regs = {r.sym_name.data: r for r in device.registers()}
     for actor in device.actors():
-        if isinstance(actor, plan.ComputeOp) and "cuda.source" in actor.attributes:
+        if isinstance(actor, plan.ComputeOp) and plan.CUDA_SOURCE_ATTR in actor.attributes:
             ins = [regs[r.string_value()] for r in actor.ins.data]
             out = regs[actor.outs.data[0].string_value()]
             yield actor, ins, out
@@ -90,6 +90,7 @@ def main() -> int:
     if missing:
         print("summary: skipped: NVRTC is not installed, nothing to compile or run")
         return 0
+    from sbpc.dialects import plan
     from sbpc.runtime import cuda
 
     module = kernels_module(args.size)
@@ -98,7 +99,7 @@ def main() -> int:
     compile_rows = []
     for actor, _ins, out in found:
         start = time.perf_counter()
-        ptx[actor] = cuda.compile_ptx(actor.attributes["cuda.source"].data, f"bench_{actor.sym_name.data}.cu")
+        ptx[actor] = cuda.compile_ptx(actor.attributes[plan.CUDA_SOURCE_ATTR].data, f"bench_{actor.sym_name.data}.cu")
         compile_rows.append((actor.sym_name.data, actor.kernel.data, "x".join(map(str, out.type.get_shape())),
                              (time.perf_counter() - start) * 1e3))
     try:
@@ -123,10 +124,10 @@ def main() -> int:
     for actor, ins, out in found:
         host = [np.asarray(rng.standard_normal(r.type.get_shape(), dtype=np.float32)) for r in ins]
         mod = drv.module_from_buffer(ptx[actor] + b"\0")
-        fn = mod.get_function(actor.attributes["cuda.entry"].data)
+        fn = mod.get_function(actor.attributes[plan.CUDA_ENTRY_ATTR].data)
         bufs = [drv.to_device(h) for h in host]
         out_gpu = drv.mem_alloc(max(int(np.prod(out.type.get_shape())) * 4, 1))
-        gx, gy, gz, bx, by, bz = actor.attributes["cuda.launch"].get_values()
+        gx, gy, gz, bx, by, bz = actor.attributes[plan.CUDA_LAUNCH_ATTR].get_values()
 
         def launch():
             fn(*bufs, out_gpu, block=(bx, by, bz), grid=(gx, gy, gz))  # noqa: B023 - only runs in this iteration

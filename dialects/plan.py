@@ -253,6 +253,13 @@ class ActorOp(IRDLOperation):
     reference)."""
 
 
+CUDA_SOURCE_ATTR = "cuda.source"
+"""String attribute of a compute actor: its CUDA C (plan-codegen)."""
+CUDA_ENTRY_ATTR = "cuda.entry"
+"""String attribute of a compute actor: the kernel's entry point in its source."""
+CUDA_LAUNCH_ATTR = "cuda.launch"
+"""Dense i64 array of a compute actor: its launch, grid x, y, z and block x, y, z."""
+
 FUSED = "plan.fused"
 """The kernel of a compute actor that runs a chain of elementwise lg ops
 (plan-fuse-elementwise): its `props` hold `steps`, each a dictionary with

@@ -675,6 +675,11 @@ SIGNATURE_ATTR = "sbp.signature"
 """The discardable attribute by which an op records its chosen SBP signature."""
 
 
+AUTOPLAN_ATTR = "sbp.autoplan"
+"""String attribute of an lg.graph: the layout sbp-autoplan chose and its prediction."""
+AUTOPLAN_ALTERNATIVES_ATTR = "sbp.autoplan.alternatives"
+"""Array attribute of an lg.graph: every layout sbp-autoplan tried, fastest first (explain)."""
+
 PLACEMENT_ATTR = "sbp.placement"
 """The discardable attribute placing an op on a placement (a pipeline stage)
 when no hint on its result says where it runs. Gradient and update ops

@@ -1088,6 +1088,6 @@ class PlanCodegenPass(ModulePass):
                         raise PassFailedException(
                             f"'plan.compute' @{actor.sym_name.data} on @{device.sym_name.data}: no CUDA kernel for {e}"
                         ) from None
-                    actor.attributes["cuda.source"] = StringAttr(src)
-                    actor.attributes["cuda.entry"] = StringAttr(entry)
-                    actor.attributes["cuda.launch"] = DenseArrayBase.from_list(i64, launch)
+                    actor.attributes[plan.CUDA_SOURCE_ATTR] = StringAttr(src)
+                    actor.attributes[plan.CUDA_ENTRY_ATTR] = StringAttr(entry)
+                    actor.attributes[plan.CUDA_LAUNCH_ATTR] = DenseArrayBase.from_list(i64, launch)

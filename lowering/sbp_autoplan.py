@@ -67,6 +67,8 @@ from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import lg
 from sbpc.dialects.sbp import (
+    AUTOPLAN_ALTERNATIVES_ATTR,
+    AUTOPLAN_ATTR,
     PLACEMENT_ATTR,
     AnnotateOp,
     DTensorType,
@@ -476,12 +478,12 @@ class SbpAutoplanPass(ModulePass):
             new.detach()
             op.body.block.add_op(new)
         chosen = next(iter(lg.graphs(op)))
-        chosen.attributes["sbp.autoplan"] = StringAttr(f"{best.describe(budget)} on {cluster.name}")
+        chosen.attributes[AUTOPLAN_ATTR] = StringAttr(f"{best.describe(budget)} on {cluster.name}")
         chosen.attributes[PLANNED_FOR_ATTR] = StringAttr(self._cluster_spec())
         if self.explain:
             ranked = sorted(trials, key=lambda t: (t.prediction is None, t.prediction.step_time if t.prediction
                                                    else math.inf))
-            chosen.attributes["sbp.autoplan.alternatives"] = ArrayAttr(
+            chosen.attributes[AUTOPLAN_ALTERNATIVES_ATTR] = ArrayAttr(
                 [StringAttr(t.describe(budget)) for t in ranked])
 
     def _cluster_spec(self) -> str:
@@ -499,11 +501,11 @@ class SbpAutoplanPass(ModulePass):
                    self.loss)
         classes = len({layer.key for layer in layers})
         graph.attributes[PLANNED_FOR_ATTR] = StringAttr(self._cluster_spec())
-        graph.attributes["sbp.autoplan"] = StringAttr(
+        graph.attributes[AUTOPLAN_ATTR] = StringAttr(
             f"{best.describe(budget)} on {cluster.name} (by layers: {len(layers)} layers of {classes} kinds, "
             f"{profiler.compiles} layer plans simulated, {len(estimates)} layouts composed)")
         if self.explain:
-            graph.attributes["sbp.autoplan.alternatives"] = ArrayAttr(
+            graph.attributes[AUTOPLAN_ALTERNATIVES_ATTR] = ArrayAttr(
                 [StringAttr(e.describe(budget)) for e in notable(estimates, budget)])
 
     def _has_backward(self, graph: lg.GraphOp) -> bool:

@@ -92,7 +92,7 @@ def launch_arguments(actor: plan.ComputeOp, registers: dict, step: int, bases: S
 
 def launch_dims(actor: plan.ComputeOp) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """(grid, block) from the actor's `cuda.launch`."""
-    gx, gy, gz, bx, by, bz = (int(v) for v in actor.attributes["cuda.launch"].get_values())
+    gx, gy, gz, bx, by, bz = (int(v) for v in actor.attributes[plan.CUDA_LAUNCH_ATTR].get_values())
     return (gx, gy, gz), (bx, by, bz)
 
 
@@ -159,8 +159,8 @@ class PyCudaGpu(Gpu):
         self.driver.memcpy_dtod(dst, src, nbytes)
 
     def kernel(self, actor, host_kernel):
-        entry = actor.attributes["cuda.entry"].data
-        ptx = cuda.compile_ptx(actor.attributes["cuda.source"].data, f"{entry}.cu")
+        entry = actor.attributes[plan.CUDA_ENTRY_ATTR].data
+        ptx = cuda.compile_ptx(actor.attributes[plan.CUDA_SOURCE_ATTR].data, f"{entry}.cu")
         module = self.driver.module_from_buffer(ptx + b"\0")
         self._keep.append(module)
         function = module.get_function(entry)
@@ -257,7 +257,7 @@ class CudaExecutor(Executor):
         self._ensure_sources()
         for actor in self.schedule:
             if isinstance(actor, plan.ComputeOp):
-                if "cuda.source" in actor.attributes:
+                if plan.CUDA_SOURCE_ATTR in actor.attributes:
                     regs = [self.registers[r.string_value()] for r in (*actor.ins.data, actor.outs.data[0])]
                     self.launches[actor] = self.gpu.kernel(actor, (self.kernels[actor], regs))
                 else:
@@ -268,16 +268,16 @@ class CudaExecutor(Executor):
         from sbpc.lowering.plan_codegen import Unsupported, generate
 
         for actor in self.schedule:
-            if isinstance(actor, plan.ComputeOp) and "cuda.source" not in actor.attributes:
+            if isinstance(actor, plan.ComputeOp) and plan.CUDA_SOURCE_ATTR not in actor.attributes:
                 try:
                     src, entry, dims = generate(actor, self.registers)
                 except Unsupported:
                     continue
                 from xdsl.dialects.builtin import DenseArrayBase, StringAttr, i64
 
-                actor.attributes["cuda.source"] = StringAttr(src)
-                actor.attributes["cuda.entry"] = StringAttr(entry)
-                actor.attributes["cuda.launch"] = DenseArrayBase.from_list(i64, dims)
+                actor.attributes[plan.CUDA_SOURCE_ATTR] = StringAttr(src)
+                actor.attributes[plan.CUDA_ENTRY_ATTR] = StringAttr(entry)
+                actor.attributes[plan.CUDA_LAUNCH_ATTR] = DenseArrayBase.from_list(i64, dims)
 
     # -- host mirrors ----------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from xdsl.printer import Printer
 
 from sbpc.dialects import lg, parse_module
 from sbpc.dialects.plan import programs
+from sbpc.dialects.sbp import AUTOPLAN_ALTERNATIVES_ATTR, AUTOPLAN_ATTR
 from sbpc.frontend import Graph, Placement
 from sbpc.runtime.pool_client import RankPool
 
@@ -143,8 +144,8 @@ def compile(  # noqa: A001 - the verb users expect
                                       explain=True, training=training)
             planner.apply(Context(), module)
             chosen = next(iter(lg.graphs(module)))
-            autoplan = {"cluster": str(cluster), "chosen": chosen.attributes["sbp.autoplan"].data,
-                        "alternatives": [a.data for a in chosen.attributes["sbp.autoplan.alternatives"].data]}
+            autoplan = {"cluster": str(cluster), "chosen": chosen.attributes[AUTOPLAN_ATTR].data,
+                        "alternatives": [a.data for a in chosen.attributes[AUTOPLAN_ALTERNATIVES_ATTR].data]}
             passes = passes[at:]
         PassPipeline(tuple(passes)).apply(Context(), module)
     elif plan == "auto":
