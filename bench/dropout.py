@@ -30,9 +30,9 @@ def sbpc_kernels(shape):
     from xdsl.dialects.builtin import FloatAttr, IntegerAttr, TensorType, f32, f64, i64
     from xdsl.ir import Block
 
+    from sbpc.codegen.kernels import Site, describe_site
     from sbpc.dialects import lg
     from sbpc.dialects.sbp import Sbp
-    from sbpc.lowering.plan_codegen import Site, describe_site
     from sbpc.runtime import host_kernels, kernels
     from sbpc.semantics.local_eval import LocalContext
 

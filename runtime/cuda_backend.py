@@ -265,7 +265,8 @@ class CudaExecutor(Executor):
 
     def _ensure_sources(self) -> None:
         """Generates the kernels plan-codegen can where the plan has none."""
-        from sbpc.lowering.plan_codegen import Unsupported, generate
+        from sbpc.codegen.kernels import generate
+        from sbpc.codegen.render import Unsupported
 
         for actor in self.schedule:
             if isinstance(actor, plan.ComputeOp) and plan.CUDA_SOURCE_ATTR not in actor.attributes:

@@ -1,5 +1,5 @@
 """Generated C kernels for the CPU backend: the kernels plan-codegen
-describes for CUDA (lowering/plan_codegen.py's Kernel), rendered as C for
+describes for CUDA (codegen/render.py's Kernel), rendered as C for
 the host, built once with the system C compiler and called through cffi.
 
 A chain of elementwise steps in numpy makes one pass over memory per step
@@ -8,7 +8,7 @@ intermediate in a register. Softmax and layernorm likewise run each row in
 cache instead of one numpy call per statistic. Matmul stays numpy's (BLAS).
 `HOST_KERNELS` lists the kernels the executor runs this way (measured
 faster); the others remain numpy's. Vectorized loops call glibc's vector
-math library for exp, tanh, erf and log (plan_codegen.VECTOR_MATH).
+math library for exp, tanh, erf and log (render.VECTOR_MATH).
 
 Building: every kernel of a device goes into one C file, compiled with
 `cc -O3 -march=native` into a shared library cached under the source's
@@ -34,18 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
+from sbpc.codegen.kernels import Site, describe_site, generate_host
+from sbpc.codegen.render import Kernel, Unsupported, c_type, host_declaration, host_prelude, host_source
 from sbpc.dialects import plan
-from sbpc.lowering.plan_codegen import (
-    Kernel,
-    Site,
-    Unsupported,
-    c_type,
-    describe_site,
-    generate_host,
-    host_declaration,
-    host_prelude,
-    host_source,
-)
 
 VARIABLE = "SBPC_HOST_KERNELS"
 CACHE_VARIABLE = "SBPC_CACHE"
@@ -54,7 +45,7 @@ FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-ffp-co
 kernels keep IEEE semantics (NaN, inf, no reassociation), so they round
 as numpy's do, step by step (a contracted x * x + c lost 125 ulp to
 numpy's where the sum cancels). -fopenmp-simd only for the pragmas of the
-row sums that may be reordered (plan_codegen's SBPC_SUM)."""
+row sums that may be reordered (render.py's SBPC_SUM)."""
 
 REDUCTIONS = frozenset({"lg.reduce_sum", "lg.reduce_mean", "lg.reduce_max"})
 HOST_KERNELS = frozenset({plan.FUSED, *plan.FUSABLE_KERNELS, "lg.softmax", "lg.log_softmax", "lg.layernorm",

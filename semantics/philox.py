@@ -12,7 +12,7 @@ its value when
 
 so the mask depends on (seed, step, stream, e) and not on the plan. The
 numpy form here is the definition (the reference interpreter, the local
-kernels and the numpy backend use it); plan_codegen.PHILOX_C is the same
+kernels and the numpy backend use it); sbpc.codegen.render.PHILOX_C is the same
 function in C and CUDA, checked against it.
 """
 

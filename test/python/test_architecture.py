@@ -15,6 +15,7 @@ PACKAGES = {
     "sbpc.dialects": "dialects",
     "sbpc.semantics": "semantics",
     "sbpc.perf": "perf",
+    "sbpc.codegen": "codegen",
     "sbpc.lowering": "lowering",
     "sbpc.runtime": "runtime",
     "sbpc": "sbpc",

@@ -13,11 +13,12 @@ from xdsl.context import Context
 
 import sbpc
 from sbpc import B, S
+from sbpc.codegen.kernels import describe, generate, generate_host
+from sbpc.codegen.render import Unsupported, cuda_source
 from sbpc.dialects import lg, plan
 from sbpc.dialects.layout import numpy_dtype, piece_of
 from sbpc.dialects.sbp import PartialAttr, ReduceKind, lookup_placement
 from sbpc.lowering.compile import CompilePass
-from sbpc.lowering.plan_codegen import Unsupported, cuda_source, describe, generate, generate_host
 from sbpc.runtime import host_kernels
 from sbpc.semantics.local_eval import local_kernel
 from sbpc.semantics.plan_simulator import actor_kernel
@@ -266,7 +267,7 @@ def test_training_with_host_kernels_matches_the_reference(enabled, monkeypatch):
 
 
 def test_exp_and_softmax_keep_ieee_special_values():
-    """The host's own float exp (vectorizable, see plan_codegen.HOST_PRELUDE)
+    """The host's own float exp (vectorizable, see sbpc.codegen.render.HOST_PRELUDE)
     against numpy's over its whole range and at inf, NaN and the underflow
     edge; a softmax row masked with -inf gives exact zeros there."""
     g = sbpc.Graph("special", placement=sbpc.placement("cpu", ranks=1))

@@ -10,9 +10,9 @@ import pytest
 from xdsl.dialects.builtin import TensorType, f32
 from xdsl.ir import Block
 
+from sbpc.codegen import kernels as codegen
 from sbpc.dialects import lg, plan
 from sbpc.dialects.backends import Backend
-from sbpc.lowering import plan_codegen
 from sbpc.runtime import kernels
 from sbpc.semantics.local_eval import LOCAL
 from sbpc.semantics.reference import REFERENCE
@@ -20,7 +20,7 @@ from sbpc.semantics.reference import REFERENCE
 STRUCTURE = {lg.GraphOp, lg.OutputOp, lg.InputOp, lg.ParamOp, lg.ConstantOp}
 """lg ops that are not kernels: the graph's frame and its sources."""
 
-BACKENDS: list[Backend] = [REFERENCE, kernels.NUMPY, plan_codegen.CUDA]
+BACKENDS: list[Backend] = [REFERENCE, kernels.NUMPY, codegen.CUDA]
 
 NOT_DIFFERENTIABLE = {lg.ReduceMaxOp, lg.OneHotOp, lg.EmbeddingGradOp, lg.TokenCrossEntropyGradOp, lg.ScatterAddOp,
                       lg.Conv2dGradInputOp, lg.Conv2dGradWeightOp, lg.MaxPool2dGradOp}
@@ -43,7 +43,7 @@ def test_every_backend_implements_every_op(backend: Backend):
 def test_backends_hold_only_known_ops():
     known = {*lg.COMPUTE_OPS}
     assert set(kernels.NUMPY.ops()) - known == {kernels.Fused}
-    assert set(plan_codegen.CUDA.ops()) <= known
+    assert set(codegen.CUDA.ops()) <= known
     assert set(LOCAL.ops()) - known == {kernels.Fused}
 
 
@@ -69,8 +69,8 @@ def test_property_sets_follow_the_traits():
     for op in lg.COMPUTE_OPS:
         # CUDA fuses exactly the elementwise ops; the runtime lets exactly the
         # in-place ones write over an input.
-        cuda = plan_codegen.CUDA[op]
-        assert isinstance(cuda, plan_codegen.ElementwiseExpr) == (op in elementwise), op.name
+        cuda = codegen.CUDA[op]
+        assert isinstance(cuda, codegen.ElementwiseExpr) == (op in elementwise), op.name
         assert kernels._alias_safe(op) == (op.name in plan.IN_PLACE_KERNELS | plan.REINTERPRETING_KERNELS), op.name
 
 

@@ -1,0 +1,815 @@
+"""The kernel generators, one per lg op (`CUDA`, a backend registry that
+test_ops.py checks complete): each turns a `Site` (what it knows of one
+compute actor: local shapes, properties, where its pieces start) into a
+render.Kernel for both targets, or CUDA source alone (matmul). An op
+without a generator registers ON_HOST: the executor runs its numpy
+kernel. `describe`/`generate`/`generate_host` are the entry points for a
+plan's actors."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import cast
+
+from xdsl.dialects.builtin import DenseArrayBase, FloatAttr, IntegerAttr, IntegerType, StringAttr
+from xdsl.ir import Attribute
+
+from sbpc.dialects import lg, plan
+from sbpc.dialects.backends import Backend
+from sbpc.dialects.layout import piece_of
+from sbpc.dialects.sbp import lookup_placement
+
+from .render import (
+    C_TYPES,
+    IVDEP,
+    TILE,
+    Kernel,
+    Nest,
+    Unsupported,
+    _collapse,
+    _header,
+    c_type,
+    cuda_source,
+    strides,
+)
+
+INTEGER_KERNELS = frozenset({"lg.add", "lg.sub", "lg.mul", "lg.neg", "lg.reshape", "lg.transpose", "lg.cumsum",
+                             "lg.pad", "lg.gather", "lg.reduce_sum", *(op.name for op in lg.MASK_OPS)})
+"""Kernels generated for integer elements too (counts, positions, the
+random step's count): their C is the same for any arithmetic T. The others
+assume floats (infinities, exp), and their integer forms run on the host."""
+
+Generator = Callable[["Site"], "Kernel | tuple[str, list[int]]"]
+"""gen(site) -> a Kernel (both targets), or CUDA C alone and its launch
+[grid x, y, z, block x, y, z] (a kernel with no host form: matmul)."""
+
+CUDA: Backend[Generator | ElementwiseExpr | OnHost] = Backend("the CUDA code generator")
+"""Every lg op's CUDA implementation: a generator, an elementwise C
+expression (so it also fuses), or ON_HOST: the executor runs the actor's
+numpy kernel on the host mirror (staged through pinned memory)."""
+
+
+class OnHost:
+    """The registration of an op with no CUDA kernel: its actors run their
+    numpy kernel on the host (runtime/cuda_backend.py stages the bytes)."""
+
+
+ON_HOST = OnHost()
+
+
+@dataclass(frozen=True)
+class ElementwiseExpr:
+    """An elementwise op as a C expression over its operands {0}, {1}, of
+    type T: alone it is a chain of one step (gen_fused), and a fused chain
+    inlines it."""
+
+    expr: str
+
+    def __call__(self, site: Site) -> Kernel:
+        return gen_fused(
+            site.name, site.t, site.in_shapes, site.out_shape, [(site.kernel, tuple(range(len(site.in_shapes))))]
+        )
+
+
+for _op, _expr in (
+    (lg.NegOp, "-{0}"),
+    (lg.ReluOp, "{0} > (T)0 ? {0} : (T)0"),
+    (lg.StepOp, "{0} > (T)0 ? (T)1 : (T)0"),
+    (lg.GeluOp, "(T)0.5 * {0} * ((T)1 + tanh((T)0.7978845608028654 * ({0} + (T)0.044715 * {0} * {0} * {0})))"),
+    (lg.TanhOp, "tanh({0})"),
+    (lg.ErfOp, "erf({0})"),
+    (lg.ExpOp, "exp({0})"),
+    (lg.SqrtOp, "sqrt({0})"),
+    (lg.RsqrtOp, "rsqrt({0})"),
+    (lg.AddOp, "{0} + {1}"),
+    (lg.SubOp, "{0} - {1}"),
+    (lg.MulOp, "{0} * {1}"),
+    (lg.DivOp, "{0} / {1}"),
+):
+    CUDA.register(_op, ElementwiseExpr(_expr))
+
+for _op in (lg.BroadcastToOp, lg.ConcatOp, lg.SliceOp, lg.EmbeddingOp, lg.CrossEntropyOp, lg.MseLossOp, lg.OneHotOp,
+            lg.EmbeddingGradOp):
+    CUDA.register(_op, ON_HOST)
+
+
+def elementwise_expr(kernel: str) -> ElementwiseExpr:
+    impl = CUDA.get(lg.op_class(kernel))
+    if not isinstance(impl, ElementwiseExpr):
+        raise Unsupported(f"kernel {kernel} in a fused chain")
+    return impl
+
+
+def _index_loop(out_shape, operand_strides: list[list[int]], names: list[str]) -> str:
+    """C statements computing, for flat output index i, each operand's offset."""
+    lines = ["long rem = i;"] + [f"long {n} = 0;" for n in names]
+    for d in reversed(range(len(out_shape))):
+        lines.append(f"{{ long c = rem % {out_shape[d]}; rem /= {out_shape[d]};")
+        for n, st in zip(names, operand_strides):
+            if st[d]:
+                lines.append(f"  {n} += c * {st[d]};")
+        lines.append("}")
+    return "\n    ".join(lines)
+
+
+def _broadcast_strides(shape, out_shape) -> list[int]:
+    st = strides(shape)
+    pad = len(out_shape) - len(shape)
+    return [0] * pad + [0 if shape[i] == 1 and out_shape[pad + i] != 1 else st[i] for i in range(len(shape))]
+
+
+def gen_fused(name, t, in_shapes, out_shape, steps) -> Kernel:
+    """One kernel for a chain of elementwise steps (kernel, argument
+    indices: inputs first, then earlier steps), one thread per output
+    element. Broadcasting composes, so every input is read at the
+    broadcast image of the output index and every step lives in a
+    register; a lone elementwise op is a chain of one."""
+    lines = []
+    for j, (kernel, args) in enumerate(steps):
+        expr = elementwise_expr(kernel).expr.format(*(f"v{a}" for a in args))
+        lines.append(f"T v{len(in_shapes) + j} = {expr};")
+    return _broadcasting(name, t, in_shapes, out_shape, ["T"] * len(in_shapes), lines,
+                         f"v{len(in_shapes) + len(steps) - 1}")
+
+
+def _broadcasting(name, t, in_shapes, out_shape, in_types, steps: list[str], result: str) -> Kernel:
+    """An elementwise kernel with numpy broadcasting: each input k (of C
+    type in_types[k]) read into v<k> at the broadcast image of the output
+    index, then the statements `steps`, then out[i] = (T)result."""
+    n = math.prod(out_shape)
+    # Not restrict: the memory plan may write the output over an input
+    # (in place); each thread reads its elements before writing its own.
+    params = tuple([f"const {in_types[k]}* a{k}" for k in range(len(in_shapes))] + ["T* out"])
+    moved = [k for k, shape in enumerate(in_shapes) if tuple(shape) != tuple(out_shape)]
+    lines = []
+    if moved:
+        lines.append(_index_loop(out_shape, [_broadcast_strides(in_shapes[k], out_shape) for k in moved],
+                                 [f"o{k}" for k in moved]))
+    lines += [f"{in_types[k]} v{k} = a{k}[{f'o{k}' if k in moved else 'i'}];" for k in range(len(in_shapes))]
+    lines += steps
+    lines.append(f"out[i] = {result};" if steps else f"out[i] = (T)({result});")
+    element = lines[1:] if moved else lines
+    nest = Nest(*_collapse(tuple(out_shape), [_broadcast_strides(in_shapes[k], out_shape) for k in moved]),
+                tuple(f"o{k}" for k in moved), "\n      ".join(element)) if moved else None
+    return Kernel(name, t, params, n, "\n    ".join(lines), nest=nest)
+
+
+@CUDA.impl(lg.MatmulOp)
+def gen_matmul(site: Site) -> tuple[str, list[int]]:
+    name, t, out_shape = site.name, site.t, site.out_shape
+    a, b = site.in_shapes
+    ta, tb = "transpose_lhs" in site.props, "transpose_rhs" in site.props
+    M, N = out_shape[-2], out_shape[-1]
+    K = a[-2] if ta else a[-1]
+    batch = out_shape[:-2]
+    nb = math.prod(batch)
+    a_b = _broadcast_strides(a[:-2], batch) if batch else []
+    b_b = _broadcast_strides(b[:-2], batch) if batch else []
+    a_mat, b_mat = a[-2] * a[-1], b[-2] * b[-1]
+    # element strides inside one matrix
+    sam, sak = (1, M) if ta else (K, 1)
+    sbk, sbn = (1, K) if tb else (N, 1)
+    boff = (
+        _index_loop(batch, [[s * a_mat for s in a_b], [s * b_mat for s in b_b]], ["oa", "ob"])
+        if batch
+        else "long oa = 0, ob = 0;"
+    )
+    params = "const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C"
+    src = f"""{_header(t)}extern "C" __global__ void {name}({params}) {{
+  __shared__ T As[{TILE}][{TILE}];
+  __shared__ T Bs[{TILE}][{TILE}];
+  long i = blockIdx.z;
+  {boff.replace(chr(10) + '    ', chr(10) + '  ')}
+  int row = blockIdx.y * {TILE} + threadIdx.y, col = blockIdx.x * {TILE} + threadIdx.x;
+  T acc = (T)0;
+  for (int k0 = 0; k0 < {K}; k0 += {TILE}) {{
+    int ka = k0 + threadIdx.x, kb = k0 + threadIdx.y;
+    As[threadIdx.y][threadIdx.x] = (row < {M} && ka < {K}) ? A[oa + (long)row * {sam} + (long)ka * {sak}] : (T)0;
+    Bs[threadIdx.y][threadIdx.x] = (kb < {K} && col < {N}) ? B[ob + (long)kb * {sbk} + (long)col * {sbn}] : (T)0;
+    __syncthreads();
+    for (int k = 0; k < {TILE}; ++k) acc += As[threadIdx.y][k] * Bs[k][threadIdx.x];
+    __syncthreads();
+  }}
+  if (row < {M} && col < {N}) C[(long)blockIdx.z * {M * N} + (long)row * {N} + col] = acc;
+}}
+"""
+    return src, [-(-N // TILE), -(-M // TILE), max(nb, 1), TILE, TILE, 1]
+
+
+@CUDA.impl(lg.ReduceSumOp, lg.ReduceMeanOp, lg.ReduceMaxOp)
+def gen_reduce(site: Site) -> Kernel:
+    kernel, name, t, in_shape = site.kernel, site.name, site.t, site.in_shapes[0]
+    axes = list(cast(DenseArrayBase[IntegerType], site.props["axes"]).get_values())
+    kept = [d for d in range(len(in_shape)) if d not in axes]
+    st = strides(in_shape)
+    n_out = max(math.prod(in_shape[d] for d in kept), 1)
+    n_red = math.prod(in_shape[d] for d in axes)
+    kept_shape = [in_shape[d] for d in kept]
+    red_shape = [in_shape[d] for d in axes]
+    base = _index_loop(kept_shape, [[st[d] for d in kept]], ["b"]) if kept else "long b = 0;"
+    inner = _index_loop(red_shape, [[st[d] for d in axes]], ["r"]).replace("long rem = i;", "long rem = j;")
+    is_max = kernel == "lg.reduce_max"
+    init = "(T)NEG_INF" if is_max else "(T)0"
+    # a maximum keeps a NaN once met, as numpy's does
+    update = "acc = (acc > a0[b + r] || acc != acc) ? acc : a0[b + r];" if is_max else "acc += a0[b + r];"
+    scale = ""
+    count = math.prod(site.global_in[d] for d in axes)
+    if kernel == "lg.reduce_mean":
+        scale = f"acc = acc / (T){count};"
+    body = f"""{base}
+  T acc = {init};
+  for (long j = 0; j < {n_red}; ++j) {{
+    {inner}
+    {update}
+  }}
+  {scale}
+  out[i] = acc;"""
+    return Kernel(name, t, ("const T* a0", "T* out"), n_out, body, restrict=True,
+                  host_body=_host_reduce(in_shape, axes, is_max, count if kernel == "lg.reduce_mean" else 0))
+
+
+def _host_reduce(shape: Sequence[int], axes: Sequence[int], is_max: bool, mean_of: int) -> str | None:
+    """A reduction over one run of adjacent axes as loops that vectorize:
+    the input is [outer, reduced, inner]. With inner elements, each output
+    row accumulates the reduced rows in order (the threads' order, one
+    vector of outputs at a time); without, each output is one contiguous
+    run, summed in several partial sums (SBPC_SUM; a maximum stays one
+    chain, since OpenMP's combined maximum may drop a NaN that numpy's
+    keeps). None for axes that are not adjacent: the flat loop then."""
+    if not axes or list(axes) != list(range(axes[0], axes[0] + len(axes))):
+        return None
+    outer = math.prod(shape[: axes[0]])
+    red = math.prod(shape[axes[0] : axes[-1] + 1])
+    inner = math.prod(shape[axes[-1] + 1 :])
+    init = "(T)NEG_INF" if is_max else "(T)0"
+    scale = f" / (T){mean_of}" if mean_of else ""
+    if inner == 1:
+        pragma = "" if is_max else "SBPC_SUM(acc)"
+        update = "acc = (acc > x[r] || acc != acc) ? acc : x[r];" if is_max else "acc += x[r];"
+        return f"""  for (long a = 0; a < {outer}; ++a) {{
+    const T* x = a0 + a * {red};
+    T acc = {init};
+    {pragma}
+    for (long r = 0; r < {red}; ++r) {update}
+    out[a] = acc{scale};
+  }}"""
+    update = "o[c] = (o[c] > x[c] || o[c] != o[c]) ? o[c] : x[c];" if is_max else "o[c] += x[c];"
+    finish = f"""
+    {IVDEP}
+    for (long c = 0; c < {inner}; ++c) o[c] = o[c]{scale};""" if mean_of else ""
+    return f"""  for (long a = 0; a < {outer}; ++a) {{
+    T* o = out + a * {inner};
+    for (long c = 0; c < {inner}; ++c) o[c] = {init};
+    for (long r = 0; r < {red}; ++r) {{
+      const T* x = a0 + (a * {red} + r) * {inner};
+      {IVDEP}
+      for (long c = 0; c < {inner}; ++c) {update}
+    }}{finish}
+  }}"""
+
+
+@CUDA.impl(lg.SoftmaxOp, lg.LogSoftmaxOp)
+def gen_softmax(site: Site) -> Kernel:
+    kernel, name, t, shape = site.kernel, site.name, site.t, site.in_shapes[0]
+    axis = cast(IntegerAttr, site.props["axis"]).value.data
+    inner = math.prod(shape[axis + 1 :])
+    rows = math.prod(shape) // shape[axis]
+    n = shape[axis]
+    at = f"o + k * {inner}"
+    if kernel == "lg.log_softmax":
+        total = f"SBPC_SUM(s)\n  for (long k = 0; k < {n}; ++k) s += exp(a0[{at}] - m);"
+        write = f"for (long k = 0; k < {n}; ++k) out[{at}] = (a0[{at}] - m) - log(s);"
+    else:  # each exponential once, kept in the output (a loop with no sum in it vectorizes), summed, divided
+        total = (f"for (long k = 0; k < {n}; ++k) out[{at}] = exp(a0[{at}] - m);\n"
+                 f"  SBPC_SUM(s)\n  for (long k = 0; k < {n}; ++k) s += out[{at}];")
+        write = f"for (long k = 0; k < {n}; ++k) out[{at}] = out[{at}] / s;"
+    body = f"""long o = (i / {inner}) * {n * inner} + (i % {inner});
+  T m = (T)NEG_INF;
+  /* lanes may drop a NaN from the maximum; it reaches every output through the sum anyway */
+  SBPC_MAX(m)
+  for (long k = 0; k < {n}; ++k) {{ T x = a0[{at}]; m = x > m ? x : m; }}
+  T s = (T)0;
+  {total}
+  {write}"""
+    return Kernel(name, t, ("const T* a0", "T* out"), rows, body, restrict=True)
+
+
+@CUDA.impl(lg.LayerNormOp)
+def gen_layernorm(site: Site) -> Kernel:
+    name, t, shape = site.name, site.t, site.in_shapes[0]
+    axis = cast(IntegerAttr, site.props["axis"]).value.data
+    eps = cast(FloatAttr, site.props["epsilon"]).value.data
+    affine = len(site.in_shapes) == 3
+    inner = math.prod(shape[axis:])
+    rows = math.prod(shape[:axis])
+    params = ("const T* a0", "const T* w", "const T* bias", "T* out") if affine else ("const T* a0", "T* out")
+    scale = " * w[k] + bias[k]" if affine else ""
+    body = f"""const T* x = a0 + i * {inner};
+  T mean = (T)0;
+  SBPC_SUM(mean)
+  for (long k = 0; k < {inner}; ++k) mean += x[k];
+  mean /= (T){inner};
+  T var = (T)0;
+  SBPC_SUM(var)
+  for (long k = 0; k < {inner}; ++k) {{ T d = x[k] - mean; var += d * d; }}
+  var /= (T){inner};
+  T r = rsqrt(var + (T){eps!r});
+  for (long k = 0; k < {inner}; ++k) out[i * {inner} + k] = (x[k] - mean) * r{scale};"""
+    return Kernel(name, t, params, rows, body, restrict=True)
+
+
+@CUDA.impl(lg.ReshapeOp)
+def gen_copy(site: Site) -> Kernel:
+    # Not restrict: a reshape may be planned in place (out == a0), and
+    # each thread reads its element before writing it.
+    return Kernel(site.name, site.t, ("const T* a0", "T* out"), math.prod(site.out_shape), "out[i] = a0[i];")
+
+
+@CUDA.impl(lg.TransposeOp)
+def gen_transpose(site: Site) -> Kernel:
+    in_shape, out_shape = site.in_shapes[0], site.out_shape
+    perm = list(cast(DenseArrayBase[IntegerType], site.props["perm"]).get_values())
+    st = strides(in_shape)
+    index = _index_loop(out_shape, [[st[p] for p in perm]], ["s"])
+    # on the host, loops over the output with the input's permuted strides
+    # (axes that stay together merged): no division per element
+    nest = Nest(*_collapse(tuple(out_shape), [[st[p] for p in perm]]), ("s",), "out[i] = a0[s];")
+    return Kernel(site.name, site.t, ("const T* a0", "T* out"), math.prod(out_shape), f"{index}\n  out[i] = a0[s];",
+                  restrict=True, nest=nest)
+
+
+# -- the vocabulary-parallel cross-entropy, padding, running sums --------------------
+
+_INDEX_C_TYPES = {"i64": "int64_t", "i32": "int32_t"}
+
+
+def _labels_type(site: Site, i: int) -> str:
+    elem = site.in_elems[i] if site.in_elems else "i64"
+    if elem not in _INDEX_C_TYPES:
+        raise Unsupported(f"labels of element type {elem}")
+    return _INDEX_C_TYPES[elem]
+
+
+def _class_start(site: Site) -> int:
+    """Where this device's piece of the logits starts along the classes."""
+    return site.in_starts[0][-1] if site.in_starts else 0
+
+
+def _ignored(site: Site) -> str:
+    """A C condition on `label`: it is the ignored label (false without one)."""
+    ignore = site.props.get("ignore_index")
+    return f"label == {cast(IntegerAttr, ignore).value.data}" if ignore is not None else "0"
+
+
+@CUDA.impl(lg.SumExpOp)
+def gen_sum_exp(site: Site) -> Kernel:
+    classes = site.in_shapes[0][-1]
+    rows = math.prod(site.in_shapes[0][:-1])
+    body = f"""const T* x = a0 + i * {classes};
+  T m = a1[i];
+  T s = (T)0;
+  SBPC_SUM(s)
+  for (long k = 0; k < {classes}; ++k) s += exp(x[k] - m);
+  out[i] = s;"""
+    return Kernel(site.name, site.t, ("const T* a0", "const T* a1", "T* out"), rows, body, restrict=True)
+
+
+@CUDA.impl(lg.TokenCrossEntropyOp)
+def gen_token_cross_entropy(site: Site) -> Kernel:
+    # one thread per row: the label's logit where this piece holds it, the
+    # row's log-sum-exp where it holds class 0 (reference.token_cross_entropy).
+    # A label outside the classes is not checked here (numpy's kernel does).
+    classes = site.in_shapes[0][-1]
+    rows = math.prod(site.in_shapes[1])
+    start = _class_start(site)
+    total = "log(a3[i]) + a2[i]" if start == 0 else "(T)0"
+    body = f"""long label = (long)a1[i];
+  if ({_ignored(site)}) {{ out[i] = (T)0; return; }}
+  long c = label - {start};
+  T picked = (c >= 0 && c < {classes}) ? a0[i * {classes} + c] : (T)0;
+  out[i] = ({total}) - picked;"""
+    params = ("const T* a0", f"const {_labels_type(site, 1)}* a1", "const T* a2", "const T* a3", "T* out")
+    return Kernel(site.name, site.t, params, rows, body, restrict=True)
+
+
+@CUDA.impl(lg.TokenCrossEntropyGradOp)
+def gen_token_cross_entropy_grad(site: Site) -> Kernel:
+    # one thread per logit: softmax times the incoming gradient, less it at
+    # the label's column (reference.token_cross_entropy_grad)
+    classes = site.in_shapes[0][-1]
+    start = _class_start(site)
+    body = f"""long r = i / {classes};
+  long label = (long)a1[r];
+  T g = ({_ignored(site)}) ? (T)0 : a4[r];
+  T v = exp(a0[i] - a2[r]) * (g / a3[r]);
+  out[i] = (label - {start} == i % {classes}) ? v - g : v;"""
+    params = ("const T* a0", f"const {_labels_type(site, 1)}* a1", "const T* a2", "const T* a3", "const T* a4",
+              "T* out")
+    return Kernel(site.name, site.t, params, math.prod(site.out_shape), body, restrict=True)
+
+
+@CUDA.impl(lg.PadOp)
+def gen_pad(site: Site) -> Kernel:
+    shape, out_shape = site.in_shapes[0], site.out_shape
+    low = list(cast(DenseArrayBase[IntegerType], site.props["low"]).get_values())
+    value = cast(FloatAttr, site.props["value"]).value.data
+    st = strides(shape)
+    lines = ["long rem = i;", "long s = 0;", "int inside = 1;"]
+    for d in reversed(range(len(shape))):
+        lines.append(f"{{ long x = rem % {out_shape[d]} - {low[d]}; rem /= {out_shape[d]}; "
+                     f"inside &= x >= 0 && x < {shape[d]}; s += x * {st[d]}; }}")
+    body = "\n  ".join([*lines, f"out[i] = inside ? a0[s] : (T){value!r};"])
+    return Kernel(site.name, site.t, ("const T* a0", "T* out"), math.prod(out_shape), body, restrict=True)
+
+
+@CUDA.impl(lg.CumsumOp)
+def gen_cumsum(site: Site) -> Kernel:
+    # one thread per scanned line: what this piece's elements add to every
+    # position of the whole axis (reference.cumsum_piece)
+    shape, out_shape = site.in_shapes[0], site.out_shape
+    axis = cast(IntegerAttr, site.props["axis"]).value.data
+    reverse = "reverse" in site.props
+    inner = math.prod(shape[axis + 1:])
+    n, length = shape[axis], out_shape[axis]
+    start = site.in_starts[0][axis] if site.in_starts and length != n else 0
+    lines = math.prod(shape) // max(n, 1) if n else math.prod(out_shape) // max(length, 1)
+    ahead = f"const T* x = a0 + (i / {inner}) * {n * inner} + i % {inner};\n  " \
+            f"T* o = out + (i / {inner}) * {length * inner} + i % {inner};\n  T acc = (T)0;"
+    if reverse:
+        scan = f"""for (long k = {length - 1}; k >= {start + n}; --k) o[k * {inner}] = (T)0;
+  for (long k = {n - 1}; k >= 0; --k) {{ acc += x[k * {inner}]; o[({start} + k) * {inner}] = acc; }}
+  for (long k = {start - 1}; k >= 0; --k) o[k * {inner}] = acc;"""
+    else:
+        scan = f"""for (long k = 0; k < {start}; ++k) o[k * {inner}] = (T)0;
+  for (long k = 0; k < {n}; ++k) {{ acc += x[k * {inner}]; o[({start} + k) * {inner}] = acc; }}
+  for (long k = {start + n}; k < {length}; ++k) o[k * {inner}] = acc;"""
+    return Kernel(site.name, site.t, ("const T* a0", "T* out"), lines, f"{ahead}\n  {scan}", restrict=True)
+
+
+@CUDA.impl(lg.GatherOp)
+def gen_gather(site: Site) -> Kernel:
+    # one thread per picked element: the index along `axis`, the element
+    # there where this piece of the input holds it (reference.gather_piece)
+    shape, index_shape = site.in_shapes
+    axis = cast(IntegerAttr, site.props["axis"]).value.data
+    start = site.in_starts[0][axis] if site.in_starts else 0
+    st = strides(shape)
+    lines = ["long rem = i;", "long s = 0;"]
+    for d in reversed(range(len(index_shape))):
+        if d != axis:
+            lines.append(f"s += (rem % {index_shape[d]}) * {st[d]};")
+        lines.append(f"rem /= {index_shape[d]};")
+    lines.append(f"long k = (long)a1[i] - {start};")
+    lines.append(f"out[i] = (k >= 0 && k < {shape[axis]}) ? a0[s + k * {st[axis]}] : (T)0;")
+    params = ("const T* a0", f"const {_labels_type(site, 1)}* a1", "T* out")
+    return Kernel(site.name, site.t, params, math.prod(index_shape), "\n  ".join(lines), restrict=True)
+
+
+@CUDA.impl(lg.ScatterAddOp)
+def gen_scatter_add(site: Site) -> Kernel:
+    # one thread per line along `axis` (every other coordinate fixed): it
+    # zeroes the line of the result, then adds the line's updates where
+    # their indices point, in order (no two threads write one element)
+    updates_shape, out_shape = site.in_shapes[0], site.out_shape
+    axis = cast(IntegerAttr, site.props["axis"]).value.data
+    inner = math.prod(out_shape[axis + 1:])
+    n, m = out_shape[axis], updates_shape[axis]
+    lines = math.prod(out_shape) // n if n else 0
+    start = site.out_starts[axis] if site.out_starts else 0  # where this device's rows of the result begin
+    body = f"""long outer = i / {inner}, c = i % {inner};
+  T* o = out + outer * {n * inner} + c;
+  const T* u = a0 + outer * {m * inner} + c;
+  const {_labels_type(site, 1)}* x = a1 + outer * {m * inner} + c;
+  for (long k = 0; k < {n}; ++k) o[k * {inner}] = (T)0;
+  for (long j = 0; j < {m}; ++j) {{
+    long k = (long)x[j * {inner}] - {start};
+    if (k >= 0 && k < {n}) o[k * {inner}] += u[j * {inner}];
+  }}"""
+    params = ("const T* a0", f"const {_labels_type(site, 1)}* a1", "T* out")
+    return Kernel(site.name, site.t, params, lines, body, restrict=True)
+
+
+@CUDA.impl(lg.DropoutOp)
+def gen_dropout(site: Site) -> Kernel:
+    # each element's index in the whole tensor, from where this piece starts
+    # (and, in a micro-batch copy, its row in the batch), then its word of
+    # the Philox block of four it falls in (semantics/philox.py). On the
+    # host the elements run in order, so four neighbours share one block.
+    rate = cast(FloatAttr, site.props["rate"]).value.data
+    stream = cast(IntegerAttr, site.props["stream"]).value.data
+    batch = site.props.get("micro_batch")
+    count, index, rows = tuple(cast(DenseArrayBase[IntegerType], batch).get_values()) if batch else (1, 0, 1)
+    local, shape = site.in_shapes[0] or (1,), site.global_in or (1,)
+    starts = site.in_starts[0] if site.in_starts and site.in_starts[0] else (0,) * len(local)
+    st = strides([shape[0] * count, *shape[1:]])
+
+    def at(d: int, c: str) -> str:
+        """The index along axis d of the whole tensor of local coordinate c."""
+        g = f"({c} + {starts[d]})"
+        return f"(({g} / {rows}) * {count} + {index}) * {rows} + {g} % {rows}" if d == 0 and count > 1 else g
+
+    key = "(uint32_t)a1[0], (uint32_t)((uint64_t)a1[0] >> 32)"
+    draw = f"sbpc_philox(w, {key});"
+    keep = f"out[i] = a0[i] * ((w[g & 3] >> {32 - lg.DROPOUT_BITS}) >= {lg.dropout_threshold(rate)}u ? " \
+           f"(T){1.0 / (1.0 - rate)!r} : (T)0);"
+    counter = f"w[0] = (uint32_t)group; w[1] = (uint32_t)(group >> 32); w[2] = {stream}u; w[3] = (uint32_t)a2[0];"
+    lines = ["long rem = i;", "long g = 0;"]
+    for d in reversed(range(len(local))):
+        lines.append(f"{{ long c = rem % {local[d]}; rem /= {local[d]}; g += ({at(d, 'c')}) * {st[d]}; }}")
+    body = "\n  ".join([*lines, "uint64_t group = (uint64_t)g >> 2;", "uint32_t w[4];", counter, draw, keep])
+    nest = ["  uint32_t w[4];", "  uint64_t cached = ~(uint64_t)0;  /* no block has this number */", "  long i = 0;"]
+    for d, n in enumerate(local):
+        pad = "  " * (d + 1)
+        before = f"g{d - 1} + " if d else ""
+        nest.append(f"{pad}for (long c{d} = 0; c{d} < {n}; ++c{d}) {{")
+        nest.append(f"{pad}  long g{d} = {before}({at(d, f'c{d}')}) * {st[d]};")
+    pad = "  " * (len(local) + 1)
+    nest += [f"{pad}long g = g{len(local) - 1};", f"{pad}uint64_t group = (uint64_t)g >> 2;",
+             f"{pad}if (group != cached) {{ {counter} {draw} cached = group; }}", f"{pad}{keep}", f"{pad}++i;"]
+    nest += ["  " * (d + 1) + "}" for d in reversed(range(len(local)))]
+    params = ("const T* a0", "const int64_t* a1", "const int64_t* a2", "T* out")
+    return Kernel(site.name, site.t, params, math.prod(local), body, restrict=True, host_body="\n".join(nest))
+
+
+# -- masks: comparisons, casts, logical ops, select -----------------------------
+
+COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+LOGICAL = {"and": "{0} && {1}", "or": "{0} || {1}", "xor": "({0} != 0) != ({1} != 0)"}
+
+
+def _mask_kernel(site: Site, expr: str) -> Kernel:
+    """One of the mask ops: elementwise with broadcasting, each operand of
+    its own element type (site.in_elems), the result `(T)(expr)`."""
+    in_types = [C_TYPES[e] if e in C_TYPES else c_type(e) for e in site.in_elems]
+    return _broadcasting(site.name, site.t, site.in_shapes, site.out_shape, in_types, [], expr)
+
+
+@CUDA.impl(lg.CompareOp)
+def gen_compare(site: Site) -> Kernel:
+    # IEEE comparisons, as numpy's: NaN compares unequal to everything
+    return _mask_kernel(site, f"v0 {COMPARISONS[cast(StringAttr, site.props['kind']).data]} v1")
+
+
+@CUDA.impl(lg.LogicalOp)
+def gen_logical(site: Site) -> Kernel:
+    return _mask_kernel(site, LOGICAL[cast(StringAttr, site.props["kind"]).data].format("v0", "v1"))
+
+
+@CUDA.impl(lg.CastOp)
+def gen_cast(site: Site) -> Kernel:
+    # to i1: != 0 (NaN is true, as numpy's bool()); float to integer truncates toward zero (C's conversion)
+    return _mask_kernel(site, "v0 != 0" if site.t == "uint8_t" else "v0")
+
+
+@CUDA.impl(lg.SelectOp)
+def gen_select(site: Site) -> Kernel:
+    return _mask_kernel(site, "v0 ? v1 : v2")
+
+
+def _conv_site(site: Site) -> tuple:
+    p = {k: tuple(cast(DenseArrayBase[IntegerType], site.props[k]).get_values())
+         for k in ("stride", "padding", "dilation")}
+    return p["stride"], p["padding"], p["dilation"], cast(IntegerAttr, site.props["groups"]).value.data
+
+
+def _decompose(names: Sequence[str], shape: Sequence[int]) -> str:
+    """C statements naming the coordinates of flat index i in `shape`."""
+    lines = ["long rem = i;"]
+    for name, n in zip(reversed(names), reversed(shape)):
+        lines.append(f"long {name} = rem % {n}; rem /= {n};")
+    return "\n  ".join(lines)
+
+
+@CUDA.impl(lg.Conv2dOp)
+def gen_conv2d(site: Site) -> Kernel:
+    # one thread per output element: its window's dot product with the filter
+    (_, c, h, w), (o, cg, kh, kw) = site.in_shapes
+    (sh, sw), (ph, pw), (dh, dw), groups = _conv_site(site)
+    body = f"""{_decompose(["b", "oc", "y", "x"], site.out_shape)}
+  long first = (oc / {o // groups}) * {cg};
+  T acc = (T)0;
+  for (long c = 0; c < {cg}; ++c)
+    for (long ki = 0; ki < {kh}; ++ki) {{
+      long hi = y * {sh} - {ph} + ki * {dh};
+      if (hi < 0 || hi >= {h}) continue;
+      for (long kj = 0; kj < {kw}; ++kj) {{
+        long wi = x * {sw} - {pw} + kj * {dw};
+        if (wi < 0 || wi >= {w}) continue;
+        acc += a0[((b * {c} + first + c) * {h} + hi) * {w} + wi] * a1[((oc * {cg} + c) * {kh} + ki) * {kw} + kj];
+      }}
+    }}
+  out[i] = acc;"""
+    return Kernel(site.name, site.t, ("const T* a0", "const T* a1", "T* out"), math.prod(site.out_shape), body,
+                  restrict=True)
+
+
+@CUDA.impl(lg.Conv2dGradInputOp)
+def gen_conv2d_grad_input(site: Site) -> Kernel:
+    # one thread per input element: the gradients of the outputs whose
+    # windows read it, times the filter taps that read it
+    (_, o, ho, wo), (_, cg, kh, kw) = site.in_shapes
+    (sh, sw), (ph, pw), (dh, dw), groups = _conv_site(site)
+    og = o // groups
+    body = f"""{_decompose(["b", "ch", "y", "x"], site.out_shape)}
+  long first = (ch / {cg}) * {og}, cl = ch % {cg};
+  T acc = (T)0;
+  for (long oc = first; oc < first + {og}; ++oc)
+    for (long ki = 0; ki < {kh}; ++ki) {{
+      long ry = y + {ph} - ki * {dh};
+      if (ry < 0 || ry % {sh} || ry / {sh} >= {ho}) continue;
+      for (long kj = 0; kj < {kw}; ++kj) {{
+        long rx = x + {pw} - kj * {dw};
+        if (rx < 0 || rx % {sw} || rx / {sw} >= {wo}) continue;
+        acc += a0[((b * {o} + oc) * {ho} + ry / {sh}) * {wo} + rx / {sw}]
+               * a1[((oc * {cg} + cl) * {kh} + ki) * {kw} + kj];
+      }}
+    }}
+  out[i] = acc;"""
+    return Kernel(site.name, site.t, ("const T* a0", "const T* a1", "T* out"), math.prod(site.out_shape), body,
+                  restrict=True)
+
+
+@CUDA.impl(lg.Conv2dGradWeightOp)
+def gen_conv2d_grad_weight(site: Site) -> Kernel:
+    # one thread per filter tap: the sum over examples and output positions
+    # of the gradient times the input the tap read
+    (n, c, h, w), (_, o, ho, wo) = site.in_shapes
+    (sh, sw), (ph, pw), (dh, dw), groups = _conv_site(site)
+    cg = c // groups
+    body = f"""{_decompose(["oc", "cl", "ki", "kj"], site.out_shape)}
+  long ch = (oc / {o // groups}) * {cg} + cl;
+  T acc = (T)0;
+  for (long b = 0; b < {n}; ++b)
+    for (long y = 0; y < {ho}; ++y) {{
+      long hi = y * {sh} - {ph} + ki * {dh};
+      if (hi < 0 || hi >= {h}) continue;
+      for (long x = 0; x < {wo}; ++x) {{
+        long wi = x * {sw} - {pw} + kj * {dw};
+        if (wi < 0 || wi >= {w}) continue;
+        acc += a1[((b * {o} + oc) * {ho} + y) * {wo} + x] * a0[((b * {c} + ch) * {h} + hi) * {w} + wi];
+      }}
+    }}
+  out[i] = acc;"""
+    return Kernel(site.name, site.t, ("const T* a0", "const T* a1", "T* out"), math.prod(site.out_shape), body,
+                  restrict=True)
+
+
+def _pool_site(site: Site) -> tuple:
+    return tuple(tuple(cast(DenseArrayBase[IntegerType], site.props[k]).get_values())
+                 for k in ("kernel", "stride", "padding"))
+
+
+@CUDA.impl(lg.MaxPool2dOp)
+def gen_max_pool2d(site: Site) -> Kernel:
+    # one thread per output: its window's first maximum (a NaN wins, as numpy's max)
+    _, _, h, w = site.in_shapes[0]
+    (kh, kw), (sh, sw), (ph, pw) = _pool_site(site)
+    body = f"""{_decompose(["bc", "y", "x"], (math.prod(site.out_shape[:2]), *site.out_shape[2:]))}
+  T m = (T)NEG_INF;
+  for (long ki = 0; ki < {kh}; ++ki) {{
+    long hi = y * {sh} - {ph} + ki;
+    if (hi < 0 || hi >= {h}) continue;
+    for (long kj = 0; kj < {kw}; ++kj) {{
+      long wi = x * {sw} - {pw} + kj;
+      if (wi < 0 || wi >= {w}) continue;
+      T v = a0[(bc * {h} + hi) * {w} + wi];
+      m = (v > m || v != v || m != m) ? (m != m ? m : v) : m;
+    }}
+  }}
+  out[i] = m;"""
+    return Kernel(site.name, site.t, ("const T* a0", "T* out"), math.prod(site.out_shape), body, restrict=True)
+
+
+@CUDA.impl(lg.MaxPool2dGradOp)
+def gen_max_pool2d_grad(site: Site) -> Kernel:
+    # one thread per input element: the gradients of the windows whose first
+    # maximum it is (row-major order within the window, as numpy's argmax)
+    (_, _, h, w), (_, _, ho, wo) = site.in_shapes
+    (kh, kw), (sh, sw), (ph, pw) = _pool_site(site)
+    body = f"""{_decompose(["bc", "y", "x"], (math.prod(site.out_shape[:2]), h, w))}
+  const T* img = a0 + bc * {h * w};
+  T acc = (T)0;
+  for (long ki = 0; ki < {kh}; ++ki) {{
+    long ry = y + {ph} - ki;
+    if (ry < 0 || ry % {sh} || ry / {sh} >= {ho}) continue;
+    long oy = ry / {sh};
+    for (long kj = 0; kj < {kw}; ++kj) {{
+      long rx = x + {pw} - kj;
+      if (rx < 0 || rx % {sw} || rx / {sw} >= {wo}) continue;
+      long ox = rx / {sw};
+      /* the window (oy, ox): is this element its first maximum? */
+      long best = -1;
+      T m = (T)NEG_INF;
+      for (long a = 0; a < {kh}; ++a)
+        for (long b = 0; b < {kw}; ++b) {{
+          long hi = oy * {sh} - {ph} + a, wi = ox * {sw} - {pw} + b;
+          T v = (hi < 0 || hi >= {h} || wi < 0 || wi >= {w}) ? (T)NEG_INF : img[hi * {w} + wi];
+          if (best < 0 || v > m) {{ m = v; best = a * {kw} + b; }}
+        }}
+      if (best == ki * {kw} + kj) acc += a1[(bc * {ho} + oy) * {wo} + ox];
+    }}
+  }}
+  out[i] = acc;"""
+    return Kernel(site.name, site.t, ("const T* a0", "const T* a1", "T* out"), math.prod(site.out_shape), body,
+                  restrict=True)
+
+
+@dataclass(frozen=True)
+class Site:
+    """What a generator knows of one compute actor: its kernel's name (the
+    C entry point), the lg kernel, the C element type, local shapes, the
+    lg op's properties, the global shape of the first input (a mean over a
+    split axis divides by the global count), and the inputs' element types
+    and where their pieces start."""
+
+    name: str
+    kernel: str
+    t: str
+    in_shapes: tuple[tuple[int, ...], ...]
+    out_shape: tuple[int, ...]
+    props: dict[str, Attribute]
+    global_in: tuple[int, ...]
+    in_elems: tuple[str, ...] = ()
+    """The inputs' element types ("f32", "i64", ...): labels and indices."""
+    in_starts: tuple[tuple[int, ...], ...] = ()
+    """Where each input's piece on this device starts in the global tensor
+    (empty: the inputs are whole): the classes a vocabulary-split piece of
+    logits holds."""
+    out_starts: tuple[int, ...] = ()
+    """Where the result's piece starts (empty: whole or partial)."""
+
+
+def generate(actor: plan.ComputeOp, registers: dict) -> tuple[str, str, list[int]]:
+    """(CUDA source, entry, launch) for one compute actor."""
+    made = describe(actor, registers)
+    if isinstance(made, Kernel):
+        src, launch = cuda_source(made)
+        return src, made.name, launch
+    src, launch = made
+    return src, _kernel_name(actor), launch
+
+
+def generate_host(actor: plan.ComputeOp, registers: dict) -> Kernel:
+    """The kernel of one compute actor for the host (render it with
+    host_source); Unsupported where only a CUDA form exists (matmul)."""
+    made = describe(actor, registers)
+    if not isinstance(made, Kernel):
+        raise Unsupported(f"kernel {actor.kernel.data} on the host")
+    return made
+
+
+def _kernel_name(actor: plan.ComputeOp) -> str:
+    return "k_" + "".join(c if c.isalnum() else "_" for c in actor.sym_name.data)
+
+
+def describe(actor: plan.ComputeOp, registers: dict) -> Kernel | tuple[str, list[int]]:
+    """What the generators make of one compute actor: a Kernel for both
+    targets, or CUDA source and launch alone."""
+    kernel = actor.kernel.data
+    ins = [registers[r.string_value()] for r in actor.ins.data]
+    out = registers[actor.outs.data[0].string_value()]
+    device = actor.parent_op()
+    assert isinstance(device, plan.DeviceOp)  # compute actors live in a device's body
+    rank = device.rank.value.data
+    site = Site(
+        name=_kernel_name(actor),
+        kernel=kernel,
+        t=c_type(out.type.element_type),
+        in_shapes=tuple(tuple(r.type.get_shape()) for r in ins),
+        out_shape=tuple(out.type.get_shape()),
+        props=dict(actor.props.data),
+        global_in=tuple(ins[0].value.get_shape()) if ins else (),
+        in_elems=tuple(str(r.type.element_type) for r in ins),
+        in_starts=tuple(_starts(device, r.value, rank) for r in ins),
+        out_starts=_starts(device, out.value, rank),
+    )
+    if kernel == plan.FUSED:
+        steps = [(step.kernel, step.args) for step in plan.fused_steps(actor)]
+        _check_element_type(site, [k for k, _ in steps])
+        return gen_fused(site.name, site.t, site.in_shapes, site.out_shape, steps)
+    _check_element_type(site, [kernel])
+    return describe_site(site)
+
+
+def _check_element_type(site: Site, kernels: Sequence[str]) -> None:
+    if site.t not in ("float", "double") and not set(kernels) <= INTEGER_KERNELS:
+        raise Unsupported(f"kernel {', '.join(sorted(set(kernels) - INTEGER_KERNELS))} on {site.t} elements")
+
+
+def _starts(device: plan.DeviceOp, t, rank: int) -> tuple[int, ...]:
+    """Where `rank`'s piece of dtensor `t` starts in the global tensor."""
+    return tuple(s.start for s in piece_of(t, lookup_placement(device, t.placement).mesh(), rank))
+
+
+def describe_site(site: Site) -> Kernel | tuple[str, list[int]]:
+    """What the generator registered for `site.kernel` makes of it (an lg
+    kernel; fused chains go through gen_fused)."""
+    try:
+        impl = CUDA.get(lg.op_class(site.kernel))
+    except KeyError:
+        impl = None
+    if impl is None or isinstance(impl, OnHost):
+        raise Unsupported(f"kernel {site.kernel}")
+    return impl(site)
