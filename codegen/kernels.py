@@ -90,9 +90,9 @@ for _op, _expr in (
 ):
     CUDA.register(_op, ElementwiseExpr(_expr))
 
-for _op in (lg.BroadcastToOp, lg.ConcatOp, lg.SliceOp, lg.EmbeddingOp, lg.CrossEntropyOp, lg.MseLossOp, lg.OneHotOp,
-            lg.EmbeddingGradOp):
-    CUDA.register(_op, ON_HOST)
+for _host_op in (lg.BroadcastToOp, lg.ConcatOp, lg.SliceOp, lg.EmbeddingOp, lg.CrossEntropyOp, lg.MseLossOp,
+                 lg.OneHotOp, lg.EmbeddingGradOp):
+    CUDA.register(_host_op, ON_HOST)
 
 
 def elementwise_expr(kernel: str) -> ElementwiseExpr:

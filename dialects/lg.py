@@ -359,10 +359,15 @@ class SbpRules:
         """The op's properties as plain Python keywords of its rules."""
         return {}
 
+    # The rules' signatures are open (*args, **params) here: each op's
+    # override names the properties it reads as keywords, which a fixed base
+    # signature would make an incompatible override.
+
     @classmethod
-    def sbp_rule(cls, in_shapes: Sequence[Shape], out_shape: Shape, p: int, **params: Any) -> list[Signature]:
-        """Every valid 1-D signature on a mesh axis of `p` devices, written
-        in the SBP text form ("S0", "B", "P", "Pmax")."""
+    def sbp_rule(cls, *args: Any, **params: Any) -> list[Signature]:
+        """sbp_rule(in_shapes, out_shape, p, **properties): every valid 1-D
+        signature on a mesh axis of `p` devices, written in the SBP text form
+        ("S0", "B", "P", "Pmax")."""
         raise NotImplementedError
 
     @classmethod
@@ -379,8 +384,9 @@ class SbpRules:
         ]
 
     @classmethod
-    def flops(cls, in_shapes: Sequence[Shape], out_shape: Shape, **params: Any) -> float:
-        """Arithmetic of the whole (global) op."""
+    def flops(cls, *args: Any, **params: Any) -> float:
+        """flops(in_shapes, out_shape, **properties): arithmetic of the whole (global) op."""
+        out_shape: Shape = args[1]
         return cls.FLOPS_PER_ELEMENT * math.prod(out_shape)
 
 
@@ -401,8 +407,10 @@ class LgOp(SbpRules, IRDLOperation, ABC):
     """A compute op: its result's global type follows from `rule`."""
 
     @classmethod
-    def rule(cls, shapes: Sequence[Shape], elems: Sequence[Attribute], **params: Any) -> tuple[Shape, Attribute]:
-        """The result's global shape and element type, or a ShapeError."""
+    def rule(cls, *args: Any, **params: Any) -> tuple[Shape, Attribute]:
+        """rule(shapes, elems, **properties): the result's global shape and
+        element type from the operands' (global) shapes and element types,
+        or a ShapeError."""
         raise NotImplementedError
 
     @classmethod

@@ -118,13 +118,19 @@ class DeviceOp(IRDLOperation):
         "(`no_reuse` $no_reuse^)? attr-dict-with-keyword $body"
     )
 
-    def __init__(self, name: str, rank: int, ops: Sequence[IRDLOperation]):
+    def __init__(self, name: str, rank: int, ops: Sequence[Operation]):
         super().__init__(
             properties={"sym_name": StringAttr(name), "rank": IntegerAttr(rank, i64)}, regions=[Region(Block(ops))]
         )
 
     def registers(self) -> list[RegisterOp]:
         return [op for op in self.body.block.ops if isinstance(op, RegisterOp)]
+
+    def region_bytes(self) -> tuple[int, int]:
+        """(arena, persistent region) in bytes, as plan-allocate-memory sized them."""
+        if self.arena is None or self.persistent is None:
+            raise ValueError(f"'plan.device' @{self.sym_name.data}: not allocated; run plan-allocate-memory")
+        return self.arena.value.data, self.persistent.value.data
 
     def actors(self) -> list[ComputeOp | CommOp]:
         """The schedule."""
@@ -202,6 +208,12 @@ class RegisterOp(IRDLOperation):
         "(`feed` $feed^)? (`param` $param^)? (`init` qualified($init)^)? (`seed` $seed^)? (`constant` $constant^)? "
         "(`fetch` $fetch^)? (`alias` $alias^)? `of` qualified($value) attr-dict"
     )
+
+    def byte_offset(self) -> int:
+        """Where plan-allocate-memory put the register in its region."""
+        if self.offset is None:
+            raise ValueError(f"register @{self.sym_name.data} has no offset; run plan-allocate-memory")
+        return self.offset.value.data
 
     @property
     def size(self) -> int:

@@ -946,7 +946,7 @@ class TransferOp(IRDLOperation):
         verify_distribution(self, self.result.type, "result")
 
 
-COLLECTIVE_OPS: tuple[type[IRDLOperation], ...] = (
+COLLECTIVE_OPS: tuple[type[CollectiveOp] | type[TransferOp], ...] = (
     AllReduceOp,
     AllGatherOp,
     ReduceScatterOp,

@@ -729,14 +729,14 @@ def write_plan(module: ModuleOp, graph: lg.GraphOp, placement: PlacementOp, laye
     for j, layer in enumerate(layers):
         profile = profiler.profile(layer, layout.tensor, micro, layout.recompute)
         name = names[stage_of_layer[j]]
-        for op, on_tensor in zip(layer.ops, profile.value_sbp, strict=True):
+        for op, value_on_tensor in zip(layer.ops, profile.value_sbp, strict=True):
             value = op.results[0]
-            if on_tensor is None or isinstance(value.type, DTensorType):
+            if value_on_tensor is None or isinstance(value.type, DTensorType):
                 continue
             shape = global_shape(value.type)
             nd = [Sbp.B] * len(mesh)
             if tensor_axis is not None:
-                nd[tensor_axis] = on_tensor
+                nd[tensor_axis] = value_on_tensor
             if data_axis is not None and shape[0] == batch:
                 nd[data_axis] = Sbp.S(0)
             uses = list(value.uses)

@@ -31,7 +31,7 @@ from sbpc.dialects.sbp import COLLECTIVES, PlainNd, Sbp, hierarchy_violation, st
 from .cost_model import DeviceSpec, axis_volume, local_fraction
 
 
-def step_kind(src: str, dst: str) -> str | None:
+def step_kind(src: Sbp, dst: Sbp) -> str | None:
     """The collective that changes one mesh axis from `src` to `dst`, if one does."""
     collective = step_collective(src, dst)
     return None if collective is None else collective.kind
@@ -45,7 +45,7 @@ class Step:
     dst: PlainNd
 
 
-def _targets(current: str, rank: int) -> list[str]:
+def _targets(current: Sbp, rank: int) -> list[Sbp]:
     options = [Sbp.B, Sbp.P, Sbp.PMAX, *(Sbp.S(i) for i in range(rank))]
     return [t for t in options if t != current and step_kind(current, t) is not None]
 
@@ -58,7 +58,7 @@ def _search(src: PlainNd, mesh: tuple[int, ...], rank: int):
     start = (0.0, local_fraction(src, mesh), 0)
     best: dict[PlainNd, tuple[float, float, int]] = {src: start}
     previous: dict[PlainNd, tuple[PlainNd, Step]] = {}
-    queue = [(*start, src)]
+    queue: list[tuple[float, float, int, PlainNd]] = [(*start, src)]
     counter = 0
     while queue:
         volume, peak, _, state = heapq.heappop(queue)

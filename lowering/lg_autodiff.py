@@ -14,9 +14,10 @@ backward together (in data parallelism every weight gradient comes out P).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, IntegerAttr, ModuleOp, StringAttr, TensorType
+from xdsl.dialects.builtin import AnyFloat, DenseIntOrFPElementsAttr, IntegerAttr, ModuleOp, StringAttr, TensorType
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
@@ -46,7 +47,8 @@ class Emitter:
         return op.results[0]
 
     def constant(self, shape, like: SSAValue, value: float) -> SSAValue:
-        t = TensorType(element_type(like.type), list(shape))
+        # a float tensor: the values gradients take (from_list's overloads take float or integer types)
+        t = cast("TensorType[AnyFloat]", TensorType(element_type(like.type), list(shape)))
         return self.emit(lg.ConstantOp(DenseIntOrFPElementsAttr.from_list(t, [float(value)])))
 
     def scalar(self, value: float, like: SSAValue) -> SSAValue:
@@ -122,7 +124,7 @@ def differentiate(graph: lg.GraphOp, loss: str) -> None:
         e.place_like(op)
         g = grads[op.results[0]]
         if isinstance(op, sbp.AnnotateOp):
-            contributions = [g]
+            contributions: list[SSAValue | None] = [g]
         else:
             if not isinstance(op, lg.LgOp) or not op.differentiable():
                 raise e.unsupported(op, "this op (no gradient rule)")
@@ -152,7 +154,7 @@ def differentiate(graph: lg.GraphOp, loss: str) -> None:
             values.append(grad)
             out_names.append(f"grad.{op.key.data}")
     new_output = lg.OutputOp(values, out_names)
-    output.parent_block().insert_op_before(new_output, output)
+    graph.body.block.insert_op_before(new_output, output)
     output.detach()
     output.erase()
 

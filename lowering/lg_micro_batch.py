@@ -33,9 +33,11 @@ no random number.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import (
+    AnyFloat,
     DenseArrayBase,
     DenseIntOrFPElementsAttr,
     IntegerAttr,
@@ -222,7 +224,7 @@ class Unroller:
                     self.draw_as_in_the_batch(new, k)
                 if op.results[0].name_hint:
                     new.results[0].name_hint = f"{op.results[0].name_hint}_mb{k}"
-                output.parent_block().insert_op_before(new, output)
+                self.graph.body.block.insert_op_before(new, output)
                 copies[k][op.results[0]] = new.results[0]
         values = list(output.values)
         for j, value in enumerate(values):
@@ -239,7 +241,8 @@ class Unroller:
             total = copies[0][value]
             for k in range(1, self.count):
                 total = self.emit(lg.AddOp(total, copies[k][value]), output, placement)
-            scale = TensorType(element_type(value.type), [])
+            # the losses averaged are floats (from_list's overloads take float or integer types)
+            scale = cast("TensorType[AnyFloat]", TensorType(element_type(value.type), []))
             inv = self.emit(
                 lg.ConstantOp(DenseIntOrFPElementsAttr.from_list(scale, [1.0 / self.count])), output, placement
             )
@@ -273,17 +276,17 @@ def rebatch(graph: lg.GraphOp, size: int) -> None:
         Rewriter.replace_value_with_new_type(op.result, _retyped(op.result.type, (size, *shape[1:])))
         unroller.rows[op.result] = 1
     dependent: set[SSAValue] = {op.result for op in inputs}
-    for op in list(graph.body.ops):
-        if isinstance(op, (lg.InputOp, lg.OutputOp)) or not any(o in dependent for o in op.operands):
+    for each in list(graph.body.ops):
+        if isinstance(each, (lg.InputOp, lg.OutputOp)) or not any(o in dependent for o in each.operands):
             continue
-        new = unroller.copy(op, {})
-        graph.body.block.insert_op_before(new, op)
-        for old, made in zip(op.results, new.results, strict=True):
+        new = unroller.copy(each, {})
+        graph.body.block.insert_op_before(new, each)
+        for old, made in zip(each.results, new.results, strict=True):
             old.replace_all_uses_with(made)
             made.name_hint = old.name_hint
             dependent.add(made)
-        op.detach()
-        op.erase()
+        each.detach()
+        each.erase()
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import BFloat16Type, Float16Type, ModuleOp, TensorType, f32
+from xdsl.dialects.builtin import BFloat16Type, Float16Type, ModuleOp, SymbolRefAttr, TensorType, f32
 from xdsl.ir import Attribute, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
@@ -108,7 +108,8 @@ class LgOptimizerPass(ModulePass):
             raise PassFailedException(
                 f"'lg.graph' @{graph.sym_name.data}: no grad.<param> outputs; run lg-autodiff first"
             )
-        first = next(iter(params.values())).result
+        first_param = next(iter(params.values()))
+        first = first_param.result
         e = Emitter(output)
         # the learning rate is a scalar input, so schedules stay outside the graph
         existing = [o for o in graph.body.ops if isinstance(o, lg.InputOp) and o.key.data == "lr"]
@@ -131,9 +132,9 @@ class LgOptimizerPass(ModulePass):
         kept = [(n, v) for n, v in zip(names, output.values) if not n.startswith("grad.")]
         new: list[tuple[str, SSAValue]] = []
         if self.algorithm in ("adam", "adamw"):
-            p1 = self._state(graph, "adam.beta1_power", (), lg.FillInitAttr(self.beta1), first.owner,
+            p1 = self._state(graph, "adam.beta1_power", (), lg.FillInitAttr(self.beta1), first_param,
                              element_type(lr.type))
-            p2 = self._state(graph, "adam.beta2_power", (), lg.FillInitAttr(self.beta2), first.owner,
+            p2 = self._state(graph, "adam.beta2_power", (), lg.FillInitAttr(self.beta2), first_param,
                              element_type(lr.type))
             new += [("adam.beta1_power", e.emit(lg.MulOp(p1, e.scalar(self.beta1, p1)))),
                     ("adam.beta2_power", e.emit(lg.MulOp(p2, e.scalar(self.beta2, p2))))]
@@ -181,21 +182,23 @@ class LgOptimizerPass(ModulePass):
         values = [v for _, v in kept] + [v for _, v in new]
         out_names = [n for n, _ in kept] + [f"new.{n}" for n, _ in new]
         replacement = lg.OutputOp(values, out_names)
-        output.parent_block().insert_op_before(replacement, output)
+        graph.body.block.insert_op_before(replacement, output)
         output.detach()
         output.erase()
 
     def _source(self, graph: lg.GraphOp, op) -> SSAValue:
-        graph.body.block.insert_op_before(op, graph.body.block.first_op)
+        first = graph.body.block.first_op
+        assert first is not None  # a graph holds at least its lg.output
+        graph.body.block.insert_op_before(op, first)
         return op.results[0]
 
     def _state(self, graph, key, shape, init, param: lg.ParamOp, elem: Attribute | None = None) -> SSAValue:
         """A persistent state parameter, placed where `param` is (of `param`'s element type, or `elem`)."""
         like = param.result
-        t = TensorType(elem or element_type(like.type), list(shape))
+        t: TensorType | DTensorType = TensorType(elem or element_type(like.type), list(shape))
         placed = param.attributes.get(PLACEMENT_ATTR)
         where = (like.type.placement if isinstance(like.type, DTensorType) else placed) or graph.placement
-        if self.zero and shape and where is not None:
+        if self.zero and shape and isinstance(where, SymbolRefAttr):
             mesh = lookup_placement(graph, where).mesh()
             if shape[0] >= mesh.shape[0]:
                 t = DTensorType(shape, t.element_type, mesh.name,
@@ -214,12 +217,13 @@ class LgOptimizerPass(ModulePass):
 
     def _clip(self, e: Emitter, grads: dict[str, SSAValue], like: SSAValue) -> dict[str, SSAValue]:
         """Scales every gradient by min(1, clip / global norm)."""
-        total = None
+        total: SSAValue | None = None
         for g in grads.values():
             rank = len(global_shape(g.type))
             sq = e.emit(lg.MulOp(g, g))
             part = e.emit(lg.ReduceSumOp(sq, list(range(rank)))) if rank else sq
             total = part if total is None else e.emit(lg.AddOp(total, part))
+        assert total is not None  # lg-optimizer runs only where a gradient is
         ratio = e.emit(lg.DivOp(e.emit(lg.SqrtOp(total)), e.scalar(self.clip, like)))
         # max(1, r) = (1 + r + |r - 1|) / 2, with |d| = sqrt(d * d)
         d = e.emit(lg.SubOp(ratio, e.scalar(1.0, like)))

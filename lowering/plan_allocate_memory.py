@@ -28,7 +28,7 @@ import random
 from dataclasses import dataclass, field
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import IntegerAttr, ModuleOp, SymbolRefAttr, UnitAttr, i64
+from xdsl.dialects.builtin import I64, IntegerAttr, ModuleOp, SymbolRefAttr, UnitAttr, i64
 from xdsl.passes import ModulePass
 
 from sbpc.dialects import plan
@@ -343,11 +343,11 @@ def allocate_device(device: plan.DeviceOp, in_place: bool = True, memo: dict | N
             r = pairs[r]
         root[name] = r
     buffers: dict[str, Buffer] = {}
-    ints: dict[int, IntegerAttr] = {}  # one (immutable) attribute per distinct offset, shared by its registers
+    ints: dict[int, IntegerAttr[I64]] = {}  # one (immutable) attribute per distinct offset, shared by its registers
 
-    def int_attr(n: int) -> IntegerAttr:
+    def int_attr(n: int) -> IntegerAttr[I64]:
         if n not in ints:
-            ints[n] = IntegerAttr(n, i64)
+            ints[n] = IntegerAttr[I64](n, i64)
         return ints[n]
 
     persistent_offset = 0

@@ -33,6 +33,7 @@ refuses an allocated plan.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr, SymbolRefAttr
@@ -42,7 +43,7 @@ from xdsl.utils.exceptions import PassFailedException
 from sbpc.dialects import plan
 
 
-def _fusable(actor) -> bool:
+def _fusable(actor) -> TypeGuard[plan.ComputeOp]:
     return isinstance(actor, plan.ComputeOp) and (
         actor.kernel.data in plan.FUSABLE_KERNELS or actor.kernel.data == plan.FUSED
     )
@@ -94,7 +95,7 @@ def merge(
 def fuse_device(device: plan.DeviceOp) -> int:
     """Fuses the device's elementwise chains; returns how many registers went."""
     registers = {r.sym_name.data: r for r in device.registers()}
-    producers: dict[str, plan.ComputeOp] = {}
+    producers: dict[str, plan.ComputeOp | plan.CommOp] = {}
     readers: dict[str, set] = {}
     for actor in device.actors():
         for ref in actor.ins.data:

@@ -57,7 +57,7 @@ def verify_memory(device: plan.DeviceOp) -> None:
     life = lifetimes(device)
     # An in-place actor may share bytes with an input only where its kernel
     # can run in place and the two start at the same offset.
-    offsets = {r.sym_name.data: r.offset.value.data for r in registers}
+    offsets = {r.sym_name.data: r.byte_offset() for r in registers}
     in_place: set[tuple[str, str]] = set()
     for actor in device.actors():
         if (isinstance(actor, plan.ComputeOp) and actor.in_place is not None
@@ -67,7 +67,7 @@ def verify_memory(device: plan.DeviceOp) -> None:
                             if offsets[ref.string_value()] == offsets[out])
     # (start, end, offset, size, name) of every temporary, swept by start
     temporaries = sorted(
-        (*life[r.sym_name.data], r.offset.value.data, r.size, r.sym_name.data)
+        (*life[r.sym_name.data], r.byte_offset(), r.size, r.sym_name.data)
         for r in registers
         if r.is_persistent is None
     )
@@ -90,7 +90,7 @@ def verify_memory(device: plan.DeviceOp) -> None:
     # report: whatever overlaps one overlaps its target too.
     aliasing = dict(aliased)
     skipped = set(aliasing) if len(set(aliasing.values())) == len(aliasing) else set()
-    persistent_ranges = sorted((r.offset.value.data, r.offset.value.data + r.size) for r in registers
+    persistent_ranges = sorted((r.byte_offset(), r.byte_offset() + r.size) for r in registers
                                if r.is_persistent is not None and r.sym_name.data not in skipped)
     if not _sorted_disjoint(persistent_ranges):
         _check_persistent_pairwise(device, registers, aliased)
@@ -118,7 +118,7 @@ def _check_persistent_pairwise(device: plan.DeviceOp, registers: list[plan.Regis
     that shares bytes, bar a register and the one it aliases."""
     for reg in (r for r in registers if r.is_persistent is not None):
         for other in (r for r in registers if r.is_persistent is not None and r is not reg):
-            lo1, lo2 = reg.offset.value.data, other.offset.value.data
+            lo1, lo2 = reg.byte_offset(), other.byte_offset()
             if lo1 < lo2 + other.size and lo2 < lo1 + reg.size and reg.sym_name.data < other.sym_name.data:
                 if ((reg.sym_name.data, other.sym_name.data) in aliased
                         or (other.sym_name.data, reg.sym_name.data) in aliased):

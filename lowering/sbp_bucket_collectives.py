@@ -45,6 +45,7 @@ import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr
@@ -342,8 +343,10 @@ def choose_buckets(members: Sequence[Member], comm_time, pack_time, unpack_time,
 # --------------------------------------------------------------------------
 
 
-def _typed(op: lg.LgOp, ins: Sequence[PlainNd], out_shape: Sequence[int], out_nd: PlainNd,
-           like: DTensorType) -> lg.LgOp:
+_Op = TypeVar("_Op", bound=lg.LgOp)
+
+
+def _typed(op: _Op, ins: Sequence[PlainNd], out_shape: Sequence[int], out_nd: PlainNd, like: DTensorType) -> _Op:
     Rewriter.replace_value_with_new_type(
         op.results[0], dtensor_of(tuple(out_shape), like.element_type, like.placement_name, out_nd))
     op.attributes[SIGNATURE_ATTR] = signature_of(ins, [out_nd])
@@ -490,7 +493,8 @@ class SbpBucketCollectivesPass(ModulePass):
         position = {o: i for i, o in enumerate(ops)}
         count = 0
         for group in groups.values():
-            members = sorted((Member(c, ready.get(c.input.owner, 0.0), _volume(c, timing)) for c in group),
+            members = sorted((Member(c, ready.get(c.input.owner, 0.0) if isinstance(c.input.owner, Operation) else 0.0,
+                                     _volume(c, timing)) for c in group),
                              key=lambda m: (m.ready, position[m.op]))
             for i, j in self.cut(members, timing):
                 if j - i < 2:

@@ -11,12 +11,13 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp, TensorType
+from xdsl.ir import Operation
 from xdsl.passes import ModulePass
 from xdsl.rewriter import Rewriter
 
 from sbpc.dialects.sbp import COLLECTIVE_OPS, SIGNATURE_ATTR, AnnotateOp, DTensorType
 
-_IDENTITY_OPS = (AnnotateOp, *COLLECTIVE_OPS)
+_IDENTITY_OPS: tuple[type[Operation], ...] = (AnnotateOp, *COLLECTIVE_OPS)
 
 
 @dataclass(frozen=True)

@@ -156,13 +156,14 @@ def apply_solution(graph: lg.GraphOp, problem: Problem, choice: list[int], strat
     for j, value in enumerate(operands):
         positions.setdefault(value, []).append(j)
     for param_node, producer_node in tied_updates(graph, {n.op.results[0]: i for i, n in enumerate(nodes)}):
-        want = nodes[param_node].op.results[0].type
+        fetched_as = nodes[param_node].op.results[0].type
+        assert isinstance(fetched_as, DTensorType)  # every value is distributed once inference ran
         produced = nodes[producer_node].op.results[0]
         for j in positions.get(produced, ()):
             value = operands[j]
-            if value is produced and value.type != want:
-                annotate = AnnotateOp(value, want)
-                output.parent_block().insert_op_before(annotate, output)
+            if value is produced and value.type != fetched_as:
+                annotate = AnnotateOp(value, fetched_as)
+                graph.body.block.insert_op_before(annotate, output)
                 operands[j] = annotate.result
     output.operands = operands
 

@@ -198,13 +198,14 @@ def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:
             # has is paid on the edge from the producer.
             assert hinted is not None
             out_nd = nd_to_plain(hinted.nd_sbp)
-            candidates = [((out_nd,), out_nd)]
+            candidates: list[tuple[tuple[PlainNd, ...], PlainNd]] = [((out_nd,), out_nd)]
             fixed_input = True
             flops = 0.0
         elif isinstance(op, COLLECTIVE_OPS):
             # Already boxed IR: the collective is fixed and costs its transfer.
             assert hinted is not None
             source = op.operands[0].type
+            assert isinstance(source, DTensorType)  # boxed IR: every value is distributed
             candidates = [((nd_to_plain(source.nd_sbp),), nd_to_plain(hinted.nd_sbp))]
             src_mesh = lookup_placement(op, source.placement).mesh()
             nbytes_in = _nbytes(op.operands[0])
@@ -214,7 +215,7 @@ def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:
                 else transfer_cost(nbytes_in, device)
             )
             flops = 0.0
-        elif isinstance(op, lg.SbpRules):
+        elif isinstance(op, lg.LgOp | lg.InputOp | lg.ParamOp | lg.ConstantOp):  # every op with SBP rules
             in_shapes = [global_shape(o.type) for o in op.operands]
             params = op.params()
             candidates = nd_signatures(type(op), in_shapes, out_shape, mesh.shape, params)

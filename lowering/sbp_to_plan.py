@@ -45,7 +45,7 @@ from xdsl.dialects.builtin import (
     UnitAttr,
     i64,
 )
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import Rewriter
 from xdsl.utils.exceptions import PassFailedException
@@ -467,7 +467,7 @@ class Lowering:
         name = self.name_of(out)
         if isinstance(op, lg.SbpRules):
             # one set of (immutable) attributes for the actor on every rank
-            props = {
+            props: dict[str, Attribute] = {
                 "sym_name": StringAttr(f"{name}.{op.name.removeprefix('lg.')}"),
                 "kernel": StringAttr(op.name),
                 "props": DictionaryAttr(dict(op.properties)),
@@ -551,5 +551,5 @@ class SbpToPlanPass(ModulePass):
             program = Lowering(graph, self.pipeline_slots, only).lower()
             if only is not None:
                 program.attributes[plan.REPRESENTATIVES] = UnitAttr()
-            graph.parent_block().insert_op_before(program, graph)
+            op.body.block.insert_op_before(program, graph)
             Rewriter.erase_op(graph)

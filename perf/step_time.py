@@ -53,6 +53,12 @@ EXACT_LIMIT = 64
 _DTYPES = {"f64": "f64", "f32": "f32", "bf16": "bf16", "f16": "f16"}
 
 
+def _compute_op(kernel: str) -> type[lg.LgOp]:
+    op = lg.op_class(kernel)
+    assert issubclass(op, lg.LgOp)  # a fused chain's steps are elementwise compute ops
+    return op
+
+
 class SimulationError(ValueError):
     """A plan the simulator cannot replay; the message names the device and actor."""
 
@@ -98,7 +104,7 @@ def actor_work(actor: plan.ComputeOp, registers: Mapping[str, plan.RegisterOp]) 
     dtype = _dtype_name(out.type.element_type)
     if kernel == plan.FUSED:
         steps = plan.fused_steps(actor)
-        flops = sum(lg.op_class(s.kernel).FLOPS_PER_ELEMENT * math.prod(s.type.get_shape())
+        flops = sum(_compute_op(s.kernel).FLOPS_PER_ELEMENT * math.prod(s.type.get_shape())
                     for s in steps)
         return Work(kernel, flops, nbytes, dtype, len(steps))
     in_shapes = [tuple(r.type.get_shape()) for r in ins]

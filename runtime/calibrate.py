@@ -23,7 +23,7 @@ import numpy as np
 from mpi4py import MPI
 from xdsl.dialects.builtin import IntegerAttr, TensorType, f32, i64
 
-from sbpc.dialects import make_context, parse_module, plan
+from sbpc.dialects import lg, parse_module, plan
 from sbpc.dialects.sbp import Sbp
 from sbpc.perf.fit import sync_excess
 from sbpc.semantics.local_eval import LocalContext
@@ -106,7 +106,6 @@ def measure_compute(world: MPI.Comm, quick: bool) -> dict:
         out = np.empty(rows.shape[0], np.float32)
         t = _best(world, _repeat(lambda r, o: np.sum(r, axis=1, out=o), inner, rows, out), repeats)
         reduction.append([4 * count + 4 * rows.shape[0], t / inner])
-    ctx = make_context()
     vector = []
     shape = (256, 1024)
     x = rng.standard_normal(shape, np.float32)
@@ -115,7 +114,8 @@ def measure_compute(world: MPI.Comm, quick: bool) -> dict:
     whole = tuple(slice(0, d) for d in shape)
     local = LocalContext((shape,), shape, (whole,), whole, (Sbp.B,))
     for name, props in VECTOR_KERNELS:
-        cls = ctx.get_op(name)
+        cls = lg.op_class(name)
+        assert issubclass(cls, lg.LgOp)  # VECTOR_KERNELS names compute ops
         properties = {k: IntegerAttr(v, i64) for k, v in props.items()}
         op = cls.create(properties=properties, result_types=[t32])
         # what the executor runs: the generated C where it would (host_kernels)

@@ -42,9 +42,10 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+from xdsl.dialects.builtin import DenseArrayBase, IntegerType
 
 from sbpc.dialects import plan
 from sbpc.dialects.layout import numpy_dtype
@@ -71,12 +72,13 @@ def span(reg: plan.RegisterOp, step: int) -> Span:
     """Where register `reg` holds step `step` (slot step mod slots)."""
     slot = step % reg.slots.value.data
     region = PERSISTENT if reg.is_persistent is not None else ARENA
-    return Span(region, reg.offset.value.data + slot * reg.bytes.value.data, reg.bytes.value.data)
+    return Span(region, reg.byte_offset() + slot * reg.bytes.value.data, reg.bytes.value.data)
 
 
 def region_sizes(device: plan.DeviceOp) -> tuple[int, int]:
     """Bytes of the arena and persistent allocations (at least one each)."""
-    return max(device.arena.value.data, 1), max(device.persistent.value.data, 1)
+    arena, persistent = device.region_bytes()
+    return max(arena, 1), max(persistent, 1)
 
 
 def pointer(bases: Sequence[int], s: Span) -> int:
@@ -92,7 +94,8 @@ def launch_arguments(actor: plan.ComputeOp, registers: dict, step: int, bases: S
 
 def launch_dims(actor: plan.ComputeOp) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """(grid, block) from the actor's `cuda.launch`."""
-    gx, gy, gz, bx, by, bz = (int(v) for v in actor.attributes[plan.CUDA_LAUNCH_ATTR].get_values())
+    launch = cast("DenseArrayBase[IntegerType]", actor.attributes[plan.CUDA_LAUNCH_ATTR])
+    gx, gy, gz, bx, by, bz = (int(v) for v in launch.get_values())
     return (gx, gy, gz), (bx, by, bz)
 
 

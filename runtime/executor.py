@@ -139,8 +139,9 @@ class Executor:
             return
         if self.device.arena is None:
             raise RuntimeFailure(f"rank {self.rank}: the plan is not allocated; run plan-allocate-memory")
-        self.arena = self._host_buffer(self.device.arena.value.data + 1)
-        self.persistent = self._host_buffer(self.device.persistent.value.data + 1)
+        arena, persistent = self.device.region_bytes()
+        self.arena = self._host_buffer(arena + 1)
+        self.persistent = self._host_buffer(persistent + 1)
         self.registers = {r.sym_name.data: r for r in self.device.registers()}
         self._slots = {name: reg.slots.value.data for name, reg in self.registers.items()}
         self._views: dict[tuple[str, int], np.ndarray] = {}
@@ -149,7 +150,7 @@ class Executor:
             dtype = numpy_dtype(reg.type.element_type)
             count = int(np.prod(reg.type.get_shape()))
             for slot in range(reg.slots.value.data):
-                offset = reg.offset.value.data + slot * reg.bytes.value.data
+                offset = reg.byte_offset() + slot * reg.bytes.value.data
                 self._views[(name, slot)] = np.frombuffer(buffer, dtype, count, offset).reshape(
                     tuple(reg.type.get_shape())
                 )
@@ -168,7 +169,7 @@ class Executor:
         # What each firing needs, read off the IR once (xDSL attribute access
         # costs microseconds, which tiny kernels would feel): per actor, its
         # registers and, for each slot phase, their views and byte ranges.
-        self._spans = {name: (1 if reg.is_persistent is not None else 0, reg.offset.value.data, reg.bytes.value.data)
+        self._spans = {name: (1 if reg.is_persistent is not None else 0, reg.byte_offset(), reg.bytes.value.data)
                        for name, reg in self.registers.items()}
         self._firing: list[tuple[Any, bool, list[str], list[str], int, bool]] = []
         for actor in self.schedule:
@@ -286,6 +287,8 @@ class Executor:
             if reg.param is not None:
                 value = params.get(reg.param.data)
                 if value is None:
+                    if reg.init is None:
+                        raise RuntimeFailure(f"rank {self.rank}: parameter {reg.param.data!r} has no initializer")
                     value = initialize(reg.init, reg.seed.value.data if reg.seed else 0, reg.param.data, shape, dtype)
             elif reg.constant is not None:
                 value = constant_value(reg.constant)

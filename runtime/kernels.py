@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from xdsl.ir import Operation
@@ -29,6 +30,7 @@ from xdsl.ir import Operation
 from sbpc.dialects import lg, plan
 from sbpc.dialects.backends import Backend
 from sbpc.dialects.layout import is_half, numpy_dtype
+from sbpc.dialects.sbp import element_type, global_shape
 from sbpc.semantics.local_eval import Fused, LocalContext
 from sbpc.semantics.philox import DropoutMask
 from sbpc.semantics.reference import (
@@ -46,8 +48,9 @@ from sbpc.semantics.reference import (
 Fire = Callable[[Sequence[np.ndarray], np.ndarray], None]
 """A bound kernel: fire(inputs, out) writes its result into `out`."""
 
-Binder = Callable[[Operation, LocalContext, Sequence[np.ndarray], np.ndarray], Fire]
-"""Binds a kernel to an op, its local context and example registers
+Binder = Callable[[Any, LocalContext, Sequence[np.ndarray], np.ndarray], Fire]
+"""Binds a kernel to an op (of the class it is registered for: the registry
+cannot pair the two types, so the op is Any), its local context and example registers
 (their shapes and dtypes), preallocating scratch."""
 
 NUMPY: Backend[Binder] = Backend("the runtime's numpy kernels")
@@ -65,7 +68,7 @@ def _kept(shape, axes) -> tuple[int, ...]:
 # -- elementwise -------------------------------------------------------------
 
 
-def _unary(fn: Callable[[np.ndarray, np.ndarray], None]) -> Binder:
+def _unary(fn: Callable[[np.ndarray, np.ndarray], object]) -> Binder:  # numpy ufuncs return their out=
     def bind(op, local, ins, out):
         return lambda xs, o: fn(xs[0], o)
 
@@ -946,7 +949,7 @@ def _bind_fused_rows(op: Fused, local, ins, out) -> Fire | None:
     output written in place over an input stays correct."""
     if out.ndim == 0 or out.size <= FUSED_TILE_ELEMENTS:
         return None
-    shapes = [x.shape for x in ins] + [tuple(step.result.type.get_shape()) for step, _ in op.steps]
+    shapes = [x.shape for x in ins] + [tuple(global_shape(step.results[0].type)) for step, _ in op.steps]
     cut = [_row_tiled(shape, out.shape) for shape in shapes]
     if None in cut or not cut[-1]:
         return None
@@ -989,8 +992,8 @@ def _bind_fused_whole(op: Fused, local, ins, out, rows: int | None = None) -> Fi
         if j == len(op.steps) - 1:
             dest = None
         else:
-            shape, dtype = tuple(step.result.type.get_shape()), numpy_dtype(step.result.type.element_type)
-            if rows is not None and _row_tiled(shape, op.steps[-1][0].result.type.get_shape()):
+            shape, dtype = tuple(global_shape(step.results[0].type)), numpy_dtype(element_type(step.results[0].type))
+            if rows is not None and _row_tiled(shape, global_shape(op.steps[-1][0].results[0].type)):
                 shape = (rows, *shape[1:])
             dest = next((f for f in free if f.shape == shape and f.dtype == dtype), None)
             if dest is None:

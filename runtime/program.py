@@ -114,14 +114,14 @@ def rank_plans(module: ModuleOp, ranks: int) -> list[str]:
     texts = []
     try:
         for rank in range(ranks):
-            device = devices.get(rank)
-            if device is not None:
-                block.add_op(device)
+            mine = devices.get(rank)
+            if mine is not None:
+                block.add_op(mine)
             stream = StringIO()
             Printer(stream=stream).print_op(module)
             texts.append(stream.getvalue())
-            if device is not None:
-                device.detach()
+            if mine is not None:
+                mine.detach()
     finally:
         for device in sorted(devices.values(), key=lambda d: d.rank.value.data):
             if device.parent is None:

@@ -25,7 +25,7 @@ from typing import Any, cast
 
 import numpy as np
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr
 from xdsl.passes import PassPipeline
 from xdsl.printer import Printer
 
@@ -144,8 +144,10 @@ def compile(  # noqa: A001 - the verb users expect
                                       explain=True, training=training)
             planner.apply(Context(), module)
             chosen = next(iter(lg.graphs(module)))
-            autoplan = {"cluster": str(cluster), "chosen": chosen.attributes[AUTOPLAN_ATTR].data,
-                        "alternatives": [a.data for a in chosen.attributes[AUTOPLAN_ALTERNATIVES_ATTR].data]}
+            described = cast(StringAttr, chosen.attributes[AUTOPLAN_ATTR])
+            alternatives = cast("ArrayAttr[StringAttr]", chosen.attributes[AUTOPLAN_ALTERNATIVES_ATTR])
+            autoplan = {"cluster": str(cluster), "chosen": described.data,
+                        "alternatives": [a.data for a in alternatives.data]}
             passes = passes[at:]
         PassPipeline(tuple(passes)).apply(Context(), module)
     elif plan == "auto":
@@ -458,6 +460,7 @@ class Params:
 
                 reg = next(r for d in exe.program.devices() for r in d.registers()
                            if r.param is not None and r.param.data == key)
+                assert reg.init is not None  # sbp-to-plan gives every parameter register its initializer
                 exe._sim_params[key] = initialize(reg.init, reg.seed.value.data if reg.seed else 0, key,
                                                   reg.value.get_shape(), numpy_dtype(reg.value.element_type))
             return exe._sim_params[key].copy()

@@ -180,15 +180,19 @@ def _embedding(op: lg.EmbeddingOp, ctx: LocalContext, table: np.ndarray, indices
 
 
 @LOCAL.impl(lg.TokenCrossEntropyOp)
-def _token_cross_entropy(op: lg.TokenCrossEntropyOp, ctx: LocalContext, *operands: np.ndarray) -> np.ndarray:
+def _token_cross_entropy(op: lg.TokenCrossEntropyOp, ctx: LocalContext, logits: np.ndarray, labels: np.ndarray,
+                         row_max: np.ndarray, sum_exp: np.ndarray) -> np.ndarray:
     # logits split by classes: the piece holding a row's label subtracts its
     # logit, the piece holding class 0 adds the row's log-sum-exp
-    return token_cross_entropy(op, *operands, ctx.in_pieces[0][-1], ctx.in_shapes[0][-1])
+    return token_cross_entropy(op, logits, labels, row_max, sum_exp, ctx.in_pieces[0][-1], ctx.in_shapes[0][-1])
 
 
 @LOCAL.impl(lg.TokenCrossEntropyGradOp)
-def _token_cross_entropy_grad(op: lg.TokenCrossEntropyGradOp, ctx: LocalContext, *operands: np.ndarray) -> np.ndarray:
-    return token_cross_entropy_grad(op, *operands, ctx.in_pieces[0][-1], ctx.in_shapes[0][-1])
+def _token_cross_entropy_grad(op: lg.TokenCrossEntropyGradOp, ctx: LocalContext, logits: np.ndarray,
+                              labels: np.ndarray, row_max: np.ndarray, sum_exp: np.ndarray,
+                              grad: np.ndarray) -> np.ndarray:
+    return token_cross_entropy_grad(op, logits, labels, row_max, sum_exp, grad, ctx.in_pieces[0][-1],
+                                    ctx.in_shapes[0][-1])
 
 
 @LOCAL.impl(lg.CumsumOp)

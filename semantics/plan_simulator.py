@@ -38,8 +38,9 @@ class DeviceState:
         if device.arena is None:
             raise EvaluationError(f"'plan.device' @{device.sym_name.data}: not allocated; run plan-allocate-memory")
         # Fill with NaN bytes so reading a register nobody wrote shows.
-        self.arena = np.full(device.arena.value.data, 0xFF, np.uint8)
-        self.persistent = np.full(device.persistent.value.data, 0xFF, np.uint8)
+        arena, persistent = device.region_bytes()
+        self.arena = np.full(arena, 0xFF, np.uint8)
+        self.persistent = np.full(persistent, 0xFF, np.uint8)
         self.views: dict[str, np.ndarray] = {}
         self.registers = {r.sym_name.data: r for r in device.registers()}
         for name, reg in self.registers.items():
@@ -47,7 +48,7 @@ class DeviceState:
             dtype = numpy_dtype(reg.type.element_type)
             count = int(np.prod(reg.type.get_shape()))
             self.views[name] = np.frombuffer(
-                buffer, dtype, count, reg.offset.value.data
+                buffer, dtype, count, reg.byte_offset()
             ).reshape(tuple(reg.type.get_shape()))
         self.schedule = device.actors()
         self.position = 0
@@ -90,6 +91,8 @@ def run_plan(
                 key = reg.param.data
                 value = params.get(key)
                 if value is None:
+                    if reg.init is None:
+                        raise EvaluationError(f"parameter {key!r} has no initializer")
                     value = initialize(reg.init, reg.seed.value.data if reg.seed else 0, key, shape, dtype)
                 state.views[name][...] = np.asarray(value, dtype)[region]
             elif reg.constant is not None:
@@ -99,16 +102,21 @@ def run_plan(
     while True:
         progressed = False
         for r, state in states.items():
-            while state.position < len(state.schedule) and isinstance(state.schedule[state.position], plan.ComputeOp):
-                if not transfers.deliver(states, r, state.schedule[state.position]):
+            while state.position < len(state.schedule):
+                here = state.schedule[state.position]
+                if not isinstance(here, plan.ComputeOp):
+                    break
+                if not transfers.deliver(states, r, here):
                     break  # it reads a transfer still on its way
-                _compute(ctx, state, state.schedule[state.position])
+                _compute(ctx, state, here)
                 state.position += 1
                 progressed = True
-        waiting = {
-            r: s.schedule[s.position] for r, s in states.items()
-            if s.position < len(s.schedule) and isinstance(s.schedule[s.position], plan.CommOp)
-        }
+        waiting: dict[int, plan.CommOp] = {}
+        for r, s in states.items():
+            if s.position < len(s.schedule):
+                here = s.schedule[s.position]
+                if isinstance(here, plan.CommOp):
+                    waiting[r] = here
         if not waiting and not any(s.position < len(s.schedule) for s in states.values()):
             transfers.flush(states)  # receives no actor reads (fetched outputs)
             if transfers.undelivered():

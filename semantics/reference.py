@@ -268,7 +268,7 @@ LOGICAL = {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}
 """lg.logical's kinds as numpy ufuncs."""
 
 REFERENCE.register(lg.LogicalOp, lambda op, a, b: LOGICAL[op.kind.data](a, b))
-REFERENCE.register(lg.SelectOp, lambda op, c, a, b: np.where(c, a, b))
+REFERENCE.register(lg.SelectOp, lambda op, c, a, b: np.asarray(np.where(c, a, b)))
 
 
 COMPARE = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,

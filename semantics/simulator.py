@@ -220,7 +220,7 @@ def simulate(
             target.pieces, result.bytes_moved[op] = run_collective(
                 op.name.removeprefix("sbp."), source, target.nd, list(op.mesh_axes.get_values())
             )
-        elif isinstance(op, lg.SbpRules):
+        elif isinstance(op, lg.LgOp):
             inputs = [values[o] for o in op.operands]
             for d in inputs:
                 if d.mesh != target.mesh:

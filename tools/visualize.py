@@ -24,6 +24,7 @@ from typing import IO, ClassVar
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation
 from xdsl.utils.target import Target
 
 from sbpc.dialects import lg, plan, sbp
@@ -52,7 +53,8 @@ def graph_dot(graph: lg.GraphOp, out: list[str]) -> None:
         if isinstance(op, lg.InputOp | lg.ParamOp):
             label, style = f"{short} \"{op.key.data}\"", "shape=box, style=rounded"
         elif isinstance(op, sbp.COLLECTIVE_OPS):
-            moved = f"\n{op.bytes.value.data} B" if getattr(op, "bytes", None) is not None else ""
+            moved_bytes = getattr(op, "bytes", None)  # what sbp-comm-summary recorded, if it ran
+            moved = f"\n{moved_bytes.value.data} B" if moved_bytes is not None else ""
             label, style = f"{short}{moved}", "shape=ellipse, color=red, fontcolor=red, penwidth=2"
         elif isinstance(op, sbp.AnnotateOp):
             label, style = "annotate", "shape=ellipse, style=dashed"
@@ -63,7 +65,7 @@ def graph_dot(graph: lg.GraphOp, out: list[str]) -> None:
         out.append(f"    {node} [label={_quote(label)}, {style}];")
         for operand in op.operands:
             owner = operand.owner
-            if owner in ids:
+            if isinstance(owner, Operation) and owner in ids:
                 boxing = isinstance(op, sbp.COLLECTIVE_OPS)
                 color = ", color=red" if boxing else ""
                 out.append(f"    {ids[owner]} -> {node} [label={_quote(_distribution(operand.type))}{color}];")
@@ -140,10 +142,12 @@ def memory_svg(module: ModuleOp) -> str:
                 for a in device.actors()
                 if isinstance(a, plan.ComputeOp) and a.in_place is not None
             }
+            arena, persistent = device.region_bytes()
+            bound = device.live_bound.value.data if device.live_bound else 0
+            no_reuse = device.no_reuse.value.data if device.no_reuse else 0
             title = (
-                f"@{program.sym_name.data} @{device.sym_name.data}: arena {device.arena.value.data} B, "
-                f"live-set bound {device.live_bound.value.data} B, without reuse {device.no_reuse.value.data} B, "
-                f"persistent {device.persistent.value.data} B"
+                f"@{program.sym_name.data} @{device.sym_name.data}: arena {arena} B, "
+                f"live-set bound {bound} B, without reuse {no_reuse} B, persistent {persistent} B"
             )
             parts = [f'<g transform="translate(0,{y0})">',
                      f'<text x="{left}" y="{top - 20}" font-size="13">{html.escape(title)}</text>',

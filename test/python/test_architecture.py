@@ -136,3 +136,25 @@ def test_the_api_still_reaches_everything_lazily():
     assert sbpc.Graph.__module__ == "sbpc.frontend"
     assert callable(sbpc.compile) and callable(sbpc.parse_module)
     assert set(sbpc.__all__) <= set(dir(sbpc))
+
+
+def test_the_type_checker_sees_across_layers(tmp_path):
+    # a value of one layer's type used as another: mypy resolves sbpc.<layer>
+    # to the real files (the links sbpc/<layer> -> ../<layer>), where the
+    # package-dir mapping alone made every cross-layer import Any
+    planted = tmp_path / "planted.py"
+    planted.write_text("from sbpc.dialects.sbp import Sbp\nfrom sbpc.runtime.program import check_feeds\n\n"
+                       "wrong: int = Sbp.B\ncheck_feeds(3, {})\n")
+    done = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), str(planted)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert 'expression has type "Sbp", variable has type "int"' in done.stdout, done.stdout
+    assert 'Argument 1 to "check_feeds" has incompatible type "int"' in done.stdout, done.stdout
+
+
+def test_every_layer_is_linked_into_the_package_for_the_type_checker():
+    for package, folder in PACKAGES.items():
+        if package == "sbpc":
+            continue
+        link = ROOT / "sbpc" / package.removeprefix("sbpc.")
+        assert link.is_symlink() and link.resolve() == (ROOT / folder).resolve(), link
