@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from sbpc.dialects.sbp import COLLECTIVES, PlainNd, Sbp, hierarchy_violation, step_collective
+from sbpc.perf.cluster import Rates
 
-from .cost_model import DeviceSpec, axis_volume, local_fraction
+from .cost_model import axis_volume, local_fraction
 
 
 def step_kind(src: Sbp, dst: Sbp) -> str | None:
@@ -107,7 +108,7 @@ def plan_volume(src: PlainNd, dst: PlainNd, mesh: Sequence[int], rank: int) -> t
     return volume, sum(1 for s in steps if COLLECTIVES[s.kind].communicates)
 
 
-def boxing_cost(src: PlainNd, dst: PlainNd, mesh: Sequence[int], rank: int, nbytes: float, device: DeviceSpec) -> float:
+def boxing_cost(src: PlainNd, dst: PlainNd, mesh: Sequence[int], rank: int, nbytes: float, device: Rates) -> float:
     """Seconds the best plan takes under the cost model (what sbp-infer charges)."""
     volume, collectives = plan_volume(src, dst, mesh, rank)
     return volume * nbytes / device.bandwidth + collectives * device.latency

@@ -13,56 +13,19 @@ constants; `h100-node`, `h100-16nodes`, ...) or a cluster file written by
 `sbp-calibrate`, chosen by `sbp-infer{device=...}`. A collective is priced
 with the figures of the level its placement spans (the slowest link among
 the placement's devices), so a plan across nodes pays for InfiniBand. `cuda`
-and a JSON file of DeviceSpec fields remain accepted.
+names the H100 preset. The cluster is the one device model: what the cost
+model reads of it is `Cluster.rates`.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
 
 from xdsl.dialects.builtin import StringAttr
 from xdsl.ir import Operation
 
 from sbpc.dialects.sbp import PlainNd, PlainSbp, Sbp
-from sbpc.perf.cluster import PRESETS, Cluster, ClusterError, cluster_from_json, preset, presets
-
-
-@dataclass(frozen=True)
-class DeviceSpec:
-    name: str
-    flops: float
-    """Sustained arithmetic rate of one device, flop/s."""
-    bandwidth: float
-    """Bytes per second one device sends (and receives) in a collective."""
-    latency: float = 0.0
-    """Fixed seconds per collective step."""
-    memory_weight: float = 0.0
-    """Seconds charged per byte held; 0 means 1% of sending that byte."""
-
-    def memory_cost(self, nbytes: float) -> float:
-        weight = self.memory_weight or 0.01 / self.bandwidth
-        return nbytes * weight
-
-
-# `cpu` is the cluster preset of the same name (these figures); `cuda` is
-# typical of one H100 with NVLink, kept for plans that name it.
-DEVICES = {
-    "cpu": DeviceSpec("cpu", flops=1.0e11, bandwidth=3.5e9, latency=2e-5),
-    "cuda": DeviceSpec("cuda", flops=4.0e14, bandwidth=2.0e11, latency=1e-5),
-}
-DEVICES["gpu"] = DEVICES["cuda"]
-
-
-def device_spec(cluster: Cluster, ranks: Sequence[int] = ()) -> DeviceSpec:
-    """The rates of a cluster's devices for a placement on `ranks`: the GEMM
-    rate (f32), and the all_reduce latency and bandwidth of the level the
-    ranks span."""
-    group = list(ranks) or list(range(min(2, cluster.count)))
-    latency, bandwidth = cluster.figures("all_reduce", group)
-    return DeviceSpec(cluster.name, flops=cluster.device.gemm_rate("f32"), bandwidth=bandwidth, latency=latency)
-
+from sbpc.perf.cluster import ClusterError, Rates, load_cluster, preset, presets
 
 PLANNED_FOR_ATTR = "sbp.autoplan.cluster"
 """On a graph sbp-autoplan planned: the cluster it planned for (its `cluster` option)."""
@@ -83,32 +46,19 @@ def device_for(graph: Operation, device: str) -> str:
     return device
 
 
-def load_device(spec: str, ranks: Sequence[int] = ()) -> DeviceSpec:
-    """A cluster preset or file (see device_spec), `cuda`, or a JSON file of DeviceSpec fields."""
-    if spec in DEVICES and spec not in PRESETS:
-        return DEVICES[spec]
-    if spec in presets():
-        return device_spec(preset(spec, max(ranks, default=-1) + 1 or None), ranks)
+ALIASES = {"cuda": "h100", "gpu": "h100"}
+"""Device names plans may give for a cluster preset: a CUDA device is an H100 node's."""
+
+
+def load_device(spec: str, ranks: Sequence[int] = ()) -> Rates:
+    """The rates of a cluster preset (sized for `ranks`) or a cluster file
+    (`sbp-calibrate`'s) for a placement on `ranks`; `cuda` names the H100 preset."""
+    name = ALIASES.get(spec, spec)
     try:
-        with open(spec) as f:
-            data = json.load(f)
-    except OSError as e:
-        raise ValueError(
-            f"device '{spec}' is neither a cluster preset ({', '.join(presets())}), 'cuda', nor a readable JSON file: "
-            f"{e.strerror}"
-        ) from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"device file '{spec}' is not valid JSON: {e}") from None
-    if isinstance(data, dict) and "device" in data:  # a cluster file
-        try:
-            return device_spec(cluster_from_json(data, spec), ranks)
-        except ClusterError as e:
-            raise ValueError(str(e)) from None
-    known = {f.name for f in fields(DeviceSpec)}
-    unknown = set(data) - known
-    if unknown or not {"flops", "bandwidth"} <= set(data):
-        raise ValueError(f"device file '{spec}' needs 'flops' and 'bandwidth' and may hold only {sorted(known)}")
-    return DeviceSpec(**{"name": spec, **data})
+        cluster = preset(name, max(ranks, default=-1) + 1 or None) if name in presets() else load_cluster(name)
+    except ClusterError as e:
+        raise ValueError(str(e)) from None
+    return cluster.rates(ranks)
 
 
 def local_fraction(nd: PlainNd, mesh: Sequence[int], shape: Sequence[int] | None = None) -> float:
@@ -149,6 +99,6 @@ def axis_volume(src: PlainSbp, dst: PlainSbp, p: int) -> tuple[float, int]:
     return 0.0, 0
 
 
-def transfer_cost(nbytes: float, device: DeviceSpec) -> float:
+def transfer_cost(nbytes: float, device: Rates) -> float:
     """Moving a tensor between two placements: every byte crosses once."""
     return nbytes / device.bandwidth + device.latency

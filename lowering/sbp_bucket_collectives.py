@@ -44,7 +44,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from xdsl.context import Context
@@ -67,9 +67,9 @@ from sbpc.dialects.sbp import (
     nd_to_plain,
     signature_of,
 )
-from sbpc.perf.cluster import Cluster, ClusterError, Level, load_cluster, preset
+from sbpc.perf.cluster import Cluster, ClusterError, load_cluster
 
-from .cost_model import DEFAULT_DEVICE, device_for, load_device, local_fraction
+from .cost_model import ALIASES, DEFAULT_DEVICE, device_for, local_fraction
 from .sbp_to_plan import rank_group, schedule
 
 BUCKET_KINDS = (sbp.AllReduceOp, sbp.ReduceScatterOp)
@@ -91,22 +91,11 @@ on average."""
 
 def pricing_cluster(spec: str, devices: int) -> Cluster:
     """The cluster whose figures price the buckets: a preset or cluster
-    file as sbp-infer's `device` names it; `cuda` is an H100 node; a file
-    of cost_model.DeviceSpec fields becomes a one-level cluster of its
-    rates."""
+    file as sbp-infer's `device` names it (`cuda`: the H100 preset)."""
     try:
-        return load_cluster(spec, max(devices, 1))
-    except ClusterError:
-        if spec in ("cuda", "gpu"):
-            return preset("h100", max(devices, 1))
-    d = load_device(spec)  # raises a ValueError naming the spec if it is none of these
-    cpu = preset("cpu")
-    return Cluster(
-        name=spec, count=max(devices, 1),
-        device=replace(cpu.device, peak_flops={"f32": d.flops}, efficiency=1.0),
-        levels=(Level("machine", max(devices, 1), bandwidth=d.bandwidth, latency=d.latency),),
-        source=f"DeviceSpec file {spec}",
-    )
+        return load_cluster(ALIASES.get(spec, spec), max(devices, 1))
+    except ClusterError as e:
+        raise ValueError(str(e)) from None
 
 
 # --------------------------------------------------------------------------

@@ -194,8 +194,8 @@ class SbpInferOptions:
     strategy: str = "auto"
     """`auto` (global search), `greedy`, or `ilp` (the exact optimum by an integer program)."""
     device: str = DEFAULT_DEVICE
-    """A cluster preset (`cpu`, `h100-node`, `h100-16nodes`, ...), a cluster file
-    (`sbp-calibrate`), `cuda`, or a JSON file of cost_model.DeviceSpec fields."""
+    """A cluster preset (`cpu`, `h100-node`, `h100-16nodes`, ...; `cuda` is
+    `h100`) or a cluster file (`sbp-calibrate`'s)."""
 
     def infer_options(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(SbpInferOptions)}

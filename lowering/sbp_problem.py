@@ -38,9 +38,10 @@ from sbpc.dialects.sbp import (
     lookup_placement,
     nd_to_plain,
 )
+from sbpc.perf.cluster import Rates
 
 from .boxing_planner import boxing_cost
-from .cost_model import DeviceSpec, local_fraction, transfer_cost
+from .cost_model import local_fraction, transfer_cost
 
 NdSignature = tuple[tuple[PlainNd, ...], PlainNd]
 """(one nd-SBP per operand, the result's nd-SBP)."""
@@ -119,7 +120,7 @@ class Node:
 @dataclass
 class Problem:
     nodes: list[Node]
-    device: DeviceSpec
+    device: Rates
     edges: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     """(producer, consumer) -> boxing cost [producer candidate, consumer candidate],
     parallel operands summed."""
@@ -166,7 +167,7 @@ def _nbytes(value: SSAValue) -> float:
     return math.prod(global_shape(value.type)) * element_bytes(element_type(value.type))
 
 
-def build_problem(graph: lg.GraphOp, device: DeviceSpec) -> Problem:
+def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
     nodes: list[Node] = []
     sizes: list[tuple[float, int]] = []  # per node: bytes and rank of its result
     index: dict[SSAValue, int] = {}

@@ -160,6 +160,26 @@ class DeviceKind:
 
 
 @dataclass(frozen=True)
+class Rates:
+    """What sbp-infer's cost model reads of a cluster for the devices of one
+    placement (`Cluster.rates`): the GEMM rate and the all_reduce figures of
+    the level the placement spans."""
+
+    name: str
+    flops: float
+    """Sustained arithmetic rate of one device, flop/s."""
+    bandwidth: float
+    """Bytes per second one device sends (and receives) in a collective."""
+    latency: float = 0.0
+    """Fixed seconds per collective step."""
+
+    def memory_cost(self, nbytes: float) -> float:
+        """Seconds charged per byte held: 1% of sending it, so that of two
+        otherwise equal plans the leaner wins."""
+        return nbytes * 0.01 / self.bandwidth
+
+
+@dataclass(frozen=True)
 class Cluster:
     name: str
     count: int
@@ -192,6 +212,12 @@ class Cluster:
         for r in ranks:
             counts[r // unit] = counts.get(r // unit, 0) + 1
         return max(counts.values())
+
+    def rates(self, ranks: Sequence[int] = ()) -> Rates:
+        """The rates of the devices `ranks` (default: two devices of one unit)."""
+        group = list(ranks) or list(range(min(2, self.count)))
+        latency, bandwidth = self.figures("all_reduce", group)
+        return Rates(self.name, flops=self.device.gemm_rate("f32"), bandwidth=bandwidth, latency=latency)
 
     def figures(self, kind: str, ranks: Sequence[int]) -> tuple[float, float]:
         """(latency per step, bandwidth) of collective `kind` over `ranks`."""

@@ -10,7 +10,7 @@ from test_sbp_infer import hinted_graphs
 
 from sbpc.lowering import plan_allocate_memory as alloc
 from sbpc.lowering import sbp_problem
-from sbpc.lowering.cost_model import DEVICES
+from sbpc.lowering.cost_model import load_device
 from sbpc.lowering.plan_verify import first_shared_bytes, temporaries_disjoint
 
 
@@ -113,7 +113,7 @@ def test_memory_sweep_accepts_allocated_plans(bufs):
 @given(hinted_graphs())
 def test_refine_with_use_trackers_matches_without(case):
     graph = case.module.ops.last
-    problem = sbp_problem.build_problem(graph, DEVICES["cpu"])
+    problem = sbp_problem.build_problem(graph, load_device("cpu"))
     start = sbp_problem.solve_greedy(problem)
     saved_limit, saved_cost = sbp_problem.TRACKED_USES, sbp_problem._UseTracker.cost
     checked = []
@@ -148,7 +148,7 @@ def test_refine_skipping_clean_nodes_matches_trying_every_node(case):
     of one of its producers, changed: the same choices as trying every node
     after any change (every node near every other)."""
     graph = case.module.ops.last
-    problem = sbp_problem.build_problem(graph, DEVICES["cpu"])
+    problem = sbp_problem.build_problem(graph, load_device("cpu"))
     start = sbp_problem.solve_greedy(problem)
     skipping = sbp_problem.ExactCost(problem).refine(list(start))
     everyone = sbp_problem.ExactCost(problem)
@@ -165,7 +165,7 @@ def test_refine_bookkeeping_grows_linearly():
     sizes = []
     for blocks in (4, 16):
         graph = _residual_training_graph(blocks).ops.last
-        problem = sbp_problem.build_problem(graph, DEVICES["cpu"])
+        problem = sbp_problem.build_problem(graph, load_device("cpu"))
         sizes.append((len(problem.nodes), sum(map(len, problem.exact()._near()))))
     (small_nodes, small), (large_nodes, large) = sizes
     assert large / small <= 1.05 * large_nodes / small_nodes, sizes

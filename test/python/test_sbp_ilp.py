@@ -13,7 +13,7 @@ from random_graphs import random_graphs, text
 from xdsl.context import Context
 
 from sbpc.dialects import lg, make_context, parse_module
-from sbpc.lowering.cost_model import DEVICES
+from sbpc.lowering.cost_model import load_device
 from sbpc.lowering.sbp_ilp import repeated_classes, solve_ilp
 from sbpc.lowering.sbp_infer import SbpInferPass
 from sbpc.lowering.sbp_problem import build_problem, solve_auto
@@ -28,7 +28,7 @@ def test_the_exact_program_finds_the_cheapest_plan_as_built(case):
     """The exact cost charges a value once per distinct distribution its uses
     want; the program's optimum is the cheapest of every plan under it."""
     graph = next(iter(lg.graphs(case.module)))
-    problem = build_problem(graph, DEVICES["cpu"])
+    problem = build_problem(graph, load_device("cpu"))
     sizes = [len(n.candidates) for n in problem.nodes]
     assume(math.prod(sizes) <= EXACT_ENUMERATION_LIMIT)
     exact = problem.exact()
@@ -54,7 +54,7 @@ lg.graph @mlp on @m {
 @pytest.mark.parametrize("device", ["cuda"])
 def test_a_2x2_mesh_gets_the_cheapest_of_every_plan(device):
     module = parse_module(MLP_2x2, "mlp")
-    problem = build_problem(next(iter(lg.graphs(module))), DEVICES[device])
+    problem = build_problem(next(iter(lg.graphs(module))), load_device(device))
     sizes = [len(n.candidates) for n in problem.nodes]
     assert math.prod(sizes) > 10_000  # not a trivial enumeration
     exact = problem.exact()
@@ -67,7 +67,7 @@ def test_a_gap_stops_early_and_refines_within_it_and_never_worse_than_auto():
     from sbpc.lowering import sbp_infer
 
     module = parse_module(MLP_2x2, "mlp")
-    problem = build_problem(next(iter(lg.graphs(module))), DEVICES["cuda"])
+    problem = build_problem(next(iter(lg.graphs(module))), load_device("cuda"))
     exact = problem.exact()
     optimum = solve_ilp(problem).objective
     quick = exact.total(sbp_infer.solve_ilp(problem, gap=0.05))
@@ -88,7 +88,7 @@ def test_repeated_blocks_share_classes_and_a_shared_program_stays_feasible():
     classes = []
     for module in (small, deep):
         SbpErasePass().apply(Context(), module)
-        problem = build_problem(next(iter(lg.graphs(module))), DEVICES["cpu"])
+        problem = build_problem(next(iter(lg.graphs(module))), load_device("cpu"))
         classes.append(max(repeated_classes(problem)) + 1)
         result = solve_ilp(problem, share=True)
         assert result.objective <= problem.exact().total(solve_auto(problem)) * 1.05

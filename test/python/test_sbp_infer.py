@@ -13,7 +13,7 @@ import sbpc
 from sbpc.dialects import lg
 from sbpc.dialects.layout import numpy_dtype
 from sbpc.dialects.sbp import SIGNATURE_ATTR, AnnotateOp, DTensorType, nd_from_plain, nd_to_plain
-from sbpc.lowering.cost_model import DEVICES
+from sbpc.lowering.cost_model import load_device
 from sbpc.lowering.sbp_infer import SbpInferPass
 from sbpc.lowering.sbp_problem import ExactCost, build_problem, solve_auto, solve_greedy
 from sbpc.semantics.local_eval import run_distributed
@@ -68,7 +68,7 @@ def test_inferred_signatures_are_valid(case, strategy, seed):
         op.result: op.result.type for op in graph.body.ops if isinstance(op, AnnotateOp)
     }
 
-    problem = build_problem(graph, DEVICES["cpu"])
+    problem = build_problem(graph, load_device("cpu"))
     # auto is never worse than greedy on the cost it minimizes: the plan as
     # built, where one redistribution serves every use that wants it
     exact = ExactCost(problem)

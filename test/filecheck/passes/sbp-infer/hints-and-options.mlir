@@ -27,7 +27,7 @@ lg.graph @kept on @m {
 
 // CUDA: sbp.strategy = "auto", sbp.total_cost = {{[0-9.e-]+}} : f64
 // FILE: sbp.strategy = "auto", sbp.total_cost = {{[0-9.e-]+}} : f64
-// NODEV: sbp-infer: device '{{.*}}nonexistent.json' is neither a cluster preset ({{.*}}), 'cuda', nor a readable JSON file
+// NODEV: sbp-infer: cluster '{{.*}}nonexistent.json' is neither a preset ({{.*}}) nor a readable file
 // STRATEGY: sbp-infer: unknown strategy 'exhaustive' (choose greedy, auto or ilp)
 
 // -----
