@@ -10,4 +10,4 @@ lg.graph @step on @dp {
   %rb = sbp.annotate %b : tensor<4xf32> -> !sbp.dtensor<4xf32, @dp, B>
   lg.output ["a", "b"] %ra, %rb : !sbp.dtensor<4xf32, @dp, B>, !sbp.dtensor<4xf32, @dp, B>
 }
-// CHECK: sbp-bucket-collectives: device 'nosuch' is neither a cluster preset (cpu, h100-node
+// CHECK: sbp-bucket-collectives: cluster 'nosuch' is neither a preset (cpu, h100-node
