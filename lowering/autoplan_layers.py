@@ -71,8 +71,10 @@ from sbpc.dialects.sbp import (
 )
 from sbpc.perf.cluster import Cluster
 from sbpc.perf.step_time import SimulationError, simulate_plan
+from sbpc.planning.cost_model import load_device
+from sbpc.planning.sbp_problem import build_problem, solve_auto
+from sbpc.planning.sbp_search import solve_ilp
 
-from .cost_model import load_device
 from .lg_autodiff import LgAutodiffPass
 from .lg_micro_batch import LgMicroBatchPass, rebatch
 from .lg_optimizer import STATE_PREFIXES, LgOptimizerPass
@@ -80,9 +82,8 @@ from .lg_recompute import SOURCES as RECOMPUTE_SOURCES
 from .lg_recompute import LgRecomputePass, forward_ops, narrow_cuts, saved_values
 from .plan_allocate_memory import PlanAllocateMemoryPass
 from .plan_fuse_elementwise import PlanFuseElementwisePass
-from .sbp_infer import apply_solution, solve_ilp
+from .sbp_infer import apply_solution
 from .sbp_insert_boxing import SbpInsertBoxingPass
-from .sbp_problem import build_problem, solve_auto
 from .sbp_simplify import SbpSimplifyPass
 from .sbp_to_plan import SbpToPlanPass, one_f_one_b
 

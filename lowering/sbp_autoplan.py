@@ -82,9 +82,10 @@ from sbpc.dialects.sbp import (
 )
 from sbpc.perf.cluster import Cluster, ClusterError, load_cluster
 from sbpc.perf.step_time import Prediction, SimulationError, simulate_plan
+from sbpc.planning.cost_model import PLANNED_FOR_ATTR
+from sbpc.planning.sbp_ilp import SHARE_ABOVE
 
 from .autoplan_layers import SOURCES, notable, plan_layers, write_plan
-from .cost_model import PLANNED_FOR_ATTR
 from .lg_autodiff import LgAutodiffPass
 from .lg_micro_batch import LgMicroBatchPass
 from .lg_optimizer import STATE_PREFIXES, LgOptimizerPass
@@ -92,7 +93,6 @@ from .lg_recompute import LgRecomputePass
 from .plan_allocate_memory import PlanAllocateMemoryPass
 from .plan_fuse_elementwise import PlanFuseElementwisePass
 from .sbp_bucket_collectives import SbpBucketCollectivesPass
-from .sbp_ilp import SHARE_ABOVE
 from .sbp_infer import SbpInferPass
 from .sbp_insert_boxing import SbpInsertBoxingPass
 from .sbp_simplify import SbpSimplifyPass

@@ -68,8 +68,8 @@ from sbpc.dialects.sbp import (
     signature_of,
 )
 from sbpc.perf.cluster import Cluster, ClusterError, load_cluster
+from sbpc.planning.cost_model import ALIASES, DEFAULT_DEVICE, device_for, local_fraction
 
-from .cost_model import ALIASES, DEFAULT_DEVICE, device_for, local_fraction
 from .sbp_to_plan import rank_group, schedule
 
 BUCKET_KINDS = (sbp.AllReduceOp, sbp.ReduceScatterOp)

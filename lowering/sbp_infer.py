@@ -63,33 +63,14 @@ from sbpc.dialects.sbp import (
     global_shape,
     signature_of,
 )
-
-from .cost_model import DEFAULT_DEVICE, device_for, load_device
-from .sbp_problem import NdSignature, Problem, build_problem, solve_auto, solve_greedy, tied_updates
-
-STRATEGIES = ("greedy", "auto", "ilp")
+from sbpc.planning.cost_model import DEFAULT_DEVICE, device_for, load_device
+from sbpc.planning.sbp_problem import NdSignature, Problem, build_problem, tied_updates
+from sbpc.planning.sbp_search import SOLVERS, STRATEGIES, solve_ilp
 
 
 def format_signature(sig: NdSignature) -> str:
     ins, out = sig
     return f"({', '.join(format_nd(nd) for nd in ins)}) -> ({format_nd(out)})"
-
-
-def solve_ilp(problem: Problem, gap: float = 0.0) -> list[int]:
-    """The integer program's answer where it is proven optimal; else (also
-    when it stopped within `gap` of its bound) the cheaper (exact cost) of
-    its refined answer and auto's (sbp_ilp.py)."""
-    from . import sbp_ilp  # scipy loads only for this strategy
-
-    exact = problem.exact()
-    small = len(problem.nodes) <= sbp_ilp.SHARE_ABOVE
-    result = sbp_ilp.solve_ilp(problem, sbp_ilp.TIME_LIMIT, share=not small, gap=gap)
-    if result.optimal and small and gap == 0:
-        return result.choice
-    return min(exact.refine(list(result.choice)), solve_auto(problem), key=exact.total)
-
-
-SOLVERS = {"greedy": solve_greedy, "auto": solve_auto, "ilp": solve_ilp}
 
 
 # --------------------------------------------------------------------------

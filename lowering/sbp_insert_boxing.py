@@ -37,9 +37,8 @@ from sbpc.dialects.sbp import (
     nd_from_plain,
     nd_to_plain,
 )
-
-from .boxing_planner import Step, plan
-from .cost_model import axis_volume
+from sbpc.planning.boxing_planner import Step, plan
+from sbpc.planning.cost_model import axis_volume
 
 
 def itemsize(t: DTensorType) -> int:

@@ -31,8 +31,8 @@ from xdsl.pattern_rewriter import (
 
 from sbpc.dialects import lg, sbp
 from sbpc.dialects.sbp import DTensorType, lookup_placement, nd_to_plain
+from sbpc.planning.boxing_planner import Step
 
-from .boxing_planner import Step
 from .sbp_insert_boxing import itemsize, step_bytes
 
 BOXING_OPS = sbp.COLLECTIVE_OPS

@@ -16,6 +16,7 @@ PACKAGES = {
     "sbpc.semantics": "semantics",
     "sbpc.perf": "perf",
     "sbpc.codegen": "codegen",
+    "sbpc.planning": "planning",
     "sbpc.lowering": "lowering",
     "sbpc.runtime": "runtime",
     "sbpc": "sbpc",

@@ -78,9 +78,9 @@ def test_compile_lowers_the_plan_the_planner_predicted():
     the same plan, also from the saved IR. Priced for the cpu preset instead,
     the buckets differ and the step is 27% slower on the H100 node."""
     from sbpc.lowering.compile import CompilePass
-    from sbpc.lowering.cost_model import PLANNED_FOR_ATTR
     from sbpc.perf.cluster import load_cluster
     from sbpc.perf.step_time import simulate_plan
+    from sbpc.planning.cost_model import PLANNED_FOR_ATTR
 
     node = load_cluster("h100-node", 4)
     module = planned(4, cluster="h100-node")

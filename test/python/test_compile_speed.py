@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from test_sbp_infer import hinted_graphs
 
 from sbpc.lowering import plan_allocate_memory as alloc
-from sbpc.lowering import sbp_problem
-from sbpc.lowering.cost_model import load_device
 from sbpc.lowering.plan_verify import first_shared_bytes, temporaries_disjoint
+from sbpc.planning import sbp_problem
+from sbpc.planning.cost_model import load_device
 
 
 @st.composite

@@ -13,10 +13,10 @@ from random_graphs import random_graphs, text
 from xdsl.context import Context
 
 from sbpc.dialects import lg, make_context, parse_module
-from sbpc.lowering.cost_model import load_device
-from sbpc.lowering.sbp_ilp import repeated_classes, solve_ilp
 from sbpc.lowering.sbp_infer import SbpInferPass
-from sbpc.lowering.sbp_problem import build_problem, solve_auto
+from sbpc.planning.cost_model import load_device
+from sbpc.planning.sbp_ilp import repeated_classes, solve_ilp
+from sbpc.planning.sbp_problem import build_problem, solve_auto
 
 EXACT_ENUMERATION_LIMIT = 3000
 """Plans the exact-cost check enumerates at most (each costed in Python)."""
@@ -64,13 +64,13 @@ def test_a_2x2_mesh_gets_the_cheapest_of_every_plan(device):
 
 
 def test_a_gap_stops_early_and_refines_within_it_and_never_worse_than_auto():
-    from sbpc.lowering import sbp_infer
+    from sbpc.planning import sbp_search
 
     module = parse_module(MLP_2x2, "mlp")
     problem = build_problem(next(iter(lg.graphs(module))), load_device("cuda"))
     exact = problem.exact()
     optimum = solve_ilp(problem).objective
-    quick = exact.total(sbp_infer.solve_ilp(problem, gap=0.05))
+    quick = exact.total(sbp_search.solve_ilp(problem, gap=0.05))
     assert optimum <= quick <= 1.05 * optimum + 1e-15
     assert quick <= exact.total(solve_auto(problem)) + 1e-15
 
