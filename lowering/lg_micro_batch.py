@@ -23,7 +23,11 @@ depends on the batch keeps the batch as its axis 0 (as the leading factor of
 axis 0 after a reshape merges it with the axes after it: `view(-1, hidden)`
 gives B*T rows, T per example), or is a scalar; outputs
 that depend on the batch are scalars that are means over the examples (a
-loss), so the mean of the K micro-batch means is the batch's mean. Shapes
+loss), so the mean of the K micro-batch means is the batch's mean, or
+ratios of two sums over the batch (a cross-entropy's mean over the labels
+not ignored: loss total over count), combined as the ratio of the summed
+sums, which is the batch's where the micro-batches count different
+numbers of labels. Shapes
 written in ops (reshape, broadcast_to, slice limits) have their leading
 B*r replaced by (B/K)*r. A dropout's copy records which rows of the batch
 it holds, so that it draws the whole batch's mask: micro-batching changes
@@ -182,6 +186,42 @@ class Unroller:
         op.properties["micro_batch"] = DenseArrayBase.from_list(i64, [self.count, k, rows])
 
     @staticmethod
+    def ratio_of_batch_sums(value: SSAValue, copies: list[dict[SSAValue, SSAValue]]) -> lg.DivOp | None:
+        """The division that makes `value` when both its operands are sums
+        over the batch axis (a mean over the labels not ignored: their loss
+        total over their count), else None."""
+        owner = value.owner
+        if not isinstance(owner, lg.DivOp):
+            return None
+        for operand in owner.operands:
+            summed = operand.owner
+            if (not isinstance(summed, lg.ReduceSumOp) or 0 not in summed.axes.get_values()
+                    or global_shape(operand.type) or operand not in copies[0]):
+                return None
+        return owner
+
+    def combine_ratio(self, value: SSAValue, ratio: lg.DivOp, copies: list[dict[SSAValue, SSAValue]],
+                      output: lg.OutputOp, placement) -> SSAValue:
+        """The batch's ratio of sums: the micro-batches' numerators summed
+        over their denominators summed (the mean of their own ratios would
+        weigh a micro-batch with few counted labels as much as one with
+        many). Their own ratios, now unused, go."""
+        parts = []
+        for operand in ratio.operands:
+            total = copies[0][operand]
+            for k in range(1, self.count):
+                total = self.emit(lg.AddOp(total, copies[k][operand]), output, placement)
+            parts.append(total)
+        combined = self.emit(lg.DivOp(parts[0], parts[1]), output, placement)
+        combined.name_hint = value.name_hint
+        for k in range(self.count):
+            quotient = copies[k][value]
+            if not quotient.uses and isinstance(quotient.owner, Operation):
+                quotient.owner.detach()
+                quotient.owner.erase()
+        return combined
+
+    @staticmethod
     def _written(op: Operation, shape) -> dict:
         if isinstance(op, lg.ToShapeOp):
             return {"shape": tuple(shape)}
@@ -238,6 +278,10 @@ class Unroller:
                 )
             owner = value.owner
             placement = owner.attributes.get(sbp.PLACEMENT_ATTR) if isinstance(owner, Operation) else None
+            ratio = self.ratio_of_batch_sums(value, copies)
+            if ratio is not None:
+                values[j] = self.combine_ratio(value, ratio, copies, output, placement)
+                continue
             total = copies[0][value]
             for k in range(1, self.count):
                 total = self.emit(lg.AddOp(total, copies[k][value]), output, placement)
