@@ -1489,19 +1489,35 @@ class SliceOp(LgOp):
         return sigs + _passthrough(1, ("P", "Pmax"))
 
     def gradient(self, g, e):
+        """The gradient placed back where the slice took it, zeros between:
+        along a strided axis each element is first followed by stride - 1
+        zeros (a unit axis added after it, padded, merged back), then every
+        axis gets the zeros before its start and after its end."""
         p = self.params()
-        if any(s != 1 for s in p["strides"]):
-            raise e.unsupported(self, "strided slices")
         x_shape = list(global_shape(self.input.type))
         current = g
-        for axis, (lo, hi) in enumerate(zip(p["starts"], p["limits"])):
-            parts = []
+        for axis, (lo, st) in enumerate(zip(p["starts"], p["strides"])):
             cur_shape = list(global_shape(current.type))
+            length = cur_shape[axis]
+            if st > 1 and length:
+                widened = [*cur_shape[:axis + 1], 1, *cur_shape[axis + 1:]]
+                high = [0] * len(widened)
+                high[axis + 1] = st - 1
+                spread = e.emit(PadOp(e.emit(ReshapeOp(current, widened)), [0] * len(widened), high))
+                length = min(length * st, x_shape[axis] - lo)  # the last element's trailing zeros past the end go
+                merged = [*cur_shape[:axis], cur_shape[axis] * st, *cur_shape[axis + 1:]]
+                current = e.emit(ReshapeOp(spread, merged))
+                if merged[axis] != length:
+                    limits = list(merged)
+                    limits[axis] = length
+                    current = e.emit(SliceOp(current, [0] * len(merged), limits))
+                cur_shape = list(global_shape(current.type))
+            parts = []
             if lo:
                 parts.append(e.zeros([*cur_shape[:axis], lo, *cur_shape[axis + 1:]], current))
             parts.append(current)
-            if x_shape[axis] - hi:
-                parts.append(e.zeros([*cur_shape[:axis], x_shape[axis] - hi, *cur_shape[axis + 1:]], current))
+            if x_shape[axis] - lo - length:
+                parts.append(e.zeros([*cur_shape[:axis], x_shape[axis] - lo - length, *cur_shape[axis + 1:]], current))
             if len(parts) > 1:
                 current = e.emit(ConcatOp(parts, axis))
         return [current]

@@ -166,7 +166,8 @@ GRADIENT_SAMPLES = {
     lg.BroadcastToOp: lambda g, a, b: (sbpc.broadcast_to(a, (2, 3, 4)) * b, {}),
     lg.TransposeOp: lambda g, a, b: (a.transpose(1, 0) @ b, {}),
     lg.ConcatOp: lambda g, a, b: (sbpc.concat([a, b * b], axis=1), {}),
-    lg.SliceOp: lambda g, a, b: (sbpc.slice(a, [0, 1], [2, 4]), {}),  # (strided slices have no gradient yet)
+    lg.SliceOp: lambda g, a, b: (sbpc.slice(a, [0, 1], [2, 4]) + sbpc.slice(b * b, [0, 0], [3, 4], [2, 3]).sum()
+                                 + sbpc.slice(a, [1, 1], [3, 4], [1, 2]).sum(), {}),
     lg.PadOp: lambda g, a, b: (sbpc.pad(a, [1, 0], [0, 2], 0.5) * 2.0, {}),
     lg.CumsumOp: lambda g, a, b: (sbpc.cumsum(a, 1) + sbpc.cumsum(b, 0, reverse=True), {}),
     lg.DropoutOp: lambda g, a, b: (sbpc.dropout(a * b, 0.3), {}),
