@@ -28,11 +28,22 @@ into the parameter `<name>` (Executable.train_step does this).
 from __future__ import annotations
 
 import fnmatch
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import BFloat16Type, Float16Type, ModuleOp, SymbolRefAttr, TensorType, f32
+from xdsl.dialects.builtin import (
+    BFloat16Type,
+    DenseIntOrFPElementsAttr,
+    Float16Type,
+    ModuleOp,
+    SymbolRefAttr,
+    TensorType,
+    f32,
+    f64,
+    i64,
+)
 from xdsl.ir import Attribute, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
@@ -53,7 +64,9 @@ from .lg_autodiff import Emitter
 ALGORITHMS = ("sgd", "momentum", "adam", "adamw")
 STATE_PREFIXES = ("adam.m.", "adam.v.", "momentum.")
 """How the keys of a parameter's optimizer state begin (the parameter's key follows)."""
-OPTIMIZER_STATE_KEYS = (*STATE_PREFIXES, "adam.beta1_power", "adam.beta2_power")
+ADAM_STEP = "adam.step"
+"""Adam's step count (i64 state), from which its bias corrections are computed."""
+OPTIMIZER_STATE_KEYS = (*STATE_PREFIXES, ADAM_STEP)
 """Every parameter key the optimizer adds begins so."""
 
 
@@ -132,14 +145,21 @@ class LgOptimizerPass(ModulePass):
         kept = [(n, v) for n, v in zip(names, output.values) if not n.startswith("grad.")]
         new: list[tuple[str, SSAValue]] = []
         if self.algorithm in ("adam", "adamw"):
-            p1 = self._state(graph, "adam.beta1_power", (), lg.FillInitAttr(self.beta1), first_param,
-                             element_type(lr.type))
-            p2 = self._state(graph, "adam.beta2_power", (), lg.FillInitAttr(self.beta2), first_param,
-                             element_type(lr.type))
-            new += [("adam.beta1_power", e.emit(lg.MulOp(p1, e.scalar(self.beta1, p1)))),
-                    ("adam.beta2_power", e.emit(lg.MulOp(p2, e.scalar(self.beta2, p2))))]
-            bias1 = e.emit(lg.SubOp(e.scalar(1.0, p1), p1))
-            bias2 = e.emit(lg.SubOp(e.scalar(1.0, p2), p2))
+            # PyTorch's bias corrections: from the step count, in double
+            # precision, 1 - beta**t = 1 - exp(t log beta), then folded into
+            # the update's scalars (lr / (1 - beta1**t), sqrt(1 - beta2**t))
+            count = self._state(graph, ADAM_STEP, (), lg.ZerosInitAttr(), first_param, i64, counter=True)
+            one = e.emit(lg.ConstantOp(DenseIntOrFPElementsAttr.from_list(TensorType(i64, []), [1])))
+            step = e.emit(lg.AddOp(count, one))
+            new.append((ADAM_STEP, step))
+            t = e.emit(lg.CastOp(step, f64))
+
+            def correction(beta: float) -> SSAValue:
+                power = e.emit(lg.ExpOp(e.emit(lg.MulOp(t, e.scalar(math.log(beta), t)))))
+                return e.emit(lg.SubOp(e.scalar(1.0, t), power))
+
+            step_size = e.emit(lg.DivOp(scalar_in(lr, f64), correction(self.beta1)))
+            bias2_sqrt = e.emit(lg.SqrtOp(correction(self.beta2)))
         for key, g in grads.items():
             e.place_like(params[key])
             stored = element_type(params[key].result.type)
@@ -170,12 +190,19 @@ class LgOptimizerPass(ModulePass):
                 v_new = e.emit(lg.AddOp(e.emit(lg.MulOp(v, e.scalar(self.beta2, v))),
                                         e.emit(lg.MulOp(e.emit(lg.MulOp(g, g)), e.scalar(1 - self.beta2, g)))))
                 new += [(f"adam.m.{key}", narrow(m_new)), (f"adam.v.{key}", narrow(v_new))]
-                m_hat = e.emit(lg.DivOp(m_new, scalar_in(bias1, computed)))
-                v_hat = e.emit(lg.DivOp(v_new, scalar_in(bias2, computed)))
-                step = e.emit(lg.DivOp(m_hat, e.emit(lg.AddOp(e.emit(lg.SqrtOp(v_hat)), e.scalar(self.eps, v_hat)))))
+                # PyTorch's order: denom = sqrt(v) / sqrt(1 - beta2**t) + eps,
+                # w -= (lr / (1 - beta1**t)) * m / denom, AdamW's decay first
+                denom = e.emit(lg.AddOp(e.emit(lg.DivOp(e.emit(lg.SqrtOp(v_new)), scalar_in(bias2_sqrt, computed))),
+                                        e.scalar(self.eps, v_new)))
                 decay = next((d for pattern, d in groups if fnmatch.fnmatchcase(key, pattern)), self.weight_decay)
-                if self.algorithm == "adamw" and decay:
-                    step = e.emit(lg.AddOp(step, e.emit(lg.MulOp(w, e.scalar(decay, w)))))
+                if self.algorithm == "adamw" and decay:  # w *= 1 - lr * decay, the factor in double
+                    kept_share = e.emit(lg.SubOp(e.scalar(1.0, t), e.emit(lg.MulOp(scalar_in(lr, f64),
+                                                                                 e.scalar(decay, t)))))
+                    w = e.emit(lg.MulOp(w, e.emit(lg.CastOp(kept_share, computed)) if computed != f64
+                                        else kept_share))
+                update = e.emit(lg.MulOp(e.emit(lg.DivOp(m_new, denom)), scalar_in(step_size, computed)))
+                new.append((key, narrow(e.emit(lg.SubOp(w, update)))))
+                continue
             new.append((key, narrow(e.emit(lg.SubOp(w, e.emit(lg.MulOp(step, scalar_in(lr, computed))))))))
         for key, value in new:
             value.name_hint = key.replace(".", "_") + "_new"
@@ -192,8 +219,10 @@ class LgOptimizerPass(ModulePass):
         graph.body.block.insert_op_before(op, first)
         return op.results[0]
 
-    def _state(self, graph, key, shape, init, param: lg.ParamOp, elem: Attribute | None = None) -> SSAValue:
-        """A persistent state parameter, placed where `param` is (of `param`'s element type, or `elem`)."""
+    def _state(self, graph, key, shape, init, param: lg.ParamOp, elem: Attribute | None = None,
+               counter: bool = False) -> SSAValue:
+        """A persistent state parameter, placed where `param` is (of
+        `param`'s element type, or `elem`; a `counter` is integer `state`)."""
         like = param.result
         t: TensorType | DTensorType = TensorType(elem or element_type(like.type), list(shape))
         placed = param.attributes.get(PLACEMENT_ATTR)
@@ -208,7 +237,7 @@ class LgOptimizerPass(ModulePass):
             # the update is local (the cost model's memory term would otherwise
             # often shard state on its own: ZeRO is asked for with zero=true)
             t = like.type
-        state = lg.ParamOp(key, t, init)
+        state = lg.ParamOp(key, t, init, state=counter)
         if placed is not None and shape:
             state.attributes[PLACEMENT_ATTR] = placed
         value = self._source(graph, state)
