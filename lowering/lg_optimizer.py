@@ -2,8 +2,9 @@
 
 Reads the `grad.<param>` outputs that lg-autodiff added and replaces them by
 `new.<name>` outputs: the updated parameters and optimizer state. The state
-(momentum buffers, Adam's moments and the running powers of its betas for
-bias correction) is persistent parameters of the graph, so it is placed and
+(momentum buffers, Adam's moments and its step count `adam.step`, from which
+the bias corrections 1 - beta**t are computed in double precision each step,
+as PyTorch does) is persistent parameters of the graph, so it is placed and
 distributed like any parameter. The learning rate is an input (`lr`, a
 scalar), so schedules are the caller's. Options:
 
