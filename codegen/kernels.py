@@ -36,7 +36,8 @@ from .render import (
 )
 
 INTEGER_KERNELS = frozenset({"lg.add", "lg.sub", "lg.mul", "lg.neg", "lg.reshape", "lg.transpose", "lg.cumsum",
-                             "lg.pad", "lg.gather", "lg.reduce_sum", *(op.name for op in lg.MASK_OPS)})
+                             "lg.pad", "lg.gather", "lg.reduce_sum", "lg.argmax",
+                             *(op.name for op in lg.MASK_OPS)})
 """Kernels generated for integer elements too (counts, positions, the
 random step's count): their C is the same for any arithmetic T. The others
 assume floats (infinities, exp), and their integer forms run on the host."""
@@ -489,6 +490,26 @@ def gen_scatter_add(site: Site) -> Kernel:
   }}"""
     params = ("const T* a0", f"const {_labels_type(site, 1)}* a1", "T* out")
     return Kernel(site.name, site.t, params, lines, body, restrict=True)
+
+
+@CUDA.impl(lg.ArgmaxOp)
+def gen_argmax(site: Site) -> Kernel:
+    # one thread per output element: its line along the axis, the first
+    # largest (or first NaN) element's index (numpy's argmax)
+    shape = site.in_shapes[0]
+    axis = cast(IntegerAttr, site.props["axis"]).value.data
+    inner, n = math.prod(shape[axis + 1:]), shape[axis]
+    in_type = C_TYPES.get(site.in_elems[0], "T") if site.in_elems else "T"
+    body = f"""const {in_type}* x = a0 + (i / {inner}) * {n * inner} + i % {inner};
+  long best = 0;
+  {in_type} m = x[0];
+  for (long k = 1; k < {n}; ++k) {{
+    {in_type} v = x[k * {inner}];
+    if (m == m && (v > m || v != v)) {{ m = v; best = k; }}
+  }}
+  out[i] = best;"""
+    return Kernel(site.name, site.t, (f"const {in_type}* a0", "T* out"), math.prod(site.out_shape), body,
+                  restrict=True)
 
 
 @CUDA.impl(lg.DropoutOp)

@@ -1248,6 +1248,46 @@ class ReduceMaxOp(ReduceOp):
     PARTIAL: ClassVar[str] = "Pmax"
 
 
+@op_definition
+class ArgmaxOp(LgOp):
+    """The index (i64) of the largest element along `axis`, which the result
+    drops: the first where several are largest, the first NaN where there is
+    one (numpy's and PyTorch's `argmax`). Splits along the other axes pass
+    through; the reduced axis must be whole (a piece's index and its maximum
+    would have to travel together). No gradient flows through an index."""
+
+    name = "lg.argmax"
+
+    input = operand_def(TensorLike)
+    axis = prop_def(IntegerAttr[I64])
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$input `axis` $axis attr-dict `:` type($input) `->` type($result)"
+
+    def __init__(self, input: SSAValue, axis: int):
+        super().__init__(operands=[input], properties={"axis": IntegerAttr(axis, i64)},
+                         result_types=[self.infer([input], axis=axis)])
+
+    def params(self):
+        return {"axis": self.axis.value.data}
+
+    @classmethod
+    def rule(cls, shapes, elems, axis):
+        _require_value_type("operand", elems[0])
+        _check_axis(axis, len(shapes[0]))
+        if shapes[0][axis] == 0:
+            raise ShapeError(f"axis {axis} is empty: no element to pick")
+        return tuple(d for i, d in enumerate(shapes[0]) if i != axis), i64
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, axis):
+        sigs = [((f"S{i}",), (f"S{i if i < axis else i - 1}",)) for i, d in enumerate(in_shapes[0])
+                if i != axis and _split_ok(d, p)]
+        return sigs + [(("B",), ("B",))]
+
+
 # --------------------------------------------------------------------------
 # Shape manipulation
 # --------------------------------------------------------------------------
@@ -2873,6 +2913,7 @@ LG = Dialect(
         LogSoftmaxOp,
         LayerNormOp,
         *REDUCE_OPS,
+        ArgmaxOp,
         ReshapeOp,
         BroadcastToOp,
         TransposeOp,

@@ -654,6 +654,12 @@ def _bind_cumsum(op: lg.CumsumOp, local: LocalContext, ins, out) -> Fire:
     return fire
 
 
+@NUMPY.impl(lg.ArgmaxOp)
+def _bind_argmax(op: lg.ArgmaxOp, local: LocalContext, ins, out) -> Fire:
+    axis = op.params()["axis"]
+    return lambda xs, o: np.argmax(xs[0], axis=axis, out=o)
+
+
 @NUMPY.impl(lg.DropoutOp)
 def _bind_dropout(op: lg.DropoutOp, local: LocalContext, ins, out) -> Fire:
     # the piece's counters found once; each firing draws them for its seed and step

@@ -18,7 +18,8 @@ _FRONTEND = [
     "Graph", "Tensor", "Placement", "placement", "S", "B", "P", "zeros", "ones", "fill", "normal", "uniform",
     "neg", "relu", "gelu", "tanh", "erf", "exp", "sqrt", "rsqrt", "add", "sub", "mul", "div", "matmul", "conv2d",
     "softmax",
-    "log_softmax", "layernorm", "reduce_sum", "reduce_mean", "reduce_max", "reshape", "transpose", "broadcast_to",
+    "log_softmax", "layernorm", "reduce_sum", "reduce_mean", "reduce_max", "argmax", "reshape", "transpose",
+    "broadcast_to",
     "concat", "slice", "pad", "cumsum", "dropout", "gather", "embedding", "cross_entropy", "token_cross_entropy",
     "mse_loss", "cast", "logical", "compare", "where",
 ]
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
         S,
         Tensor,
         add,
+        argmax,
         broadcast_to,
         cast,
         compare,

@@ -392,6 +392,12 @@ def reduce_max(x: Tensor, axes=None, keepdims: bool = False) -> Tensor:
     return x.graph.add(lg.ReduceMaxOp(x.value, _axes(x, axes), keepdims))
 
 
+def argmax(x: Tensor, axis: int = -1) -> Tensor:
+    """The index (i64) of the largest element along `axis` (the first of
+    equals, or the first NaN), that axis dropped: PyTorch's `argmax(dim)`."""
+    return x.graph.add(lg.ArgmaxOp(x.value, axis % len(x.shape)))
+
+
 def reshape(x: Tensor, shape: Sequence[int]) -> Tensor:
     shape = list(shape)
     if -1 in shape:

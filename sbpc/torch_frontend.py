@@ -831,6 +831,20 @@ RULES["aten.sum.dim_IntList"] = RULES["aten.sum"] = _reduction(fe.reduce_sum)
 RULES["aten.amax"] = _reduction(fe.reduce_max)
 
 
+@rule("aten.argmax")
+def _argmax(im: _Importer, x, dim=None, keepdim=False):
+    """lg.argmax along `dim`; over every element (dim None) of the flattened
+    tensor; `keepdim` keeps the axis as 1."""
+    x = im.lift(x)
+    if dim is None:
+        x, dim = fe.reshape(x, [-1]), 0
+    axis = _axis(dim, len(x.shape))
+    picked = fe.argmax(x, axis)
+    if keepdim:
+        picked = fe.reshape(picked, [*x.shape[:axis], 1, *x.shape[axis + 1:]])
+    return picked
+
+
 @rule("aten.softmax.int", "aten._softmax")
 def _softmax(im: _Importer, x, dim, dtype_or_half=None):
     x = im.lift(x)

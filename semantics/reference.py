@@ -228,6 +228,11 @@ def _cumsum(op: lg.CumsumOp, x: np.ndarray) -> np.ndarray:
     return cumsum_piece(x, p["axis"], p["reverse"], slice(0, length), length, np.empty_like(x))
 
 
+@REFERENCE.impl(lg.ArgmaxOp)
+def _argmax(op: lg.ArgmaxOp, x: np.ndarray) -> np.ndarray:
+    return np.argmax(x, axis=op.params()["axis"]).astype(np.int64)
+
+
 @REFERENCE.impl(lg.DropoutOp)
 def _dropout(op: lg.DropoutOp, x: np.ndarray, seed: np.ndarray, step: np.ndarray) -> np.ndarray:
     from sbpc.semantics.philox import dropout_piece

@@ -409,6 +409,25 @@ def test_gpt2_under_autocast_trains_as_pytorch_autocast():
     assert np.abs(np.array(losses) - mixed).max() < np.abs(np.array(full) - mixed).max()
 
 
+def gpt2_classifier():
+    torch.manual_seed(0)
+    return _eager(transformers.GPT2ForSequenceClassification(transformers.GPT2Config(
+        vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0, num_labels=3, pad_token_id=0)))
+
+
+@pytest.mark.parametrize("ranks, sbp", [pytest.param(1, None, marks=pytest.mark.full), (2, DATA_PARALLEL)],
+                         ids=["1 rank", "data parallel 2"])
+def test_gpt2_for_sequence_classification_trains_as_pytorch(ranks, sbp):
+    # the logits of each row's last token that is not padding: an argmax over
+    # the positions masked by `input_ids != pad_token_id` (lg.argmax), then
+    # indexing with the computed positions
+    optimizer, make_opt = adam()
+    exe = check_training(LossOf(gpt2_classifier()), class_batches(), ["input_ids", "labels"], optimizer, make_opt,
+                         ranks, sbp)
+    assert "lg.argmax" in exe.plan_text
+
+
 def test_a_model_imports_directly_with_its_keyword_inputs_and_named_outputs():
     model = gpt2()
     x, y = language_batches(1)[0]

@@ -84,6 +84,8 @@ def kernels_graph(ranks: int, dtype: str, fuse: bool):
     masked = sbpc.where(positive, x, c) + counted + sbpc.cast(sbpc.cast(x * 3.0, "i64"), dtype)
     picked_high = sbpc.cast(sbpc.compare("ge", picks, g.constant(np.int64(7))), dtype)  # integers compared
     counts = sbpc.cast(positive, "i64").sum(axes=(1, 2)) * picks.sum(axes=(1, 2))  # integer sums and products
+    # the largest element's index along the inner axis (x split by rows) and of an integer tensor
+    counts = counts + sbpc.argmax(x, 2).sum(axes=(1,)) + sbpc.argmax(picks, 1).sum(axes=(1,))
     g.output(red=red, t=t, d=-e / (r + 3.0), cols=cols, swapped=swapped, scans=scans, padded=padded,
              scattered=scattered, tokens=tokens.to(sbpc.P), grad=grad.to(S(1)), split_picked=split_picked,
              split_scattered=split_scattered, convolved=convolved, conv_input=conv_grads[0],
@@ -152,7 +154,7 @@ def test_every_host_kernel_matches_the_reference(ranks, dtype, fuse):
                       "lg.reduce_max", "lg.transpose", "lg.cumsum", "lg.pad", "lg.sum_exp", "lg.token_cross_entropy",
                       "lg.token_cross_entropy_grad", "lg.gather", "lg.scatter_add", "lg.conv2d",
                       "lg.conv2d_grad_input", "lg.conv2d_grad_weight", "lg.max_pool2d", "lg.max_pool2d_grad",
-                      "lg.dropout", "lg.compare", "lg.cast", "lg.logical", "lg.select"}
+                      "lg.dropout", "lg.compare", "lg.cast", "lg.logical", "lg.select", "lg.argmax"}
     expected_kinds |= {plan.FUSED} if fuse else {"lg.add", "lg.mul", "lg.gelu", "lg.erf", "lg.rsqrt"}
     assert expected_kinds <= seen, expected_kinds - seen
 

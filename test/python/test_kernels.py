@@ -55,7 +55,7 @@ def every_op_module(ranks: int, device: str = "cpu", batch: int = 8):
     h = sbpc.dropout(h + sbpc.erf(x) * 0.5, 0.25)
     # running sums over the split batch axis (partial) and along a row, as ids' positions are counted
     ranks_of = sbpc.cumsum(sbpc.cast(sbpc.compare("gt", ids, g.constant(np.asarray(4))), "i64"), 1)
-    counts = sbpc.cast(ranks_of, "f32").sum(axes=(1,), keepdims=True)
+    counts = sbpc.cast(ranks_of + sbpc.argmax(ids, 1).reshape(batch, 1), "f32").sum(axes=(1,), keepdims=True)
     h = sbpc.cumsum(h, 0) * 0.1 + sbpc.cumsum(h, 1, reverse=True) * 0.1 + counts
     hc = sbpc.concat([sbpc.pad(h, [0, 1], [0, 0], -0.5), sbpc.slice(x, [0, 3], [batch, 6])], axis=1)  # (batch, 16)
     # a convolution of the rows seen as 3-channel 2x2 images (its gradients: lg.conv2d_grad_*)

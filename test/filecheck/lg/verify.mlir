@@ -940,3 +940,21 @@ lg.graph @g {
   lg.output ["y"] %y : tensor<8xf32>
 }
 // CHECK: 'lg.dropout': micro_batch (count, index, rows per example) = [2, 2, 1] is not a micro-batch of a batch along axis 0
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x0xf32>
+  %y = lg.argmax %x axis 1 : tensor<8x0xf32> -> tensor<8xi64>
+  lg.output ["y"] %y : tensor<8xi64>
+}
+// CHECK: 'lg.argmax': axis 1 is empty: no element to pick
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %y = lg.argmax %x axis 1 : tensor<8x4xf32> -> tensor<8xi32>
+  lg.output ["y"] %y : tensor<8xi32>
+}
+// CHECK: 'lg.argmax': result type 8xi32 does not match the inferred 8xi64
