@@ -657,7 +657,11 @@ def _bind_cumsum(op: lg.CumsumOp, local: LocalContext, ins, out) -> Fire:
 @NUMPY.impl(lg.ArgmaxOp)
 def _bind_argmax(op: lg.ArgmaxOp, local: LocalContext, ins, out) -> Fire:
     axis = op.params()["axis"]
-    return lambda xs, o: np.argmax(xs[0], axis=axis, out=o)
+
+    def fire(xs, o):
+        np.argmax(xs[0], axis=axis, out=o)
+
+    return fire
 
 
 @NUMPY.impl(lg.DropoutOp)
