@@ -434,6 +434,12 @@ def test_autocast_regions_train_as_pytorch_autocast():
     np.testing.assert_allclose(losses, expected, rtol=1e-6)
 
 
+def image_batches(seed: int, size: int, count: int = 6) -> list:
+    """`count` batches of 4 three-channel size x size images and labels of 4 classes."""
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(4, 3, size, size, generator=g), torch.randint(0, 4, (4,), generator=g)) for _ in range(count)]
+
+
 class SmallConvNet(nn.Module):
     """A convolutional classifier: strided, padded and grouped convolutions
     with bias, max and average pooling, a global average (adaptive pooling
@@ -459,8 +465,7 @@ class SmallConvNet(nn.Module):
                          ids=["1 rank", "data parallel 2"])
 def test_a_convolutional_network_with_pooling_trains_as_pytorch(ranks, sbp):
     torch.manual_seed(0)
-    g = torch.Generator().manual_seed(10)
-    batches = [(torch.randn(4, 3, 9, 9, generator=g), torch.randint(0, 4, (4,), generator=g)) for _ in range(6)]
+    batches = image_batches(10, 9)
     check_training(SmallConvNet(), batches, ["images", "labels"], sbpc.optim.SGD(lr=0.1),
                    lambda m: torch.optim.SGD(m.parameters(), lr=0.1), ranks, sbp)
 
@@ -492,8 +497,7 @@ class NormalizedConvNet(nn.Module):
                          ids=["1 rank", "data parallel 2"])
 def test_batch_norm_trains_with_the_whole_batchs_statistics_and_keeps_running_ones(ranks, sbp):
     torch.manual_seed(0)
-    g = torch.Generator().manual_seed(11)
-    batches = [(torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 4, (4,), generator=g)) for _ in range(6)]
+    batches = image_batches(11, 8)
     model = NormalizedConvNet()
     exe = check_training(model, batches, ["images", "labels"], sbpc.optim.SGD(lr=0.1),
                          lambda m: torch.optim.SGD(m.parameters(), lr=0.1), ranks, sbp)
