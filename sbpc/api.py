@@ -95,6 +95,9 @@ def compile(  # noqa: A001 - the verb users expect
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if plan not in PLANS:
         raise ValueError(f"plan must be one of {PLANS}, got {plan!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)
+                             or not -2**63 <= seed < 2**63):
+        raise ValueError(f"seed must be a 64-bit integer, got {seed!r}")
     if optimizer is not None:
         if any(p in pipeline for p in ("lg-autodiff", "lg-optimizer")):
             raise ValueError("pass either optimizer= or a pipeline with lg-autodiff and lg-optimizer, not both")
@@ -168,8 +171,6 @@ def compile(  # noqa: A001 - the verb users expect
     if seed is not None:
         from sbpc.frontend import RANDOM_SEED
 
-        if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or not -2**63 <= seed < 2**63:
-            raise ValueError(f"seed must be a 64-bit integer, got {seed!r}")
         if RANDOM_SEED in exe.param_keys():
             exe.initial_values[RANDOM_SEED] = np.asarray(seed, np.int64)
     return exe
@@ -302,9 +303,12 @@ class Executable:
             raise ValueError(f"no output named {unknown[0]!r} (outputs: {', '.join(returned)})")
         # On MPI ranks each rank wrote its pieces back in place where the update
         # has its parameter's distribution (sbp-infer ties them), and those are
-        # not gathered at all; the rest, and everything in the simulator, goes
-        # back as global arrays.
-        in_place = set() if self._where() == "simulate" else self._in_place_updates
+        # not gathered at all; the rest goes back as global arrays. The
+        # simulator's run writes every update back itself.
+        if self._where() == "simulate":
+            out = self.run(feeds, outputs=[n for n in returned if outputs is None or n in outputs])
+            return out
+        in_place = self._in_place_updates
         out = self.run(feeds, outputs=[name for name in self.output_names if name not in in_place and (
             name.startswith("new.") or outputs is None or name in outputs)])
         for name, value in out.items():
