@@ -2953,6 +2953,14 @@ SCHEDULE_ATTR = "lg.pipeline_schedule"
 """String attribute of a micro-batched lg.graph: the order in which each
 pipeline stage runs its micro-batches' forward and backward passes."""
 
+OPTIMIZER_STATE_PREFIXES = ("adam.m.", "adam.v.", "momentum.")
+"""How the keys of a parameter's optimizer state begin (the parameter's
+key follows): lg-optimizer names them so, and ZeRO, the planner and the
+API's checkpoints find them by it."""
+ADAM_STEP_KEY = "adam.step"
+"""Adam's step count (i64 state), from which its bias corrections are computed."""
+OPTIMIZER_STATE_KEYS = (*OPTIMIZER_STATE_PREFIXES, ADAM_STEP_KEY)
+"""Every parameter key the optimizer adds begins so."""
 SCHEDULES = ("gpipe", "1f1b")
 
 RECOMPUTE_ATTR = "lg.recompute"

@@ -63,12 +63,8 @@ from sbpc.dialects.sbp import (
 from .lg_autodiff import Emitter
 
 ALGORITHMS = ("sgd", "momentum", "adam", "adamw")
-STATE_PREFIXES = ("adam.m.", "adam.v.", "momentum.")
-"""How the keys of a parameter's optimizer state begin (the parameter's key follows)."""
-ADAM_STEP = "adam.step"
-"""Adam's step count (i64 state), from which its bias corrections are computed."""
-OPTIMIZER_STATE_KEYS = (*STATE_PREFIXES, ADAM_STEP)
-"""Every parameter key the optimizer adds begins so."""
+STATE_PREFIXES = lg.OPTIMIZER_STATE_PREFIXES
+ADAM_STEP = lg.ADAM_STEP_KEY
 
 
 def _computed_in(elem: Attribute) -> Attribute:

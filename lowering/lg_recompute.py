@@ -48,77 +48,14 @@ from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import lg
-from sbpc.dialects.sbp import global_shape
+from sbpc.dialects.lg_analysis import SOURCES, data_ops, forward_ops, narrow_cuts, owner_op, saved_values
 
 RECOMPUTE_ATTR = lg.RECOMPUTE_ATTR
 
 POLICIES = ("none", "selective", "full")
 
-SOURCES = (lg.InputOp, lg.ParamOp, lg.ConstantOp)
 CONTRACTIONS = (lg.MatmulOp,)
 """Ops `selective` never repeats: their cost grows faster than their result."""
-
-
-def _owner(value: SSAValue) -> Operation | None:
-    return value.owner if isinstance(value.owner, Operation) else None
-
-
-def forward_ops(graph: lg.GraphOp, loss: str) -> set[Operation]:
-    """The ops the output `loss` depends on: the forward pass."""
-    output = graph.output()
-    names = [n.data for n in output.names.data]
-    if loss not in names:
-        raise PassFailedException(
-            f"'lg.graph' @{graph.sym_name.data}: lg-recompute: no output named \"{loss}\" (the forward pass is "
-            f"what it depends on)")
-    return lg.ancestors([output.values[names.index(loss)]])
-
-
-def saved_values(graph: lg.GraphOp, forward: set[Operation]) -> list[SSAValue]:
-    """Results of forward compute ops that an op outside the forward pass
-    reads, in program order, leaving out what the graph outputs."""
-    saved = []
-    for op in graph.body.ops:
-        if op not in forward or isinstance(op, SOURCES):
-            continue
-        for v in op.results:
-            users = [u.operation for u in v.uses]
-            if any(isinstance(u, lg.OutputOp) for u in users):
-                continue
-            if any(u not in forward for u in users):
-                saved.append(v)
-    return saved
-
-
-def narrow_cuts(order: list[Operation]) -> list[set[SSAValue]]:
-    """crossing[i]: the non-scalar values made at or before order[i] and read
-    after it (by the ops of `order`)."""
-    pos = {op: i for i, op in enumerate(order)}
-    data = _data_ops(order)
-    last_use: dict[SSAValue, int] = {}
-    for op in order:
-        for v in op.operands:
-            if _owner(v) in pos and _owner(v) not in data and global_shape(v.type) != ():
-                last_use[v] = max(last_use.get(v, -1), pos[op])
-    crossing: list[set[SSAValue]] = []
-    live: set[SSAValue] = set()
-    for i, op in enumerate(order):
-        live.update(v for v in op.results if last_use.get(v, -1) > i)
-        live = {v for v in live if last_use[v] > i}
-        crossing.append(set(live))
-    return crossing
-
-
-def _data_ops(order: list[Operation]) -> set[Operation]:
-    """Ops computed from inputs and constants alone (a micro-batch's slice
-    of the batch, one-hot labels): data, not activations. The slices of
-    every micro-batch are made up front and cross every cut until their
-    micro-batch runs; they do not make a cut wide."""
-    data: set[Operation] = set()
-    for op in order:
-        if all(isinstance(_owner(v), (lg.InputOp, lg.ConstantOp)) or _owner(v) in data for v in op.operands):
-            data.add(op)
-    return data
 
 
 def checkpoints(order: list[Operation]) -> tuple[set[SSAValue], int]:
@@ -150,11 +87,11 @@ def recompute(graph: lg.GraphOp, loss: str, policy: str) -> int:
     # slice, one-hot labels) is kept, never recomputed: it is no activation,
     # and a clone of a whole-batch reshape would serve every micro-batch's
     # backward at once, tying a pipeline stage's first backward to its last.
-    data = _data_ops([op for op in graph.body.ops if op in forward and not isinstance(op, SOURCES)])
+    data = data_ops([op for op in graph.body.ops if op in forward and not isinstance(op, SOURCES)])
     if policy == "selective":
         again: set[SSAValue] = set()
         for v in saved:
-            op = _owner(v)
+            op = owner_op(v)
             assert op is not None  # a saved value is an op's result
             if isinstance(op, CONTRACTIONS) or op in data:
                 continue
@@ -165,7 +102,7 @@ def recompute(graph: lg.GraphOp, loss: str, policy: str) -> int:
         order = [op for op in graph.body.ops if op in forward and not isinstance(op, SOURCES)]
         keep, last_cut = checkpoints(order)
         tail = set(order[last_cut + 1:]) if last_cut >= 0 else set(order)
-        again = {v for v in saved if v not in keep and _owner(v) not in tail and _owner(v) not in data}
+        again = {v for v in saved if v not in keep and owner_op(v) not in tail and owner_op(v) not in data}
         keep |= {v for v in saved if v not in again}
     keep |= {r for op in data for r in op.results}
     clones: dict[SSAValue, SSAValue] = {}
@@ -173,7 +110,7 @@ def recompute(graph: lg.GraphOp, loss: str, policy: str) -> int:
     def clone_of(value: SSAValue, anchor: Operation) -> SSAValue:
         if value in clones:
             return clones[value]
-        op = _owner(value)
+        op = owner_op(value)
         assert op is not None
         mapper = {u: clone_of(u, anchor) for u in op.operands if _recomputable(u, forward, keep)}
         new = op.clone(value_mapper=mapper)
@@ -202,14 +139,14 @@ def recompute(graph: lg.GraphOp, loss: str, policy: str) -> int:
 def _kept(value: SSAValue, forward: set[Operation], again: set[SSAValue], saved: set[SSAValue]) -> bool:
     """Whether `selective` may read `value` from a clone: it is alive in the
     backward pass anyway (a source, or a saved value that is kept)."""
-    op = _owner(value)
+    op = owner_op(value)
     if op is None or op not in forward or isinstance(op, SOURCES):
         return True
     return value not in again and value in saved
 
 
 def _recomputable(value: SSAValue, forward: set[Operation], keep: set[SSAValue]) -> bool:
-    op = _owner(value)
+    op = owner_op(value)
     return op is not None and op in forward and not isinstance(op, SOURCES) and value not in keep
 
 

@@ -42,25 +42,27 @@ on the first stages; see lg-micro-batch), and each stage on every mesh of
 its devices (8 devices in 2 stages: 4 or 2x2 per stage). Not yet chosen
 here: interleaved schedules, stages of unequal sizes.
 
+The search itself (what layouts exist, what each predicts, the fastest
+that fits) is planning's (planning/autoplan/); this pass lowers and
+predicts each layout it is asked about, and writes the winner back.
+
 All of the above lowers and simulates the whole training graph once per
 layout: exact, and seconds per layout on small graphs, but minutes for a
 billion-parameter GPT. `search=layers` (the default beyond 8 devices or
 400 forward ops, given `training`) plans by layers instead
-(autoplan_layers.py): each kind of layer is profiled on the simulator and
+(planning/autoplan/: layers.py, profiler.py, compose.py): each kind of layer is profiled on the simulator and
 whole plans are composed from the profiles, then written as hints.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ArrayAttr, DenseArrayBase, ModuleOp, StringAttr, SymbolRefAttr, i64
-from xdsl.ir import Operation
 from xdsl.passes import ModulePass, PassPipeline
 from xdsl.rewriter import Rewriter
 from xdsl.utils.exceptions import PassFailedException
@@ -70,25 +72,27 @@ from sbpc.dialects.sbp import (
     AUTOPLAN_ALTERNATIVES_ATTR,
     AUTOPLAN_ATTR,
     PLACEMENT_ATTR,
-    AnnotateOp,
     DTensorType,
     PlacementOp,
     Sbp,
     dtensor_of,
-    element_bytes,
-    element_type,
     global_shape,
     lookup_placement,
 )
 from sbpc.perf.cluster import Cluster, ClusterError, load_cluster
-from sbpc.perf.step_time import Prediction, SimulationError, simulate_plan
+from sbpc.perf.step_time import SimulationError, simulate_plan
+from sbpc.planning.autoplan import whole
+from sbpc.planning.autoplan.compose import notable, plan_layers
+from sbpc.planning.autoplan.layout import MEMORY_MODES, Candidate, Layout
+from sbpc.planning.autoplan.profiler import LayerPasses
+from sbpc.planning.autoplan.stages import FORWARD_SOURCES, batch_size, cut_into_stages
 from sbpc.planning.cost_model import PLANNED_FOR_ATTR
 from sbpc.planning.sbp_ilp import SHARE_ABOVE
 
-from .autoplan_layers import SOURCES, notable, plan_layers, write_plan
+from .autoplan_hints import write_plan
 from .lg_autodiff import LgAutodiffPass
-from .lg_micro_batch import LgMicroBatchPass
-from .lg_optimizer import STATE_PREFIXES, LgOptimizerPass
+from .lg_micro_batch import LgMicroBatchPass, rebatch
+from .lg_optimizer import LgOptimizerPass
 from .lg_recompute import LgRecomputePass
 from .plan_allocate_memory import PlanAllocateMemoryPass
 from .plan_fuse_elementwise import PlanFuseElementwisePass
@@ -103,159 +107,10 @@ LAYERS_ABOVE_DEVICES = 8
 LAYERS_ABOVE_OPS = 400
 """search=auto plans by layers beyond these (whole-graph planning of a
 1.3B GPT on 8 devices takes minutes per layout)."""
-MEMORY_MODES = ("replicated", "zero", "fsdp")
-RECOMPUTE_POLICIES = ("selective", "full")
-"""Tried in this order on the layouts that do not fit without recomputation."""
-
-
-def mesh_shapes(devices: int) -> list[tuple[int, ...]]:
-    """Every mesh of `devices`: one axis, and every a x b with both axes > 1."""
-    shapes: list[tuple[int, ...]] = [(devices,)]
-    shapes += [(a, devices // a) for a in range(2, devices) if devices % a == 0 and devices // a > 1]
-    return shapes
-
-
-@dataclass(frozen=True)
-class Layout:
-    mesh: tuple[int, ...]
-    """The mesh of each stage."""
-    memory: str
-    stages: int = 1
-    micro_batches: int = 1
-    schedule: str = "gpipe"
-    """The pipeline schedule (lg-micro-batch's): `gpipe` or `1f1b`."""
-    recompute: str = "none"
-    """lg-recompute's policy: `none`, `selective` or `full` (tried only
-    where the layout does not fit without it)."""
-    inputs: str = "free"
-    """How the graph's inputs are distributed before inference: `free`
-    (sbp-infer chooses), `split` (the batch, axis 0, over the first mesh
-    axis: data parallelism is the natural plan) or `replicated` (every
-    device sees the whole batch: only the weights can be split, tensor
-    parallelism) or `data` (the batch split and every weight replicated:
-    plain data parallelism, which the cost model's search from `split`
-    does not always reach, as its costs are not the simulator's). The
-    simulator judges what the cost model's search finds from each start."""
-
-    def describe(self) -> str:
-        mesh = "x".join(map(str, self.mesh))
-        parts = [f"{self.stages} stages of mesh {mesh}" if self.stages > 1 else f"mesh {mesh}"]
-        if self.micro_batches > 1:
-            parts.append(f"{self.micro_batches} micro-batches" + (f" {self.schedule}" if self.stages > 1 else ""))
-        if self.inputs != "free":
-            parts.append(f"inputs {self.inputs}")
-        parts.append(self.memory)
-        if self.recompute != "none":
-            parts.append(f"recompute {self.recompute}")
-        return ", ".join(parts)
-
-
-INPUTS = ("free", "split", "replicated")
-
-
-def layouts(devices: int, modes: Sequence[str], batch: int | None, forward_ops: int) -> list[Layout]:
-    """Every layout to try: each mesh of all devices from each start of the
-    inputs (Layout.inputs) in each memory mode; with a batch to cut
-    (the graph is planned before autodiff), also every stage count that
-    divides the devices (at most one stage per 4 forward ops) with 2 or 4
-    micro-batches that divide the batch in GPipe and in 1F1B order, each
-    stage on every mesh of its devices with the batch split over its first
-    axis (replicated or ZeRO: FSDP's per-use gathers repeat per
-    micro-batch)."""
-    out = [Layout(mesh, mode, inputs=inputs) for mesh in mesh_shapes(devices) for inputs in INPUTS
-           for mode in modes]
-    # plain data parallelism over every device, replicated or with ZeRO
-    # (FSDP shards the weights the start replicates)
-    out += [Layout((devices,), mode, inputs="data") for mode in modes if mode != "fsdp"]
-    if batch is None:
-        return out
-    for stages in range(2, devices + 1):
-        if devices % stages or stages * 4 > forward_ops:
-            continue
-        for micro in (2, 4):
-            if batch % micro == 0:
-                out += [Layout(mesh, mode, stages, micro, schedule, inputs="split")
-                        for mesh in mesh_shapes(devices // stages)
-                        for mode in modes if mode != "fsdp" for schedule in lg.SCHEDULES]
-    return out
-
-
-def _crossing_bytes(order: list[Operation]) -> list[float]:
-    """bytes[p]: what a cut before order[p] sends forward (values made
-    before p and used at or after it)."""
-    index = {op: i for i, op in enumerate(order)}
-    delta = [0.0] * (len(order) + 1)
-    for i, op in enumerate(order):
-        for r in op.results:
-            last = max((index[u.operation] for u in r.uses if u.operation in index), default=i)
-            if last > i:
-                nbytes = math.prod(global_shape(r.type)) * element_bytes(element_type(r.type))
-                delta[i + 1] += nbytes
-                delta[last + 1] -= nbytes
-    out, running = [], 0.0
-    for d in delta[:-1]:
-        running += d
-        out.append(running)
-    return out
-
-
-def stage_cuts(order: list[Operation], stages: int) -> list[int]:
-    """Where to cut the forward ops (program order) into `stages`: near equal
-    shares of the flops, and within 15% of a share of each target, where the
-    fewest bytes cross (the activations a stage sends the next)."""
-    weights = [lg.op_flops(op) for op in order]
-    prefix = [0.0]
-    for w in weights:
-        prefix.append(prefix[-1] + w)
-    total = prefix[-1]
-    crossing = _crossing_bytes(order)
-    cuts: list[int] = []
-    for i in range(1, stages):
-        target = total * i / stages
-        window = 0.15 * total / stages
-        low = cuts[-1] + 1 if cuts else 1
-        choices = [p for p in range(low, len(order) - (stages - i) + 1) if abs(prefix[p] - target) <= window]
-        if not choices:
-            choices = [min(range(low, len(order) - (stages - i) + 1), key=lambda p: abs(prefix[p] - target))]
-        cuts.append(min(choices, key=lambda p: (crossing[p], abs(prefix[p] - target))))
-    return cuts
-
-
-@dataclass
-class Trial:
-    layout: Layout
-    prediction: Prediction | None = None
-    module: ModuleOp | None = field(default=None, repr=False)
-    """The inferred sbp-level IR (what the pass writes if this trial wins)."""
-    rejected: str = ""
-
-    def describe(self, budget: float) -> str:
-        if self.prediction is None:
-            return f"{self.layout.describe()}: rejected: {self.rejected}"
-        p = self.prediction
-        verdict = "" if p.peak_memory <= budget else f" (over the budget of {_gib(budget)})"
-        return (f"{self.layout.describe()}: predicted {p.step_time * 1e3:.3f} ms/step, "
-                f"{_gib(p.peak_memory)} per device{verdict}")
-
-
-RECOMPUTE_TRIES = 3
-"""Layouts over the budget tried with each recomputation policy: the
-fastest ones and the smallest ones (each policy costs a planning pass per
-layout; the budget test that rejects everything took 3x as long)."""
-
-
-def _worth_recomputing(over: list[Trial]) -> list[Trial]:
-    fastest = sorted(over, key=lambda t: t.prediction.step_time)[:RECOMPUTE_TRIES]  # type: ignore[union-attr]
-    smallest = sorted(over, key=lambda t: t.prediction.peak_memory)[:RECOMPUTE_TRIES]  # type: ignore[union-attr]
-    return list({id(t): t for t in [*fastest, *smallest]}.values())
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.3g} GiB" if n >= 2**27 else f"{n / 2**20:.3g} MiB"
 
 
 def _is_state(key: str) -> bool:
-    return key.startswith(STATE_PREFIXES)
+    return key.startswith(lg.OPTIMIZER_STATE_PREFIXES)
 
 
 def _split_first_axis(param: lg.ParamOp, placement: str, mesh: tuple[int, ...]) -> None:
@@ -273,70 +128,6 @@ TRAINING_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "lg-micro-batch": lambda: LgMicroBatchPass, "lg-autodiff": lambda: LgAutodiffPass,
     "lg-optimizer": lambda: LgOptimizerPass}
 """What `training` may name."""
-
-
-def _batch(graph: lg.GraphOp) -> int | None:
-    """The batch size: axis 0 of the inputs of rank >= 1 (None if they disagree or there are none)."""
-    sizes = {global_shape(o.result.type)[0] for o in graph.body.ops
-             if isinstance(o, lg.InputOp) and global_shape(o.result.type)}
-    return sizes.pop() if len(sizes) == 1 else None
-
-
-def _place_stages(module: ModuleOp, graph: lg.GraphOp, placement: PlacementOp, layout: Layout,
-                  ranks: list[int]) -> None:
-    """Stage i runs on ranks [i*per, (i+1)*per) (node-major: a stage stays
-    inside a node where it fits, its collectives on the fast links); the
-    forward ops are cut by stage_cuts and each source (input, parameter,
-    constant) goes with its first use."""
-    per = len(ranks) // layout.stages
-    names = [f"stage{i}" for i in range(layout.stages)]
-    for i, name in enumerate(names):
-        module.body.block.insert_op_before(
-            PlacementOp(name, placement.device.data, ranks[i * per:(i + 1) * per], layout.mesh), placement)
-    order = [o for o in graph.body.ops if not isinstance(o, SOURCES)]
-    cuts = stage_cuts(order, layout.stages)
-    stage_of = {o: sum(1 for c in cuts if i >= c) for i, o in enumerate(order)}
-    for o in graph.body.ops:
-        if isinstance(o, lg.OutputOp):
-            continue
-        if o in stage_of:
-            stage = stage_of[o]
-        else:
-            users = [u.operation for r in o.results for u in r.uses if u.operation in stage_of]
-            stage = min((stage_of[u] for u in users), default=0)
-        o.attributes[PLACEMENT_ATTR] = SymbolRefAttr(names[stage])
-    graph.placement = SymbolRefAttr(names[0])
-    placement.detach()
-    placement.erase()
-
-
-def place_stages(module: ModuleOp, stages: int) -> None:
-    """Cuts the forward graph of `module` into `stages` pipeline stages as
-    sbp-autoplan cuts them (near equal shares of the flops where the fewest
-    bytes cross; each source with its first use), stage i on the i-th
-    equal share of its placement's ranks (`compile(stages=...)`). The graph
-    must carry no distribution yet: sbp-infer chooses each stage's."""
-    graphs = lg.graphs(module)
-    if len(graphs) != 1:
-        raise PassFailedException(f"pipeline stages: cuts one lg.graph, found {len(graphs)}")
-    graph = graphs[0]
-    if graph.placement is None:
-        raise PassFailedException(f"'lg.graph' @{graph.sym_name.data}: pipeline stages need the graph's placement")
-    placement = lookup_placement(graph, graph.placement)
-    ranks = list(placement.ranks.get_values())
-    if stages < 1 or len(ranks) % stages:
-        raise PassFailedException(f"pipeline stages: {len(ranks)} ranks do not make {stages} stages of equal size")
-    for op in graph.body.ops:
-        if PLACEMENT_ATTR in op.attributes or isinstance(op, AnnotateOp) or any(
-                isinstance(r.type, DTensorType) for r in op.results):
-            raise PassFailedException(
-                f"'{op.name}': pipeline stages are cut from a graph without sbp hints or placed ops "
-                "(sbp-infer chooses each stage's distribution)")
-    forward = [o for o in graph.body.ops if not isinstance(o, (*SOURCES, lg.OutputOp))]
-    if len(forward) < stages:
-        raise PassFailedException(f"pipeline stages: {len(forward)} ops do not make {stages} stages")
-    if stages > 1:
-        _place_stages(module, graph, placement, Layout((len(ranks) // stages,), "replicated", stages), ranks)
 
 
 def _seed_inputs(graph: lg.GraphOp, layout: Layout) -> None:
@@ -371,6 +162,29 @@ def _seed_inputs(graph: lg.GraphOp, layout: Layout) -> None:
                                                                   where.string_value(), nd))
 
 
+def layer_passes() -> LayerPasses:
+    """The passes the layer search's profiler runs on a layer."""
+
+    def train(module: ModuleOp, recompute: str) -> None:
+        ctx = Context()
+        LgAutodiffPass(loss="loss").apply(ctx, module)
+        # A plain SGD update makes each gradient take its parameter's
+        # distribution (a tensor-parallel weight's gradient is reduced
+        # over the tensor axis if its weight is replicated); its own
+        # kernels are taken off the profile's time.
+        LgOptimizerPass(algorithm="sgd").apply(ctx, module)
+        if recompute != "none":
+            LgRecomputePass(policy=recompute, loss="loss").apply(ctx, module)
+
+    def lower(module: ModuleOp) -> None:
+        ctx = Context()
+        for p in (SbpInsertBoxingPass(), SbpSimplifyPass(), SbpToPlanPass(representatives=True),
+                  PlanFuseElementwisePass(), PlanAllocateMemoryPass()):
+            p.apply(ctx, module)
+
+    return LayerPasses(rebatch, train, lower)
+
+
 @dataclass(frozen=True)
 class SbpAutoplanPass(ModulePass):
     name = "sbp-autoplan"
@@ -395,7 +209,7 @@ class SbpAutoplanPass(ModulePass):
     search: str = "auto"
     """`whole`: plan every layout by lowering and simulating the whole
     training graph (exact, seconds per layout on small graphs); `layers`:
-    profile each layer class and compose (autoplan_layers.py: large graphs
+    profile each layer class and compose (planning/autoplan/: large graphs
     and clusters, needs `training`); `auto`: `layers` beyond
     LAYERS_ABOVE_DEVICES devices or LAYERS_ABOVE_OPS forward ops."""
     training: str = ""
@@ -431,8 +245,8 @@ class SbpAutoplanPass(ModulePass):
                 PassPipeline.parse_spec(TRAINING_PASSES, self.training)
             except Exception as e:  # noqa: BLE001 - xDSL's spec errors are several types
                 raise PassFailedException(f"sbp-autoplan: training passes '{self.training}': {e}") from None
-        batch = _batch(graph) if self.training and "lg-micro-batch" not in self.training else None
-        forward = len([o for o in graph.body.ops if not isinstance(o, SOURCES)])
+        batch = batch_size(graph) if self.training and "lg-micro-batch" not in self.training else None
+        forward = len([o for o in graph.body.ops if not isinstance(o, FORWARD_SOURCES)])
         if self.search not in SEARCHES:
             raise PassFailedException(f"sbp-autoplan: unknown search '{self.search}' (choose {', '.join(SEARCHES)})")
         layered = "lg-autodiff" in self.training and batch is not None
@@ -445,31 +259,10 @@ class SbpAutoplanPass(ModulePass):
             assert batch is not None
             self._plan_layers(op, graph, placement, ranks, cluster, budget, modes, batch)
             return
-        seen: dict[str, Trial] = {}
-        trials = [self._try(op, layout, ranks, cluster, seen)
-                  for layout in layouts(len(ranks), modes, batch, forward)]
-        # Recomputation costs time, so it is tried only where a layout does
-        # not fit without it (selective first, full where that is not
-        # enough), and on the few such layouts that could win: the fastest,
-        # and the smallest.
-        over = [t for t in trials if t.prediction is not None and t.prediction.peak_memory > budget]
-        for policy in RECOMPUTE_POLICIES if self._has_backward(graph) else ():
-            over = _worth_recomputing(over)
-            over = [self._try(op, dataclasses.replace(t.layout, recompute=policy), ranks, cluster, seen)
-                    for t in over]
-            trials += over
-            over = [t for t in over if t.prediction is not None and t.prediction.peak_memory > budget]
-        fitting = [t for t in trials if t.prediction is not None and t.prediction.peak_memory <= budget]
-        if not fitting:
-            predicted = [t for t in trials if t.prediction is not None]
-            if not predicted:
-                reasons = "; ".join(t.describe(budget) for t in trials)
-                raise PassFailedException(f"sbp-autoplan: no layout of {len(ranks)} devices works: {reasons}")
-            least = min(predicted, key=lambda t: t.prediction.peak_memory)  # type: ignore[union-attr]
-            raise PassFailedException(
-                f"sbp-autoplan: no plan fits {_gib(budget)} per device; the smallest needs "
-                f"{_gib(least.prediction.peak_memory)} ({least.layout.describe()})")  # type: ignore[union-attr]
-        best = min(fitting, key=lambda t: t.prediction.step_time)  # type: ignore[union-attr]
+        seen: dict[str, Candidate] = {}
+        tries = whole.layouts(len(ranks), modes, batch, forward)
+        best, candidates = whole.search(tries, lambda layout: self._try(op, layout, ranks, cluster, seen), budget,
+                                        len(ranks), self._has_backward(graph))
         assert best.module is not None
         for old in list(op.body.block.ops):
             old.detach()
@@ -481,8 +274,7 @@ class SbpAutoplanPass(ModulePass):
         chosen.attributes[AUTOPLAN_ATTR] = StringAttr(f"{best.describe(budget)} on {cluster.name}")
         chosen.attributes[PLANNED_FOR_ATTR] = StringAttr(self._cluster_spec())
         if self.explain:
-            ranked = sorted(trials, key=lambda t: (t.prediction is None, t.prediction.step_time if t.prediction
-                                                   else math.inf))
+            ranked = sorted(candidates, key=lambda c: (not c.priced, c.step_time))
             chosen.attributes[AUTOPLAN_ALTERNATIVES_ATTR] = ArrayAttr(
                 [StringAttr(t.describe(budget)) for t in ranked])
 
@@ -496,7 +288,7 @@ class SbpAutoplanPass(ModulePass):
         optimizer = next((p.algorithm for p in pipeline.passes if isinstance(p, LgOptimizerPass)), "sgd")
         device = self.cluster
         best, estimates, profiler, layers = plan_layers(graph, self.loss, cluster, device, ranks, batch, budget,
-                                                        modes, optimizer)
+                                                        modes, optimizer, layer_passes())
         write_plan(op, graph, placement, layers, best, profiler, ranks, self.training, TRAINING_PASSES, batch,
                    self.loss)
         classes = len({layer.key for layer in layers})
@@ -515,12 +307,13 @@ class SbpAutoplanPass(ModulePass):
         return any(n.data.startswith(("grad.", "new.")) for n in graph.output().names.data)
 
     def _try(self, module: ModuleOp, layout: Layout, ranks: list[int], cluster: Cluster,
-             seen: dict[str, Trial]) -> Trial:
-        """Plans and predicts one layout. Layouts whose inference gives the
-        same sbp-level IR (say, inputs free and inputs replicated, where the
-        search replicates them anyway) share one lowering and prediction:
-        `seen` maps the IR text to the trial that predicted it."""
-        trial = Trial(layout)
+             seen: dict[str, Candidate]) -> Candidate:
+        """Plans and predicts one layout (the whole-graph search's
+        `evaluate`). Layouts whose inference gives the same sbp-level IR
+        (say, inputs free and inputs replicated, where the search replicates
+        them anyway) share one lowering and prediction: `seen` maps the IR
+        text to the candidate that predicted it."""
+        trial = Candidate(layout)
         candidate = module.clone()
         graph = next(iter(lg.graphs(candidate)))
         assert graph.placement is not None  # checked by apply
@@ -531,7 +324,7 @@ class SbpAutoplanPass(ModulePass):
                 placement.ranks = DenseArrayBase.from_list(i64, ranks)
                 placement.shape = DenseArrayBase.from_list(i64, layout.mesh)
             else:
-                _place_stages(candidate, graph, placement, layout, ranks)
+                cut_into_stages(candidate, graph, placement, layout.stages, layout.mesh, ranks)
             if layout.micro_batches > 1:
                 LgMicroBatchPass(count=layout.micro_batches, schedule=layout.schedule).apply(ctx, candidate)
             if self.training:
@@ -556,8 +349,7 @@ class SbpAutoplanPass(ModulePass):
             text = str(candidate)
             same = seen.get(text)
             if same is not None:
-                trial.prediction, trial.module, trial.rejected = same.prediction, same.module, same.rejected
-                return trial
+                return dataclasses.replace(same, layout=layout)
             seen[text] = trial
             trial.module = candidate.clone()
             # one device per equivalence class is all the simulator replays
@@ -565,7 +357,8 @@ class SbpAutoplanPass(ModulePass):
             for p in (SbpInsertBoxingPass(), SbpSimplifyPass(), SbpBucketCollectivesPass(device=self.cluster),
                       SbpToPlanPass(representatives=True), PlanFuseElementwisePass(), PlanAllocateMemoryPass()):
                 p.apply(ctx, candidate)
-            trial.prediction = simulate_plan(candidate, cluster, steps=3)
+            prediction = simulate_plan(candidate, cluster, steps=3)
+            trial.step_time, trial.peak_memory = prediction.step_time, prediction.peak_memory
         except (PassFailedException, SimulationError) as e:
             trial.rejected = str(e)
             trial.module = None

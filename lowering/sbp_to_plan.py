@@ -52,6 +52,7 @@ from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import lg, plan, sbp
 from sbpc.dialects.layout import coords, mesh_coord, piece_of
+from sbpc.dialects.lg_analysis import one_f_one_b
 from sbpc.dialects.sbp import DTensorType, Mesh, lookup_placement
 
 
@@ -222,19 +223,6 @@ def _from_chain_or_source(value, chain: set[Operation], passed: set[Operation], 
     owner = value.owner
     return owner in chain or owner in passed or not isinstance(owner, Operation) or owner not in index or isinstance(
         owner, (lg.InputOp, lg.ParamOp, lg.ConstantOp))
-
-
-def one_f_one_b(stage: int, stages: int, micro_batches: int) -> dict[tuple[bool, int], int]:
-    """The 1F1B order of a stage (PipeDream-Flush, Megatron-LM's default):
-    stage s of S runs min(S-1-s, M) forwards ahead, then alternates one
-    forward and one backward, then the remaining backwards. Maps
-    (is_backward, micro-batch) to its place in that order."""
-    ahead = min(stages - 1 - stage, micro_batches)
-    order = [(False, k) for k in range(ahead)]
-    for k in range(micro_batches - ahead):
-        order += [(False, ahead + k), (True, k)]
-    order += [(True, k) for k in range(micro_batches - ahead, micro_batches)]
-    return {phase: i for i, phase in enumerate(order)}
 
 
 SHARED = -1

@@ -1,6 +1,7 @@
-"""The SBP choice problem as plain data, its exact cost, and the searches
-that solve it (`greedy`, `auto`): what `sbp-infer` builds from a graph and
-writes back, and what `sbp_ilp.py` poses as an integer program.
+"""The SBP choice problem as plain data and its exact cost: what
+`sbp-infer` builds from a graph and writes back (sbp_solution.py), what
+the searches of sbp_search.py solve and what `sbp_ilp.py` poses as an
+integer program.
 
 A `Problem` holds, per op, its candidate nd-SBP signatures with their
 compute and memory costs and, per producer-consumer edge, a matrix of boxing
@@ -326,123 +327,6 @@ def tied_updates(graph: lg.GraphOp, index: dict) -> list[tuple[int, int]]:
         ):
             pairs.append((index[params[key]], index[value]))
     return pairs
-
-
-# --------------------------------------------------------------------------
-# Strategies
-# --------------------------------------------------------------------------
-
-
-def solve_greedy(problem: Problem) -> list[int]:
-    nodes = problem.nodes
-    choice: list[int | None] = [None] * len(nodes)
-    is_source = [all(p is None for p in node.producers) for node in nodes]
-    incoming: dict[int, list[int]] = {}
-    for u, v in problem.edges:
-        incoming.setdefault(v, []).append(u)
-    for v, node in enumerate(nodes):
-        if is_source[v]:
-            continue
-        total = node.cost.copy()
-        deferred: dict[int, np.ndarray] = {}
-        for u in incoming.get(v, []):
-            if u > v:
-                continue  # a tie to a later node is charged when that node is decided
-            edge = problem.edges[(u, v)]
-            if choice[u] is None:
-                # an undecided source: decide it jointly with this consumer
-                joint = nodes[u].cost[:, None] + edge
-                deferred[u] = joint.argmin(axis=0)
-                total += joint.min(axis=0)
-            else:
-                total += edge[choice[u]]
-        choice[v] = int(total.argmin())
-        for u, best in deferred.items():
-            choice[u] = int(best[choice[v]])
-    for v, node in enumerate(nodes):
-        if choice[v] is None:
-            choice[v] = int(node.cost.argmin())
-    return choice  # type: ignore[return-value]
-
-
-ELIMINATION_LIMIT = 4_000_000
-"""Largest k_u * k_v * k_w table a chain elimination may build."""
-
-
-def solve_auto(problem: Problem) -> list[int]:
-    greedy = solve_greedy(problem)
-    nodes = problem.nodes
-    cost = [node.cost.copy() for node in nodes]
-    adj: list[dict[int, np.ndarray]] = [{} for _ in nodes]  # adj[a][b]: [k_a, k_b]
-
-    def add_edge(a: int, b: int, m: np.ndarray) -> None:
-        if b in adj[a]:
-            adj[a][b] = adj[a][b] + m
-        else:
-            adj[a][b] = m
-        adj[b][a] = adj[a][b].T
-
-    for (u, v), m in problem.edges.items():
-        add_edge(u, v, m)
-
-    records: list[tuple] = []
-    alive = [True] * len(nodes)
-    work = list(range(len(nodes)))
-    while work:
-        v = work.pop()
-        if not alive[v]:
-            continue
-        neighbors = list(adj[v])
-        if len(neighbors) == 0:
-            records.append(("fix", v, int(cost[v].argmin())))
-        elif len(neighbors) == 1:
-            (u,) = neighbors
-            table = adj[u][v] + cost[v][None, :]  # [k_u, k_v]
-            records.append(("leaf", v, u, table.argmin(axis=1)))
-            cost[u] = cost[u] + table.min(axis=1)
-            del adj[u][v]
-            work.append(u)
-        elif len(neighbors) == 2:
-            u, w = neighbors
-            a, b = adj[u][v], adj[v][w]
-            if a.shape[0] * a.shape[1] * b.shape[1] > ELIMINATION_LIMIT:
-                continue
-            table = a[:, :, None] + cost[v][None, :, None] + b[None, :, :]  # [k_u, k_v, k_w]
-            records.append(("chain", v, u, w, table.argmin(axis=1)))
-            del adj[u][v], adj[w][v]
-            add_edge(u, w, table.min(axis=1))
-            work.extend((u, w))
-        else:
-            continue
-        alive[v] = False
-        adj[v] = {}
-
-    # What elimination could not reduce: coordinate descent from greedy.
-    core = [v for v in range(len(nodes)) if alive[v]]
-    choice = list(greedy)
-    for _ in range(50):
-        changed = False
-        for v in core:
-            total = cost[v].copy()
-            for u, m in adj[v].items():
-                total += m[:, choice[u]]
-            best = int(total.argmin())
-            if total[best] < total[choice[v]] - 1e-15:
-                choice[v], changed = best, True
-        if not changed:
-            break
-
-    for record in reversed(records):
-        kind, v = record[0], record[1]
-        if kind == "fix":
-            choice[v] = record[2]
-        elif kind == "leaf":
-            choice[v] = int(record[3][choice[record[2]]])
-        else:
-            choice[v] = int(record[4][choice[record[2]], choice[record[3]]])
-    exact = problem.exact()
-    winner = min((choice, greedy), key=exact.total)
-    return exact.refine(list(winner))
 
 
 class ExactCost:

@@ -130,7 +130,7 @@ def compile(  # noqa: A001 - the verb users expect
         if plan == "auto" or programs(module):
             raise ValueError("stages= cuts a graph by hand: not with plan='auto' (which chooses stages) "
                              "or a compiled plan")
-        from sbpc.lowering.sbp_autoplan import place_stages
+        from sbpc.planning.autoplan.stages import place_stages
 
         place_stages(module, stages)
     if not programs(module):
@@ -375,9 +375,8 @@ class Executable:
         `module.load_state_dict(exe.state_dict())` works. For a graph built
         in sbpc: every parameter but the optimizer's state."""
 
-        from sbpc.lowering.lg_optimizer import OPTIMIZER_STATE_KEYS
 
-        names = self.state_names or {k: k for k in self.param_keys() if not k.startswith(OPTIMIZER_STATE_KEYS)}
+        names = self.state_names or {k: k for k in self.param_keys() if not k.startswith(lg.OPTIMIZER_STATE_KEYS)}
         values = {key: self.params[key] for key in sorted(set(names.values()))}
         state = {name: _tensor(np.array(values[key])) for name, key in names.items()}
         state.update({name: _tensor(np.array(value)) for name, value in self.buffers.items()})

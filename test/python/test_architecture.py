@@ -31,14 +31,22 @@ LAYERS = {package: level for level, package in enumerate(PACKAGES)}
 def modules() -> dict[str, Path]:
     found = {}
     for package, folder in PACKAGES.items():
-        for path in sorted((ROOT / folder).glob("*.py")):
-            found[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+        # a layer's subpackages (planning/autoplan/) belong to it; the links
+        # sbpc/<layer> are not the sbpc layer's subpackages
+        paths = (ROOT / folder).glob("*.py") if package == "sbpc" else (ROOT / folder).rglob("*.py")
+        for path in sorted(paths):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join((package, *parts))] = path
     return found
 
 
 def layer(module: str) -> int:
-    package = module if module in LAYERS else module.rsplit(".", 1)[0]
-    return LAYERS[package]
+    """The layer of `module`: its longest package prefix in PACKAGES."""
+    while module not in LAYERS:
+        module = module.rsplit(".", 1)[0]
+    return LAYERS[module]
 
 
 def imports(module: str, path: Path, known: dict[str, Path]) -> set[str]:
@@ -159,3 +167,34 @@ def test_every_layer_is_linked_into_the_package_for_the_type_checker():
             continue
         link = ROOT / "sbpc" / package.removeprefix("sbpc.")
         assert link.is_symlink() and link.resolve() == (ROOT / folder).resolve(), link
+
+
+def lowering_imports(path: Path) -> list[tuple[str, str]]:
+    """(module, name) for every `from sbpc.lowering... import name` in `path`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sbpc.lowering"):
+            found += [(node.module or "", alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(alias.name, "*") for alias in node.names if alias.name.startswith("sbpc.lowering")]
+    return found
+
+
+def test_above_lowering_the_passes_are_only_run():
+    # runtime/, sbpc/ and tools/ take a pass (or the registry of them) from
+    # lowering/ to run it; what several layers share (plan facts, the
+    # stage cutter, state key names) lives below lowering, not in a pass file
+    import importlib
+
+    from xdsl.passes import ModulePass
+
+    wrong = []
+    for name, path in modules().items():
+        if layer(name) <= LAYERS["sbpc.lowering"]:
+            continue
+        for module, imported in lowering_imports(path):
+            value = getattr(importlib.import_module(module), imported, None) if imported != "*" else None
+            runs = imported == "PASSES" or (isinstance(value, type) and issubclass(value, ModulePass))
+            if not runs:
+                wrong.append(f"{name} imports {imported} from {module}")
+    assert not wrong, "\n".join(wrong)

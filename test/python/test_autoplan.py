@@ -13,7 +13,8 @@ from xdsl.utils.exceptions import PassFailedException
 from sbpc.dialects import lg, parse_module, plan
 from sbpc.lowering.lg_autodiff import LgAutodiffPass
 from sbpc.lowering.lg_optimizer import LgOptimizerPass
-from sbpc.lowering.sbp_autoplan import SbpAutoplanPass, mesh_shapes
+from sbpc.lowering.sbp_autoplan import SbpAutoplanPass
+from sbpc.planning.autoplan.layout import mesh_shapes
 
 MLP = """
 sbp.placement @m cpu ranks [{ranks}] mesh [{devices}]
@@ -101,8 +102,8 @@ def test_the_data_start_is_plain_data_parallelism():
     """Every weight and its optimizer state replicated, the batch split: what
     a hand-written data-parallel plan is, which sbp-infer's own search from a
     split batch does not always reach (its costs are not the simulator's)."""
-    from sbpc.lowering.sbp_autoplan import Layout
     from sbpc.perf.cluster import load_cluster
+    from sbpc.planning.autoplan.layout import Layout
 
     trial = SbpAutoplanPass(strategy="auto")._try(training(4), Layout((4,), "replicated", inputs="data"),
                                                   [0, 1, 2, 3], load_cluster("cpu", 4), {})
@@ -218,7 +219,7 @@ def test_the_autoplan_example_plans_trains_and_matches_the_reference():
 
 
 def test_pipeline_layouts_cover_both_schedules_and_every_stage_mesh():
-    from sbpc.lowering.sbp_autoplan import layouts
+    from sbpc.planning.autoplan.whole import layouts
 
     found = layouts(8, ("replicated", "zero"), batch=8, forward_ops=40)
     piped = [x for x in found if x.stages > 1]

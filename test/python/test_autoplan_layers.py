@@ -1,4 +1,4 @@
-"""sbp-autoplan by layers (lowering/autoplan_layers.py): the forward graph
+"""sbp-autoplan by layers (planning/autoplan/: layers.py, profiler.py, compose.py): the forward graph
 cut into repeated layers, each layer class profiled on the simulator, plans
 composed from the profiles; every plan it writes trains like one device,
 and the composed prediction stays close to simulating the whole plan."""
@@ -18,20 +18,16 @@ from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import lg, parse_module, plan
 from sbpc.dialects.sbp import lookup_placement
-from sbpc.lowering.autoplan_layers import (
-    Composer,
-    LayerLayout,
-    Profiler,
-    candidate_layouts,
-    partition,
-    split_layers,
-    write_plan,
-)
+from sbpc.lowering.autoplan_hints import write_plan
 from sbpc.lowering.compile import CompilePass
 from sbpc.lowering.lg_micro_batch import rebatch
-from sbpc.lowering.sbp_autoplan import TRAINING_PASSES, SbpAutoplanPass
+from sbpc.lowering.sbp_autoplan import TRAINING_PASSES, SbpAutoplanPass, layer_passes
 from sbpc.perf.cluster import load_cluster
 from sbpc.perf.step_time import simulate_plan
+from sbpc.planning.autoplan.compose import Composer, candidate_layouts, partition
+from sbpc.planning.autoplan.layers import split_layers
+from sbpc.planning.autoplan.layout import Layout, by_layers
+from sbpc.planning.autoplan.profiler import Profiler
 from sbpc.semantics.plan_simulator import run_plan
 from sbpc.semantics.reference import evaluate, initial_value
 from sbpc.tools.sbp_run import generated_feeds
@@ -104,14 +100,14 @@ def test_rebatch_gives_the_same_rows_on_fewer_examples():
         rebatch(lg.graphs(parse_module(MLP))[0], 3)
 
 
-def written(layout: LayerLayout, ranks: int = 4, cluster: str = "cpu", **size):
+def written(layout: Layout, ranks: int = 4, cluster: str = "cpu", **size):
     """The forward GPT planned as `layout` (hints and training passes), its composed estimate."""
     module = forward_gpt(ranks, **size)
     graph = lg.graphs(module)[0]
     batch = {**SIZE, **size}["batch"]
     c = load_cluster(cluster, ranks)
     layers = split_layers(graph)
-    profiler = Profiler(graph, "loss", c, cluster, "cpu", batch)
+    profiler = Profiler(graph, "loss", c, cluster, "cpu", batch, layer_passes())
     estimate = Composer(layers, profiler, c, list(range(ranks)), batch, "adam").estimate(layout)
     assert not estimate.rejected, estimate.rejected
     write_plan(module, graph, lookup_placement(graph, graph.placement), layers, estimate, profiler,
@@ -121,10 +117,10 @@ def written(layout: LayerLayout, ranks: int = 4, cluster: str = "cpu", **size):
 
 
 LAYOUTS = [  # between them: data, tensor and both, stages of 1, 2 and 4 devices, every memory mode and policy
-    pytest.param(LayerLayout(1, 2, 2, 2, "zero", "gpipe"), marks=pytest.mark.full),  # zero and gpipe: below
-    LayerLayout(1, 2, 2, 1, "fsdp", "gpipe", "selective"),
-    LayerLayout(2, 2, 1, 4, "zero", "1f1b", "full"),  # (a recomputed batch reshape once deadlocked this one)
-    LayerLayout(4, 1, 1, 4, "replicated", "1f1b"),
+    pytest.param(by_layers(1, 2, 2, 2, "zero", "gpipe"), marks=pytest.mark.full),  # zero and gpipe: below
+    by_layers(1, 2, 2, 1, "fsdp", "gpipe", "selective"),
+    by_layers(2, 2, 1, 4, "zero", "1f1b", "full"),  # (a recomputed batch reshape once deadlocked this one)
+    by_layers(4, 1, 1, 4, "replicated", "1f1b"),
 ]
 
 
@@ -146,8 +142,8 @@ def test_every_kind_of_layered_plan_trains_like_one_device(layout):
         np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-5, err_msg=key)
 
 
-@pytest.mark.parametrize("layout", [LayerLayout(2, 2, 1, 2, "replicated", "1f1b"),
-                                    pytest.param(LayerLayout(1, 2, 2, 1, "replicated"), marks=pytest.mark.full)],
+@pytest.mark.parametrize("layout", [by_layers(2, 2, 1, 2, "replicated", "1f1b"),
+                                    pytest.param(by_layers(1, 2, 2, 1, "replicated"), marks=pytest.mark.full)],
                          ids=lambda layout: layout.describe())
 def test_the_composed_time_is_near_the_simulated_whole_plan(layout):
     size = {"batch": 8, "seq": 32, "dim": 64, "heads": 4, "layers": 2}
@@ -198,7 +194,7 @@ def test_search_by_layers_needs_the_training_passes():
 
 
 def test_the_pipeline_replay_gives_the_textbook_period_on_balanced_stages_and_more_when_unbalanced():
-    from sbpc.lowering.autoplan_layers import pipeline_period
+    from sbpc.planning.autoplan.compose import pipeline_period
 
     for schedule in ("gpipe", "1f1b"):
         # p = 4 equal stages, m = 8: (m + p - 1) cycles of F + B
@@ -219,7 +215,7 @@ def test_a_stages_gradient_reductions_in_its_last_backward_delay_every_stage_bef
     the stage before it comes that much later, so the drags of the stages
     add up along the drain, where the same time in each stage's tail
     (after its backward) overlaps across stages."""
-    from sbpc.lowering.autoplan_layers import pipeline_period
+    from sbpc.planning.autoplan.compose import pipeline_period
 
     args = ([1.0] * 4, [2.0] * 4, [0.0] * 3)
     base = pipeline_period(*args, [0.5] * 4, 8, "1f1b")

@@ -10,7 +10,7 @@ from test_sbp_infer import hinted_graphs
 
 from sbpc.lowering import plan_allocate_memory as alloc
 from sbpc.lowering.plan_verify import first_shared_bytes, temporaries_disjoint
-from sbpc.planning import sbp_problem
+from sbpc.planning import sbp_problem, sbp_search
 from sbpc.planning.cost_model import load_device
 
 
@@ -114,7 +114,7 @@ def test_memory_sweep_accepts_allocated_plans(bufs):
 def test_refine_with_use_trackers_matches_without(case):
     graph = case.module.ops.last
     problem = sbp_problem.build_problem(graph, load_device("cpu"))
-    start = sbp_problem.solve_greedy(problem)
+    start = sbp_search.solve_greedy(problem)
     saved_limit, saved_cost = sbp_problem.TRACKED_USES, sbp_problem._UseTracker.cost
     checked = []
 
@@ -149,7 +149,7 @@ def test_refine_skipping_clean_nodes_matches_trying_every_node(case):
     after any change (every node near every other)."""
     graph = case.module.ops.last
     problem = sbp_problem.build_problem(graph, load_device("cpu"))
-    start = sbp_problem.solve_greedy(problem)
+    start = sbp_search.solve_greedy(problem)
     skipping = sbp_problem.ExactCost(problem).refine(list(start))
     everyone = sbp_problem.ExactCost(problem)
     count = len(problem.nodes)

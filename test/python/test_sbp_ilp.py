@@ -16,7 +16,8 @@ from sbpc.dialects import lg, make_context, parse_module
 from sbpc.lowering.sbp_infer import SbpInferPass
 from sbpc.planning.cost_model import load_device
 from sbpc.planning.sbp_ilp import repeated_classes, solve_ilp
-from sbpc.planning.sbp_problem import build_problem, solve_auto
+from sbpc.planning.sbp_problem import build_problem
+from sbpc.planning.sbp_search import solve_auto
 
 EXACT_ENUMERATION_LIMIT = 3000
 """Plans the exact-cost check enumerates at most (each costed in Python)."""

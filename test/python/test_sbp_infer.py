@@ -15,7 +15,8 @@ from sbpc.dialects.layout import numpy_dtype
 from sbpc.dialects.sbp import SIGNATURE_ATTR, AnnotateOp, DTensorType, nd_from_plain, nd_to_plain
 from sbpc.lowering.sbp_infer import SbpInferPass
 from sbpc.planning.cost_model import load_device
-from sbpc.planning.sbp_problem import ExactCost, build_problem, solve_auto, solve_greedy
+from sbpc.planning.sbp_problem import ExactCost, build_problem
+from sbpc.planning.sbp_search import solve_auto, solve_greedy
 from sbpc.semantics.local_eval import run_distributed
 from sbpc.semantics.reference import evaluate
 
