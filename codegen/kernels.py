@@ -228,10 +228,10 @@ def gen_reduce(site: Site) -> Kernel:
   {scale}
   out[i] = acc;"""
     return Kernel(name, t, ("const T* a0", "T* out"), n_out, body, restrict=True,
-                  host_body=_host_reduce(in_shape, axes, is_max, count if kernel == "lg.reduce_mean" else 0))
+                  host_body=_host_reduce(in_shape, axes, is_max, count if kernel == "lg.reduce_mean" else None))
 
 
-def _host_reduce(shape: Sequence[int], axes: Sequence[int], is_max: bool, mean_of: int) -> str | None:
+def _host_reduce(shape: Sequence[int], axes: Sequence[int], is_max: bool, mean_of: int | None) -> str | None:
     """A reduction over one run of adjacent axes as loops that vectorize:
     the input is [outer, reduced, inner]. With inner elements, each output
     row accumulates the reduced rows in order (the threads' order, one
@@ -245,7 +245,8 @@ def _host_reduce(shape: Sequence[int], axes: Sequence[int], is_max: bool, mean_o
     red = math.prod(shape[axes[0] : axes[-1] + 1])
     inner = math.prod(shape[axes[-1] + 1 :])
     init = "(T)NEG_INF" if is_max else "(T)0"
-    scale = f" / (T){mean_of}" if mean_of else ""
+    # a mean of no elements is 0 / 0: NaN, as numpy's
+    scale = f" / (T){mean_of}" if mean_of is not None else ""
     if inner == 1:
         pragma = "" if is_max else "SBPC_SUM(acc)"
         update = "acc = (acc > x[r] || acc != acc) ? acc : x[r];" if is_max else "acc += x[r];"
@@ -259,7 +260,7 @@ def _host_reduce(shape: Sequence[int], axes: Sequence[int], is_max: bool, mean_o
     update = "o[c] = (o[c] > x[c] || o[c] != o[c]) ? o[c] : x[c];" if is_max else "o[c] += x[c];"
     finish = f"""
     {IVDEP}
-    for (long c = 0; c < {inner}; ++c) o[c] = o[c]{scale};""" if mean_of else ""
+    for (long c = 0; c < {inner}; ++c) o[c] = o[c]{scale};""" if mean_of is not None else ""
     return f"""  for (long a = 0; a < {outer}; ++a) {{
     T* o = out + a * {inner};
     for (long c = 0; c < {inner}; ++c) o[c] = {init};

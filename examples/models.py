@@ -119,34 +119,39 @@ def training_module(g: sbpc.Graph, layout: Layout, algorithm: str = "adam", micr
 
 
 def mlp(variant: str, ranks: int, batch: int = 64, features: int = 32, hidden: int = 64, classes: int = 8,
-        algorithm: str = "adam", micro_batches: int | None = None, training: bool = True, schedule: str = "gpipe"):
-    """x -> gelu(x @ w1 + b1) @ w2 -> cross-entropy: a classifier."""
+        algorithm: str = "adam", micro_batches: int | None = None, training: bool = True, schedule: str = "gpipe",
+        dtype: str = "f32"):
+    """x -> gelu(x @ w1 + b1) @ w2 -> cross-entropy: a classifier, its
+    floats of `dtype`."""
     layout = Layout(variant, ranks)
     if micro_batches is None:
         micro_batches = 4 if variant == "pipeline" else 1
     g = sbpc.Graph("mlp_train", placement=layout.placement)
-    x = g.input("x", (batch, features), sbp=layout.batch)
+    x = g.input("x", (batch, features), dtype=dtype, sbp=layout.batch)
     with layout.stage(g, 0):
-        w1 = g.param("w1", (features, hidden), init=sbpc.normal(0.0, features ** -0.5), seed=1, sbp=layout.columns)
-        b1 = g.param("b1", (hidden,), sbp=layout.vector_split)
+        w1 = g.param("w1", (features, hidden), init=sbpc.normal(0.0, features ** -0.5), seed=1, dtype=dtype,
+                     sbp=layout.columns)
+        b1 = g.param("b1", (hidden,), dtype=dtype, sbp=layout.vector_split)
         h = layout.activation(sbpc.gelu(x @ w1 + b1))
     with layout.stage(g, len(layout.stages) - 1):
         if len(layout.stages) > 1:
             h = h.to(layout.batch)
-        w2 = g.param("w2", (hidden, classes), init=sbpc.normal(0.0, hidden ** -0.5), seed=2, sbp=layout.rows)
+        w2 = g.param("w2", (hidden, classes), init=sbpc.normal(0.0, hidden ** -0.5), seed=2, dtype=dtype,
+                     sbp=layout.rows)
         labels = g.input("labels", (batch,), dtype="i64", sbp=layout.batch)
         loss = sbpc.cross_entropy(h @ w2, labels)
     g.output(loss=loss)
     return training_module(g, layout, algorithm, micro_batches, training, schedule)
 
 
-def mlp_batches(batch: int = 64, features: int = 32, classes: int = 8, seed: int = 0, lr: float = 3e-3):
+def mlp_batches(batch: int = 64, features: int = 32, classes: int = 8, seed: int = 0, lr: float = 3e-3,
+                dtype=np.float32):
     """Inputs from a normal distribution, labels from a fixed random teacher."""
     rng = np.random.default_rng(seed)
     teacher = rng.normal(size=(features, classes))
     while True:
-        x = rng.normal(size=(batch, features)).astype(np.float32)
-        yield {"x": x, "labels": np.argmax(x @ teacher, axis=1).astype(np.int64), "lr": np.float32(lr)}
+        x = rng.normal(size=(batch, features)).astype(dtype)
+        yield {"x": x, "labels": np.argmax(x @ teacher, axis=1).astype(np.int64), "lr": dtype(lr)}
 
 
 # -- GPT ------------------------------------------------------------------------
@@ -154,12 +159,12 @@ def mlp_batches(batch: int = 64, features: int = 32, classes: int = 8, seed: int
 
 def gpt(variant: str, ranks: int, vocab: int, batch: int = 16, seq: int = 16, dim: int = 32, heads: int = 4,
         layers: int = 2, tied: bool = False, algorithm: str = "adam", micro_batches: int | None = None,
-        training: bool = True, schedule: str = "gpipe", dropout: float = 0.0):
+        training: bool = True, schedule: str = "gpipe", dropout: float = 0.0, dtype: str = "f32"):
     """Token + position embeddings, `layers` pre-LN blocks of causal multi-head
     attention and a GELU MLP, final layernorm, output head (tied to the token
     embedding or its own), cross-entropy on the next token. `dropout` where
     GPT-2 has it: on the embeddings, the attention probabilities and each
-    block's two residual branches."""
+    block's two residual branches. Its floats are of `dtype`."""
     layout = Layout(variant, ranks)
     if micro_batches is None:
         micro_batches = 4 if variant == "pipeline" else 1
@@ -173,22 +178,24 @@ def gpt(variant: str, ranks: int, vocab: int, batch: int = 16, seq: int = 16, di
     boundary = layers // 2 if len(layout.stages) > 1 else None
     scope = contextlib.ExitStack()  # the current stage's placement scope
     scope.enter_context(layout.stage(g, 0))
-    wte = g.param("wte", (vocab, dim), init=sbpc.normal(0.0, std), seed=1, sbp=layout.replicated)
-    wpe = g.param("wpe", (seq, dim), init=sbpc.normal(0.0, std), seed=2, sbp=layout.replicated)
+    floats = {"f32": np.float32, "f64": np.float64}[dtype]
+    wte = g.param("wte", (vocab, dim), init=sbpc.normal(0.0, std), seed=1, dtype=dtype, sbp=layout.replicated)
+    wpe = g.param("wpe", (seq, dim), init=sbpc.normal(0.0, std), seed=2, dtype=dtype, sbp=layout.replicated)
     # causal mask: -1e9 above the diagonal, added to the attention scores
-    mask = g.constant(np.triu(np.full((seq, seq), -1e9, np.float32), k=1))
+    mask = g.constant(np.triu(np.full((seq, seq), -1e9, floats), k=1))
     h = layout.activation(sbpc.dropout(sbpc.embedding(wte, tokens) + wpe, dropout))
     for i in range(layers):
         if i == boundary:
             scope.close()
             scope.enter_context(layout.stage(g, 1))
             h = h.to(layout.batch)
-            mask = g.constant(np.triu(np.full((seq, seq), -1e9, np.float32), k=1))
+            mask = g.constant(np.triu(np.full((seq, seq), -1e9, floats), k=1))
         p = f"block{i}."
 
         # called only in this iteration (B023 is a false positive): `p` is this block's prefix
         def param(name, shape, sbp, init=None, seed=0):
-            return g.param(p + name, shape, init=init or sbpc.normal(0.0, std), seed=seed, sbp=sbp)  # noqa: B023
+            return g.param(p + name, shape, init=init or sbpc.normal(0.0, std), seed=seed, dtype=dtype,  # noqa: B023
+                           sbp=sbp)
 
         def norm(name, x):
             return sbpc.layernorm(x, param(name + ".g", (dim,), layout.replicated, sbpc.ones()),
@@ -211,12 +218,13 @@ def gpt(variant: str, ranks: int, vocab: int, batch: int = 16, seq: int = 16, di
                                                dropout))
     if boundary is not None and boundary >= layers:
         raise ValueError("the pipeline variant needs at least 2 layers")
-    h = sbpc.layernorm(h, g.param("lnf.g", (dim,), init=sbpc.ones(), sbp=layout.replicated),
-                       g.param("lnf.b", (dim,), sbp=layout.replicated))
+    h = sbpc.layernorm(h, g.param("lnf.g", (dim,), init=sbpc.ones(), dtype=dtype, sbp=layout.replicated),
+                       g.param("lnf.b", (dim,), dtype=dtype, sbp=layout.replicated))
     if tied:
         logits = sbpc.matmul(h, wte, transpose_b=True)
     else:
-        logits = h @ g.param("head", (dim, vocab), init=sbpc.normal(0.0, std), seed=9, sbp=layout.replicated)
+        logits = h @ g.param("head", (dim, vocab), init=sbpc.normal(0.0, std), seed=9, dtype=dtype,
+                             sbp=layout.replicated)
     targets = g.input("targets", (batch, seq), dtype="i64", sbp=layout.batch)
     loss = sbpc.cross_entropy(logits, targets)
     scope.close()
@@ -239,10 +247,10 @@ def corpus_windows(batch: int, seq: int, seed: int = 0):
         yield np.stack([data[s : s + seq] for s in starts]), np.stack([data[s + 1 : s + seq + 1] for s in starts])
 
 
-def gpt_batches(batch: int = 16, seq: int = 16, seed: int = 0, lr: float = 3e-3):
+def gpt_batches(batch: int = 16, seq: int = 16, seed: int = 0, lr: float = 3e-3, dtype=np.float32):
     """Random windows of the corpus: tokens and the next characters."""
     for tokens, targets in corpus_windows(batch, seq, seed):
-        yield {"tokens": tokens, "targets": targets, "lr": np.float32(lr)}
+        yield {"tokens": tokens, "targets": targets, "lr": dtype(lr)}
 
 
 def reference_losses(module, batches, steps: int) -> list[float]:

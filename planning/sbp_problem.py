@@ -227,6 +227,9 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
                 if not allowed:
                     results = sorted({format_nd(c[1]) for c in candidates})
                     note = f"; {type(op).SBP_NOTE}" if type(op).SBP_NOTE else ""
+                    empty = sorted({a for sbp in want if (a := sbp.axis) is not None and out_shape[a] == 0})
+                    if empty:
+                        note += f"; axis {empty[0]} of the result has no elements, and an empty axis is not split"
                     raise PassFailedException(
                         f"'{op.name}': the hint {format_nd(want)} on its result cannot be met: no SBP "
                         f"signature gives it (it can give {', '.join(results)}){note}"

@@ -309,8 +309,11 @@ def _bind_reduce_sum(op: lg.ReduceSumOp, local, ins, out) -> Fire:
 
 def _scale(local_n: int, global_n: int) -> float | None:
     """A split mean's factor (local count / global count), as
-    local_eval._global_count_scaled; None where it is 1 or undefined."""
-    return local_n / global_n if global_n and local_n != global_n else None
+    local_eval._global_count_scaled; None where it is 1; NaN for a mean
+    over no elements at all (numpy's and PyTorch's mean of nothing)."""
+    if global_n == 0:
+        return math.nan
+    return local_n / global_n if local_n != global_n else None
 
 
 @NUMPY.impl(lg.ReduceMeanOp)

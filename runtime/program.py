@@ -8,6 +8,7 @@ user can reach."""
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Collection, Mapping
 from io import StringIO
@@ -25,6 +26,14 @@ from sbpc.semantics.local_eval import assemble
 
 class RuntimeFailure(Exception):
     """A failure to report with where it happened."""
+
+
+class FeedConversionWarning(UserWarning):
+    """A feed given as an array of another width than its input's type
+    (float64 values for an f32 input, int32 labels for i64) was converted.
+    Narrowing rounds the values; widening keeps them, but the data is then
+    of less precision than the graph computes in. Python numbers and lists
+    take the input's type without a warning."""
 
 
 def find_program(module: ModuleOp, name: str | None = None) -> plan.ProgramOp:
@@ -76,6 +85,10 @@ def fetch_layouts(program: plan.ProgramOp) -> dict[str, tuple[DTensorType, Any, 
     return _program_io(program)[1]
 
 
+_CONVERTED: weakref.WeakKeyDictionary[plan.ProgramOp, set[tuple[str, np.dtype]]] = weakref.WeakKeyDictionary()
+"""The (feed, dtype) pairs each plan has warned about converting."""
+
+
 def check_feeds(program: plan.ProgramOp, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """Feeds with a wrong name, shape or dtype are rejected before anything runs."""
     wanted = feed_types(program)
@@ -95,6 +108,11 @@ def check_feeds(program: plan.ProgramOp, feeds: Mapping[str, Any]) -> dict[str, 
             raise RuntimeFailure(f"feed {name!r}: expected shape {list(t.get_shape())}, got {list(value.shape)}")
         if value.dtype.kind != dtype.kind:
             raise RuntimeFailure(f"feed {name!r}: expected {dtype} values, got {value.dtype}")
+        converted = _CONVERTED.setdefault(program, set())
+        if value.dtype != dtype and hasattr(feeds[name], "dtype") and (name, value.dtype) not in converted:
+            converted.add((name, value.dtype))  # once per plan, feed and dtype, whatever the warning filters
+            warnings.warn(f"feed {name!r}: {value.dtype} values converted to {dtype}, the input's type "
+                          f"(give {dtype} values to keep them as they are)", FeedConversionWarning, stacklevel=3)
         checked[name] = np.asarray(value, dtype=dtype, order="C")  # keeps 0-d feeds 0-d
     return checked
 

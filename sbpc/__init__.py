@@ -30,6 +30,7 @@ _WHERE = {
     "from_torch": "sbpc.torch_frontend",
     "TorchImportError": "sbpc.torch_frontend",
     "Executable": "sbpc.api",
+    "FeedConversionWarning": "sbpc.runtime.program",
     **dict.fromkeys(_FRONTEND, "sbpc.frontend"),
 }
 

@@ -30,7 +30,7 @@ from xdsl.passes import PassPipeline
 from xdsl.printer import Printer
 
 from sbpc.dialects import lg, parse_module
-from sbpc.dialects.plan import programs
+from sbpc.dialects.plan import ProgramOp, programs
 from sbpc.dialects.sbp import AUTOPLAN_ALTERNATIVES_ATTR, AUTOPLAN_ATTR
 from sbpc.frontend import Graph, Placement
 from sbpc.runtime.pool_client import RankPool
@@ -95,6 +95,9 @@ def compile(  # noqa: A001 - the verb users expect
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if plan not in PLANS:
         raise ValueError(f"plan must be one of {PLANS}, got {plan!r}")
+    if memory_budget is not None and (isinstance(memory_budget, bool) or not isinstance(memory_budget, int | np.integer)
+                                      or memory_budget <= 0):
+        raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)
                              or not -2**63 <= seed < 2**63):
         raise ValueError(f"seed must be a 64-bit integer, got {seed!r}")
@@ -156,6 +159,8 @@ def compile(  # noqa: A001 - the verb users expect
     elif plan == "auto":
         raise ValueError("plan='auto' needs a graph, not a compiled plan")
     module.verify()
+    if memory_budget is not None and programs(module):
+        _check_budget(programs(module)[0], int(memory_budget))
     exe = Executable(module, mode)
     exe.autoplan = autoplan
     if isinstance(graph, Graph):
@@ -174,6 +179,21 @@ def compile(  # noqa: A001 - the verb users expect
         if RANDOM_SEED in exe.param_keys():
             exe.initial_values[RANDOM_SEED] = np.asarray(seed, np.int64)
     return exe
+
+
+def _check_budget(program: ProgramOp, budget: int) -> None:
+    """A compiled plan over `memory_budget` on some device is an error that
+    says what it needs (a hand plan; plan='auto' chooses within the budget)."""
+    from sbpc.planning.autoplan.layout import gib
+
+    need = {d.rank.value.data: sum(d.region_bytes()) for d in program.devices()
+            if d.arena is not None and d.persistent is not None}
+    rank = max(need, key=need.__getitem__, default=None)
+    if rank is not None and need[rank] > budget:
+        raise ValueError(
+            f"the plan needs {gib(need[rank])} on rank {rank} ({need[rank]} bytes: arena and persistent region), over "
+            f"memory_budget={budget} ({gib(budget)}); plan='auto' searches for a plan within it (ZeRO, FSDP, "
+            "recomputation, pipeline stages)")
 
 
 class Executable:

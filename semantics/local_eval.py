@@ -137,7 +137,10 @@ def _global_count_scaled(
     # A mean over a split axis: each device sums its part and divides by the
     # global count, so the pieces add up to the global mean. An empty piece
     # (more devices than elements) adds nothing, where numpy's mean of
-    # nothing is NaN.
+    # nothing is NaN; a mean over no elements at all is NaN, as numpy's
+    # and PyTorch's.
+    if global_n == 0:
+        return np.full(ctx.out_piece_shape, np.nan, dtype)
     if local_n == 0:
         return np.zeros(ctx.out_piece_shape, dtype)
     return local() * (local_n / global_n) if global_n else local()
