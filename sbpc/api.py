@@ -29,10 +29,12 @@ from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr
 from xdsl.passes import PassPipeline
 from xdsl.printer import Printer
 
+from sbpc.arguments import checked
 from sbpc.dialects import lg, parse_module
 from sbpc.dialects.plan import ProgramOp, programs
 from sbpc.dialects.sbp import AUTOPLAN_ALTERNATIVES_ATTR, AUTOPLAN_ATTR
 from sbpc.frontend import Graph, Placement
+from sbpc.optim import Optimizer
 from sbpc.runtime.pool_client import RankPool
 
 MODES = ("auto", "mpi", "simulate")
@@ -49,6 +51,7 @@ BEFORE_PLANNING = ("lg-micro-batch", "lg-autodiff", "lg-optimizer")
 """Passes that run before sbp-autoplan when a pipeline names them."""
 
 
+@checked
 def compile(  # noqa: A001 - the verb users expect
     graph: Graph | ModuleOp | str,
     placement: Placement | None = None,
@@ -56,10 +59,10 @@ def compile(  # noqa: A001 - the verb users expect
     mode: str = "auto",
     plan: str = "manual",
     cluster: Any = "cpu",
-    memory_budget: int | None = None,
+    memory_budget: Any = None,
     devices: int | None = None,
-    optimizer: Any = None,
-    seed: int | None = None,
+    optimizer: Optimizer | None = None,
+    seed: Any = None,
     stages: int = 1,
 ) -> Executable:
     """Runs the pass pipeline (default: the whole `compile` chain) on a
@@ -162,6 +165,11 @@ def compile(  # noqa: A001 - the verb users expect
     if memory_budget is not None and programs(module):
         _check_budget(programs(module)[0], int(memory_budget))
     exe = Executable(module, mode)
+    keys = set(exe.param_keys())
+    orphans = [n for n in exe.output_names if n.startswith("new.") and n.removeprefix("new.") not in keys]
+    if orphans:
+        raise ValueError(f"output {orphans[0]!r} is the update of parameter {orphans[0].removeprefix('new.')!r}, "
+                         f"which the graph does not have (parameters: {sorted(keys)}); name it otherwise")
     exe.autoplan = autoplan
     if isinstance(graph, Graph):
         exe.initial_values = dict(graph.initial_values)

@@ -24,16 +24,19 @@ from __future__ import annotations
 import contextlib
 import typing
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from xdsl.dialects.builtin import AnyFloat, DenseIntOrFPElementsAttr, IntegerType, ModuleOp, SymbolRefAttr, TensorType
 from xdsl.ir import Operation, SSAValue
 
+from sbpc.arguments import checked
 from sbpc.dialects import lg, sbp
 from sbpc.dialects.sbp import PLACEMENT_ATTR, DTensorType, PlacementOp, element_type, global_shape
-from sbpc.graph_builder import ELEMENT_TYPES, GraphBuilder, tensor_type
+from sbpc.graph_builder import GraphBuilder, element, tensor_type
 
 
+@checked
 def S(axis: int) -> sbp.SplitAttr:
     """Split along tensor axis `axis`."""
     return sbp.SplitAttr(axis)
@@ -49,12 +52,14 @@ P = sbp.PartialAttr()
 class Placement:
     """A device mesh: device kind, ranks, and mesh shape (row-major)."""
 
+    @checked
     def __init__(self, device: str, ranks: int | Sequence[int], mesh: Sequence[int] | None = None,
                  name: str | None = None):
         self.device = device
-        self.ranks = list(range(ranks)) if isinstance(ranks, int) else list(ranks)
-        self.mesh = tuple(mesh) if mesh is not None else (len(self.ranks),)
+        self.ranks = list(range(ranks)) if isinstance(ranks, int | np.integer) else [int(r) for r in ranks]
+        self.mesh = tuple(int(m) for m in mesh) if mesh is not None else (len(self.ranks),)
         self.name = name or f"{device}{'x'.join(map(str, self.mesh))}_{'_'.join(map(str, self.ranks))}"
+        self.op()  # a mesh that does not hold its ranks is refused here, where it is written
 
     def op(self) -> PlacementOp:
         op = PlacementOp(self.name, self.device, self.ranks, self.mesh)
@@ -66,6 +71,7 @@ class Placement:
         return len(self.ranks)
 
 
+@checked
 def placement(device: str, ranks: int | Sequence[int], mesh: Sequence[int] | None = None,
               name: str | None = None) -> Placement:
     return Placement(device, ranks, mesh, name)
@@ -79,20 +85,27 @@ def ones() -> lg.InitializerAttr:
     return lg.OnesInitAttr()
 
 
+@checked
 def fill(value: float) -> lg.InitializerAttr:
     return lg.FillInitAttr(value)
 
 
+@checked
 def normal(mean: float = 0.0, std: float = 1.0) -> lg.InitializerAttr:
     return lg.NormalInitAttr(mean, std)
 
 
+@checked
 def uniform(low: float = -1.0, high: float = 1.0) -> lg.InitializerAttr:
     return lg.UniformInitAttr(low, high)
 
 
 def _nd(sbps) -> list[sbp.SbpAttr]:
-    return list(sbps) if isinstance(sbps, list | tuple) else [sbps]
+    nd = list(sbps) if isinstance(sbps, list | tuple) else [sbps]
+    wrong = [x for x in nd if not isinstance(x, sbp.SbpAttr)]
+    if wrong or not nd:
+        raise TypeError(f"an sbp hint is sbpc.S(axis), sbpc.B or sbpc.P, or a list of them, got {sbps!r}")
+    return nd
 
 
 class Tensor:
@@ -149,32 +162,40 @@ class Tensor:
     def relu(self):
         return relu(self)
 
-    def sum(self, axes=None, keepdims=False):
+    @checked
+    def sum(self, axes: int | Sequence[int] | None = None, keepdims: bool = False):
         return reduce_sum(self, axes, keepdims)
 
-    def mean(self, axes=None, keepdims=False):
+    @checked
+    def mean(self, axes: int | Sequence[int] | None = None, keepdims: bool = False):
         return reduce_mean(self, axes, keepdims)
 
-    def max(self, axes=None, keepdims=False):
+    @checked
+    def max(self, axes: int | Sequence[int] | None = None, keepdims: bool = False):
         return reduce_max(self, axes, keepdims)
 
-    def reshape(self, *shape):
-        return reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], tuple | list) else shape)
+    @checked
+    def reshape(self, *shape: int | Sequence[int]):
+        sizes = shape[0] if len(shape) == 1 and isinstance(shape[0], tuple | list) else shape
+        return reshape(self, typing.cast("Sequence[int]", sizes))
 
-    def transpose(self, *perm):
-        return transpose(self, perm[0] if len(perm) == 1 and isinstance(perm[0], tuple | list) else perm)
+    @checked
+    def transpose(self, *perm: int | Sequence[int]):
+        order = perm[0] if len(perm) == 1 and isinstance(perm[0], tuple | list) else perm
+        return transpose(self, typing.cast("Sequence[int]", order))
 
     @property
     def T(self):
         return transpose(self, [*range(len(self.shape) - 2), len(self.shape) - 1, len(self.shape) - 2])
 
-    def to(self, *sbps, placement: Placement | None = None) -> Tensor:
+    @checked
+    def to(self, *sbps: Any, placement: Placement | None = None) -> Tensor:
         """A hint: this value is distributed so (boxing makes it so)."""
         where = placement or self.graph.current_placement
         if where is None:
             raise ValueError("a hint needs a placement: give the graph one or pass placement=")
         self.graph.use(where)
-        nd = _nd(sbps[0]) if len(sbps) == 1 else list(sbps)
+        nd = _nd(sbps[0]) if len(sbps) == 1 else _nd(list(sbps))
         t = DTensorType(self.shape, self.dtype, where.name, nd)
         return self.graph.add(sbp.AnnotateOp(self.value, t))
 
@@ -196,6 +217,7 @@ RANDOM_STEP = "rng.step"
 class Graph:
     """Builds one lg.graph."""
 
+    @checked
     def __init__(self, name: str, placement: Placement | None = None):
         self.name = name
         self.placement = placement
@@ -226,6 +248,7 @@ class Graph:
         return self._scope or self.placement
 
     @contextlib.contextmanager
+    @checked
     def on(self, where: Placement):
         """Places every op built inside on `where` (a pipeline stage): each
         gets an `sbp.placement` attribute, and hints default to `where`.
@@ -250,25 +273,38 @@ class Graph:
         where = self.current_placement
         if where is None:
             raise ValueError("an sbp hint needs the graph's placement")
-        elem = ELEMENT_TYPES[dtype] if isinstance(dtype, str) else dtype
-        return DTensorType(shape, elem, where.name, _nd(sbp_hint))
+        nd = _nd(sbp_hint)
+        tensor_type(shape, dtype)  # the shape and dtype checked
+        return DTensorType(shape, element(dtype), where.name, nd)
 
-    def input(self, name: str, shape: Sequence[int], dtype: str = "f32", sbp=None) -> Tensor:
+    @checked
+    def input(self, name: str, shape: Sequence[int], dtype: str = "f32", sbp: Any = None) -> Tensor:
         return self.add(lg.InputOp(name, self._typed(shape, dtype, sbp)))
 
+    @checked
     def param(self, name: str, shape: Sequence[int], init: lg.InitializerAttr | None = None, seed: int = 0,
-              dtype: str = "f32", sbp=None, state: bool = False) -> Tensor:
+              dtype: str = "f32", sbp: Any = None, state: bool = False) -> Tensor:
         """A trained parameter, or with `state` a tensor the graph updates
         itself: give it an output named `new.<name>`."""
         return self.add(lg.ParamOp(name, self._typed(shape, dtype, sbp), init or lg.ZerosInitAttr(), seed, state))
 
-    def constant(self, value, dtype: str | None = None) -> Tensor:
+    @checked
+    def constant(self, value: Any, dtype: str | None = None) -> Tensor:
         """A constant tensor of `value`'s numpy type, or of `dtype` (bf16, which numpy lacks)."""
         array = np.asarray(value)
-        dtype = dtype or {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16", "int64": "i64",
-                          "int32": "i32", "bool": "i1"}[str(array.dtype)]
-        if array.dtype == np.bool_:
-            array = array.astype(np.int64)  # an i1 attribute is written from 0s and 1s
+        types = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16", "int64": "i64",
+                 "int32": "i32", "bool": "i1"}
+        if not (array.dtype.kind in "biuf" or str(array.dtype) == "bfloat16") or (
+                dtype is None and str(array.dtype) not in types):
+            raise ValueError(f"a constant of {array.dtype} values: give float, integer or boolean values "
+                             f"({', '.join(types)})")
+        dtype = dtype or types[str(array.dtype)]
+        elem = element(dtype)
+        # the values as the attribute holds them: floats, or integers (i1 from 0s and 1s)
+        if lg.is_float(elem):
+            array = array.astype(np.float64)
+        else:
+            array = (array != 0 if str(elem) == "i1" else array).astype(np.int64)
         # a float or an integer tensor by the dtype above; from_list's overloads take one or the other
         t = typing.cast("TensorType[AnyFloat] | TensorType[IntegerType]", tensor_type(array.shape, dtype))
         data = array.ravel().tolist() if array.size else []
@@ -295,9 +331,13 @@ class Graph:
         self._streams += 1
         return self._streams
 
+    @checked
     def output(self, **outputs: Tensor) -> None:
+        if any(t.graph is not self for t in outputs.values()):
+            raise ValueError(f"graph @{self.name}: an output is a tensor of another graph")
         self.outputs = {name: t.value for name, t in outputs.items()}
 
+    @checked
     def module(self) -> ModuleOp:
         """The graph as a verified module (a fresh copy on every call)."""
         if self.outputs is None:
@@ -322,9 +362,9 @@ def _unary(cls):
     def fn(x: Tensor) -> Tensor:
         return x.graph.add(cls(x.value))
 
-    fn.__name__ = cls.name.removeprefix("lg.")
+    fn.__name__ = fn.__qualname__ = cls.name.removeprefix("lg.")
     fn.__doc__ = f"`{cls.name}`"
-    return fn
+    return checked(fn)
 
 
 _UNARY = {c.name.removeprefix("lg."): _unary(c) for c in lg.UNARY_OPS}
@@ -337,26 +377,30 @@ def _binary(cls):
     def fn(a: Tensor, b: Tensor) -> Tensor:
         return a.graph.add(cls(a.value, b.value))
 
-    fn.__name__ = cls.name.removeprefix("lg.")
-    return fn
+    fn.__name__ = fn.__qualname__ = cls.name.removeprefix("lg.")
+    return checked(fn)
 
 
 _BINARY = {c.name.removeprefix("lg."): _binary(c) for c in lg.BINARY_OPS}
 add, sub, mul, div = _BINARY["add"], _BINARY["sub"], _BINARY["mul"], _BINARY["div"]
 
 
+@checked
 def matmul(a: Tensor, b: Tensor, transpose_a: bool = False, transpose_b: bool = False) -> Tensor:
     return a.graph.add(lg.MatmulOp(a.value, b.value, transpose_a, transpose_b))
 
 
+@checked
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
     return x.graph.add(lg.SoftmaxOp(x.value, axis))
 
 
+@checked
 def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
     return x.graph.add(lg.LogSoftmaxOp(x.value, axis))
 
 
+@checked
 def layernorm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, axis: int = -1,
               eps: float = 1e-5) -> Tensor:
     w = weight.value if weight else None
@@ -364,91 +408,119 @@ def layernorm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = Non
     return x.graph.add(lg.LayerNormOp(x.value, axis, eps, w, b))
 
 
-def _axes(x: Tensor, axes) -> list[int]:
+def _axes(x: Tensor, axes: int | Sequence[int] | None) -> list[int]:
     if axes is None:
         return list(range(len(x.shape)))
     return [axes] if isinstance(axes, int) else list(axes)
 
 
-def conv2d(x: Tensor, weight: Tensor, stride=1, padding=0, dilation=1, groups: int = 1) -> Tensor:
+@checked
+def conv2d(x: Tensor, weight: Tensor, stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
+           dilation: int | Sequence[int] = 1, groups: int = 1) -> Tensor:
     """2-D convolution of NCHW images by (O, C/groups, kh, kw) weights, as
     PyTorch's `conv2d` without bias; stride, padding and dilation are ints
     or (height, width) pairs."""
-    def pair(v) -> tuple[int, int]:
-        return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+    def pair(v: int | Sequence[int]) -> tuple[int, int]:
+        if not isinstance(v, int | np.integer) and len(v) != 2:
+            raise ValueError(f"stride, padding and dilation are an int or a (height, width) pair, got {v!r}")
+        return (int(v), int(v)) if isinstance(v, int | np.integer) else (int(v[0]), int(v[1]))
 
     return x.graph.add(lg.Conv2dOp(x.value, weight.value, pair(stride), pair(padding), pair(dilation), groups))
 
 
-def reduce_sum(x: Tensor, axes=None, keepdims: bool = False) -> Tensor:
+@checked
+def reduce_sum(x: Tensor, axes: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
     return x.graph.add(lg.ReduceSumOp(x.value, _axes(x, axes), keepdims))
 
 
-def reduce_mean(x: Tensor, axes=None, keepdims: bool = False) -> Tensor:
+@checked
+def reduce_mean(x: Tensor, axes: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
     return x.graph.add(lg.ReduceMeanOp(x.value, _axes(x, axes), keepdims))
 
 
-def reduce_max(x: Tensor, axes=None, keepdims: bool = False) -> Tensor:
+@checked
+def reduce_max(x: Tensor, axes: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
     return x.graph.add(lg.ReduceMaxOp(x.value, _axes(x, axes), keepdims))
 
 
+@checked
 def argmax(x: Tensor, axis: int = -1) -> Tensor:
     """The index (i64) of the largest element along `axis` (the first of
     equals, or the first NaN), that axis dropped: PyTorch's `argmax(dim)`."""
+    if not -len(x.shape) <= axis < len(x.shape):
+        raise ValueError(f"axis {axis} is out of range for a tensor of rank {len(x.shape)}")
     return x.graph.add(lg.ArgmaxOp(x.value, axis % len(x.shape)))
 
 
+@checked
 def reshape(x: Tensor, shape: Sequence[int]) -> Tensor:
     shape = list(shape)
+    if shape.count(-1) > 1:
+        raise ValueError(f"at most one size may be -1 (inferred), got {shape}")
     if -1 in shape:
         known = int(np.prod([d for d in shape if d != -1]))
-        shape[shape.index(-1)] = int(np.prod(x.shape)) // known
+        total = int(np.prod(x.shape))
+        if known == 0 or total % known:
+            raise ValueError(f"cannot reshape {list(x.shape)} to {shape}: no size for -1 makes {total} elements")
+        shape[shape.index(-1)] = total // known
     return x.graph.add(lg.ReshapeOp(x.value, shape))
 
 
+@checked
 def transpose(x: Tensor, perm: Sequence[int]) -> Tensor:
     return x.graph.add(lg.TransposeOp(x.value, list(perm)))
 
 
+@checked
 def broadcast_to(x: Tensor, shape: Sequence[int]) -> Tensor:
     return x.graph.add(lg.BroadcastToOp(x.value, shape))
 
 
+@checked
 def cast(x: Tensor, dtype: str) -> Tensor:
     """`x` converted elementwise to `dtype` ("f32", "i64", "i1", ...): to
     "i1" is `!= 0`, float to integer truncates toward zero."""
-    return x.graph.add(lg.CastOp(x.value, ELEMENT_TYPES[dtype]))
+    return x.graph.add(lg.CastOp(x.value, element(dtype)))
 
 
+@checked
 def logical(kind: str, a: Tensor, b: Tensor) -> Tensor:
     """Elementwise "and", "or" or "xor" of two i1 tensors (broadcast)."""
     return a.graph.add(lg.LogicalOp(kind, a.value, b.value))
 
 
+@checked
 def compare(kind: str, a: Tensor, b: Tensor) -> Tensor:
     """Elementwise "eq", "ne", "lt", "le", "gt" or "ge" of two tensors of one
     dtype (broadcast): an i1 tensor."""
     return a.graph.add(lg.CompareOp(kind, a.value, b.value))
 
 
+@checked
 def where(condition: Tensor, if_true: Tensor, if_false: Tensor) -> Tensor:
     """`if_true` where the i1 `condition` holds, `if_false` elsewhere (broadcast)."""
     return condition.graph.add(lg.SelectOp(condition.value, if_true.value, if_false.value))
 
 
+@checked
 def concat(xs: Sequence[Tensor], axis: int = 0) -> Tensor:
+    if not xs:
+        raise ValueError("concat needs at least one tensor")
     return xs[0].graph.add(lg.ConcatOp([x.value for x in xs], axis))
 
 
+@checked
 def slice(x: Tensor, starts: Sequence[int], limits: Sequence[int], strides: Sequence[int] | None = None) -> Tensor:  # noqa: A001
     return x.graph.add(lg.SliceOp(x.value, starts, limits, strides))
 
 
+@checked
 def pad(x: Tensor, low: Sequence[int], high: Sequence[int], value: float = 0.0) -> Tensor:
     """`x` with `low[i]` elements of `value` before axis i and `high[i]` after it."""
     return x.graph.add(lg.PadOp(x.value, low, high, value))
 
 
+@checked
 def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     """PyTorch's `dropout`: each element zeroed with probability `p`, the
     others scaled by 1 / (1 - p) (the identity when not `training` or p is
@@ -463,26 +535,31 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     return x.graph.add(lg.DropoutOp(x.value, seed.value, step.value, p, x.graph.new_stream()))
 
 
+@checked
 def cumsum(x: Tensor, axis: int, reverse: bool = False) -> Tensor:
     """Running sums along `axis` (from the end with `reverse`)."""
     return x.graph.add(lg.CumsumOp(x.value, axis, reverse))
 
 
+@checked
 def gather(x: Tensor, indices: Tensor, axis: int) -> Tensor:
     """Elements of `x` picked along `axis` by integer `indices` (PyTorch's
     `gather`): the indices have `x`'s shape but on `axis`."""
     return x.graph.add(lg.GatherOp(x.value, indices.value, axis))
 
 
+@checked
 def embedding(table: Tensor, indices: Tensor, padding_idx: int | None = None) -> Tensor:
     """Rows of `table` at `indices`; the row `padding_idx` gets no gradient."""
     return table.graph.add(lg.EmbeddingOp(table.value, indices.value, padding_idx))
 
 
+@checked
 def cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
     return logits.graph.add(lg.CrossEntropyOp(logits.value, labels.value))
 
 
+@checked
 def token_cross_entropy(logits: Tensor, labels: Tensor, ignore_index: int | None = None) -> Tensor:
     """Each row's cross-entropy, -log softmax(logits)[label], over the last
     axis of `logits` (0 where the label is `ignore_index`): the row max
@@ -496,6 +573,7 @@ def token_cross_entropy(logits: Tensor, labels: Tensor, ignore_index: int | None
         lg.TokenCrossEntropyOp(logits.value, labels.value, row_max.value, sum_exp.value, ignore_index))
 
 
+@checked
 def mse_loss(a: Tensor, b: Tensor) -> Tensor:
     return a.graph.add(lg.MseLossOp(a.value, b.value))
 

@@ -24,8 +24,19 @@ ELEMENT_TYPES: dict[str, Attribute] = {"bf16": bf16, "f16": f16, "f32": f32, "f6
                                        "i1": i1}
 
 
+def element(dtype: str | Attribute) -> Attribute:
+    """The element type a dtype names ("f32", "i64", ...)."""
+    if not isinstance(dtype, str):
+        return dtype
+    if dtype not in ELEMENT_TYPES:
+        raise ValueError(f"unknown dtype {dtype!r} (choose {', '.join(ELEMENT_TYPES)})")
+    return ELEMENT_TYPES[dtype]
+
+
 def tensor_type(shape: Sequence[int], dtype: str | Attribute = "f32") -> TensorType:
-    return TensorType(ELEMENT_TYPES[dtype] if isinstance(dtype, str) else dtype, shape)
+    if any(d < 0 for d in shape):
+        raise ValueError(f"a shape's sizes are at least 0, got {list(shape)}")
+    return TensorType(element(dtype), shape)
 
 
 class GraphBuilder:

@@ -727,7 +727,7 @@ def _operands(im: _Importer, a, b, dtype: str) -> tuple[Tensor, Tensor]:
             raise TypeError(f"expected a tensor or a number, got {type(v).__name__}")
         key = (id(v), tuple(like.shape), dtype)
         if not isinstance(v, _Const) or key not in im.lifted:  # a buffer's constant is made once per use shape
-            value = im.g.constant(_compact(np.asarray(known).astype(fe._numpy_of(fe.ELEMENT_TYPES[dtype])), like))
+            value = im.g.constant(_compact(np.asarray(known).astype(fe._numpy_of(fe.element(dtype))), like))
             if not isinstance(v, _Const):
                 out.append(value)
                 continue
@@ -1305,7 +1305,7 @@ def _where(im: _Importer, condition, a, b):
     if dtype is None:
         raise ValueError("where whose result dtype is not known")
     values = [v if isinstance(v, Tensor) else im.g.constant(np.asarray(im.known(v), fe._numpy_of(
-        fe.ELEMENT_TYPES[dtype]))) for v in (a, b)]
+        fe.element(dtype)))) for v in (a, b)]
     values = [v if str(v.dtype) == dtype else fe.cast(v, dtype) for v in values]
     return fe.where(_boolean(im, condition, "where's condition"), *values)
 

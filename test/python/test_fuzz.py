@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -80,3 +81,81 @@ def test_the_classifier_catches_a_traceback_a_hang_and_vague_or_missing_messages
 
     monkeypatch.setattr(sbp_opt, "main", vague)
     assert fuzz_ir.run_sbp_opt(GOOD, [], 10).verdict == "vague"
+
+
+FUZZ_API = Path(__file__).resolve().parents[2] / "test" / "fuzz" / "fuzz_api.py"
+
+
+@pytest.fixture(scope="module")
+def fuzz_api():
+    spec = importlib.util.spec_from_file_location("fuzz_api", FUZZ_API)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fuzz_api"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_slice_of_api_cases_gets_only_clear_errors(fuzz_api):
+    # random programs through sbpc.Graph, compile options, feeds and
+    # from_torch on small random modules: success or a ValueError/TypeError
+    # (or a compiler diagnostic) with a message, never another exception
+    start = time.perf_counter()
+    campaign = fuzz_api.fuzz(count=600, seed=2026, torch_share=0.2)
+    text = fuzz_api.report(campaign, time.perf_counter() - start)
+    assert campaign.failed == 0, text
+    assert campaign.verdicts["ok"] > 15 and campaign.verdicts["clear"] > 300, text
+
+
+def test_the_api_classifier_catches_a_crash_a_hang_and_a_silent_error(fuzz_api):
+    import sbpc
+
+    def crash():
+        return sbpc.Graph("g").input("x", [2]).no_such_method()
+
+    def hang():
+        while True:
+            pass
+
+    assert fuzz_api.classify(crash, 5).verdict == "crash"
+    assert fuzz_api.classify(hang, 0.2).verdict == "hang"
+    assert fuzz_api.classify(lambda: (_ for _ in ()).throw(ValueError()), 5).verdict == "vague"
+    assert fuzz_api.classify(lambda: sbpc.relu(3), 5).verdict == "clear"
+    assert "sbpc.relu: x must be a Tensor, got int 3" in fuzz_api.classify(lambda: sbpc.relu(3), 5).message
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda sbpc, g: sbpc.softmax(3), "sbpc.softmax: x must be a Tensor"),
+    (lambda sbpc, g: g.input("x", [2, -1]), "a shape's sizes are at least 0"),
+    (lambda sbpc, g: g.input("x", [2], dtype="F32"), "unknown dtype 'F32'"),
+    (lambda sbpc, g: sbpc.cast(g.input("x", [2]), "u8"), "unknown dtype 'u8'"),
+    (lambda sbpc, g: g.constant("x"), "a constant of <U1 values"),
+    (lambda sbpc, g: sbpc.add(g.input("x", [2]), sbpc.Graph("other").input("y", [2])), "different graphs"),
+    (lambda sbpc, g: sbpc.argmax(g.input("x", [])), "axis -1 is out of range for a tensor of rank 0"),
+    (lambda sbpc, g: sbpc.reshape(g.input("x", [0, 2]), [-1, 0]), "no size for -1"),
+    (lambda sbpc, g: sbpc.concat([]), "concat needs at least one tensor"),
+    (lambda sbpc, g: sbpc.matmul(g.input("x", [2, 3]), g.input("y", [2, 3])), "lg.matmul: contracting dimensions differ"),
+    (lambda sbpc, g: sbpc.placement("cpu", 2, [4]), "mesh shape [4] holds 4 devices but 2 ranks are given"),
+    (lambda sbpc, g: sbpc.uniform(1.0, -1.0), "sbpc.uniform: #lg.uniform needs low < high"),
+    (lambda sbpc, g: g.input("x", [2], sbp="S0"), "an sbp hint is sbpc.S(axis), sbpc.B or sbpc.P"),
+    (lambda sbpc, g: sbpc.compile(g, optimizer="adam"), "compile: optimizer must be an Optimizer or None"),
+])
+def test_api_findings_are_clear_errors(call, message):
+    # each was a traceback (AttributeError, KeyError, ZeroDivisionError,
+    # IndexError, xDSL's VerifyException or struct.error) before the
+    # arguments were checked at the door (sbpc/arguments.py)
+    import sbpc
+
+    g = sbpc.Graph("g", placement=sbpc.placement("cpu", 2))
+    with pytest.raises((ValueError, TypeError), match=re.escape(message)):
+        call(sbpc, g)
+
+
+def test_an_update_of_a_parameter_the_graph_lacks_is_refused_at_compile():
+    import sbpc
+
+    g = sbpc.Graph("g", placement=sbpc.placement("cpu", 1))
+    x = g.input("x", [4])
+    g.output(**{"new.x": x + x})
+    with pytest.raises(ValueError, match="output 'new.x' is the update of parameter 'x', which the graph does not"):
+        sbpc.compile(g, mode="simulate")
