@@ -74,10 +74,14 @@ def describe(hint: Any) -> str:
     return str(hint)
 
 
-def _graphs(value: Any) -> list:
-    from sbpc.frontend import Tensor
+class GraphValue:
+    """A value of one graph under construction (the frontend's Tensor)."""
 
-    if isinstance(value, Tensor):
+    graph: Any
+
+
+def _graphs(value: Any) -> list:
+    if isinstance(value, GraphValue):
         return [value.graph]
     if isinstance(value, list | tuple):
         return [g for v in value for g in _graphs(v)]

@@ -30,7 +30,7 @@ import numpy as np
 from xdsl.dialects.builtin import AnyFloat, DenseIntOrFPElementsAttr, IntegerType, ModuleOp, SymbolRefAttr, TensorType
 from xdsl.ir import Operation, SSAValue
 
-from sbpc.arguments import checked
+from sbpc.arguments import GraphValue, checked
 from sbpc.dialects import lg, sbp
 from sbpc.dialects.sbp import PLACEMENT_ATTR, DTensorType, PlacementOp, element_type, global_shape
 from sbpc.graph_builder import GraphBuilder, element, tensor_type
@@ -108,7 +108,7 @@ def _nd(sbps) -> list[sbp.SbpAttr]:
     return nd
 
 
-class Tensor:
+class Tensor(GraphValue):
     """A value of a graph under construction."""
 
     def __init__(self, graph: Graph, value: SSAValue):
