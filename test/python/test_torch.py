@@ -139,3 +139,43 @@ def test_float64_end_to_end_matches_pytorch_float64(model, algorithm):
     state = exe.params
     for key, value in p.items():
         np.testing.assert_allclose(state[key], value.detach().numpy(), rtol=1e-10, atol=1e-13, err_msg=key)
+
+
+@pytest.mark.parametrize("model, variant", [("mlp", "tp"), ("gpt", "zero"), ("mlp", "pipeline")])
+def test_adam_drift_stays_within_pytorchs_own_float32_spread(model, variant):
+    # 20 float32 Adam steps of sbpc against PyTorch float64 drift no more
+    # than 10x PyTorch float32's own drift (bench/adam_drift.py measures
+    # every model, variant and rank count; the worst was 1.6x)
+    torch.set_num_threads(1)
+    if model == "mlp":
+        module, data, loss_fn = models.mlp(variant, 2), models.mlp_batches(), mlp_torch
+    else:
+        module = models.gpt(variant, 2, len(STOI), **GPT_SIZE)
+        data = models.gpt_batches(GPT_SIZE["batch"], GPT_SIZE["seq"])
+
+        def loss_fn(p, feeds):
+            return gpt_torch(p, feeds, **GPT_SIZE)
+
+    batches = [next(data) for _ in range(STEPS)]
+    params = initial_params(module)
+
+    def torch_run(dtype):
+        p = {k: torch.tensor(v, dtype=dtype, requires_grad=True) for k, v in params.items()}
+        opt = torch.optim.Adam(p.values(), lr=3e-3)
+        losses = []
+        for feeds in batches:
+            feeds = {k: v.astype(np.float64) if v.dtype == np.float32 and dtype == torch.float64 else v
+                     for k, v in feeds.items() if k != "lr"}
+            opt.zero_grad()
+            loss = loss_fn(p, feeds)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return np.array(losses)
+
+    t32, t64 = torch_run(torch.float32), torch_run(torch.float64)
+    exe = sbpc.compile(module)
+    ours = np.array([float(exe.train_step(b)["loss"]) for b in batches])
+    spread = np.max(np.abs(t32 - t64) / np.abs(t64))
+    drift = np.max(np.abs(ours - t64) / np.abs(t64))
+    assert drift <= 10 * spread, (drift, spread)
