@@ -15,10 +15,20 @@ from xdsl.ir import Operation
 from xdsl.parser import Parser
 from xdsl.utils.exceptions import DiagnosticException, ParseError, VerifyException
 from xdsl.utils.lexer import Input, Span
+from xdsl.utils.mlir_lexer import MLIRLexer
 
 from .lg import LG
 from .plan import PLAN
 from .sbp import SBP
+
+
+# xDSL 0.74 lexes a string literal with `"(?:[^"\\...]+|\\...)*"`: a run of
+# characters under two nested quantifiers, which backtracks exponentially
+# over a long run with no closing quote on its line (a mutant with a
+# 5000-character name stopped sbp-opt for minutes). Without the inner `+`
+# it matches the same strings, one character per step, and fails in
+# linear time (the alternatives never start with the same character).
+MLIRLexer._unescaped_characters_regex = re.compile(r'"(?:[^"\\\n\v\f]|\\(?:["nt\\]|[0-9A-Fa-f]{2}))*"')
 
 
 def make_context() -> Context:

@@ -222,6 +222,10 @@ class RegisterOp(IRDLOperation):
 
     def verify_(self) -> None:
         where = f"'{self.name}' @{self.sym_name.data}"
+        try:
+            tensor_bytes(self.type)
+        except VerifyException as e:
+            raise VerifyException(f"{where}: {e}") from None
         if self.bytes.value.data != tensor_bytes(self.type):
             raise VerifyException(
                 f"{where}: {self.type} takes {tensor_bytes(self.type)} bytes, not {self.bytes.value.data}"

@@ -451,8 +451,11 @@ def element_type(type: Attribute) -> Attribute:
 
 
 def element_bytes(elem: Attribute) -> int:
-    """Bytes of one element of a float or integer type."""
-    width = getattr(elem, "bitwidth", None) or elem.width.data  # type: ignore[attr-defined]
+    """Bytes of one element of a float or integer type (a VerifyException
+    for any other element type: a tensor of tensors has no byte size)."""
+    width = getattr(elem, "bitwidth", None) or getattr(getattr(elem, "width", None), "data", None)
+    if not isinstance(width, int):
+        raise VerifyException(f"element type {elem} is not a float or integer type")
     return max(1, width // 8)
 
 

@@ -1,11 +1,16 @@
 """A malformed-input fuzzer for `sbp-opt`.
 
-It takes every lit input (`test/filecheck/**/*.mlir`, split at `// -----`)
-and every IR example (`examples/*.mlir`), applies one to three random
-mutations (element types, integers turned to 0, -1 or values beyond int64,
-shape dimensions, SBP entries, op names, symbol names, deleted, duplicated and
-truncated lines, swapped operands), and runs `sbp-opt` on the mutant with no
-passes, with `-p compile`, or with the pipeline of the input's own RUN line.
+It takes every lit input (`test/filecheck/**/*.mlir`, split at `// -----`),
+every IR example (`examples/*.mlir`) and graphs generated from the op
+definitions (test/python/random_graphs.py: well typed by construction, on
+1-D and 2-D meshes), applies one to three random mutations (element types,
+integers turned to 0, -1 or values beyond int64, shape dimensions, SBP
+entries, nd-SBP lists of other lengths, nested and foreign types, attribute
+dictionaries, placements and meshes, dense literals, result counts, regions
+and blocks, unicode and very long names, op names, symbol names, deleted,
+duplicated and truncated lines, swapped operands, flipped bits that may leave
+invalid UTF-8), and runs `sbp-opt` on the mutant with no passes, with
+`-p compile`, or with the pipeline of the input's own RUN line.
 
 Each run must end in one of two ways: success, or exit code 1 with a
 diagnostic that names the op or points at a location in the input. A Python
@@ -53,6 +58,21 @@ OP_NAMES = ["lg.relu", "lg.exp", "lg.add", "lg.mul", "lg.matmul", "lg.softmax", 
             "sbp.all_gather", "sbp.reduce_scatter", "sbp.all_to_all", "sbp.send", "plan.compute", "plan.collective"]
 
 
+ATTRIBUTE_DICTS = ["{}", "{a = 1 : i64}", "{sbp.placement = @nowhere}", '{sbp.signature = "bogus"}',
+                   "{lg.micro_batch = \"x\"}", "{lg.recompute}", "{plan.x = [1, 2]}", "{sbp.placement = 3}",
+                   '{"q" = dense<1.0> : tensor<2xf32>}', "{sbp.autoplan = @m}", "{a = {b = {c = []}}}"]
+NESTED_TYPES = ["tensor<tensor<2xf32>>", "tensor<?x4xf32>", "tensor<*xf32>", "vector<4xf32>", "memref<4xf32>",
+                "tensor<4x!sbp.dtensor<4xf32, @m, B>>", "tuple<f32>", "tensor<0xf32>", "tensor<4xcomplex<f32>>",
+                "!sbp.dtensor<4xf32, @m, [B, [S<0>]]>", "tensor<4xf32, #sbp.broadcast>", "tensor<>", "tensor<4x>"]
+ND_SBP_LISTS = ["[]", "[B, B, B]", "[S<0>, S<0>]", "[P<max>, P]", "[S<0>]", "[B, S<9>]", "[[B]]", "[B,]"]
+PLACEMENTS = ["shape []", "ranks []", "ranks [0, 0]", "shape [2, 0]", "ranks [-1]", "shape [1000000]", "on @nowhere",
+              "shape [2, 2, 2, 2, 2, 2, 2, 2, 2, 2]", "ranks [9223372036854775807]", "on @0"]
+DENSE_LITERALS = ["dense<>", "dense<[1.0, 2.0]>", 'dense<"0xDEAD">', "dense<nan>", "dense<1e400>",
+                  "dense<[[1], [2, 3]]>", "dense<true>", "dense<[]>", "dense<-0x7FC00000>", "dense<1.0"]
+NAMES = ["%é", "@名", '"' + "x" * 5000 + '"', "@" + "a" * 10000, "%\U0001F642", '"\u200b"', "%" + "v" * 3000,
+         '"\\"', '"\\n"']
+
+
 @dataclass(frozen=True)
 class Seed:
     """One input before mutation: its name and the pipelines its RUN lines use."""
@@ -89,8 +109,29 @@ def _run_pipelines(text: str) -> tuple[tuple[str, ...], ...]:
     return tuple(dict.fromkeys(found))
 
 
+def generated_seeds(count: int = 60, seed: int = 0) -> list[Seed]:
+    """Graphs generated from the op definitions (random_graphs.py's
+    strategy, drawn from a seeded byte stream), on 1-D and 2-D meshes."""
+    sys.path.insert(0, str(ROOT / "test" / "python"))
+    from hypothesis.errors import StopTest
+    from hypothesis.internal.conjecture.data import ConjectureData
+    from random_graphs import random_graphs, text
+
+    rng = random.Random(seed)
+    out: list[Seed] = []
+    strategy = random_graphs(meshes=((2,), (4,), (2, 2)))
+    while len(out) < count:
+        data = ConjectureData(random=random.Random(rng.randrange(2**32)))
+        try:
+            case = data.draw(strategy)
+        except StopTest:
+            continue
+        out.append(Seed(f"generated#{len(out)}", text(case.module), (("-p", "compile"),)))
+    return out
+
+
 def seeds() -> list[Seed]:
-    out = []
+    out = generated_seeds()
     paths = sorted((ROOT / "test" / "filecheck").rglob("*.mlir")) + sorted((ROOT / "examples").glob("*.mlir"))
     for path in paths:
         text = path.read_text()
@@ -133,6 +174,46 @@ def _lines(text: str, rng: random.Random, how: str) -> str | None:
     return "\n".join(lines)
 
 
+def _insert_attributes(text: str, rng: random.Random) -> str | None:
+    """An attribute dictionary on an op (before its ` : ` type)."""
+    spots = [m for m in re.finditer(r"(?m)^\s*(%[\w.:, %]+ = )?(lg|sbp|plan)\.[a-z_]+[^\n]*?(?= : )", text)]
+    if not spots:
+        return None
+    m = rng.choice(spots)
+    return text[: m.end()] + " " + rng.choice(ATTRIBUTE_DICTS) + text[m.end():]
+
+
+def _flip_bit(text: str, rng: random.Random) -> str | None:
+    """One flipped bit of the UTF-8 bytes: the result may not be UTF-8 (kept
+    as surrogate escapes here, written back as the raw bytes)."""
+    data = bytearray(text.encode("utf-8", "surrogateescape"))
+    if not data:
+        return None
+    i = rng.randrange(len(data))
+    data[i] ^= 1 << rng.randrange(8)
+    return data.decode("utf-8", "surrogateescape")
+
+
+def _result_count(text: str, rng: random.Random) -> str | None:
+    spots = list(re.finditer(r"(?m)^(\s*)(%[\w.]+) = ", text))
+    if not spots:
+        return None
+    m = rng.choice(spots)
+    name = m.group(2)
+    new = rng.choice([f"{name}, %extra = ", f"{name}:2 = ", "", f"{name}, {name} = "])
+    return text[: m.start()] + m.group(1) + new + text[m.end():]
+
+
+def _block_structure(text: str, rng: random.Random) -> str | None:
+    lines = text.splitlines()
+    if not lines:
+        return None
+    i = rng.randrange(len(lines))
+    extra = rng.choice(["^bb1:", "^bb0(%a: f32):", "{", "}", "}) : () -> ()", '"test.op"() ({', "module {",
+                        "lg.graph @inner {", "^bb1(%x: tensor<4xf32>):"])
+    return "\n".join(lines[:i] + [extra] + lines[i:])
+
+
 MUTATIONS: dict[str, Callable[[str, random.Random], str | None]] = {
     "element type": lambda t, r: _replace_one(t, r"\b(f16|f32|f64|bf16|i1|i8|i32|i64|index)\b", r, ELEMENT_TYPES),
     "integer": lambda t, r: _replace_one(t, r"(?<![%@\w.#])-?\d+(?![\w.])", r, INTEGERS),
@@ -146,6 +227,16 @@ MUTATIONS: dict[str, Callable[[str, random.Random], str | None]] = {
     "duplicate line": lambda t, r: _lines(t, r, "duplicate"),
     "swap lines": lambda t, r: _lines(t, r, "swap"),
     "truncate": lambda t, r: t[: r.randrange(len(t) + 1)],
+    "attribute dictionary": _insert_attributes,
+    "nested type": lambda t, r: _replace_one(t, r"tensor<[^<>]*>", r, NESTED_TYPES),
+    "nd-sbp list": lambda t, r: _replace_one(t, r"\[(?:S<\d+>|B|P(?:<max>)?)(?:, (?:S<\d+>|B|P(?:<max>)?))*\]", r,
+                                            ND_SBP_LISTS),
+    "placement": lambda t, r: _replace_one(t, r"\b(shape|ranks|mesh) ?\[[^\]]*\]|\bon @[\w.]+", r, PLACEMENTS),
+    "dense literal": lambda t, r: _replace_one(t, r"dense<[^>]*>", r, DENSE_LITERALS),
+    "result count": _result_count,
+    "block structure": _block_structure,
+    "unicode or long name": lambda t, r: _replace_one(t, r"%[\w.]+|@[\w.]+|\"[\w.]*\"", r, NAMES),
+    "bit flip": _flip_bit,
 }
 
 
@@ -185,7 +276,7 @@ def run_sbp_opt(text: str, args: list[str], timeout: float) -> Outcome:
     from sbpc.tools import sbp_opt
 
     fd, path = tempfile.mkstemp(suffix=".mlir")
-    with os.fdopen(fd, "w") as f:
+    with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as f:  # a flipped bit's raw bytes
         f.write(text)
     out, err = io.StringIO(), io.StringIO()
     previous = signal.signal(signal.SIGALRM, _on_alarm)

@@ -37,11 +37,14 @@ def test_a_slice_of_mutants_gets_only_located_diagnostics(fuzz_ir):
 
 
 def test_every_mutation_changes_a_typical_input(fuzz_ir):
-    seed = next(s for s in fuzz_ir.seeds() if s.name.startswith("examples/mlp_train.mlir"))
+    typical = [s for s in fuzz_ir.seeds() if s.name.split("#")[0] in (
+        "examples/mlp_train.mlir", "examples/mlp_train_zero.mlir", "examples/gpt_block.mlir",
+        "test/filecheck/sbp/attrs.mlir")]
+    assert len(typical) >= 3
     rng = random.Random(0)
     for name, mutation in fuzz_ir.MUTATIONS.items():
-        changed = [mutation(seed.text, rng) for _ in range(5)]
-        assert any(c is not None and c != seed.text for c in changed), name
+        changed = [(seed.text, mutation(seed.text, rng)) for seed in typical for _ in range(5)]
+        assert any(c is not None and c != text for text, c in changed), name
 
 
 def test_the_seeds_carry_their_run_line_pipelines(fuzz_ir):
