@@ -21,7 +21,6 @@ from .lg import LG
 from .plan import PLAN
 from .sbp import SBP
 
-
 # xDSL 0.74 lexes a string literal with `"(?:[^"\\...]+|\\...)*"`: a run of
 # characters under two nested quantifiers, which backtracks exponentially
 # over a long run with no closing quote on its line (a mutant with a

@@ -130,8 +130,12 @@ def generated_seeds(count: int = 60, seed: int = 0) -> list[Seed]:
     return out
 
 
-def seeds() -> list[Seed]:
-    out = generated_seeds()
+def seeds(source: str = "all") -> list[Seed]:
+    """The inputs to mutate: `lit` (the lit inputs and IR examples),
+    `generated` (graphs from the op definitions) or `all`."""
+    out = generated_seeds() if source in ("all", "generated") else []
+    if source == "generated":
+        return out
     paths = sorted((ROOT / "test" / "filecheck").rglob("*.mlir")) + sorted((ROOT / "examples").glob("*.mlir"))
     for path in paths:
         text = path.read_text()
@@ -176,7 +180,7 @@ def _lines(text: str, rng: random.Random, how: str) -> str | None:
 
 def _insert_attributes(text: str, rng: random.Random) -> str | None:
     """An attribute dictionary on an op (before its ` : ` type)."""
-    spots = [m for m in re.finditer(r"(?m)^\s*(%[\w.:, %]+ = )?(lg|sbp|plan)\.[a-z_]+[^\n]*?(?= : )", text)]
+    spots = list(re.finditer(r"(?m)^\s*(%[\w.:, %]+ = )?(lg|sbp|plan)\.[a-z_]+[^\n]*?(?= : )", text))
     if not spots:
         return None
     m = rng.choice(spots)
@@ -319,9 +323,10 @@ class Campaign:
         return sum(self.verdicts[v] for v in FINDINGS)
 
 
-def fuzz(count: int, seed: int = 0, timeout: float = 20.0, on_run: Callable[[int], None] | None = None) -> Campaign:
+def fuzz(count: int, seed: int = 0, timeout: float = 20.0, on_run: Callable[[int], None] | None = None,
+         source: str = "all") -> Campaign:
     rng = random.Random(seed)
-    inputs = seeds()
+    inputs = seeds(source)
     campaign = Campaign()
     for n in range(count):
         chosen = rng.choice(inputs)
@@ -357,10 +362,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=20.0, help="seconds before a run counts as a hang")
     parser.add_argument("--save", type=Path, help="write each finding's input to this folder")
+    parser.add_argument("--source", choices=("all", "lit", "generated"), default="all",
+                        help="what to mutate: lit inputs and examples, generated graphs, or both")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     start = time.perf_counter()
-    campaign = fuzz(args.count, args.seed, args.timeout)
+    campaign = fuzz(args.count, args.seed, args.timeout, source=args.source)
     print(report(campaign, time.perf_counter() - start, args.save))
     return 1 if campaign.failed else 0
 
