@@ -8,7 +8,10 @@ GPT of examples/gpt.py (Adam), same global batch on both systems. Rows:
   (one Executable.train_step from Python: feeds sent to the ranks, the
   loss gathered back; updated parameters stay on the ranks);
 - PyTorch: DistributedDataParallel over gloo on R processes, and one plain
-  process (the peer; torch.set_num_threads(1) everywhere);
+  process (the peer; torch.set_num_threads(1) everywhere), each eager and
+  (unless --no-torch-compile) as torch.compile (inductor) with the fused
+  optimizer, the strongest peer a CPU user would run; sbpc is compared with
+  the faster of the two;
 - the compute limit: every matmul of the same step with the local shapes of
   the sbpc plan (rank 0's actors; a stack of row blocks times one matrix as
   one GEMM), run back to back by bare numpy on R
@@ -242,7 +245,10 @@ class TorchGPT:
         return GPT()
 
 
-def role_torch(model: str, cfg: dict, port: int, steps: int, repeats: int) -> None:
+def role_torch(model: str, cfg: dict, port: int, steps: int, repeats: int, compiled: bool = False) -> None:
+    """PyTorch on this rank: eager DDP (gloo), or with `compiled` the
+    strongest peer a CPU user would run, torch.compile (inductor) of the
+    DDP model with the fused (single-kernel) optimizer."""
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -269,8 +275,11 @@ def role_torch(model: str, cfg: dict, port: int, steps: int, repeats: int) -> No
 
     if size > 1:
         net = nn.parallel.DistributedDataParallel(net)
-    opt = (torch.optim.SGD(net.parameters(), lr=1e-3) if model == "mlp"
-           else torch.optim.Adam(net.parameters(), lr=1e-3))
+    fused = {"fused": True} if compiled else {}
+    opt = (torch.optim.SGD(net.parameters(), lr=1e-3, **fused) if model == "mlp"
+           else torch.optim.Adam(net.parameters(), lr=1e-3, **fused))
+    if compiled:
+        net = torch.compile(net)
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -336,6 +345,10 @@ def main() -> int:
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--cfg", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--compiled", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--torch-compile", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time torch.compile (inductor) with the fused optimizer, and compare sbpc with "
+                             "the faster PyTorch peer")
     parser.add_argument("--gemms", help=argparse.SUPPRESS)
     parser.add_argument("--plan", help=argparse.SUPPRESS)
     parser.add_argument("--feeds", help=argparse.SUPPRESS)
@@ -351,7 +364,7 @@ def main() -> int:
         role_gemm(args.gemms, args.steps, args.repeats)
         return 0
     if args.role == "torch":
-        role_torch(args.model, json.loads(args.cfg), args.port, args.steps, args.repeats)
+        role_torch(args.model, json.loads(args.cfg), args.port, args.steps, args.repeats, args.compiled)
         return 0
 
     have_torch = not _common.missing_peers({"torch": "PyTorch DDP and single-process rows"})
@@ -377,15 +390,26 @@ def main() -> int:
                 finally:
                     os.unlink(f.name)
             if have_torch:
-                r[f"torch{ranks}"] = launch("torch", ranks, ["--model", model, "--cfg", json.dumps(cfg),
-                                                             "--port", str(_common.free_port()),
-                                                             "--steps", str(args.steps),
-                                                             "--repeats", str(args.repeats)])
+                peer_args = ["--model", model, "--cfg", json.dumps(cfg), "--steps", str(args.steps),
+                             "--repeats", str(args.repeats)]
+                eager = launch("torch", ranks, [*peer_args, "--port", str(_common.free_port())])
+                eager["peer"] = "DDP gloo" if ranks > 1 else "torch 1 proc"
+                r[f"eager{ranks}"] = eager
+                r[f"torch{ranks}"] = eager
+                if args.torch_compile and not args.quick:
+                    compiled = launch("torch", ranks, [*peer_args, "--port", str(_common.free_port()), "--compiled"])
+                    compiled["peer"] = ("DDP " if ranks > 1 else "") + "torch.compile + fused"
+                    r[f"compiled{ranks}"] = compiled
+                    if compiled["step_s"] < eager["step_s"]:  # the faster peer is the one to beat
+                        r[f"torch{ranks}"] = compiled
         per_model[model] = r
         for ranks in counts:
             s, lim = r[f"sbpc{ranks}"], r[f"limit{ranks}"]
             t = r.get(f"torch{ranks}")
-            peer = "DDP gloo" if ranks > 1 else "torch 1 proc"
+            peer = t["peer"] if t else "n/a"
+            if f"compiled{ranks}" in r:
+                other = r[f"eager{ranks}"] if t is r[f"compiled{ranks}"] else r[f"compiled{ranks}"]
+                peer += f" (the other peer, {other['peer']}: {1 / other['step_s']:.2f} steps/s)"
             rows.append((f"{model} {ranks} rank{'s' if ranks > 1 else ''}", 1 / s["step_s"],
                          1 / s["api_step_s"] if s["api_step_s"] else None,
                          1 / t["step_s"] if t else None, 1 / lim["step_s"],
@@ -409,7 +433,8 @@ def main() -> int:
                   f"(feeds sent from the driver, the loss gathered back): API / in-rank speed "
                   f"{s['step_s'] / s['api_step_s']:.2f}x")
         t = r.get(f"torch{args.ranks}")
-        summary.append(f"{model} {args.ranks} ranks sbpc/DDP {_common.ratio(t['step_s'], s['step_s']) if t else 'n/a'}"
+        summary.append(f"{model} {args.ranks} ranks sbpc/{t['peer'] if t else 'torch'} "
+                       f"{_common.ratio(t['step_s'], s['step_s']) if t else 'n/a'}"
                        f" (goal 1.50x), sbpc {r[f'limit{args.ranks}']['step_s'] / s['step_s']:.0%} of numpy limit"
                        f" (goal 75%)")
     if args.gpt_plans:

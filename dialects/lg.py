@@ -494,6 +494,10 @@ class GraphOp(IRDLOperation):
                     f"'{op.name}' cannot stand in graph @{self.sym_name.data}: its body holds lg and sbp ops "
                     f"of one result each (placements belong at module level)"
                 )
+            for r in op.results:
+                if isinstance(r.type, TensorType) and any(d < 0 for d in r.type.get_shape()):
+                    raise VerifyException(f"'{op.name}': result #{r.index} has the dynamic shape {r.type}; sbpc "
+                                          "plans static shapes only")
             if isinstance(op, InputOp | ParamOp):
                 key = op.key.data
                 if key in seen:

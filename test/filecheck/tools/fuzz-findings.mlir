@@ -108,3 +108,13 @@ lg.graph @g {
 }
 // CHECK: fuzz-findings.mlir:{{[0-9]+}}:{{[0-9]+}}
 // CHECK: End of file reached before closing string literal
+
+// -----
+
+// A dynamic shape reached sbp-infer, whose dtensor type refused it with no
+// op named (a generated graph mutated by the fuzzer).
+lg.graph @g {
+  %x = lg.input "x" : tensor<?x4xf32>
+  lg.output ["x"] %x : tensor<?x4xf32>
+}
+// CHECK: 'lg.input': result #0 has the dynamic shape tensor<?x4xf32>; sbpc plans static shapes only
