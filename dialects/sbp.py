@@ -486,7 +486,8 @@ def _symbol(table: Operation, name: str) -> Operation | None:
     """The op named `name` directly in symbol table `table`: what
     SymbolTable.lookup_symbol finds for a flat name, without building a
     SymbolRefAttr per call (verifiers look up a placement per dtensor)."""
-    for op in table.regions[0].block.ops:
+    region = table.regions[0]
+    for op in (op for block in region.blocks for op in block.ops):  # one block, unless the input is malformed
         sym = op.get_attr_or_prop("sym_name")
         if isinstance(sym, StringAttr) and sym.data == name and _class_has_trait(type(op), SymbolOpInterface):
             return op

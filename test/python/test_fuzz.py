@@ -163,3 +163,23 @@ def test_an_update_of_a_parameter_the_graph_lacks_is_refused_at_compile():
     g.output(**{"new.x": x + x})
     with pytest.raises(ValueError, match="output 'new.x' is the update of parameter 'x', which the graph does not"):
         sbpc.compile(g, mode="simulate")
+
+
+MULTI_BLOCK_DEVICE = """
+plan.program @p {
+  plan.device @rank0 rank 0 arena 8192 persistent 0 {
+    plan.register @x : tensor<16x32xf32> bytes 2048 offset 0 feed "x" of !sbp.dtensor<32x32xf32, @dp, S<0>>
+    plan.register @g : tensor<4x!sbp.dtensor<4xf32, @m, B>> bytes 4096 offset 2048 of !sbp.dtensor<32x32xf32, @dp, B>
+^bb0(%a: f32):
+    plan.comm @c0 "all_gather" id 0 [@x] -> [@g] group [0, 1] over [0] from !sbp.dtensor<32x32xf32, @dp, S<0>> to !sbp.dtensor<32x32xf32, @dp, B>
+  }
+}
+"""
+
+
+def test_a_device_split_into_two_blocks_gets_a_diagnostic_under_plan_verify(fuzz_ir):
+    # the widened fuzzer's block-structure mutant (seed 12): plan-verify's
+    # placement lookup read the region's single block and raised xDSL's
+    # ValueError for a region of two
+    outcome = fuzz_ir.run_sbp_opt(MULTI_BLOCK_DEVICE, ["-p", "plan-verify"], 20)
+    assert outcome.verdict == "diagnostic", outcome.message

@@ -118,3 +118,16 @@ lg.graph @g {
   lg.output ["x"] %x : tensor<?x4xf32>
 }
 // CHECK: 'lg.input': result #0 has the dynamic shape tensor<?x4xf32>; sbpc plans static shapes only
+
+// -----
+
+// A block label inside a device split its region in two; the placement
+// lookup read the region's one block and raised xDSL's ValueError.
+plan.program @p {
+  plan.device @rank0 rank 0 arena 8192 persistent 0 {
+    plan.register @x : tensor<16x32xf32> bytes 2048 offset 0 feed "x" of !sbp.dtensor<32x32xf32, @dp, S<0>>
+^bb0(%a: f32):
+    plan.register @g : tensor<32x32xf32> bytes 4096 offset 2048 of !sbp.dtensor<32x32xf32, @dp, B>
+  }
+}
+// CHECK: Region 'body' at position 0 expected a single block, but got 2 blocks
