@@ -486,7 +486,15 @@ class GraphOp(IRDLOperation):
         if self.placement is not None:
             lookup_placement(self, self.placement)
         seen: dict[str, str] = {}
+        defined: set[SSAValue] = set(self.body.block.args)
         for op in self.body.block.ops:
+            # passes read a graph in program order: every operand is made
+            # above its use (xDSL's parser takes a forward reference)
+            for i, operand in enumerate(op.operands):
+                if operand not in defined:
+                    raise VerifyException(f"'{op.name}': operand #{i} is used before the op that makes it "
+                                          "(an lg graph is in program order)")
+            defined.update(op.results)
             # Passes read every op before the terminator as one value of the
             # graph; a placement or a plan op put here by mistake has none.
             if op is not self.body.block.last_op and (len(op.results) != 1 or op.dialect_name() not in ("lg", "sbp")):

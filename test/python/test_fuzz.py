@@ -171,7 +171,8 @@ plan.program @p {
     plan.register @x : tensor<16x32xf32> bytes 2048 offset 0 feed "x" of !sbp.dtensor<32x32xf32, @dp, S<0>>
     plan.register @g : tensor<4x!sbp.dtensor<4xf32, @m, B>> bytes 4096 offset 2048 of !sbp.dtensor<32x32xf32, @dp, B>
 ^bb0(%a: f32):
-    plan.comm @c0 "all_gather" id 0 [@x] -> [@g] group [0, 1] over [0] from !sbp.dtensor<32x32xf32, @dp, S<0>> to !sbp.dtensor<32x32xf32, @dp, B>
+    plan.comm @c0 "all_gather" id 0 [@x] -> [@g] group [0, 1] over [0]
+      from !sbp.dtensor<32x32xf32, @dp, S<0>> to !sbp.dtensor<32x32xf32, @dp, B>
   }
 }
 """

@@ -131,3 +131,15 @@ plan.program @p {
   }
 }
 // CHECK: Region 'body' at position 0 expected a single block, but got 2 blocks
+
+// -----
+
+// Two lines swapped put a use above the op that makes it: the parser took
+// the forward reference and sbp-autoplan's layer profiler failed an assertion.
+lg.graph @g {
+  %x = lg.input "x" : tensor<4xf32>
+  %z = lg.add %y, %x : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  %y = lg.relu %x : tensor<4xf32>
+  lg.output ["z"] %z : tensor<4xf32>
+}
+// CHECK: 'lg.add': operand #0 is used before the op that makes it (an lg graph is in program order)
