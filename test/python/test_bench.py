@@ -41,10 +41,11 @@ SLOW = {
     "autoplan_scale.py": ["--quick"],
     "hf_gpt2.py": ["--quick"],
     "hf_resnet.py": ["--quick"],
+    "adam_drift.py": ["--quick"],
 }
 if os.environ.get("SBPC_FULL") == "1":
     WITH_RANKS.update({k: SLOW[k] for k in ("train_throughput.py", "simulator_accuracy.py", "autoplan.py",
-                                            "hf_gpt2.py", "hf_resnet.py")})
+                                            "hf_gpt2.py", "hf_resnet.py", "adam_drift.py")})
     IN_ONE_PROCESS.update({k: SLOW[k] for k in ("simulator_scale.py", "autoplan_scale.py")})
 SCRIPTS = {**WITH_RANKS, **IN_ONE_PROCESS, **SLOW}
 
