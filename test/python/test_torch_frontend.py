@@ -117,6 +117,43 @@ def test_a_regressor_trains_tensor_parallel_on_four_ranks_as_pytorch():
                    lambda m: torch.optim.Adam(m.parameters(), lr=1e-2), 4, sbp)
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_an_imported_float64_module_trains_as_pytorch_float64(optimizer):
+    # float64 end to end through the importer: the first loss and the
+    # gradients are PyTorch float64's to 1e-12, and 20 steps (losses and
+    # weights) to 1e-10
+    torch.manual_seed(0)
+    model = tm.Classifier(activation=nn.Tanh).double()
+    batches = [(x.double(), y) for x, y in class_batches(STEPS)]
+    where = sbpc.placement("cpu", 2)
+    graph = sbpc.from_torch(model, batches[0], sbp={"x": S(0), "labels": S(0)}, placement=where)
+    grads = sbpc.compile(graph, pipeline="lg-autodiff,compile").run(
+        {"x": batches[0][0].numpy(), "labels": batches[0][1].numpy()})
+    reference = copy.deepcopy(model)
+    loss = reference(*batches[0])
+    loss.backward()
+    assert float(grads["loss"]) == pytest.approx(loss.item(), rel=1e-12, abs=0)
+    for name, p in reference.named_parameters():
+        np.testing.assert_allclose(grads[f"grad.{name}"], p.grad.numpy(), rtol=1e-12, atol=1e-15, err_msg=name)
+
+    ours = sbpc.optim.SGD(lr=0.1) if optimizer == "sgd" else sbpc.optim.Adam(lr=1e-2)
+    exe = sbpc.compile(sbpc.from_torch(model, batches[0], sbp={"x": S(0), "labels": S(0)}, placement=where),
+                       optimizer=ours)
+    reference = copy.deepcopy(model)
+    theirs = (torch.optim.SGD(reference.parameters(), lr=0.1) if optimizer == "sgd"
+              else torch.optim.Adam(reference.parameters(), lr=1e-2))
+    for x, labels in batches:
+        theirs.zero_grad()
+        expected = reference(x, labels)
+        expected.backward()
+        theirs.step()
+        got = float(exe.train_step({"x": x.numpy(), "labels": labels.numpy()})["loss"])
+        assert got == pytest.approx(expected.item(), rel=1e-10, abs=0)
+    state = exe.state_dict()
+    for name, value in reference.state_dict().items():
+        np.testing.assert_allclose(state[name].numpy(), value.numpy(), rtol=1e-10, atol=1e-13, err_msg=name)
+
+
 # -- what the import keeps -----------------------------------------------------------
 
 
