@@ -17,14 +17,19 @@ import pytest
 FUZZ = Path(__file__).resolve().parents[2] / "test" / "fuzz" / "fuzz_ir.py"
 
 
-@pytest.fixture(scope="module")
-def fuzz_ir():
-    spec = importlib.util.spec_from_file_location("fuzz_ir", FUZZ)
+def load(path: Path):
+    """A fuzzer script (test/fuzz/ is not a package) as a module."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
-    sys.modules["fuzz_ir"] = module
+    sys.modules[path.stem] = module
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def fuzz_ir():
+    return load(FUZZ)
 
 
 def test_a_slice_of_mutants_gets_only_located_diagnostics(fuzz_ir):
@@ -91,12 +96,7 @@ FUZZ_API = Path(__file__).resolve().parents[2] / "test" / "fuzz" / "fuzz_api.py"
 
 @pytest.fixture(scope="module")
 def fuzz_api():
-    spec = importlib.util.spec_from_file_location("fuzz_api", FUZZ_API)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fuzz_api"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load(FUZZ_API)
 
 
 def test_a_slice_of_api_cases_gets_only_clear_errors(fuzz_api):

@@ -57,17 +57,22 @@ def gpt_torch(p, feeds, batch, seq, dim, heads, layers):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.from_numpy(feeds["targets"]).reshape(-1))
 
 
-def torch_losses(params, loss_fn, batches) -> list[float]:
-    p = {k: torch.tensor(v, requires_grad=True) for k, v in params.items()}
-    opt = torch.optim.Adam(p.values(), lr=3e-3, betas=(0.9, 0.999), eps=1e-8)
+def torch_train(params, loss_fn, batches, optimizer=None, dtype=None) -> tuple[np.ndarray, dict]:
+    """PyTorch's STEPS steps from `params` on `batches` (an iterator of
+    feeds; float32 ones are widened for a float64 run) with `optimizer`
+    (default Adam, lr 3e-3): the losses and the final parameters."""
+    p = {k: torch.tensor(v, dtype=dtype, requires_grad=True) for k, v in params.items()}
+    opt = (optimizer or torch.optim.Adam)(p.values(), lr=3e-3)
     losses = []
     for _ in range(STEPS):
+        feeds = {k: v.astype(np.float64) if dtype == torch.float64 and v.dtype == np.float32 else v
+                 for k, v in next(batches).items()}
         opt.zero_grad()
-        loss = loss_fn(p, next(batches))
+        loss = loss_fn(p, feeds)
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    return losses
+    return np.array(losses), p
 
 
 @pytest.mark.parametrize("model", ["mlp", "gpt"])
@@ -84,7 +89,7 @@ def test_loss_curve_matches_pytorch(model):
         def loss_fn(p, feeds):
             return gpt_torch(p, feeds, **GPT_SIZE)
 
-    expected = torch_losses(initial_params(module), loss_fn, batches())
+    expected, _ = torch_train(initial_params(module), loss_fn, batches())
     exe = sbpc.compile(module)
     data = batches()
     losses = [float(exe.train_step(next(data))["loss"]) for _ in range(STEPS)]
@@ -122,16 +127,7 @@ def test_float64_end_to_end_matches_pytorch_float64(model, algorithm):
     for key, value in p.items():
         np.testing.assert_allclose(grads[f"grad.{key}"], value.grad.numpy(), rtol=1e-12, atol=1e-15, err_msg=key)
 
-    p = {k: torch.tensor(v, requires_grad=True) for k, v in params.items()}
-    make = torch.optim.SGD if algorithm == "sgd" else torch.optim.Adam
-    opt = make(p.values(), lr=3e-3)
-    expected, data = [], batches()
-    for _ in range(STEPS):
-        opt.zero_grad()
-        loss = loss_fn(p, next(data))
-        loss.backward()
-        opt.step()
-        expected.append(loss.item())
+    expected, p = torch_train(params, loss_fn, batches(), torch.optim.SGD if algorithm == "sgd" else None)
     exe = sbpc.compile(build(True))
     data = batches()
     losses = [float(exe.train_step(next(data))["loss"]) for _ in range(STEPS)]
@@ -159,21 +155,8 @@ def test_adam_drift_stays_within_pytorchs_own_float32_spread(model, variant):
     batches = [next(data) for _ in range(STEPS)]
     params = initial_params(module)
 
-    def torch_run(dtype):
-        p = {k: torch.tensor(v, dtype=dtype, requires_grad=True) for k, v in params.items()}
-        opt = torch.optim.Adam(p.values(), lr=3e-3)
-        losses = []
-        for feeds in batches:
-            feeds = {k: v.astype(np.float64) if v.dtype == np.float32 and dtype == torch.float64 else v
-                     for k, v in feeds.items() if k != "lr"}
-            opt.zero_grad()
-            loss = loss_fn(p, feeds)
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-        return np.array(losses)
-
-    t32, t64 = torch_run(torch.float32), torch_run(torch.float64)
+    t32, _ = torch_train(params, loss_fn, iter(batches), dtype=torch.float32)
+    t64, _ = torch_train(params, loss_fn, iter(batches), dtype=torch.float64)
     exe = sbpc.compile(module)
     ours = np.array([float(exe.train_step(b)["loss"]) for b in batches])
     spread = np.max(np.abs(t32 - t64) / np.abs(t64))
