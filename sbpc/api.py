@@ -402,8 +402,6 @@ class Executable:
         weights under each name, buffers as they came), so that
         `module.load_state_dict(exe.state_dict())` works. For a graph built
         in sbpc: every parameter but the optimizer's state."""
-
-
         names = self.state_names or {k: k for k in self.param_keys() if not k.startswith(lg.OPTIMIZER_STATE_KEYS)}
         values = {key: self.params[key] for key in sorted(set(names.values()))}
         state = {name: _tensor(np.array(values[key])) for name, key in names.items()}
