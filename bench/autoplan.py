@@ -11,7 +11,8 @@ and the ratio of the automatic plan to the best hand plan. Plans are timed
 in interleaved rounds (each plan once per round, best round kept), each run
 at least a quarter of a second.
 
-    python bench/autoplan.py [--ranks 2 4] [--steps 5] [--repeats 3]
+    python bench/autoplan.py [--ranks 2 4] [--steps 5] [--repeats 3]   # 3 graphs, under 10 minutes
+    python bench/autoplan.py --all        # every graph: the full sweep (about 30 minutes on 2 cores)
     python bench/autoplan.py --quick      # a tiny MLP training step on 2 ranks (no stages) against dp and pipeline
 
 Goal (issue 17): auto / best hand >= 0.95 on every graph, and not the same
@@ -37,6 +38,10 @@ GRAPHS = {
     "gpt 2L d64": ("gpt", {"batch": 8, "seq": 32, "dim": 64, "heads": 4, "layers": 2}),
     "gpt 4L d128": ("gpt", {"batch": 8, "seq": 64, "dim": 128, "heads": 4, "layers": 4}),
 }
+DEFAULT = ("mlp narrow b512", "mlp wide b64", "gpt 2L d64")
+"""The graphs of a plain run (under 10 minutes on a 2-core machine): one
+where data parallelism wins, one where tensor parallelism does, and a GPT.
+`--all` runs every graph of GRAPHS."""
 QUICK = {
     # one graph: --quick shows the script works (test_bench.py); the GPT's
     # planning is tested in test_autoplan.py
@@ -108,6 +113,7 @@ def hand_variants(model: str, ranks: int, sizes: dict) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny graphs on 2 ranks")
+    parser.add_argument("--all", action="store_true", help="every graph (the full sweep), not the default three")
     parser.add_argument("--ranks", type=int, nargs="+", default=None)
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
@@ -115,7 +121,7 @@ def main() -> int:
     ranks_list = args.ranks or ([2] if args.quick else [2, 4])
     steps = args.steps or (2 if args.quick else 5)
     repeats = args.repeats or (1 if args.quick else 3)
-    graphs = QUICK if args.quick else GRAPHS
+    graphs = QUICK if args.quick else GRAPHS if args.all else {name: GRAPHS[name] for name in DEFAULT}
 
     import sbpc
     from sbpc.perf.fit import fit_cluster
