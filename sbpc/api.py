@@ -285,10 +285,15 @@ class Executable:
         feeds = check_feeds(self.program, {**self.default_feeds, **feeds})
         where = self._where()
         if where == "simulate":
+            from sbpc.runtime.program import RuntimeFailure
             from sbpc.semantics.plan_simulator import run_plan
+            from sbpc.semantics.reference import EvaluationError
 
-            for _ in range(steps):  # each step's updates (`new.<key>`) written back, as the ranks do
-                everything = run_plan(self.module, feeds, {**self.initial_values, **self._sim_params})
+            for step in range(steps):  # each step's updates (`new.<key>`) written back, as the ranks do
+                try:
+                    everything = run_plan(self.module, feeds, {**self.initial_values, **self._sim_params})
+                except EvaluationError as e:  # what the ranks report for the same input, alike
+                    raise RuntimeFailure(f"step {step}: {e}") from e
                 for name, value in everything.items():
                     if name.startswith("new."):
                         self.params[name.removeprefix("new.")] = value

@@ -298,6 +298,73 @@ def random_case(rng: random.Random, run_rate: float = 0.5) -> tuple[Program, Cal
     return p, case
 
 
+def valid_case(rng: random.Random) -> tuple[Program, Callable[[], Any]]:
+    """A case that is right by construction (shapes chained op by op, on a
+    placement with hints that fit), so that it reaches compile, autodiff,
+    the optimizer and the run, with at most one argument made wrong."""
+    import sbpc
+
+    p = Program(rng)
+
+    def case():
+        ranks = rng.choice([1, 2, 4])
+        where = sbpc.placement("cpu", ranks, rng.choice([None, [2, 2]]) if ranks == 4 else None)
+        p.steps.append(f"placement(cpu, {ranks}, {where.mesh})")
+        g = sbpc.Graph("g", placement=where)
+        batch, width = rng.choice([2, 4, 8]), rng.choice([2, 4, 8])
+        split = sbpc.S(0) if len(where.mesh) == 1 else [sbpc.S(0), sbpc.B]
+        x = g.input("x", (batch, width), sbp=rng.choice([None, split]))
+        labels = g.input("labels", (batch,), dtype="i64")
+        h, k = x, 0
+        for _ in range(rng.randint(1, 6)):
+            kind = rng.choice(["linear", "unary", "norm", "residual", "softmax", "transpose2", "dropout", "scale"])
+            p.steps.append(kind)
+            if kind == "linear":
+                out = rng.choice([2, 4, 8])
+                hint = rng.choice([None, None, sbpc.S(1), sbpc.S(0), sbpc.B]) if len(where.mesh) == 1 else None
+                w = g.param(f"w{k}", (h.shape[-1], out), init=sbpc.normal(0.0, 0.5), seed=k, sbp=hint)
+                h, k = h @ w, k + 1
+            elif kind == "unary":
+                h = rng.choice([sbpc.relu, sbpc.gelu, sbpc.tanh, sbpc.neg])(h)
+            elif kind == "norm":
+                gain = g.param(f"g{k}", (h.shape[-1],), init=sbpc.ones())
+                h = sbpc.layernorm(h, gain, g.param(f"b{k}", (h.shape[-1],)))
+                k += 1
+            elif kind == "residual":
+                h = h + rng.choice([h, 1.0, sbpc.relu(h)])
+            elif kind == "softmax":
+                h = sbpc.softmax(h, -1)
+            elif kind == "transpose2":
+                h = h.T.T
+            elif kind == "dropout":
+                h = sbpc.dropout(h, rng.choice([0.0, 0.1, 0.5]))
+            else:
+                h = h * rng.choice([0.5, 2.0])
+        head = g.param("head", (h.shape[-1], 4), init=sbpc.normal(0.0, 0.5), seed=99)
+        loss = sbpc.cross_entropy(h @ head, labels)
+        g.output(loss=loss)
+        optimizer = rng.choice([None, sbpc.optim.SGD(lr=0.1), sbpc.optim.Adam(lr=0.01),
+                                sbpc.optim.AdamW(lr=0.01), sbpc.optim.Adam(lr=0.01, zero=True)])
+        options: dict[str, Any] = {"mode": "simulate", "optimizer": optimizer}
+        if rng.random() < 0.2:
+            options["pipeline"] = rng.choice(["compile{fuse=false}", "compile{bucket=false}",
+                                              "compile{strategy=greedy}", "lg-micro-batch{count=2},compile"])
+        if rng.random() < 0.1:
+            options["seed"] = rng.randrange(2**63)
+        p.steps.append(f"compile({options})")
+        exe = sbpc.compile(g, **options)
+        feeds = {"x": np.random.default_rng(0).normal(size=(batch, width)).astype(np.float32),
+                 "labels": np.arange(batch) % 4}
+        if rng.random() < 0.2:  # one thing wrong
+            feeds[rng.choice(["x", "labels"])] = rng.choice([np.zeros((batch + 1, width), np.float32),
+                                                            np.full(batch, 7), np.zeros(batch, np.float32)])
+        p.steps.append("run")
+        for _ in range(rng.choice([1, 2])):
+            (exe.train_step if optimizer is not None else exe.run)(feeds)
+
+    return p, case
+
+
 # -- from_torch on small random modules ----------------------------------------------------
 
 
@@ -342,7 +409,7 @@ def torch_case(rng: random.Random) -> tuple[Program, Callable[[], Any]]:
 # -- campaigns ------------------------------------------------------------------------------
 
 
-def fuzz(count: int, seed: int = 0, timeout: float = 30.0, torch_share: float = 0.2,
+def fuzz(count: int, seed: int = 0, timeout: float = 30.0, torch_share: float = 0.2, valid_share: float = 0.3,
          on_run: Callable[[int], None] | None = None) -> Campaign:
     campaign = Campaign()
     try:
@@ -353,8 +420,11 @@ def fuzz(count: int, seed: int = 0, timeout: float = 30.0, torch_share: float = 
         have_torch = False
     for i in range(count):
         rng = random.Random(seed * 1_000_003 + i)
-        if have_torch and rng.random() < torch_share:
+        draw = rng.random()
+        if have_torch and draw < torch_share:
             program, case = torch_case(rng)
+        elif draw < torch_share + valid_share:
+            program, case = valid_case(rng)
         else:
             program, case = random_case(rng)
         outcome = classify(case, timeout)
@@ -382,9 +452,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=30.0)
     parser.add_argument("--torch-share", type=float, default=0.2, help="share of from_torch cases")
+    parser.add_argument("--valid-share", type=float, default=0.3,
+                        help="share of cases right by construction (they reach compile and the run)")
     options = parser.parse_args(argv)
     start = time.perf_counter()
-    campaign = fuzz(options.count, options.seed, options.timeout, options.torch_share)
+    campaign = fuzz(options.count, options.seed, options.timeout, options.torch_share, options.valid_share)
     print(report(campaign, time.perf_counter() - start))
     return 1 if campaign.failed else 0
 
