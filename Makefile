@@ -45,10 +45,10 @@ typecheck: setup
 	$(BIN)/mypy
 
 lit: setup
-	$(BIN)/lit -v test/filecheck
+	SBPC_VERIFY_EACH=1 $(BIN)/lit -v test/filecheck
 
 pytest: setup
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile test/python
+	SBPC_VERIFY_EACH=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile test/python
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache

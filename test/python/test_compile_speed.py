@@ -172,21 +172,24 @@ def test_refine_bookkeeping_grows_linearly():
 
 
 def test_compile_verifies_the_plan_once():
-    """`compile` verifies after every sbp-level pass, not after the plan
-    passes that plan-verify follows (it verifies the module itself first),
-    and after every pass where no plan-verify follows."""
+    """`compile` verifies once after its sbp-level passes (after each with
+    verify_each), not after the plan passes that plan-verify follows (it
+    verifies the module itself first), and after every plan pass where no
+    plan-verify follows."""
     from sbpc.lowering.compile import CompilePass, skips_verify
     from sbpc.lowering.plan_allocate_memory import PlanAllocateMemoryPass
     from sbpc.lowering.plan_verify import PlanVerifyPass
     from sbpc.lowering.sbp_to_plan import SbpToPlanPass
 
-    def verified_after(passes):
-        return [type(p).__name__ for i, p in enumerate(passes) if not skips_verify(p, passes[i + 1:])]
+    def verified_after(passes, each=False):
+        return [type(p).__name__ for i, p in enumerate(passes) if not skips_verify(p, passes[i + 1:], each)]
 
-    assert verified_after(CompilePass().passes()) == [
-        "SbpInferPass", "SbpInsertBoxingPass", "SbpSimplifyPass", "SbpBucketCollectivesPass"]
-    assert verified_after(CompilePass(to_plan=False).passes()) == [
-        "SbpInferPass", "SbpInsertBoxingPass", "SbpSimplifyPass", "SbpBucketCollectivesPass"]
+    every_sbp_pass = ["SbpInferPass", "SbpInsertBoxingPass", "SbpSimplifyPass", "SbpBucketCollectivesPass"]
+    assert verified_after(CompilePass().passes()) == ["SbpBucketCollectivesPass"]
+    assert verified_after(CompilePass(bucket=False).passes()) == ["SbpSimplifyPass"]
+    assert verified_after(CompilePass().passes(), each=True) == every_sbp_pass
+    assert verified_after(CompilePass(to_plan=False).passes()) == ["SbpBucketCollectivesPass"]
+    assert verified_after(CompilePass(to_plan=False).passes(), each=True) == every_sbp_pass
     # no plan-verify after them: every plan pass is verified
     assert verified_after([SbpToPlanPass(), PlanAllocateMemoryPass()]) == ["SbpToPlanPass", "PlanAllocateMemoryPass"]
     # a non-plan pass between: what comes before it is verified
