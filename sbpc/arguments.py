@@ -66,8 +66,6 @@ def describe(hint: Any) -> str:
         return "None"
     if origin in (Sequence, list, tuple, typing.Sequence):
         return f"a list of {describe(args[0])}" if args else "a list"
-    if hint is int:
-        return "an int"
     if isinstance(hint, type):
         name = hint.__name__
         return f"an {name}" if name[0].lower() in "aeiou" else f"a {name}"

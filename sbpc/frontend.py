@@ -33,7 +33,7 @@ from xdsl.ir import Operation, SSAValue
 from sbpc.arguments import GraphValue, checked
 from sbpc.dialects import lg, sbp
 from sbpc.dialects.sbp import PLACEMENT_ATTR, DTensorType, PlacementOp, element_type, global_shape
-from sbpc.graph_builder import GraphBuilder, element, tensor_type
+from sbpc.graph_builder import GraphBuilder, check_shape, element, tensor_type
 
 
 @checked
@@ -273,9 +273,7 @@ class Graph:
         where = self.current_placement
         if where is None:
             raise ValueError("an sbp hint needs the graph's placement")
-        nd = _nd(sbp_hint)
-        tensor_type(shape, dtype)  # the shape and dtype checked
-        return DTensorType(shape, element(dtype), where.name, nd)
+        return DTensorType(check_shape(shape), element(dtype), where.name, _nd(sbp_hint))
 
     @checked
     def input(self, name: str, shape: Sequence[int], dtype: str = "f32", sbp: Any = None) -> Tensor:

@@ -33,10 +33,15 @@ def element(dtype: str | Attribute) -> Attribute:
     return ELEMENT_TYPES[dtype]
 
 
-def tensor_type(shape: Sequence[int], dtype: str | Attribute = "f32") -> TensorType:
+def check_shape(shape: Sequence[int]) -> Sequence[int]:
+    """`shape`, whose sizes must be at least 0 (-1 is a dynamic size to xDSL)."""
     if any(d < 0 for d in shape):
         raise ValueError(f"a shape's sizes are at least 0, got {list(shape)}")
-    return TensorType(element(dtype), shape)
+    return shape
+
+
+def tensor_type(shape: Sequence[int], dtype: str | Attribute = "f32") -> TensorType:
+    return TensorType(element(dtype), check_shape(shape))
 
 
 class GraphBuilder:
