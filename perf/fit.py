@@ -187,18 +187,19 @@ def fit_cluster(raw: Mapping[str, Any], name: str | None = None) -> Fitted:
     actor = max(0.0, float(raw.get("actor", 0.0)))
     figures["actor overhead us"] = actor * 1e6
 
-    fits: dict[str, CollectiveFit] = {}
-    for kind in COLLECTIVE_KINDS:
-        points = raw.get("collectives", {}).get(kind)
-        if not points:
-            continue
-        p = ranks if kind != "transfer" else 2
-        steps = latency_steps(kind, p)
-        latency, slope = fit_nonnegative([[steps, b] for b, _ in points], [t for _, t in points])
-        fits[kind] = CollectiveFit(latency=latency, bandwidth=1.0 / slope if slope > 0 else 1e18)
-        figures[f"{kind} latency us"] = latency * 1e6
-        figures[f"{kind} GB/s"] = fits[kind].bandwidth / 1e9
+    # On several hosts (raw["ranks_per_host"]), the collectives among each
+    # host's ranks make the lower level and those across all ranks the
+    # network's, above it.
+    per_host = int(raw.get("ranks_per_host", ranks))
+    hosts = ranks // per_host
+    if hosts * per_host != ranks:
+        raise ValueError(f"{ranks} ranks are not {per_host} on each host")
+    fits = _fit_collectives(raw.get("collectives", {}), ranks, figures, "" if hosts == 1 else "network ")
     base = fits.get("all_reduce") or next(iter(fits.values()), CollectiveFit(1e-5, 3.5e9))
+    if hosts > 1:
+        figures["hosts"] = hosts
+        host_fits = _fit_collectives(raw.get("host_collectives", {}), per_host, figures, "host ")
+        host_base = host_fits.get("all_reduce") or next(iter(host_fits.values()), base)
 
     overlap = 1.0
     o = raw.get("overlap")
@@ -222,10 +223,34 @@ def fit_cluster(raw: Mapping[str, Any], name: str | None = None) -> Fitted:
         actor_overhead=actor, comm_overlap=overlap, kernel_overheads=kernel_overheads, kernel_scales=kernel_scales,
         cache_bytes=cache_bytes if cache_bandwidth else 0.0, cache_bandwidth=cache_bandwidth,
     )
-    cluster = Cluster(
-        name=name or f"calibrated-cpu-{ranks}", count=ranks, device=device,
-        levels=(Level("machine", ranks, bandwidth=base.bandwidth, latency=base.latency, collectives=fits,
-                      sync=sync),),
-        source=f"sbp-calibrate on {raw.get('host', 'this machine')}, {ranks} ranks",
-    )
+    levels: tuple[Level, ...] = (Level("machine", ranks, bandwidth=base.bandwidth, latency=base.latency,
+                                       collectives=fits, sync=sync),)
+    source = f"sbp-calibrate on {raw.get('host', 'this machine')}, {ranks} ranks"
+    if hosts > 1:
+        levels = (Level("host", per_host, bandwidth=host_base.bandwidth, latency=host_base.latency,
+                        collectives=host_fits, sync=sync),
+                  Level("network", hosts, bandwidth=base.bandwidth, latency=base.latency, collectives=fits,
+                        sync=sync))
+        source = f"sbp-calibrate on {hosts} hosts from {raw.get('host', 'this machine')}, {per_host} ranks each"
+    cluster = Cluster(name=name or f"calibrated-cpu-{ranks}", count=ranks, device=device, levels=levels,
+                      source=source)
     return Fitted(cluster, figures)
+
+
+def _fit_collectives(measured: Mapping[str, Any], ranks: int, figures: dict[str, Any], label: str
+                     ) -> dict[str, CollectiveFit]:
+    """Per kind, latency and bandwidth fitted to runtime.calibrate's
+    measure_collectives points of `ranks` members (their figures into
+    `figures`, named with `label`)."""
+    fits: dict[str, CollectiveFit] = {}
+    for kind in COLLECTIVE_KINDS:
+        points = measured.get(kind)
+        if not points:
+            continue
+        p = ranks if kind != "transfer" else 2
+        steps = latency_steps(kind, p)
+        latency, slope = fit_nonnegative([[steps, b] for b, _ in points], [t for _, t in points])
+        fits[kind] = CollectiveFit(latency=latency, bandwidth=1.0 / slope if slope > 0 else 1e18)
+        figures[f"{label}{kind} latency us"] = latency * 1e6
+        figures[f"{label}{kind} GB/s"] = fits[kind].bandwidth / 1e9
+    return fits

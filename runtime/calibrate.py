@@ -5,7 +5,8 @@ memory bandwidth), with the runtime's own kernels and MPI calls.
     mpiexec -n N python -m sbpc.runtime.calibrate RAW.json [--quick]
 
 Rank 0 writes the raw timings (seconds, the best of a few repeats, the
-slowest rank's); `sbpc.perf.fit.fit_cluster` turns them into a cluster.
+slowest rank's); `sbpc.perf.fit.fit_cluster` turns them into a cluster, of
+two levels where the ranks run on several hosts (hosts and the network).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from sbpc.perf.fit import sync_excess
 from sbpc.semantics.local_eval import LocalContext
 
 from . import host_kernels, kernels
+from .rank_auth import authenticate_messages
 
 GEMM_SHAPES = [(64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512), (128, 1024, 1024),
                (1024, 256, 1024), (256, 1024, 4096), (1024, 1024, 1024)]
@@ -192,23 +194,27 @@ def measure_probe(world: MPI.Comm, path: str, feeds_path: str, quick: bool) -> l
     return out
 
 
-def _collective_issues(world: MPI.Comm, count: int) -> dict[str, tuple[float, Callable[[], list[MPI.Request]]]]:
+def _collective_issues(world: MPI.Comm, count: int, stride: int = 1
+                       ) -> dict[str, tuple[float, Callable[[], list[MPI.Request]]]]:
     """Each kind on `count` float32 elements per rank, issued as the runtime
     issues it (non-blocking): the per-device volume the IR records for it,
-    and a call that issues it and returns its requests. A transfer goes from
-    even ranks to the next odd one (a stage boundary)."""
+    and a call that issues it and returns its requests. A transfer (a stage
+    boundary) goes from each rank of an even group of `stride` ranks to the
+    same rank of the next group: the next rank, or with `stride` ranks per
+    host, the next host."""
     p = world.size
     nbytes = 4.0 * count
     send = np.ones(count, np.float32)
     recv = np.empty(count, np.float32)
     gathered = np.empty(count * p, np.float32)
     scattered = np.empty(count // p, np.float32)
-    peer = world.rank ^ 1
+    group = world.rank // stride
+    peer = (group ^ 1) * stride + world.rank % stride
 
     def transfer() -> list[MPI.Request]:
         if peer >= p:
             return []
-        if world.rank % 2 == 0:
+        if group % 2 == 0:
             return [world.Isend(send, peer, tag=7)]
         return [world.Irecv(recv, peer, tag=7)]
 
@@ -235,7 +241,7 @@ class _Streaming:
         np.add(self.x, self.y, out=self.z)
 
 
-def measure_collectives(world: MPI.Comm, quick: bool) -> dict:
+def measure_collectives(world: MPI.Comm, quick: bool, stride: int = 1) -> dict:
     """Per kind and size, [volume, seconds]: what the collective adds to a
     step as the executor meets it. It is issued, the thread goes on with
     kernels that make no MPI call and tests it after each (as the executor
@@ -258,7 +264,7 @@ def measure_collectives(world: MPI.Comm, quick: bool) -> dict:
     out: dict[str, list] = {k: [] for k in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "transfer")}
     for count in sizes:
         count -= count % p
-        for kind, (volume, issue) in _collective_issues(world, count).items():
+        for kind, (volume, issue) in _collective_issues(world, count, stride).items():
             def in_plan(issue: Callable[[], list[MPI.Request]] = issue) -> None:
                 requests = issue()
                 for _ in range(between):
@@ -376,7 +382,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="a training plan on one device and its feeds (repeatable)")
     options = parser.parse_args(argv)
     world = MPI.COMM_WORLD
+    authenticate_messages(world)
     raw: dict = {"ranks": world.size, "host": platform.node(), "quick": options.quick}
+    # On several hosts the collectives are measured twice: among the ranks
+    # of each host (every host at once, as a plan's groups inside hosts run)
+    # and across all ranks, which is what crosses the network; the fit makes
+    # a level of each (perf/fit.py).
+    node = world.Split_type(MPI.COMM_TYPE_SHARED)
+    per_host = world.allgather(node.size)
+    if node.size < world.size:
+        if len(set(per_host)) != 1:
+            raise SystemExit(f"sbpc.runtime.calibrate: the hosts run {sorted(set(per_host))} ranks: give each "
+                             "host the same count")
+        raw["ranks_per_host"] = node.size
+        raw["host_collectives"] = measure_collectives(node, options.quick) if node.size > 1 else {}
     # The sync figure is tens of microseconds read off millisecond runs: a
     # disturbed second (other load; 4 ranks on 2 cores) tripled it, and a
     # plan with a hundred collectives a step inherits that whole. It is
@@ -386,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     raw.update(measure_compute(world, options.quick))
     raw["probe"] = [row for plan_path, feeds_path in options.probe
                     for row in measure_probe(world, plan_path, feeds_path, options.quick)]
-    raw["collectives"] = measure_collectives(world, options.quick) if world.size > 1 else {}
+    raw["collectives"] = measure_collectives(world, options.quick, raw.get("ranks_per_host", 1)) \
+        if world.size > 1 else {}
     raw["overlap"] = measure_overlap(world, options.quick) if world.size > 1 else None
     if sync is not None:
         sync = min(sync, measure_sync(world, options.quick), key=sync_excess)

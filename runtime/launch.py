@@ -10,6 +10,10 @@ import sys
 import time
 from collections.abc import Collection
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .hosts import Hosts
 
 
 def mpiexec() -> str:
@@ -22,28 +26,42 @@ def mpiexec() -> str:
     return found
 
 
-def rank_environment() -> dict[str, str]:
-    """The ranks' environment: one BLAS thread each, and UCX (the mpich
-    wheel's network module) on shared memory alone. Every rank of ours runs
-    on this machine, where MPICH moves messages through shared memory
-    anyway; UCX's default transports also opened TCP listeners on every
-    interface in every rank, where anyone could connect to a channel whose
-    messages mpi4py unpickles."""
+def rank_environment(hosts: Hosts | None = None, secret: str | None = None) -> dict[str, str]:
+    """The ranks' environment: one BLAS thread each, the job's secret
+    (runtime/rank_auth.py: a new one unless given), and, on one machine, UCX
+    (the mpich wheel's network module) on shared memory alone: MPICH moves
+    messages through shared memory there anyway, and UCX's default
+    transports also opened TCP listeners on every interface in every rank.
+    Across hosts UCX picks the network it finds (set UCX_TLS and
+    UCX_NET_DEVICES to confine it to the cluster's interconnect)."""
+    from .rank_auth import SECRET_VARIABLE, new_secret
+
     env = dict(os.environ)
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env.setdefault(var, "1")
-    env.setdefault("UCX_TLS", "self,sm")
+    if hosts is None or not hosts.several:
+        env.setdefault("UCX_TLS", "self,sm")
+    env[SECRET_VARIABLE] = secret or new_secret()
     return env
 
 
-def command(n: int, module: str, *args: str) -> list[str]:
-    """mpiexec running `python -m module args` on n ranks."""
-    return [mpiexec(), "-n", str(n), sys.executable, "-m", module, *args]
+def command(n: int, module: str, *args: str, hosts: Hosts | None = None) -> list[str]:
+    """mpiexec running `python -m module args` on n ranks (on `hosts`, rank 0
+    on the first, which must be this machine)."""
+    return [*launcher(n, hosts), sys.executable, "-m", module, *args]
 
 
-def script_command(n: int, script: str, *args: str) -> list[str]:
+def script_command(n: int, script: str, *args: str, hosts: Hosts | None = None) -> list[str]:
     """mpiexec running `python script args` on n ranks."""
-    return [mpiexec(), "-n", str(n), sys.executable, script, *args]
+    return [*launcher(n, hosts), sys.executable, script, *args]
+
+
+def launcher(n: int, hosts: Hosts | None) -> list[str]:
+    """mpiexec and its options for n ranks: on this machine, or placed on `hosts`."""
+    if hosts is None:
+        return [mpiexec(), "-n", str(n)]
+    hosts.check_driver_host()
+    return [mpiexec(), *hosts.mpiexec_options(n), "-n", str(n)]
 
 
 def stop(process: subprocess.Popen) -> None:

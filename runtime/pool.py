@@ -11,7 +11,8 @@ results are gathered back to rank 0 and sent to the driver. A failure on any
 rank is written to JOB_DIR/rank<R>.err (a file survives the abort, where
 output forwarded by mpiexec may be cut off), sent to the driver if the
 failing rank is 0, and aborts the job. Each rank keeps its progress record
-there from its start (runtime/progress.py).
+there from its start (runtime/progress.py). Ranks on other hosts than the
+driver's (RankPool(hosts=...)) keep neither: see runtime/hosts.py.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ from sbpc.dialects import parse_module
 from .channel import connect, receive, send
 from .cuda_backend import make_executor
 from .executor import Executor, actor_names, give_way
+from .hosts import on_driver_node
 from .program import find_program
 from .progress import Progress
+from .rank_auth import authenticate_messages
 from .shared_feeds import AttachedFeeds
 from .worker import fail, gather_pieces
 
@@ -63,7 +66,12 @@ def serve(job: str) -> None:
     # KeyboardInterrupt traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     world = MPI.COMM_WORLD
-    progress = Progress(job, world.rank)
+    authenticate_messages(world)
+    # A rank on another host than the driver's has no JOB_DIR: no progress
+    # record or report file (its failure reaches the driver through the
+    # output mpiexec forwards), and its feeds arrive inline.
+    here = on_driver_node(world)[0]
+    progress = Progress(job, world.rank) if here else None
     sock = connect(job) if world.rank == 0 else None
     executor = None
     shared = AttachedFeeds()
@@ -81,7 +89,8 @@ def serve(job: str) -> None:
                 module = parse_module(command[1][world.rank])
                 program = find_program(module)
                 executor = make_executor(module, program, world, trace=False)
-                executor.progress = progress.start(actor_names(executor))
+                if progress is not None:
+                    executor.progress = progress.start(actor_names(executor))
                 executor.initialize(command[2])
                 reply = "loaded"
             elif kind == "run":
@@ -102,7 +111,8 @@ def serve(job: str) -> None:
                 raise ValueError(f"unknown command {kind!r}")
         except Exception as e:  # noqa: BLE001 - reported to the driver, then the job ends
             message = str(e) if str(e).startswith("rank ") else f"rank {world.rank}: {type(e).__name__}: {e}"
-            fail(world, message, job, tell=(lambda m: _tell_driver(sock, m)) if world.rank == 0 else None)
+            tell = (lambda m: _tell_driver(sock, m)) if world.rank == 0 else None
+            fail(world, message, job if here else None, tell=tell)
         if sock is not None:  # rank 0
             send(sock, ("ok", reply))
     if sock is not None:

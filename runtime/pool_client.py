@@ -13,32 +13,39 @@ import re
 import subprocess
 import sys
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .hosts import Hosts
 
 
 class RankPool:
     """N MPI ranks started once by this process and kept for later runs."""
 
-    pools: dict[int, RankPool] = {}
+    pools: dict[tuple[int, Hosts | None], RankPool] = {}
+    """The running pools by rank count and hosts (None: this machine)."""
 
     @classmethod
-    def get(cls, ranks: int) -> RankPool:
-        pool = cls.pools.get(ranks)
+    def get(cls, ranks: int, hosts: Hosts | None = None) -> RankPool:
+        pool = cls.pools.get((ranks, hosts))
         if pool is None or pool.process.poll() is not None:
-            pool = cls.pools[ranks] = RankPool(ranks)
+            pool = cls.pools[(ranks, hosts)] = RankPool(ranks, hosts)
         return pool
 
-    def __init__(self, ranks: int):
+    def __init__(self, ranks: int, hosts: Hosts | None = None):
         from .channel import Listener
         from .launch import command, rank_environment, segments
         from .progress import DeathWatch
         from .shared_feeds import SharedFeeds
 
         self.ranks = ranks
+        self.hosts = hosts
+        self.key = (ranks, hosts)
         self.loaded: Any = None
         """The Executable whose plan the ranks hold."""
-        self.feeds = SharedFeeds()
-        """Where a step's large feeds wait for the ranks (copied once, not pickled)."""
+        self.feeds = SharedFeeds(shared=hosts is None or not hosts.several)
+        """Where a step's large feeds wait for the ranks (copied once, not
+        pickled; inline where ranks on other hosts cannot open the blocks)."""
         # The job's own folder (0700): the channel to rank 0 with the job's
         # secret, the ranks' progress records and failure reports.
         self.errors = tempfile.TemporaryDirectory(prefix="sbpc-pool-")
@@ -50,8 +57,9 @@ class RankPool:
         self.watch = DeathWatch(self.errors.name, ranks)  # before the ranks: their lifelines
         self.watch.start()
         self.process = subprocess.Popen(
-            command(ranks, "sbpc.runtime.pool", self.errors.name),
-            env=rank_environment(), stdout=self.launcher_out, stderr=subprocess.PIPE, text=True,
+            command(ranks, "sbpc.runtime.pool", self.errors.name, hosts=hosts),
+            env=rank_environment(hosts, listener.secret.hex()), stdout=self.launcher_out, stderr=subprocess.PIPE,
+            text=True,
         )
         try:
             self.sock = listener.accept(timeout=60, waiting=lambda: self.process.poll() is None)
@@ -101,12 +109,12 @@ class RankPool:
             raise
         except (ConnectionError, OSError):
             self.process.wait(timeout=30)
-            RankPool.pools.pop(self.ranks, None)
+            RankPool.pools.pop(self.key, None)
             remove_orphaned_segments(before=self.segments_before)
             raise RuntimeFailure(f"the MPI ranks failed: {self._stderr()}") from None
         if status == "error":
             self.process.wait(timeout=30)
-            RankPool.pools.pop(self.ranks, None)
+            RankPool.pools.pop(self.key, None)
             remove_orphaned_segments(before=self.segments_before)  # an aborted rank cannot
             # where the ranks that did not report were (a stuck one, say)
             from .progress import describe_progress
@@ -123,7 +131,7 @@ class RankPool:
         self.watch.stop()
         stop(self.process)
         self.feeds.close()
-        RankPool.pools.pop(self.ranks, None)
+        RankPool.pools.pop(self.key, None)
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -137,4 +145,4 @@ class RankPool:
         self.launcher_out.close()
         self.watch.stop()
         self.feeds.close()
-        RankPool.pools.pop(self.ranks, None)
+        RankPool.pools.pop(self.key, None)

@@ -10,8 +10,9 @@ the block's name, shape and dtype, and each rank reads its own piece from
 the block (Executor.feed copies the piece, so the next step may overwrite
 the block: the driver writes it only after the previous command's reply).
 
-Every rank of a pool runs on the driver's machine (RankPool starts them with
-a local mpiexec), so every rank can open the block. Feeds under
+Where every rank of a pool runs on the driver's machine (RankPool's
+default), every rank can open the block. A pool on several hosts sends
+every feed inline (rank 0 broadcasts it over MPI). Feeds under
 SHARED_MIN_BYTES, and any feed when no block can be made (no /dev/shm, or
 not enough room in it), still travel inline.
 """
@@ -53,15 +54,17 @@ def _room_for(nbytes: int) -> bool:
 class SharedFeeds:
     """The driver's side: one block per feed name, grown when a feed grows."""
 
-    def __init__(self) -> None:
+    def __init__(self, shared: bool = True) -> None:
         self.blocks: dict[str, shared_memory.SharedMemory] = {}
+        self.shared = shared
+        """False where some rank runs on another host: every feed goes inline."""
 
     def put(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray | SharedArray]:
         """The feeds as a command carries them: large arrays copied into
         their blocks and named, the others as they are."""
         out: dict[str, np.ndarray | SharedArray] = {}
         for name, value in feeds.items():
-            block = self._block(name, value.nbytes) if value.nbytes >= SHARED_MIN_BYTES else None
+            block = self._block(name, value.nbytes) if self.shared and value.nbytes >= SHARED_MIN_BYTES else None
             if block is None:
                 out[name] = value
                 continue

@@ -9,16 +9,20 @@ of the feeds (sbp-run checked them against the whole program), runs its
 device's actors, and sends its pieces of the fetched outputs to rank 0,
 which writes them to OUT (.npz, `rank<R>/<name>`) for sbp-run, which holds
 the whole program, to assemble. Any exception ends every rank: the failing
-rank prints where it happened and aborts the MPI job.
+rank prints where it happened and aborts the MPI job. On several hosts
+(sbp-run --hosts) the files are on rank 0's host alone: rank 0 sends each
+rank its plan and the feeds over MPI (runtime/hosts.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import sys
+from typing import NoReturn
 
 import numpy as np
 from mpi4py import MPI
@@ -27,8 +31,10 @@ from sbpc.dialects import parse_module
 
 from .cuda_backend import make_executor
 from .executor import STREAMS, actor_names, rendezvous
+from .hosts import on_driver_node
 from .program import assemble_outputs, find_program
 from .progress import Progress
+from .rank_auth import authenticate_messages
 
 
 def gather_pieces(world: MPI.Comm, fetched: dict, step: int | None = None) -> list | None:
@@ -48,7 +54,7 @@ def gather_outputs(world: MPI.Comm, program, fetched: dict, outputs=None, step: 
     return None if gathered is None else assemble_outputs(program, gathered, outputs)
 
 
-def fail(world: MPI.Comm, message: str, errors: str | None = None, tell=None) -> None:
+def fail(world: MPI.Comm, message: str, errors: str | None = None, tell=None) -> NoReturn:
     """Reports and ends the whole job. The message also goes to
     errors/rank<R>.err when the driver gave a directory (the abort can cut
     off the stderr that mpiexec forwards), and to `tell` (a driver waiting
@@ -56,13 +62,15 @@ def fail(world: MPI.Comm, message: str, errors: str | None = None, tell=None) ->
     sys.stderr.write(f"sbpc: {message}\n")
     sys.stderr.flush()
     if errors:
-        with open(os.path.join(errors, f"rank{world.rank}.err"), "w") as f:
+        # not there for a rank on another host than the driver's
+        with contextlib.suppress(OSError), open(os.path.join(errors, f"rank{world.rank}.err"), "w") as f:
             f.write(message)
             f.flush()
             os.fsync(f.fileno())
     if tell is not None:
         tell(message)
     world.Abort(1)
+    raise SystemExit(1)  # not reached: Abort ends the process
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -77,18 +85,20 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides on Ctrl-C (see pool.serve)
     world = MPI.COMM_WORLD
-    progress = Progress(args.errors, world.rank) if args.errors else None
+    errors = args.errors
+    try:
+        authenticate_messages(world)
+        here, several = on_driver_node(world)
+    except Exception as e:  # noqa: BLE001 - as below, before any rank has a record
+        fail(world, f"rank {world.rank}: {e}", errors)
+    if not here:  # JOB_DIR is on the driver's host: this rank reports through mpiexec's output
+        errors = None
+    progress = Progress(errors, world.rank) if errors else None
     try:
         plan_path = args.plan.replace("{rank}", str(world.rank))
-        with open(plan_path) as f:
-            module = parse_module(f.read(), plan_path)
+        plan_text, feeds, params = _inputs(world, args, several)
+        module = parse_module(plan_text, plan_path)
         program = find_program(module)
-        with np.load(args.feeds) as data:
-            feeds = dict(data)
-        params = None
-        if args.params:
-            with np.load(args.params) as data:
-                params = dict(data)
         executor = make_executor(module, program, world, trace=bool(args.trace))
         if progress is not None:
             executor.progress = progress.start(actor_names(executor))
@@ -107,7 +117,30 @@ def main(argv: list[str] | None = None) -> None:
                 write_trace(args.trace, [e for rank_events in events for e in rank_events], world.size)
     except Exception as e:  # noqa: BLE001 - every failure ends the whole job, with its place
         message = str(e) if str(e).startswith("rank ") else f"rank {world.rank}: {type(e).__name__}: {e}"
-        fail(world, message, args.errors)
+        fail(world, message, errors)
+
+
+def _inputs(world: MPI.Comm, args, several: bool) -> tuple[str, dict, dict | None]:
+    """This rank's plan text, the feeds and the parameter values (or None),
+    from the files sbp-run wrote. Those are on the driver's host: on
+    several hosts rank 0 reads them and sends each rank its share."""
+    def read(rank: int) -> str:
+        with open(args.plan.replace("{rank}", str(rank))) as f:
+            return f.read()
+
+    def arrays(path: str | None) -> dict | None:
+        if not path:
+            return None
+        with np.load(path) as data:
+            return dict(data)
+
+    if not several:
+        return read(world.rank), arrays(args.feeds) or {}, arrays(args.params)
+    root = world.rank == 0
+    plan_text = world.scatter([read(r) for r in range(world.size)] if root else None, root=0)
+    feeds = world.bcast(arrays(args.feeds) if root else None, root=0)
+    params = world.bcast(arrays(args.params) if root else None, root=0)
+    return plan_text, feeds or {}, params
 
 
 def write_trace(path: str, events: list[dict], ranks: int) -> None:

@@ -31,6 +31,7 @@ _WHERE = {
     "TorchImportError": "sbpc.torch_frontend",
     "Executable": "sbpc.api",
     "FeedConversionWarning": "sbpc.runtime.program",
+    "Hosts": "sbpc.runtime.hosts",
     **dict.fromkeys(_FRONTEND, "sbpc.frontend"),
 }
 
@@ -110,4 +111,5 @@ if TYPE_CHECKING:
         where,
         zeros,
     )
+    from sbpc.runtime.hosts import Hosts
     from sbpc.torch_frontend import TorchImportError, from_torch

@@ -35,6 +35,7 @@ from sbpc.dialects.plan import ProgramOp, programs
 from sbpc.dialects.sbp import AUTOPLAN_ALTERNATIVES_ATTR, AUTOPLAN_ATTR
 from sbpc.frontend import Graph, Placement
 from sbpc.optim import Optimizer
+from sbpc.runtime.hosts import Hosts
 from sbpc.runtime.pool_client import RankPool
 
 MODES = ("auto", "mpi", "simulate")
@@ -64,6 +65,7 @@ def compile(  # noqa: A001 - the verb users expect
     optimizer: Optimizer | None = None,
     seed: Any = None,
     stages: int = 1,
+    hosts: Any = None,
 ) -> Executable:
     """Runs the pass pipeline (default: the whole `compile` chain) on a
     frontend graph, a module, or IR text, and returns an Executable.
@@ -91,7 +93,14 @@ def compile(  # noqa: A001 - the verb users expect
     `seed` starts the graph's random numbers (dropout; default 0): the
     parameter `rng.seed`, saved in checkpoints with the step count
     `rng.step`, so that a reload resumes the same stream. Every plan of one
-    graph draws the same numbers for one seed."""
+    graph draws the same numbers for one seed.
+
+    `hosts` runs the ranks on several machines: `"node0:2,node1:2"` (rank
+    0 and 1 on node0, 2 and 3 on node1; without counts, an even share),
+    a list of host names, or `sbpc.Hosts.from_file(path)` / `sbpc.Hosts.parse(
+    text, launcher=...)`. The first host must be this machine. The plan is
+    the same; give a cluster calibrated on those hosts (`sbp-calibrate
+    --hosts`) for `plan="auto"` to plan for their network."""
     from sbpc.lowering import PASSES
 
     if mode not in MODES:
@@ -104,6 +113,9 @@ def compile(  # noqa: A001 - the verb users expect
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)
                              or not -2**63 <= seed < 2**63):
         raise ValueError(f"seed must be a 64-bit integer, got {seed!r}")
+    hosts = Hosts.of(hosts)
+    if hosts is not None:
+        hosts.check_driver_host()
     if optimizer is not None:
         if any(p in pipeline for p in ("lg-autodiff", "lg-optimizer")):
             raise ValueError("pass either optimizer= or a pipeline with lg-autodiff and lg-optimizer, not both")
@@ -164,7 +176,7 @@ def compile(  # noqa: A001 - the verb users expect
     module.verify()
     if memory_budget is not None and programs(module):
         _check_budget(programs(module)[0], int(memory_budget))
-    exe = Executable(module, mode)
+    exe = Executable(module, mode, hosts)
     keys = set(exe.param_keys())
     orphans = [n for n in exe.output_names if n.startswith("new.") and n.removeprefix("new.") not in keys]
     if orphans:
@@ -205,13 +217,17 @@ def _check_budget(program: ProgramOp, budget: int) -> None:
 
 
 class Executable:
-    def __init__(self, module: ModuleOp, mode: str):
+    def __init__(self, module: ModuleOp, mode: str, hosts: Hosts | None = None):
         from sbpc.runtime.program import find_program
 
         self.module = module
         self.program = find_program(module)
         self.ranks = max(d.rank.value.data for d in self.program.devices()) + 1
         self.mode = mode
+        self.hosts = hosts
+        """Where a rank pool runs the ranks (None: this machine)."""
+        if hosts is not None:
+            hosts.ranks_per_host(self.ranks)  # a list that cannot place the ranks is said now
         self.params = Params(self)
         self._local = None  # (executor, world) inside mpiexec
         self._sim_params: dict[str, np.ndarray] = {}
@@ -302,7 +318,7 @@ class Executable:
             outputs = sorted(outputs)
         if where == "inside":
             return self._run_inside(feeds, steps, outputs)
-        pool = RankPool.get(self.ranks)
+        pool = RankPool.get(self.ranks, self.hosts)
         self.params.ensure_loaded(pool)
         from sbpc.runtime.program import assemble_outputs
 
@@ -317,6 +333,9 @@ class Executable:
 
         world = MPI.COMM_WORLD
         if self._local is None:
+            from sbpc.runtime.rank_auth import authenticate_messages
+
+            authenticate_messages(world)  # the user's own launch: refused across hosts without SBPC_JOB_SECRET
             executor = make_executor(self.module, self.program, world)
             executor.initialize(self.initial_values or None)
             self._local = executor
@@ -500,7 +519,7 @@ class Params:
             return exe._sim_params[key].copy()
         if where == "inside":
             raise NotImplementedError("reading parameters inside an mpiexec launch: use the fetched outputs")
-        pool = RankPool.get(exe.ranks)
+        pool = RankPool.get(exe.ranks, exe.hosts)
         self.ensure_loaded(pool)
         from sbpc.runtime.program import assemble_param
 
@@ -516,7 +535,7 @@ class Params:
             return
         if where == "inside":
             raise NotImplementedError("writing parameters inside an mpiexec launch is not supported yet")
-        pool = RankPool.get(exe.ranks)
+        pool = RankPool.get(exe.ranks, exe.hosts)
         self.ensure_loaded(pool)
         pool.request("set_param", key, np.asarray(value))
 

@@ -7,6 +7,11 @@ prints the fitted figures.
 
     sbp-calibrate -n 2 -o cluster.json
     sbp-sim plan.mlir --cluster cluster.json
+    sbp-calibrate -n 8 --hosts node0:4,node1:4 -o cluster.json   # two levels: each host, and the network
+
+On several hosts the collectives are measured among each host's ranks and
+across all of them, and the cluster gets a level for each (hosts, then the
+network), which the simulator and sbp-autoplan read.
 """
 
 from __future__ import annotations
@@ -21,7 +26,10 @@ from pathlib import Path
 
 from sbpc.perf.cluster import ClusterError
 from sbpc.perf.fit import fit_cluster
+from sbpc.runtime.hosts import Hosts
 from sbpc.runtime.launch import command, rank_environment
+
+from .host_options import add_host_options, hosts_from
 
 PROBE_SIZES = {"small": (4, 8, 16, 2, 32), "large": (8, 64, 128, 4, 256)}
 """(batch, seq, dim, heads, vocab) of the probe steps: the small one's
@@ -72,8 +80,8 @@ def probe_module(size: str = "small"):
     return module
 
 
-def calibrate(ranks: int, quick: bool = False, timeout: float = 600.0) -> dict:
-    """The raw timings of runtime/calibrate.py on `ranks` ranks."""
+def calibrate(ranks: int, quick: bool = False, timeout: float = 600.0, hosts: Hosts | None = None) -> dict:
+    """The raw timings of runtime/calibrate.py on `ranks` ranks (placed on `hosts`)."""
     import numpy as np
     from xdsl.printer import Printer
 
@@ -95,7 +103,8 @@ def calibrate(ranks: int, quick: bool = False, timeout: float = 600.0) -> dict:
             np.savez(feeds_path, **feeds)  # type: ignore[arg-type]
             args += ["--probe", str(probe_path), str(feeds_path)]
         try:
-            done = subprocess.run(command(ranks, "sbpc.runtime.calibrate", *args), env=rank_environment(),
+            done = subprocess.run(command(ranks, "sbpc.runtime.calibrate", *args, hosts=hosts),
+                                  env=rank_environment(hosts),
                                   capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"the calibration did not finish in {timeout:.0f} s") from None
@@ -112,16 +121,18 @@ def main(args: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats (seconds; rougher figures)")
     parser.add_argument("--raw", help="also write the raw timings here (JSON)")
     parser.add_argument("--from-raw", help="fit raw timings written earlier instead of measuring")
+    add_host_options(parser)
     options = parser.parse_args(args)
     if options.ranks < 1:
         print("sbp-calibrate: error: -n must be at least 1", file=sys.stderr)
         return 1
     try:
         start = time.perf_counter()
+        hosts = hosts_from(options)
         if options.from_raw:
             raw = json.loads(Path(options.from_raw).read_text())
         else:
-            raw = calibrate(options.ranks, options.quick)
+            raw = calibrate(options.ranks, options.quick, hosts=hosts)
         if options.raw:
             Path(options.raw).write_text(json.dumps(raw, indent=1) + "\n")
         fitted = fit_cluster(raw, options.name)

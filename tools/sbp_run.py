@@ -2,6 +2,7 @@
 program and runs it on N MPI ranks started with the mpich wheel's mpiexec.
 
     sbp-run examples/mlp.mlir -n 2 --seed 0 -o out.npz --steps 3 --trace trace.json
+    sbp-run examples/mlp.mlir -n 4 --hosts node0:2,node1:2    # rank 0 on this machine, node0
 
 Feeds come from an .npz file (--feeds) or are generated from a seed; the
 outputs are gathered to rank 0 and written to an .npz file. Bad input, bad
@@ -27,9 +28,12 @@ from xdsl.utils.exceptions import DiagnosticException, ParseError
 from sbpc.dialects import parse_module, plan
 from sbpc.dialects.layout import numpy_dtype
 from sbpc.lowering import PASSES
+from sbpc.runtime.hosts import Hosts
 from sbpc.runtime.launch import command, rank_environment, remove_orphaned_segments, segments, stop
 from sbpc.runtime.program import RuntimeFailure, assemble_outputs, check_feeds, feed_types, find_program, rank_plans
 from sbpc.runtime.progress import DeathWatch, describe_failure, describe_progress, reported_ranks
+
+from .host_options import add_host_options, hosts_from
 
 
 def generated_feeds(program: plan.ProgramOp, seed: int) -> dict[str, np.ndarray]:
@@ -79,14 +83,15 @@ def load_program(path: str, pipeline: str):
     return module, find_program(module)
 
 
-def _run_job(argv: list[str], launcher: Path, timeout: float | None, watch: DeathWatch) -> int:
+def _run_job(argv: list[str], launcher: Path, timeout: float | None, watch: DeathWatch,
+             hosts: Hosts | None = None) -> int:
     """Runs mpiexec with its stdout (where it reports a rank that died: pid
     and exit code) in `launcher`, under `watch`. On Ctrl-C or the timeout,
     mpiexec gets SIGTERM, on which it ends every rank (they ignore the
     terminal's SIGINT: the driver decides), and at worst SIGKILL."""
     before = segments()
     with open(launcher, "w") as out_file:
-        process = subprocess.Popen(argv, env=rank_environment(), stdout=out_file)
+        process = subprocess.Popen(argv, env=rank_environment(hosts), stdout=out_file)
         watch.start()
         try:
             code = process.wait(timeout=timeout)
@@ -114,8 +119,12 @@ def main(args: list[str] | None = None) -> int:
     parser.add_argument("-p", "--pipeline", default="compile", help="passes for non-plan input (default: compile)")
     parser.add_argument("--emit-plan", help="also write the plan IR that runs here")
     parser.add_argument("--timeout", type=float, default=None, help="seconds before the job is killed")
+    add_host_options(parser)
     options = parser.parse_args(args)
     try:
+        hosts = hosts_from(options)
+        if hosts is not None:
+            hosts.ranks_per_host(options.ranks)  # a list that cannot place -n ranks is said before compiling
         module, program = load_program(options.file, options.pipeline)
         ranks = sorted(d.rank.value.data for d in program.devices())
         if ranks and ranks[-1] >= options.ranks:
@@ -156,8 +165,8 @@ def main(args: list[str] | None = None) -> int:
             launcher = Path(tmp) / "launcher.out"
             watch = DeathWatch(errors, options.ranks)
             try:
-                code = _run_job(command(options.ranks, "sbpc.runtime.worker", *worker), launcher, options.timeout,
-                                watch)
+                code = _run_job(command(options.ranks, "sbpc.runtime.worker", *worker, hosts=hosts), launcher,
+                                options.timeout, watch, hosts)
             except KeyboardInterrupt:
                 where = describe_progress(errors, options.ranks)
                 print(f"sbp-run: interrupted; the {options.ranks} ranks were stopped" + (f": {where}" if where else ""),

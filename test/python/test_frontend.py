@@ -70,10 +70,10 @@ def test_run_on_real_ranks_matches_the_reference_and_reuses_them(ranks, mesh):
     out = exe.run(feeds())
     for name in expected:
         np.testing.assert_allclose(out[name], expected[name], rtol=1e-4, atol=1e-5)
-    pool = RankPool.pools[ranks]
+    pool = RankPool.pools[(ranks, None)]
     pid = pool.process.pid
     again = exe.run(feeds(1))
-    assert RankPool.pools[ranks].process.pid == pid, "a second run started new ranks"
+    assert RankPool.pools[(ranks, None)].process.pid == pid, "a second run started new ranks"
     np.testing.assert_allclose(again["loss"], evaluate(g.module(), feeds(1))["loss"], rtol=1e-4)
     # only the outputs asked for come back from the ranks
     only = exe.run(feeds(1), outputs=["loss"])
@@ -105,7 +105,7 @@ def test_large_feeds_reach_the_ranks_through_shared_memory():
         out = exe.run({"x": x, "s": small})
         np.testing.assert_allclose(out["total"], (x * x).sum(axis=1), rtol=1e-5)
         assert out["small"] == pytest.approx(6.0)
-        pool = RankPool.pools[2]
+        pool = RankPool.pools[(2, None)]
         command = pool.feeds.put({"x": x, "s": small})
         assert isinstance(command["x"], SharedArray) and isinstance(command["s"], np.ndarray)
         blocks.append(command["x"].block)

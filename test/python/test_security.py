@@ -266,7 +266,7 @@ def test_the_pools_files_are_the_users_alone():
     exe = sbpc.compile(models.mlp("dp", 2, batch=1024))
     feeds = next(models.mlp_batches(batch=1024))
     exe.train_step(feeds)
-    pool = RankPool.pools[2]
+    pool = RankPool.pools[(2, None)]
     job = Path(pool.errors.name)
     assert stat.S_IMODE(job.stat().st_mode) == 0o700
     assert stat.S_IMODE((job / channel.SECRET_NAME).stat().st_mode) == 0o600
@@ -289,7 +289,7 @@ def test_the_ranks_listen_on_no_tcp_port_of_their_own():
     import models
 
     sbpc.compile(models.mlp("dp", 2)).train_step(next(models.mlp_batches()))
-    pool = RankPool.pools[2]
+    pool = RankPool.pools[(2, None)]
     launcher = set(_listening_tcp(pool.process.pid))
     ranks = records(pool.errors.name, 2)
     assert len(ranks) == 2
