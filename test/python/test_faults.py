@@ -225,7 +225,7 @@ feeds = next(data)
 
 def train_until_failure(fault, label, steps=10):
     os.environ["SBPC_TEST_FAULT"] = fault
-    if 2 in RankPool.pools:  # ranks read the fault when they start: a new pool
+    if (2, None) in RankPool.pools:  # ranks read the fault when they start: a new pool
         RankPool.pools[(2, None)].close()
     exe = sbpc.compile(module)
     try:
