@@ -85,7 +85,9 @@ class Hosts:
             return value
         if isinstance(value, str):
             return Hosts.parse(value, launcher)
-        return Hosts.parse(",".join(value), launcher)
+        if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+            return Hosts.parse(",".join(value), launcher)
+        raise HostsError(f"hosts must be 'host[:ranks],...', a list of host names or a sbpc.Hosts, got {value!r}")
 
     @property
     def several(self) -> bool:

@@ -42,6 +42,8 @@ def test_a_host_list_places_ranks_node_major():
     assert Hosts.parse("a,b", launcher="fork").mpiexec_options(2) == ["-hosts", "a:1,b:1", "-launcher", "fork"]
     assert str(Hosts.parse("a:2,b")) == "a:2,b"
     assert Hosts.of(["a", "b:3"]) == Hosts(("a", "b"), (None, 3))
+    with pytest.raises(HostsError, match="hosts must be"):
+        Hosts.of(5)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("text, ranks, message", [
