@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import TypeGuard
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr, SymbolRefAttr
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp, StringAttr, SymbolRefAttr
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
@@ -47,12 +47,6 @@ def _fusable(actor) -> TypeGuard[plan.ComputeOp]:
     return isinstance(actor, plan.ComputeOp) and (
         actor.kernel.data in plan.FUSABLE_KERNELS or actor.kernel.data == plan.FUSED
     )
-
-
-def _steps(actor: plan.ComputeOp, out_type) -> list[plan.FusedStep]:
-    if actor.kernel.data == plan.FUSED:
-        return plan.fused_steps(actor)
-    return [plan.FusedStep(actor.kernel.data, tuple(range(len(actor.ins.data))), out_type)]
 
 
 def _rounded(reg: plan.RegisterOp) -> bool:
@@ -66,63 +60,102 @@ def _is_intermediate(reg: plan.RegisterOp) -> bool:
             and reg.is_persistent is None)
 
 
-def merge(
-    producer: plan.ComputeOp, consumer: plan.ComputeOp, via: str, registers: dict
-) -> tuple[list, list[plan.FusedStep]]:
-    """The inputs and steps of `consumer` with `producer` (which writes
-    register `via`) folded in front of it."""
-    p_ins = [r.string_value() for r in producer.ins.data]
-    c_ins = [r.string_value() for r in consumer.ins.data]
+Chain = tuple[list[str], list[plan.FusedStep]]
+"""The inputs (register names) and steps of a fused actor, as plain data."""
+
+
+def merge(p_ins: list[str], p_steps: list[plan.FusedStep], c_ins: list[str], c_steps: list[plan.FusedStep],
+          via: str) -> Chain:
+    """The inputs and steps of a consumer (`c_ins`, `c_steps`) with its
+    producer (`p_ins`, `p_steps`, which writes register `via`) folded in
+    front of it."""
     ins = list(p_ins) + [r for r in c_ins if r != via and r not in p_ins]
     n = len(ins)
-    p_steps = _steps(producer, registers[via].type)
-    c_steps = _steps(consumer, registers[consumer.outs.data[0].string_value()].type)
     # producer: its input i is ins[i]; its step j result is at n + j
     steps = [plan.FusedStep(s.kernel, tuple(a if a < len(p_ins) else n + a - len(p_ins) for a in s.args), s.type)
              for s in p_steps]
     via_index = n + len(p_steps) - 1
+    position = {name: i for i, name in reversed(list(enumerate(ins)))}
 
     def remap(a: int) -> int:
         if a < len(c_ins):
             name = c_ins[a]
-            return via_index if name == via else ins.index(name)
+            return via_index if name == via else position[name]
         return n + len(p_steps) + a - len(c_ins)
 
     steps += [plan.FusedStep(s.kernel, tuple(remap(a) for a in s.args), s.type) for s in c_steps]
     return ins, steps
 
 
-def fuse_device(device: plan.DeviceOp) -> int:
-    """Fuses the device's elementwise chains; returns how many registers went."""
+class _StepAttrs:
+    """Attributes of fused steps, one per distinct step: a chain's steps
+    recur on every rank and in every repeated layer, and building the
+    dictionary, string and dense array of each anew was most of the pass."""
+
+    def __init__(self) -> None:
+        self._steps: dict[plan.FusedStep, DictionaryAttr] = {}
+
+    def props(self, steps: list[plan.FusedStep]) -> DictionaryAttr:
+        attrs = []
+        for step in steps:
+            attr = self._steps.get(step)
+            if attr is None:
+                attr = self._steps[step] = step.attr()
+            attrs.append(attr)
+        return DictionaryAttr({"steps": ArrayAttr(attrs)})
+
+
+def fuse_device(device: plan.DeviceOp, step_attrs: _StepAttrs | None = None) -> int:
+    """Fuses the device's elementwise chains; returns how many registers
+    went. A chain is built as plain data (`chains`) and written into its
+    actor once, when the device is done: rebuilding and re-reading its
+    attributes at every fold cost more than the rest of the pass."""
+    step_attrs = step_attrs or _StepAttrs()
     registers = {r.sym_name.data: r for r in device.registers()}
     producers: dict[str, plan.ComputeOp | plan.CommOp] = {}
     readers: dict[str, set] = {}
-    for actor in device.actors():
+    actors = device.actors()
+    for actor in actors:
         for ref in actor.ins.data:
             readers.setdefault(ref.string_value(), set()).add(actor)
         for ref in actor.outs.data:
             producers[ref.string_value()] = actor
+    chains: dict[plan.ComputeOp, Chain] = {}
+
+    def chain(actor: plan.ComputeOp) -> Chain:
+        found = chains.get(actor)
+        if found is not None:
+            return found
+        ins = [r.string_value() for r in actor.ins.data]
+        if actor.kernel.data == plan.FUSED:
+            return ins, plan.fused_steps(actor)
+        out_type = registers[actor.outs.data[0].string_value()].type
+        return ins, [plan.FusedStep(actor.kernel.data, tuple(range(len(ins))), out_type)]
+
+    fusable: set[plan.ComputeOp | plan.CommOp] = {actor for actor in actors if _fusable(actor)}
     fused = 0
-    for actor in device.actors():  # producers come first, so chains fold whole
-        if not _fusable(actor):
+    for actor in actors:  # producers come first, so chains fold whole
+        if actor not in fusable or not isinstance(actor, plan.ComputeOp):
             continue
         changed = True
         while changed:  # folding a producer can leave another input read by this actor alone
             changed = False
-            for ref in actor.ins.data:
-                name = ref.string_value()
+            ins = chains[actor][0] if actor in chains else [r.string_value() for r in actor.ins.data]
+            for name in ins:
                 producer = producers.get(name)
-                if (producer is None or producer is actor or not _fusable(producer)
+                if (producer is None or producer is actor or producer not in fusable
                         or readers.get(name) != {actor} or not _is_intermediate(registers[name])
                         or _rounded(registers[name])):
                     continue
-                ins, steps = merge(producer, actor, name, registers)
-                for r in producer.ins.data:
-                    readers[r.string_value()].discard(producer)
-                    readers[r.string_value()].add(actor)
-                actor.ins = ArrayAttr([SymbolRefAttr(r) for r in ins])
-                actor.kernel = StringAttr(plan.FUSED)
-                actor.props = plan.fused_props(steps)
+                assert isinstance(producer, plan.ComputeOp)  # a fusable actor
+                p_ins, p_steps = chain(producer)
+                c_ins, c_steps = chain(actor)
+                chains[actor] = merge(p_ins, p_steps, c_ins, c_steps, name)
+                for r in p_ins:
+                    readers[r].discard(producer)
+                    readers[r].add(actor)
+                chains.pop(producer, None)
+                fusable.discard(producer)
                 producer.detach()
                 producer.erase()
                 dead = registers.pop(name)
@@ -133,6 +166,13 @@ def fuse_device(device: plan.DeviceOp) -> int:
                 fused += 1
                 changed = True
                 break
+    if chains:
+        refs = {ref.string_value(): ref for actor in chains for ref in actor.ins.data}
+        kernel = StringAttr(plan.FUSED)
+        for actor, (ins, steps) in chains.items():
+            actor.ins = ArrayAttr([refs.get(r) or SymbolRefAttr(r) for r in ins])
+            actor.kernel = kernel
+            actor.props = step_attrs.props(steps)
     return fused
 
 
@@ -142,10 +182,11 @@ class PlanFuseElementwisePass(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for program in plan.programs(op):
+            step_attrs = _StepAttrs()
             for device in program.devices():
                 if device.arena is not None:
                     raise PassFailedException(
                         f"'plan.device' @{device.sym_name.data}: the plan is already allocated; "
                         "run plan-fuse-elementwise before plan-allocate-memory"
                     )
-                fuse_device(device)
+                fuse_device(device, step_attrs)
