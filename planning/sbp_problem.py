@@ -173,9 +173,11 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
     sizes: list[tuple[float, int]] = []  # per node: bytes and rank of its result
     index: dict[SSAValue, int] = {}
     default_mesh = lookup_placement(graph, graph.placement).mesh() if graph.placement is not None else None
+    same_kind: dict[tuple, tuple[list[NdSignature], np.ndarray, np.ndarray]] = {}
     for op in graph.body.ops:
         if isinstance(op, lg.OutputOp):
             continue
+        like_key: tuple | None = None
         producers = [index.get(o) for o in op.operands]
         result = op.results[0]
         hinted = result.type if isinstance(result.type, DTensorType) else None
@@ -220,6 +222,22 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
         elif isinstance(op, lg.LgOp | lg.InputOp | lg.ParamOp | lg.ConstantOp):  # every op with SBP rules
             in_shapes = [global_shape(o.type) for o in op.operands]
             params = op.params()
+            # Repeated layers repeat ops alike in everything the candidates
+            # and their costs read: those are computed once per kind.
+            nbytes = _nbytes(result)
+            want_key = nd_to_plain(hinted.nd_sbp) if hinted is not None else None
+            like_key = (type(op), tuple(in_shapes), out_shape, mesh.shape, tuple(sorted(params.items())),
+                        want_key, nbytes)
+            try:
+                alike = same_kind.get(like_key)
+            except TypeError:  # a property without a hash: no sharing
+                like_key, alike = None, None
+            if alike is not None:
+                candidates, compute, memory = alike
+                index[result] = len(nodes)
+                nodes.append(Node(op, mesh, candidates, compute, memory, producers, False))
+                sizes.append((nbytes, len(out_shape)))
+                continue
             candidates = nd_signatures(type(op), in_shapes, out_shape, mesh.shape, params)
             if hinted is not None:
                 want = nd_to_plain(hinted.nd_sbp)
@@ -259,6 +277,8 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
                 for _, out in candidates
             ]
         )
+        if like_key is not None:
+            same_kind[like_key] = (candidates, compute, memory)
         index[result] = len(nodes)
         nodes.append(Node(op, mesh, candidates, compute, memory, producers, fixed_input))
         sizes.append((nbytes, len(out_shape)))
@@ -266,6 +286,10 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
     # Edges. Operand j of v is u's result, so its size is u's.
     problem = Problem(nodes, device, sizes=sizes)
     tables: dict[tuple, np.ndarray] = {}
+    # (producer candidates, consumer candidates (by identity: every node's
+    # list lives as long as `nodes`), operand, mesh shape, rank, bytes) -> matrix;
+    # edge matrices are never changed in place, so edges alike share one
+    spread_tables: dict[tuple, np.ndarray] = {}
     for v, node in enumerate(nodes):
         for j, u in enumerate(node.producers):
             if u is None:
@@ -274,6 +298,11 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
             nbytes, rank = sizes[u]
             if producer.mesh != node.mesh:
                 matrix = np.full((len(producer.candidates), len(node.candidates)), transfer_cost(nbytes, device))
+            elif (spread := spread_tables.get(
+                    (id(producer.candidates), id(node.candidates), j, node.mesh.shape, rank, nbytes))) is not None:
+                # ops alike share their candidate lists (above), so an edge
+                # between two such ops has the matrix of the last one alike
+                matrix = spread
             else:
                 # The cost of each distinct (source, destination) pair, then
                 # spread over the candidates by index: on a 2-D mesh both
@@ -288,6 +317,7 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
                         [[problem.boxing(s, d, node.mesh.shape, rank, nbytes) for d in ins] for s in outs])
                 matrix = pairs[np.ix_([outs[pc[1]] for pc in producer.candidates],
                                      [ins[nc[0][j]] for nc in node.candidates])]
+                spread_tables[(id(producer.candidates), id(node.candidates), j, node.mesh.shape, rank, nbytes)] = matrix
             key = (u, v)
             problem.edges[key] = problem.edges[key] + matrix if key in problem.edges else matrix
     # An updated parameter (output `new.<key>`, from lg-optimizer) is written
@@ -379,6 +409,25 @@ class ExactCost:
                   if all(s == Sbp.B for nd in (*ins, out) for s in nd)), None)
             for node in nodes
         ]
+        # Plain-data views of the above for producer_cost and local, which
+        # refine calls hundreds of thousands of times: per node, its cost per
+        # candidate as floats and its mesh as a small int; per producer, what
+        # each candidate gives and, per costly use, what each candidate of the
+        # consumer wants. The same values, read without attribute lookups,
+        # numpy scalars or Mesh comparisons.
+        mesh_ids: dict[Mesh, int] = {}
+        self._mesh_id = [mesh_ids.setdefault(node.mesh, len(mesh_ids)) for node in nodes]
+        self._node_cost = [node.cost.tolist() for node in nodes]
+        self._gives = [[c[1] for c in node.candidates] for node in nodes]
+        self._uses = [
+            [(v, [c[0][j] for c in nodes[v].candidates], self._mesh_id[v],
+              self._mesh_id[v] == self._mesh_id[u], self.per_use[u] or nodes[v].fixed_input)
+             for v, j in uses]
+            for u, uses in enumerate(self.costly_slots)
+        ]
+        self._tie_costs = {key: m.tolist() for key, m in problem.ties.items()}
+        self._unit_of: dict[tuple, float] = {}  # (u, consumer mesh id, src, dst) -> unit(...)
+        self._around: list[tuple[list[int], list[tuple[int, int]]] | None] = [None] * len(nodes)
 
     def unit(self, u: int, v: int, j: int, src, dst) -> float:
         if src == dst and self.problem.nodes[u].mesh == self.problem.nodes[v].mesh:
@@ -395,22 +444,34 @@ class ExactCost:
             self._unit[key] = cost
         return cost
 
+    def _unit_cost(self, u: int, v: int, src, dst, same_mesh: bool) -> float:
+        """unit(u, v, j, src, dst) where src and dst differ or the meshes
+        do, without unit's own memo (keyed by Mesh, slow to hash)."""
+        nbytes, rank = self.problem.sizes[u]
+        if not same_mesh:
+            return transfer_cost(nbytes, self.problem.device)
+        return self.problem.boxing(src, dst, self.problem.nodes[v].mesh.shape, rank, nbytes)
+
     def producer_cost(self, u: int, choice: Sequence[int]) -> float:
         """Boxing of u's result for all its uses."""
         if choice is self._tracked and u in self._trackers:
             return self._trackers[u].cost(choice)
-        nodes = self.problem.nodes
-        src = nodes[u].candidates[choice[u]][1]
+        src = self._gives[u][choice[u]]
         total, seen = 0.0, set()
-        for v, j in self.costly_slots[u]:
-            dst = nodes[v].candidates[choice[v]][0][j]
-            if dst == src and nodes[u].mesh == nodes[v].mesh:
+        unit_of = self._unit_of
+        for v, wants, mesh, same_mesh, per_use in self._uses[u]:
+            dst = wants[choice[v]]
+            if dst == src and same_mesh:
                 continue
-            if self.per_use[u] or nodes[v].fixed_input:
-                total += self.unit(u, v, j, src, dst)
-            elif (nodes[v].mesh, dst) not in seen:
-                seen.add((nodes[v].mesh, dst))
-                total += self.unit(u, v, j, src, dst)
+            if not per_use:
+                if (mesh, dst) in seen:
+                    continue
+                seen.add((mesh, dst))
+            key = (u, mesh, src, dst)
+            cost = unit_of.get(key)
+            if cost is None:
+                cost = unit_of[key] = self._unit_cost(u, v, src, dst, same_mesh)
+            total += cost
         return total
 
     def total(self, choice: Sequence[int]) -> float:
@@ -422,15 +483,33 @@ class ExactCost:
 
     def local(self, changed, choice: Sequence[int]) -> float:
         """The part of the total that depends on the nodes in `changed`."""
+        if len(changed) == 1:
+            return self._local_of(changed[0], choice)
         nodes = self.problem.nodes
         producers, ties = set(), set()
         for v in changed:
             producers.add(v)
             producers.update(u for u in nodes[v].producers if u is not None)
             ties.update(self.ties_of[v])
-        cost = sum(float(nodes[v].cost[choice[v]]) for v in changed)
+        cost = sum(self._node_cost[v][choice[v]] for v in changed)
         cost += sum(self.producer_cost(u, choice) for u in producers)
-        cost += sum(float(self.problem.ties[k][choice[k[0]], choice[k[1]]]) for k in ties)
+        cost += sum(self._tie_costs[k][choice[k[0]]][choice[k[1]]] for k in ties)
+        return cost
+
+    def _local_of(self, v: int, choice: Sequence[int]) -> float:
+        """local([v]): the same terms added in the same order (its sets of
+        producers and ties are built as local builds them, once per node,
+        and kept in their iteration order), so the very same float."""
+        around = self._around[v]
+        if around is None:
+            producers, ties = {v}, set()
+            producers.update(u for u in self.problem.nodes[v].producers if u is not None)
+            ties.update(self.ties_of[v])
+            around = self._around[v] = (list(producers), list(ties))
+        producers_of, ties_of = around
+        cost = 0 + self._node_cost[v][choice[v]]
+        cost += sum([self.producer_cost(u, choice) for u in producers_of])
+        cost += sum([self._tie_costs[k][choice[k[0]]][choice[k[1]]] for k in ties_of])
         return cost
 
     def region(self, v: int, choice: Sequence[int], direct: bool = False) -> list[int]:
