@@ -265,15 +265,20 @@ def live_bound(buffers: list[Buffer]) -> int:
     return best
 
 
-def in_place_pairs(device: plan.DeviceOp, life: dict[str, tuple[int, int]]) -> dict[str, str]:
-    """output register -> input register it may overwrite."""
+def in_place_pairs(device: plan.DeviceOp, life: dict[str, tuple[int, int]],
+                   registers: dict[str, plan.RegisterOp] | None = None,
+                   actors: list[plan.ComputeOp | plan.CommOp] | None = None) -> dict[str, str]:
+    """output register -> input register it may overwrite (`registers` by
+    name and `actors`: the device's, where the caller has them)."""
     pairs = {}
     overwritten = set()  # the values of `pairs`, as a set: each input is overwritten at most once
-    registers = {r.sym_name.data: r for r in device.registers()}
-    for pos, actor in enumerate(device.actors()):
+    if registers is None:
+        registers = {r.sym_name.data: r for r in device.registers()}
+    in_place_kernels = plan.IN_PLACE_KERNELS | plan.REINTERPRETING_KERNELS
+    for pos, actor in enumerate(device.actors() if actors is None else actors):
         if (
             not isinstance(actor, plan.ComputeOp)
-            or actor.kernel.data not in plan.IN_PLACE_KERNELS | plan.REINTERPRETING_KERNELS
+            or actor.kernel.data not in in_place_kernels
         ):
             continue
         out = registers[actor.outs.data[0].string_value()]
@@ -296,17 +301,20 @@ def in_place_pairs(device: plan.DeviceOp, life: dict[str, tuple[int, int]]) -> d
     return pairs
 
 
-def update_aliases(device: plan.DeviceOp, life: dict[str, tuple[int, int]]) -> tuple[dict[str, str], set[str]]:
+def update_aliases(device: plan.DeviceOp, life: dict[str, tuple[int, int]],
+                   registers: dict[str, plan.RegisterOp] | None = None,
+                   actors: list[plan.ComputeOp | plan.CommOp] | None = None) -> tuple[dict[str, str], set[str]]:
     """`new.<key>` register -> parameter register <key> whose bytes it may
     take, and the actors that then write in place over the parameter.
 
     Safe when the old value has no reader left once the update is written:
     its last read (a collective's, until that completes) comes before the
     update's first write, or is the in-place elementwise kernel writing it."""
-    registers = {r.sym_name.data: r for r in device.registers()}
+    if registers is None:
+        registers = {r.sym_name.data: r for r in device.registers()}
     params = {r.param.data: r for r in registers.values() if r.param is not None}
     writers: dict[str, list] = {}
-    for pos, actor in enumerate(device.actors()):
+    for pos, actor in enumerate(device.actors() if actors is None else actors):
         for ref in actor.outs.data:
             writers.setdefault(ref.string_value(), []).append((pos, actor))
     aliases, in_place_actors = {}, set()
@@ -328,13 +336,22 @@ def update_aliases(device: plan.DeviceOp, life: dict[str, tuple[int, int]]) -> t
     return aliases, in_place_actors
 
 
-def allocate_device(device: plan.DeviceOp, in_place: bool = True, memo: dict | None = None) -> None:
+def allocate_device(device: plan.DeviceOp, in_place: bool = True, memo: dict | None = None,
+                    ints: dict[int, IntegerAttr[I64]] | None = None) -> None:
     """Allocates one device's registers (`memo`: placements already made
-    for devices with the same buffers; see place)."""
+    for devices with the same buffers, see place; `ints`: offset attributes
+    already made, shared by the devices of a program)."""
     life = lifetimes(device)
-    registers = {r.sym_name.data: r for r in device.registers()}
-    aliases, alias_writers = update_aliases(device, life) if in_place else ({}, set())
-    pairs = {out: src for out, src in (in_place_pairs(device, life) if in_place else {}).items() if out not in aliases}
+    registers: dict[str, plan.RegisterOp] = {}
+    actors: list[plan.ComputeOp | plan.CommOp] = []
+    for op in device.body.block.ops:  # one walk for both lists
+        if isinstance(op, plan.RegisterOp):
+            registers[op.sym_name.data] = op
+        elif isinstance(op, plan.ComputeOp | plan.CommOp):
+            actors.append(op)
+    aliases, alias_writers = update_aliases(device, life, registers, actors) if in_place else ({}, set())
+    pairs = {out: src for out, src in (in_place_pairs(device, life, registers, actors) if in_place else {}).items()
+             if out not in aliases}
     # registers written in place join the buffer of the input they overwrite
     root = {}
     for name in registers:
@@ -343,12 +360,14 @@ def allocate_device(device: plan.DeviceOp, in_place: bool = True, memo: dict | N
             r = pairs[r]
         root[name] = r
     buffers: dict[str, Buffer] = {}
-    ints: dict[int, IntegerAttr[I64]] = {}  # one (immutable) attribute per distinct offset, shared by its registers
+    # one (immutable) attribute per distinct offset, shared by its registers
+    offset_attrs: dict[int, IntegerAttr[I64]] = {} if ints is None else ints
 
     def int_attr(n: int) -> IntegerAttr[I64]:
-        if n not in ints:
-            ints[n] = IntegerAttr[I64](n, i64)
-        return ints[n]
+        attr = offset_attrs.get(n)
+        if attr is None:
+            attr = offset_attrs[n] = IntegerAttr(n, i64)
+        return attr
 
     persistent_offset = 0
     for name, reg in registers.items():
@@ -369,7 +388,7 @@ def allocate_device(device: plan.DeviceOp, in_place: bool = True, memo: dict | N
         registers[name].is_persistent = UnitAttr()
         registers[name].offset = registers[param].offset
         registers[name].alias = SymbolRefAttr(param)
-    for actor in device.actors():
+    for actor in actors:
         if isinstance(actor, plan.ComputeOp) and (
             actor.outs.data[0].string_value() in pairs or actor.sym_name.data in alias_writers
         ):
@@ -392,5 +411,6 @@ class PlanAllocateMemoryPass(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for program in plan.programs(op):
             memo: dict = {}
+            ints: dict[int, IntegerAttr[I64]] = {}
             for device in program.devices():
-                allocate_device(device, self.in_place, memo)
+                allocate_device(device, self.in_place, memo, ints)
