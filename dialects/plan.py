@@ -137,9 +137,25 @@ class DeviceOp(IRDLOperation):
         return [op for op in self.body.block.ops if isinstance(op, ComputeOp | CommOp)]
 
     def verify_(self) -> None:
-        seen_actor = False
-        registers = {r.sym_name.data: r for r in self.registers()}
-        for actor in self.actors():
+        # One walk of the body gives the register table and the schedule and
+        # finds the first op out of place; that error is raised after the
+        # actors' checks, as a second walk found it before.
+        registers: dict[str, RegisterOp] = {}
+        actors: list[ComputeOp | CommOp] = []
+        misplaced: str | None = None
+        for op in self.body.block.ops:
+            if isinstance(op, RegisterOp):
+                registers[op.sym_name.data] = op
+                if actors and misplaced is None:
+                    misplaced = (
+                        f"'{self.name}' @{self.sym_name.data}: register @{op.sym_name.data} comes after an actor; "
+                        "registers come first, then the actors in schedule order"
+                    )
+            elif isinstance(op, ComputeOp | CommOp):
+                actors.append(op)
+            elif misplaced is None:
+                misplaced = f"'{self.name}' @{self.sym_name.data}: unexpected '{op.name}'"
+        for actor in actors:
             for kind, refs in (("input", actor.ins), ("output", actor.outs)):
                 for ref in refs.data:
                     if ref.string_value() not in registers:
@@ -157,17 +173,8 @@ class DeviceOp(IRDLOperation):
                         f"'{actor.name}' @{actor.sym_name.data}: the last step gives {steps[-1].type}, "
                         f"the output register is {out.type}"
                     )
-        for op in self.body.block.ops:
-            if isinstance(op, RegisterOp):
-                if seen_actor:
-                    raise VerifyException(
-                        f"'{self.name}' @{self.sym_name.data}: register @{op.sym_name.data} comes after an actor; "
-                        "registers come first, then the actors in schedule order"
-                    )
-            elif isinstance(op, ComputeOp | CommOp):
-                seen_actor = True
-            else:
-                raise VerifyException(f"'{self.name}' @{self.sym_name.data}: unexpected '{op.name}'")
+        if misplaced is not None:
+            raise VerifyException(misplaced)
         for field in ("arena", "persistent"):
             attr = getattr(self, field)
             if attr is not None and attr.value.data < 0:

@@ -38,38 +38,54 @@ def _fail(device: plan.DeviceOp, what: str) -> NoReturn:
     raise PassFailedException(f"'plan.device' @{device.sym_name.data}: {what}")
 
 
+def _contents(device: plan.DeviceOp) -> tuple[list[plan.RegisterOp], list[plan.ComputeOp | plan.CommOp]]:
+    """The device's registers and its actors (the schedule), in one walk."""
+    registers: list[plan.RegisterOp] = []
+    actors: list[plan.ComputeOp | plan.CommOp] = []
+    for op in device.body.block.ops:
+        if isinstance(op, plan.RegisterOp):
+            registers.append(op)
+        elif isinstance(op, plan.ComputeOp | plan.CommOp):
+            actors.append(op)
+    return registers, actors
+
+
+IN_PLACE_OR_REINTERPRETING = plan.IN_PLACE_KERNELS | plan.REINTERPRETING_KERNELS
+
+
 def verify_memory(device: plan.DeviceOp) -> None:
     if device.arena is None or device.persistent is None:
         _fail(device, "memory is not allocated; run plan-allocate-memory")
     regions = {False: device.arena.value.data, True: device.persistent.value.data}
-    registers = device.registers()
+    registers, actors = _contents(device)
+    # (name, offset, size, persistent) of every register, read once
+    facts: list[tuple[str, int, int, bool]] = []
     for reg in registers:
+        name = reg.sym_name.data
         if reg.offset is None:
-            _fail(device, f"register @{reg.sym_name.data} has no offset")
-        persistent = reg.is_persistent is not None
-        if reg.offset.value.data + reg.size > regions[persistent]:
+            _fail(device, f"register @{name} has no offset")
+        offset, size, persistent = reg.offset.value.data, reg.size, reg.is_persistent is not None
+        if offset + size > regions[persistent]:
             where = "persistent region" if persistent else "arena"
             _fail(
                 device,
-                f"register @{reg.sym_name.data} needs bytes [{reg.offset.value.data}, "
-                f"{reg.offset.value.data + reg.size}) but the {where} has {regions[persistent]}",
+                f"register @{name} needs bytes [{offset}, {offset + size}) but the {where} has {regions[persistent]}",
             )
+        facts.append((name, offset, size, persistent))
     life = lifetimes(device)
     # An in-place actor may share bytes with an input only where its kernel
     # can run in place and the two start at the same offset.
-    offsets = {r.sym_name.data: r.byte_offset() for r in registers}
+    offsets = {name: offset for name, offset, _, _ in facts}
     in_place: set[tuple[str, str]] = set()
-    for actor in device.actors():
+    for actor in actors:
         if (isinstance(actor, plan.ComputeOp) and actor.in_place is not None
-                and actor.kernel.data in plan.IN_PLACE_KERNELS | plan.REINTERPRETING_KERNELS):
+                and actor.kernel.data in IN_PLACE_OR_REINTERPRETING):
             out = actor.outs.data[0].string_value()
             in_place.update((ref.string_value(), out) for ref in actor.ins.data
                             if offsets[ref.string_value()] == offsets[out])
     # (start, end, offset, size, name) of every temporary, swept by start
     temporaries = sorted(
-        (*life[r.sym_name.data], r.byte_offset(), r.size, r.sym_name.data)
-        for r in registers
-        if r.is_persistent is None
+        (*life[name], offset, size, name) for name, offset, size, persistent in facts if not persistent
     )
     # The sweeps prove a plan sound in O(n log n); only where one finds a
     # suspect pair does the exhaustive pairwise check run, to decide and to
@@ -83,15 +99,15 @@ def verify_memory(device: plan.DeviceOp) -> None:
                 f"registers @{min(na, nb)} and @{max(na, nb)} are live together (positions "
                 f"{max(s1, s2)}..{min(e1, e2)}) but overlap in the arena",
             )
-    aliased = verify_aliases(device, registers, life)
+    aliased = verify_aliases(device, registers, life, actors)
     # An aliasing register has exactly its target's bytes (checked just
     # above), so with every target aliased at most once, leaving the aliasing
     # ones out of the sorted check hides no overlap the pairwise check would
     # report: whatever overlaps one overlaps its target too.
     aliasing = dict(aliased)
     skipped = set(aliasing) if len(set(aliasing.values())) == len(aliasing) else set()
-    persistent_ranges = sorted((r.byte_offset(), r.byte_offset() + r.size) for r in registers
-                               if r.is_persistent is not None and r.sym_name.data not in skipped)
+    persistent_ranges = sorted((offset, offset + size) for name, offset, size, persistent in facts
+                               if persistent and name not in skipped)
     if not _sorted_disjoint(persistent_ranges):
         _check_persistent_pairwise(device, registers, aliased)
 
@@ -126,13 +142,15 @@ def _check_persistent_pairwise(device: plan.DeviceOp, registers: list[plan.Regis
                 _fail(device, f"persistent registers @{reg.sym_name.data} and @{other.sym_name.data} overlap")
 
 
-def verify_aliases(device: plan.DeviceOp, registers: list[plan.RegisterOp], life) -> set[tuple[str, str]]:
+def verify_aliases(device: plan.DeviceOp, registers: list[plan.RegisterOp], life,
+                   actors: list[plan.ComputeOp | plan.CommOp] | None = None) -> set[tuple[str, str]]:
     """(register, the register whose bytes it takes) pairs, each checked: the
     same bytes, and no read of the old value after the new one is written
-    (except by the in-place kernel that writes it)."""
+    (except by the in-place kernel that writes it). `actors`: the device's
+    schedule, where the caller has it."""
     by_name = {r.sym_name.data: r for r in registers}
     writes: dict[str, list[tuple[int, plan.ComputeOp | plan.CommOp]]] = {}
-    for pos, actor in enumerate(device.actors()):
+    for pos, actor in enumerate(device.actors() if actors is None else actors):
         for ref in actor.outs.data:
             writes.setdefault(ref.string_value(), []).append((pos, actor))
     pairs = set()
