@@ -263,7 +263,7 @@ class Lowering:
 
     def __post_init__(self) -> None:
         self.names: dict[SSAValue, str] = {}
-        self.meshes: dict[SSAValue, Mesh] = {}
+        self.meshes: dict[str, Mesh] = {}  # placement name -> its mesh
         self.taken: set[str] = set()  # the values of `names`, kept as a set for the uniqueness test
         self.devices: dict[int, list[Operation]] = {}
         self.comm_count = 0
@@ -275,6 +275,9 @@ class Lowering:
         # most of this pass's time.
         self.ref_attrs: dict[SSAValue, SymbolRefAttr] = {}
         self.local_types: dict[tuple, TensorType] = {}
+        self.local_bytes: dict[tuple, IntegerAttr] = {}  # per local type (same key): its bytes
+        self.kernels: dict[str, StringAttr] = {}  # op name -> the kernel attribute of its actors
+        self.no_props = DictionaryAttr({})
         self.ints: dict[int, IntegerAttr] = {}
         self.name_attrs: dict[SSAValue, StringAttr] = {}
 
@@ -310,37 +313,47 @@ class Lowering:
             owner = value.owner
             what = f"'{owner.name}': its result" if isinstance(owner, Operation) else "a block argument"
             raise PassFailedException(f"{what} has no distribution; run sbp-infer first")
-        if value not in self.meshes:
-            self.meshes[value] = lookup_placement(self.graph, t.placement).mesh()
-        return self.meshes[value]
+        # by placement name: the graph's placements do not change while it is lowered
+        mesh = self.meshes.get(t.placement_name)
+        if mesh is None:
+            mesh = self.meshes[t.placement_name] = lookup_placement(self.graph, t.placement).mesh()
+        return mesh
 
-    def register(self, value: SSAValue, rank: int, fetched: dict[SSAValue, str], crossing: set[SSAValue]):
+    def registers(self, value: SSAValue, ranks, fetched: dict[SSAValue, str],
+                  crossing: set[SSAValue]) -> list[plan.RegisterOp]:
+        """The registers of `value` on `ranks`: what they share (name, value,
+        role, all attributes) is read once, only the local piece per rank."""
         t = value.type
         mesh = self.mesh_of(value)
         assert isinstance(t, DTensorType)  # mesh_of raised otherwise
-        region = piece_of(t, mesh, rank)
-        key = (t.element_type, tuple(s.stop - s.start for s in region))
-        if key not in self.local_types:
-            self.local_types[key] = TensorType(t.element_type, list(key[1]))
-        local = self.local_types[key]
-        props = {
-            "sym_name": self.name_attr(value),
-            "type": local,
-            "bytes": self.int_attr(plan.tensor_bytes(local)),
-            "value": t,
-        }
+        name = self.name_attr(value)
+        # in the order register properties have always been given (the generic form prints them so)
+        role: dict[str, Attribute] = {}
         if value in crossing:
-            props["slots"] = self.int_attr(self.pipeline_slots)
+            role["slots"] = self.int_attr(self.pipeline_slots)
         owner = value.owner
         if isinstance(owner, lg.InputOp):
-            props["feed"] = owner.key
+            role["feed"] = owner.key
         elif isinstance(owner, lg.ParamOp):
-            props.update(persistent=UnitAttr(), param=owner.key, init=owner.init, seed=owner.seed)
+            role.update(persistent=UnitAttr(), param=owner.key, init=owner.init, seed=owner.seed)
         elif isinstance(owner, lg.ConstantOp):
-            props.update(persistent=UnitAttr(), constant=owner.value)
+            role.update(persistent=UnitAttr(), constant=owner.value)
         if value in fetched:
-            props["fetch"] = StringAttr(fetched[value])
-        return plan.RegisterOp.create(properties=props)
+            role["fetch"] = StringAttr(fetched[value])
+        out = []
+        for rank in ranks:
+            region = piece_of(t, mesh, rank)
+            key = (t.element_type, tuple(s.stop - s.start for s in region))
+            local = self.local_types.get(key)
+            if local is None:
+                local = self.local_types[key] = TensorType(t.element_type, list(key[1]))
+                self.local_bytes[key] = self.int_attr(plan.tensor_bytes(local))
+            props = {"sym_name": name, "type": local, "bytes": self.local_bytes[key], "value": t, **role}
+            out.append(plan.RegisterOp.create(properties=props))
+        return out
+
+    def register(self, value: SSAValue, rank: int, fetched: dict[SSAValue, str], crossing: set[SSAValue]):
+        return self.registers(value, [rank], fetched, crossing)[0]
 
     def ranks(self, ranks):
         if self.only is not None:
@@ -430,8 +443,9 @@ class Lowering:
         registers: dict[int, list[Operation]] = {}
         for op in body:
             v = op.results[0]
-            for rank in self.ranks(self.mesh_of(v).ranks):
-                registers.setdefault(rank, []).append(self.register(v, rank, fetched, crossing))
+            ranks = self.ranks(self.mesh_of(v).ranks)
+            for rank, reg in zip(ranks, self.registers(v, ranks, fetched, crossing)):
+                registers.setdefault(rank, []).append(reg)
         actors: dict[int, list[Operation]] = {rank: [] for rank in registers}
         stages = self.stage_orders(body)
         if stages is None:
@@ -455,10 +469,13 @@ class Lowering:
         name = self.name_of(out)
         if isinstance(op, lg.SbpRules):
             # one set of (immutable) attributes for the actor on every rank
+            kernel = self.kernels.get(op.name)
+            if kernel is None:
+                kernel = self.kernels[op.name] = StringAttr(op.name)
             props: dict[str, Attribute] = {
                 "sym_name": StringAttr(f"{name}.{op.name.removeprefix('lg.')}"),
-                "kernel": StringAttr(op.name),
-                "props": DictionaryAttr(dict(op.properties)),
+                "kernel": kernel,
+                "props": DictionaryAttr(dict(op.properties)) if op.properties else self.no_props,
                 "ins": self.refs(op.operands),
                 "outs": self.refs([out]),
             }
