@@ -60,7 +60,16 @@ from . import lg
 from .irdl_verify import op_definition
 from .layout import local_shape
 from .lg import InitializerAttr
-from .sbp import COLLECTIVES, TRANSFER, DTensorType, PlacementOp, element_bytes, format_nd, verify_distribution
+from .sbp import (
+    COLLECTIVES,
+    TRANSFER,
+    DTensorType,
+    Mesh,
+    PlacementOp,
+    element_bytes,
+    format_nd,
+    verify_distribution,
+)
 
 
 def tensor_bytes(t: TensorType) -> int:
@@ -229,13 +238,16 @@ class RegisterOp(IRDLOperation):
 
     def verify_(self) -> None:
         where = f"'{self.name}' @{self.sym_name.data}"
-        try:
-            tensor_bytes(self.type)
-        except VerifyException as e:
-            raise VerifyException(f"{where}: {e}") from None
-        if self.bytes.value.data != tensor_bytes(self.type):
+        local_bytes = _CHECKED_BYTES.get(id(self.type))
+        if local_bytes is None or local_bytes[0] is not self.type:
+            try:
+                local_bytes = (self.type, tensor_bytes(self.type))
+            except VerifyException as e:
+                raise VerifyException(f"{where}: {e}") from None
+            _remember(_CHECKED_BYTES, id(self.type), local_bytes)
+        if self.bytes.value.data != local_bytes[1]:
             raise VerifyException(
-                f"{where}: {self.type} takes {tensor_bytes(self.type)} bytes, not {self.bytes.value.data}"
+                f"{where}: {self.type} takes {local_bytes[1]} bytes, not {self.bytes.value.data}"
             )
         if self.slots.value.data < 1:
             raise VerifyException(f"{where}: needs at least one slot")
@@ -255,6 +267,14 @@ class RegisterOp(IRDLOperation):
         mesh = verify_distribution(self, self.value, "its value")
         assert mesh is not None  # the value is a dtensor
         rank = device.rank.value.data
+        # What follows depends on the attributes, the mesh and the rank alone:
+        # a local type and a value type checked together on this mesh and
+        # rank before (the registers of a value on every rank share its
+        # attributes) pass again.
+        checked = _CHECKED_PIECES.get((id(self.type), id(self.value)))
+        if (checked is not None and checked[0] is self.type and checked[1] is self.value and checked[2] is mesh
+                and rank in checked[3]):
+            return
         if rank not in mesh.ranks:
             raise VerifyException(f"{where}: rank {rank} is not in placement @{mesh.name}")
         expected = local_shape(self.value, mesh, rank)
@@ -263,6 +283,29 @@ class RegisterOp(IRDLOperation):
                 f"{where}: local shape {list(self.type.get_shape())} is not the piece {list(expected)} that "
                 f"rank {rank} holds of {list(self.value.get_shape())} under {_nd_text(self.value)}"
             )
+        if checked is not None and checked[0] is self.type and checked[1] is self.value and checked[2] is mesh:
+            checked[3].add(rank)
+        else:
+            _remember(_CHECKED_PIECES, (id(self.type), id(self.value)), (self.type, self.value, mesh, {rank}))
+
+
+CHECKED_LIMIT = 1 << 16
+"""Entries a verifier memo below keeps before it starts over."""
+
+_CHECKED_BYTES: dict[int, tuple[TensorType, int]] = {}
+"""id(local type) -> (the type, its bytes): registers share their local types."""
+
+_CHECKED_PIECES: dict[tuple[int, int], tuple[TensorType, DTensorType, Mesh, set[int]]] = {}
+"""(id(local type), id(value type)) -> (the two types, a mesh, the ranks of
+it) where the local type is the rank's piece of the value on the mesh (as
+plan.register's verifier checks). An entry keeps its attributes alive, so their ids are not reused;
+attributes are immutable, so the verdict holds for the same objects."""
+
+
+def _remember(memo: dict, key, entry) -> None:
+    if len(memo) >= CHECKED_LIMIT:
+        memo.clear()
+    memo[key] = entry
 
 
 def _nd_text(t: DTensorType) -> str:

@@ -527,6 +527,12 @@ def verify_distribution(op: Operation, type: Attribute, what: str,
             found = placements[name] = lookup_placement(op, name)
         placement = found
     mesh = placement.mesh()
+    # The checks below read the type and the mesh alone: a type that passed
+    # them on this very mesh passes again (a graph shares one type object
+    # among the values alike, a plan among a value's registers).
+    checked = _CHECKED_ON.get(id(type))
+    if checked is not None and checked[0] is type and checked[1] is mesh:
+        return mesh
     if len(type.nd_sbp) != len(mesh.shape):
         raise VerifyException(
             f"'{op.name}': {what} has {len(type.nd_sbp)} SBP entries but placement @{mesh.name} "
@@ -538,7 +544,19 @@ def verify_distribution(op: Operation, type: Attribute, what: str,
             raise VerifyException(
                 f"'{op.name}': {what} is split on axis {entry.axis.data} but has rank {rank}"
             )
+    if len(_CHECKED_ON) >= CHECKED_LIMIT:
+        _CHECKED_ON.clear()
+    _CHECKED_ON[id(type)] = (type, mesh)
     return mesh
+
+
+CHECKED_LIMIT = 1 << 16
+"""Entries _CHECKED_ON keeps before it starts over."""
+
+_CHECKED_ON: dict[int, tuple[DTensorType, Mesh]] = {}
+"""id(dtensor type) -> (the type, the mesh it last passed verify_distribution's
+checks on). An entry keeps its type alive, so the id is not reused; types
+and meshes are immutable, so the verdict holds for the same objects."""
 
 
 # --------------------------------------------------------------------------
