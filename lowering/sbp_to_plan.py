@@ -45,7 +45,7 @@ from xdsl.dialects.builtin import (
     UnitAttr,
     i64,
 )
-from xdsl.ir import Attribute, Operation, SSAValue
+from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import Rewriter
 from xdsl.utils.exceptions import PassFailedException
@@ -68,51 +68,53 @@ def schedule(ops: list[Operation], slot: Callable[[Operation], int] | None = Non
     parameter runs as soon as its gradient is ready, and the communication
     of its result overlaps the rest of the backward pass); ties in program
     order."""
-    index = {op: i for i, op in enumerate(ops)}
-    is_comm = {op: isinstance(op, sbp.COLLECTIVE_OPS) for op in ops}
+    index: dict[Operation | Block, int] = {op: i for i, op in enumerate(ops)}  # an owner may be a block: not here
+    comm = [isinstance(op, sbp.COLLECTIVE_OPS) for op in ops]
+    is_comm = dict(zip(ops, comm))
+    # per op (by index): the indices of its operands' producers among `ops`,
+    # one per operand (an op reading a value twice waits for it twice)
+    producers = [[index[o.owner] for o in op.operands if o.owner in index] for op in ops]
     users: dict[Operation, list[Operation]] = {op: [] for op in ops}
-    for op in ops:
-        for o in op.operands:
-            if isinstance(o.owner, Operation) and o.owner in index:
-                users[o.owner].append(op)
+    user_indices: list[list[int]] = [[] for _ in ops]
+    for i, (op, made_by) in enumerate(zip(ops, producers)):
+        for p in made_by:
+            users[ops[p]].append(op)
+            user_indices[p].append(i)
 
     # redistributions without communication
     local = tuple(op for kind, op in sbp.COLLECTIVE_OP_OF_KIND.items() if not sbp.COLLECTIVES[kind].communicates)
 
-    def priority(op: Operation) -> int:
-        if is_comm[op]:
+    def priority(i: int) -> int:
+        if comm[i]:
             return 0
-        if any(
-            isinstance(o.owner, Operation) and o.owner in index and is_comm[o.owner] and not isinstance(o.owner, local)
-            for o in op.operands
-        ):
+        if any(comm[p] and not isinstance(ops[p], local) for p in producers[i]):
             return 3
-        if any(is_comm[u] for u in users[op]):
+        if any(comm[u] for u in user_indices[i]):
             return 1
         return 2
 
-    waiting = {op: sum(1 for o in op.operands if o.owner in index) for op in ops}
+    waiting = [len(made_by) for made_by in producers]
     gates = _parameter_gathers(ops, index, is_comm, users)
     gates.update(_recomputations(ops, index, is_comm, users))
     for head, gate in gates.items():
         for op in gate:
-            users[op].append(head)
-        waiting[head] += len(gate)
-    def key(op: Operation) -> tuple[int, int, int]:
-        return (slot(op) if slot is not None else 0, priority(op), index[op])
+            user_indices[index[op]].append(index[head])
+        waiting[index[head]] += len(gate)
+    def key(i: int) -> tuple[int, int, int]:  # ties in program order: the index is unique
+        return (slot(ops[i]) if slot is not None else 0, priority(i), i)
 
-    ready = [(*key(op), op) for op in ops if not waiting[op]]
+    ready = [key(i) for i in range(len(ops)) if not waiting[i]]
     heapq.heapify(ready)
     order = []
     while ready:
-        op = heapq.heappop(ready)[-1]
-        order.append(op)
-        for user in users[op]:
+        i = heapq.heappop(ready)[-1]
+        order.append(ops[i])
+        for user in user_indices[i]:
             waiting[user] -= 1
             if not waiting[user]:
-                heapq.heappush(ready, (*key(user), user))
+                heapq.heappush(ready, key(user))
     if len(order) != len(ops):
-        stuck = next(op for op in ops if waiting[op])
+        stuck = next(op for i, op in enumerate(ops) if waiting[i])
         raise PassFailedException(f"sbp-to-plan: no schedule: '{stuck.name}' waits on a cycle")
     return order
 

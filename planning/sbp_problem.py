@@ -426,7 +426,9 @@ class ExactCost:
             for u, uses in enumerate(self.costly_slots)
         ]
         self._tie_costs = {key: m.tolist() for key, m in problem.ties.items()}
-        self._unit_of: dict[tuple, float] = {}  # (u, consumer mesh id, src, dst) -> unit(...)
+        # ((bytes, rank) of u's result, consumer mesh id, same mesh as u, src, dst) -> unit(u, ...):
+        # all that unit reads of u and v, so producers alike share entries
+        self._unit_of: dict[tuple, float] = {}
         self._around: list[tuple[list[int], list[tuple[int, int]]] | None] = [None] * len(nodes)
 
     def unit(self, u: int, v: int, j: int, src, dst) -> float:
@@ -458,7 +460,7 @@ class ExactCost:
             return self._trackers[u].cost(choice)
         src = self._gives[u][choice[u]]
         total, seen = 0.0, set()
-        unit_of = self._unit_of
+        unit_of, sizes = self._unit_of, self.problem.sizes
         for v, wants, mesh, same_mesh, per_use in self._uses[u]:
             dst = wants[choice[v]]
             if dst == src and same_mesh:
@@ -467,7 +469,7 @@ class ExactCost:
                 if (mesh, dst) in seen:
                     continue
                 seen.add((mesh, dst))
-            key = (u, mesh, src, dst)
+            key = (sizes[u], mesh, same_mesh, src, dst)
             cost = unit_of.get(key)
             if cost is None:
                 cost = unit_of[key] = self._unit_cost(u, v, src, dst, same_mesh)
