@@ -127,6 +127,9 @@ class Timing:
     meshes: dict[str, Mesh]
     groups: dict[tuple[str, tuple[int, ...]], list[int]] = field(default_factory=dict)
     """The rank group of each (placement, mesh axes) priced so far."""
+    lg_times: dict[tuple, tuple[float, DTensorType, tuple[DTensorType, ...]]] = field(default_factory=dict)
+    """(op class, id of its result type, ids of its operand types, its
+    properties) -> (its time, the types)."""
 
     def mesh(self, op: Operation, t: DTensorType) -> Mesh:
         name = t.placement_name
@@ -153,11 +156,26 @@ class Timing:
             return self.collective_time(op.name.removeprefix("sbp."), mesh, axes, volume)
         if not isinstance(op, lg.LgOp):
             return 0.0
-        shapes = [tuple(_dtensor(o).get_shape()) for o in op.operands]
-        flops = type(op).flops(shapes, tuple(out.get_shape()), **op.params())
+        # An lg op's time reads its class, properties and types alone: ops
+        # alike (repeated layers) are priced once. The entry holds the types
+        # it was keyed by (their ids), so no id is reused while it lives.
+        params = op.params()
+        operand_types = tuple(_dtensor(o) for o in op.operands)
+        try:
+            key = (type(op), id(out), tuple(map(id, operand_types)), tuple(sorted(params.items())))
+            alike = self.lg_times.get(key)
+        except TypeError:  # a property without a hash
+            key, alike = None, None
+        if alike is not None:
+            return alike[0]
+        shapes = [tuple(t.get_shape()) for t in operand_types]
+        flops = type(op).flops(shapes, tuple(out.get_shape()), **params)
         fraction = local_fraction(nd_to_plain(out.nd_sbp), mesh.shape, out.get_shape())
-        nbytes = _local_bytes(out, mesh) + sum(_local_bytes(_dtensor(o), mesh) for o in op.operands)
-        return self.cluster.work_time(op.name, flops * fraction, nbytes)
+        nbytes = _local_bytes(out, mesh) + sum(_local_bytes(t, mesh) for t in operand_types)
+        time = self.cluster.work_time(op.name, flops * fraction, nbytes)
+        if key is not None:
+            self.lg_times[key] = (time, out, operand_types)
+        return time
 
 
 def ready_times(ops: list[Operation], timing: Timing) -> dict[Operation, float]:
