@@ -150,11 +150,18 @@ class _Occupancy:
     def add(self, start: int, end: int, lo: int, hi: int) -> None:
         """Bytes [lo, hi) are taken at every position of [start, end]."""
         done: set[int] = set()
+        covering, within = self.covering, self.within
         for node in self._cover(start, end):
-            self.covering.setdefault(node, _ByteRanges()).add(lo, hi)
+            ranges = covering.get(node)
+            if ranges is None:  # (setdefault would build a _ByteRanges per call)
+                ranges = covering[node] = _ByteRanges()
+            ranges.add(lo, hi)
             while node and node not in done:  # the node and its ancestors, each once
                 done.add(node)
-                self.within.setdefault(node, _ByteRanges()).add(lo, hi)
+                ranges = within.get(node)
+                if ranges is None:
+                    ranges = within[node] = _ByteRanges()
+                ranges.add(lo, hi)
                 node >>= 1
 
     def lowest_free(self, start: int, end: int, size: int) -> int:
