@@ -175,7 +175,7 @@ class DeviceOp(IRDLOperation):
             if isinstance(actor, ComputeOp) and actor.kernel.data == FUSED:
                 # Checked here, not in the actor's verify_: the device holds the register table, and a lookup
                 # per actor would scan the whole device (quadratic in the plan's size).
-                steps = fused_steps(actor)
+                steps = _checked_steps(actor)
                 out = registers[actor.outs.data[0].string_value()]
                 if steps and out.type != steps[-1].type:
                     raise VerifyException(
@@ -392,6 +392,26 @@ def fused_steps(actor: ComputeOp) -> list[FusedStep]:
     return out
 
 
+_CHECKED_STEPS: dict[int, tuple[DictionaryAttr, list[FusedStep]]] = {}
+"""id(props of a plan.fused actor) -> (the props, fused_steps of them): the
+verifiers of the actor and of its device both read its steps, and the
+actors of a chain on every rank share one props attribute. An entry keeps
+its attribute alive, so the id is not reused."""
+
+
+def _checked_steps(actor: ComputeOp) -> list[FusedStep]:
+    """fused_steps(actor) for the verifiers, which only read it, parsed
+    once per props attribute (a steps list that fails to parse raises
+    each time)."""
+    props = actor.props
+    found = _CHECKED_STEPS.get(id(props))
+    if found is not None and found[0] is props:
+        return found[1]
+    steps = fused_steps(actor)
+    _remember(_CHECKED_STEPS, id(props), (props, steps))
+    return steps
+
+
 @op_definition
 class ComputeOp(ActorOp):
     """Runs one lg kernel (`kernel` names the op, `props` holds its
@@ -420,7 +440,7 @@ class ComputeOp(ActorOp):
 
     def _verify_fused(self) -> None:
         where = f"'{self.name}' @{self.sym_name.data}"
-        steps = fused_steps(self)
+        steps = _checked_steps(self)
         if not steps:
             raise VerifyException(f"{where}: a {FUSED} actor needs at least one step")
         n = len(self.ins.data)

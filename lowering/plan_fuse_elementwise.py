@@ -94,15 +94,23 @@ class _StepAttrs:
 
     def __init__(self) -> None:
         self._steps: dict[plan.FusedStep, DictionaryAttr] = {}
+        self._props: dict[tuple[plan.FusedStep, ...], DictionaryAttr] = {}
 
     def props(self, steps: list[plan.FusedStep]) -> DictionaryAttr:
+        """The props of a fused actor: one per distinct chain (the same
+        chain on every rank, in every repeated layer)."""
+        key = tuple(steps)
+        found = self._props.get(key)
+        if found is not None:
+            return found
         attrs = []
         for step in steps:
             attr = self._steps.get(step)
             if attr is None:
                 attr = self._steps[step] = step.attr()
             attrs.append(attr)
-        return DictionaryAttr({"steps": ArrayAttr(attrs)})
+        found = self._props[key] = DictionaryAttr({"steps": ArrayAttr(attrs)})
+        return found
 
 
 def fuse_device(device: plan.DeviceOp, step_attrs: _StepAttrs | None = None) -> int:
