@@ -312,15 +312,23 @@ def choose_buckets(members: Sequence[Member], comm_time, pack_time, unpack_time,
         # packed after this prefix's delay: an end before that is as good
         # as that moment (exact, and it lets more cuts dominate others).
         soonest = members[j].ready if j < n else -math.inf
+        ready = members[j - 1].ready
         options = []
+        append = options.append
+        # the same arithmetic, in the same order, as written out in
+        # bucket_finish; `b if b > a else a` is max(a, b), without the call
         for i in range(max(0, j - WINDOW), j):
             comm = comm_time(volume[j] - volume[i])
             pack, unpack = pack_time(i, j), unpack_time(i, j)
+            last_unpack = unpack if j == n else 0.0
+            host_comm = host_share * comm
             for k, (end, delay, _, _) in enumerate(states[i]):
                 packed = delay + pack
-                finish = max(end, members[j - 1].ready + packed) + comm + (unpack if j == n else 0.0)
-                after = packed + host_share * comm + unpack
-                options.append((max(finish, soonest + after), after, finish, i, k))
+                start = ready + packed
+                finish = (start if start > end else end) + comm + last_unpack
+                after = packed + host_comm + unpack
+                due = soonest + after
+                append((due if due > finish else finish, after, finish, i, k))
         options.sort()  # among equals, the earliest actual end (results sooner)
         frontier: list[tuple[float, float, int, int]] = []
         least = math.inf
