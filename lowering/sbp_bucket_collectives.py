@@ -313,7 +313,7 @@ def choose_buckets(members: Sequence[Member], comm_time, pack_time, unpack_time,
         # as that moment (exact, and it lets more cuts dominate others).
         soonest = members[j].ready if j < n else -math.inf
         ready = members[j - 1].ready
-        options = []
+        options: list[tuple[float, float, float, int, int]] = []
         append = options.append
         # the same arithmetic, in the same order, as written out in
         # bucket_finish; `b if b > a else a` is max(a, b), without the call
