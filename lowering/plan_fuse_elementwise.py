@@ -36,7 +36,15 @@ from dataclasses import dataclass
 from typing import TypeGuard
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp, StringAttr, SymbolRefAttr
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    BFloat16Type,
+    DictionaryAttr,
+    Float16Type,
+    ModuleOp,
+    StringAttr,
+    SymbolRefAttr,
+)
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
@@ -52,7 +60,7 @@ def _fusable(actor) -> TypeGuard[plan.ComputeOp]:
 def _rounded(reg: plan.RegisterOp) -> bool:
     """A 16-bit float value: each op rounds its result to it, so a chain
     that kept it in float32 between steps would compute something else."""
-    return str(reg.type.element_type) in ("f16", "bf16")
+    return isinstance(reg.type.element_type, Float16Type | BFloat16Type)
 
 
 def _is_intermediate(reg: plan.RegisterOp) -> bool:

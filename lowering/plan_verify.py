@@ -242,13 +242,16 @@ def temporaries_disjoint(temporaries: list[tuple[int, int, int, int, str]], in_p
 def verify_collectives(program: plan.ProgramOp) -> None:
     devices = {d.rank.value.data: d for d in program.devices()}
     by_id: dict[int, dict[int, plan.CommOp]] = {}
+    comms: dict[int, list[plan.CommOp]] = {}  # per rank, its collectives in schedule order
+    groups: dict[plan.CommOp, list[int]] = {}  # each collective's rank group, unpacked once
     for rank, device in devices.items():
-        for actor in device.actors():
-            if isinstance(actor, plan.CommOp):
-                by_id.setdefault(actor.comm_id.value.data, {})[rank] = actor
+        comms[rank] = [actor for actor in _contents(device)[1] if isinstance(actor, plan.CommOp)]
+        for actor in comms[rank]:
+            by_id.setdefault(actor.comm_id.value.data, {})[rank] = actor
+            groups[actor] = list(actor.group.get_values())
     for comm_id, members in sorted(by_id.items()):
         for rank, actor in members.items():
-            group = list(actor.group.get_values())
+            group = groups[actor]
             for other in group:
                 peer = members.get(other)
                 if peer is None:
@@ -256,7 +259,7 @@ def verify_collectives(program: plan.ProgramOp) -> None:
                         f"'plan.comm' @{actor.sym_name.data} (id {comm_id}) on rank {rank}: group member "
                         f"rank {other} has no part in this collective"
                     )
-                if list(peer.group.get_values()) != group or peer.kind != actor.kind:
+                if groups[peer] != group or peer.kind != actor.kind:
                     raise PassFailedException(
                         f"'plan.comm' @{actor.sym_name.data} (id {comm_id}): rank {rank} sees {actor.kind.data} over "
                         f"{group} but rank {other} sees {peer.kind.data} over {list(peer.group.get_values())}"
@@ -264,10 +267,7 @@ def verify_collectives(program: plan.ProgramOp) -> None:
     # Point-to-point transfers match by id (their MPI tag), whatever the
     # order they are posted in: pipeline stages running 1F1B post them in
     # different orders. Collectives must be issued in one order.
-    orders = {
-        rank: [a.comm_id.value.data for a in d.actors() if isinstance(a, plan.CommOp) and a.kind.data != "transfer"]
-        for rank, d in devices.items()
-    }
+    orders = {rank: [a.comm_id.value.data for a in comms[rank] if a.kind.data != "transfer"] for rank in devices}
     ranks = sorted(orders)
     for i, r1 in enumerate(ranks):
         for r2 in ranks[i + 1 :]:
