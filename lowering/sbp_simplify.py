@@ -28,6 +28,7 @@ from xdsl.pattern_rewriter import (
     PatternRewriteWalker,
     RewritePattern,
 )
+from xdsl.transforms.dead_code_elimination import is_trivially_dead
 
 from sbpc.dialects import lg, sbp
 from sbpc.dialects.sbp import DTensorType, lookup_placement, nd_to_plain
@@ -106,13 +107,30 @@ class EraseDeadBoxing(RewritePattern):
             rewriter.erase(op)
 
 
+class OnBoxingOps(RewritePattern):
+    """`applier` on boxing ops; on any other op only the dead-code check
+    the applier makes first (every pattern above matches boxing ops alone,
+    so that is all the applier would do there). Trying the four patterns on
+    every op of a large graph, twice, was most of the pass."""
+
+    def __init__(self, applier: GreedyRewritePatternApplier):
+        assert not applier.folding_enabled  # what the applier does on other ops, besides dead code
+        self.applier = applier
+
+    def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
+        if isinstance(op, BOXING_OPS):
+            self.applier.match_and_rewrite(op, rewriter)
+        elif self.applier.dce_enabled and is_trivially_dead(op):
+            rewriter.erase(op)
+
+
 @dataclass(frozen=True)
 class SbpSimplifyPass(ModulePass):
     name = "sbp-simplify"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         PatternRewriteWalker(
-            GreedyRewritePatternApplier(
+            OnBoxingOps(GreedyRewritePatternApplier(
                 [FoldRoundTrip(), AllReduceThenSlice(), ShareRepeatedBoxing(), EraseDeadBoxing()]
-            ),
+            )),
         ).rewrite_module(op)
