@@ -278,6 +278,8 @@ class Lowering:
         self.ref_attrs: dict[SSAValue, SymbolRefAttr] = {}
         self.local_types: dict[tuple, TensorType] = {}
         self.local_bytes: dict[tuple, IntegerAttr] = {}  # per local type (same key): its bytes
+        # (id(value type), rank) -> (the type, its local type there, its bytes); the entry keeps the type alive
+        self.pieces: dict[tuple[int, int], tuple[DTensorType, TensorType, IntegerAttr]] = {}
         self.kernels: dict[str, StringAttr] = {}  # op name -> the kernel attribute of its actors
         self.no_props = DictionaryAttr({})
         self.ints: dict[int, IntegerAttr] = {}
@@ -344,13 +346,18 @@ class Lowering:
             role["fetch"] = StringAttr(fetched[value])
         out = []
         for rank in ranks:
-            region = piece_of(t, mesh, rank)
-            key = (t.element_type, tuple(s.stop - s.start for s in region))
-            local = self.local_types.get(key)
-            if local is None:
-                local = self.local_types[key] = TensorType(t.element_type, list(key[1]))
-                self.local_bytes[key] = self.int_attr(plan.tensor_bytes(local))
-            props = {"sym_name": name, "type": local, "bytes": self.local_bytes[key], "value": t, **role}
+            # values alike share their type object: its piece on a rank is found once
+            piece = self.pieces.get((id(t), rank))
+            if piece is None or piece[0] is not t:
+                region = piece_of(t, mesh, rank)
+                key = (t.element_type, tuple(s.stop - s.start for s in region))
+                local = self.local_types.get(key)
+                if local is None:
+                    local = self.local_types[key] = TensorType(t.element_type, list(key[1]))
+                    self.local_bytes[key] = self.int_attr(plan.tensor_bytes(local))
+                piece = self.pieces[(id(t), rank)] = (t, local, self.local_bytes[key])
+            _, local, nbytes = piece
+            props = {"sym_name": name, "type": local, "bytes": nbytes, "value": t, **role}
             out.append(plan.RegisterOp.create(properties=props))
         return out
 
