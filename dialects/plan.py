@@ -237,56 +237,64 @@ class RegisterOp(IRDLOperation):
         return self.bytes.value.data * self.slots.value.data
 
     def verify_(self) -> None:
-        where = f"'{self.name}' @{self.sym_name.data}"
-        local_bytes = _CHECKED_BYTES.get(id(self.type))
-        if local_bytes is None or local_bytes[0] is not self.type:
+        # Reads the properties once (a plan holds tens of thousands of
+        # registers, and every module verification checks each).
+        local_type, value = self.type, self.value
+        local_bytes = _CHECKED_BYTES.get(id(local_type))
+        if local_bytes is None or local_bytes[0] is not local_type:
             try:
-                local_bytes = (self.type, tensor_bytes(self.type))
+                local_bytes = (local_type, tensor_bytes(local_type))
             except VerifyException as e:
-                raise VerifyException(f"{where}: {e}") from None
-            _remember(_CHECKED_BYTES, id(self.type), local_bytes)
+                raise VerifyException(f"{self._where()}: {e}") from None
+            _remember(_CHECKED_BYTES, id(local_type), local_bytes)
         if self.bytes.value.data != local_bytes[1]:
             raise VerifyException(
-                f"{where}: {self.type} takes {local_bytes[1]} bytes, not {self.bytes.value.data}"
+                f"{self._where()}: {local_type} takes {local_bytes[1]} bytes, not {self.bytes.value.data}"
             )
         if self.slots.value.data < 1:
-            raise VerifyException(f"{where}: needs at least one slot")
-        if self.offset is not None and self.offset.value.data < 0:
-            raise VerifyException(f"{where}: negative offset")
-        if (self.param is not None) != (self.init is not None):
-            raise VerifyException(f"{where}: a parameter needs its initializer, and only a parameter has one")
-        if (self.param is not None or self.constant is not None) and self.is_persistent is None:
-            raise VerifyException(f"{where}: parameters and constants live in the persistent region")
-        if self.type.element_type != self.value.element_type:
+            raise VerifyException(f"{self._where()}: needs at least one slot")
+        props = self.properties
+        offset = props.get("offset")
+        if offset is not None and offset.value.data < 0:  # type: ignore[attr-defined]  # an i64 (checked above)
+            raise VerifyException(f"{self._where()}: negative offset")
+        param = props.get("param")
+        if (param is not None) != (props.get("init") is not None):
+            raise VerifyException(f"{self._where()}: a parameter needs its initializer, and only a parameter has one")
+        if (param is not None or props.get("constant") is not None) and props.get("persistent") is None:
+            raise VerifyException(f"{self._where()}: parameters and constants live in the persistent region")
+        if local_type.element_type != value.element_type:
             raise VerifyException(
-                f"{where}: element type {self.type.element_type} is not the value's {self.value.element_type}"
+                f"{self._where()}: element type {local_type.element_type} is not the value's {value.element_type}"
             )
         device = self.parent_op()
         if not isinstance(device, DeviceOp):
             return
-        mesh = verify_distribution(self, self.value, "its value")
+        mesh = verify_distribution(self, value, "its value")
         assert mesh is not None  # the value is a dtensor
         rank = device.rank.value.data
         # What follows depends on the attributes, the mesh and the rank alone:
         # a local type and a value type checked together on this mesh and
         # rank before (the registers of a value on every rank share its
         # attributes) pass again.
-        checked = _CHECKED_PIECES.get((id(self.type), id(self.value)))
-        if (checked is not None and checked[0] is self.type and checked[1] is self.value and checked[2] is mesh
+        checked = _CHECKED_PIECES.get((id(local_type), id(value)))
+        if (checked is not None and checked[0] is local_type and checked[1] is value and checked[2] is mesh
                 and rank in checked[3]):
             return
         if rank not in mesh.ranks:
-            raise VerifyException(f"{where}: rank {rank} is not in placement @{mesh.name}")
-        expected = local_shape(self.value, mesh, rank)
-        if tuple(self.type.get_shape()) != expected:
+            raise VerifyException(f"{self._where()}: rank {rank} is not in placement @{mesh.name}")
+        expected = local_shape(value, mesh, rank)
+        if tuple(local_type.get_shape()) != expected:
             raise VerifyException(
-                f"{where}: local shape {list(self.type.get_shape())} is not the piece {list(expected)} that "
-                f"rank {rank} holds of {list(self.value.get_shape())} under {_nd_text(self.value)}"
+                f"{self._where()}: local shape {list(local_type.get_shape())} is not the piece {list(expected)} that "
+                f"rank {rank} holds of {list(value.get_shape())} under {_nd_text(value)}"
             )
-        if checked is not None and checked[0] is self.type and checked[1] is self.value and checked[2] is mesh:
+        if checked is not None and checked[0] is local_type and checked[1] is value and checked[2] is mesh:
             checked[3].add(rank)
         else:
-            _remember(_CHECKED_PIECES, (id(self.type), id(self.value)), (self.type, self.value, mesh, {rank}))
+            _remember(_CHECKED_PIECES, (id(local_type), id(value)), (local_type, value, mesh, {rank}))
+
+    def _where(self) -> str:
+        return f"'{self.name}' @{self.sym_name.data}"
 
 
 CHECKED_LIMIT = 1 << 16
