@@ -329,3 +329,52 @@ def test_compile_work_grows_linearly():
     growth = {name: math.log(large[name] / small[name]) / math.log(large_ops / small_ops) for name in small}
     # plan-allocate-memory's interval tree is n log^2 n: 1.07 here
     assert all(g <= 1.15 for g in growth.values()), growth
+
+
+def _uneven_plan():
+    """A compiled plan of a 3-row input split over 2 ranks: rank 0 holds 2
+    rows of `x`, rank 1 one row (its registers share the value type)."""
+    from xdsl.context import Context
+
+    import sbpc
+    from sbpc import S
+    from sbpc.lowering.compile import CompilePass
+
+    g = sbpc.Graph("uneven", placement=sbpc.placement("cpu", ranks=2))
+    x = g.input("x", (3, 4), sbp=S(0))
+    g.output(y=sbpc.relu(x))
+    module = g.module()
+    CompilePass().apply(Context(), module)
+    return module
+
+
+def test_verifier_memos_check_each_rank_and_mesh():
+    """plan.register's verifier remembers a (local type, value type) pair that
+    passed on a mesh and rank, and verify_distribution a type that passed on
+    a mesh: a register of another rank with the same attribute objects is
+    still checked (here its piece is one row, not two), and so is a type on
+    another mesh."""
+    import pytest
+    from xdsl.dialects.builtin import DenseArrayBase, i64
+    from xdsl.utils.exceptions import VerifyException
+
+    from sbpc.dialects import plan
+    from sbpc.dialects.sbp import PlacementOp, verify_distribution
+
+    module = _uneven_plan()
+    module.verify()  # fills the memos with rank 0's (and rank 1's) pairs
+    (program,) = plan.programs(module)
+    rank0, rank1 = program.devices()
+    x0 = next(r for r in rank0.registers() if r.feed is not None)
+    x1 = next(r for r in rank1.registers() if r.feed is not None)
+    assert x0.value is x1.value and x0.type != x1.type
+    x1.type, x1.bytes = x0.type, x0.bytes  # rank 0's piece, on rank 1
+    with pytest.raises(VerifyException, match="local shape"):
+        module.verify()
+    # a type that passed on the placement's 1-D mesh, once the placement is
+    # 2-D: checked again
+    placement = next(op for op in module.ops if isinstance(op, PlacementOp))
+    assert verify_distribution(placement, x0.value, "x") is placement.mesh()
+    placement.shape = DenseArrayBase.from_list(i64, [1, 2])
+    with pytest.raises(VerifyException, match="SBP entries"):
+        verify_distribution(placement, x0.value, "x")
