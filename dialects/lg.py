@@ -278,6 +278,16 @@ MAX_ELEMENTS = 2**60
 """The most elements a tensor may have: 8-byte elements then fill 2^63 bytes."""
 
 
+CHECKED_LIMIT = 1 << 16
+"""Entries _CHECKED_RULES keeps before it starts over."""
+
+_CHECKED_RULES: dict[tuple, tuple[Attribute, list[Attribute]]] = {}
+"""(op class, id of its result type, ids of its operand types, its
+properties) -> (the result type, the operand types) of an lg op whose
+result its shape rule accepted. The entry keeps its types alive, so their
+ids are not reused; attributes are immutable, so the verdict holds."""
+
+
 def verify_distributions(op: IRDLOperation) -> None:
     """Every dtensor of `op` is valid on its placement, all of them share one
     placement (an op runs on one mesh), and a recorded signature matches."""
@@ -436,18 +446,31 @@ class LgOp(SbpRules, IRDLOperation, ABC):
 
     def verify_(self) -> None:
         types = [o.type for o in self.operands]
-        try:
-            shape, elem = self.rule(
-                [global_shape(t) for t in types], [element_type(t) for t in types], **self.params()
-            )
-        except ShapeError as e:
-            raise VerifyException(f"'{self.name}': {e}") from None
         result = self.results[0].type
-        if global_shape(result) != shape or element_type(result) != elem:
-            raise VerifyException(
-                f"'{self.name}': result type {fmt_type(global_shape(result), element_type(result))} does not "
-                f"match the inferred {fmt_type(shape, elem)}"
-            )
+        params = self.params()
+        # The rule's verdict reads the op's class, properties and types
+        # alone: ops alike (repeated layers share type objects) pass once.
+        try:
+            key: tuple | None = (type(self), id(result), tuple(map(id, types)), tuple(sorted(params.items())))
+            inferred = _CHECKED_RULES.get(key)  # type: ignore[arg-type]
+        except TypeError:  # a property without a hash
+            key, inferred = None, None
+        if inferred is None:  # (a hit is the very objects: the entry keeps them alive)
+            try:
+                shape, elem = self.rule(
+                    [global_shape(t) for t in types], [element_type(t) for t in types], **params
+                )
+            except ShapeError as e:
+                raise VerifyException(f"'{self.name}': {e}") from None
+            if global_shape(result) != shape or element_type(result) != elem:
+                raise VerifyException(
+                    f"'{self.name}': result type {fmt_type(global_shape(result), element_type(result))} does not "
+                    f"match the inferred {fmt_type(shape, elem)}"
+                )
+            if key is not None:
+                if len(_CHECKED_RULES) >= CHECKED_LIMIT:
+                    _CHECKED_RULES.clear()
+                _CHECKED_RULES[key] = (result, types)
         verify_distributions(self)
 
 
