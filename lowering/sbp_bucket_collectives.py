@@ -433,26 +433,27 @@ def topological_order(block: Block) -> None:
     """Reorders `block` so every op follows its operands' producers, keeping
     the program order wherever it already does (the terminator stays last)."""
     ops = list(block.ops)
-    index = {op: i for i, op in enumerate(ops)}
-    users: dict[Operation, list[Operation]] = {op: [] for op in ops}
-    waiting = dict.fromkeys(ops, 0)
-    for op in ops:
-        for producer in {o.owner for o in op.operands if o.owner in index}:
-            assert isinstance(producer, Operation)
-            users[producer].append(op)
-            waiting[op] += 1
-    ready = [(index[op], op) for op in ops if not waiting[op]]
+    # by index: ops hash in Python, ints in C
+    index: dict[Operation | Block, int] = {op: i for i, op in enumerate(ops)}  # an owner may be a block: not here
+    users: list[list[int]] = [[] for _ in ops]
+    waiting = [0] * len(ops)
+    for i, op in enumerate(ops):
+        for producer in {index[o.owner] for o in op.operands if o.owner in index}:
+            users[producer].append(i)
+            waiting[i] += 1
+    ready = [i for i in range(len(ops)) if not waiting[i]]
     heapq.heapify(ready)
-    order = []
+    positions = []
     while ready:
-        _, op = heapq.heappop(ready)
-        order.append(op)
-        for user in users[op]:
+        i = heapq.heappop(ready)
+        positions.append(i)
+        for user in users[i]:
             waiting[user] -= 1
             if not waiting[user]:
-                heapq.heappush(ready, (index[user], user))
-    if order == ops:
+                heapq.heappush(ready, user)
+    if positions == list(range(len(ops))):
         return
+    order = [ops[i] for i in positions]
     for op in ops:
         block.detach_op(op)
     block.add_ops(order)
