@@ -188,32 +188,9 @@ class Cluster:
     links: Links | None = None
     source: str = ""
     """Where the figures come from (vendor specifications, a calibration run)."""
-    cores: int = 0
-    """Cores of one host (a unit of the lowest level) that its devices'
-    threads share; 0: every device runs on its own (a GPU, or a core each).
-    Where a host holds more devices than cores, the OS shares the cores
-    among the threads that are computing (`sharing_scale`)."""
-    rates_shared_by: int = 1
-    """How many devices of one host ran at once when the device's rates were
-    measured (sbp-calibrate: its ranks per host, all timed together): the
-    rates include that many threads' sharing of `cores`."""
 
     def __post_init__(self) -> None:
         validate(self)
-
-    def devices_per_host(self) -> int:
-        """Devices in one unit of the lowest level (all of them without levels)."""
-        return self.levels[0].size if self.levels else self.count
-
-    def sharing_scale(self, computing: float) -> float:
-        """How much longer a kernel takes than the device's rates say when
-        `computing` threads of one host (on average) compute at once: the
-        cores shared among them (processor sharing), against the sharing the
-        rates were measured under. 1 where devices do not share cores."""
-        if self.cores <= 0:
-            return 1.0
-        measured = max(1.0, self.rates_shared_by / self.cores)
-        return max(1.0, computing / self.cores) / measured
 
     # -- topology ---------------------------------------------------------------
 
@@ -364,11 +341,6 @@ def _positive(where: str, value: Any, zero_ok: bool = False) -> None:
 def validate(c: Cluster) -> None:
     if not isinstance(c.count, int) or isinstance(c.count, bool) or c.count < 1:
         raise ClusterError(f"count: must be a positive integer, got {c.count!r}")
-    for name in ("cores", "rates_shared_by"):
-        value = getattr(c, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "cores" else 1):
-            raise ClusterError(f"{name}: must be a {'non-negative' if name == 'cores' else 'positive'} integer, "
-                               f"got {value!r}")
     d = c.device
     if d.kind not in ("cpu", "cuda"):
         raise ClusterError(f"device.kind: must be 'cpu' or 'cuda', got {d.kind!r}")

@@ -232,13 +232,8 @@ def fit_cluster(raw: Mapping[str, Any], name: str | None = None) -> Fitted:
                   Level("network", hosts, bandwidth=base.bandwidth, latency=base.latency, collectives=fits,
                         sync=sync))
         source = f"sbp-calibrate on {hosts} hosts from {raw.get('host', 'this machine')}, {per_host} ranks each"
-    # The rates above were timed with a host's ranks all running at once:
-    # where they outnumber its cores, the simulator shares the cores among
-    # the ranks computing at each moment instead (Cluster.sharing_scale).
-    cores = int(raw.get("cores", 0))
     cluster = Cluster(name=name or f"calibrated-cpu-{ranks}", count=ranks, device=device, levels=levels,
-                      source=source, cores=cores if 0 < cores < per_host else 0,
-                      rates_shared_by=per_host if 0 < cores < per_host else 1)
+                      source=source)
     return Fitted(cluster, figures)
 
 

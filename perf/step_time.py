@@ -307,7 +307,7 @@ def _bytes(n: float) -> str:
 
 
 class _Device:
-    def __init__(self, device: plan.DeviceOp, cluster: Cluster, steps: int, cache: dict, scale: float = 1.0):
+    def __init__(self, device: plan.DeviceOp, cluster: Cluster, steps: int, cache: dict):
         self.rank = device.rank.value.data
         self.name = device.sym_name.data
         registers = {r.sym_name.data: r for r in device.registers()}
@@ -332,7 +332,7 @@ class _Device:
                 out.append((buf, lo, lo + nbytes, i >= len(names) - writes))
             return out
 
-        overhead = cluster.device.actor_overhead * scale
+        overhead = cluster.device.actor_overhead
         self.actors: list[tuple[str, str, float, list[str], int, CommSpec | None, int]] = []
         """(name, what, seconds, registers read then written, how many are written, spec, index);
         for a matmul, `what` is its column blocks (plan.matmul_blocks) as 'gemm:N'."""
@@ -342,8 +342,7 @@ class _Device:
             written = len(actor.outs.data)
             if isinstance(actor, plan.ComputeOp):
                 # a reshape written over its input: the runtime skips it
-                seconds = 0.0 if plan.does_nothing(actor) else (
-                    compute_time(actor, registers, cluster, cache) * scale + overhead)
+                seconds = 0.0 if plan.does_nothing(actor) else compute_time(actor, registers, cluster, cache) + overhead
                 what = "compute"
                 if actor.kernel.data in cluster.GEMM_KERNELS:
                     out = registers[actor.outs.data[0].string_value()]
@@ -356,7 +355,7 @@ class _Device:
             nbytes = actor.bytes.value.data if actor.bytes is not None else 0
             if kind in COLLECTIVES and not COLLECTIVES[kind].communicates:
                 out = registers[actor.outs.data[0].string_value()]
-                seconds = copy_time(out.bytes.value.data, cluster) * scale + overhead
+                seconds = copy_time(out.bytes.value.data, cluster) + overhead
                 self.actors.append((actor.sym_name.data, "copy", seconds, names, written, None, index))
                 self.kernels[kind] = self.kernels.get(kind, 0.0) + seconds
                 continue
@@ -368,9 +367,8 @@ class _Device:
         copies = [registers[n] for n in self.feeds] + [registers[p] for _, p in self.updates]
         if copies:
             self.kernels["copy"] = self.kernels.get("copy", 0.0) + sum(
-                copy_time(r.bytes.value.data, cluster) for r in copies) * scale
+                copy_time(r.bytes.value.data, cluster) for r in copies)
         self.ranges = ranges
-        self.scale = scale
         self.tasks = self._tasks(steps, cluster, registers)
         self.pc = 0
         self.t = 0.0
@@ -515,7 +513,7 @@ def _head(queue: list[Collective]) -> Collective | None:
 
 class Replay:
     def __init__(self, program: plan.ProgramOp, cluster: Cluster, placements: Sequence[PlacementOp], steps: int,
-                 exact: bool | None = None, scale: float = 1.0):
+                 exact: bool | None = None):
         self.cluster = cluster
         self.steps = steps
         devices = program.devices()
@@ -539,9 +537,7 @@ class Replay:
             raise SimulationError(f"'plan.program' @{program.sym_name.data}: no plan.device for rank {missing[0]}, "
                                   "the representative of its class")
         cache: dict = {}
-        self.scale = scale
-        """Kernels' time against the cluster's rates (processor sharing, simulate_plan)."""
-        self.devices = {d.rank.value.data: _Device(d, cluster, steps, cache, scale) for d in chosen}
+        self.devices = {d.rank.value.data: _Device(d, cluster, steps, cache) for d in chosen}
         self.overlap = cluster.device.comm_overlap
         self.enqueue = cluster.device.launch_ahead
         self.eager = False
@@ -742,40 +738,7 @@ def simulate_plan(module: ModuleOp, cluster: Cluster, steps: int = 4, program: s
     placements = [op for op in module.ops if isinstance(op, PlacementOp)]
     replay = Replay(prog, cluster, placements, max(1, steps), exact)
     replay.run()
-    prediction = _report(prog, cluster, replay, placements)
-    # Processor sharing, mean-field: where a host's devices outnumber its
-    # cores, the OS shares the cores among the threads computing at the
-    # moment (a waiting rank yields its core). The rates were measured with
-    # rates_shared_by threads computing at once; the replay is repeated with
-    # kernels scaled to the average number computing in the last replay,
-    # until that settles.
-    for _ in range(SHARING_ROUNDS if cluster.cores else 0):
-        scale = cluster.sharing_scale(_computing_per_host(prediction, cluster))
-        if abs(scale - replay.scale) <= SHARING_TOLERANCE * replay.scale:
-            break
-        replay = Replay(prog, cluster, placements, max(1, steps), exact, scale)
-        replay.run()
-        prediction = _report(prog, cluster, replay, placements)
-    return prediction
-
-
-SHARING_ROUNDS = 4
-SHARING_TOLERANCE = 0.02
-"""Replays with a scale for processor sharing, at most, and the relative
-change of the scale below which the last replay stands."""
-
-
-def _computing_per_host(prediction: Prediction, cluster: Cluster) -> float:
-    """The average number of threads of one host computing at once: the
-    plan's devices on the busiest host, each busy its compute share of the step."""
-    if prediction.step_time <= 0:
-        return 0.0
-    per_host = cluster.devices_per_host()
-    hosts: dict[int, float] = {}
-    for d in prediction.devices:  # a representative stands for its class: its peers compute alike
-        share = min(1.0, d.compute / prediction.step_time)
-        hosts[d.rank // per_host] = hosts.get(d.rank // per_host, 0.0) + share * d.represents
-    return min(max(hosts.values(), default=0.0), float(per_host))
+    return _report(prog, cluster, replay, placements)
 
 
 def _report(prog: plan.ProgramOp, cluster: Cluster, replay: Replay, placements: Sequence[PlacementOp]) -> Prediction:

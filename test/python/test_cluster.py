@@ -902,27 +902,3 @@ def test_an_enqueued_collective_does_not_hold_up_its_lane_until_its_input_exists
             chained, small = ([e for e in p.events if e.device == 0 and e.step == step and e.what == "all_reduce"
                                and e.name == name] for name in ("v3.all_reduce", "b.all_reduce"))
             assert (small[0].start < chained[0].start) == ahead
-
-
-def test_sharing_scale_is_processor_sharing_against_the_measured_sharing():
-    shared = replace(small_cluster(4), cores=2, rates_shared_by=4)  # rates timed with 4 ranks on 2 cores
-    assert small_cluster(4).sharing_scale(4.0) == 1.0  # no sharing: the rates as they are
-    assert shared.sharing_scale(4.0) == 1.0  # as busy as when measured
-    assert shared.sharing_scale(2.0) == 0.5 == shared.sharing_scale(1.0)  # a core each
-    assert replace(small_cluster(4), cores=2, rates_shared_by=2).sharing_scale(4.0) == 2.0
-    with pytest.raises(ClusterError, match="cores: must be a non-negative integer"):
-        replace(small_cluster(4), cores=-1)
-    with pytest.raises(ClusterError, match="rates_shared_by: must be a positive integer"):
-        replace(small_cluster(4), rates_shared_by=0)
-
-
-def test_a_host_with_more_ranks_than_cores_shares_them_among_the_ranks_computing():
-    """One device computes, one idles: timed with both computing on one core
-    (rates_shared_by 2), the working device gets the core to itself and runs
-    twice as fast; with a core each, nothing changes."""
-    module = compiled(one_device("f32"))
-    alone = simulate_plan(module, small_cluster(2))
-    shared = simulate_plan(module, replace(small_cluster(2), cores=1, rates_shared_by=2))
-    assert shared.step_time == pytest.approx(alone.step_time / 2, rel=1e-6)
-    own = simulate_plan(module, replace(small_cluster(2), cores=2, rates_shared_by=2))
-    assert own.step_time == pytest.approx(alone.step_time, rel=1e-6)
