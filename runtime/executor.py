@@ -20,6 +20,7 @@ Every exception is reported with the rank, the actor and its registers.
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import signal
@@ -69,6 +70,19 @@ def give_way() -> None:
     never yields takes the core from the rank it waits for: steps ran 2-5x
     slower. With a core per rank the call returns at once."""
     os.sched_yield()
+
+
+def settle_heap() -> None:
+    """Puts every object alive now (the parsed plan and the bound kernels:
+    hundreds of thousands of xDSL and Python objects, alive for the whole
+    run) out of the garbage collector's walks. Otherwise a full collection
+    walks them all, in the middle of some step: 45 ms inside one actor of
+    the GPT benchmark's step 8 on every rank at once, a step of 30 ms. For
+    the rank processes of ours alone (sbp-run's worker, the rank pool),
+    which hold nothing else; the pool calls `gc.unfreeze` before it loads
+    the next plan, so that the last one can be collected."""
+    gc.collect()
+    gc.freeze()
 
 
 def rendezvous(world: MPI.Comm, what: str) -> None:

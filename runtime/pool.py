@@ -18,6 +18,7 @@ driver's (RankPool(hosts=...)) keep neither: see runtime/hosts.py.
 from __future__ import annotations
 
 import contextlib
+import gc
 import signal
 import sys
 import time
@@ -28,7 +29,7 @@ from sbpc.dialects import parse_module
 
 from .channel import connect, receive, send
 from .cuda_backend import make_executor
-from .executor import Executor, actor_names, give_way
+from .executor import Executor, actor_names, give_way, settle_heap
 from .hosts import on_driver_node
 from .program import find_program
 from .progress import Progress
@@ -86,12 +87,15 @@ def serve(job: str) -> None:
                 shared.close()
                 break
             if kind == "load":  # each rank parses its own device's plan alone (program.rank_plans)
+                executor = None
+                gc.unfreeze()  # the last plan's objects, out of the collector's sight until now (settle_heap)
                 module = parse_module(command[1][world.rank])
                 program = find_program(module)
                 executor = make_executor(module, program, world, trace=False)
                 if progress is not None:
                     executor.progress = progress.start(actor_names(executor))
                 executor.initialize(command[2])
+                settle_heap()
                 reply = "loaded"
             elif kind == "run":
                 loaded = _loaded(executor)

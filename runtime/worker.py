@@ -30,7 +30,7 @@ from mpi4py import MPI
 from sbpc.dialects import parse_module
 
 from .cuda_backend import make_executor
-from .executor import STREAMS, actor_names, rendezvous
+from .executor import STREAMS, actor_names, rendezvous, settle_heap
 from .hosts import on_driver_node
 from .program import assemble_outputs, find_program
 from .progress import Progress
@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> None:
         if progress is not None:
             executor.progress = progress.start(actor_names(executor))
         executor.initialize(params)
+        settle_heap()
         executor.feed(feeds)
         fetched = executor.run(args.steps)
         gathered = gather_pieces(world, fetched, step=executor.steps_run - 1)
