@@ -5,10 +5,11 @@ objects) send, and unpickles what arrives: unpickling runs code. On one
 machine the ranks talk through shared memory alone (UCX_TLS=self,sm,
 runtime/launch.py), which no other user can reach. Ranks on several hosts
 talk over the network, where MPI's transports accept connections from
-anyone who can reach their ports, so every pickle then carries an
-HMAC-SHA256 of the job's secret and is unpickled only once it is proved
-(mpi4py's `MPI.pickle` hook, so every lowercase call is covered, the
-runtime's and any that comes later). Tensors move through MPI's buffer calls
+anyone who can reach their ports. So wherever a job has a secret (every
+launch of ours gives one, on one host or several), every pickle carries an
+HMAC-SHA256 of it and is unpickled only once it is proved (mpi4py's
+`MPI.pickle` hook, so every lowercase call is covered, the runtime's and
+any that comes later). Tensors move through MPI's buffer calls
 (Allreduce and the like), which unpickle nothing.
 
 The secret reaches the ranks in their environment (SBPC_JOB_SECRET, set by
