@@ -113,6 +113,10 @@ class Hosts:
         """The host index of each rank."""
         return [h for h, n in enumerate(self.ranks_per_host(ranks)) for _ in range(n)]
 
+    def elsewhere(self, ranks: int) -> list[int]:
+        """The ranks that run on other hosts than the first (the driver's)."""
+        return [r for r, h in enumerate(self.host_of_rank(ranks)) if h != 0]
+
     def mpiexec_options(self, ranks: int) -> list[str]:
         """hydra's options that place `ranks` ranks on these hosts."""
         counts = self.ranks_per_host(ranks)

@@ -86,7 +86,8 @@ class RankPool:
         self.launcher_out.seek(0)
         launcher = self.launcher_out.read()
         first = self.watch.stop()
-        described = describe_failure(self.errors.name, self.ranks, launcher + forwarded, first)
+        elsewhere = self.hosts.elsewhere(self.ranks) if self.hosts is not None else ()
+        described = describe_failure(self.errors.name, self.ranks, launcher + forwarded, first, elsewhere)
         return described or forwarded or launcher.strip()
 
     def request(self, *command):

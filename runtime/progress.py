@@ -111,15 +111,17 @@ def describe_progress(folder: str | os.PathLike, ranks: int, skip: Collection[in
                      if r not in skip)
 
 
-def describe_failure(folder: str | os.PathLike, ranks: int, launcher_output: str, first_dead: int | None = None
-                     ) -> str:
+def describe_failure(folder: str | os.PathLike, ranks: int, launcher_output: str, first_dead: int | None = None,
+                     elsewhere: Collection[int] = ()) -> str:
     """Which rank ended the job and where every rank was, from the records,
     the rank a DeathWatch saw end first, and mpiexec's report (`PID <pid>
     RUNNING AT ...` / `EXIT CODE: <code>`, where a code that is a signal
     number is how MPICH's launcher reports a rank killed by that signal).
     mpiexec's report alone never names the culprit: it reports one of the
     ranks it then killed with the same SIGKILL as often as the one that died
-    (measured: a wrong rank in 5 of 12 jobs). Empty when there are no records."""
+    (measured: a wrong rank in 5 of 12 jobs). The ranks `elsewhere` run on
+    other hosts than the driver's and keep no record in its folder: the
+    message says so. Empty when there are no records."""
     found = records(folder, ranks)
     if not found:
         return ""
@@ -137,6 +139,13 @@ def describe_failure(folder: str | os.PathLike, ranks: int, launcher_output: str
         lines = ["a rank ended the job without a report" + (
             f" ({mpiexec}: the first it saw end, not always the first to end)" if mpiexec else "")]
     others = describe_progress(folder, ranks, skip=() if first_dead not in found else {first_dead})
+    away = sorted(set(elsewhere) - set(found))
+    if away:
+        names = ", ".join(map(str, away))
+        others += ("; " if others else "") + (
+            f"ranks {names} run on other hosts and keep no record here" if len(away) > 1 else
+            f"rank {names} runs on another host and keeps no record here") + (
+            " (what a rank there printed is in mpiexec's output)")
     return "; ".join(lines + ([others] if others else []))
 
 

@@ -182,7 +182,8 @@ def main(args: list[str] | None = None) -> int:
                     others = describe_progress(errors, options.ranks, skip=reported_ranks(errors))
                     reports += f"; {others}" if others else ""
                 else:
-                    reports = describe_failure(errors, options.ranks, launcher.read_text(), watch.stop())
+                    reports = describe_failure(errors, options.ranks, launcher.read_text(), watch.stop(),
+                                               hosts.elsewhere(options.ranks) if hosts is not None else ())
                 print(f"sbp-run: error: {reports}" if reports else
                       f"sbp-run: the job failed (exit code {code})", file=sys.stderr)
                 return 1

@@ -37,6 +37,7 @@ def test_a_host_list_places_ranks_node_major():
     assert hosts.ranks_per_host(4) == [2, 2]
     assert hosts.host_of_rank(4) == [0, 0, 1, 1]
     assert hosts.mpiexec_options(4) == ["-hosts", "a:2,b:2"]
+    assert hosts.elsewhere(4) == [2, 3]
     assert Hosts.parse("a,b,c").ranks_per_host(8) == [3, 3, 2]
     assert Hosts.parse("a:1,b").ranks_per_host(4) == [1, 3]
     assert Hosts.parse("a,b", launcher="fork").mpiexec_options(2) == ["-hosts", "a:1,b:1", "-launcher", "fork"]
@@ -219,6 +220,7 @@ def test_a_rank_on_another_host_that_dies_is_reported(tmp_path):
     assert "a rank ended the job without a report" in done.stderr and "; rank 0 was " in done.stderr, \
         done.stderr
     assert "rank 1 was" not in done.stderr and "rank 1 (pid" not in done.stderr, done.stderr
+    assert "rank 1 runs on another host and keeps no record here" in done.stderr, done.stderr
 
 
 def test_calibration_on_two_hosts_writes_a_two_level_cluster_the_planner_reads(tmp_path):
