@@ -117,8 +117,18 @@ def fast_accepts(op_def: OpDef) -> Callable[[IRDLOperation], bool] | None:
     return accepts
 
 
-PASSED_LIMIT = 1 << 16
-"""Attributes a constraint remembers having passed, before it starts over."""
+MEMO_LIMIT = 1 << 16
+"""Entries a verifier's identity memo keeps before it starts over."""
+
+
+def remember(memo: dict, key, entry) -> None:
+    """Keeps a verifier's verdict in `memo` (keyed by attribute ids, the
+    entry holding those attributes, so their ids are not reused while it
+    lasts; attributes are immutable, so the verdict holds for the same
+    objects), starting the memo over at MEMO_LIMIT entries."""
+    if len(memo) >= MEMO_LIMIT:
+        memo.clear()
+    memo[key] = entry
 
 
 def _check(constr, single: bool = False) -> Callable[[Attribute, VerificationContext], None]:
@@ -143,8 +153,6 @@ def _check(constr, single: bool = False) -> Callable[[Attribute, VerificationCon
         if passed.get(id(attr)) is attr:
             return
         verify(attr, context)
-        if len(passed) >= PASSED_LIMIT:
-            passed.clear()
-        passed[id(attr)] = attr
+        remember(passed, id(attr), attr)
 
     return check

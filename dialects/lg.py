@@ -68,7 +68,7 @@ from xdsl.printer import Printer
 from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator, OpTrait, Pure, SymbolOpInterface
 from xdsl.utils.exceptions import VerifyException
 
-from .irdl_verify import op_definition
+from .irdl_verify import op_definition, remember
 from .sbp import (
     DTensorType,
     PlacementOp,
@@ -278,9 +278,6 @@ MAX_ELEMENTS = 2**60
 """The most elements a tensor may have: 8-byte elements then fill 2^63 bytes."""
 
 
-CHECKED_LIMIT = 1 << 16
-"""Entries _CHECKED_RULES keeps before it starts over."""
-
 _CHECKED_RULES: dict[tuple, tuple[Attribute, list[Attribute]]] = {}
 """(op class, id of its result type, ids of its operand types, its
 properties) -> (the result type, the operand types) of an lg op whose
@@ -468,9 +465,7 @@ class LgOp(SbpRules, IRDLOperation, ABC):
                     f"match the inferred {fmt_type(shape, elem)}"
                 )
             if key is not None:
-                if len(_CHECKED_RULES) >= CHECKED_LIMIT:
-                    _CHECKED_RULES.clear()
-                _CHECKED_RULES[key] = (result, types)
+                remember(_CHECKED_RULES, key, (result, types))
         verify_distributions(self)
 
 

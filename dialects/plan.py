@@ -57,7 +57,7 @@ from xdsl.traits import HasParent, IsolatedFromAbove, NoTerminator, SymbolOpInte
 from xdsl.utils.exceptions import VerifyException
 
 from . import lg
-from .irdl_verify import op_definition
+from .irdl_verify import op_definition, remember
 from .layout import local_shape
 from .lg import InitializerAttr
 from .sbp import (
@@ -144,6 +144,18 @@ class DeviceOp(IRDLOperation):
     def actors(self) -> list[ComputeOp | CommOp]:
         """The schedule."""
         return [op for op in self.body.block.ops if isinstance(op, ComputeOp | CommOp)]
+
+    def contents(self) -> tuple[list[RegisterOp], list[ComputeOp | CommOp]]:
+        """registers() and actors() in one walk of the body (passes that
+        need both on a large plan)."""
+        registers: list[RegisterOp] = []
+        actors: list[ComputeOp | CommOp] = []
+        for op in self.body.block.ops:
+            if isinstance(op, RegisterOp):
+                registers.append(op)
+            elif isinstance(op, ComputeOp | CommOp):
+                actors.append(op)
+        return registers, actors
 
     def verify_(self) -> None:
         # One walk of the body gives the register table and the schedule and
@@ -246,7 +258,7 @@ class RegisterOp(IRDLOperation):
                 local_bytes = (local_type, tensor_bytes(local_type))
             except VerifyException as e:
                 raise VerifyException(f"{self._where()}: {e}") from None
-            _remember(_CHECKED_BYTES, id(local_type), local_bytes)
+            remember(_CHECKED_BYTES, id(local_type), local_bytes)
         if self.bytes.value.data != local_bytes[1]:
             raise VerifyException(
                 f"{self._where()}: {local_type} takes {local_bytes[1]} bytes, not {self.bytes.value.data}"
@@ -291,14 +303,11 @@ class RegisterOp(IRDLOperation):
         if checked is not None and checked[0] is local_type and checked[1] is value and checked[2] is mesh:
             checked[3].add(rank)
         else:
-            _remember(_CHECKED_PIECES, (id(local_type), id(value)), (local_type, value, mesh, {rank}))
+            remember(_CHECKED_PIECES, (id(local_type), id(value)), (local_type, value, mesh, {rank}))
 
     def _where(self) -> str:
         return f"'{self.name}' @{self.sym_name.data}"
 
-
-CHECKED_LIMIT = 1 << 16
-"""Entries a verifier memo below keeps before it starts over."""
 
 _CHECKED_BYTES: dict[int, tuple[TensorType, int]] = {}
 """id(local type) -> (the type, its bytes): registers share their local types."""
@@ -308,12 +317,6 @@ _CHECKED_PIECES: dict[tuple[int, int], tuple[TensorType, DTensorType, Mesh, set[
 it) where the local type is the rank's piece of the value on the mesh (as
 plan.register's verifier checks). An entry keeps its attributes alive, so their ids are not reused;
 attributes are immutable, so the verdict holds for the same objects."""
-
-
-def _remember(memo: dict, key, entry) -> None:
-    if len(memo) >= CHECKED_LIMIT:
-        memo.clear()
-    memo[key] = entry
 
 
 def _nd_text(t: DTensorType) -> str:
@@ -358,6 +361,9 @@ REINTERPRETING_KERNELS = frozenset(op.name for op in lg.COMPUTE_OPS if op.has_tr
 another shape (lg.SameBytes): written over a dying input, they have
 nothing to do."""
 
+OVERWRITING_KERNELS = IN_PLACE_KERNELS | REINTERPRETING_KERNELS
+"""Kernels whose output may be written over a dying input (either kind above)."""
+
 
 def does_nothing(actor: Operation) -> bool:
     """A reinterpreting actor the memory plan wrote over its input (a
@@ -376,10 +382,6 @@ class FusedStep:
     def attr(self) -> DictionaryAttr:
         return DictionaryAttr({"kernel": StringAttr(self.kernel), "args": DenseArrayBase.from_list(i64, self.args),
                                "type": self.type})
-
-
-def fused_props(steps: Sequence[FusedStep]) -> DictionaryAttr:
-    return DictionaryAttr({"steps": ArrayAttr([s.attr() for s in steps])})
 
 
 def fused_steps(actor: ComputeOp) -> list[FusedStep]:
@@ -416,7 +418,7 @@ def _checked_steps(actor: ComputeOp) -> list[FusedStep]:
     if found is not None and found[0] is props:
         return found[1]
     steps = fused_steps(actor)
-    _remember(_CHECKED_STEPS, id(props), (props, steps))
+    remember(_CHECKED_STEPS, id(props), (props, steps))
     return steps
 
 

@@ -63,7 +63,7 @@ from xdsl.traits import Pure, SymbolOpInterface, SymbolTable
 from xdsl.utils.exceptions import VerifyException
 from xdsl.utils.str_enum import StrEnum
 
-from .irdl_verify import op_definition
+from .irdl_verify import op_definition, remember
 
 # --------------------------------------------------------------------------
 # SBP attributes
@@ -544,14 +544,9 @@ def verify_distribution(op: Operation, type: Attribute, what: str,
             raise VerifyException(
                 f"'{op.name}': {what} is split on axis {entry.axis.data} but has rank {rank}"
             )
-    if len(_CHECKED_ON) >= CHECKED_LIMIT:
-        _CHECKED_ON.clear()
-    _CHECKED_ON[id(type)] = (type, mesh)
+    remember(_CHECKED_ON, id(type), (type, mesh))
     return mesh
 
-
-CHECKED_LIMIT = 1 << 16
-"""Entries _CHECKED_ON keeps before it starts over."""
 
 _CHECKED_ON: dict[int, tuple[DTensorType, Mesh]] = {}
 """id(dtensor type) -> (the type, the mesh it last passed verify_distribution's

@@ -281,11 +281,10 @@ def in_place_pairs(device: plan.DeviceOp, life: dict[str, tuple[int, int]],
     overwritten = set()  # the values of `pairs`, as a set: each input is overwritten at most once
     if registers is None:
         registers = {r.sym_name.data: r for r in device.registers()}
-    in_place_kernels = plan.IN_PLACE_KERNELS | plan.REINTERPRETING_KERNELS
     for pos, actor in enumerate(device.actors() if actors is None else actors):
         if (
             not isinstance(actor, plan.ComputeOp)
-            or actor.kernel.data not in in_place_kernels
+            or actor.kernel.data not in plan.OVERWRITING_KERNELS
         ):
             continue
         out = registers[actor.outs.data[0].string_value()]
@@ -349,13 +348,8 @@ def allocate_device(device: plan.DeviceOp, in_place: bool = True, memo: dict | N
     for devices with the same buffers, see place; `ints`: offset attributes
     already made, shared by the devices of a program)."""
     life = lifetimes(device)
-    registers: dict[str, plan.RegisterOp] = {}
-    actors: list[plan.ComputeOp | plan.CommOp] = []
-    for op in device.body.block.ops:  # one walk for both lists
-        if isinstance(op, plan.RegisterOp):
-            registers[op.sym_name.data] = op
-        elif isinstance(op, plan.ComputeOp | plan.CommOp):
-            actors.append(op)
+    register_list, actors = device.contents()
+    registers = {r.sym_name.data: r for r in register_list}
     aliases, alias_writers = update_aliases(device, life, registers, actors) if in_place else ({}, set())
     pairs = {out: src for out, src in (in_place_pairs(device, life, registers, actors) if in_place else {}).items()
              if out not in aliases}

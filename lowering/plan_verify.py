@@ -38,26 +38,11 @@ def _fail(device: plan.DeviceOp, what: str) -> NoReturn:
     raise PassFailedException(f"'plan.device' @{device.sym_name.data}: {what}")
 
 
-def _contents(device: plan.DeviceOp) -> tuple[list[plan.RegisterOp], list[plan.ComputeOp | plan.CommOp]]:
-    """The device's registers and its actors (the schedule), in one walk."""
-    registers: list[plan.RegisterOp] = []
-    actors: list[plan.ComputeOp | plan.CommOp] = []
-    for op in device.body.block.ops:
-        if isinstance(op, plan.RegisterOp):
-            registers.append(op)
-        elif isinstance(op, plan.ComputeOp | plan.CommOp):
-            actors.append(op)
-    return registers, actors
-
-
-IN_PLACE_OR_REINTERPRETING = plan.IN_PLACE_KERNELS | plan.REINTERPRETING_KERNELS
-
-
 def verify_memory(device: plan.DeviceOp) -> None:
     if device.arena is None or device.persistent is None:
         _fail(device, "memory is not allocated; run plan-allocate-memory")
     regions = {False: device.arena.value.data, True: device.persistent.value.data}
-    registers, actors = _contents(device)
+    registers, actors = device.contents()
     # (name, offset, size, persistent) of every register, read once
     facts: list[tuple[str, int, int, bool]] = []
     for reg in registers:
@@ -79,7 +64,7 @@ def verify_memory(device: plan.DeviceOp) -> None:
     in_place: set[tuple[str, str]] = set()
     for actor in actors:
         if (isinstance(actor, plan.ComputeOp) and actor.in_place is not None
-                and actor.kernel.data in IN_PLACE_OR_REINTERPRETING):
+                and actor.kernel.data in plan.OVERWRITING_KERNELS):
             out = actor.outs.data[0].string_value()
             in_place.update((ref.string_value(), out) for ref in actor.ins.data
                             if offsets[ref.string_value()] == offsets[out])
@@ -245,7 +230,7 @@ def verify_collectives(program: plan.ProgramOp) -> None:
     comms: dict[int, list[plan.CommOp]] = {}  # per rank, its collectives in schedule order
     groups: dict[plan.CommOp, list[int]] = {}  # each collective's rank group, unpacked once
     for rank, device in devices.items():
-        comms[rank] = [actor for actor in _contents(device)[1] if isinstance(actor, plan.CommOp)]
+        comms[rank] = [actor for actor in device.actors() if isinstance(actor, plan.CommOp)]
         for actor in comms[rank]:
             by_id.setdefault(actor.comm_id.value.data, {})[rank] = actor
             groups[actor] = list(actor.group.get_values())

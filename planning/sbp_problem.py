@@ -432,24 +432,20 @@ class ExactCost:
         self._around: list[tuple[list[int], list[tuple[int, int]]] | None] = [None] * len(nodes)
 
     def unit(self, u: int, v: int, j: int, src, dst) -> float:
-        if src == dst and self.problem.nodes[u].mesh == self.problem.nodes[v].mesh:
-            return 0.0
         node = self.problem.nodes[v]
+        same_mesh = self.problem.nodes[u].mesh == node.mesh
+        if src == dst and same_mesh:
+            return 0.0
         key = (u, node.mesh, src, dst)
         cost = self._unit.get(key)
         if cost is None:
-            nbytes, rank = self.problem.sizes[u]  # operand j of v is u's result
-            if self.problem.nodes[u].mesh != node.mesh:
-                cost = transfer_cost(nbytes, self.problem.device)
-            else:
-                cost = self.problem.boxing(src, dst, node.mesh.shape, rank, nbytes)
-            self._unit[key] = cost
+            cost = self._unit[key] = self._unit_cost(u, v, src, dst, same_mesh)
         return cost
 
     def _unit_cost(self, u: int, v: int, src, dst, same_mesh: bool) -> float:
         """unit(u, v, j, src, dst) where src and dst differ or the meshes
-        do, without unit's own memo (keyed by Mesh, slow to hash)."""
-        nbytes, rank = self.problem.sizes[u]
+        do, without a memo (producer_cost keeps its own, by plain keys)."""
+        nbytes, rank = self.problem.sizes[u]  # operand j of v is u's result
         if not same_mesh:
             return transfer_cost(nbytes, self.problem.device)
         return self.problem.boxing(src, dst, self.problem.nodes[v].mesh.shape, rank, nbytes)
