@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Collection
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -64,16 +65,80 @@ def launcher(n: int, hosts: Hosts | None) -> list[str]:
     return [mpiexec(), *hosts.mpiexec_options(n), "-n", str(n)]
 
 
-def stop(process: subprocess.Popen) -> None:
+def stop(process: subprocess.Popen, before: Leftovers | None = None) -> None:
     """Ends an mpiexec now: SIGTERM, on which it ends every rank (they
-    ignore the terminal's SIGINT: the driver decides), and at worst SIGKILL."""
+    ignore the terminal's SIGINT: the driver decides), and at worst SIGKILL;
+    then removes what the job left (`before`: taken before it started)."""
     process.terminate()
     try:
         process.wait(timeout=20)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
-    remove_orphaned_segments(wait=0.0)
+    if before is not None:
+        before.remove_new(wait=0.0)
+    else:
+        remove_orphaned_segments(wait=0.0)
+
+
+@dataclass(frozen=True)
+class Leftovers:
+    """What MPICH leaves on this machine when a job does not end normally (a
+    rank killed by a signal, MPI_Abort), as it was before a job started: its
+    shared-memory segments and hydra's topology files. `remove_new` removes
+    what the job left, once it ended."""
+
+    segments: frozenset[str]
+    topology_files: frozenset[str]
+
+    @staticmethod
+    def now() -> Leftovers:
+        return Leftovers(frozenset(segments()), frozenset(hydra_topology_files()))
+
+    def remove_new(self, wait: float = 3.0) -> None:
+        remove_orphaned_segments(before=self.segments, wait=wait)
+        remove_hydra_topology_files(self.topology_files)
+
+
+HYDRA_TOPOLOGY_DIR = Path("/tmp")
+HYDRA_TOPOLOGY_PREFIX = "hydra_hwloc_xmlfile_"
+"""hydra's proxy writes the node's hwloc topology to
+/tmp/hydra_hwloc_xmlfile_XXXXXX (a fixed path in MPICH's topo_hwloc.c: no
+TMPDIR) for its ranks to read in MPI_Init, and removes it when it ends
+normally. A job ended by MPI_Abort or a signal leaves it: 1,432 of them on a
+developer's machine after some days of test runs."""
+
+
+def hydra_topology_files(directory: Path = HYDRA_TOPOLOGY_DIR) -> set[str]:
+    """The names of this user's hydra topology files in `directory`."""
+    found = set()
+    try:
+        for path in directory.glob(HYDRA_TOPOLOGY_PREFIX + "*"):
+            try:
+                if path.stat().st_uid == os.getuid():
+                    found.add(path.name)
+            except OSError:
+                continue
+    except OSError:
+        pass
+    return found
+
+
+def remove_hydra_topology_files(before: Collection[str], directory: Path = HYDRA_TOPOLOGY_DIR) -> list[str]:
+    """Removes this user's hydra topology files that were not there `before`
+    (a job that ended leaves at most one per host) and returns their names.
+    One that another job of this user started meanwhile may go too: its
+    ranks, if they have not read it yet, find the topology themselves (MPICH
+    falls back to hwloc's own discovery when the file cannot be read,
+    mpir_pmi.c), so nothing fails."""
+    removed = []
+    for name in sorted(hydra_topology_files(directory) - set(before)):
+        try:
+            (directory / name).unlink()
+        except OSError:
+            continue
+        removed.append(name)
+    return removed
 
 
 SEGMENT_DIR = Path("/dev/shm")

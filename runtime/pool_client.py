@@ -34,7 +34,7 @@ class RankPool:
 
     def __init__(self, ranks: int, hosts: Hosts | None = None):
         from .channel import Listener
-        from .launch import command, rank_environment, segments
+        from .launch import Leftovers, command, rank_environment
         from .progress import DeathWatch
         from .shared_feeds import SharedFeeds
 
@@ -53,7 +53,7 @@ class RankPool:
         # mpiexec reports a rank that died (its pid and exit code) on stdout:
         # kept in a file for the failure message, read only after a failure.
         self.launcher_out = open(pathlib.Path(self.errors.name) / "launcher.out", "w+")  # noqa: SIM115
-        self.segments_before = segments()
+        self.leftovers = Leftovers.now()  # what MPICH left before this job
         self.watch = DeathWatch(self.errors.name, ranks)  # before the ranks: their lifelines
         self.watch.start()
         self.process = subprocess.Popen(
@@ -92,7 +92,6 @@ class RankPool:
 
     def request(self, *command):
         from .channel import receive, send
-        from .launch import remove_orphaned_segments
         from .program import RuntimeFailure
 
         try:
@@ -111,12 +110,12 @@ class RankPool:
         except (ConnectionError, OSError):
             self.process.wait(timeout=30)
             RankPool.pools.pop(self.key, None)
-            remove_orphaned_segments(before=self.segments_before)
+            self.leftovers.remove_new()
             raise RuntimeFailure(f"the MPI ranks failed: {self._stderr()}") from None
         if status == "error":
             self.process.wait(timeout=30)
             RankPool.pools.pop(self.key, None)
-            remove_orphaned_segments(before=self.segments_before)  # an aborted rank cannot
+            self.leftovers.remove_new()  # an aborted rank cannot remove MPICH's segments and files
             # where the ranks that did not report were (a stuck one, say)
             from .progress import describe_progress
 
@@ -130,7 +129,7 @@ class RankPool:
         from .launch import stop
 
         self.watch.stop()
-        stop(self.process)
+        stop(self.process, self.leftovers)
         self.feeds.close()
         RankPool.pools.pop(self.key, None)
 
@@ -143,6 +142,8 @@ class RankPool:
                 self.process.wait(timeout=10)
             except (OSError, subprocess.TimeoutExpired):
                 self.process.kill()
+                self.process.wait()
+                self.leftovers.remove_new(wait=0.0)
         self.launcher_out.close()
         self.watch.stop()
         self.feeds.close()

@@ -27,7 +27,7 @@ from pathlib import Path
 from sbpc.perf.cluster import ClusterError
 from sbpc.perf.fit import fit_cluster
 from sbpc.runtime.hosts import Hosts
-from sbpc.runtime.launch import command, rank_environment
+from sbpc.runtime.launch import Leftovers, command, rank_environment, stop
 
 from .host_options import add_host_options, hosts_from
 
@@ -102,14 +102,22 @@ def calibrate(ranks: int, quick: bool = False, timeout: float = 600.0, hosts: Ho
                 feeds["lr"] = np.asarray(1e-3, feeds["lr"].dtype)
             np.savez(feeds_path, **feeds)  # type: ignore[arg-type]
             args += ["--probe", str(probe_path), str(feeds_path)]
+        before = Leftovers.now()
+        process = subprocess.Popen(command(ranks, "sbpc.runtime.calibrate", *args, hosts=hosts),
+                                   env=rank_environment(hosts), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                   text=True)
         try:
-            done = subprocess.run(command(ranks, "sbpc.runtime.calibrate", *args, hosts=hosts),
-                                  env=rank_environment(hosts),
-                                  capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
+            _, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:  # mpiexec ends the ranks on SIGTERM
+            stop(process, before)
+            process.communicate()
             raise RuntimeError(f"the calibration did not finish in {timeout:.0f} s") from None
-        if done.returncode != 0 or not raw_path.exists():
-            raise RuntimeError(f"the calibration ranks failed (exit code {done.returncode}): {done.stderr[-2000:]}")
+        except BaseException:  # Ctrl-C
+            stop(process, before)
+            raise
+        if process.returncode != 0 or not raw_path.exists():
+            before.remove_new()  # a failed rank cannot remove MPICH's segments and files
+            raise RuntimeError(f"the calibration ranks failed (exit code {process.returncode}): {stderr[-2000:]}")
         return json.loads(raw_path.read_text())
 
 

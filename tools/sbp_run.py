@@ -29,7 +29,7 @@ from sbpc.dialects import parse_module, plan
 from sbpc.dialects.layout import numpy_dtype
 from sbpc.lowering import PASSES
 from sbpc.runtime.hosts import Hosts
-from sbpc.runtime.launch import command, rank_environment, remove_orphaned_segments, segments, stop
+from sbpc.runtime.launch import Leftovers, command, rank_environment, stop
 from sbpc.runtime.program import RuntimeFailure, assemble_outputs, check_feeds, feed_types, find_program, rank_plans
 from sbpc.runtime.progress import DeathWatch, describe_failure, describe_progress, reported_ranks
 
@@ -89,20 +89,20 @@ def _run_job(argv: list[str], launcher: Path, timeout: float | None, watch: Deat
     and exit code) in `launcher`, under `watch`. On Ctrl-C or the timeout,
     mpiexec gets SIGTERM, on which it ends every rank (they ignore the
     terminal's SIGINT: the driver decides), and at worst SIGKILL."""
-    before = segments()
+    before = Leftovers.now()
     with open(launcher, "w") as out_file:
         process = subprocess.Popen(argv, env=rank_environment(hosts), stdout=out_file)
         watch.start()
         try:
             code = process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            stop(process)
+            stop(process, before)
             raise RuntimeFailure(f"the job did not finish in {timeout} s and was killed") from None
         except BaseException:
-            stop(process)
+            stop(process, before)
             raise
-    if code != 0:  # a killed or aborted rank cannot remove MPICH's segments
-        remove_orphaned_segments(before=before)
+    if code != 0:  # a killed or aborted rank cannot remove MPICH's segments and files
+        before.remove_new()
     return code
 
 

@@ -142,6 +142,23 @@ def test_segments_no_process_maps_are_removed_and_mapped_or_new_ones_kept(tmp_pa
     assert sorted(remove_orphaned_segments(tmp_path, wait=0)) == ["mpich_shm_live_0", "mpich_shm_starting_0"]
 
 
+def test_hydra_topology_files_a_job_left_are_removed_and_older_ones_kept(tmp_path):
+    """hydra's proxy writes /tmp/hydra_hwloc_xmlfile_XXXXXX and a job ended by
+    MPI_Abort or a signal leaves it: the driver removes those that appeared
+    while its job ran (Leftovers.remove_new), not one that was there before."""
+    from sbpc.runtime.launch import hydra_topology_files, remove_hydra_topology_files
+
+    older = tmp_path / "hydra_hwloc_xmlfile_older1"
+    older.write_text("<topology/>")
+    before = hydra_topology_files(tmp_path)
+    assert before == {"hydra_hwloc_xmlfile_older1"}
+    (tmp_path / "hydra_hwloc_xmlfile_job123").write_text("<topology/>")
+    (tmp_path / "unrelated.xml").write_text("<topology/>")
+    assert remove_hydra_topology_files(before, tmp_path) == ["hydra_hwloc_xmlfile_job123"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hydra_hwloc_xmlfile_older1", "unrelated.xml"]
+    assert remove_hydra_topology_files(before, tmp_path) == []
+
+
 def test_a_stuck_rank_ends_the_job_by_the_watchdog(tmp_path):
     done, seconds = sbp_run(tmp_path, "stall:2:1:3", SBPC_WATCHDOG_S="3")
     assert done.returncode == 1 and seconds < 30
