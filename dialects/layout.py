@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from collections.abc import Sequence
 
 import ml_dtypes
@@ -51,6 +52,117 @@ def piece(shape: Sequence[int], nd: PlainNd, mesh_shape: Sequence[int], coord: C
 
 def region_shape(region: Region) -> tuple[int, ...]:
     return tuple(s.stop - s.start for s in region)
+
+
+def region_size(region: Region) -> int:
+    return math.prod(s.stop - s.start for s in region)
+
+
+def relative(region: Region, within: Region) -> Region:
+    """`region` in the index space of `within`, a region that holds it."""
+    return tuple(slice(r.start - w.start, r.stop - w.start) for r, w in zip(region, within))
+
+
+def intersect(a: Region, b: Region) -> Region | None:
+    """The region two regions share; None if they share no element."""
+    out = tuple(slice(max(x.start, y.start), min(x.stop, y.stop)) for x, y in zip(a, b))
+    return out if all(s.start < s.stop for s in out) else (None if out else ())
+
+
+def flat_range(region: Region, full: tuple[int, ...]) -> tuple[int, int] | None:
+    """(start, stop) of `region` in the C-order flat layout of an array of
+    shape `full` when the region is one contiguous run there (every axis
+    after its last partial one whole, every axis before it one index wide);
+    else None."""
+    partial = [a for a, (r, n) in enumerate(zip(region, full)) if (r.start, r.stop) != (0, n)]
+    if partial and any(region[a].stop - region[a].start != 1 for a in range(partial[-1])):
+        return None
+    start = 0
+    for r, n in zip(region, full):
+        start = start * n + r.start
+    return start, start + region_size(region)
+
+
+def in_order(regions: list[Region], full: tuple[int, ...]) -> bool:
+    """Whether `regions` are contiguous runs that tile an array of shape
+    `full` back to back in this order (so MPI can read or write them in
+    place, with no packing)."""
+    at = 0
+    for region in regions:
+        run = flat_range(region, full)
+        if run is None or run[0] != at:
+            return False
+        at = run[1]
+    return at == math.prod(full)
+
+
+def lies_in_order(pieces: Sequence[Region], whole: Region) -> bool:
+    """Whether `pieces` (global regions) tile `whole` back to back in this
+    order: an all_gather receives them straight into `whole`, a
+    reduce_scatter sends them straight from it."""
+    return in_order([relative(p, whole) for p in pieces], region_shape(whole))
+
+
+def regions_of(t: DTensorType, mesh: Mesh) -> dict[int, Region]:
+    """Every rank's piece of `t`."""
+    nd = nd_to_plain(t.nd_sbp)
+    return {mesh.ranks[i]: piece(t.get_shape(), nd, mesh.shape, c) for i, c in enumerate(coords(mesh.shape))}
+
+
+def transfer_routes(src: dict[int, Region], dst: dict[int, Region], me: int
+                    ) -> tuple[list[tuple[int, Region]], list[tuple[int, Region]], list[tuple[Region, Region]]]:
+    """What rank `me` does in a transfer from pieces `src` to pieces `dst`
+    (rank -> global region): the pieces it sends (to rank, region of its
+    source piece), receives (from rank, region of its destination piece)
+    and copies itself (source-relative, destination-relative). Every
+    destination piece is cut from the source pieces it meets; where several
+    ranks hold the same piece (B axes), the receiver sends to itself if it
+    holds one, else the one chosen by the receiver's position, so the load
+    spreads."""
+    sends: list[tuple[int, Region]] = []
+    recvs: list[tuple[int, Region]] = []
+    local: list[tuple[Region, Region]] = []
+    holders: dict[tuple, list[int]] = {}
+    for r, region in src.items():
+        holders.setdefault(tuple((s.start, s.stop) for s in region), []).append(r)
+    for i, (dst_rank, dst_region) in enumerate(sorted(dst.items())):
+        for key, ranks in holders.items():
+            src_region = tuple(slice(a, b) for a, b in key)
+            part = intersect(src_region, dst_region)
+            if part is None:
+                continue
+            sender = dst_rank if dst_rank in ranks else ranks[i % len(ranks)]
+            if sender == me and dst_rank == me:
+                local.append((relative(part, src_region), relative(part, dst_region)))
+            elif sender == me:
+                sends.append((dst_rank, relative(part, src_region)))
+            elif dst_rank == me:
+                recvs.append((sender, relative(part, dst_region)))
+    return sends, recvs, local
+
+
+def staged_elements(kind: str, src: dict[int, Region], dst: dict[int, Region], group: Sequence[int],
+                    me: int) -> tuple[int, int]:
+    """Elements rank `me` copies for one communication besides what MPI
+    moves: into its send buffers before the call (packing, and a transfer's
+    piece it keeps) and out of its receive buffers after it (unpacking).
+    MPI needs each member's block contiguous: an all_gather along an inner
+    axis unpacks, a reduce_scatter along one packs, all_to_all and transfers
+    always stage both ways (runtime/collectives.py)."""
+    if kind == "all_gather":
+        gathered = sum(region_size(src[r]) for r in group)
+        return 0, 0 if lies_in_order([src[r] for r in group], dst[me]) else gathered
+    if kind == "reduce_scatter":
+        return (0 if lies_in_order([dst[r] for r in group], src[me]) else region_size(src[me])), 0
+    if kind == "all_to_all":
+        sent = sum(region_size(p) for r in group if (p := intersect(src[me], dst[r])) is not None)
+        received = sum(region_size(p) for r in group if (p := intersect(src[r], dst[me])) is not None)
+        return sent, received
+    if kind == "transfer":
+        sends, recvs, local = transfer_routes(src, dst, me)
+        return (sum(region_size(r) for _, r in sends) + sum(region_size(r) for r, _ in local),
+                sum(region_size(r) for _, r in recvs))
+    return 0, 0
 
 
 def coords(mesh_shape: Sequence[int]) -> list[Coord]:

@@ -43,7 +43,8 @@ from typing import Any
 from xdsl.dialects.builtin import ModuleOp
 
 from sbpc.dialects import lg, plan
-from sbpc.dialects.sbp import COLLECTIVES, PlacementOp
+from sbpc.dialects.layout import numpy_dtype, regions_of, staged_elements
+from sbpc.dialects.sbp import COLLECTIVES, Mesh, PlacementOp
 
 from .cluster import Cluster
 
@@ -306,8 +307,20 @@ def _bytes(n: float) -> str:
     return f"{n}"
 
 
+def staged_bytes(actor: plan.CommOp, rank: int, meshes: Mapping[str, Mesh]) -> tuple[int, int]:
+    """Bytes `rank` copies into send buffers before `actor`'s call and out of
+    receive buffers after it (layout.staged_elements)."""
+    src, dst = actor.source, actor.dest
+    packed, unpacked = staged_elements(actor.kind.data, regions_of(src, meshes[src.placement_name]),
+                                       regions_of(dst, meshes[dst.placement_name]),
+                                       tuple(actor.group.get_values()), rank)
+    itemsize = numpy_dtype(src.element_type).itemsize
+    return packed * itemsize, unpacked * itemsize
+
+
 class _Device:
-    def __init__(self, device: plan.DeviceOp, cluster: Cluster, steps: int, cache: dict):
+    def __init__(self, device: plan.DeviceOp, cluster: Cluster, steps: int, cache: dict,
+                 meshes: Mapping[str, Mesh]):
         self.rank = device.rank.value.data
         self.name = device.sym_name.data
         registers = {r.sym_name.data: r for r in device.registers()}
@@ -360,8 +373,15 @@ class _Device:
                 self.kernels[kind] = self.kernels.get(kind, 0.0) + seconds
                 continue
             group = tuple(actor.group.get_values())
-            spec = CommSpec(actor.comm_id.value.data, kind, group, cluster.collective_time(kind, group, nbytes))
-            self.actors.append((actor.sym_name.data, kind, overhead, names, written, spec, index))
+            # The runtime packs what MPI needs contiguous before the call (on
+            # the thread) and unpacks it when the collective retires (where a
+            # rank waits for it); a 2 MB all_gather along columns spent as
+            # long unpacking as in MPI.
+            packed, unpacked = staged_bytes(actor, self.rank, meshes)
+            seconds = cluster.collective_time(kind, group, nbytes) + (copy_time(unpacked, cluster) if unpacked else 0.0)
+            spec = CommSpec(actor.comm_id.value.data, kind, group, seconds)
+            issue = overhead + (copy_time(packed, cluster) if packed else 0.0)
+            self.actors.append((actor.sym_name.data, kind, issue, names, written, spec, index))
         self.feeds = [n for n, r in registers.items() if r.feed is not None]
         self.updates = plan.update_pairs(device)
         copies = [registers[n] for n in self.feeds] + [registers[p] for _, p in self.updates]
@@ -537,7 +557,8 @@ class Replay:
             raise SimulationError(f"'plan.program' @{program.sym_name.data}: no plan.device for rank {missing[0]}, "
                                   "the representative of its class")
         cache: dict = {}
-        self.devices = {d.rank.value.data: _Device(d, cluster, steps, cache) for d in chosen}
+        meshes = {p.sym_name.data: p.mesh() for p in placements}
+        self.devices = {d.rank.value.data: _Device(d, cluster, steps, cache, meshes) for d in chosen}
         self.overlap = cluster.device.comm_overlap
         self.enqueue = cluster.device.launch_ahead
         self.eager = False

@@ -10,7 +10,6 @@ nothing.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
@@ -20,62 +19,19 @@ from mpi4py import MPI
 from mpi4py.util.dtlib import from_numpy_dtype
 
 from sbpc.dialects import plan
-from sbpc.dialects.layout import coords, is_half, mesh_coord, partial_kind, piece
-from sbpc.dialects.sbp import DTensorType, Mesh, Sbp, nd_to_plain
-
-Region = tuple[slice, ...]
-
-
-def relative(region: Region, within: Region) -> Region:
-    return tuple(slice(r.start - w.start, r.stop - w.start) for r, w in zip(region, within))
-
-
-def intersect(a: Region, b: Region) -> Region | None:
-    out = tuple(slice(max(x.start, y.start), min(x.stop, y.stop)) for x, y in zip(a, b))
-    return out if all(s.start < s.stop for s in out) else (None if out else ())
-
-
-def size(region: Region) -> int:
-    return math.prod(s.stop - s.start for s in region)
-
-
-def shape(region: Region) -> tuple[int, ...]:
-    return tuple(s.stop - s.start for s in region)
-
-
-def flat_range(region: Region, full: tuple[int, ...]) -> tuple[int, int] | None:
-    """(start, stop) of `region` in the C-order flat layout of an array of
-    shape `full` when the region is one contiguous run there (every axis
-    after its last partial one whole, every axis before it one index wide);
-    else None."""
-    partial = [a for a, (r, n) in enumerate(zip(region, full)) if (r.start, r.stop) != (0, n)]
-    if partial and any(region[a].stop - region[a].start != 1 for a in range(partial[-1])):
-        return None
-    start = 0
-    for r, n in zip(region, full):
-        start = start * n + r.start
-    return start, start + size(region)
-
-
-def in_order(regions: list[Region], full: tuple[int, ...]) -> bool:
-    """Whether `regions` are contiguous runs that tile an array of shape
-    `full` back to back in this order (so MPI can read or write them in
-    place, with no packing)."""
-    at = 0
-    for region in regions:
-        run = flat_range(region, full)
-        if run is None or run[0] != at:
-            return False
-        at = run[1]
-    return at == math.prod(full)
-
-
-def regions_of(t: DTensorType, mesh: Mesh) -> dict[int, Region]:
-    """Every rank's piece of `t`."""
-    nd = nd_to_plain(t.nd_sbp)
-    return {
-        mesh.ranks[i]: piece(t.get_shape(), nd, mesh.shape, c) for i, c in enumerate(coords(mesh.shape))
-    }
+from sbpc.dialects.layout import (
+    intersect,
+    is_half,
+    lies_in_order,
+    mesh_coord,
+    partial_kind,
+    region_shape,
+    region_size,
+    regions_of,
+    relative,
+    transfer_routes,
+)
+from sbpc.dialects.sbp import Sbp, nd_to_plain
 
 
 @dataclass
@@ -130,23 +86,21 @@ class CommActor:
         k = self.kind
         me = self.rank
         if k == "all_gather":
-            self.counts = [size(self.src_regions[r]) for r in self.group]
+            self.counts = [region_size(self.src_regions[r]) for r in self.group]
             self.displs = list(np.cumsum([0, *self.counts[:-1]]))
             # Pieces that lie back to back in the result (a split along the
             # outermost axis) are received straight into it.
-            dst_shape = shape(self.dst_regions[me])
-            self.direct = in_order([relative(self.src_regions[r], self.dst_regions[me]) for r in self.group], dst_shape)
+            self.direct = lies_in_order([self.src_regions[r] for r in self.group], self.dst_regions[me])
             self.recv = None if self.direct else np.empty(sum(self.counts), self.dtype)
         elif k == "reduce_scatter":
-            self.counts = [size(self.dst_regions[r]) for r in self.group]
-            src_shape = shape(self.src_regions[me])
-            self.direct = in_order([relative(self.dst_regions[r], self.src_regions[me]) for r in self.group], src_shape)
+            self.counts = [region_size(self.dst_regions[r]) for r in self.group]
+            self.direct = lies_in_order([self.dst_regions[r] for r in self.group], self.src_regions[me])
             self.send = None if self.direct else np.empty(sum(self.counts), self.dtype)
         elif k == "all_to_all":
             self.send_parts = [intersect(self.src_regions[me], self.dst_regions[r]) for r in self.group]
             self.recv_parts = [intersect(self.src_regions[r], self.dst_regions[me]) for r in self.group]
-            self.scounts = [size(p) if p is not None else 0 for p in self.send_parts]
-            self.rcounts = [size(p) if p is not None else 0 for p in self.recv_parts]
+            self.scounts = [region_size(p) if p is not None else 0 for p in self.send_parts]
+            self.rcounts = [region_size(p) if p is not None else 0 for p in self.recv_parts]
             self.sdispl = list(np.cumsum([0, *self.scounts[:-1]]))
             self.rdispl = list(np.cumsum([0, *self.rcounts[:-1]]))
             self.send = np.empty(max(sum(self.scounts), 1), self.dtype)
@@ -155,32 +109,11 @@ class CommActor:
             self._prepare_transfer()
 
     def _prepare_transfer(self) -> None:
-        """Who sends which piece to whom: every destination piece is cut from
-        the source pieces it meets; where several ranks hold the same piece
-        (B axes), the receiver itself if it holds one, else one chosen by the
-        receiver's position, so the load spreads."""
-        me = self.rank
-        self.sends: list[tuple[int, Region]] = []  # (to rank, region of my src piece)
-        self.recvs: list[tuple[int, Region]] = []  # (from rank, region of my dst piece)
-        self.local: list[tuple[Region, Region]] = []  # (src-relative, dst-relative)
-        holders: dict[tuple, list[int]] = {}
-        for r, region in self.src_regions.items():
-            holders.setdefault(tuple((s.start, s.stop) for s in region), []).append(r)
-        for i, (dst_rank, dst_region) in enumerate(sorted(self.dst_regions.items())):
-            for key, ranks in holders.items():
-                src_region = tuple(slice(a, b) for a, b in key)
-                part = intersect(src_region, dst_region)
-                if part is None:
-                    continue
-                sender = dst_rank if dst_rank in ranks else ranks[i % len(ranks)]
-                if sender == me and dst_rank == me:
-                    self.local.append((relative(part, src_region), relative(part, dst_region)))
-                elif sender == me:
-                    self.sends.append((dst_rank, relative(part, src_region)))
-                elif dst_rank == me:
-                    self.recvs.append((sender, relative(part, dst_region)))
-        self.send_bufs = [np.empty(shape(region), self.dtype) for _, region in self.sends]
-        self.recv_bufs = [np.empty(shape(region), self.dtype) for _, region in self.recvs]
+        """Who sends which piece to whom (layout.transfer_routes), and the
+        buffers each piece travels in."""
+        self.sends, self.recvs, self.local = transfer_routes(self.src_regions, self.dst_regions, self.rank)
+        self.send_bufs = [np.empty(region_shape(region), self.dtype) for _, region in self.sends]
+        self.recv_bufs = [np.empty(region_shape(region), self.dtype) for _, region in self.recvs]
 
     # -- issuing -----------------------------------------------------------------
 
@@ -244,7 +177,7 @@ class CommActor:
             def finish():
                 for r, count, displ in zip(self.group, self.counts, self.displs):
                     region = relative(self.src_regions[r], self.dst_regions[me])
-                    dst[region] = self.recv[displ : displ + count].reshape(shape(self.src_regions[r]))
+                    dst[region] = self.recv[displ : displ + count].reshape(region_shape(self.src_regions[r]))
 
             pending.finish = finish
         elif k == "reduce_scatter" and self.direct:
@@ -275,7 +208,7 @@ class CommActor:
             def finish():
                 for part, count, displ in zip(self.recv_parts, self.rcounts, self.rdispl):
                     if count:
-                        received = self.recv[displ : displ + count].reshape(shape(part))
+                        received = self.recv[displ : displ + count].reshape(region_shape(part))
                         dst[relative(part, self.dst_regions[me])] = received
 
             pending.finish = finish

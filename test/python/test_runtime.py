@@ -196,7 +196,7 @@ def test_flat_range_agrees_with_numpy_on_every_region():
     numpy gives for every region of a few small shapes."""
     import itertools
 
-    from sbpc.runtime.collectives import flat_range, in_order
+    from sbpc.dialects.layout import flat_range, in_order
 
     for full in [(), (5,), (3, 4), (2, 3, 4), (1, 4, 1)]:
         ranges = [[slice(a, b) for a in range(n) for b in range(a + 1, n + 1)] for n in full]
@@ -212,3 +212,24 @@ def test_flat_range_agrees_with_numpy_on_every_region():
     assert in_order(rows, (3, 4))
     assert not in_order(rows[::-1], (3, 4))
     assert not in_order([(slice(0, 3), slice(0, 2)), (slice(0, 3), slice(2, 4))], (3, 4))
+
+
+def test_staged_elements_count_what_the_runtime_packs_and_unpacks():
+    """What a rank copies around MPI for a communication (the simulator
+    prices it): nothing where the pieces lie back to back in the buffer MPI
+    reads or writes, every element where they do not."""
+    from sbpc.dialects.layout import staged_elements
+
+    rows = {0: (slice(0, 4), slice(0, 6)), 1: (slice(4, 8), slice(0, 6))}
+    columns = {0: (slice(0, 8), slice(0, 3)), 1: (slice(0, 8), slice(3, 6))}
+    whole = {0: (slice(0, 8), slice(0, 6)), 1: (slice(0, 8), slice(0, 6))}
+    group = (0, 1)
+    assert staged_elements("all_gather", rows, whole, group, 0) == (0, 0)
+    assert staged_elements("all_gather", columns, whole, group, 1) == (0, 48)  # unpacked into columns
+    assert staged_elements("reduce_scatter", whole, rows, group, 0) == (0, 0)
+    assert staged_elements("reduce_scatter", whole, columns, group, 0) == (48, 0)  # packed by columns
+    assert staged_elements("all_to_all", rows, columns, group, 0) == (24, 24)
+    assert staged_elements("all_reduce", whole, whole, group, 0) == (0, 0)
+    # a transfer: rank 0 keeps its rows and sends nothing; rank 1 sends its rows to 0
+    assert staged_elements("transfer", rows, {0: whole[0]}, group, 0) == (24, 24)
+    assert staged_elements("transfer", rows, {0: whole[0]}, group, 1) == (24, 0)

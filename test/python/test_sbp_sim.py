@@ -90,3 +90,29 @@ def test_compare_with_a_real_trace(tmp_path, capsys):
     assert main([TRAIN, "--cluster", "cpu", "-n", "4", "--compare", str(trace)]) == 0
     out = capsys.readouterr().out
     assert "measured step" in out and "kernels in total" in out and "lg.matmul" in out
+
+
+GATHER = """
+sbp.placement @p cpu ranks [0, 1] mesh [2]
+lg.graph @g on @p {
+  %x = lg.input "x" : !sbp.dtensor<512x512xf32, @p, SPLIT>
+  %y = sbp.annotate %x : !sbp.dtensor<512x512xf32, @p, SPLIT> -> !sbp.dtensor<512x512xf32, @p, B>
+  lg.output ["y"] %y : !sbp.dtensor<512x512xf32, @p, B>
+}
+"""
+
+
+def test_a_gather_the_runtime_unpacks_costs_its_copy():
+    """An all_gather of columns is received into a buffer and copied into
+    place (runtime/collectives.py); one of rows lands in place. The same
+    bytes cross, so the prediction differs by that copy alone."""
+    from sbpc.perf.cluster import preset
+    from sbpc.perf.step_time import copy_time
+
+    cpu = preset("cpu")
+    times = {}
+    for split in ("S<0>", "S<1>"):
+        module = parse_module(GATHER.replace("SPLIT", split))
+        CompilePass().apply(Context(), module)
+        times[split] = simulate_plan(module, cpu).step_time
+    assert times["S<1>"] - times["S<0>"] == pytest.approx(copy_time(512 * 512 * 4, cpu), rel=1e-3)
