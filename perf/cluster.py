@@ -88,11 +88,16 @@ class Level:
     collectives: Mapping[str, CollectiveFit] = field(default_factory=dict)
     """Calibrated per-kind figures, replacing bandwidth and latency for that kind."""
     sync: float = 0.0
-    """Seconds every collective across this level costs on top of its
-    alpha-beta time because its members reach it at different moments and
-    must all be running to complete it: where ranks outnumber cores, the OS
-    has to schedule each of them in turn (0 where every rank has its own core
-    or engine; `sbp-calibrate` measures it)."""
+    """Seconds a collective across this level costs on top of its alpha-beta
+    time when members of it share a core (`cores`): they reach it at
+    different moments and must all be running to complete it, so the OS has
+    to run each of them in turn (0 where every rank has its own core or
+    engine; `sbp-calibrate` measures it)."""
+    cores: int = 0
+    """Cores one unit's devices run on, where they outnumber them: the
+    launcher binds device i of the unit to core i mod `cores`
+    (runtime/launch.py), and only a collective with two members on one core
+    pays `sync`. 0: not known, every collective pays it."""
 
 
 @dataclass(frozen=True)
@@ -242,8 +247,19 @@ class Cluster:
         latency, bandwidth = self.figures(kind, ranks)
         if p <= 1:  # still a call into the collective library
             return latency
-        sync = self.levels[self.level_of(ranks)].sync if self.links is None else 0.0
+        sync = self.levels[self.level_of(ranks)].sync if self.links is None and self.share_a_core(ranks) else 0.0
         return latency_steps(kind, p) * latency + nbytes / bandwidth + sync
+
+    def share_a_core(self, ranks: Sequence[int]) -> bool:
+        """Whether two of `ranks` run on one core of a host (Level.cores of
+        the lowest level, the host's); true where that is not known."""
+        if self.links is not None:
+            return False
+        host = self.levels[0]
+        if host.cores <= 0:
+            return True
+        cores = [(r // host.size, (r % host.size) % host.cores) for r in ranks]
+        return len(set(cores)) < len(cores)
 
     # -- compute ----------------------------------------------------------------
 
@@ -389,6 +405,8 @@ def validate(c: Cluster) -> None:
         _positive(f"{where}.bandwidth", level.bandwidth)
         _positive(f"{where}.latency", level.latency, zero_ok=True)
         _positive(f"{where}.sync", level.sync, zero_ok=True)
+        if not isinstance(level.cores, int) or isinstance(level.cores, bool) or level.cores < 0:
+            raise ClusterError(f"{where}.cores: must be a non-negative integer, got {level.cores!r}")
         for kind, fit in level.collectives.items():
             if kind not in COLLECTIVE_KINDS:
                 raise ClusterError(f"{where}.collectives.{kind}: unknown kind (known: {', '.join(COLLECTIVE_KINDS)})")

@@ -223,12 +223,17 @@ def fit_cluster(raw: Mapping[str, Any], name: str | None = None) -> Fitted:
         actor_overhead=actor, comm_overlap=overlap, kernel_overheads=kernel_overheads, kernel_scales=kernel_scales,
         cache_bytes=cache_bytes if cache_bandwidth else 0.0, cache_bandwidth=cache_bandwidth,
     )
+    # Ranks that outnumber a host's cores are bound to them round robin
+    # (runtime/launch.py): the simulator then knows which collectives have
+    # members that share a core, and only those pay `sync`.
+    cores = int(raw.get("cores", 0))
+    figures["cores per host"] = cores
     levels: tuple[Level, ...] = (Level("machine", ranks, bandwidth=base.bandwidth, latency=base.latency,
-                                       collectives=fits, sync=sync),)
+                                       collectives=fits, sync=sync, cores=cores),)
     source = f"sbp-calibrate on {raw.get('host', 'this machine')}, {ranks} ranks"
     if hosts > 1:
         levels = (Level("host", per_host, bandwidth=host_base.bandwidth, latency=host_base.latency,
-                        collectives=host_fits, sync=sync),
+                        collectives=host_fits, sync=sync, cores=cores),
                   Level("network", hosts, bandwidth=base.bandwidth, latency=base.latency, collectives=fits,
                         sync=sync))
         source = f"sbp-calibrate on {hosts} hosts from {raw.get('host', 'this machine')}, {per_host} ranks each"

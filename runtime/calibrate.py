@@ -416,7 +416,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError, AttributeError):
         raw["memory"] = 8 * 2**30
     raw["cache_bytes"] = last_level_cache() / world.size
-    raw["cores"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    # The cores this host's ranks run on: each rank's own is one where the
+    # launcher bound them (runtime/launch.py), so their union.
+    mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    raw["cores"] = len(set().union(*node.allgather(mine)))
     if world.rank == 0:
         with open(options.output, "w") as f:
             json.dump(raw, f, indent=1)

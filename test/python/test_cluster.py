@@ -17,6 +17,7 @@ from sbpc.dialects import parse_module, plan
 from sbpc.dialects.plan_analysis import lifetimes
 from sbpc.lowering.compile import CompilePass
 from sbpc.perf.cluster import (
+    CPU,
     INFINIBAND,
     NVLINK,
     PRESETS,
@@ -32,6 +33,7 @@ from sbpc.perf.cluster import (
     load_cluster,
     preset,
     presets,
+    validate,
 )
 from sbpc.perf.step_time import Collective, InFlight, SimulationError, _overlaps, simulate_plan
 
@@ -902,3 +904,28 @@ def test_an_enqueued_collective_does_not_hold_up_its_lane_until_its_input_exists
             chained, small = ([e for e in p.events if e.device == 0 and e.step == step and e.what == "all_reduce"
                                and e.name == name] for name in ("v3.all_reduce", "b.all_reduce"))
             assert (small[0].start < chained[0].start) == ahead
+
+
+def test_only_a_collective_with_members_on_one_core_pays_sync():
+    """4 ranks bound round robin to 2 cores (ranks 0 and 2 on core 0, 1 and 3
+    on core 1): a pair on two cores moves without waiting for the OS to run
+    a member that shares its core; a pair on one core, or all four, pay
+    `sync`. Where the cores are not known, every collective pays it."""
+    level = Level("machine", 4, bandwidth=1e9, latency=1e-5, sync=1e-4, cores=2)
+    cluster = replace(CPU, count=4, levels=(level,))
+    assert not cluster.share_a_core([0, 1]) and not cluster.share_a_core([2, 3])
+    assert cluster.share_a_core([0, 2]) and cluster.share_a_core([0, 1, 2, 3])
+    apart, together = (cluster.collective_time("all_reduce", g, 4096) for g in ([0, 1], [0, 2]))
+    assert together - apart == pytest.approx(1e-4)
+    unknown = replace(cluster, levels=(replace(level, cores=0),))
+    assert unknown.share_a_core([0, 1])
+    with pytest.raises(ClusterError, match=r"levels\[0\].cores: must be a non-negative integer"):
+        validate(replace(cluster, levels=(replace(level, cores=-1),)))
+
+
+def test_ranks_that_outnumber_the_cores_are_bound_to_them(monkeypatch):
+    from sbpc.runtime import launch
+
+    monkeypatch.setattr(launch, "usable_cores", lambda: 2)
+    assert launch.launcher(2, None)[1:] == ["-n", "2"]
+    assert launch.launcher(4, None)[1:] == ["-bind-to", "core", "-n", "4"]
