@@ -94,9 +94,9 @@ class Level:
     to run each of them in turn (0 where every rank has its own core or
     engine; `sbp-calibrate` measures it)."""
     cores: int = 0
-    """Cores one unit's devices run on, where they outnumber them: the
-    launcher binds device i of the unit to core i mod `cores`
-    (runtime/launch.py), and only a collective with two members on one core
+    """Cores (logical CPUs) one unit's devices run on, where they outnumber
+    them: the launcher binds device i of the unit to CPU i mod `cores`
+    (runtime/launch.py), and only a collective with two members on one CPU
     pays `sync`. 0: not known, every collective pays it."""
 
 

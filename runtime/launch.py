@@ -66,21 +66,23 @@ def launcher(n: int, hosts: Hosts | None) -> list[str]:
 
 
 def usable_cores() -> int:
-    """The cores this process (and the ranks it starts) may run on."""
+    """The logical CPUs (cores, or hardware threads where a core has
+    several) this process, and the ranks it starts, may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def binding(n: int) -> list[str]:
     """mpiexec's binding options for n ranks on this machine. Where they
-    outnumber its cores, each rank is bound to one, round robin (rank i on
-    core i mod cores), as Open MPI binds by default: left to the OS, which
-    ranks share a core changed from job to job, and with it what every
-    collective costs (the calibrated cost of a collective among 4 ranks on
-    2 cores came out 65 us in one job and 250 us in the next; bound, 165-190
-    us in every job, and the simulator knows which members share a core,
-    perf/cluster.py). With a core each they are left unbound: binding would
-    put another job's ranks on the same cores as ours."""
-    return ["-bind-to", "core"] if n > usable_cores() else []
+    outnumber its logical CPUs, each rank is bound to one, round robin
+    (rank i on CPU i mod CPUs), as Open MPI binds by default: left to the
+    OS, which ranks share a CPU changed from job to job, and with it what
+    every collective costs (the calibrated cost of a collective among 4
+    ranks on 2 cores came out 65 us in one job and 250 us in the next;
+    bound, 165-190 us in every job, and the simulator knows which members
+    share a CPU: perf/cluster.py, Level.cores). With a CPU each they are
+    left unbound: binding would put another job's ranks on the same CPUs
+    as ours."""
+    return ["-bind-to", "hwthread"] if n > usable_cores() else []
 
 
 def stop(process: subprocess.Popen, before: Leftovers | None = None) -> None:

@@ -928,4 +928,4 @@ def test_ranks_that_outnumber_the_cores_are_bound_to_them(monkeypatch):
 
     monkeypatch.setattr(launch, "usable_cores", lambda: 2)
     assert launch.launcher(2, None)[1:] == ["-n", "2"]
-    assert launch.launcher(4, None)[1:] == ["-bind-to", "core", "-n", "4"]
+    assert launch.launcher(4, None)[1:] == ["-bind-to", "hwthread", "-n", "4"]
