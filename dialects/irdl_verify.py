@@ -13,6 +13,10 @@ checked the same way; a constraint without variables (its verdict
 depends on the attribute alone) remembers the attribute objects it
 passed, since passes share attributes between ops (one register name
 attribute per value on every rank, one dtensor type per distribution).
+The traits whose verifiers walk a whole body per op (SymbolTable and
+IsolatedFromAbove on a plan device or program, ~20k ops each) or import
+per call (SymbolOpInterface) are checked by plain functions of the same
+conditions: a tenth of verifying a 10k-op graph's plan.
 
 The fast path only ever accepts: on any failure it hands the op to
 `OpDef.verify`, which raises xDSL's own error, so every diagnostic is the
@@ -25,10 +29,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from xdsl.ir import Attribute
+from xdsl.dialects.builtin import StringAttr
+from xdsl.ir import Attribute, Operation, Region
 from xdsl.irdl import IRDLOperation, irdl_op_definition
 from xdsl.irdl.constraints import VerificationContext
 from xdsl.irdl.operations import OpDef, OptAttributeDef, OptPropertyDef, SingleBlockRegionDef, VariadicDef
+from xdsl.traits import IsolatedFromAbove, OpTrait, SymbolOpInterface, SymbolTable
 
 OpT = TypeVar("OpT", bound=IRDLOperation)
 
@@ -57,36 +63,41 @@ def op_definition(cls: type[OpT]) -> type[OpT]:
     return cls
 
 
-def _fields_pass(fields, present: dict[str, Attribute], context: VerificationContext) -> bool:
-    """Every (name, check, optional) field is present unless optional, and
-    its check passes (a failing check raises)."""
-    for name, check, optional in fields:
-        if name not in present:
-            if optional:
-                continue
-            return False
-        check(present[name], context)
-    return True
+def _binds_variables(constr) -> bool:
+    """Whether a constraint binds type variables (its verdict then depends
+    on the order fields are checked in), or cannot say."""
+    try:
+        return bool(constr.variables())
+    except Exception:  # noqa: BLE001  (a constraint that cannot say: assume it binds)
+        return True
 
 
 def fast_accepts(op_def: OpDef) -> Callable[[IRDLOperation], bool] | None:
     """A check that returns True only for ops `op_def.verify` accepts
     (False means: ask `op_def.verify`), or None where the definition has
-    variadic parts (the generic verifier then runs alone)."""
+    variadic parts or properties or attributes whose constraints bind
+    variables (the generic verifier then runs alone)."""
     if op_def.options or op_def.successors:
         return None
     if any(isinstance(d, VariadicDef) for _, d in (*op_def.operands, *op_def.results, *op_def.regions)):
+        return None
+    fields = (*op_def.properties.values(), *op_def.attributes.values())
+    if any(_binds_variables(d.constr) for d in fields):
         return None
     operand_checks = tuple(_check(d.constr, single=True) for _, d in op_def.operands)
     result_checks = tuple(_check(d.constr, single=True) for _, d in op_def.results)
     regions = tuple((isinstance(d, SingleBlockRegionDef), d.entry_args) for _, d in op_def.regions)
     n_operands, n_results, n_regions = len(operand_checks), len(result_checks), len(regions)
-    properties = tuple((name, _check(d.constr), isinstance(d, OptPropertyDef)) for name, d in op_def.properties.items())
-    attributes = tuple(
-        (name, _check(d.constr), isinstance(d, OptAttributeDef)) for name, d in op_def.attributes.items()
-    )
-    known_properties = frozenset(op_def.properties)
-    traits = op_def.traits
+    # No field binds a variable, so the fields may be checked in any order:
+    # the properties an op has, each by name (a plan register has a handful
+    # of its fourteen), and the defined attributes it has (others are free).
+    property_checks = {name: _check(d.constr) for name, d in op_def.properties.items()}
+    required_properties = frozenset(name for name, d in op_def.properties.items()
+                                    if not isinstance(d, OptPropertyDef))
+    attribute_checks = {name: _check(d.constr) for name, d in op_def.attributes.items()}
+    required_attributes = frozenset(name for name, d in op_def.attributes.items()
+                                    if not isinstance(d, OptAttributeDef))
+    trait_checks = tuple(_trait_check(trait) for trait in op_def.traits)
 
     def accepts(op: IRDLOperation) -> bool:
         try:
@@ -104,17 +115,99 @@ def fast_accepts(op_def: OpDef) -> Callable[[IRDLOperation], bool] | None:
                 entry = region.first_block
                 if entry is not None:
                     entry_args.verify(entry.arg_types, context)
-            if not _fields_pass(properties, op.properties, context) or not known_properties.issuperset(op.properties):
+            properties = op.properties
+            if not required_properties <= properties.keys():
                 return False
-            if not _fields_pass(attributes, op.attributes, context):
-                return False
-            for trait in traits:
-                trait.verify(op)
+            for name, attr in properties.items():
+                property_check = property_checks.get(name)
+                if property_check is None:  # a property the op does not define
+                    return False
+                property_check(attr, context)
+            if attribute_checks:
+                attributes = op.attributes
+                if not required_attributes <= attributes.keys():
+                    return False
+                for name, attr in attributes.items():
+                    attribute_check = attribute_checks.get(name)
+                    if attribute_check is not None:
+                        attribute_check(attr, context)
+            for trait_check in trait_checks:
+                if trait_check(op) is False:
+                    return False
         except Exception:  # noqa: BLE001  (the generic verifier reports it, in its words)
             return False
         return True
 
     return accepts
+
+
+def _trait_check(trait: OpTrait) -> Callable[[Operation], bool | None]:
+    """The trait's verifier for the fast path: for the traits whose generic
+    verifiers walk every op of a large body (a plan device holds ~20k) or
+    import per call, a check of the same conditions that answers False
+    where the trait's verifier would raise (and may answer False where it
+    would not: the generic verifier then decides); for any other trait its
+    own `verify`, which raises."""
+    kind = type(trait)
+    if kind is SymbolOpInterface:  # exactly it: subclasses (optional symbols) differ
+        return _is_symbol
+    if kind is SymbolTable:
+        return _has_unique_symbols
+    if kind is IsolatedFromAbove:
+        return _is_isolated_from_above
+    return trait.verify
+
+
+def _is_symbol(op: Operation) -> bool:
+    """SymbolOpInterface.verify's condition: a `sym_name` string."""
+    return isinstance(op.get_attr_or_prop("sym_name"), StringAttr)
+
+
+def _has_unique_symbols(op: Operation) -> bool:
+    """SymbolTable.verify's conditions: one region of one block, whose ops'
+    string `sym_name`s differ (compared by text, which is stricter than
+    attribute equality only for string attributes of different classes)."""
+    if len(op.regions) != 1 or len(op.regions[0].blocks) != 1:
+        return False
+    names: set[str] = set()
+    count = 0
+    for child in op.regions[0].blocks.first.ops:  # type: ignore[union-attr]  # one block, checked above
+        name = child.get_attr_or_prop("sym_name")
+        if isinstance(name, StringAttr):
+            names.add(name.data)
+            count += 1
+    return len(names) == count
+
+
+def _is_isolated_from_above(op: Operation) -> bool:
+    """IsolatedFromAbove.verify's condition: no op inside (down to nested
+    ops that are isolated themselves) uses a value defined outside `op` or
+    by `op`. Reads each op's traits once per class."""
+    regions: list[Region] = list(op.regions)
+    while regions:
+        for block in regions.pop().blocks:
+            for child in block.ops:
+                for operand in child.operands:
+                    owner = operand.owner
+                    if owner is op or not op.is_ancestor(owner):
+                        return False
+                if child.regions and not class_has_trait(type(child), IsolatedFromAbove):
+                    regions += child.regions
+    return True
+
+
+_CLASS_TRAITS: dict[tuple[type, type], bool] = {}
+
+
+def class_has_trait(cls: type[Operation], trait: type[OpTrait]) -> bool:
+    """`cls.has_trait(trait)`, memoized per op class: an op class's traits
+    are fixed, and verifiers ask it of every op of a large body (xDSL scans
+    the trait list each time; that was a sixth of verifying a large graph)."""
+    key = (cls, trait)
+    found = _CLASS_TRAITS.get(key)
+    if found is None:
+        found = _CLASS_TRAITS[key] = cls.has_trait(trait)
+    return found
 
 
 MEMO_LIMIT = 1 << 16

@@ -63,7 +63,7 @@ from xdsl.traits import Pure, SymbolOpInterface, SymbolTable
 from xdsl.utils.exceptions import VerifyException
 from xdsl.utils.str_enum import StrEnum
 
-from .irdl_verify import op_definition, remember
+from .irdl_verify import class_has_trait, op_definition, remember
 
 # --------------------------------------------------------------------------
 # SBP attributes
@@ -468,7 +468,7 @@ def lookup_placement(op: Operation, ref: SymbolRefAttr | str) -> PlacementOp:
     tables = []
     anchor: Operation | None = op
     while anchor is not None:
-        if _class_has_trait(type(anchor), SymbolTable):
+        if class_has_trait(type(anchor), SymbolTable):
             tables.append(anchor)
         anchor = anchor.parent_op()
     found = None
@@ -489,24 +489,9 @@ def _symbol(table: Operation, name: str) -> Operation | None:
     region = table.regions[0]
     for op in (op for block in region.blocks for op in block.ops):  # one block, unless the input is malformed
         sym = op.get_attr_or_prop("sym_name")
-        if isinstance(sym, StringAttr) and sym.data == name and _class_has_trait(type(op), SymbolOpInterface):
+        if isinstance(sym, StringAttr) and sym.data == name and class_has_trait(type(op), SymbolOpInterface):
             return op
     return None
-
-
-_CLASS_TRAITS: dict[tuple[type, type], bool] = {}
-
-
-def _class_has_trait(cls: type[Operation], trait: type) -> bool:
-    """`cls.has_trait(trait)`, memoized per op class: an op class's traits
-    are fixed, and lookup_placement asks it of every ancestor of every op a
-    verifier checks (xDSL scans the trait list each time; that was a sixth
-    of verifying a large graph)."""
-    key = (cls, trait)
-    found = _CLASS_TRAITS.get(key)
-    if found is None:
-        found = _CLASS_TRAITS[key] = cls.has_trait(trait)
-    return found
 
 
 def verify_distribution(op: Operation, type: Attribute, what: str,
