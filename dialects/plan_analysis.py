@@ -7,33 +7,37 @@ from __future__ import annotations
 from . import plan
 
 
-def lifetimes(device: plan.DeviceOp) -> dict[str, tuple[int, int]]:
+def lifetimes(device: plan.DeviceOp,
+              contents: tuple[list[plan.RegisterOp], list[plan.ComputeOp | plan.CommOp]] | None = None,
+              ) -> dict[str, tuple[int, int]]:
     """[first, last] schedule positions of every register (feeds from -1,
-    fetched outputs to the end)."""
-    actors = device.actors()
+    fetched outputs to the end). `contents`: the device's registers and
+    actors (`device.contents()`), where the caller has them."""
+    registers, actors = device.contents() if contents is None else contents
     end = len(actors)
+    # the names each actor writes and reads, read once from the attributes
+    writes = [[ref.string_value() for ref in actor.outs.data] for actor in actors]
+    reads = [[ref.string_value() for ref in actor.ins.data] for actor in actors]
     span: dict[str, list[int | None]] = {}
-    for reg in device.registers():
+    for reg in registers:
         first = -1 if reg.feed is not None else None
         last = end if reg.fetch is not None else None
         span[reg.sym_name.data] = [first, last]
-    for pos, actor in enumerate(actors):
-        for ref in actor.outs.data:
-            s = span[ref.string_value()]
+    readers: dict[str, list[int]] = {}
+    for pos, (outs, ins) in enumerate(zip(writes, reads)):
+        for name in outs:
+            s = span[name]
             s[0] = pos if s[0] is None else min(s[0], pos)
-        for ref in actor.ins.data:
-            s = span[ref.string_value()]
+        for name in ins:
+            s = span[name]
             s[1] = pos if s[1] is None else max(s[1], pos)
+            readers.setdefault(name, []).append(pos)
     # Communication is asynchronous: what a collective reads stays in flight
     # until its result is first needed by a kernel (a send with no local
     # result, until the step ends), so its bytes may not be reused before
     # then. A collective that reads another's result (a boxing chain:
     # reduce_scatter, all_reduce, all_gather) does not count: a device that
     # enqueues collectives on streams issues it without waiting.
-    readers: dict[str, list[int]] = {}
-    for pos, actor in enumerate(actors):
-        for ref in actor.ins.data:
-            readers.setdefault(ref.string_value(), []).append(pos)
     done_at: dict[int, int] = {}
 
     def done(pos: int) -> int:
@@ -43,8 +47,8 @@ def lifetimes(device: plan.DeviceOp) -> dict[str, tuple[int, int]]:
         their issue)."""
         if pos not in done_at:
             first = end
-            for ref in actors[pos].outs.data:
-                for r in readers.get(ref.string_value(), ()):
+            for name in writes[pos]:
+                for r in readers.get(name, ()):
                     first = min(first, done(r) if isinstance(actors[r], plan.CommOp) and r > pos else r)
             done_at[pos] = first
         return done_at[pos]
@@ -52,8 +56,8 @@ def lifetimes(device: plan.DeviceOp) -> dict[str, tuple[int, int]]:
     for pos, actor in enumerate(actors):
         if isinstance(actor, plan.CommOp):
             finish = done(pos)
-            for ref in actor.ins.data:
-                s = span[ref.string_value()]
+            for name in reads[pos]:
+                s = span[name]
                 s[1] = max(s[1] if s[1] is not None else pos, finish)
     out = {}
     for name, (first, last) in span.items():

@@ -347,8 +347,8 @@ def allocate_device(device: plan.DeviceOp, in_place: bool = True, memo: dict | N
     """Allocates one device's registers (`memo`: placements already made
     for devices with the same buffers, see place; `ints`: offset attributes
     already made, shared by the devices of a program)."""
-    life = lifetimes(device)
     register_list, actors = device.contents()
+    life = lifetimes(device, (register_list, actors))
     registers = {r.sym_name.data: r for r in register_list}
     aliases, alias_writers = update_aliases(device, life, registers, actors) if in_place else ({}, set())
     pairs = {out: src for out, src in (in_place_pairs(device, life, registers, actors) if in_place else {}).items()

@@ -38,11 +38,15 @@ def _fail(device: plan.DeviceOp, what: str) -> NoReturn:
     raise PassFailedException(f"'plan.device' @{device.sym_name.data}: {what}")
 
 
-def verify_memory(device: plan.DeviceOp) -> None:
+Contents = tuple[list[plan.RegisterOp], list[plan.ComputeOp | plan.CommOp]]
+"""A device's registers and actors (`DeviceOp.contents()`)."""
+
+
+def verify_memory(device: plan.DeviceOp, contents: Contents | None = None) -> None:
     if device.arena is None or device.persistent is None:
         _fail(device, "memory is not allocated; run plan-allocate-memory")
     regions = {False: device.arena.value.data, True: device.persistent.value.data}
-    registers, actors = device.contents()
+    registers, actors = device.contents() if contents is None else contents
     # (name, offset, size, persistent) of every register, read once
     facts: list[tuple[str, int, int, bool]] = []
     for reg in registers:
@@ -57,7 +61,7 @@ def verify_memory(device: plan.DeviceOp) -> None:
                 f"register @{name} needs bytes [{offset}, {offset + size}) but the {where} has {regions[persistent]}",
             )
         facts.append((name, offset, size, persistent))
-    life = lifetimes(device)
+    life = lifetimes(device, (registers, actors))
     # An in-place actor may share bytes with an input only where its kernel
     # can run in place and the two start at the same offset.
     offsets = {name: offset for name, offset, _, _ in facts}
@@ -133,16 +137,20 @@ def verify_aliases(device: plan.DeviceOp, registers: list[plan.RegisterOp], life
     same bytes, and no read of the old value after the new one is written
     (except by the in-place kernel that writes it). `actors`: the device's
     schedule, where the caller has it."""
+    aliasing = [(r, r.alias) for r in registers if r.alias is not None]
+    if not aliasing:
+        return set()
     by_name = {r.sym_name.data: r for r in registers}
-    writes: dict[str, list[tuple[int, plan.ComputeOp | plan.CommOp]]] = {}
+    # the writes of the aliasing registers, by schedule position
+    writes: dict[str, list[tuple[int, plan.ComputeOp | plan.CommOp]]] = {r.sym_name.data: [] for r, _ in aliasing}
     for pos, actor in enumerate(device.actors() if actors is None else actors):
         for ref in actor.outs.data:
-            writes.setdefault(ref.string_value(), []).append((pos, actor))
+            written = writes.get(ref.string_value())
+            if written is not None:
+                written.append((pos, actor))
     pairs = set()
-    for reg in registers:
-        if reg.alias is None:
-            continue
-        name, target = reg.sym_name.data, reg.alias.string_value()
+    for reg, alias in aliasing:
+        name, target = reg.sym_name.data, alias.string_value()
         old = by_name.get(target)
         if old is None:
             _fail(device, f"register @{name} aliases @{target}, which is not a register of this device")
@@ -224,13 +232,15 @@ def temporaries_disjoint(temporaries: list[tuple[int, int, int, int, str]], in_p
     return True
 
 
-def verify_collectives(program: plan.ProgramOp) -> None:
+def verify_collectives(program: plan.ProgramOp, contents: dict[plan.DeviceOp, Contents] | None = None) -> None:
+    """`contents`: each device's, where the caller has them."""
     devices = {d.rank.value.data: d for d in program.devices()}
     by_id: dict[int, dict[int, plan.CommOp]] = {}
     comms: dict[int, list[plan.CommOp]] = {}  # per rank, its collectives in schedule order
     groups: dict[plan.CommOp, list[int]] = {}  # each collective's rank group, unpacked once
     for rank, device in devices.items():
-        comms[rank] = [actor for actor in device.actors() if isinstance(actor, plan.CommOp)]
+        actors = device.actors() if contents is None else contents[device][1]
+        comms[rank] = [actor for actor in actors if isinstance(actor, plan.CommOp)]
         for actor in comms[rank]:
             by_id.setdefault(actor.comm_id.value.data, {})[rank] = actor
             groups[actor] = list(actor.group.get_values())
@@ -275,6 +285,7 @@ class PlanVerifyPass(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         op.verify()
         for program in plan.programs(op):
-            for device in program.devices():
-                verify_memory(device)
-            verify_collectives(program)
+            contents = {device: device.contents() for device in program.devices()}  # one walk of each
+            for device, registers_and_actors in contents.items():
+                verify_memory(device, registers_and_actors)
+            verify_collectives(program, contents)
