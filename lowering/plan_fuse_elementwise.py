@@ -127,13 +127,21 @@ def fuse_device(device: plan.DeviceOp, step_attrs: _StepAttrs | None = None) -> 
     actor once, when the device is done: rebuilding and re-reading its
     attributes at every fold cost more than the rest of the pass."""
     step_attrs = step_attrs or _StepAttrs()
-    registers = {r.sym_name.data: r for r in device.registers()}
+    register_list, actors = device.contents()
+    registers = {r.sym_name.data: r for r in register_list}
     producers: dict[str, plan.ComputeOp | plan.CommOp] = {}
     readers: dict[str, set] = {}
-    actors = device.actors()
+    inputs: dict[plan.ComputeOp | plan.CommOp, list[str]] = {}  # each actor's input names, read once
+    # a reference to every register some actor reads: whatever a fused
+    # actor reads, an actor read before, so its reference is reused
+    refs: dict[str, SymbolRefAttr] = {}
     for actor in actors:
+        names = inputs[actor] = []
         for ref in actor.ins.data:
-            readers.setdefault(ref.string_value(), set()).add(actor)
+            name = ref.string_value()
+            names.append(name)
+            refs.setdefault(name, ref)
+            readers.setdefault(name, set()).add(actor)
         for ref in actor.outs.data:
             producers[ref.string_value()] = actor
     chains: dict[plan.ComputeOp, Chain] = {}
@@ -142,7 +150,7 @@ def fuse_device(device: plan.DeviceOp, step_attrs: _StepAttrs | None = None) -> 
         found = chains.get(actor)
         if found is not None:
             return found
-        ins = [r.string_value() for r in actor.ins.data]
+        ins = inputs[actor]
         if actor.kernel.data == plan.FUSED:
             return ins, plan.fused_steps(actor)
         out_type = registers[actor.outs.data[0].string_value()].type
@@ -156,7 +164,7 @@ def fuse_device(device: plan.DeviceOp, step_attrs: _StepAttrs | None = None) -> 
         changed = True
         while changed:  # folding a producer can leave another input read by this actor alone
             changed = False
-            ins = chains[actor][0] if actor in chains else [r.string_value() for r in actor.ins.data]
+            ins = chains[actor][0] if actor in chains else inputs[actor]
             for name in ins:
                 producer = producers.get(name)
                 if (producer is None or producer is actor or producer not in fusable
@@ -183,10 +191,9 @@ def fuse_device(device: plan.DeviceOp, step_attrs: _StepAttrs | None = None) -> 
                 changed = True
                 break
     if chains:
-        refs = {ref.string_value(): ref for actor in chains for ref in actor.ins.data}
         kernel = StringAttr(plan.FUSED)
         for actor, (ins, steps) in chains.items():
-            actor.ins = ArrayAttr([refs.get(r) or SymbolRefAttr(r) for r in ins])
+            actor.ins = ArrayAttr([refs[r] for r in ins])
             actor.kernel = kernel
             actor.props = step_attrs.props(steps)
     return fused

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import (
+    UNKNOWN_LOC,
     ArrayAttr,
     DenseArrayBase,
     DictionaryAttr,
@@ -282,6 +283,7 @@ class Lowering:
         self.pieces: dict[tuple[int, int], tuple[DTensorType, TensorType, IntegerAttr]] = {}
         self.kernels: dict[str, StringAttr] = {}  # op name -> the kernel attribute of its actors
         self.no_props = DictionaryAttr({})
+        self.flat: ArrayAttr[StringAttr] = ArrayAttr(())  # the nested path of a flat symbol reference
         self.ints: dict[int, IntegerAttr] = {}
         self.name_attrs: dict[SSAValue, StringAttr] = {}
 
@@ -303,7 +305,8 @@ class Lowering:
 
     def ref(self, value: SSAValue) -> SymbolRefAttr:
         if value not in self.ref_attrs:
-            self.ref_attrs[value] = SymbolRefAttr(self.name_of(value))
+            # from the register's name attribute and one empty nested path (each built once)
+            self.ref_attrs[value] = SymbolRefAttr(self.name_attr(value), self.flat)
         return self.ref_attrs[value]
 
     def int_attr(self, n: int) -> IntegerAttr:
@@ -358,7 +361,7 @@ class Lowering:
                 piece = self.pieces[(id(t), rank)] = (t, local, self.local_bytes[key])
             _, local, nbytes = piece
             props = {"sym_name": name, "type": local, "bytes": nbytes, "value": t, **role}
-            out.append(plan.RegisterOp.create(properties=props))
+            out.append(plan.RegisterOp.create(properties=props, location=UNKNOWN_LOC))
         return out
 
     def register(self, value: SSAValue, rank: int, fetched: dict[SSAValue, str], crossing: set[SSAValue]):
@@ -489,7 +492,7 @@ class Lowering:
                 "outs": self.refs([out]),
             }
             for rank in self.ranks(self.mesh_of(out).ranks):
-                actors[rank].append(plan.ComputeOp.create(properties=dict(props)))
+                actors[rank].append(plan.ComputeOp.create(properties=dict(props), location=UNKNOWN_LOC))
         elif isinstance(op, sbp.COLLECTIVE_OPS):
             self.lower_collective(op, actors)
         else:
