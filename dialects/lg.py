@@ -79,6 +79,7 @@ from .sbp import (
     lookup_placement,
     parse_verified,
     plain_nd,
+    tensor_type,
     verify_distribution,
     verify_placement_attr,
     verify_signature,
@@ -427,7 +428,7 @@ class LgOp(SbpRules, IRDLOperation, ABC):
             shape, elem = cls.rule([global_shape(t) for t in types], [element_type(t) for t in types], **params)
         except ShapeError as e:
             raise ValueError(f"{cls.name}: {e}") from None
-        return TensorType(elem, shape)
+        return tensor_type(elem, shape)
 
     def gradient(self, g: SSAValue, e: GradientEmitter) -> list[SSAValue | None]:
         """The vector-Jacobian product: one gradient per operand (None where

@@ -642,6 +642,18 @@ def _dtensor(shape: tuple[int, ...], element_type: Attribute, placement: str, nd
     return DTensorType(shape, element_type, placement, _nd_attr(nd))
 
 
+def tensor_type(element_type: Attribute, shape: Sequence[int]) -> TensorType:
+    """`TensorType(element_type, shape)`, one shared instance per distinct
+    type: lg ops infer a result type each (autodiff and the optimizer build
+    thousands), and building one verifies every parameter."""
+    return _tensor(element_type, tuple(shape))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _tensor(element_type: Attribute, shape: tuple[int, ...]) -> TensorType:
+    return TensorType(element_type, shape)
+
+
 def signature_of(ins: Sequence[Sequence[PlainSbp]], outs: Sequence[Sequence[PlainSbp]]) -> SignatureAttr:
     """`SignatureAttr` of plain nd-SBPs, one shared instance per distinct signature."""
     return _signature(tuple(tuple(nd) for nd in ins), tuple(tuple(nd) for nd in outs))

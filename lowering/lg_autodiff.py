@@ -23,7 +23,7 @@ from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import lg, sbp
-from sbpc.dialects.sbp import element_type, global_shape
+from sbpc.dialects.sbp import element_type, global_shape, tensor_type
 
 
 class Emitter:
@@ -48,7 +48,7 @@ class Emitter:
 
     def constant(self, shape, like: SSAValue, value: float) -> SSAValue:
         # a float tensor: the values gradients take (from_list's overloads take float or integer types)
-        t = cast("TensorType[AnyFloat]", TensorType(element_type(like.type), list(shape)))
+        t = cast("TensorType[AnyFloat]", tensor_type(element_type(like.type), shape))
         return self.emit(lg.ConstantOp(DenseIntOrFPElementsAttr.from_list(t, [float(value)])))
 
     def scalar(self, value: float, like: SSAValue) -> SSAValue:

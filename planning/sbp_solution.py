@@ -35,8 +35,10 @@ def apply_solution(graph: lg.GraphOp, problem: Problem, choice: list[int], strat
     for v, node in enumerate(nodes):
         ins, out = node.candidates[choice[v]]
         result = node.op.results[0]
-        new_type = dtensor_of(global_shape(result.type), element_type(result.type), node.mesh.name, out)
-        if result.type != new_type:
+        old_type = result.type
+        new_type = dtensor_of(global_shape(old_type), element_type(old_type), node.mesh.name, out)
+        # types alike are one shared object (dtensor_of): identity settles most comparisons
+        if old_type is not new_type and old_type != new_type:
             Rewriter.replace_value_with_new_type(result, new_type)
         if isinstance(node.op, lg.SbpRules):
             node.op.attributes[SIGNATURE_ATTR] = signature_of(ins, [out])
@@ -56,12 +58,15 @@ def apply_solution(graph: lg.GraphOp, problem: Problem, choice: list[int], strat
             continue
         ins, _ = node.candidates[choice[v]]
         operands = list(node.op.operands)
+        changed = False
         for j, operand in enumerate(operands):
-            if not isinstance(operand.type, DTensorType):
+            have = operand.type
+            if not isinstance(have, DTensorType):
                 continue
-            want = dtensor_of(operand.type.get_shape(), operand.type.element_type, node.mesh.name, ins[j])
-            if operand.type == want:
+            want = dtensor_of(have.get_shape(), have.element_type, node.mesh.name, ins[j])
+            if have is want or have == want:
                 continue
+            changed = True
             owner = operand.owner
             assert isinstance(owner, Operation)
             if isinstance(owner, lg.ParamOp):
@@ -79,7 +84,7 @@ def apply_solution(graph: lg.GraphOp, problem: Problem, choice: list[int], strat
                 block.insert_op_after(annotate, owner)
                 requests[key] = annotate.result
             operands[j] = requests[key]
-        if operands != list(node.op.operands):
+        if changed:
             node.op.operands = operands
 
     # Updated parameters are fetched in their parameter's distribution.
