@@ -63,11 +63,12 @@ def op_definition(cls: type[OpT]) -> type[OpT]:
     return cls
 
 
-def _binds_variables(constr) -> bool:
+def _binds_variables(constr, single: bool = False) -> bool:
     """Whether a constraint binds type variables (its verdict then depends
-    on the order fields are checked in), or cannot say."""
+    on what was checked before it), or cannot say; with `single`, as the
+    constraint of a one-attribute range (an operand or a result)."""
     try:
-        return bool(constr.variables())
+        return bool(constr.variables()) or (single and bool(constr.variables_from_length()))
     except Exception:  # noqa: BLE001  (a constraint that cannot say: assume it binds)
         return True
 
@@ -99,11 +100,13 @@ def fast_accepts(op_def: OpDef) -> Callable[[IRDLOperation], bool] | None:
                                     if not isinstance(d, OptAttributeDef))
     trait_checks = tuple(_trait_check(trait) for trait in op_def.traits)
 
-    # Ops without operands, results or regions (a plan's registers and
-    # actors, ~40k of a 10k-op graph's plan) bind no variables: their
-    # checks share one context (no check writes to it).
-    leaf = not (n_operands or n_results or n_regions)
-    leaf_context = VerificationContext()
+    # Where no constraint binds a variable (a plan's registers and actors,
+    # ~40k of a 10k-op graph's plan, and most lg ops), no check writes to
+    # the context: every op's checks share one, not a new one per op.
+    binds = (any(_binds_variables(d.constr, single=True) for _, d in op_def.operands)
+             or any(_binds_variables(d.constr, single=True) for _, d in op_def.results)
+             or any(_binds_variables(d.entry_args) for _, d in op_def.regions))
+    shared_context = None if binds else VerificationContext()
 
     def accepts(op: IRDLOperation) -> bool:
         try:
@@ -111,20 +114,17 @@ def fast_accepts(op_def: OpDef) -> Callable[[IRDLOperation], bool] | None:
             if (len(operands) != n_operands or len(results) != n_results or len(op_regions) != n_regions
                     or op.successors):
                 return False
-            if leaf:
-                context = leaf_context
-            else:
-                context = VerificationContext()
-                for check, value in zip(operand_checks, operands):
-                    check(value.type, context)
-                for check, value in zip(result_checks, results):
-                    check(value.type, context)
-                for (single_block, entry_args), region in zip(regions, op_regions):
-                    if single_block and len(region.blocks) != 1:
-                        return False
-                    entry = region.first_block
-                    if entry is not None:
-                        entry_args.verify(entry.arg_types, context)
+            context = VerificationContext() if shared_context is None else shared_context
+            for check, value in zip(operand_checks, operands):
+                check(value.type, context)
+            for check, value in zip(result_checks, results):
+                check(value.type, context)
+            for (single_block, entry_args), region in zip(regions, op_regions):
+                if single_block and len(region.blocks) != 1:
+                    return False
+                entry = region.first_block
+                if entry is not None:
+                    entry_args.verify(entry.arg_types, context)
             properties = op.properties
             if not required_properties <= properties.keys():
                 return False
@@ -240,10 +240,7 @@ def _check(constr, single: bool = False) -> Callable[[Attribute, VerificationCon
     A constraint that binds no variables depends on the attribute alone, so
     it remembers the attribute objects it passed (by identity: an entry
     keeps its attribute alive, so its id cannot be reused)."""
-    try:
-        pure = not constr.variables() and not (single and constr.variables_from_length())
-    except Exception:  # noqa: BLE001  (a constraint that cannot say: always check)
-        pure = False
+    pure = not _binds_variables(constr, single)
 
     def verify(attr: Attribute, context: VerificationContext) -> None:
         constr.verify((attr,) if single else attr, context)
