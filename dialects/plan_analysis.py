@@ -6,18 +6,27 @@ from __future__ import annotations
 
 from . import plan
 
+Names = tuple[list[list[str]], list[list[str]]]
+"""The names of the registers each actor of a schedule writes and reads, by position."""
+
+
+def register_names(actors: list[plan.ComputeOp | plan.CommOp]) -> Names:
+    """What each actor writes and reads, read once from its attributes for
+    the analyses and checks that all walk the schedule."""
+    return ([[ref.string_value() for ref in actor.outs.data] for actor in actors],
+            [[ref.string_value() for ref in actor.ins.data] for actor in actors])
+
 
 def lifetimes(device: plan.DeviceOp,
               contents: tuple[list[plan.RegisterOp], list[plan.ComputeOp | plan.CommOp]] | None = None,
-              ) -> dict[str, tuple[int, int]]:
+              names: Names | None = None) -> dict[str, tuple[int, int]]:
     """[first, last] schedule positions of every register (feeds from -1,
     fetched outputs to the end). `contents`: the device's registers and
-    actors (`device.contents()`), where the caller has them."""
+    actors (`device.contents()`), and `names`: register_names of those
+    actors, where the caller has them."""
     registers, actors = device.contents() if contents is None else contents
     end = len(actors)
-    # the names each actor writes and reads, read once from the attributes
-    writes = [[ref.string_value() for ref in actor.outs.data] for actor in actors]
-    reads = [[ref.string_value() for ref in actor.ins.data] for actor in actors]
+    writes, reads = register_names(actors) if names is None else names
     span: dict[str, list[int | None]] = {}
     for reg in registers:
         first = -1 if reg.feed is not None else None

@@ -32,7 +32,7 @@ from xdsl.dialects.builtin import I64, IntegerAttr, ModuleOp, SymbolRefAttr, Uni
 from xdsl.passes import ModulePass
 
 from sbpc.dialects import plan
-from sbpc.dialects.plan_analysis import lifetimes
+from sbpc.dialects.plan_analysis import lifetimes, register_names
 
 ALIGNMENT = 64
 """Every buffer starts at a multiple of this many bytes (cache lines, and
@@ -309,25 +309,39 @@ def in_place_pairs(device: plan.DeviceOp, life: dict[str, tuple[int, int]],
 
 def update_aliases(device: plan.DeviceOp, life: dict[str, tuple[int, int]],
                    registers: dict[str, plan.RegisterOp] | None = None,
-                   actors: list[plan.ComputeOp | plan.CommOp] | None = None) -> tuple[dict[str, str], set[str]]:
+                   actors: list[plan.ComputeOp | plan.CommOp] | None = None,
+                   writes: list[list[str]] | None = None) -> tuple[dict[str, str], set[str]]:
     """`new.<key>` register -> parameter register <key> whose bytes it may
-    take, and the actors that then write in place over the parameter.
+    take, and the actors that then write in place over the parameter
+    (`writes`: what each actor writes, as register_names gives it).
 
     Safe when the old value has no reader left once the update is written:
     its last read (a collective's, until that completes) comes before the
     update's first write, or is the in-place elementwise kernel writing it."""
     if registers is None:
         registers = {r.sym_name.data: r for r in device.registers()}
-    params = {r.param.data: r for r in registers.values() if r.param is not None}
-    writers: dict[str, list] = {}
-    for pos, actor in enumerate(device.actors() if actors is None else actors):
-        for ref in actor.outs.data:
-            writers.setdefault(ref.string_value(), []).append((pos, actor))
-    aliases, in_place_actors = {}, set()
+    if actors is None:
+        actors = device.actors()
+    params: dict[str, plan.RegisterOp] = {}
+    updates: list[tuple[str, plan.RegisterOp, str]] = []  # (name, register, <key>) of each `new.<key>`
     for name, reg in registers.items():
-        if reg.fetch is None or not reg.fetch.data.startswith("new.") or len(writers.get(name, ())) != 1:
+        if reg.param is not None:
+            params[reg.param.data] = reg
+        if reg.fetch is not None and reg.fetch.data.startswith("new."):
+            updates.append((name, reg, reg.fetch.data.removeprefix("new.")))
+    # the writes of the updates, by schedule position
+    writers: dict[str, list] = {name: [] for name, _, _ in updates}
+    if updates:
+        for pos, outs in enumerate(register_names(actors)[0] if writes is None else writes):
+            for out in outs:
+                written = writers.get(out)
+                if written is not None:
+                    written.append((pos, actors[pos]))
+    aliases, in_place_actors = {}, set()
+    for name, reg, key in updates:
+        if len(writers[name]) != 1:
             continue
-        param = params.get(reg.fetch.data.removeprefix("new."))
+        param = params.get(key)
         if (param is None or param.value != reg.value or param.type != reg.type
                 or param.slots.value.data != 1 or reg.slots.value.data != 1):
             continue
@@ -348,9 +362,10 @@ def allocate_device(device: plan.DeviceOp, in_place: bool = True, memo: dict | N
     for devices with the same buffers, see place; `ints`: offset attributes
     already made, shared by the devices of a program)."""
     register_list, actors = device.contents()
-    life = lifetimes(device, (register_list, actors))
+    names = register_names(actors)
+    life = lifetimes(device, (register_list, actors), names)
     registers = {r.sym_name.data: r for r in register_list}
-    aliases, alias_writers = update_aliases(device, life, registers, actors) if in_place else ({}, set())
+    aliases, alias_writers = update_aliases(device, life, registers, actors, names[0]) if in_place else ({}, set())
     pairs = {out: src for out, src in (in_place_pairs(device, life, registers, actors) if in_place else {}).items()
              if out not in aliases}
     # registers written in place join the buffer of the input they overwrite

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, SymbolRefAttr
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import plan
-from sbpc.dialects.plan_analysis import lifetimes
+from sbpc.dialects.plan_analysis import lifetimes, register_names
 
 
 def _fail(device: plan.DeviceOp, what: str) -> NoReturn:
@@ -47,10 +47,16 @@ def verify_memory(device: plan.DeviceOp, contents: Contents | None = None) -> No
         _fail(device, "memory is not allocated; run plan-allocate-memory")
     regions = {False: device.arena.value.data, True: device.persistent.value.data}
     registers, actors = device.contents() if contents is None else contents
-    # (name, offset, size, persistent) of every register, read once
+    # (name, offset, size, persistent) of every register, read once, with
+    # the registers by name and those that alias another
     facts: list[tuple[str, int, int, bool]] = []
+    by_name: dict[str, plan.RegisterOp] = {}
+    aliasing: list[tuple[plan.RegisterOp, SymbolRefAttr]] = []
     for reg in registers:
         name = reg.sym_name.data
+        by_name[name] = reg
+        if reg.alias is not None:
+            aliasing.append((reg, reg.alias))
         if reg.offset is None:
             _fail(device, f"register @{name} has no offset")
         offset, size, persistent = reg.offset.value.data, reg.size, reg.is_persistent is not None
@@ -61,17 +67,18 @@ def verify_memory(device: plan.DeviceOp, contents: Contents | None = None) -> No
                 f"register @{name} needs bytes [{offset}, {offset + size}) but the {where} has {regions[persistent]}",
             )
         facts.append((name, offset, size, persistent))
-    life = lifetimes(device, (registers, actors))
+    names = register_names(actors)
+    writes, reads = names
+    life = lifetimes(device, (registers, actors), names)
     # An in-place actor may share bytes with an input only where its kernel
     # can run in place and the two start at the same offset.
     offsets = {name: offset for name, offset, _, _ in facts}
     in_place: set[tuple[str, str]] = set()
-    for actor in actors:
+    for pos, actor in enumerate(actors):
         if (isinstance(actor, plan.ComputeOp) and actor.in_place is not None
                 and actor.kernel.data in plan.OVERWRITING_KERNELS):
-            out = actor.outs.data[0].string_value()
-            in_place.update((ref.string_value(), out) for ref in actor.ins.data
-                            if offsets[ref.string_value()] == offsets[out])
+            out = writes[pos][0]
+            in_place.update((name, out) for name in reads[pos] if offsets[name] == offsets[out])
     # (start, end, offset, size, name) of every temporary, swept by start
     temporaries = sorted(
         (*life[name], offset, size, name) for name, offset, size, persistent in facts if not persistent
@@ -88,13 +95,13 @@ def verify_memory(device: plan.DeviceOp, contents: Contents | None = None) -> No
                 f"registers @{min(na, nb)} and @{max(na, nb)} are live together (positions "
                 f"{max(s1, s2)}..{min(e1, e2)}) but overlap in the arena",
             )
-    aliased = verify_aliases(device, registers, life, actors)
+    aliased = verify_aliases(device, by_name, aliasing, life, actors, writes)
     # An aliasing register has exactly its target's bytes (checked just
     # above), so with every target aliased at most once, leaving the aliasing
     # ones out of the sorted check hides no overlap the pairwise check would
     # report: whatever overlaps one overlaps its target too.
-    aliasing = dict(aliased)
-    skipped = set(aliasing) if len(set(aliasing.values())) == len(aliasing) else set()
+    target_of = dict(aliased)
+    skipped = set(target_of) if len(set(target_of.values())) == len(target_of) else set()
     persistent_ranges = sorted((offset, offset + size) for name, offset, size, persistent in facts
                                if persistent and name not in skipped)
     if not _sorted_disjoint(persistent_ranges):
@@ -131,23 +138,27 @@ def _check_persistent_pairwise(device: plan.DeviceOp, registers: list[plan.Regis
                 _fail(device, f"persistent registers @{reg.sym_name.data} and @{other.sym_name.data} overlap")
 
 
-def verify_aliases(device: plan.DeviceOp, registers: list[plan.RegisterOp], life,
-                   actors: list[plan.ComputeOp | plan.CommOp] | None = None) -> set[tuple[str, str]]:
+def verify_aliases(device: plan.DeviceOp, by_name: dict[str, plan.RegisterOp],
+                   aliasing: list[tuple[plan.RegisterOp, SymbolRefAttr]], life,
+                   actors: list[plan.ComputeOp | plan.CommOp] | None = None,
+                   writes: list[list[str]] | None = None) -> set[tuple[str, str]]:
     """(register, the register whose bytes it takes) pairs, each checked: the
     same bytes, and no read of the old value after the new one is written
-    (except by the in-place kernel that writes it). `actors`: the device's
-    schedule, where the caller has it."""
-    aliasing = [(r, r.alias) for r in registers if r.alias is not None]
+    (except by the in-place kernel that writes it). `by_name`: the device's
+    registers; `aliasing`: those with an alias, and the alias; `actors`: the
+    device's schedule, and `writes`: what each of its actors writes
+    (register_names), where the caller has them."""
     if not aliasing:
         return set()
-    by_name = {r.sym_name.data: r for r in registers}
     # the writes of the aliasing registers, by schedule position
-    writes: dict[str, list[tuple[int, plan.ComputeOp | plan.CommOp]]] = {r.sym_name.data: [] for r, _ in aliasing}
-    for pos, actor in enumerate(device.actors() if actors is None else actors):
-        for ref in actor.outs.data:
-            written = writes.get(ref.string_value())
+    writers: dict[str, list[tuple[int, plan.ComputeOp | plan.CommOp]]] = {r.sym_name.data: [] for r, _ in aliasing}
+    if actors is None:
+        actors = device.actors()
+    for pos, outs in enumerate(register_names(actors)[0] if writes is None else writes):
+        for out in outs:
+            written = writers.get(out)
             if written is not None:
-                written.append((pos, actor))
+                written.append((pos, actors[pos]))
     pairs = set()
     for reg, alias in aliasing:
         name, target = reg.sym_name.data, alias.string_value()
@@ -159,7 +170,7 @@ def verify_aliases(device: plan.DeviceOp, registers: list[plan.RegisterOp], life
         ):
             _fail(device, f"register @{name} aliases @{target} but does not take exactly its bytes (same type, "
                           f"slots, region and offset)")
-        for pos, actor in writes.get(name, ()):
+        for pos, actor in writers.get(name, ()):
             last_read = life[target][1]
             reads_in_place = (
                 isinstance(actor, plan.ComputeOp)
