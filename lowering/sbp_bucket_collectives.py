@@ -546,14 +546,29 @@ class SbpBucketCollectivesPass(ModulePass):
         def comm_time(nbytes: float) -> float:
             return alpha + beta * nbytes
 
+        # The dynamic program prices every bucket of up to WINDOW members;
+        # gradients of repeated layers have equal sizes, so most buckets'
+        # byte counts recur (exact: whole bytes): each is priced once.
+        concat_times: dict[float, float] = {}
+        slice_times: dict[float, float] = {}
+
         def pack_time(i: int, j: int) -> float:  # one concat reads and writes the bucket
-            return 0.0 if j - i == 1 else cluster.work_time("lg.concat", 0.0, 2 * (held[j] - held[i]))
+            if j - i == 1:
+                return 0.0
+            nbytes = 2 * (held[j] - held[i])
+            found = concat_times.get(nbytes)
+            if found is None:
+                found = concat_times[nbytes] = cluster.work_time("lg.concat", 0.0, nbytes)
+            return found
 
         def unpack_time(i: int, j: int) -> float:  # one slice per member
             if j - i == 1:
                 return 0.0
-            return (j - i) * per_slice + cluster.core_time(
-                "lg.slice", 0.0, 2 * (held[j] - held[i]))
+            nbytes = 2 * (held[j] - held[i])
+            found = slice_times.get(nbytes)
+            if found is None:
+                found = slice_times[nbytes] = cluster.core_time("lg.slice", 0.0, nbytes)
+            return (j - i) * per_slice + found
 
         return choose_buckets(members, comm_time, pack_time, unpack_time,
                               host_share=1.0 - cluster.device.comm_overlap)
