@@ -41,6 +41,7 @@ collective per bucket. Each bucket records `sbp.bucket = [members]`.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections.abc import Sequence
@@ -549,26 +550,16 @@ class SbpBucketCollectivesPass(ModulePass):
         # The dynamic program prices every bucket of up to WINDOW members;
         # gradients of repeated layers have equal sizes, so most buckets'
         # byte counts recur (exact: whole bytes): each is priced once.
-        concat_times: dict[float, float] = {}
-        slice_times: dict[float, float] = {}
+        concat_time = functools.cache(lambda nbytes: cluster.work_time("lg.concat", 0.0, nbytes))
+        slice_time = functools.cache(lambda nbytes: cluster.core_time("lg.slice", 0.0, nbytes))
 
         def pack_time(i: int, j: int) -> float:  # one concat reads and writes the bucket
-            if j - i == 1:
-                return 0.0
-            nbytes = 2 * (held[j] - held[i])
-            found = concat_times.get(nbytes)
-            if found is None:
-                found = concat_times[nbytes] = cluster.work_time("lg.concat", 0.0, nbytes)
-            return found
+            return 0.0 if j - i == 1 else concat_time(2 * (held[j] - held[i]))
 
         def unpack_time(i: int, j: int) -> float:  # one slice per member
             if j - i == 1:
                 return 0.0
-            nbytes = 2 * (held[j] - held[i])
-            found = slice_times.get(nbytes)
-            if found is None:
-                found = slice_times[nbytes] = cluster.core_time("lg.slice", 0.0, nbytes)
-            return (j - i) * per_slice + found
+            return (j - i) * per_slice + slice_time(2 * (held[j] - held[i]))
 
         return choose_buckets(members, comm_time, pack_time, unpack_time,
                               host_share=1.0 - cluster.device.comm_overlap)
