@@ -307,15 +307,21 @@ def _bytes(n: float) -> str:
     return f"{n}"
 
 
-def staged_bytes(actor: plan.CommOp, rank: int, meshes: Mapping[str, Mesh]) -> tuple[int, int]:
+def staged_bytes(actor: plan.CommOp, rank: int, meshes: Mapping[str, Mesh], cache: dict) -> tuple[int, int]:
     """Bytes `rank` copies into send buffers before `actor`'s call and out of
-    receive buffers after it (layout.staged_elements)."""
+    receive buffers after it (layout.staged_elements). Remembered in `cache`
+    (one replay's): a plan's layers repeat the same few communications, and
+    a mesh of hundreds of ranks makes each answer cost as many pieces."""
     src, dst = actor.source, actor.dest
-    packed, unpacked = staged_elements(actor.kind.data, regions_of(src, meshes[src.placement_name]),
-                                       regions_of(dst, meshes[dst.placement_name]),
-                                       tuple(actor.group.get_values()), rank)
-    itemsize = numpy_dtype(src.element_type).itemsize
-    return packed * itemsize, unpacked * itemsize
+    group = tuple(actor.group.get_values())
+    key = ("staged", actor.kind.data, src, dst, group, rank)
+    found = cache.get(key)
+    if found is None:
+        packed, unpacked = staged_elements(actor.kind.data, regions_of(src, meshes[src.placement_name]),
+                                           regions_of(dst, meshes[dst.placement_name]), group, rank)
+        itemsize = numpy_dtype(src.element_type).itemsize
+        found = cache[key] = (packed * itemsize, unpacked * itemsize)
+    return found
 
 
 class _Device:
@@ -377,7 +383,7 @@ class _Device:
             # the thread) and unpacks it when the collective retires (where a
             # rank waits for it); a 2 MB all_gather along columns spent as
             # long unpacking as in MPI.
-            packed, unpacked = staged_bytes(actor, self.rank, meshes)
+            packed, unpacked = staged_bytes(actor, self.rank, meshes, cache)
             seconds = cluster.collective_time(kind, group, nbytes) + (copy_time(unpacked, cluster) if unpacked else 0.0)
             spec = CommSpec(actor.comm_id.value.data, kind, group, seconds)
             issue = overhead + (copy_time(packed, cluster) if packed else 0.0)
