@@ -250,6 +250,22 @@ class Cluster:
         sync = self.levels[self.level_of(ranks)].sync if self.links is None and self.share_a_core(ranks) else 0.0
         return latency_steps(kind, p) * latency + nbytes / bandwidth + sync
 
+    def cpu_of(self, rank: int) -> tuple[int, int] | None:
+        """(host, CPU) that `rank` is bound to (Level.cores of the host
+        level); None where ranks are not bound (a CPU each, or not known)."""
+        host = self.levels[0] if self.links is None else None
+        if host is None or host.cores <= 0 or host.size <= host.cores:
+            return None
+        return rank // host.size, (rank % host.size) % host.cores
+
+    def ranks_per_cpu(self) -> int:
+        """How many bound ranks share a CPU (1 where ranks are not bound):
+        the calibration timed kernels with that many running on each."""
+        host = self.levels[0] if self.links is None else None
+        if host is None or host.cores <= 0 or host.size <= host.cores:
+            return 1
+        return -(-host.size // host.cores)
+
     def share_a_core(self, ranks: Sequence[int]) -> bool:
         """Whether two of `ranks` run on one core of a host (Level.cores of
         the lowest level, the host's); true where that is not known."""

@@ -412,6 +412,8 @@ class _Device:
         self.in_flight = [0.0] * steps
         self.issued: dict[tuple[int, int], Collective] = {}
         self.outside_starts: list[float] = []
+        self.thread_events: dict[int, Event] = {}
+        """The event of each kernel or copy task, by its index in `tasks`."""
         self.outside: list[Event] = []
         """The thread's stretches without an MPI call, in time order: kernels,
         copies, and each column block of a long matmul."""
@@ -539,7 +541,7 @@ def _head(queue: list[Collective]) -> Collective | None:
 
 class Replay:
     def __init__(self, program: plan.ProgramOp, cluster: Cluster, placements: Sequence[PlacementOp], steps: int,
-                 exact: bool | None = None):
+                 exact: bool | None = None, scales: Mapping[tuple[int, int], float] | None = None):
         self.cluster = cluster
         self.steps = steps
         devices = program.devices()
@@ -565,6 +567,11 @@ class Replay:
         cache: dict = {}
         meshes = {p.sym_name.data: p.mesh() for p in placements}
         self.devices = {d.rank.value.data: _Device(d, cluster, steps, cache, meshes) for d in chosen}
+        for rank, dev in self.devices.items():  # thread tasks slowed or sped by shared CPUs
+            for pc, (_, task) in enumerate(dev.tasks):
+                factor = scales.get((rank, pc)) if scales else None
+                if factor is not None:
+                    task.duration *= factor
         self.overlap = cluster.device.comm_overlap
         self.enqueue = cluster.device.launch_ahead
         self.eager = False
@@ -625,6 +632,7 @@ class Replay:
                 dev.t = event.end
                 dev.last = event
                 self.events.append(event)
+                dev.thread_events[dev.pc] = event
                 if event.end > event.start:  # MPI is called only between its blocks
                     part = task.duration / task.blocks
                     for b in range(task.blocks):
@@ -765,7 +773,62 @@ def simulate_plan(module: ModuleOp, cluster: Cluster, steps: int = 4, program: s
     placements = [op for op in module.ops if isinstance(op, PlacementOp)]
     replay = Replay(prog, cluster, placements, max(1, steps), exact)
     replay.run()
+    if cluster.ranks_per_cpu() > 1 and all(r == d for r, d in replay.rep.items()):
+        replay = _shared_processors(prog, cluster, placements, max(1, steps), exact, replay)
     return _report(prog, cluster, replay, placements)
+
+
+SHARING_ROUNDS = 4
+"""Replays that settle how fast each rank computes where ranks share CPUs."""
+
+
+def _shared_processors(prog: plan.ProgramOp, cluster: Cluster, placements: Sequence[PlacementOp], steps: int,
+                       exact: bool | None, replay: Replay) -> Replay:
+    """Where ranks outnumber the CPUs they are bound to (cluster.cpu_of), a
+    rank computes as fast as the CPU's other ranks let it: the calibrated
+    rates were timed with every rank of a CPU computing, and a rank that
+    waits for MPI gives its CPU away (executor.give_way), so a pipeline
+    stage computing while the other stage on its CPU waits runs up to that
+    many times faster (GPT 2 layers, pipelined on 4 ranks bound to 2 CPUs:
+    199 steps/s, priced at 122 as if both always computed). Each thread
+    task takes its calibrated time times (1 + the other ranks of its CPU
+    computing meanwhile, on average) / ranks per CPU, read off the last
+    replay; a few replays, each step halfway to the next estimate, settle it."""
+    share = cluster.ranks_per_cpu()
+    mates: dict[int, list[int]] = {}
+    for rank in replay.devices:
+        cpu = cluster.cpu_of(rank)
+        mates[rank] = [r for r in replay.devices if r != rank and cpu is not None and cluster.cpu_of(r) == cpu]
+    if not any(mates.values()):
+        return replay
+    scales: dict[tuple[int, int], float] = {}
+    for _ in range(SHARING_ROUNDS):
+        busy = {rank: sorted((e.start, e.end) for e in dev.thread_events.values())
+                for rank, dev in replay.devices.items()}
+        starts = {rank: [s for s, _ in spans] for rank, spans in busy.items()}
+        for rank, dev in replay.devices.items():
+            for pc, event in dev.thread_events.items():
+                length = event.end - event.start
+                if length <= 0:
+                    continue
+                others = sum(_overlap(busy[m], starts[m], event.start, event.end) for m in mates[rank]) / length
+                estimate = (1.0 + others) / share
+                key = (rank, pc)
+                scales[key] = 0.5 * (scales.get(key, 1.0) + estimate)
+        replay = Replay(prog, cluster, placements, steps, exact, scales)
+        replay.run()
+    return replay
+
+
+def _overlap(spans: list[tuple[float, float]], starts: list[float], lo: float, hi: float) -> float:
+    """Seconds of [lo, hi) that the sorted, disjoint `spans` cover."""
+    total = 0.0
+    i = max(0, bisect.bisect_right(starts, lo) - 1)
+    while i < len(spans) and spans[i][0] < hi:
+        s, e = spans[i]
+        total += max(0.0, min(e, hi) - max(s, lo))
+        i += 1
+    return total
 
 
 def _report(prog: plan.ProgramOp, cluster: Cluster, replay: Replay, placements: Sequence[PlacementOp]) -> Prediction:

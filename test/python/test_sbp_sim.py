@@ -116,3 +116,27 @@ def test_a_gather_the_runtime_unpacks_costs_its_copy():
         CompilePass().apply(Context(), module)
         times[split] = simulate_plan(module, cpu).step_time
     assert times["S<1>"] - times["S<0>"] == pytest.approx(copy_time(512 * 512 * 4, cpu), rel=1e-3)
+
+
+def test_ranks_bound_to_shared_cpus_compute_faster_while_their_cpu_mates_wait():
+    """Two pipeline stages of 4 ranks on 4 CPUs, bound round robin: rank i
+    of stage 0 and rank i of stage 1 share a CPU. The calibrated rates were
+    timed with both computing; while one stage waits for the other the
+    other runs alone, faster (perf/step_time._shared_processors). Where the
+    binding is not known, every task keeps its calibrated time."""
+    from dataclasses import replace
+
+    from sbpc.perf.cluster import preset
+
+    module = parse_module(STAGES.replace("16x8", "1024x256").replace("8x8", "256x256"))  # compute-bound
+    CompilePass().apply(Context(), module)
+    cpu = preset("cpu").resized(8)
+    unbound = replace(cpu, levels=(replace(cpu.levels[0], cores=0),))
+    bound = replace(cpu, levels=(replace(cpu.levels[0], cores=4),))
+    assert bound.ranks_per_cpu() == 2 and bound.cpu_of(0) == bound.cpu_of(4) == (0, 0)
+    assert unbound.ranks_per_cpu() == 1 and unbound.cpu_of(0) is None
+    alone, shared = simulate_plan(module, unbound), simulate_plan(module, bound)
+    # the stages compute one after the other (one input, no micro-batches):
+    # each kernel runs alone on its CPU, at twice the calibrated rate; the
+    # transfer between them does not shrink (0.71 of the time when written)
+    assert 0.5 < shared.step_time / alone.step_time < 0.8
