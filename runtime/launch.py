@@ -65,24 +65,31 @@ def launcher(n: int, hosts: Hosts | None) -> list[str]:
     return [mpiexec(), *hosts.mpiexec_options(n), "-n", str(n)]
 
 
-def usable_cores() -> int:
+def usable_cpus() -> list[int]:
     """The logical CPUs (cores, or hardware threads where a core has
     several) this process, and the ranks it starts, may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
 
 
 def binding(n: int) -> list[str]:
     """mpiexec's binding options for n ranks on this machine. Where they
-    outnumber its logical CPUs, each rank is bound to one, round robin
-    (rank i on CPU i mod CPUs), as Open MPI binds by default: left to the
-    OS, which ranks share a CPU changed from job to job, and with it what
-    every collective costs (the calibrated cost of a collective among 4
-    ranks on 2 cores came out 65 us in one job and 250 us in the next;
-    bound, 165-190 us in every job, and the simulator knows which members
-    share a CPU: perf/cluster.py, Level.cores). With a CPU each they are
-    left unbound: binding would put another job's ranks on the same CPUs
-    as ours."""
-    return ["-bind-to", "hwthread"] if n > usable_cores() else []
+    outnumber the CPUs this process may use, each rank is bound to one of
+    them, round robin (rank i on the (i mod CPUs)-th), as Open MPI binds by
+    default: left to the OS, which ranks share a CPU changed from job to job,
+    and with it what every collective costs (the calibrated cost of a
+    collective among 4 ranks on 2 cores came out 65 us in one job and 250 us
+    in the next; bound, 165-190 us in every job, and the simulator knows
+    which members share a CPU: perf/cluster.py, Level.cores). The CPUs are
+    named (hydra's `user:` binding): its `-bind-to hwthread` counts from the
+    machine's first CPU, outside a `taskset` the user gave. With a CPU each
+    the ranks are left unbound: binding would put another job's ranks on the
+    same CPUs as ours."""
+    cpus = usable_cpus()
+    if n <= len(cpus):
+        return []
+    return ["-bind-to", "user:" + ",".join(str(cpus[i % len(cpus)]) for i in range(n))]
 
 
 def stop(process: subprocess.Popen, before: Leftovers | None = None) -> None:

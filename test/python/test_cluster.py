@@ -926,6 +926,6 @@ def test_only_a_collective_with_members_on_one_core_pays_sync():
 def test_ranks_that_outnumber_the_cores_are_bound_to_them(monkeypatch):
     from sbpc.runtime import launch
 
-    monkeypatch.setattr(launch, "usable_cores", lambda: 2)
+    monkeypatch.setattr(launch, "usable_cpus", lambda: [2, 5])  # as under `taskset -c 2,5`
     assert launch.launcher(2, None)[1:] == ["-n", "2"]
-    assert launch.launcher(4, None)[1:] == ["-bind-to", "hwthread", "-n", "4"]
+    assert launch.launcher(5, None)[1:] == ["-bind-to", "user:2,5,2,5,2", "-n", "5"]
