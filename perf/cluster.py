@@ -250,32 +250,37 @@ class Cluster:
         sync = self.levels[self.level_of(ranks)].sync if self.links is None and self.share_a_core(ranks) else 0.0
         return latency_steps(kind, p) * latency + nbytes / bandwidth + sync
 
-    def cpu_of(self, rank: int) -> tuple[int, int] | None:
-        """(host, CPU) that `rank` is bound to (Level.cores of the host
-        level); None where ranks are not bound (a CPU each, or not known)."""
+    def _bound_host(self) -> Level | None:
+        """The host level where its ranks outnumber its cores and are bound
+        to them (Level.cores); None where each has a CPU or it is not known."""
         host = self.levels[0] if self.links is None else None
         if host is None or host.cores <= 0 or host.size <= host.cores:
+            return None
+        return host
+
+    def cpu_of(self, rank: int) -> tuple[int, int] | None:
+        """(host, CPU) that `rank` is bound to: device i of a host on its
+        CPU i mod cores (runtime/launch.py); None where ranks are not bound."""
+        host = self._bound_host()
+        if host is None:
             return None
         return rank // host.size, (rank % host.size) % host.cores
 
     def ranks_per_cpu(self) -> int:
         """How many bound ranks share a CPU (1 where ranks are not bound):
         the calibration timed kernels with that many running on each."""
-        host = self.levels[0] if self.links is None else None
-        if host is None or host.cores <= 0 or host.size <= host.cores:
-            return 1
-        return -(-host.size // host.cores)
+        host = self._bound_host()
+        return 1 if host is None else -(-host.size // host.cores)
 
     def share_a_core(self, ranks: Sequence[int]) -> bool:
-        """Whether two of `ranks` run on one core of a host (Level.cores of
-        the lowest level, the host's); true where that is not known."""
+        """Whether two of `ranks` run on one CPU of a host; true where the
+        cores are not known (Level.cores 0), false with a CPU each."""
         if self.links is not None:
             return False
-        host = self.levels[0]
-        if host.cores <= 0:
+        if self.levels[0].cores <= 0:
             return True
-        cores = [(r // host.size, (r % host.size) % host.cores) for r in ranks]
-        return len(set(cores)) < len(cores)
+        cpus = [self.cpu_of(r) for r in ranks]
+        return None not in cpus and len(set(cpus)) < len(cpus)
 
     # -- compute ----------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from sbpc.perf.fit import sync_excess
 from sbpc.semantics.local_eval import LocalContext
 
 from . import host_kernels, kernels
+from .launch import usable_cpus
 from .rank_auth import authenticate_messages
 
 GEMM_SHAPES = [(64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512), (128, 1024, 1024),
@@ -418,8 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     raw["cache_bytes"] = last_level_cache() / world.size
     # The cores this host's ranks run on: each rank's own is one where the
     # launcher bound them (runtime/launch.py), so their union.
-    mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    raw["cores"] = len(set().union(*node.allgather(mine)))
+    raw["cores"] = len(set().union(*node.allgather(usable_cpus())))
     if world.rank == 0:
         with open(options.output, "w") as f:
             json.dump(raw, f, indent=1)

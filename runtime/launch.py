@@ -92,7 +92,7 @@ def binding(n: int) -> list[str]:
     return ["-bind-to", "user:" + ",".join(str(cpus[i % len(cpus)]) for i in range(n))]
 
 
-def stop(process: subprocess.Popen, before: Leftovers | None = None) -> None:
+def stop(process: subprocess.Popen, before: Leftovers) -> None:
     """Ends an mpiexec now: SIGTERM, on which it ends every rank (they
     ignore the terminal's SIGINT: the driver decides), and at worst SIGKILL;
     then removes what the job left (`before`: taken before it started)."""
@@ -102,10 +102,7 @@ def stop(process: subprocess.Popen, before: Leftovers | None = None) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
-    if before is not None:
-        before.remove_new(wait=0.0)
-    else:
-        remove_orphaned_segments(wait=0.0)
+    before.remove_new(wait=0.0)
 
 
 @dataclass(frozen=True)
