@@ -14,8 +14,10 @@ made it. Each of those verifies took 0.33 s of a 10k-op graph's 6.9 s."""
 
 from __future__ import annotations
 
+import gc
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from xdsl.context import Context
@@ -68,10 +70,29 @@ class CompilePass(SbpInferOptions, ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         passes = self.passes()
-        for i, p in enumerate(passes):
-            p.apply(ctx, op)
-            if not skips_verify(p, passes[i + 1:], self.verify_each):
-                op.verify()
+        with collector_paused():
+            for i, p in enumerate(passes):
+                p.apply(ctx, op)
+                if not skips_verify(p, passes[i + 1:], self.verify_each):
+                    op.verify()
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pauses Python's cyclic garbage collector while passes run. A pass
+    makes and drops ops by the ten thousand, and every op and value points
+    at its parent, so the collector's full collections walked the whole,
+    growing IR again and again: a third of compiling a 10k-op graph (4.5 s
+    against 3.1 s paused), for 20% less peak memory. The cycles are freed
+    by the collections after it. Nested pauses resume only at the outermost."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 PLAN_PASSES = (SbpToPlanPass, PlanFuseElementwisePass, PlanAllocateMemoryPass)

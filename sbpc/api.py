@@ -34,6 +34,7 @@ from sbpc.dialects import lg, parse_module
 from sbpc.dialects.plan import ProgramOp, programs
 from sbpc.dialects.sbp import AUTOPLAN_ALTERNATIVES_ATTR, AUTOPLAN_ATTR
 from sbpc.frontend import Graph, Placement
+from sbpc.lowering.compile import collector_paused
 from sbpc.optim import Optimizer
 from sbpc.runtime.hosts import Hosts
 from sbpc.runtime.pool_client import RankPool
@@ -151,29 +152,30 @@ def compile(  # noqa: A001 - the verb users expect
         from sbpc.planning.autoplan.stages import place_stages
 
         place_stages(module, stages)
-    if not programs(module):
-        passes = list(PassPipeline.parse_spec(PASSES, pipeline).passes)
-        if plan == "auto":
-            from sbpc.lowering.sbp_autoplan import SbpAutoplanPass
+    with collector_paused():  # graph passes, the planner's search and compile make and drop IR by the thousand
+        if not programs(module):
+            passes = list(PassPipeline.parse_spec(PASSES, pipeline).passes)
+            if plan == "auto":
+                from sbpc.lowering.sbp_autoplan import SbpAutoplanPass
 
-            # The pipeline's training passes (micro-batching, autodiff, the
-            # optimizer) run inside the planner, once per layout: stages and
-            # micro-batches are cut before autodiff.
-            at = max((i + 1 for i, p in enumerate(passes) if p.name in BEFORE_PLANNING), default=0)
-            training = ",".join(str(p.pipeline_pass_spec()) for p in passes[:at])
-            planner = SbpAutoplanPass(cluster=str(cluster), devices=devices or 0, memory=int(memory_budget or 0),
-                                      explain=True, training=training)
-            planner.apply(Context(), module)
-            chosen = next(iter(lg.graphs(module)))
-            described = cast(StringAttr, chosen.attributes[AUTOPLAN_ATTR])
-            alternatives = cast("ArrayAttr[StringAttr]", chosen.attributes[AUTOPLAN_ALTERNATIVES_ATTR])
-            autoplan = {"cluster": str(cluster), "chosen": described.data,
-                        "alternatives": [a.data for a in alternatives.data]}
-            passes = passes[at:]
-        PassPipeline(tuple(passes)).apply(Context(), module)
-    elif plan == "auto":
-        raise ValueError("plan='auto' needs a graph, not a compiled plan")
-    module.verify()
+                # The pipeline's training passes (micro-batching, autodiff, the
+                # optimizer) run inside the planner, once per layout: stages and
+                # micro-batches are cut before autodiff.
+                at = max((i + 1 for i, p in enumerate(passes) if p.name in BEFORE_PLANNING), default=0)
+                training = ",".join(str(p.pipeline_pass_spec()) for p in passes[:at])
+                planner = SbpAutoplanPass(cluster=str(cluster), devices=devices or 0, memory=int(memory_budget or 0),
+                                          explain=True, training=training)
+                planner.apply(Context(), module)
+                chosen = next(iter(lg.graphs(module)))
+                described = cast(StringAttr, chosen.attributes[AUTOPLAN_ATTR])
+                alternatives = cast("ArrayAttr[StringAttr]", chosen.attributes[AUTOPLAN_ALTERNATIVES_ATTR])
+                autoplan = {"cluster": str(cluster), "chosen": described.data,
+                            "alternatives": [a.data for a in alternatives.data]}
+                passes = passes[at:]
+            PassPipeline(tuple(passes)).apply(Context(), module)
+        elif plan == "auto":
+            raise ValueError("plan='auto' needs a graph, not a compiled plan")
+        module.verify()
     if memory_budget is not None and programs(module):
         _check_budget(programs(module)[0], int(memory_budget))
     exe = Executable(module, mode, hosts)

@@ -13,6 +13,7 @@ from xdsl.utils.exceptions import DiagnosticException, ParseError, PassFailedExc
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from sbpc.dialects import locate, parse_text
+from sbpc.lowering.compile import collector_paused
 from sbpc.tools.universe import SBPC_UNIVERSE
 
 
@@ -71,7 +72,8 @@ def main(args: list[str] | None = None) -> int:
         print(f"sbp-opt: error: {error}", file=sys.stderr)
         return 1
     try:
-        opt.run()
+        with collector_paused():
+            opt.run()
     except (ParseError, DiagnosticException) as error:
         # A verifier error carries the printed IR with the failing op marked
         # in its notes, as `--verify-diagnostics` shows it.
