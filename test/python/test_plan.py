@@ -74,3 +74,51 @@ def test_compiled_plans_on_real_arenas_match_the_reference(case, strategy):
     got = run_plan(reloaded, case.feeds)
     for name in expected:
         np.testing.assert_allclose(got[name], expected[name], rtol=2e-4, atol=2e-5, err_msg=plan_text)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(hinted_graphs(meshes=(*MESHES, (2, 2, 2))))
+def test_devices_alike_get_the_allocation_of_their_own(case):
+    """plan-allocate-memory gives a device whose body equals one allocated
+    before (data-parallel ranks) that device's allocation: what allocating
+    every device by itself gives."""
+    from sbpc.dialects import plan
+    from sbpc.lowering.plan_allocate_memory import PlanAllocateMemoryPass, allocate_device
+
+    for p in CompilePass().passes():  # compile up to the allocation
+        if isinstance(p, PlanAllocateMemoryPass):
+            break
+        p.apply(Context(), case.module)
+    by_itself = case.module.clone()
+    PlanAllocateMemoryPass().apply(Context(), case.module)
+    for program in plan.programs(by_itself):
+        for device in program.devices():
+            allocate_device(device)
+    assert text(case.module) == text(by_itself)
+
+
+def test_plan_verify_checks_a_device_that_differs_from_its_alikes():
+    """plan-verify checks the memory of one of the devices alike; a device
+    changed since (its body no longer equal) is checked on its own."""
+    from pathlib import Path
+
+    import pytest
+    from xdsl.utils.exceptions import PassFailedException
+
+    from sbpc.dialects import plan
+    from sbpc.dialects.plan_analysis import lifetimes
+    from sbpc.lowering.plan_verify import PlanVerifyPass
+
+    module = sbpc.parse_module((Path(__file__).resolve().parents[2] / "examples" / "mlp_train.mlir").read_text())
+    CompilePass().apply(Context(), module)
+    PlanVerifyPass().apply(Context(), module)  # four ranks alike pass
+    last = plan.programs(module)[0].devices()[-1]
+    life = lifetimes(last)
+    temporaries = [r for r in last.registers() if r.is_persistent is None]
+    a, b = next((a, b) for a in temporaries for b in temporaries
+                if a is not b and a.offset != b.offset
+                and life[a.sym_name.data][0] <= life[b.sym_name.data][1]
+                and life[b.sym_name.data][0] <= life[a.sym_name.data][1])
+    b.offset = a.offset  # two registers live together now share bytes, on the last rank alone
+    with pytest.raises(PassFailedException, match=f"@{last.sym_name.data}: registers @.* overlap in the arena"):
+        PlanVerifyPass().apply(Context(), module)
