@@ -451,5 +451,5 @@ def copy_allocation(allocated: plan.DeviceOp, device: plan.DeviceOp) -> None:
             op.properties = dict(done.properties)
         if op.attributes != done.attributes:
             op.attributes = dict(done.attributes)
-    for field in ("arena", "persistent", "live_bound", "no_reuse"):
-        setattr(device, field, getattr(allocated, field))
+    for region in ("arena", "persistent", "live_bound", "no_reuse"):
+        setattr(device, region, getattr(allocated, region))
