@@ -207,7 +207,6 @@ def test_compile_pauses_the_collector_and_resumes_it():
     from dataclasses import dataclass
 
     import pytest
-
     from xdsl.context import Context
     from xdsl.passes import ModulePass
 
