@@ -495,3 +495,30 @@ def test_fast_trait_checks_accept_only_what_the_traits_accept():
                         assert both(op, trait) == (False, False), op.name
                         user.operands = operands
     assert all(seen.values()), seen
+
+
+def test_ops_get_the_defaults_xdsl_gives():
+    """Every sbpc op class built without any property or attribute gets the
+    defaults IRDLOperation.__post_init__ fills in (dialects/irdl_verify's
+    list per class replaces its scan of every field), and a value given is
+    kept."""
+    from xdsl.dialects.builtin import IntegerAttr, i64
+    from xdsl.irdl import IRDLOperation
+
+    from sbpc.tools.universe import SBPC_UNIVERSE
+
+    with_defaults = 0
+    for factory in SBPC_UNIVERSE.all_dialects.values():
+        for cls in factory().operations:
+            if not issubclass(cls, IRDLOperation):
+                continue
+            ours = cls.create()
+            theirs = cls.__new__(cls)
+            theirs.properties, theirs.attributes = {}, {}
+            IRDLOperation.__post_init__(theirs)
+            assert ours.properties == theirs.properties and ours.attributes == theirs.attributes, cls.name
+            with_defaults += bool(ours.properties or ours.attributes)
+            for name in ours.properties:
+                given = IntegerAttr(7, i64)
+                assert cls.create(properties={name: given}).properties[name] is given
+    assert with_defaults >= 2  # plan.register's slots, among others
