@@ -384,15 +384,29 @@ class ExactCost:
             for j, u in enumerate(node.producers):
                 if u is not None:
                     self.slots[u].append((v, j))
+        # Nodes alike share their candidate lists and cost arrays
+        # (build_problem): what is derived from those alone is derived once
+        # per list, by its id (the lists live as long as the problem).
+        mesh_ids: dict[Mesh, int] = {}
+        self._mesh_id = [mesh_ids.setdefault(node.mesh, len(mesh_ids)) for node in nodes]
+        one_distribution: dict[tuple[int, int, int], bool] = {}
+
+        def always_unboxed(u: int, v: int, j: int) -> bool:
+            """Every candidate of v wants on operand j what every candidate of u gives."""
+            produced, consumed = nodes[u].candidates, nodes[v].candidates
+            key = (id(produced), id(consumed), j)
+            verdict = one_distribution.get(key)
+            if verdict is None:
+                verdict = one_distribution[key] = len({c[0][j] for c in consumed} | {c[1] for c in produced}) == 1
+            return verdict
+
         # The uses that can cost anything: a use whose every signature wants
         # the distribution of every signature of its producer, on the same
         # mesh, never adds to producer_cost. Leaving those out is exact and
         # keeps producer_cost short where a value has a great many uses of
         # that kind (the learning rate, read by every parameter's update).
         self.costly_slots = [
-            [(v, j) for v, j in uses
-             if nodes[v].mesh != nodes[u].mesh
-             or len({c[0][j] for c in nodes[v].candidates} | {c[1] for c in nodes[u].candidates}) != 1]
+            [(v, j) for v, j in uses if self._mesh_id[v] != self._mesh_id[u] or not always_unboxed(u, v, j)]
             for u, uses in enumerate(self.slots)
         ]
         self.ties_of: list[list[tuple[int, int]]] = [[] for _ in nodes]
@@ -404,31 +418,55 @@ class ExactCost:
         self._tracked: list[int] | None = None  # the choice list refine is changing, if any
         self._trackers: dict[int, _UseTracker] = {}
         self._tracked_producers: list[list[int]] = [[] for _ in nodes]
-        self.replicated = [
-            next((k for k, (ins, out) in enumerate(node.candidates)
-                  if all(s == Sbp.B for nd in (*ins, out) for s in nd)), None)
-            for node in nodes
-        ]
+        replicated_of: dict[int, int | None] = {}
+        for node in nodes:
+            if id(node.candidates) not in replicated_of:
+                replicated_of[id(node.candidates)] = next(
+                    (k for k, (ins, out) in enumerate(node.candidates)
+                     if all(s == Sbp.B for nd in (*ins, out) for s in nd)), None)
+        self.replicated = [replicated_of[id(node.candidates)] for node in nodes]
         # Plain-data views of the above for producer_cost and local, which
         # refine calls hundreds of thousands of times: per node, its cost per
         # candidate as floats and its mesh as a small int; per producer, what
         # each candidate gives and, per costly use, what each candidate of the
-        # consumer wants. The same values, read without attribute lookups,
-        # numpy scalars or Mesh comparisons.
-        mesh_ids: dict[Mesh, int] = {}
-        self._mesh_id = [mesh_ids.setdefault(node.mesh, len(mesh_ids)) for node in nodes]
-        self._node_cost = [node.cost.tolist() for node in nodes]
-        self._gives = [[c[1] for c in node.candidates] for node in nodes]
+        # consumer wants, each distribution as its index in `_dists`. The
+        # same values, read without attribute lookups, numpy scalars, Mesh
+        # comparisons or hashing nested tuples. Lists derived from shared
+        # ones are shared too (none is ever changed).
+        cost_of: dict[tuple[int, int], list[float]] = {}
+        for node in nodes:
+            if (id(node.compute), id(node.memory)) not in cost_of:
+                cost_of[id(node.compute), id(node.memory)] = node.cost.tolist()
+        self._node_cost = [cost_of[id(node.compute), id(node.memory)] for node in nodes]
+        dist_ids: dict[PlainNd, int] = {}
+        gives_of: dict[int, list[int]] = {}
+        for node in nodes:
+            if id(node.candidates) not in gives_of:
+                gives_of[id(node.candidates)] = [dist_ids.setdefault(c[1], len(dist_ids)) for c in node.candidates]
+        self._gives = [gives_of[id(node.candidates)] for node in nodes]
+        wants_of: dict[tuple[int, int], list[int]] = {}
+
+        def wants(v: int, j: int) -> list[int]:
+            """Per candidate of v, the index of the distribution it wants on operand j."""
+            key = (id(nodes[v].candidates), j)
+            if key not in wants_of:
+                wants_of[key] = [dist_ids.setdefault(c[0][j], len(dist_ids)) for c in nodes[v].candidates]
+            return wants_of[key]
+
+        # Per (size of u's result, consumer mesh id, same mesh as u): the
+        # unit cost of each (source, destination) pair of distribution
+        # indices, all that unit reads of u and v, so producers alike share
+        # entries; each use holds the table of its own.
+        unit_tables: dict[tuple, dict[tuple[int, int], float]] = {}
         self._uses = [
-            [(v, [c[0][j] for c in nodes[v].candidates], self._mesh_id[v],
-              self._mesh_id[v] == self._mesh_id[u], self.per_use[u] or nodes[v].fixed_input)
+            [(v, wants(v, j), self._mesh_id[v], self._mesh_id[v] == self._mesh_id[u],
+              self.per_use[u] or nodes[v].fixed_input,
+              unit_tables.setdefault((problem.sizes[u], self._mesh_id[v], self._mesh_id[v] == self._mesh_id[u]), {}))
              for v, j in uses]
             for u, uses in enumerate(self.costly_slots)
         ]
+        self._dists = list(dist_ids)
         self._tie_costs = {key: m.tolist() for key, m in problem.ties.items()}
-        # ((bytes, rank) of u's result, consumer mesh id, same mesh as u, src, dst) -> unit(u, ...):
-        # all that unit reads of u and v, so producers alike share entries
-        self._unit_of: dict[tuple, float] = {}
         self._around: list[tuple[list[int], list[tuple[int, int]]] | None] = [None] * len(nodes)
 
     def unit(self, u: int, v: int, j: int, src, dst) -> float:
@@ -456,8 +494,7 @@ class ExactCost:
             return self._trackers[u].cost(choice)
         src = self._gives[u][choice[u]]
         total, seen = 0.0, set()
-        unit_of, sizes = self._unit_of, self.problem.sizes
-        for v, wants, mesh, same_mesh, per_use in self._uses[u]:
+        for v, wants, mesh, same_mesh, per_use, units in self._uses[u]:
             dst = wants[choice[v]]
             if dst == src and same_mesh:
                 continue
@@ -465,18 +502,16 @@ class ExactCost:
                 if (mesh, dst) in seen:
                     continue
                 seen.add((mesh, dst))
-            key = (sizes[u], mesh, same_mesh, src, dst)
-            cost = unit_of.get(key)
+            cost = units.get((src, dst))
             if cost is None:
-                cost = unit_of[key] = self._unit_cost(u, v, src, dst, same_mesh)
+                cost = units[src, dst] = self._unit_cost(u, v, self._dists[src], self._dists[dst], same_mesh)
             total += cost
         return total
 
     def total(self, choice: Sequence[int]) -> float:
-        nodes = self.problem.nodes
-        cost = sum(float(node.cost[choice[i]]) for i, node in enumerate(nodes))
-        cost += sum(self.producer_cost(u, choice) for u in range(len(nodes)))
-        cost += sum(float(m[choice[a], choice[b]]) for (a, b), m in self.problem.ties.items())
+        cost = sum([own[choice[i]] for i, own in enumerate(self._node_cost)])
+        cost += sum([self.producer_cost(u, choice) for u in range(len(self._node_cost))])
+        cost += sum([m[choice[a]][choice[b]] for (a, b), m in self._tie_costs.items()])
         return cost
 
     def local(self, changed, choice: Sequence[int]) -> float:
@@ -498,17 +533,39 @@ class ExactCost:
         """local([v]): the same terms added in the same order (its sets of
         producers and ties are built as local builds them, once per node,
         and kept in their iteration order), so the very same float."""
+        producers_of, ties_of = self._around_of(v)
+        cost = 0 + self._node_cost[v][choice[v]]
+        cost += sum([self.producer_cost(u, choice) for u in producers_of])
+        cost += sum([self._tie_costs[k][choice[k[0]]][choice[k[1]]] for k in ties_of])
+        return cost
+
+    def _around_of(self, v: int) -> tuple[list[int], list[tuple[int, int]]]:
+        """The producers (v first) and ties whose costs local([v]) adds."""
         around = self._around[v]
         if around is None:
             producers, ties = {v}, set()
             producers.update(u for u in self.problem.nodes[v].producers if u is not None)
             ties.update(self.ties_of[v])
             around = self._around[v] = (list(producers), list(ties))
-        producers_of, ties_of = around
-        cost = 0 + self._node_cost[v][choice[v]]
-        cost += sum([self.producer_cost(u, choice) for u in producers_of])
-        cost += sum([self._tie_costs[k][choice[k[0]]][choice[k[1]]] for k in ties_of])
-        return cost
+        return around
+
+    def candidate_costs(self, v: int, choice: list[int]) -> list[float]:
+        """local([v], choice) with v at each of its candidates in turn, by
+        the terms _local_of adds (the very same floats); choice[v] is left
+        as it was. Refine weighs every candidate of every node: one call per
+        node, not one per candidate."""
+        producers_of, ties_of = self._around_of(v)
+        producer_cost, tie_costs, assign = self.producer_cost, self._tie_costs, self._assign
+        current = choice[v]
+        costs = []
+        for k, own in enumerate(self._node_cost[v]):
+            assign(choice, v, k)
+            cost = 0 + own
+            cost += sum([producer_cost(u, choice) for u in producers_of])
+            cost += sum([tie_costs[t][choice[t[0]]][choice[t[1]]] for t in ties_of])
+            costs.append(cost)
+        assign(choice, v, current)
+        return costs
 
     def region(self, v: int, choice: Sequence[int], direct: bool = False) -> list[int]:
         """v and the nodes connected to it that are not replicated but could
@@ -516,10 +573,10 @@ class ExactCost:
         computed split between two redistributions, such as an optimizer
         update between its gradient's reduce-scatter and the all-gather of
         its result, without the rest of the graph it touches)."""
-        nodes = self.problem.nodes
+        nodes, replicated, mesh_id = self.problem.nodes, self.replicated, self._mesh_id
 
         def flippable(n: int) -> bool:
-            return self.replicated[n] is not None and choice[n] != self.replicated[n]
+            return replicated[n] is not None and choice[n] != replicated[n]
 
         def unboxed(producer: int, consumer: int, operand: int) -> bool:
             produced = nodes[producer].candidates[choice[producer]][1]
@@ -534,7 +591,7 @@ class ExactCost:
             neighbours += [(n, c, j) for c, j in self.slots[n]]
             for producer, consumer, j in neighbours:
                 m = producer if consumer == n else consumer
-                if m in region or not flippable(m) or nodes[m].mesh != nodes[v].mesh:
+                if m in region or not flippable(m) or mesh_id[m] != mesh_id[v]:
                     continue
                 if direct and not unboxed(producer, consumer, j):
                     continue
@@ -619,14 +676,10 @@ class ExactCost:
                 if len(node.candidates) < 2 or not (dirty[v] or seen[v] != stamps(v)):
                     continue
                 current = choice[v]
-                before = self.local([v], choice)
-                best, best_cost = current, before
-                for k in range(len(node.candidates)):
-                    if k == current:
-                        continue
-                    assign(choice, v, k)
-                    cost = self.local([v], choice)
-                    if cost < best_cost - 1e-15:
+                costs = self.candidate_costs(v, choice)
+                best, best_cost = current, costs[current]
+                for k, cost in enumerate(costs):
+                    if k != current and cost < best_cost - 1e-15:
                         best, best_cost = k, cost
                 assign(choice, v, best)
                 if best != current:

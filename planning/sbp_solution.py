@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from xdsl.dialects.builtin import ArrayAttr, FloatAttr, StringAttr, f64
 from xdsl.ir import Operation, SSAValue
-from xdsl.rewriter import Rewriter
 
 from sbpc.dialects import lg
 from sbpc.dialects.sbp import (
@@ -19,6 +18,7 @@ from sbpc.dialects.sbp import (
     element_type,
     format_nd,
     global_shape,
+    retype,
     signature_of,
 )
 
@@ -39,7 +39,7 @@ def apply_solution(graph: lg.GraphOp, problem: Problem, choice: list[int], strat
         new_type = dtensor_of(global_shape(old_type), element_type(old_type), node.mesh.name, out)
         # types alike are one shared object (dtensor_of): identity settles most comparisons
         if old_type is not new_type and old_type != new_type:
-            Rewriter.replace_value_with_new_type(result, new_type)
+            retype(result, new_type)
         if isinstance(node.op, lg.SbpRules):
             node.op.attributes[SIGNATURE_ATTR] = signature_of(ins, [out])
         if explain:
