@@ -70,6 +70,8 @@ from xdsl.utils.exceptions import VerifyException
 
 from .irdl_verify import op_definition, remember
 from .sbp import (
+    PLACEMENT_ATTR,
+    SIGNATURE_ATTR,
     DTensorType,
     PlacementOp,
     PlainNd,
@@ -286,9 +288,34 @@ result its shape rule accepted. The entry keeps its types alive, so their
 ids are not reused; attributes are immutable, so the verdict holds."""
 
 
+_CHECKED_DISTRIBUTIONS: dict[tuple, tuple] = {}
+"""(ids of an op's operand types, ids of its result types, ids of its
+`sbp.signature` and `sbp.placement` attributes) -> (those objects, then the
+placements its dtensors name, each with the mesh it had) of an op that
+verify_distributions accepted. Its verdict reads these alone, but for the
+placements, which the module may have changed: a hit looks each up again,
+in the order the checks do, and holds while each has the very mesh it had
+(the entry keeps its attributes alive, so their ids are not reused)."""
+
+
 def verify_distributions(op: IRDLOperation) -> None:
     """Every dtensor of `op` is valid on its placement, all of them share one
     placement (an op runs on one mesh), and a recorded signature matches."""
+    # Ops alike (repeated layers share type and signature objects) are
+    # checked once; the placements are looked up for each.
+    operand_types = tuple([o.type for o in op.operands])
+    result_types = tuple([r.type for r in op.results])
+    signature, placed = op.attributes.get(SIGNATURE_ATTR), op.attributes.get(PLACEMENT_ATTR)
+    key = (tuple(map(id, operand_types)), tuple(map(id, result_types)), id(signature), id(placed))
+    checked = _CHECKED_DISTRIBUTIONS.get(key)
+    if checked is not None:
+        for name, mesh in checked[1]:
+            if lookup_placement(op, name).mesh() is not mesh:
+                break
+        else:
+            if isinstance(placed, SymbolRefAttr):
+                lookup_placement(op, placed)  # as verify_placement_attr does, last
+            return
     placements = set()
     found: dict[str, PlacementOp] = {}  # one placement lookup per name, not per dtensor
     for i, result in enumerate(op.results):
@@ -310,6 +337,8 @@ def verify_distributions(op: IRDLOperation) -> None:
         )
     verify_signature(op)
     verify_placement_attr(op)
+    remember(_CHECKED_DISTRIBUTIONS, key, ((operand_types, result_types, signature, placed),
+                                           tuple((name, p.mesh()) for name, p in found.items())))
 
 
 Signature = tuple[tuple[str, ...], tuple[str, ...]]
@@ -505,18 +534,21 @@ class GraphOp(IRDLOperation):
         if self.placement is not None:
             lookup_placement(self, self.placement)
         seen: dict[str, str] = {}
-        defined: set[SSAValue] = set(self.body.block.args)
+        # the values made so far, by id (an SSAValue hashes in Python; they
+        # all live in the graph while it is verified)
+        defined: set[int] = {id(arg) for arg in self.body.block.args}
+        last = self.body.block.last_op
         for op in self.body.block.ops:
             # passes read a graph in program order: every operand is made
             # above its use (xDSL's parser takes a forward reference)
             for i, operand in enumerate(op.operands):
-                if operand not in defined:
+                if id(operand) not in defined:
                     raise VerifyException(f"'{op.name}': operand #{i} is used before the op that makes it "
                                           "(an lg graph is in program order)")
-            defined.update(op.results)
+            defined.update(map(id, op.results))
             # Passes read every op before the terminator as one value of the
             # graph; a placement or a plan op put here by mistake has none.
-            if op is not self.body.block.last_op and (len(op.results) != 1 or op.dialect_name() not in ("lg", "sbp")):
+            if op is not last and (len(op.results) != 1 or _dialect_of(type(op)) not in ("lg", "sbp")):
                 raise VerifyException(
                     f"'{op.name}' cannot stand in graph @{self.sym_name.data}: its body holds lg and sbp ops "
                     f"of one result each (placements belong at module level)"
@@ -532,6 +564,12 @@ class GraphOp(IRDLOperation):
                         f"'{op.name}': name \"{key}\" is already used by an {seen[key]} of graph @{self.sym_name.data}"
                     )
                 seen[key] = op.name
+
+
+@functools.cache
+def _dialect_of(op_class: type[Operation]) -> str:
+    """`dialect_name()`, which reads the class alone, once per class."""
+    return op_class.dialect_name()
 
 
 @op_definition

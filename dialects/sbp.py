@@ -332,10 +332,13 @@ class PlacementOp(IRDLOperation):
         # Verifiers ask for the mesh of every dtensor of every op; unpacking
         # the attributes each time dominated module verification. The cache
         # holds the attributes it was built from and is rebuilt when any
-        # differs (properties are replaced, never mutated).
-        key = (self.sym_name, self.device, self.ranks, self.shape)
+        # differs (properties are replaced, never mutated). The tuples
+        # compare their attributes by identity first, and equal ones make
+        # the same mesh.
+        properties = self.properties
+        key = (properties["sym_name"], properties["device"], properties["ranks"], properties["shape"])
         cached = self.__dict__.get("_mesh_cache")
-        if cached is not None and all(a is b for a, b in zip(cached[0], key)):
+        if cached is not None and cached[0] == key:
             return cached[1]
         mesh = Mesh(
             self.sym_name.data,
@@ -471,7 +474,10 @@ def lookup_placement(op: Operation, ref: SymbolRefAttr | str) -> PlacementOp:
     while anchor is not None:
         if class_has_trait(type(anchor), SymbolTable):
             tables.append(anchor)
-        anchor = anchor.parent_op()
+        # anchor.parent_op(), by the fields it reads: this runs per op verified
+        block = anchor.parent
+        region = block.parent if block is not None else None
+        anchor = region.parent if region is not None else None
     found = None
     for table in reversed(tables):
         found = _symbol(table, name)
@@ -488,10 +494,15 @@ def _symbol(table: Operation, name: str) -> Operation | None:
     SymbolTable.lookup_symbol finds for a flat name, without building a
     SymbolRefAttr per call (verifiers look up a placement per dtensor)."""
     region = table.regions[0]
-    for op in (op for block in region.blocks for op in block.ops):  # one block, unless the input is malformed
-        sym = op.get_attr_or_prop("sym_name")
-        if isinstance(sym, StringAttr) and sym.data == name and class_has_trait(type(op), SymbolOpInterface):
-            return op
+    for block in region.blocks:  # one block, unless the input is malformed
+        op = block.first_op
+        while op is not None:
+            sym = op.properties.get("sym_name")  # op.get_attr_or_prop("sym_name"), without the call
+            if sym is None:
+                sym = op.attributes.get("sym_name")
+            if isinstance(sym, StringAttr) and sym.data == name and class_has_trait(type(op), SymbolOpInterface):
+                return op
+            op = op.next_op
     return None
 
 
