@@ -179,21 +179,23 @@ class Timing:
         return time
 
 
-def ready_times(ops: list[Operation], timing: Timing) -> dict[Operation, float]:
-    """When each op's result is ready: compute runs one op at a time in
-    sbp-to-plan's order; communication runs one collective at a time beside
-    it, from when its input is ready."""
-    ready: dict[Operation, float] = {}
+def ready_times(ops: list[Operation], timing: Timing) -> dict[int, float]:
+    """When each op's result is ready, by the op's id (ops hash in Python,
+    ints in C): compute runs one op at a time in sbp-to-plan's order;
+    communication runs one collective at a time beside it, from when its
+    input is ready."""
+    ready: dict[int, float] = {}
     compute = comm = 0.0
     for op in schedule(ops):
-        inputs = max((ready.get(o.owner, 0.0) for o in op.operands if isinstance(o.owner, Operation)), default=0.0)
+        # an operand made outside `ops` (a block argument) is ready at 0
+        inputs = max([ready.get(id(o.owner), 0.0) for o in op.operands], default=0.0)
         t = timing.op_time(op)
         if isinstance(op, sbp.CollectiveOp | sbp.TransferOp) and _communicates(op):
             comm = max(comm, inputs) + t
-            ready[op] = comm
+            ready[id(op)] = comm
         else:
             compute = max(compute, inputs) + t
-            ready[op] = compute
+            ready[id(op)] = compute
     return ready
 
 
@@ -221,13 +223,13 @@ def _reaches_reduction(ops: list[Operation]) -> set[Operation]:
     critical path (tensor parallelism's forward and backward), unlike a
     gradient's, which only its update, a parameter gather (ZeRO) and the
     outputs wait for."""
-    reaches: set[Operation] = set()
+    reaches: set[int] = set()  # by id: ops hash in Python, ints in C
     for op in reversed(ops):
         for result in op.results:
-            if any(u.operation in reaches or isinstance(u.operation, BUCKET_KINDS) for u in result.uses):
-                reaches.add(op)
+            if any(id(u.operation) in reaches or isinstance(u.operation, BUCKET_KINDS) for u in result.uses):
+                reaches.add(id(op))
                 break
-    return reaches
+    return {op for op in ops if id(op) in reaches}
 
 
 def _group_key(op: sbp.CollectiveOp, mesh: Mesh) -> tuple | None:
@@ -434,12 +436,12 @@ def topological_order(block: Block) -> None:
     """Reorders `block` so every op follows its operands' producers, keeping
     the program order wherever it already does (the terminator stays last)."""
     ops = list(block.ops)
-    # by index: ops hash in Python, ints in C
-    index: dict[Operation | Block, int] = {op: i for i, op in enumerate(ops)}  # an owner may be a block: not here
+    # by index, and ops by id: ops hash in Python, ints in C
+    index: dict[int, int] = {id(op): i for i, op in enumerate(ops)}  # an owner may be a block: not here
     users: list[list[int]] = [[] for _ in ops]
     waiting = [0] * len(ops)
     for i, op in enumerate(ops):
-        for producer in {index[o.owner] for o in op.operands if o.owner in index}:
+        for producer in {index[id(o.owner)] for o in op.operands if id(o.owner) in index}:
             users[producer].append(i)
             waiting[i] += 1
     ready = [i for i in range(len(ops)) if not waiting[i]]
@@ -452,12 +454,18 @@ def topological_order(block: Block) -> None:
             waiting[user] -= 1
             if not waiting[user]:
                 heapq.heappush(ready, user)
-    if positions == list(range(len(ops))):
-        return
-    order = [ops[i] for i in positions]
-    for op in ops:
-        block.detach_op(op)
-    block.add_ops(order)
+    # Move only the ops out of place, not every op of the block: the ops
+    # before `cursor` are the first of the order, and the next one is at
+    # or after it.
+    cursor = block.first_op
+    for i in positions:
+        op = ops[i]
+        if op is cursor:
+            cursor = op.next_op
+        else:
+            assert cursor is not None  # `op` comes after it
+            block.detach_op(op)
+            block.insert_op_before(op, cursor)
 
 
 @dataclass(frozen=True)
@@ -510,7 +518,7 @@ class SbpBucketCollectivesPass(ModulePass):
         position = {o: i for i, o in enumerate(ops)}
         count = 0
         for group in groups.values():
-            members = sorted((Member(c, ready.get(c.input.owner, 0.0) if isinstance(c.input.owner, Operation) else 0.0,
+            members = sorted((Member(c, ready.get(id(c.input.owner), 0.0),
                                      _volume(c, timing)) for c in group),
                              key=lambda m: (m.ready, position[m.op]))
             for i, j in self.cut(members, timing):
