@@ -171,14 +171,18 @@ def _nbytes(value: SSAValue) -> float:
 def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
     nodes: list[Node] = []
     sizes: list[tuple[float, int]] = []  # per node: bytes and rank of its result
-    index: dict[SSAValue, int] = {}
+    index: dict[int, int] = {}  # id of a value -> its node (an SSAValue hashes in Python)
     default_mesh = lookup_placement(graph, graph.placement).mesh() if graph.placement is not None else None
     same_kind: dict[tuple, tuple[list[NdSignature], np.ndarray, np.ndarray]] = {}
+    # (op class, id of its result type, ids of its operand types) -> (result
+    # shape, operand shapes, result bytes): values alike share type objects
+    # (dtensor_of, tensor_type), which the graph keeps alive meanwhile
+    shapes_of: dict[tuple, tuple[tuple[int, ...], list[tuple[int, ...]], float]] = {}
     for op in graph.body.ops:
         if isinstance(op, lg.OutputOp):
             continue
         like_key: tuple | None = None
-        producers = [index.get(o) for o in op.operands]
+        producers = [index.get(id(o)) for o in op.operands]
         result = op.results[0]
         hinted = result.type if isinstance(result.type, DTensorType) else None
         placed = op.attributes.get(PLACEMENT_ATTR)
@@ -194,7 +198,12 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
             raise PassFailedException(
                 f"'{op.name}': no placement: give graph @{graph.sym_name.data} a default (`on @mesh`) or hint the value"
             )
-        out_shape = global_shape(result.type)
+        shapes_key = (type(op), id(result.type), tuple([id(o.type) for o in op.operands]))
+        shapes = shapes_of.get(shapes_key)
+        if shapes is None:
+            shapes = shapes_of[shapes_key] = (global_shape(result.type), [global_shape(o.type) for o in op.operands],
+                                              _nbytes(result))
+        out_shape, operand_shapes, nbytes = shapes
         fixed_input = False
         own_boxing = 0.0
         if isinstance(op, AnnotateOp):
@@ -220,11 +229,10 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
             )
             flops = 0.0
         elif isinstance(op, lg.LgOp | lg.InputOp | lg.ParamOp | lg.ConstantOp):  # every op with SBP rules
-            in_shapes = [global_shape(o.type) for o in op.operands]
+            in_shapes = operand_shapes
             params = op.params()
             # Repeated layers repeat ops alike in everything the candidates
             # and their costs read: those are computed once per kind.
-            nbytes = _nbytes(result)
             want_key = nd_to_plain(hinted.nd_sbp) if hinted is not None else None
             like_key = (type(op), tuple(in_shapes), out_shape, mesh.shape, tuple(sorted(params.items())),
                         want_key, nbytes)
@@ -234,7 +242,7 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
                 like_key, alike = None, None
             if alike is not None:
                 candidates, compute, memory = alike
-                index[result] = len(nodes)
+                index[id(result)] = len(nodes)
                 nodes.append(Node(op, mesh, candidates, compute, memory, producers, False))
                 sizes.append((nbytes, len(out_shape)))
                 continue
@@ -256,8 +264,6 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
             flops = type(op).flops(in_shapes, out_shape, **params)
         else:
             raise PassFailedException(f"'{op.name}': sbp-infer does not know how to distribute this op")
-        nbytes = _nbytes(result)
-        operand_shapes = [global_shape(o.type) for o in op.operands]
         fractions = [
             min([local_fraction(out, mesh.shape, out_shape),
                  *(local_fraction(nd, mesh.shape, shape) for nd, shape in zip(ins, operand_shapes))])
@@ -279,7 +285,7 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
         )
         if like_key is not None:
             same_kind[like_key] = (candidates, compute, memory)
-        index[result] = len(nodes)
+        index[id(result)] = len(nodes)
         nodes.append(Node(op, mesh, candidates, compute, memory, producers, fixed_input))
         sizes.append((nbytes, len(out_shape)))
 
@@ -296,7 +302,7 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
                 continue
             producer = nodes[u]
             nbytes, rank = sizes[u]
-            if producer.mesh != node.mesh:
+            if producer.mesh is not node.mesh and producer.mesh != node.mesh:
                 matrix = np.full((len(producer.candidates), len(node.candidates)), transfer_cost(nbytes, device))
             elif (spread := spread_tables.get(
                     (id(producer.candidates), id(node.candidates), j, node.mesh.shape, rank, nbytes))) is not None:
@@ -325,18 +331,18 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
     # distribution: tie the two, charging the boxing between them.
     for param_node, producer_node in tied_updates(graph, index):
         param, producer = nodes[param_node], nodes[producer_node]
-        nbytes = _nbytes(param.op.results[0])
-        rank = len(global_shape(param.op.results[0].type))
+        nbytes, rank = sizes[param_node]
+        same_mesh = param.mesh == producer.mesh
         unit = {}
         matrix = np.zeros((len(param.candidates), len(producer.candidates)))
         for kp, pc in enumerate(param.candidates):
             for ku, uc in enumerate(producer.candidates):
-                if param.mesh != producer.mesh:
+                if not same_mesh:
                     matrix[kp, ku] = transfer_cost(nbytes, device)
                     continue
                 pair = (uc[1], pc[1])
                 if pair not in unit:
-                    unit[pair] = boxing_cost(pair[0], pair[1], param.mesh.shape, rank, nbytes, device)
+                    unit[pair] = problem.boxing(pair[0], pair[1], param.mesh.shape, rank, nbytes)
                 matrix[kp, ku] = unit[pair]
         key = (param_node, producer_node)
         problem.edges[key] = problem.edges[key] + matrix if key in problem.edges else matrix
@@ -344,8 +350,9 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
     return problem
 
 
-def tied_updates(graph: lg.GraphOp, index: dict) -> list[tuple[int, int]]:
-    """(parameter node, producer node of its `new.<key>` output) pairs."""
+def tied_updates(graph: lg.GraphOp, index: dict[int, int]) -> list[tuple[int, int]]:
+    """(parameter node, producer node of its `new.<key>` output) pairs;
+    `index` gives the node of each value by the value's id."""
     params = {op.key.data: op.result for op in graph.body.ops if isinstance(op, lg.ParamOp)}
     output = graph.output()
     pairs = []
@@ -354,11 +361,11 @@ def tied_updates(graph: lg.GraphOp, index: dict) -> list[tuple[int, int]]:
         if (
             name.data.startswith("new.")
             and key in params
-            and value in index
-            and params[key] in index
-            and index[params[key]] != index[value]
+            and id(value) in index
+            and id(params[key]) in index
+            and index[id(params[key])] != index[id(value)]
         ):
-            pairs.append((index[params[key]], index[value]))
+            pairs.append((index[id(params[key])], index[id(value)]))
     return pairs
 
 

@@ -93,7 +93,7 @@ def apply_solution(graph: lg.GraphOp, problem: Problem, choice: list[int], strat
     positions: dict[SSAValue, list[int]] = {}  # where each value is fetched (a scan per update was quadratic)
     for j, value in enumerate(operands):
         positions.setdefault(value, []).append(j)
-    for param_node, producer_node in tied_updates(graph, {n.op.results[0]: i for i, n in enumerate(nodes)}):
+    for param_node, producer_node in tied_updates(graph, {id(n.op.results[0]): i for i, n in enumerate(nodes)}):
         fetched_as = nodes[param_node].op.results[0].type
         assert isinstance(fetched_as, DTensorType)  # every value is distributed once inference ran
         produced = nodes[producer_node].op.results[0]
