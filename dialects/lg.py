@@ -566,10 +566,15 @@ class GraphOp(IRDLOperation):
                 seen[key] = op.name
 
 
-@functools.cache
+_DIALECTS: dict[type[Operation], str] = {}
+
+
 def _dialect_of(op_class: type[Operation]) -> str:
     """`dialect_name()`, which reads the class alone, once per class."""
-    return op_class.dialect_name()
+    dialect = _DIALECTS.get(op_class)
+    if dialect is None:
+        dialect = _DIALECTS[op_class] = op_class.dialect_name()
+    return dialect
 
 
 @op_definition
