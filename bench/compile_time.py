@@ -92,7 +92,7 @@ def compile_stages(build, optimizer: str) -> tuple[int, dict[str, float]]:
     ctx = Context()
     t = dict.fromkeys(STAGES, 0.0)
     gc.collect()
-    gc.disable()  # as sbpc.compile and sbp-opt run passes (lowering/compile.collector_paused)
+    gc.disable()  # as sbpc.compile and sbp-opt run passes (dialects.collector_paused)
     try:
         start = time.process_time()
         module = build()

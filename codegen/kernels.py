@@ -763,9 +763,10 @@ class Site:
     """Where the result's piece starts (empty: whole or partial)."""
 
 
-def generate(actor: plan.ComputeOp, registers: dict) -> tuple[str, str, list[int]]:
-    """(CUDA source, entry, launch) for one compute actor."""
-    made = describe(actor, registers)
+def generate(actor: plan.ComputeOp, registers: dict, rank: int | None = None) -> tuple[str, str, list[int]]:
+    """(CUDA source, entry, launch) for one compute actor, run by `rank`
+    (None: its device's)."""
+    made = describe(actor, registers, rank)
     if isinstance(made, Kernel):
         src, launch = cuda_source(made)
         return src, made.name, launch
@@ -773,10 +774,11 @@ def generate(actor: plan.ComputeOp, registers: dict) -> tuple[str, str, list[int
     return src, _kernel_name(actor), launch
 
 
-def generate_host(actor: plan.ComputeOp, registers: dict) -> Kernel:
+def generate_host(actor: plan.ComputeOp, registers: dict, rank: int | None = None) -> Kernel:
     """The kernel of one compute actor for the host (render it with
-    host_source); Unsupported where only a CUDA form exists (matmul)."""
-    made = describe(actor, registers)
+    host_source), run by `rank` (None: its device's); Unsupported where only
+    a CUDA form exists (matmul)."""
+    made = describe(actor, registers, rank)
     if not isinstance(made, Kernel):
         raise Unsupported(f"kernel {actor.kernel.data} on the host")
     return made
@@ -786,15 +788,18 @@ def _kernel_name(actor: plan.ComputeOp) -> str:
     return "k_" + "".join(c if c.isalnum() else "_" for c in actor.sym_name.data)
 
 
-def describe(actor: plan.ComputeOp, registers: dict) -> Kernel | tuple[str, list[int]]:
-    """What the generators make of one compute actor: a Kernel for both
-    targets, or CUDA source and launch alone."""
+def describe(actor: plan.ComputeOp, registers: dict, rank: int | None = None) -> Kernel | tuple[str, list[int]]:
+    """What the generators make of one compute actor run by `rank` (None:
+    the rank of the device it is in; a device `like` that one runs it as
+    its own): a Kernel for both targets, or CUDA source and launch alone.
+    Where the pieces start in their global tensors is the rank's."""
     kernel = actor.kernel.data
     ins = [registers[r.string_value()] for r in actor.ins.data]
     out = registers[actor.outs.data[0].string_value()]
     device = actor.parent_op()
     assert isinstance(device, plan.DeviceOp)  # compute actors live in a device's body
-    rank = device.rank.value.data
+    if rank is None:
+        rank = device.rank.value.data
     site = Site(
         name=_kernel_name(actor),
         kernel=kernel,

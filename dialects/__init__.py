@@ -4,9 +4,12 @@ physical actor plan) and the layout geometry the `sbp` dialect defines
 (`layout`: pieces, balanced splits, mesh coordinates). Nothing here imports
 a pass, the runtime or the API."""
 
+import gc
 import re
 import struct
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from xdsl.context import Context
@@ -28,6 +31,26 @@ from .sbp import SBP
 # it matches the same strings, one character per step, and fails in
 # linear time (the alternatives never start with the same character).
 MLIRLexer._unescaped_characters_regex = re.compile(r'"(?:[^"\\\n\v\f]|\\(?:["nt\\]|[0-9A-Fa-f]{2}))*"')
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pauses Python's cyclic garbage collector while IR is built and
+    rewritten (passes, a compile, sbp-opt). A pass makes and drops ops by
+    the ten thousand, and every op and value points at its parent, so the
+    collector's full collections walked the whole, growing IR again and
+    again: a third of compiling a 10k-op graph (4.5 s
+    against 3.1 s paused). The dropped ops wait for the collections after
+    it, so the peak memory is higher (140 against 111 MB there). Nested
+    pauses resume only at the outermost."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def make_context() -> Context:

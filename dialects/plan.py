@@ -53,6 +53,8 @@ from xdsl.irdl import (
     region_def,
     traits_def,
 )
+from xdsl.parser import Parser
+from xdsl.printer import Printer
 from xdsl.traits import HasParent, IsolatedFromAbove, NoTerminator, SymbolOpInterface, SymbolTable
 from xdsl.utils.exceptions import VerifyException
 
@@ -108,12 +110,20 @@ class ProgramOp(IRDLOperation):
 class DeviceOp(IRDLOperation):
     """One rank: its registers, then its actors in schedule order. After
     memory allocation it records the arena size, the persistent region's size,
-    the live-set lower bound and the no-reuse total, all in bytes."""
+    the live-set lower bound and the no-reuse total, all in bytes.
+
+    A device `like @other` has no body of its own: it runs @other's
+    registers and actors as its own rank, which holds the same pieces and
+    takes part in the same collectives (sbp-to-plan gives the ranks whose
+    bodies would be equal one body: every rank of a data-parallel plan).
+    Readers get the body through registers(), actors() and contents(); a
+    pass that writes rank-specific attributes on actors expands it first."""
 
     name = "plan.device"
 
     sym_name = prop_def(SymbolNameConstraint())
     rank = prop_def(IntegerAttr[I64])
+    like = opt_prop_def(SymbolRefAttr)
     arena = opt_prop_def(IntegerAttr[I64])
     persistent = opt_prop_def(IntegerAttr[I64])
     live_bound = opt_prop_def(IntegerAttr[I64])
@@ -122,18 +132,75 @@ class DeviceOp(IRDLOperation):
 
     traits = lazy_traits_def(lambda: (SymbolOpInterface(), SymbolTable(), NoTerminator(), HasParent(ProgramOp)))
 
-    assembly_format = (
-        "$sym_name `rank` $rank (`arena` $arena^)? (`persistent` $persistent^)? (`live_bound` $live_bound^)? "
-        "(`no_reuse` $no_reuse^)? attr-dict-with-keyword $body"
-    )
+    REGIONS: ClassVar[tuple[str, ...]] = ("arena", "persistent", "live_bound", "no_reuse")
+    """The byte counts plan-allocate-memory records, in the order they print."""
 
-    def __init__(self, name: str, rank: int, ops: Sequence[Operation]):
-        super().__init__(
-            properties={"sym_name": StringAttr(name), "rank": IntegerAttr(rank, i64)}, regions=[Region(Block(ops))]
-        )
+    # `@rank0 rank 0 (like @d)? (arena N)? (persistent N)? (live_bound N)?
+    # (no_reuse N)? attr-dict-with-keyword {body}`, written out rather than
+    # declared: a declared region prints an empty block as `{ ^bb0: }`, and a
+    # device like another has an empty body; `{}` parses back to that block.
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_symbol_name(self.sym_name.data)
+        printer.print_string(f" rank {self.rank.value.data}")
+        if self.like is not None:
+            printer.print_string(" like ")
+            printer.print_attribute(self.like)
+        for field in self.REGIONS:
+            attr = getattr(self, field)
+            if attr is not None:
+                printer.print_string(f" {field} {attr.value.data}")
+        printer.print_op_attributes(self.attributes, print_keyword=True)
+        printer.print_string(" ")
+        printer.print_region(self.body, print_empty_block=False)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> DeviceOp:
+        properties: dict[str, Attribute] = {"sym_name": parser.parse_symbol_name()}
+        parser.parse_keyword("rank")
+        properties["rank"] = IntegerAttr(parser.parse_integer(allow_boolean=False), i64)
+        if parser.parse_optional_keyword("like") is not None:
+            properties["like"] = parser.parse_attribute()
+        for field in cls.REGIONS:
+            if parser.parse_optional_keyword(field) is not None:
+                properties[field] = IntegerAttr(parser.parse_integer(allow_boolean=False), i64)
+        attributes = parser.parse_optional_attr_dict_with_keyword()
+        body = parser.parse_region()
+        if not body.blocks:
+            body.add_block(Block())
+        op = cls.create(properties=properties, attributes=attributes.data if attributes is not None else {},
+                        regions=[body])
+        return op
+
+    def __init__(self, name: str, rank: int, ops: Sequence[Operation], like: str | None = None):
+        properties: dict[str, Attribute] = {"sym_name": StringAttr(name), "rank": IntegerAttr(rank, i64)}
+        if like is not None:
+            properties["like"] = SymbolRefAttr(like)
+        super().__init__(properties=properties, regions=[Region(Block(ops))])
+
+    def source(self) -> DeviceOp:
+        """The device whose body this one runs: the one it is `like`, or itself."""
+        if self.like is None:
+            return self
+        name = self.like.string_value()
+        program = self.parent_op()
+        found = None if program is None else next(
+            (op for op in program.regions[0].ops if isinstance(op, DeviceOp) and op.sym_name.data == name), None)
+        if found is None or found.like is not None:
+            raise ValueError(f"'plan.device' @{self.sym_name.data}: like @{name}, which is not a device with a body "
+                             "in its program")
+        return found
+
+    def expand(self) -> None:
+        """Gives a device `like` another a copy of that body as its own (for
+        a pass that writes attributes particular to this rank on actors)."""
+        if self.like is not None:
+            self.body.block.add_ops([op.clone() for op in self.source().body.block.ops])
+            self.like = None
 
     def registers(self) -> list[RegisterOp]:
-        return [op for op in self.body.block.ops if isinstance(op, RegisterOp)]
+        return [op for op in self.source().body.block.ops if isinstance(op, RegisterOp)]
 
     def region_bytes(self) -> tuple[int, int]:
         """(arena, persistent region) in bytes, as plan-allocate-memory sized them."""
@@ -143,14 +210,14 @@ class DeviceOp(IRDLOperation):
 
     def actors(self) -> list[ComputeOp | CommOp]:
         """The schedule."""
-        return [op for op in self.body.block.ops if isinstance(op, ComputeOp | CommOp)]
+        return [op for op in self.source().body.block.ops if isinstance(op, ComputeOp | CommOp)]
 
     def contents(self) -> tuple[list[RegisterOp], list[ComputeOp | CommOp]]:
         """registers() and actors() in one walk of the body (passes that
         need both on a large plan)."""
         registers: list[RegisterOp] = []
         actors: list[ComputeOp | CommOp] = []
-        for op in self.body.block.ops:
+        for op in self.source().body.block.ops:
             if isinstance(op, RegisterOp):
                 registers.append(op)
             elif isinstance(op, ComputeOp | CommOp):
@@ -158,6 +225,13 @@ class DeviceOp(IRDLOperation):
         return registers, actors
 
     def verify_(self) -> None:
+        for field in ("arena", "persistent"):
+            attr = getattr(self, field)
+            if attr is not None and attr.value.data < 0:
+                raise VerifyException(f"'{self.name}' @{self.sym_name.data}: {field} size must be non-negative")
+        if self.like is not None:
+            self._verify_like()
+            return
         # One walk of the body gives the register table and the schedule and
         # finds the first op out of place; that error is raised after the
         # actors' checks, as a second walk found it before.
@@ -196,10 +270,34 @@ class DeviceOp(IRDLOperation):
                     )
         if misplaced is not None:
             raise VerifyException(misplaced)
+
+    def _verify_like(self) -> None:
+        """A device like another: no body of its own, the other one has a
+        body, the same regions where both are allocated, and this rank holds
+        the pieces the registers there are of and is in every group there
+        (the other device's own checks cover the rest of that body)."""
+        where = f"'{self.name}' @{self.sym_name.data}"
+        if self.body.block.first_op is not None:
+            raise VerifyException(f"{where}: a device like {self.like} has no ops of its own")
+        try:
+            source = self.source()
+        except ValueError as e:
+            raise VerifyException(str(e)) from None
         for field in ("arena", "persistent"):
-            attr = getattr(self, field)
-            if attr is not None and attr.value.data < 0:
-                raise VerifyException(f"'{self.name}' @{self.sym_name.data}: {field} size must be non-negative")
+            mine, theirs = getattr(self, field), getattr(source, field)
+            if mine is not None and theirs is not None and mine != theirs:
+                raise VerifyException(
+                    f"{where}: its {field} differs from @{source.sym_name.data}'s, whose body it runs")
+        rank = self.rank.value.data
+        try:
+            for op in source.body.block.ops:
+                if isinstance(op, RegisterOp):
+                    op.verify_piece(rank)
+                elif isinstance(op, CommOp) and rank not in op.group.get_values():
+                    raise VerifyException(f"'{op.name}' @{op.sym_name.data}: rank {rank} is not in its group "
+                                          f"{list(op.group.get_values())}")
+        except VerifyException as e:
+            raise VerifyException(f"{where} (like @{source.sym_name.data}): {e}") from None
 
 
 @op_definition
@@ -279,11 +377,15 @@ class RegisterOp(IRDLOperation):
                 f"{self._where()}: element type {local_type.element_type} is not the value's {value.element_type}"
             )
         device = self.parent_op()
-        if not isinstance(device, DeviceOp):
-            return
+        if isinstance(device, DeviceOp):
+            self.verify_piece(device.rank.value.data)
+
+    def verify_piece(self, rank: int) -> None:
+        """That this register's local type is the piece `rank` holds of its
+        value: the rank of its device, or of a device like that one."""
+        local_type, value = self.type, self.value
         mesh = verify_distribution(self, value, "its value")
         assert mesh is not None  # the value is a dtensor
-        rank = device.rank.value.data
         # What follows depends on the attributes, the mesh and the rank alone:
         # a local type and a value type checked together on this mesh and
         # rank before (the registers of a value on every rank share its

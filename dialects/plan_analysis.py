@@ -6,21 +6,6 @@ from __future__ import annotations
 
 from . import plan
 
-BodyKey = list[tuple[type, tuple, tuple]]
-"""A device's ops as plain data to compare (`body_key`)."""
-
-
-def body_key(device: plan.DeviceOp) -> BodyKey:
-    """Each op of the device's body, in order: its class, properties and
-    attributes. Devices whose keys are equal hold the same registers and
-    actors, so whatever a pass or check derives from the body alone holds
-    for both: the ranks of a data-parallel plan get equal bodies from
-    sbp-to-plan. Comparing keys costs little: equal devices share their
-    attribute objects (compared by identity first), other devices differ
-    early."""
-    return [(type(op), tuple(op.properties.items()), tuple(op.attributes.items())) for op in device.body.block.ops]
-
-
 Names = tuple[list[list[str]], list[list[str]]]
 """The names of the registers each actor of a schedule writes and reads, by position."""
 

@@ -14,15 +14,15 @@ made it. Each of those verifies took 0.33 s of a 10k-op graph's 6.9 s."""
 
 from __future__ import annotations
 
-import gc
 import os
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
+
+from sbpc.dialects import collector_paused
 
 from .plan_allocate_memory import PlanAllocateMemoryPass
 from .plan_fuse_elementwise import PlanFuseElementwisePass
@@ -77,23 +77,6 @@ class CompilePass(SbpInferOptions, ModulePass):
                     op.verify()
 
 
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Pauses Python's cyclic garbage collector while passes run. A pass
-    makes and drops ops by the ten thousand, and every op and value points
-    at its parent, so the collector's full collections walked the whole,
-    growing IR again and again: a third of compiling a 10k-op graph (4.5 s
-    against 3.1 s paused). The dropped ops wait for the collections after
-    it, so the peak memory is higher (140 against 111 MB there). Nested
-    pauses resume only at the outermost."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 PLAN_PASSES = (SbpToPlanPass, PlanFuseElementwisePass, PlanAllocateMemoryPass)

@@ -32,7 +32,7 @@ from xdsl.dialects.builtin import I64, IntegerAttr, ModuleOp, SymbolRefAttr, Uni
 from xdsl.passes import ModulePass
 
 from sbpc.dialects import plan
-from sbpc.dialects.plan_analysis import BodyKey, body_key, lifetimes, register_names
+from sbpc.dialects.plan_analysis import lifetimes, register_names
 
 ALIGNMENT = 64
 """Every buffer starts at a multiple of this many bytes (cache lines, and
@@ -428,28 +428,11 @@ class PlanAllocateMemoryPass(ModulePass):
         for program in plan.programs(op):
             memo: dict = {}
             ints: dict[int, IntegerAttr[I64]] = {}
-            allocated: list[tuple[BodyKey, plan.DeviceOp]] = []  # (body before allocation, device) of each done
             for device in program.devices():
-                key = body_key(device)
-                alike = next((done for done_key, done in allocated if done_key == key), None)
-                if alike is None:
+                if device.like is None:
                     allocate_device(device, self.in_place, memo, ints)
-                    allocated.append((key, device))
-                else:
-                    copy_allocation(alike, device)
-
-
-def copy_allocation(allocated: plan.DeviceOp, device: plan.DeviceOp) -> None:
-    """Gives `device` the allocation of `allocated`, whose body was equal
-    (body_key) before allocation, so allocate_device would place it alike:
-    each op takes the properties its counterpart has now (offsets, the
-    persistent mark and alias of an in-place update, `in_place` actors),
-    and the device its region sizes. A data-parallel plan's second rank
-    took a third of the pass."""
-    for done, op in zip(allocated.body.block.ops, device.body.block.ops, strict=True):
-        if op.properties != done.properties:
-            op.properties = dict(done.properties)
-        if op.attributes != done.attributes:
-            op.attributes = dict(done.attributes)
-    for region in ("arena", "persistent", "live_bound", "no_reuse"):
-        setattr(device, region, getattr(allocated, region))
+            for device in program.devices():  # a device like another has its regions
+                if device.like is not None:
+                    source = device.source()
+                    for region in plan.DeviceOp.REGIONS:
+                        setattr(device, region, getattr(source, region))

@@ -44,6 +44,10 @@ class PlanCodegenPass(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for program in plan.programs(op):
             for device in program.devices():
+                if not self.all and all(lookup_placement(device, r.value.placement).mesh().device is not DeviceKind.CUDA
+                                        for r in device.registers()):
+                    continue
+                device.expand()  # a device like another gets its own actors: their kernels are this rank's
                 registers = {r.sym_name.data: r for r in device.registers()}
                 for actor in device.actors():
                     if not isinstance(actor, plan.ComputeOp):

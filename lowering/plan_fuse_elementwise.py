@@ -212,4 +212,5 @@ class PlanFuseElementwisePass(ModulePass):
                         f"'plan.device' @{device.sym_name.data}: the plan is already allocated; "
                         "run plan-fuse-elementwise before plan-allocate-memory"
                     )
-                fuse_device(device, step_attrs)
+                if device.like is None:  # a device like another runs that one's body, fused there
+                    fuse_device(device, step_attrs)

@@ -31,7 +31,7 @@ from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import plan
-from sbpc.dialects.plan_analysis import BodyKey, body_key, lifetimes, register_names
+from sbpc.dialects.plan_analysis import lifetimes, register_names
 
 
 def _fail(device: plan.DeviceOp, what: str) -> NoReturn:
@@ -297,16 +297,7 @@ class PlanVerifyPass(ModulePass):
         op.verify()
         for program in plan.programs(op):
             contents = {device: device.contents() for device in program.devices()}  # one walk of each
-            # A device whose body and regions equal a checked one's has the same memory layout: its
-            # check would repeat that one's (a data-parallel plan's ranks).
-            checked: list[tuple[BodyKey, tuple[int, int] | None]] = []
             for device, registers_and_actors in contents.items():
-                key = (body_key(device), _regions(device))
-                if key not in checked:
+                if device.like is None:  # a device like another uses that one's memory, checked there
                     verify_memory(device, registers_and_actors)
-                    checked.append(key)
             verify_collectives(program, contents)
-
-
-def _regions(device: plan.DeviceOp) -> tuple[int, int] | None:
-    return None if device.arena is None or device.persistent is None else device.region_bytes()

@@ -250,6 +250,14 @@ def micro_batch_labels(body: list[Operation]) -> dict[Operation, int]:
     return labels
 
 
+def ops_key(ops: list[Operation]) -> list[tuple[type, tuple, tuple]]:
+    """Each op in order as plain data to compare: its class, properties and
+    attributes. Ranks with equal keys were lowered to the same registers
+    and actors. Cheap to compare: equal ranks share most attribute objects
+    (compared by identity first); other ranks differ early."""
+    return [(type(op), tuple(op.properties.items()), tuple(op.attributes.items())) for op in ops]
+
+
 def rank_group(mesh: Mesh, rank: int, axes: list[int]) -> list[int]:
     """The ranks that differ from `rank` only on `axes`, in mesh order."""
     here = mesh_coord(mesh, rank)
@@ -263,6 +271,9 @@ class Lowering:
     pipeline_slots: int
     only: set[int] | None = None
     """Ranks to lower (the representatives of their classes); None: all."""
+    share_bodies: bool = True
+    """Give a rank whose registers and actors equal an earlier rank's no body
+    of its own, but `like` that rank (see SbpToPlanPass.share_bodies)."""
 
     def __post_init__(self) -> None:
         self.names: dict[SSAValue, str] = {}
@@ -469,9 +480,18 @@ class Lowering:
                 for op in order:
                     self.lower_op(op, actors)
             self.stage = None
-        devices = [
-            plan.DeviceOp(f"rank{rank}", rank, [*registers[rank], *actors[rank]]) for rank in sorted(registers)
-        ]
+        devices: list[plan.DeviceOp] = []
+        bodies: list[tuple[list, str]] = []  # (ops_key, device name) of each device given a body
+        for rank in sorted(registers):
+            ops, device_name = [*registers[rank], *actors[rank]], f"rank{rank}"
+            if self.share_bodies:
+                key = ops_key(ops)
+                like = next((owner for owner_key, owner in bodies if owner_key == key), None)
+                if like is not None:
+                    devices.append(plan.DeviceOp(device_name, rank, [], like=like))
+                    continue
+                bodies.append((key, device_name))
+            devices.append(plan.DeviceOp(device_name, rank, ops))
         return plan.ProgramOp(self.graph.sym_name.data, devices)
 
     def lower_op(self, op: Operation, actors: dict[int, list[Operation]]) -> None:
@@ -559,13 +579,20 @@ class SbpToPlanPass(ModulePass):
     set of placements), for the step-time simulator on large clusters: a
     plan it cannot run (the program is marked `plan.representatives`)."""
 
+    share_bodies: bool = True
+    """A rank lowered to the same registers and actors as an earlier rank
+    (same pieces, same collective groups: every rank of a data-parallel
+    plan) gets a `plan.device ... like @that` with no body of its own, so
+    the plan passes, the verifier and the runtime's loader handle each
+    distinct body once. False gives every rank its own copy."""
+
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         only = None
         if self.representatives:
             placements = [p for p in op.ops if isinstance(p, sbp.PlacementOp)]
             only = set(plan.equivalence_classes(placements).values())
         for graph in lg.graphs(op):
-            program = Lowering(graph, self.pipeline_slots, only).lower()
+            program = Lowering(graph, self.pipeline_slots, only, self.share_bodies).lower()
             if only is not None:
                 program.attributes[plan.REPRESENTATIVES] = UnitAttr()
             op.body.block.insert_op_before(program, graph)

@@ -250,6 +250,9 @@ class CudaExecutor(Executor):
 
     def __init__(self, module, program, world, trace: bool = False, write_back: bool = True, gpu: Gpu | None = None):
         self.gpu = gpu
+        for device in program.devices():
+            if device.rank.value.data == world.rank:
+                device.expand()  # kernels particular to this rank are written on its own actors
         super().__init__(module, program, world, trace=trace, write_back=write_back)
         if self.device is None:
             return

@@ -468,7 +468,8 @@ class Executor:
         none where SBPC_HOST_KERNELS=0 or no C compiler or cffi is here."""
         if not host_kernels.enabled() or host_kernels.unavailable() is not None:
             return {}
-        made = host_kernels.generate([a for a in self.schedule if isinstance(a, plan.ComputeOp)], self.registers)
+        made = host_kernels.generate([a for a in self.schedule if isinstance(a, plan.ComputeOp)], self.registers,
+                                     rank=self.rank)  # a device like another runs that one's actors
         if not made:
             return {}
         try:

@@ -179,16 +179,17 @@ def build(source: str, libraries: tuple[str, ...] = ()) -> Path:
     return library
 
 
-def generate(actors: Sequence[plan.ComputeOp], registers: dict, kernels: frozenset[str] | None = HOST_KERNELS
-             ) -> dict[plan.ComputeOp, Kernel]:
+def generate(actors: Sequence[plan.ComputeOp], registers: dict, kernels: frozenset[str] | None = HOST_KERNELS,
+             rank: int | None = None) -> dict[plan.ComputeOp, Kernel]:
     """The host kernel of each actor whose kernel is in `kernels` (None:
     every kernel the generator describes for the host), skipping those it
-    does not (matmul, integer element types)."""
+    does not (matmul, integer element types), as `rank` runs it (None: the
+    rank of the actor's device)."""
     made = {}
     for actor in actors:
         if kernels is None or actor.kernel.data in kernels:
             try:
-                kernel = generate_host(actor, registers)
+                kernel = generate_host(actor, registers, rank)
             except Unsupported:
                 continue
             if kernels is None or beats_numpy(actor.kernel.data, kernel):

@@ -30,11 +30,10 @@ from xdsl.passes import PassPipeline
 from xdsl.printer import Printer
 
 from sbpc.arguments import checked
-from sbpc.dialects import lg, parse_module
+from sbpc.dialects import collector_paused, lg, parse_module
 from sbpc.dialects.plan import ProgramOp, programs
 from sbpc.dialects.sbp import AUTOPLAN_ALTERNATIVES_ATTR, AUTOPLAN_ATTR
 from sbpc.frontend import Graph, Placement
-from sbpc.lowering.compile import collector_paused
 from sbpc.optim import Optimizer
 from sbpc.runtime.hosts import Hosts
 from sbpc.runtime.pool_client import RankPool

@@ -12,8 +12,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.utils.exceptions import DiagnosticException, ParseError, PassFailedException, VerifyException
 from xdsl.xdsl_opt_main import xDSLOptMain
 
-from sbpc.dialects import locate, parse_text
-from sbpc.lowering.compile import collector_paused
+from sbpc.dialects import collector_paused, locate, parse_text
 from sbpc.tools.universe import SBPC_UNIVERSE
 
 

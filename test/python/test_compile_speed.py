@@ -211,7 +211,8 @@ def test_compile_pauses_the_collector_and_resumes_it():
     from xdsl.passes import ModulePass
 
     import sbpc
-    from sbpc.lowering.compile import CompilePass, collector_paused
+    from sbpc.dialects import collector_paused
+    from sbpc.lowering.compile import CompilePass
 
     seen = []
 

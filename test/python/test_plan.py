@@ -78,47 +78,64 @@ def test_compiled_plans_on_real_arenas_match_the_reference(case, strategy):
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(hinted_graphs(meshes=(*MESHES, (2, 2, 2))))
-def test_devices_alike_get_the_allocation_of_their_own(case):
-    """plan-allocate-memory gives a device whose body equals one allocated
-    before (data-parallel ranks) that device's allocation: what allocating
-    every device by itself gives."""
+def test_shared_bodies_are_what_each_rank_gets_by_itself(case):
+    """A device `like` another, once expanded, is what sbp-to-plan gives
+    that rank with share_bodies=false, through fusion and allocation: only
+    ranks lowered to equal bodies share one."""
     from sbpc.dialects import plan
-    from sbpc.lowering.plan_allocate_memory import PlanAllocateMemoryPass, allocate_device
+    from sbpc.lowering.sbp_to_plan import SbpToPlanPass
 
-    for p in CompilePass().passes():  # compile up to the allocation
-        if isinstance(p, PlanAllocateMemoryPass):
-            break
-        p.apply(Context(), case.module)
-    by_itself = case.module.clone()
-    PlanAllocateMemoryPass().apply(Context(), case.module)
-    for program in plan.programs(by_itself):
+    each = case.module.clone()
+    for module, share in ((case.module, True), (each, False)):
+        for p in CompilePass().passes():
+            (SbpToPlanPass(share_bodies=share) if isinstance(p, SbpToPlanPass) else p).apply(Context(), module)
+    assert not any(d.like for p in plan.programs(each) for d in p.devices())
+    for program in plan.programs(case.module):
         for device in program.devices():
-            allocate_device(device)
-    assert text(case.module) == text(by_itself)
+            device.expand()
+    assert text(case.module) == text(each)
 
 
-def test_plan_verify_checks_a_device_that_differs_from_its_alikes():
-    """plan-verify checks the memory of one of the devices alike; a device
-    changed since (its body no longer equal) is checked on its own."""
-    from pathlib import Path
-
-    import pytest
-    from xdsl.utils.exceptions import PassFailedException
-
+def test_a_device_like_another_runs_its_own_pieces_and_kernels():
+    """A data-parallel plan on 2 ranks gives rank 1 rank 0's body; rank 1's
+    load takes both devices (program.rank_plans), and the kernels generated
+    for it start where rank 1's pieces do (dropout's counters: the same
+    values as the copy share_bodies=false gives rank 1)."""
+    from sbpc.codegen.kernels import describe
     from sbpc.dialects import plan
-    from sbpc.dialects.plan_analysis import lifetimes
-    from sbpc.lowering.plan_verify import PlanVerifyPass
+    from sbpc.lowering.sbp_to_plan import SbpToPlanPass
+    from sbpc.runtime.program import rank_plans
 
-    module = sbpc.parse_module((Path(__file__).resolve().parents[2] / "examples" / "mlp_train.mlir").read_text())
-    CompilePass().apply(Context(), module)
-    PlanVerifyPass().apply(Context(), module)  # four ranks alike pass
-    last = plan.programs(module)[0].devices()[-1]
-    life = lifetimes(last)
-    temporaries = [r for r in last.registers() if r.is_persistent is None]
-    a, b = next((a, b) for a in temporaries for b in temporaries
-                if a is not b and a.offset != b.offset
-                and life[a.sym_name.data][0] <= life[b.sym_name.data][1]
-                and life[b.sym_name.data][0] <= life[a.sym_name.data][1])
-    b.offset = a.offset  # two registers live together now share bytes, on the last rank alone
-    with pytest.raises(PassFailedException, match=f"@{last.sym_name.data}: registers @.* overlap in the arena"):
-        PlanVerifyPass().apply(Context(), module)
+    source = """
+sbp.placement @dp cpu ranks [0, 1] mesh [2]
+lg.graph @g on @dp {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %seed = lg.param "rng.seed" init #lg.zeros state : tensor<i64>
+  %step = lg.param "rng.step" init #lg.zeros state : tensor<i64>
+  %xs = sbp.annotate %x : tensor<8x4xf32> -> !sbp.dtensor<8x4xf32, @dp, S<0>>
+  %d = lg.dropout %xs, %seed, %step rate 5.000000e-01 stream 7
+     : (!sbp.dtensor<8x4xf32, @dp, S<0>>, tensor<i64>, tensor<i64>) -> tensor<8x4xf32>
+  lg.output ["d"] %d : tensor<8x4xf32>
+}
+"""
+    shared, each = sbpc.parse_module(source), sbpc.parse_module(source)
+    CompilePass().apply(Context(), shared)
+    CompilePass(to_plan=False).apply(Context(), each)
+    SbpToPlanPass(share_bodies=False).apply(Context(), each)
+    rank0, rank1 = plan.programs(shared)[0].devices()
+    assert rank1.like is not None and rank1.source() is rank0 and rank1.body.block.first_op is None
+    assert rank1.registers() == rank0.registers() and rank1.actors() == rank0.actors()
+    assert rank1.arena == rank0.arena and rank1.persistent == rank0.persistent
+    own = plan.programs(each)[0].devices()[1]
+
+    def dropout(device):
+        registers = {r.sym_name.data: r for r in device.registers()}
+        actor = next(a for a in device.actors() if isinstance(a, plan.ComputeOp) and a.kernel.data == "lg.dropout")
+        return actor, registers
+
+    actor, registers = dropout(rank1)
+    assert describe(actor, registers, rank=1) == describe(*dropout(own))
+    assert describe(actor, registers, rank=1) != describe(actor, registers)  # rank 0's rows start elsewhere
+    text1 = rank_plans(shared, 2)[1]
+    loaded = plan.programs(sbpc.parse_module(text1))[0].devices()
+    assert [d.sym_name.data for d in loaded] == ["rank0", "rank1"] and loaded[1].like is not None

@@ -250,3 +250,85 @@ plan.program @p {
   }
 }
 // CHECK: 'plan.compute' @k: step 0 runs lg.softmax, which is not an elementwise kernel
+
+// -----
+
+// A device like another has no ops of its own.
+sbp.placement @dp cpu ranks [0, 1] mesh [2]
+plan.program @p {
+  plan.device @a rank 0 {
+    plan.register @x : tensor<16x32xf32> bytes 2048 feed "x" of !sbp.dtensor<32x32xf32, @dp, S<0>>
+  }
+  plan.device @b rank 1 like @a {
+    plan.register @x : tensor<16x32xf32> bytes 2048 feed "x" of !sbp.dtensor<32x32xf32, @dp, S<0>>
+  }
+}
+// CHECK: 'plan.device' @b: a device like @a has no ops of its own
+
+// -----
+
+sbp.placement @dp cpu ranks [0, 1] mesh [2]
+plan.program @p {
+  plan.device @a rank 0 {
+    plan.register @x : tensor<16x32xf32> bytes 2048 feed "x" of !sbp.dtensor<32x32xf32, @dp, S<0>>
+  }
+  plan.device @b rank 1 like @c {
+  }
+}
+// CHECK: 'plan.device' @b: like @c, which is not a device with a body in its program
+
+// -----
+
+// Like a device that is itself like another: name the one with the body.
+sbp.placement @dp cpu ranks [0, 1, 2] mesh [3]
+plan.program @p {
+  plan.device @a rank 0 {
+    plan.register @x : tensor<16x32xf32> bytes 2048 feed "x" of !sbp.dtensor<48x32xf32, @dp, S<0>>
+  }
+  plan.device @b rank 1 like @a {
+  }
+  plan.device @c rank 2 like @b {
+  }
+}
+// CHECK: 'plan.device' @c: like @b, which is not a device with a body in its program
+
+// -----
+
+// Rank 1 holds 1 of the 3 rows, not the 2 of rank 0's register.
+sbp.placement @dp cpu ranks [0, 1] mesh [2]
+plan.program @p {
+  plan.device @a rank 0 {
+    plan.register @x : tensor<2x32xf32> bytes 256 feed "x" of !sbp.dtensor<3x32xf32, @dp, S<0>>
+  }
+  plan.device @b rank 1 like @a {
+  }
+}
+// CHECK: 'plan.device' @b (like @a): 'plan.register' @x: local shape [2, 32] is not the piece [1, 32] that rank 1 holds of [3, 32] under S<0>
+
+// -----
+
+// On a 2x2 mesh the reduction over the second axis is among ranks 0 and 1
+// for rank 0, among ranks 2 and 3 for rank 2.
+sbp.placement @m cpu ranks [0, 1, 2, 3] mesh [2, 2]
+plan.program @p {
+  plan.device @a rank 0 {
+    plan.register @x : tensor<4x4xf32> bytes 64 of !sbp.dtensor<4x4xf32, @m, [B, P]>
+    plan.register @y : tensor<4x4xf32> bytes 64 of !sbp.dtensor<4x4xf32, @m, [B, B]>
+    plan.comm @y.all_reduce "all_reduce" id 0 [@x] -> [@y] group [0, 1] over [1] from !sbp.dtensor<4x4xf32, @m, [B, P]> to !sbp.dtensor<4x4xf32, @m, [B, B]>
+  }
+  plan.device @c rank 2 like @a {
+  }
+}
+// CHECK: 'plan.device' @c (like @a): 'plan.comm' @y.all_reduce: rank 2 is not in its group [0, 1]
+
+// -----
+
+sbp.placement @dp cpu ranks [0, 1] mesh [2]
+plan.program @p {
+  plan.device @a rank 0 arena 2048 persistent 0 {
+    plan.register @x : tensor<16x32xf32> bytes 2048 offset 0 feed "x" of !sbp.dtensor<32x32xf32, @dp, S<0>>
+  }
+  plan.device @b rank 1 like @a arena 4096 persistent 0 {
+  }
+}
+// CHECK: 'plan.device' @b: its arena differs from @a's, whose body it runs

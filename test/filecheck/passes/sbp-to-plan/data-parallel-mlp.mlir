@@ -1,8 +1,11 @@
 // RUN: sbp-opt %s -p 'compile{to_plan=false}',sbp-to-plan | filecheck %s
+// RUN: sbp-opt %s -p 'compile{to_plan=false}',sbp-to-plan{share_bodies=false} | filecheck %s --check-prefix=EACH
 
 // A data-parallel MLP on 2 ranks: each rank holds half the batch and whole
 // parameters (persistent, with their initializers), runs the same compute
-// actors on its piece, and the loss is fetched as a partial sum.
+// actors on its piece, and the loss is fetched as a partial sum. The two
+// ranks' registers and actors are equal, so rank 1 runs rank 0's body as
+// its own rank (`like`); with share_bodies=false it gets a copy.
 
 sbp.placement @dp cpu ranks [0, 1] mesh [2]
 
@@ -31,8 +34,15 @@ lg.graph @mlp on @dp {
 // CHECK-NEXT:     plan.compute @logits.add "lg.add" [@h, @b] -> [@logits]
 // CHECK-NEXT:     plan.compute @loss.cross_entropy "lg.cross_entropy" [@logits, @labels] -> [@loss]
 // CHECK-NEXT:   }
-// CHECK-NEXT:   plan.device @rank1 rank 1 {
-// CHECK-NEXT:     plan.register @x : tensor<4x16xf32> bytes 256 feed "x" of !sbp.dtensor<8x16xf32, @dp, S<0>>
-// CHECK:          plan.compute @loss.cross_entropy "lg.cross_entropy" [@logits, @labels] -> [@loss]
+// CHECK-NEXT:   plan.device @rank1 rank 1 like @rank0 {
 // CHECK-NEXT:   }
 // CHECK-NEXT: }
+
+// EACH:      plan.device @rank0 rank 0 {
+// EACH:        plan.compute @loss.cross_entropy "lg.cross_entropy" [@logits, @labels] -> [@loss]
+// EACH-NEXT:   }
+// EACH-NEXT:   plan.device @rank1 rank 1 {
+// EACH-NEXT:     plan.register @x : tensor<4x16xf32> bytes 256 feed "x" of !sbp.dtensor<8x16xf32, @dp, S<0>>
+// EACH:          plan.compute @loss.cross_entropy "lg.cross_entropy" [@logits, @labels] -> [@loss]
+// EACH-NEXT:   }
+// EACH-NEXT: }

@@ -2,7 +2,9 @@
 
 // Megatron's MLP on 2 ranks: each rank holds a column block of w1 and a row
 // block of w2, computes a partial output, and one all_reduce actor per rank,
-// with the same id and group on both, makes it whole.
+// with the same id and group on both, makes it whole. Both blocks have the
+// same local shapes, so rank 1 runs rank 0's body as its own rank, which
+// picks its blocks (`like`).
 
 // CHECK:      plan.device @rank0 rank 0 {
 // CHECK-NEXT:   plan.register @x : tensor<16x64xf32> bytes 4096 feed "x" of !sbp.dtensor<16x64xf32, @tp, B>
@@ -17,5 +19,5 @@
 // CHECK-NEXT:   plan.compute @y.matmul "lg.matmul" [@a, @w2] -> [@y]
 // CHECK-NEXT:   plan.comm @yb.all_reduce "all_reduce" id 0 [@y] -> [@yb] group [0, 1] over [0] bytes 4096 from !sbp.dtensor<16x64xf32, @tp, P> to !sbp.dtensor<16x64xf32, @tp, B>
 // CHECK-NEXT: }
-// CHECK-NEXT: plan.device @rank1 rank 1 {
-// CHECK:        plan.comm @yb.all_reduce "all_reduce" id 0 [@y] -> [@yb] group [0, 1] over [0] bytes 4096
+// CHECK-NEXT: plan.device @rank1 rank 1 like @rank0 {
+// CHECK-NEXT: }
