@@ -250,12 +250,16 @@ def micro_batch_labels(body: list[Operation]) -> dict[Operation, int]:
     return labels
 
 
-def ops_key(ops: list[Operation]) -> list[tuple[type, tuple, tuple]]:
-    """Each op in order as plain data to compare: its class, properties and
-    attributes. Ranks with equal keys were lowered to the same registers
-    and actors. Cheap to compare: equal ranks share most attribute objects
-    (compared by identity first); other ranks differ early."""
-    return [(type(op), tuple(op.properties.items()), tuple(op.attributes.items())) for op in ops]
+Spec = tuple[type[plan.RegisterOp | plan.ComputeOp | plan.CommOp], dict[str, Attribute]]
+"""A register or actor to build: its class and properties."""
+
+
+def specs_key(specs: list[Spec]) -> list[tuple[type, tuple]]:
+    """A rank's registers and actors as plain data to compare: ranks with
+    equal keys would get the same body. Cheap to compare: equal ranks share
+    most attribute objects (compared by identity first); other ranks differ
+    early."""
+    return [(kind, tuple(props.items())) for kind, props in specs]
 
 
 def rank_group(mesh: Mesh, rank: int, axes: list[int]) -> list[int]:
@@ -338,9 +342,10 @@ class Lowering:
         return mesh
 
     def registers(self, value: SSAValue, ranks, fetched: dict[SSAValue, str],
-                  crossing: set[SSAValue]) -> list[plan.RegisterOp]:
-        """The registers of `value` on `ranks`: what they share (name, value,
-        role, all attributes) is read once, only the local piece per rank."""
+                  crossing: set[SSAValue]) -> list[Spec]:
+        """The registers of `value` on `ranks`, as specs: what they share
+        (name, value, role, all attributes) is read once, only the local
+        piece per rank."""
         t = value.type
         mesh = self.mesh_of(value)
         assert isinstance(t, DTensorType)  # mesh_of raised otherwise
@@ -358,7 +363,7 @@ class Lowering:
             role.update(persistent=UnitAttr(), constant=owner.value)
         if value in fetched:
             role["fetch"] = StringAttr(fetched[value])
-        out = []
+        out: list[Spec] = []
         for rank in ranks:
             # values alike share their type object: its piece on a rank is found once
             piece = self.pieces.get((id(t), rank))
@@ -372,11 +377,8 @@ class Lowering:
                 piece = self.pieces[(id(t), rank)] = (t, local, self.local_bytes[key])
             _, local, nbytes = piece
             props = {"sym_name": name, "type": local, "bytes": nbytes, "value": t, **role}
-            out.append(plan.RegisterOp.create(properties=props, location=UNKNOWN_LOC))
+            out.append((plan.RegisterOp, props))
         return out
-
-    def register(self, value: SSAValue, rank: int, fetched: dict[SSAValue, str], crossing: set[SSAValue]):
-        return self.registers(value, [rank], fetched, crossing)[0]
 
     def ranks(self, ranks):
         if self.only is not None:
@@ -463,13 +465,13 @@ class Lowering:
                 raise PassFailedException(f"'{op.name}': a redistribution is left; run sbp-insert-boxing first")
             if isinstance(op, sbp.TransferOp):
                 crossing.update((op.input, op.result))
-        registers: dict[int, list[Operation]] = {}
+        registers: dict[int, list[Spec]] = {}
         for op in body:
             v = op.results[0]
             ranks = self.ranks(self.mesh_of(v).ranks)
             for rank, reg in zip(ranks, self.registers(v, ranks, fetched, crossing)):
                 registers.setdefault(rank, []).append(reg)
-        actors: dict[int, list[Operation]] = {rank: [] for rank in registers}
+        actors: dict[int, list[Spec]] = {rank: [] for rank in registers}
         stages = self.stage_orders(body)
         if stages is None:
             for op in schedule(body):
@@ -480,21 +482,24 @@ class Lowering:
                 for op in order:
                     self.lower_op(op, actors)
             self.stage = None
+        # The ops are built only for the ranks that get a body: the others'
+        # specs are compared with those and dropped.
         devices: list[plan.DeviceOp] = []
-        bodies: list[tuple[list, str]] = []  # (ops_key, device name) of each device given a body
+        bodies: list[tuple[list, str]] = []  # (specs_key, device name) of each device given a body
         for rank in sorted(registers):
-            ops, device_name = [*registers[rank], *actors[rank]], f"rank{rank}"
+            specs, device_name = [*registers[rank], *actors[rank]], f"rank{rank}"
             if self.share_bodies:
-                key = ops_key(ops)
+                key = specs_key(specs)
                 like = next((owner for owner_key, owner in bodies if owner_key == key), None)
                 if like is not None:
                     devices.append(plan.DeviceOp(device_name, rank, [], like=like))
                     continue
                 bodies.append((key, device_name))
+            ops = [kind.create(properties=props, location=UNKNOWN_LOC) for kind, props in specs]
             devices.append(plan.DeviceOp(device_name, rank, ops))
         return plan.ProgramOp(self.graph.sym_name.data, devices)
 
-    def lower_op(self, op: Operation, actors: dict[int, list[Operation]]) -> None:
+    def lower_op(self, op: Operation, actors: dict[int, list[Spec]]) -> None:
         if isinstance(op, lg.InputOp | lg.ParamOp | lg.ConstantOp):
             return
         out = op.results[0]
@@ -512,13 +517,13 @@ class Lowering:
                 "outs": self.refs([out]),
             }
             for rank in self.ranks(self.mesh_of(out).ranks):
-                actors[rank].append(plan.ComputeOp.create(properties=dict(props), location=UNKNOWN_LOC))
+                actors[rank].append((plan.ComputeOp, dict(props)))
         elif isinstance(op, sbp.COLLECTIVE_OPS):
             self.lower_collective(op, actors)
         else:
             raise PassFailedException(f"'{op.name}': sbp-to-plan cannot lower this op")
 
-    def lower_collective(self, op: Operation, actors: dict[int, list[Operation]]) -> None:
+    def lower_collective(self, op: Operation, actors: dict[int, list[Spec]]) -> None:
         assert isinstance(op, sbp.CollectiveOp | sbp.TransferOp)  # what COLLECTIVE_OPS holds
         source, out = op.operands[0], op.results[0]
         src_mesh, dst_mesh = self.mesh_of(source), self.mesh_of(out)
@@ -539,32 +544,24 @@ class Lowering:
         if isinstance(op, sbp.TransferOp):
             group = list(dict.fromkeys([*src_mesh.ranks, *dst_mesh.ranks]))
             for rank in self.ranks(group):
-                actors.setdefault(rank, []).append(
-                    plan.CommOp.create(
-                        properties={
-                            **base,
-                            "sym_name": StringAttr(name),
-                            "group": DenseArrayBase.from_list(i64, group),
-                            "ins": self.refs([source] if rank in src_mesh.ranks else []),
-                            "outs": self.refs([out] if rank in dst_mesh.ranks else []),
-                        }
-                    )
-                )
+                actors.setdefault(rank, []).append((plan.CommOp, {
+                    **base,
+                    "sym_name": StringAttr(name),
+                    "group": DenseArrayBase.from_list(i64, group),
+                    "ins": self.refs([source] if rank in src_mesh.ranks else []),
+                    "outs": self.refs([out] if rank in dst_mesh.ranks else []),
+                }))
             return
         axes = list(op.mesh_axes.get_values())
         for rank in self.ranks(src_mesh.ranks):
-            actors[rank].append(
-                plan.CommOp.create(
-                    properties={
-                        **base,
-                        "sym_name": StringAttr(name),
-                        "group": DenseArrayBase.from_list(i64, rank_group(src_mesh, rank, axes)),
-                        "mesh_axes": DenseArrayBase.from_list(i64, axes),
-                        "ins": self.refs([source]),
-                        "outs": self.refs([out]),
-                    }
-                )
-            )
+            actors[rank].append((plan.CommOp, {
+                **base,
+                "sym_name": StringAttr(name),
+                "group": DenseArrayBase.from_list(i64, rank_group(src_mesh, rank, axes)),
+                "mesh_axes": DenseArrayBase.from_list(i64, axes),
+                "ins": self.refs([source]),
+                "outs": self.refs([out]),
+            }))
 
 
 @dataclass(frozen=True)
