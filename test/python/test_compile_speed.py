@@ -523,3 +523,42 @@ def test_ops_get_the_defaults_xdsl_gives():
                 given = IntegerAttr(7, i64)
                 assert cls.create(properties={name: given}).properties[name] is given
     assert with_defaults >= 2  # plan.register's slots, among others
+
+
+def test_constraint_predicates_accept_only_what_the_constraints_accept():
+    """dialects/irdl_verify.accepted_by's predicate for each constraint of
+    every sbpc op: on every attribute and type of compiled models and a few
+    of the wrong kinds, an attribute it accepts passes the constraint's own
+    verify (it may refuse one that passes: the constraint then decides)."""
+    from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, StringAttr, SymbolRefAttr, i32
+    from xdsl.irdl import IRDLOperation
+    from xdsl.irdl.constraints import VerificationContext
+
+    from sbpc.dialects.irdl_verify import accepted_by
+    from sbpc.tools.universe import SBPC_UNIVERSE
+
+    pool = {id(a): a for a in (IntegerAttr(3, i32), StringAttr("x"), ArrayAttr([StringAttr("x")]),
+                               ArrayAttr([SymbolRefAttr("x"), StringAttr("y")]), SymbolRefAttr("x", ["y"]))}
+    for module in _ops_of_compiled_models():
+        for op in module.walk():
+            for attr in (*op.properties.values(), *op.attributes.values(), *op.result_types, *op.operand_types):
+                pool[id(attr)] = attr
+    checked = refused = 0
+    for factory in SBPC_UNIVERSE.all_dialects.values():
+        for cls in factory().operations:
+            if not issubclass(cls, IRDLOperation):
+                continue
+            op_def = cls.get_irdl_definition()
+            fields = [(d.constr, False) for _, d in (*op_def.properties.items(), *op_def.attributes.items())]
+            fields += [(d.constr, True) for _, d in (*op_def.operands, *op_def.results)]
+            for constr, single in fields:
+                accepted = accepted_by(constr)
+                if accepted is None:
+                    continue
+                for attr in pool.values():
+                    if not accepted(attr):
+                        refused += 1
+                        continue
+                    constr.verify((attr,) if single else attr, VerificationContext())  # raises if unsound
+                    checked += 1
+    assert checked > 1000 and refused > 1000
