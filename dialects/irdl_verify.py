@@ -36,9 +36,7 @@ from xdsl.irdl.constraints import (
     AnyAttr,
     AnyOf,
     BaseAttr,
-    EqAttrConstraint,
     EqIntConstraint,
-    ParamAttrConstraint,
     RangeLengthConstraint,
     RangeOf,
     VerificationContext,
@@ -283,9 +281,10 @@ def _check(constr, single: bool = False) -> Callable[[Attribute, VerificationCon
     """`constr.verify` of one attribute (with `single`, of a one-attribute
     range, as irdl_op_verify_arg_list checks a single operand or result).
     A constraint that binds no variables depends on the attribute alone:
-    where `accepted_by` gives a predicate for it, an attribute the
-    predicate accepts passes without the constraint's machinery; other
-    such constraints remember the attribute objects they passed (by
+    where `accepted_by` gives a predicate for it (a test of the class), an
+    attribute the predicate accepts passes without the constraint's
+    machinery; other such constraints remember the attribute objects they
+    passed (by
     identity: an entry keeps its attribute alive, so its id cannot be
     reused). Whatever fails these goes to the constraint itself, which
     raises its own error."""
@@ -317,39 +316,29 @@ def _check(constr, single: bool = False) -> Callable[[Attribute, VerificationCon
 def accepted_by(constr) -> Callable[[Attribute], bool] | None:
     """A plain predicate that accepts only attributes `constr.verify`
     accepts (of a one-attribute range, for a range constraint), for the
-    constraint kinds sbpc's ops use: any, base class, equality, string
-    symbol names, parametrized attributes and arrays of these, a choice of
-    base classes, and a range of length one. None for any other kind. The
-    ops of a plan hold unique attributes (every register's name), so the
-    identity memo missed half the time: a third of verifying a plan."""
+    constraints that test an attribute's class alone: any attribute, a
+    base class, a string symbol name, a choice of base classes, arrays of
+    these, and a range of length one of these. None for any other kind
+    (parametrized attributes, equality: those attributes are shared
+    between ops, and the identity memo answers faster). Names and the
+    register lists of actors are unique to their op, so the memo missed
+    them and verified and remembered each: a fifth of verifying a plan."""
     kind = type(constr)
     if kind is AnyAttr:
         return lambda attr: True
     if kind is BaseAttr:
         base = constr.attr
         return lambda attr: isinstance(attr, base)
-    if kind is EqAttrConstraint:
-        expected = constr.attr
-        return lambda attr: attr == expected
     if kind is SymbolNameConstraint:
         return lambda attr: isinstance(attr, StringAttr)
-    if kind is ParamAttrConstraint:
-        found = [accepted_by(c) for c in constr.param_constrs]
-        params = [p for p in found if p is not None]
-        if len(params) != len(found):
-            return None
-        base, count = constr.base_attr, len(params)
-        return lambda attr: (isinstance(attr, base) and len(attr.parameters) == count
-                             and all(p(a) for p, a in zip(params, attr.parameters)))
     if kind is AnyOf and all(type(c) is BaseAttr for c in constr.attr_constrs):
         # AnyOf picks the alternative by the attribute's exact class
         classes = frozenset(c.attr for c in constr.attr_constrs)
         return lambda attr: type(attr) in classes
-    if kind is ArrayOfConstraint and type(constr.elem_range_constraint) is RangeOf:
-        element = accepted_by(constr.elem_range_constraint.constr)
-        if element is None:
-            return None
-        return lambda attr: isinstance(attr, ArrayAttr) and all(element(a) for a in attr.data)
+    if kind is ArrayOfConstraint and type(constr.elem_range_constraint) is RangeOf \
+            and type(constr.elem_range_constraint.constr) is BaseAttr:
+        element = constr.elem_range_constraint.constr.attr
+        return lambda attr: isinstance(attr, ArrayAttr) and all(isinstance(a, element) for a in attr.data)
     if kind is RangeLengthConstraint and type(constr.length) is EqIntConstraint and constr.length.value == 1:
         return accepted_by(constr.constraint)  # a single operand or result: a range of one
     if kind is RangeOf:
