@@ -469,12 +469,24 @@ def lookup_placement(op: Operation, ref: SymbolRefAttr | str) -> PlacementOp:
     # Placements live at module level: look in the outermost symbol table
     # first (it is small; nested tables such as plan devices hold thousands
     # of symbols and would make every lookup linear in their size).
+    # Verifiers ask for the same few placements of one module tens of
+    # thousands of times: what the outermost table gave is remembered, and
+    # holds while that op is still in it under that name.
+    root = op
+    while True:  # root.parent_op() until there is none, by the fields it reads
+        block = root.parent
+        region = block.parent if block is not None else None
+        if region is None or region.parent is None:
+            break
+        root = region.parent
+    known = _ROOT_PLACEMENTS.get((id(root), name))
+    if known is not None and known[0] is root and _in_table(known[1], root, name):
+        return known[1]
     tables = []
     anchor: Operation | None = op
     while anchor is not None:
         if class_has_trait(type(anchor), SymbolTable):
             tables.append(anchor)
-        # anchor.parent_op(), by the fields it reads: this runs per op verified
         block = anchor.parent
         region = block.parent if block is not None else None
         anchor = region.parent if region is not None else None
@@ -486,7 +498,22 @@ def lookup_placement(op: Operation, ref: SymbolRefAttr | str) -> PlacementOp:
     if not isinstance(found, PlacementOp):
         what = "is not a placement" if found is not None else "does not exist"
         raise VerifyException(f"'{op.name}': placement @{name} {what}")
+    if tables and tables[-1] is root and _in_table(found, root, name):
+        remember(_ROOT_PLACEMENTS, (id(root), name), (root, found))
     return found
+
+
+_ROOT_PLACEMENTS: dict[tuple[int, str], tuple[Operation, PlacementOp]] = {}
+"""(id of an outermost symbol table, a name) -> (the table, the placement
+named so in it), as lookup_placement found it there; the entry keeps the
+table alive, so its id is not reused."""
+
+
+def _in_table(placement: PlacementOp, table: Operation, name: str) -> bool:
+    """Whether `placement` lies directly in `table`'s body, named `name`."""
+    block = placement.parent
+    return (block is not None and block.parent is not None and block.parent.parent is table
+            and placement.sym_name.data == name)
 
 
 def _symbol(table: Operation, name: str) -> Operation | None:

@@ -562,3 +562,36 @@ def test_constraint_predicates_accept_only_what_the_constraints_accept():
                     constr.verify((attr,) if single else attr, VerificationContext())  # raises if unsound
                     checked += 1
     assert checked > 1000 and refused > 1000
+
+
+def test_placement_lookups_remembered_follow_the_module():
+    """lookup_placement remembers what a module's symbol table gave, and
+    finds the placement again once it is renamed, erased or replaced."""
+    import pytest
+    from xdsl.dialects.builtin import StringAttr
+    from xdsl.utils.exceptions import VerifyException
+
+    import sbpc
+    from sbpc.dialects import lg, sbp
+
+    module = sbpc.parse_module("""
+sbp.placement @dp cpu ranks [0, 1] mesh [2]
+lg.graph @g on @dp {
+  %x = lg.input "x" : tensor<8x4xf32>
+  lg.output ["x"] %x : tensor<8x4xf32>
+}
+""")
+    graph = next(op for op in module.ops if isinstance(op, lg.GraphOp))
+    first = next(op for op in module.ops if isinstance(op, sbp.PlacementOp))
+    assert sbp.lookup_placement(graph, "dp") is first
+    assert sbp.lookup_placement(graph, "dp") is first  # remembered
+    first.sym_name = StringAttr("other")
+    with pytest.raises(VerifyException, match="placement @dp does not exist"):
+        sbp.lookup_placement(graph, "dp")
+    assert sbp.lookup_placement(graph, "other") is first
+    second = sbp.PlacementOp("dp", "cpu", [0, 1, 2, 3], [4])
+    module.body.block.insert_op_before(second, graph)
+    assert sbp.lookup_placement(graph, "dp") is second
+    second.detach()
+    with pytest.raises(VerifyException, match="placement @dp does not exist"):
+        sbp.lookup_placement(graph, "dp")
