@@ -254,14 +254,6 @@ Spec = tuple[type[plan.RegisterOp | plan.ComputeOp | plan.CommOp], dict[str, Att
 """A register or actor to build: its class and properties."""
 
 
-def specs_key(specs: list[Spec]) -> list[tuple[type, tuple]]:
-    """A rank's registers and actors as plain data to compare: ranks with
-    equal keys would get the same body. Cheap to compare: equal ranks share
-    most attribute objects (compared by identity first); other ranks differ
-    early."""
-    return [(kind, tuple(props.items())) for kind, props in specs]
-
-
 def rank_group(mesh: Mesh, rank: int, axes: list[int]) -> list[int]:
     """The ranks that differ from `rank` only on `axes`, in mesh order."""
     here = mesh_coord(mesh, rank)
@@ -485,16 +477,18 @@ class Lowering:
         # The ops are built only for the ranks that get a body: the others'
         # specs are compared with those and dropped.
         devices: list[plan.DeviceOp] = []
-        bodies: list[tuple[list, str]] = []  # (specs_key, device name) of each device given a body
+        bodies: list[tuple[list[Spec], str]] = []  # (specs, device name) of each device given a body
         for rank in sorted(registers):
             specs, device_name = [*registers[rank], *actors[rank]], f"rank{rank}"
             if self.share_bodies:
-                key = specs_key(specs)
-                like = next((owner for owner_key, owner in bodies if owner_key == key), None)
+                # Equal specs (class, properties) make equal ops. Cheap to
+                # compare: ranks alike share most attribute objects (compared
+                # by identity first); other ranks differ early.
+                like = next((owner for owner_specs, owner in bodies if owner_specs == specs), None)
                 if like is not None:
                     devices.append(plan.DeviceOp(device_name, rank, [], like=like))
                     continue
-                bodies.append((key, device_name))
+                bodies.append((specs, device_name))
             ops = [kind.create(properties=props, location=UNKNOWN_LOC) for kind, props in specs]
             devices.append(plan.DeviceOp(device_name, rank, ops))
         return plan.ProgramOp(self.graph.sym_name.data, devices)
