@@ -27,10 +27,10 @@ accept the same ops).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 from xdsl.dialects.builtin import ArrayAttr, ArrayOfConstraint, StringAttr, SymbolNameConstraint
-from xdsl.ir import Attribute, Operation, Region
+from xdsl.ir import Attribute, Operation, Region, SSAValue
 from xdsl.irdl import IRDLOperation, irdl_op_definition
 from xdsl.irdl.constraints import (
     AnyAttr,
@@ -62,6 +62,8 @@ def op_definition(cls: type[OpT]) -> type[OpT]:
     cls = irdl_op_definition(cls)
     op_def = cls.get_irdl_definition()
     cls.__post_init__ = _defaults_filler(op_def)  # type: ignore[method-assign]  # as verify_ below
+    if issubclass(cls, DirectInit):
+        cls.PLAIN_ARITY = _plain_arity(op_def)  # on this class alone: DirectInit reads its own __dict__
     accepts = fast_accepts(op_def)
     if accepts is None:
         return cls
@@ -77,6 +79,45 @@ def op_definition(cls: type[OpT]) -> type[OpT]:
     # though it only ever runs on instances of `cls`
     cls.verify_ = verify_  # type: ignore[method-assign, assignment]
     return cls
+
+
+class DirectInit(IRDLOperation):
+    """A base for op classes built by the thousand (lg compute ops, sbp
+    boxing): where an op is built with exactly one SSA value per operand,
+    one type per result, and no regions or successors, and its class has no
+    variadic or optional operands or results, no regions, successors or
+    IRDL options (`op_definition` records its arity), it is built directly,
+    as irdl_op_init would (properties and attributes given as None left
+    out); anything else goes through IRDLOperation's builder. That
+    builder's four argument-list passes were a sixth of building and
+    differentiating a 10k-op graph."""
+
+    PLAIN_ARITY: ClassVar[tuple[int, int] | None] = None
+
+    def __init__(self, *, operands=None, result_types=None, properties=None, attributes=None, successors=None,
+                 regions=None) -> None:
+        arity = type(self).__dict__.get("PLAIN_ARITY")
+        if (arity is not None and not successors and not regions
+                and operands is not None and len(operands) == arity[0]
+                and all(isinstance(o, SSAValue) for o in operands)
+                and result_types is not None and len(result_types) == arity[1]
+                and all(isinstance(t, Attribute) for t in result_types)):
+            Operation.__init__(
+                self, operands=operands, result_types=result_types,
+                properties={} if not properties else {k: v for k, v in properties.items() if v is not None},
+                attributes={} if not attributes else {k: v for k, v in attributes.items() if v is not None})
+            return
+        super().__init__(operands=operands, result_types=result_types, properties=properties, attributes=attributes,
+                         successors=successors, regions=regions)
+
+
+def _plain_arity(op_def: OpDef) -> tuple[int, int] | None:
+    """(operands, results) of a definition DirectInit may build directly."""
+    if op_def.options or op_def.successors or op_def.regions:
+        return None
+    if any(isinstance(d, VariadicDef) for _, d in (*op_def.operands, *op_def.results)):
+        return None
+    return len(op_def.operands), len(op_def.results)
 
 
 def _defaults_filler(op_def: OpDef) -> Callable[[IRDLOperation], None]:

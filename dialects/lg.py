@@ -68,7 +68,7 @@ from xdsl.printer import Printer
 from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator, OpTrait, Pure, SymbolOpInterface
 from xdsl.utils.exceptions import VerifyException
 
-from .irdl_verify import op_definition, remember
+from .irdl_verify import DirectInit, op_definition, remember
 from .sbp import (
     PLACEMENT_ATTR,
     SIGNATURE_ATTR,
@@ -440,7 +440,7 @@ class GradientEmitter(Protocol):
     def unsupported(self, op: Operation, what: str) -> Exception: ...
 
 
-class LgOp(SbpRules, IRDLOperation, ABC):
+class LgOp(SbpRules, DirectInit, ABC):
     """A compute op: its result's global type follows from `rule`."""
 
     @classmethod

@@ -64,7 +64,7 @@ from xdsl.traits import Pure, SymbolOpInterface, SymbolTable
 from xdsl.utils.exceptions import VerifyException
 from xdsl.utils.str_enum import StrEnum
 
-from .irdl_verify import class_has_trait, op_definition, remember
+from .irdl_verify import DirectInit, class_has_trait, op_definition, remember
 
 # --------------------------------------------------------------------------
 # SBP attributes
@@ -885,7 +885,7 @@ def _same_global(op: Operation, source: Attribute, dest: Attribute) -> None:
 
 
 @op_definition
-class AnnotateOp(IRDLOperation):
+class AnnotateOp(DirectInit):
     """Attaches a placement and an nd-SBP to a value: a user hint before
     inference, or a requested redistribution of a dtensor. Globally the value
     is unchanged."""
@@ -908,7 +908,7 @@ class AnnotateOp(IRDLOperation):
         verify_distribution(self, self.result.type, "result")
 
 
-class CollectiveOp(IRDLOperation, ABC):
+class CollectiveOp(DirectInit, ABC):
     """A collective over some axes of one mesh. On the listed axes the input
     and output SBPs must form the collective's transition; every other axis
     and the placement stay the same."""

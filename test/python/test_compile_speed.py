@@ -595,3 +595,38 @@ lg.graph @g on @dp {
     second.detach()
     with pytest.raises(VerifyException, match="placement @dp does not exist"):
         sbp.lookup_placement(graph, "dp")
+
+
+def test_ops_built_directly_are_what_the_irdl_builder_builds():
+    """DirectInit's direct path builds every lg and sbp op of compiled models
+    as IRDLOperation's builder does (same operands, result types, properties
+    and attributes, a property given as None left out), and hands what it
+    does not take (an op instead of a value, a list for a single operand)
+    to that builder."""
+    from xdsl.irdl import IRDLOperation
+
+    from sbpc.dialects.irdl_verify import DirectInit
+
+    def built(cls, init, **arguments):
+        op = cls.__new__(cls)
+        init(op, **arguments)
+        return (list(op.operands), list(op.result_types), op.properties, op.attributes)
+
+    direct = 0
+    for module in _ops_of_compiled_models():
+        for op in module.walk():
+            cls = type(op)
+            if not isinstance(op, DirectInit) or cls.__dict__.get("PLAIN_ARITY") is None:
+                continue  # a variadic op goes to the IRDL builder as it is
+            arguments = {"operands": list(op.operands), "result_types": list(op.result_types),
+                         "properties": {**op.properties, "absent": None}, "attributes": dict(op.attributes)}
+            assert built(cls, DirectInit.__init__, **arguments) == built(cls, IRDLOperation.__init__, **arguments)
+            direct += 1
+            if op.operands:
+                owner = op.operands[0].owner
+                if isinstance(owner, IRDLOperation) and len(owner.results) == 1:  # an op where a value goes
+                    as_op = {**arguments, "operands": [owner, *arguments["operands"][1:]]}
+                    assert built(cls, DirectInit.__init__, **as_op) == built(cls, IRDLOperation.__init__, **as_op)
+                as_list = {**arguments, "operands": [[op.operands[0]], *arguments["operands"][1:]]}
+                assert built(cls, DirectInit.__init__, **as_list) == built(cls, IRDLOperation.__init__, **as_list)
+    assert direct > 50
