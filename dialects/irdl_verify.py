@@ -325,10 +325,9 @@ def _check(constr, single: bool = False) -> Callable[[Attribute, VerificationCon
     where `accepted_by` gives a predicate for it (a test of the class), an
     attribute the predicate accepts passes without the constraint's
     machinery; other such constraints remember the attribute objects they
-    passed (by
-    identity: an entry keeps its attribute alive, so its id cannot be
-    reused). Whatever fails these goes to the constraint itself, which
-    raises its own error."""
+    passed (by identity: an entry keeps its attribute alive, so its id
+    cannot be reused). Whatever fails these goes to the constraint itself,
+    which raises its own error."""
     pure = not _binds_variables(constr, single)
 
     def verify(attr: Attribute, context: VerificationContext) -> None:

@@ -169,9 +169,8 @@ class DeviceOp(IRDLOperation):
         body = parser.parse_region()
         if not body.blocks:
             body.add_block(Block())
-        op = cls.create(properties=properties, attributes=attributes.data if attributes is not None else {},
-                        regions=[body])
-        return op
+        return cls.create(properties=properties, attributes=attributes.data if attributes is not None else {},
+                          regions=[body])
 
     def __init__(self, name: str, rank: int, ops: Sequence[Operation], like: str | None = None):
         properties: dict[str, Attribute] = {"sym_name": StringAttr(name), "rank": IntegerAttr(rank, i64)}
