@@ -39,10 +39,10 @@ def collector_paused() -> Iterator[None]:
     rewritten (passes, a compile, sbp-opt). A pass makes and drops ops by
     the ten thousand, and every op and value points at its parent, so the
     collector's full collections walked the whole, growing IR again and
-    again: a third of compiling a 10k-op graph (4.5 s
-    against 3.1 s paused). The dropped ops wait for the collections after
-    it, so the peak memory is higher (140 against 111 MB there). Nested
-    pauses resume only at the outermost."""
+    again: a third of compiling a 10k-op graph (4.5 s against 3.1 s
+    paused). The dropped ops wait for the collections after it, so the
+    peak memory is higher (140 against 111 MB there). Nested pauses resume
+    only at the outermost."""
     if not gc.isenabled():
         yield
         return

@@ -77,8 +77,6 @@ class CompilePass(SbpInferOptions, ModulePass):
                     op.verify()
 
 
-
-
 PLAN_PASSES = (SbpToPlanPass, PlanFuseElementwisePass, PlanAllocateMemoryPass)
 """Passes that produce or annotate the plan and never reject it: what they
 write is verified by a later plan-verify before anything runs it."""
