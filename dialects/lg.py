@@ -68,6 +68,7 @@ from xdsl.printer import Printer
 from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator, OpTrait, Pure, SymbolOpInterface
 from xdsl.utils.exceptions import VerifyException
 
+from .builders import i64_array
 from .irdl_verify import DirectInit, op_definition, remember
 from .sbp import (
     PLACEMENT_ATTR,
@@ -1221,7 +1222,7 @@ class LayerNormOp(LgOp):
 
 
 def _axes_prop(axes: Sequence[int], rank: int) -> DenseArrayBase[IntegerType]:
-    return DenseArrayBase.from_list(i64, sorted({a % max(rank, 1) for a in axes}))
+    return i64_array(sorted({a % max(rank, 1) for a in axes}))
 
 
 class ReduceOp(LgOp, ABC):
@@ -1565,9 +1566,9 @@ class SliceOp(LgOp):
         super().__init__(
             operands=[input],
             properties={
-                "starts": DenseArrayBase.from_list(i64, starts),
-                "limits": DenseArrayBase.from_list(i64, limits),
-                "strides": DenseArrayBase.from_list(i64, strides),
+                "starts": i64_array(starts),
+                "limits": i64_array(limits),
+                "strides": i64_array(strides),
             },
             result_types=[result_type],
         )

@@ -64,6 +64,7 @@ from xdsl.traits import Pure, SymbolOpInterface, SymbolTable
 from xdsl.utils.exceptions import VerifyException
 from xdsl.utils.str_enum import StrEnum
 
+from .builders import i64_array, i64_attr
 from .irdl_verify import DirectInit, class_has_trait, op_definition, remember
 
 # --------------------------------------------------------------------------
@@ -926,9 +927,9 @@ class CollectiveOp(DirectInit, ABC):
     )
 
     def __init__(self, input, mesh_axes: Sequence[int], result_type: DTensorType, bytes: int | None = None):
-        props: dict[str, Attribute] = {"mesh_axes": DenseArrayBase.from_list(i64, mesh_axes)}
+        props: dict[str, Attribute] = {"mesh_axes": i64_array(mesh_axes)}
         if bytes is not None:
-            props["bytes"] = IntegerAttr(bytes, i64)
+            props["bytes"] = i64_attr(bytes)
         super().__init__(operands=[input], result_types=[result_type], properties=props)
 
     def verify_(self) -> None:
@@ -1000,7 +1001,7 @@ class TransferOp(IRDLOperation):
     assembly_format = "$input (`bytes` $bytes^)? attr-dict `:` type($input) `->` type($result)"
 
     def __init__(self, input, result_type: DTensorType, bytes: int | None = None):
-        props = {} if bytes is None else {"bytes": IntegerAttr(bytes, i64)}
+        props = {} if bytes is None else {"bytes": i64_attr(bytes)}
         super().__init__(operands=[input], result_types=[result_type], properties=props)
 
     def verify_(self) -> None:

@@ -32,6 +32,7 @@ from xdsl.dialects.builtin import I64, IntegerAttr, ModuleOp, SymbolRefAttr, Uni
 from xdsl.passes import ModulePass
 
 from sbpc.dialects import plan
+from sbpc.dialects.builders import flat_symbol_ref, i64_attr
 from sbpc.dialects.plan_analysis import lifetimes, register_names
 
 ALIGNMENT = 64
@@ -382,7 +383,7 @@ def allocate_device(device: plan.DeviceOp, in_place: bool = True, memo: dict | N
     def int_attr(n: int) -> IntegerAttr[I64]:
         attr = offset_attrs.get(n)
         if attr is None:
-            attr = offset_attrs[n] = IntegerAttr(n, i64)
+            attr = offset_attrs[n] = i64_attr(n)
         return attr
 
     persistent_offset = 0
@@ -403,7 +404,7 @@ def allocate_device(device: plan.DeviceOp, in_place: bool = True, memo: dict | N
     for name, param in aliases.items():
         registers[name].is_persistent = UnitAttr()
         registers[name].offset = registers[param].offset
-        registers[name].alias = SymbolRefAttr(param)
+        registers[name].alias = flat_symbol_ref(registers[param].sym_name)
     for actor in actors:
         if isinstance(actor, plan.ComputeOp) and (
             actor.outs.data[0].string_value() in pairs or actor.sym_name.data in alias_writers

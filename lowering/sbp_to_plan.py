@@ -52,6 +52,7 @@ from xdsl.rewriter import Rewriter
 from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import lg, plan, sbp
+from sbpc.dialects.builders import flat_symbol_ref, i64_array, i64_attr
 from sbpc.dialects.layout import coords, mesh_coord, piece_of
 from sbpc.dialects.lg_analysis import one_f_one_b
 from sbpc.dialects.sbp import DTensorType, Mesh, lookup_placement
@@ -69,18 +70,21 @@ def schedule(ops: list[Operation], slot: Callable[[Operation], int] | None = Non
     parameter runs as soon as its gradient is ready, and the communication
     of its result overlaps the rest of the backward pass); ties in program
     order."""
-    index: dict[Operation | Block, int] = {op: i for i, op in enumerate(ops)}  # an owner may be a block: not here
-    comm = [isinstance(op, sbp.COLLECTIVE_OPS) for op in ops]
-    is_comm = dict(zip(ops, comm))
+    # by id: ops hash in Python, ints in C (every op is alive during the call)
+    index = {id(op): i for i, op in enumerate(ops)}
+    comm = [_is_collective(type(op)) for op in ops]
     # per op (by index): the indices of its operands' producers among `ops`,
     # one per operand (an op reading a value twice waits for it twice)
-    producers = [[index[o.owner] for o in op.operands if o.owner in index] for op in ops]
-    users: dict[Operation, list[Operation]] = {op: [] for op in ops}
+    producers: list[list[int]] = []
     user_indices: list[list[int]] = [[] for _ in ops]
-    for i, (op, made_by) in enumerate(zip(ops, producers)):
-        for p in made_by:
-            users[ops[p]].append(op)
-            user_indices[p].append(i)
+    for i, op in enumerate(ops):
+        made_by = []
+        for operand in op.operands:
+            p = index.get(id(operand.owner))  # an owner may be a block: never in `index`
+            if p is not None:
+                made_by.append(p)
+                user_indices[p].append(i)
+        producers.append(made_by)
 
     # redistributions without communication
     local = tuple(op for kind, op in sbp.COLLECTIVE_OP_OF_KIND.items() if not sbp.COLLECTIVES[kind].communicates)
@@ -95,12 +99,20 @@ def schedule(ops: list[Operation], slot: Callable[[Operation], int] | None = Non
         return 2
 
     waiting = [len(made_by) for made_by in producers]
-    gates = _parameter_gathers(ops, index, is_comm, users)
-    gates.update(_recomputations(ops, index, is_comm, users))
-    for head, gate in gates.items():
-        for op in gate:
-            user_indices[index[op]].append(index[head])
-        waiting[index[head]] += len(gate)
+    has_gathers = any(is_comm and isinstance(op.operands[0].owner, lg.ParamOp) for op, is_comm in zip(ops, comm))
+    has_recomputations = any(lg.RECOMPUTE_ATTR in op.attributes for op in ops)
+    if has_gathers or has_recomputations:  # (rare: the gates read the graph by op)
+        op_index: dict[Operation | Block, int] = {op: i for i, op in enumerate(ops)}
+        is_comm = dict(zip(ops, comm))
+        users = {op: [ops[u] for u in user_indices[i]] for i, op in enumerate(ops)}
+        gates = _parameter_gathers(ops, op_index, is_comm, users) if has_gathers else {}
+        if has_recomputations:
+            gates.update(_recomputations(ops, op_index, is_comm, users))
+        for head, gate in gates.items():
+            for op in gate:
+                user_indices[op_index[op]].append(op_index[head])
+            waiting[op_index[head]] += len(gate)
+
     def key(i: int) -> tuple[int, int, int]:  # ties in program order: the index is unique
         return (slot(ops[i]) if slot is not None else 0, priority(i), i)
 
@@ -118,6 +130,17 @@ def schedule(ops: list[Operation], slot: Callable[[Operation], int] | None = Non
         stuck = next(op for i, op in enumerate(ops) if waiting[i])
         raise PassFailedException(f"sbp-to-plan: no schedule: '{stuck.name}' waits on a cycle")
     return order
+
+
+_COLLECTIVE_CLASSES: dict[type, bool] = {}
+
+
+def _is_collective(kind: type) -> bool:
+    """isinstance(an op of class `kind`, sbp.COLLECTIVE_OPS), once per class."""
+    answer = _COLLECTIVE_CLASSES.get(kind)
+    if answer is None:
+        answer = _COLLECTIVE_CLASSES[kind] = issubclass(kind, sbp.COLLECTIVE_OPS)
+    return answer
 
 
 def _parameter_gathers(ops, index, is_comm, users) -> dict[Operation, set[Operation]]:
@@ -290,7 +313,6 @@ class Lowering:
         self.pieces: dict[tuple[int, int], tuple[DTensorType, TensorType, IntegerAttr]] = {}
         self.kernels: dict[str, StringAttr] = {}  # op name -> the kernel attribute of its actors
         self.no_props = DictionaryAttr({})
-        self.flat: ArrayAttr[StringAttr] = ArrayAttr(())  # the nested path of a flat symbol reference
         self.ints: dict[int, IntegerAttr] = {}
         self.name_attrs: dict[SSAValue, StringAttr] = {}
 
@@ -312,13 +334,13 @@ class Lowering:
 
     def ref(self, value: SSAValue) -> SymbolRefAttr:
         if value not in self.ref_attrs:
-            # from the register's name attribute and one empty nested path (each built once)
-            self.ref_attrs[value] = SymbolRefAttr(self.name_attr(value), self.flat)
+            # from the register's name attribute (built once), unchecked: its parts are verified attributes
+            self.ref_attrs[value] = flat_symbol_ref(self.name_attr(value))
         return self.ref_attrs[value]
 
     def int_attr(self, n: int) -> IntegerAttr:
         if n not in self.ints:
-            self.ints[n] = IntegerAttr(n, i64)
+            self.ints[n] = i64_attr(n)
         return self.ints[n]
 
     def mesh_of(self, value: SSAValue) -> Mesh:
@@ -528,7 +550,7 @@ class Lowering:
         comm_id = self.comm_ids[op]
         base = {
             "kind": StringAttr(kind),
-            "id": IntegerAttr(comm_id, i64),
+            "id": i64_attr(comm_id),
             "from": source.type,
             "to": out.type,
         }
@@ -541,7 +563,7 @@ class Lowering:
                 actors.setdefault(rank, []).append((plan.CommOp, {
                     **base,
                     "sym_name": StringAttr(name),
-                    "group": DenseArrayBase.from_list(i64, group),
+                    "group": i64_array(group),
                     "ins": self.refs([source] if rank in src_mesh.ranks else []),
                     "outs": self.refs([out] if rank in dst_mesh.ranks else []),
                 }))
@@ -551,8 +573,8 @@ class Lowering:
             actors[rank].append((plan.CommOp, {
                 **base,
                 "sym_name": StringAttr(name),
-                "group": DenseArrayBase.from_list(i64, rank_group(src_mesh, rank, axes)),
-                "mesh_axes": DenseArrayBase.from_list(i64, axes),
+                "group": i64_array(rank_group(src_mesh, rank, axes)),
+                "mesh_axes": op.mesh_axes,
                 "ins": self.refs([source]),
                 "outs": self.refs([out]),
             }))

@@ -630,3 +630,33 @@ def test_ops_built_directly_are_what_the_irdl_builder_builds():
                 as_list = {**arguments, "operands": [[op.operands[0]], *arguments["operands"][1:]]}
                 assert built(cls, DirectInit.__init__, **as_list) == built(cls, IRDLOperation.__init__, **as_list)
     assert direct > 50
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.one_of(st.integers(min_value=-(2**64), max_value=2**64), st.sampled_from([0, 1, -1, 2**63 - 1, -(2**63), 2**63])),
+       st.text(max_size=8), st.lists(st.integers(min_value=-4, max_value=2**40), max_size=5))
+def test_attribute_builders_build_what_the_checked_constructors_build(n, name, values):
+    """builders' unchecked attributes equal (and hash as) the checked
+    constructors' results, pass their verifiers, and anything the checked
+    constructor would refuse or normalize still goes through it."""
+    import pytest
+    from xdsl.dialects.builtin import DenseArrayBase, IntegerAttr, StringAttr, SymbolRefAttr, i64
+    from xdsl.utils.exceptions import VerifyException
+
+    from sbpc.dialects.builders import flat_symbol_ref, i64_array, i64_attr
+
+    ref = flat_symbol_ref(StringAttr(name))
+    assert ref == SymbolRefAttr(name) and hash(ref) == hash(SymbolRefAttr(name)) and ref.string_value() == name
+    ref.verify()
+    try:
+        checked = IntegerAttr(n, i64)
+    except VerifyException:
+        with pytest.raises(VerifyException):
+            i64_attr(n)
+    else:
+        fast = i64_attr(n)
+        assert fast == checked and hash(fast) == hash(checked) and fast.value.data == checked.value.data
+        fast.verify()
+    array = i64_array(values)
+    assert array == DenseArrayBase.from_list(i64, values) and i64_array(list(values)) is array
+    assert i64_array([True]) == DenseArrayBase.from_list(i64, [True])  # not the memo's (1,)
