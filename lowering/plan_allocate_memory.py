@@ -28,7 +28,7 @@ import random
 from dataclasses import dataclass, field
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import I64, IntegerAttr, ModuleOp, SymbolRefAttr, UnitAttr, i64
+from xdsl.dialects.builtin import I64, IntegerAttr, ModuleOp, UnitAttr, i64
 from xdsl.passes import ModulePass
 
 from sbpc.dialects import plan

@@ -435,7 +435,7 @@ def rewrite_bucket(members: Sequence[sbp.CollectiveOp], mesh: Mesh, index: int) 
 def topological_order(block: Block) -> None:
     """Reorders `block` so every op follows its operands' producers, keeping
     the program order wherever it already does (the terminator stays last)."""
-    ops = list(block.ops)
+    ops = list(iter(block.ops))  # (list(block.ops) would walk the block once more for its length)
     # by index, and ops by id: ops hash in Python, ints in C
     index: dict[int, int] = {id(op): i for i, op in enumerate(ops)}  # an owner may be a block: not here
     users: list[list[int]] = [[] for _ in ops]
@@ -489,7 +489,7 @@ class SbpBucketCollectivesPass(ModulePass):
 
     def bucket_graph(self, graph: lg.GraphOp) -> None:
         block = graph.body.block
-        ops = list(block.ops)
+        ops = list(iter(block.ops))  # (list(block.ops) would walk the block once more for its length)
         reaches = _reaches_reduction(ops)
         candidates = [o for o in ops if isinstance(o, BUCKET_KINDS) and o not in reaches]
         if len(candidates) < 2:

@@ -36,7 +36,6 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import (
     UNKNOWN_LOC,
     ArrayAttr,
-    DenseArrayBase,
     DictionaryAttr,
     IntegerAttr,
     ModuleOp,
@@ -44,7 +43,6 @@ from xdsl.dialects.builtin import (
     SymbolRefAttr,
     TensorType,
     UnitAttr,
-    i64,
 )
 from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.passes import ModulePass

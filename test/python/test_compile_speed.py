@@ -633,7 +633,8 @@ def test_ops_built_directly_are_what_the_irdl_builder_builds():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.one_of(st.integers(min_value=-(2**64), max_value=2**64), st.sampled_from([0, 1, -1, 2**63 - 1, -(2**63), 2**63])),
+@given(st.one_of(st.integers(min_value=-(2**64), max_value=2**64),
+                 st.sampled_from([0, 1, -1, 2**63 - 1, -(2**63), 2**63])),
        st.text(max_size=8), st.lists(st.integers(min_value=-4, max_value=2**40), max_size=5))
 def test_attribute_builders_build_what_the_checked_constructors_build(n, name, values):
     """builders' unchecked attributes equal (and hash as) the checked
