@@ -435,7 +435,7 @@ def rewrite_bucket(members: Sequence[sbp.CollectiveOp], mesh: Mesh, index: int) 
 def topological_order(block: Block) -> None:
     """Reorders `block` so every op follows its operands' producers, keeping
     the program order wherever it already does (the terminator stays last)."""
-    ops = list(iter(block.ops))  # (list(block.ops) would walk the block once more for its length)
+    ops: list[Operation] = list(iter(block.ops))  # (list(block.ops) would walk the block once more for its length)
     # by index, and ops by id: ops hash in Python, ints in C
     index: dict[int, int] = {id(op): i for i, op in enumerate(ops)}  # an owner may be a block: not here
     users: list[list[int]] = [[] for _ in ops]
