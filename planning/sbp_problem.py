@@ -127,7 +127,8 @@ class Problem:
     parallel operands summed."""
     ties: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     """(parameter, producer of its update) -> boxing cost [param candidate,
-    producer candidate]; also summed into `edges`."""
+    producer candidate], in the order of the graph's outputs (tied_updates);
+    also summed into `edges`."""
     sizes: list[tuple[float, int]] = field(default_factory=list)
     """Per node: bytes and rank of its result (what every use of it moves)."""
     _boxing: dict[tuple, float] = field(default_factory=dict)

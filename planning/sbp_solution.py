@@ -22,7 +22,7 @@ from sbpc.dialects.sbp import (
     signature_of,
 )
 
-from .sbp_problem import NdSignature, Problem, tied_updates
+from .sbp_problem import NdSignature, Problem
 
 
 def format_signature(sig: NdSignature) -> str:
@@ -93,7 +93,8 @@ def apply_solution(graph: lg.GraphOp, problem: Problem, choice: list[int], strat
     positions: dict[SSAValue, list[int]] = {}  # where each value is fetched (a scan per update was quadratic)
     for j, value in enumerate(operands):
         positions.setdefault(value, []).append(j)
-    for param_node, producer_node in tied_updates(graph, {id(n.op.results[0]): i for i, n in enumerate(nodes)}):
+    # (build_problem tied each updated parameter to its parameter, in output order)
+    for param_node, producer_node in problem.ties:
         fetched_as = nodes[param_node].op.results[0].type
         assert isinstance(fetched_as, DTensorType)  # every value is distributed once inference ran
         produced = nodes[producer_node].op.results[0]
