@@ -68,7 +68,7 @@ from xdsl.printer import Printer
 from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator, OpTrait, Pure, SymbolOpInterface
 from xdsl.utils.exceptions import VerifyException
 
-from .builders import i64_array
+from .builders import i64_array, i64_attr
 from .irdl_verify import DirectInit, op_definition, remember
 from .sbp import (
     PLACEMENT_ATTR,
@@ -667,7 +667,7 @@ class ParamOp(SbpRules, IRDLOperation):
     assembly_format = "$key `init` $init (`seed` $seed^)? (`state` $state^)? attr-dict `:` type($result)"
 
     def __init__(self, key: str, type: Attribute, init: InitializerAttr, seed: int = 0, state: bool = False):
-        props: dict[str, Attribute] = {"key": StringAttr(key), "init": init, "seed": IntegerAttr(seed, i64)}
+        props: dict[str, Attribute] = {"key": StringAttr(key), "init": init, "seed": i64_attr(seed)}
         if state:
             props["state"] = UnitAttr()
         super().__init__(properties=props, result_types=[type])

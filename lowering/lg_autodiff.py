@@ -34,6 +34,11 @@ class Emitter:
     def __init__(self, anchor: Operation):
         self.anchor = anchor
         self.placement: Attribute | None = None
+        # (id(type), the value's exact bits as float.hex: -0.0 is not 0.0)
+        # -> (the type, the dense attribute of that one value): gradient
+        # rules ask for the same few constants in every layer, and
+        # attributes are immutable (the entry keeps the type alive)
+        self.dense: dict[tuple[int, str], tuple[TensorType, DenseIntOrFPElementsAttr]] = {}
 
     def place_like(self, op: Operation) -> None:
         self.placement = op.attributes.get(sbp.PLACEMENT_ATTR)
@@ -49,7 +54,11 @@ class Emitter:
     def constant(self, shape, like: SSAValue, value: float) -> SSAValue:
         # a float tensor: the values gradients take (from_list's overloads take float or integer types)
         t = cast("TensorType[AnyFloat]", tensor_type(element_type(like.type), shape))
-        return self.emit(lg.ConstantOp(DenseIntOrFPElementsAttr.from_list(t, [float(value)])))
+        key = (id(t), float(value).hex())
+        known = self.dense.get(key)
+        if known is None or known[0] is not t:
+            known = self.dense[key] = (t, DenseIntOrFPElementsAttr.from_list(t, [float(value)]))
+        return self.emit(lg.ConstantOp(known[1]))
 
     def scalar(self, value: float, like: SSAValue) -> SSAValue:
         return self.constant((), like, value)
