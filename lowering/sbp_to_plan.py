@@ -293,7 +293,10 @@ class Lowering:
     of its own, but `like` that rank (see SbpToPlanPass.share_bodies)."""
 
     def __post_init__(self) -> None:
-        self.names: dict[SSAValue, str] = {}
+        # Per value by its id (an SSAValue hashes in Python; every value
+        # lives in the graph while it is lowered): its register name, that
+        # name as an attribute, and a reference to it.
+        self.names: dict[int, str] = {}
         self.meshes: dict[str, Mesh] = {}  # placement name -> its mesh
         self.taken: set[str] = set()  # the values of `names`, kept as a set for the uniqueness test
         self.devices: dict[int, list[Operation]] = {}
@@ -304,7 +307,7 @@ class Lowering:
         # Attributes are immutable, so every register and actor that needs
         # the same one can share it; building them (each verifies itself) was
         # most of this pass's time.
-        self.ref_attrs: dict[SSAValue, SymbolRefAttr] = {}
+        self.ref_attrs: dict[int, SymbolRefAttr] = {}
         self.local_types: dict[tuple, TensorType] = {}
         self.local_bytes: dict[tuple, IntegerAttr] = {}  # per local type (same key): its bytes
         # (id(value type), rank) -> (the type, its local type there, its bytes); the entry keeps the type alive
@@ -312,29 +315,32 @@ class Lowering:
         self.kernels: dict[str, StringAttr] = {}  # op name -> the kernel attribute of its actors
         self.no_props = DictionaryAttr({})
         self.ints: dict[int, IntegerAttr] = {}
-        self.name_attrs: dict[SSAValue, StringAttr] = {}
+        self.name_attrs: dict[int, StringAttr] = {}
 
     def name_of(self, value: SSAValue) -> str:
-        if value not in self.names:
+        name = self.names.get(id(value))
+        if name is None:
             base = value.name_hint or f"v{len(self.names)}"
             name, k = base, 1
             while name in self.taken:
                 name, k = f"{base}_{k}", k + 1
-            self.names[value] = name
+            self.names[id(value)] = name
             self.taken.add(name)
-        return self.names[value]
+        return name
 
     def name_attr(self, value: SSAValue) -> StringAttr:
         """The register name of `value` as an attribute, shared by its registers on every rank."""
-        if value not in self.name_attrs:
-            self.name_attrs[value] = StringAttr(self.name_of(value))
-        return self.name_attrs[value]
+        attr = self.name_attrs.get(id(value))
+        if attr is None:
+            attr = self.name_attrs[id(value)] = StringAttr(self.name_of(value))
+        return attr
 
     def ref(self, value: SSAValue) -> SymbolRefAttr:
-        if value not in self.ref_attrs:
+        ref = self.ref_attrs.get(id(value))
+        if ref is None:
             # from the register's name attribute (built once), unchecked: its parts are verified attributes
-            self.ref_attrs[value] = flat_symbol_ref(self.name_attr(value))
-        return self.ref_attrs[value]
+            ref = self.ref_attrs[id(value)] = flat_symbol_ref(self.name_attr(value))
+        return ref
 
     def int_attr(self, n: int) -> IntegerAttr:
         if n not in self.ints:
