@@ -546,25 +546,41 @@ class GraphOp(IRDLOperation):
                 if id(operand) not in defined:
                     raise VerifyException(f"'{op.name}': operand #{i} is used before the op that makes it "
                                           "(an lg graph is in program order)")
-            defined.update(map(id, op.results))
+            results = op.results
+            defined.update(map(id, results))
+            in_graph, named = _graph_facts(type(op))
             # Passes read every op before the terminator as one value of the
             # graph; a placement or a plan op put here by mistake has none.
-            if op is not last and (len(op.results) != 1 or _dialect_of(type(op)) not in ("lg", "sbp")):
+            if op is not last and (len(results) != 1 or not in_graph):
                 raise VerifyException(
                     f"'{op.name}' cannot stand in graph @{self.sym_name.data}: its body holds lg and sbp ops "
                     f"of one result each (placements belong at module level)"
                 )
-            for r in op.results:
-                if isinstance(r.type, TensorType) and any(d < 0 for d in r.type.get_shape()):
-                    raise VerifyException(f"'{op.name}': result #{r.index} has the dynamic shape {r.type}; sbpc "
+            for r in results:
+                t = r.type
+                if type(t) is not DTensorType and isinstance(t, TensorType) and any(d < 0 for d in t.get_shape()):
+                    raise VerifyException(f"'{op.name}': result #{r.index} has the dynamic shape {t}; sbpc "
                                           "plans static shapes only")
-            if isinstance(op, InputOp | ParamOp):
+            if named:
                 key = op.key.data
                 if key in seen:
                     raise VerifyException(
                         f"'{op.name}': name \"{key}\" is already used by an {seen[key]} of graph @{self.sym_name.data}"
                     )
                 seen[key] = op.name
+
+
+_GRAPH_FACTS: dict[type[Operation], tuple[bool, bool]] = {}
+
+
+def _graph_facts(op_class: type[Operation]) -> tuple[bool, bool]:
+    """What GraphOp's verifier asks of an op's class, once per class: is it
+    an lg or sbp op, and is it an input or a parameter (named in the graph)."""
+    facts = _GRAPH_FACTS.get(op_class)
+    if facts is None:
+        facts = _GRAPH_FACTS[op_class] = (_dialect_of(op_class) in ("lg", "sbp"),
+                                          issubclass(op_class, InputOp | ParamOp))
+    return facts
 
 
 _DIALECTS: dict[type[Operation], str] = {}

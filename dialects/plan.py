@@ -288,10 +288,17 @@ class DeviceOp(IRDLOperation):
                 raise VerifyException(
                     f"{where}: its {field} differs from @{source.sym_name.data}'s, whose body it runs")
         rank = self.rank.value.data
+        # verify_piece's verdict reads the two types (and the module's
+        # placements) alone: registers alike (a value's registers, repeated
+        # layers' values) are checked once here (ids: they live in the body)
+        checked: set[tuple[int, int]] = set()
         try:
             for op in source.body.block.ops:
                 if isinstance(op, RegisterOp):
-                    op.verify_piece(rank)
+                    pair = (id(op.type), id(op.value))
+                    if pair not in checked:
+                        checked.add(pair)
+                        op.verify_piece(rank)
                 elif isinstance(op, CommOp) and rank not in op.group.get_values():
                     raise VerifyException(f"'{op.name}' @{op.sym_name.data}: rank {rank} is not in its group "
                                           f"{list(op.group.get_values())}")
