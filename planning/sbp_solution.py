@@ -7,13 +7,14 @@ profiler's layers both end here."""
 from __future__ import annotations
 
 from xdsl.dialects.builtin import ArrayAttr, FloatAttr, StringAttr, f64
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import Attribute, Operation, SSAValue
 
 from sbpc.dialects import lg
 from sbpc.dialects.sbp import (
     SIGNATURE_ATTR,
     AnnotateOp,
     DTensorType,
+    PlainNd,
     dtensor_of,
     element_type,
     format_nd,
@@ -32,11 +33,23 @@ def format_signature(sig: NdSignature) -> str:
 
 def apply_solution(graph: lg.GraphOp, problem: Problem, choice: list[int], strategy: str, explain: bool) -> None:
     nodes = problem.nodes
+    # (id of a type, placement, nd-SBP) -> (the type, the dtensor of its shape
+    # and element type there): values alike share type objects, so each
+    # distinct type is placed once (the entry keeps it alive)
+    placed_as: dict[tuple[int, str, PlainNd], tuple[Attribute, DTensorType]] = {}
+
+    def placed(t: Attribute, placement: str, nd: PlainNd) -> DTensorType:
+        key = (id(t), placement, nd)
+        known = placed_as.get(key)
+        if known is None or known[0] is not t:
+            known = placed_as[key] = (t, dtensor_of(global_shape(t), element_type(t), placement, nd))
+        return known[1]
+
     for v, node in enumerate(nodes):
         ins, out = node.candidates[choice[v]]
         result = node.op.results[0]
         old_type = result.type
-        new_type = dtensor_of(global_shape(old_type), element_type(old_type), node.mesh.name, out)
+        new_type = placed(old_type, node.mesh.name, out)
         # types alike are one shared object (dtensor_of): identity settles most comparisons
         if old_type is not new_type and old_type != new_type:
             retype(result, new_type)
@@ -63,7 +76,7 @@ def apply_solution(graph: lg.GraphOp, problem: Problem, choice: list[int], strat
             have = operand.type
             if not isinstance(have, DTensorType):
                 continue
-            want = dtensor_of(have.get_shape(), have.element_type, node.mesh.name, ins[j])
+            want = placed(have, node.mesh.name, ins[j])
             if have is want or have == want:
                 continue
             changed = True
