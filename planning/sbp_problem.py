@@ -17,6 +17,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 from xdsl.dialects.builtin import SymbolRefAttr
@@ -169,6 +170,30 @@ def _nbytes(value: SSAValue) -> float:
     return math.prod(global_shape(value.type)) * element_bytes(element_type(value.type))
 
 
+OUTPUT, ANNOTATION, COLLECTIVE, RULED, UNKNOWN = range(5)
+_ROLES: dict[type[Operation], int] = {}
+
+
+def _role(op_class: type[Operation]) -> int:
+    """What build_problem makes of an op of this class, decided once per
+    class (op classes are ABCs: isinstance against a tuple of them cost
+    microseconds per op)."""
+    role = _ROLES.get(op_class)
+    if role is None:
+        if issubclass(op_class, lg.OutputOp):
+            role = OUTPUT
+        elif issubclass(op_class, AnnotateOp):
+            role = ANNOTATION
+        elif issubclass(op_class, COLLECTIVE_OPS):
+            role = COLLECTIVE
+        elif issubclass(op_class, lg.LgOp | lg.InputOp | lg.ParamOp | lg.ConstantOp):  # every op with SBP rules
+            role = RULED
+        else:
+            role = UNKNOWN
+        _ROLES[op_class] = role
+    return role
+
+
 def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
     nodes: list[Node] = []
     sizes: list[tuple[float, int]] = []  # per node: bytes and rank of its result
@@ -179,8 +204,10 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
     # shape, operand shapes, result bytes): values alike share type objects
     # (dtensor_of, tensor_type), which the graph keeps alive meanwhile
     shapes_of: dict[tuple, tuple[tuple[int, ...], list[tuple[int, ...]], float]] = {}
+    params_by_key: dict[str, SSAValue] = {}  # the parameters, by key (tied_updates)
     for op in graph.body.ops:
-        if isinstance(op, lg.OutputOp):
+        role = _role(type(op))
+        if role == OUTPUT:
             continue
         like_key: tuple | None = None
         producers = [index.get(id(o)) for o in op.operands]
@@ -207,7 +234,8 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
         out_shape, operand_shapes, nbytes = shapes
         fixed_input = False
         own_boxing = 0.0
-        if isinstance(op, AnnotateOp):
+        if role == ANNOTATION:
+            assert isinstance(op, AnnotateOp)
             # The annotation is the requested distribution: what its operand
             # has is paid on the edge from the producer.
             assert hinted is not None
@@ -215,7 +243,8 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
             candidates: list[tuple[tuple[PlainNd, ...], PlainNd]] = [((out_nd,), out_nd)]
             fixed_input = True
             flops = 0.0
-        elif isinstance(op, COLLECTIVE_OPS):
+        elif role == COLLECTIVE:
+            assert isinstance(op, COLLECTIVE_OPS)
             # Already boxed IR: the collective is fixed and costs its transfer.
             assert hinted is not None
             source = op.operands[0].type
@@ -229,7 +258,10 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
                 else transfer_cost(nbytes_in, device)
             )
             flops = 0.0
-        elif isinstance(op, lg.LgOp | lg.InputOp | lg.ParamOp | lg.ConstantOp):  # every op with SBP rules
+        elif role == RULED:
+            op = cast(lg.LgOp | lg.InputOp | lg.ParamOp | lg.ConstantOp, op)  # (what _role decided)
+            if isinstance(op, lg.ParamOp):
+                params_by_key[op.key.data] = op.result
             in_shapes = operand_shapes
             params = op.params()
             # Repeated layers repeat ops alike in everything the candidates
@@ -330,7 +362,7 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
     # An updated parameter (output `new.<key>`, from lg-optimizer) is written
     # back into the parameter, so it must come out in the parameter's
     # distribution: tie the two, charging the boxing between them.
-    for param_node, producer_node in tied_updates(graph, index):
+    for param_node, producer_node in tied_updates(graph, index, params_by_key):
         param, producer = nodes[param_node], nodes[producer_node]
         nbytes, rank = sizes[param_node]
         same_mesh = param.mesh == producer.mesh
@@ -351,10 +383,13 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
     return problem
 
 
-def tied_updates(graph: lg.GraphOp, index: dict[int, int]) -> list[tuple[int, int]]:
+def tied_updates(graph: lg.GraphOp, index: dict[int, int],
+                 params: dict[str, SSAValue] | None = None) -> list[tuple[int, int]]:
     """(parameter node, producer node of its `new.<key>` output) pairs;
-    `index` gives the node of each value by the value's id."""
-    params = {op.key.data: op.result for op in graph.body.ops if isinstance(op, lg.ParamOp)}
+    `index` gives the node of each value by the value's id, `params` each
+    parameter by key (found in the graph when not given)."""
+    if params is None:
+        params = {op.key.data: op.result for op in graph.body.ops if isinstance(op, lg.ParamOp)}
     output = graph.output()
     pairs = []
     for name, value in zip(output.names.data, output.values):
