@@ -133,6 +133,18 @@ def schedule(ops: list[Operation], slot: Callable[[Operation], int] | None = Non
 _COLLECTIVE_CLASSES: dict[type, bool] = {}
 
 
+_SOURCE_KINDS: dict[type, type | None] = {}
+
+
+def _source_kind(kind: type) -> type | None:
+    """lg.InputOp, lg.ParamOp or lg.ConstantOp where an op of class `kind`
+    is one (its register is a feed, a parameter or a constant), else None;
+    once per class (op classes are ABCs: isinstance is slow per op)."""
+    if kind not in _SOURCE_KINDS:
+        _SOURCE_KINDS[kind] = next((k for k in (lg.InputOp, lg.ParamOp, lg.ConstantOp) if issubclass(kind, k)), None)
+    return _SOURCE_KINDS[kind]
+
+
 def _is_collective(kind: type) -> bool:
     """isinstance(an op of class `kind`, sbp.COLLECTIVE_OPS), once per class."""
     answer = _COLLECTIVE_CLASSES.get(kind)
@@ -359,8 +371,7 @@ class Lowering:
             mesh = self.meshes[t.placement_name] = lookup_placement(self.graph, t.placement).mesh()
         return mesh
 
-    def registers(self, value: SSAValue, ranks, fetched: dict[SSAValue, str],
-                  crossing: set[SSAValue]) -> list[Spec]:
+    def registers(self, value: SSAValue, ranks, fetched: dict[int, str], crossing: set[int]) -> list[Spec]:
         """The registers of `value` on `ranks`, as specs: what they share
         (name, value, role, all attributes) is read once, only the local
         piece per rank."""
@@ -370,17 +381,21 @@ class Lowering:
         name = self.name_attr(value)
         # in the order register properties have always been given (the generic form prints them so)
         role: dict[str, Attribute] = {}
-        if value in crossing:
+        if id(value) in crossing:
             role["slots"] = self.int_attr(self.pipeline_slots)
         owner = value.owner
-        if isinstance(owner, lg.InputOp):
+        source = _source_kind(type(owner))
+        if source is lg.InputOp:
+            assert isinstance(owner, lg.InputOp)
             role["feed"] = owner.key
-        elif isinstance(owner, lg.ParamOp):
+        elif source is lg.ParamOp:
+            assert isinstance(owner, lg.ParamOp)
             role.update(persistent=UnitAttr(), param=owner.key, init=owner.init, seed=owner.seed)
-        elif isinstance(owner, lg.ConstantOp):
+        elif source is lg.ConstantOp:
+            assert isinstance(owner, lg.ConstantOp)
             role.update(persistent=UnitAttr(), constant=owner.value)
-        if value in fetched:
-            role["fetch"] = StringAttr(fetched[value])
+        if id(value) in fetched:
+            role["fetch"] = StringAttr(fetched[id(value)])
         out: list[Spec] = []
         for rank in ranks:
             # values alike share their type object: its piece on a rank is found once
@@ -474,15 +489,16 @@ class Lowering:
     def lower(self) -> plan.ProgramOp:
         body = [op for op in self.graph.body.ops if not isinstance(op, lg.OutputOp)]
         output = self.graph.output()
-        fetched: dict[SSAValue, str] = {}
+        # by value id (an SSAValue hashes in Python; the graph keeps them alive)
+        fetched: dict[int, str] = {}
         for name, v in zip(output.names.data, output.values):
-            fetched.setdefault(v, name.data)
-        crossing: set[SSAValue] = set()
+            fetched.setdefault(id(v), name.data)
+        crossing: set[int] = set()
         for op in body:
             if isinstance(op, sbp.AnnotateOp):
                 raise PassFailedException(f"'{op.name}': a redistribution is left; run sbp-insert-boxing first")
             if isinstance(op, sbp.TransferOp):
-                crossing.update((op.input, op.result))
+                crossing.update((id(op.input), id(op.result)))
         registers: dict[int, list[Spec]] = {}
         for op in body:
             v = op.results[0]
@@ -520,7 +536,7 @@ class Lowering:
         return plan.ProgramOp(self.graph.sym_name.data, devices)
 
     def lower_op(self, op: Operation, actors: dict[int, list[Spec]]) -> None:
-        if isinstance(op, lg.InputOp | lg.ParamOp | lg.ConstantOp):
+        if _source_kind(type(op)) is not None:  # its register is all it needs
             return
         out = op.results[0]
         name = self.name_of(out)
@@ -538,7 +554,7 @@ class Lowering:
             }
             for rank in self.ranks(self.mesh_of(out).ranks):
                 actors[rank].append((plan.ComputeOp, dict(props)))
-        elif isinstance(op, sbp.COLLECTIVE_OPS):
+        elif _is_collective(type(op)):
             self.lower_collective(op, actors)
         else:
             raise PassFailedException(f"'{op.name}': sbp-to-plan cannot lower this op")
