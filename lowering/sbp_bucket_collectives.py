@@ -46,7 +46,7 @@ import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr
@@ -149,14 +149,17 @@ class Timing:
             return 0.0
         out = _dtensor(op.results[0])
         mesh = self.mesh(op, out)
-        if isinstance(op, sbp.CollectiveOp | sbp.TransferOp):
-            if not _communicates(op):  # a local slice or make_partial: a copy
+        kind = _kind(type(op))
+        if kind in (COMMUNICATES, COPIES):
+            assert isinstance(op, sbp.CollectiveOp | sbp.TransferOp)
+            if kind == COPIES:  # a local slice or make_partial: a copy
                 return self.cluster.work_time("", 0.0, _local_bytes(out, mesh))
             volume = op.bytes.value.data if op.bytes is not None else _local_bytes(out, mesh)
             axes = list(op.mesh_axes.get_values()) if isinstance(op, sbp.CollectiveOp) else list(range(len(mesh.shape)))
             return self.collective_time(op.name.removeprefix("sbp."), mesh, axes, volume)
-        if not isinstance(op, lg.LgOp):
+        if kind != COMPUTES:
             return 0.0
+        op = cast(lg.LgOp, op)  # (what _kind decided)
         # An lg op's time reads its class, properties and types alone: ops
         # alike (repeated layers) are priced once. The entry holds the types
         # it was keyed by (their ids), so no id is reused while it lives.
@@ -190,7 +193,7 @@ def ready_times(ops: list[Operation], timing: Timing) -> dict[int, float]:
         # an operand made outside `ops` (a block argument) is ready at 0
         inputs = max([ready.get(id(o.owner), 0.0) for o in op.operands], default=0.0)
         t = timing.op_time(op)
-        if isinstance(op, sbp.CollectiveOp | sbp.TransferOp) and _communicates(op):
+        if _kind(type(op)) == COMMUNICATES:
             comm = max(comm, inputs) + t
             ready[id(op)] = comm
         else:
@@ -199,9 +202,27 @@ def ready_times(ops: list[Operation], timing: Timing) -> dict[int, float]:
     return ready
 
 
-def _communicates(op: Operation) -> bool:
-    kind = op.name.removeprefix("sbp.")
-    return kind == "transfer" or (kind in sbp.COLLECTIVES and sbp.COLLECTIVES[kind].communicates)
+COMMUNICATES, COPIES, COMPUTES, OTHER = range(4)
+_KINDS: dict[type[Operation], int] = {}
+
+
+def _kind(op_class: type[Operation]) -> int:
+    """How ready_times prices an op of this class, decided once per class
+    (op classes are ABCs: isinstance against them was slow per op): a
+    collective that communicates or a transfer, a collective that only
+    copies locally (a slice, make_partial), an lg op, or nothing."""
+    kind = _KINDS.get(op_class)
+    if kind is None:
+        if issubclass(op_class, sbp.CollectiveOp | sbp.TransferOp):
+            name = op_class.name.removeprefix("sbp.")
+            communicates = name == "transfer" or (name in sbp.COLLECTIVES and sbp.COLLECTIVES[name].communicates)
+            kind = COMMUNICATES if communicates else COPIES
+        elif issubclass(op_class, lg.LgOp):
+            kind = COMPUTES
+        else:
+            kind = OTHER
+        _KINDS[op_class] = kind
+    return kind
 
 
 # --------------------------------------------------------------------------
@@ -224,9 +245,17 @@ def _reaches_reduction(ops: list[Operation]) -> set[Operation]:
     gradient's, which only its update, a parameter gather (ZeRO) and the
     outputs wait for."""
     reaches: set[int] = set()  # by id: ops hash in Python, ints in C
+    reductions: dict[type[Operation], bool] = {}  # per op class: one of BUCKET_KINDS (ABCs: slow per op)
+
+    def reduction(op: Operation) -> bool:
+        answer = reductions.get(type(op))
+        if answer is None:
+            answer = reductions[type(op)] = issubclass(type(op), BUCKET_KINDS)
+        return answer
+
     for op in reversed(ops):
         for result in op.results:
-            if any(id(u.operation) in reaches or isinstance(u.operation, BUCKET_KINDS) for u in result.uses):
+            if any(id(u.operation) in reaches or reduction(u.operation) for u in result.uses):
                 reaches.add(id(op))
                 break
     return {op for op in ops if id(op) in reaches}
