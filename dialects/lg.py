@@ -635,7 +635,7 @@ def _verify_source(op: IRDLOperation, float_only: bool) -> None:
 
 
 @op_definition
-class InputOp(SbpRules, IRDLOperation):
+class InputOp(SbpRules, DirectInit):
     """A named feed."""
 
     FLOPS_PER_ELEMENT: ClassVar[float] = 0.0
@@ -652,14 +652,14 @@ class InputOp(SbpRules, IRDLOperation):
     assembly_format = "$key attr-dict `:` type($result)"
 
     def __init__(self, key: str, type: Attribute):
-        super().__init__(properties={"key": StringAttr(key)}, result_types=[type])
+        super().__init__(operands=[], properties={"key": StringAttr(key)}, result_types=[type])
 
     def verify_(self) -> None:
         _verify_source(self, float_only=False)
 
 
 @op_definition
-class ParamOp(SbpRules, IRDLOperation):
+class ParamOp(SbpRules, DirectInit):
     """A named tensor that lives across steps and how it is first
     initialized: trained (lg-autodiff gives it a gradient, lg-optimizer an
     update) or, marked `state`, updated by the graph itself through its
@@ -686,7 +686,7 @@ class ParamOp(SbpRules, IRDLOperation):
         props: dict[str, Attribute] = {"key": StringAttr(key), "init": init, "seed": i64_attr(seed)}
         if state:
             props["state"] = UnitAttr()
-        super().__init__(properties=props, result_types=[type])
+        super().__init__(operands=[], properties=props, result_types=[type])
 
     @property
     def trained(self) -> bool:
@@ -698,7 +698,7 @@ class ParamOp(SbpRules, IRDLOperation):
 
 
 @op_definition
-class ConstantOp(SbpRules, IRDLOperation):
+class ConstantOp(SbpRules, DirectInit):
     """A literal tensor: `lg.constant dense<1.0> : tensor<4xf32>`; after SBP
     inference its distributed type follows `->`."""
 
@@ -716,7 +716,7 @@ class ConstantOp(SbpRules, IRDLOperation):
     traits = traits_def(Pure())
 
     def __init__(self, value: DenseIntOrFPElementsAttr, type: Attribute | None = None):
-        super().__init__(properties={"value": value}, result_types=[type or value.type])
+        super().__init__(operands=[], properties={"value": value}, result_types=[type or value.type])
 
     @classmethod
     def parse(cls, parser: Parser) -> ConstantOp:
