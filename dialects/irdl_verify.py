@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import ClassVar, TypeVar
 
-from xdsl.dialects.builtin import ArrayAttr, ArrayOfConstraint, StringAttr, SymbolNameConstraint
+from xdsl.dialects.builtin import UNKNOWN_LOC, ArrayAttr, ArrayOfConstraint, StringAttr, SymbolNameConstraint
 from xdsl.ir import Attribute, Operation, Region, SSAValue
 from xdsl.irdl import IRDLOperation, irdl_op_definition
 from xdsl.irdl.constraints import (
@@ -109,6 +109,23 @@ class DirectInit(IRDLOperation):
             return
         super().__init__(operands=operands, result_types=result_types, properties=properties, attributes=attributes,
                          successors=successors, regions=regions)
+
+
+def bare_op(cls: type[OpT], properties: dict[str, Attribute]) -> OpT:
+    """`cls.create(properties=properties, location=UNKNOWN_LOC)` for an op
+    with no operands, results, successors, regions or attributes (a plan
+    register or actor: sbp-to-plan builds ~20k for a 10k-op graph), taking
+    `properties` as its own. Operation's dataclass fields hold their
+    defaults on the class (empty tuples, None), so such an op needs only
+    its properties, attributes and location set, and its `__post_init__`
+    (defaults, as op_definition installs it): 0.6 us against 3.1 us.
+    test_compile_speed compares every op of compiled plans built both ways."""
+    op = cls.__new__(cls)
+    op.properties = properties
+    op.attributes = {}
+    op.location = UNKNOWN_LOC
+    op.__post_init__()
+    return op
 
 
 def _plain_arity(op_def: OpDef) -> tuple[int, int] | None:

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import (
-    UNKNOWN_LOC,
     ArrayAttr,
     DictionaryAttr,
     IntegerAttr,
@@ -51,6 +50,7 @@ from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import lg, plan, sbp
 from sbpc.dialects.builders import flat_symbol_ref, i64_array, i64_attr
+from sbpc.dialects.irdl_verify import bare_op
 from sbpc.dialects.layout import coords, mesh_coord, piece_of
 from sbpc.dialects.lg_analysis import one_f_one_b
 from sbpc.dialects.sbp import DTensorType, Mesh, lookup_placement
@@ -531,7 +531,8 @@ class Lowering:
                     devices.append(plan.DeviceOp(device_name, rank, [], like=like))
                     continue
                 bodies.append((specs, device_name))
-            ops = [kind.create(properties=props, location=UNKNOWN_LOC) for kind, props in specs]
+            # (a copy: an op fills in its defaults, and later ranks compare with these specs)
+            ops = [bare_op(kind, dict(props)) for kind, props in specs]
             devices.append(plan.DeviceOp(device_name, rank, ops))
         return plan.ProgramOp(self.graph.sym_name.data, devices)
 

@@ -661,3 +661,31 @@ def test_attribute_builders_build_what_the_checked_constructors_build(n, name, v
     array = i64_array(values)
     assert array == DenseArrayBase.from_list(i64, values) and i64_array(list(values)) is array
     assert i64_array([True]) == DenseArrayBase.from_list(i64, [True])  # not the memo's (1,)
+
+
+def test_bare_ops_are_what_create_builds():
+    """irdl_verify.bare_op builds every register and actor of compiled plans
+    as Operation.create does: the same fields, and the op prints the same
+    once in a block."""
+    from xdsl.dialects.builtin import UNKNOWN_LOC
+    from xdsl.ir import Block
+
+    from sbpc.dialects import plan
+    from sbpc.dialects.irdl_verify import bare_op
+
+    fields = ("properties", "attributes", "location", "parent", "regions", "_next_op", "_prev_op")
+    built = 0
+    for module in _ops_of_compiled_models():
+        for op in module.walk():
+            if not isinstance(op, plan.RegisterOp | plan.ComputeOp | plan.CommOp):
+                continue
+            bare = bare_op(type(op), dict(op.properties))
+            created = type(op).create(properties=dict(op.properties), location=UNKNOWN_LOC)
+            for name in fields:
+                assert getattr(bare, name) == getattr(created, name), name
+            assert (list(bare.operands), list(bare.results), list(bare.successors), list(bare.successor_uses)) == (
+                list(created.operands), list(created.results), list(created.successors), list(created.successor_uses))
+            blocks = Block([bare]), Block([created])
+            assert str(bare) == str(created) and bare.parent is blocks[0]
+            built += 1
+    assert built > 100
