@@ -84,24 +84,14 @@ def _first_fit_pairwise(buffers: list[Buffer], order) -> tuple[int, dict[int, in
 class _ByteRanges:
     """A union of byte ranges [lo, hi), kept as sorted, disjoint, non-touching
     ranges (touching ones merge: first fit only asks whether a range is
-    free, so merging stacks of adjacent buffers keeps the lists short)."""
+    free, so merging stacks of adjacent buffers keeps the lists short).
+    _Occupancy.add adds to them."""
 
     __slots__ = ("los", "his")
 
     def __init__(self) -> None:
         self.los: list[int] = []
         self.his: list[int] = []
-
-    def add(self, lo: int, hi: int) -> None:
-        los, his = self.los, self.his
-        i = bisect.bisect_left(his, lo)  # the first range ending at or after lo: it touches or follows
-        j = bisect.bisect_right(los, hi, i)  # ranges i..j-1 start at or before hi: they merge with [lo, hi)
-        if i == j:
-            los.insert(i, lo)
-            his.insert(i, hi)
-        else:
-            los[i:j] = [min(lo, los[i])]
-            his[i:j] = [max(hi, his[j - 1])]
 
 
 class _Occupancy:
@@ -150,20 +140,38 @@ class _Occupancy:
 
     def add(self, start: int, end: int, lo: int, hi: int) -> None:
         """Bytes [lo, hi) are taken at every position of [start, end]."""
-        done: set[int] = set()
         covering, within = self.covering, self.within
+        # the union of every node covering [start, end] and of each of its
+        # ancestors, each once: the nodes in order, and the ancestors
+        # reached from a later node stop at one already there
+        targets = []
+        done: set[int] = set()
         for node in self._cover(start, end):
             ranges = covering.get(node)
             if ranges is None:  # (setdefault would build a _ByteRanges per call)
                 ranges = covering[node] = _ByteRanges()
-            ranges.add(lo, hi)
-            while node and node not in done:  # the node and its ancestors, each once
+            targets.append(ranges)
+            while node and node not in done:
                 done.add(node)
                 ranges = within.get(node)
                 if ranges is None:
                     ranges = within[node] = _ByteRanges()
-                ranges.add(lo, hi)
+                targets.append(ranges)
                 node >>= 1
+        # [lo, hi) into each union, in one loop (a training step's first fit
+        # makes ~30 of these per buffer)
+        bisect_left, bisect_right = bisect.bisect_left, bisect.bisect_right
+        for ranges in targets:
+            los, his = ranges.los, ranges.his
+            i = bisect_left(his, lo)  # the first range ending at or after lo: it touches or follows
+            j = bisect_right(los, hi, i)  # ranges i..j-1 start at or before hi: they merge with [lo, hi)
+            if i == j:
+                los.insert(i, lo)
+                his.insert(i, hi)
+            else:
+                first, last = los[i], his[j - 1]
+                los[i:j] = [lo if lo < first else first]
+                his[i:j] = [hi if hi > last else last]
 
     def lowest_free(self, start: int, end: int, size: int) -> int:
         """The lowest offset where `size` bytes are free at every position of
@@ -265,9 +273,10 @@ def _place(buffers: list[Buffer]) -> int:
 
 def live_bound(buffers: list[Buffer]) -> int:
     """The most bytes live at any one position: no placement can do better."""
+    # by position, and at one position the ends (negative) before the starts
     events = sorted([(b.start, b.size) for b in buffers] + [(b.end + 1, -b.size) for b in buffers])
     live = best = 0
-    for _, delta in sorted(events, key=lambda e: (e[0], e[1])):
+    for _, delta in events:
         live += delta
         best = max(best, live)
     return best
