@@ -300,19 +300,20 @@ def in_place_pairs(device: plan.DeviceOp, life: dict[str, tuple[int, int]],
         out = registers[actor.outs.data[0].string_value()]
         reinterprets = actor.kernel.data in plan.REINTERPRETING_KERNELS
         for ref in actor.ins.data:
-            src = registers[ref.string_value()]
+            name = ref.string_value()
+            src = registers[name]
             if (
-                (src.type == out.type or (reinterprets and src.bytes == out.bytes
-                                          and src.type.element_type == out.type.element_type))
+                life[name][1] == pos  # it dies here (the most selective test first)
+                and name not in overwritten
+                and (src.type is out.type or src.type == out.type
+                     or (reinterprets and src.bytes == out.bytes and src.type.element_type == out.type.element_type))
                 and src.slots == out.slots
                 and src.is_persistent is None
                 and src.fetch is None
                 and src.feed is None
-                and life[src.sym_name.data][1] == pos
-                and src.sym_name.data not in overwritten
             ):
-                pairs[out.sym_name.data] = src.sym_name.data
-                overwritten.add(src.sym_name.data)
+                pairs[out.sym_name.data] = name
+                overwritten.add(name)
                 break
     return pairs
 
@@ -403,8 +404,12 @@ def allocate_device(device: plan.DeviceOp, in_place: bool = True, memo: dict | N
             reg.offset = int_attr(persistent_offset)
             persistent_offset += aligned(reg.size)
             continue
-        buf = buffers.setdefault(root[name], Buffer(aligned(reg.size), *life[name]))
-        buf.start, buf.end = min(buf.start, life[name][0]), max(buf.end, life[name][1])
+        start, end = life[name]
+        buf = buffers.get(root[name])
+        if buf is None:
+            buf = buffers[root[name]] = Buffer(aligned(reg.size), start, end)
+        else:
+            buf.start, buf.end = min(buf.start, start), max(buf.end, end)
         buf.registers.append(name)
     arena = place(list(buffers.values()), memo)
     for buf in buffers.values():
