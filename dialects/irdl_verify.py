@@ -213,7 +213,7 @@ def fast_accepts(op_def: OpDef) -> Callable[[IRDLOperation], bool] | None:
         try:
             operands, results, op_regions = op.operands, op.results, op.regions
             if (len(operands) != n_operands or len(results) != n_results or len(op_regions) != n_regions
-                    or op.successors):
+                    or op.successor_uses):  # (one use per successor, without building a view)
                 return False
             context = VerificationContext() if shared_context is None else shared_context
             for check, value in zip(operand_checks, operands):
