@@ -141,9 +141,9 @@ class _Occupancy:
     def add(self, start: int, end: int, lo: int, hi: int) -> None:
         """Bytes [lo, hi) are taken at every position of [start, end]."""
         covering, within = self.covering, self.within
-        # the union of every node covering [start, end] and of each of its
-        # ancestors, each once: the nodes in order, and the ancestors
-        # reached from a later node stop at one already there
+        # The unions to add to: `covering` of each node that exactly covers
+        # [start, end], and `within` of those nodes and their ancestors, each
+        # once (a walk up stops at a node an earlier walk reached).
         targets = []
         done: set[int] = set()
         for node in self._cover(start, end):

@@ -383,13 +383,10 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
     return problem
 
 
-def tied_updates(graph: lg.GraphOp, index: dict[int, int],
-                 params: dict[str, SSAValue] | None = None) -> list[tuple[int, int]]:
+def tied_updates(graph: lg.GraphOp, index: dict[int, int], params: dict[str, SSAValue]) -> list[tuple[int, int]]:
     """(parameter node, producer node of its `new.<key>` output) pairs;
     `index` gives the node of each value by the value's id, `params` each
-    parameter by key (found in the graph when not given)."""
-    if params is None:
-        params = {op.key.data: op.result for op in graph.body.ops if isinstance(op, lg.ParamOp)}
+    parameter of the graph by key."""
     output = graph.output()
     pairs = []
     for name, value in zip(output.names.data, output.values):
