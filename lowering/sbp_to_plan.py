@@ -130,9 +130,6 @@ def schedule(ops: list[Operation], slot: Callable[[Operation], int] | None = Non
     return order
 
 
-_COLLECTIVE_CLASSES: dict[type, bool] = {}
-
-
 _SOURCE_KINDS: dict[type, type | None] = {}
 
 
@@ -143,6 +140,9 @@ def _source_kind(kind: type) -> type | None:
     if kind not in _SOURCE_KINDS:
         _SOURCE_KINDS[kind] = next((k for k in (lg.InputOp, lg.ParamOp, lg.ConstantOp) if issubclass(kind, k)), None)
     return _SOURCE_KINDS[kind]
+
+
+_COLLECTIVE_CLASSES: dict[type, bool] = {}
 
 
 def _is_collective(kind: type) -> bool:
