@@ -216,16 +216,19 @@ def fast_accepts(op_def: OpDef) -> Callable[[IRDLOperation], bool] | None:
                     or op.successor_uses):  # (one use per successor, without building a view)
                 return False
             context = VerificationContext() if shared_context is None else shared_context
-            for check, value in zip(operand_checks, operands):
-                check(value.type, context)
-            for check, value in zip(result_checks, results):
-                check(value.type, context)
-            for (single_block, entry_args), region in zip(regions, op_regions):
-                if single_block and len(region.blocks) != 1:
-                    return False
-                entry = region.first_block
-                if entry is not None:
-                    entry_args.verify(entry.arg_types, context)
+            if n_operands:  # (a plan's registers and actors have none of these three)
+                for check, value in zip(operand_checks, operands):
+                    check(value.type, context)
+            if n_results:
+                for check, value in zip(result_checks, results):
+                    check(value.type, context)
+            if n_regions:
+                for (single_block, entry_args), region in zip(regions, op_regions):
+                    if single_block and len(region.blocks) != 1:
+                        return False
+                    entry = region.first_block
+                    if entry is not None:
+                        entry_args.verify(entry.arg_types, context)
             properties = op.properties
             if not required_properties <= properties.keys():
                 return False
