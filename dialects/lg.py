@@ -282,6 +282,11 @@ MAX_ELEMENTS = 2**60
 """The most elements a tensor may have: 8-byte elements then fill 2^63 bytes."""
 
 
+_INFERRED: dict[tuple, tuple[TensorType, list[Attribute]]] = {}
+"""(op class, ids of its operand types, its properties) -> (the result type
+LgOp.infer gave, the operand types): the entry keeps the types alive, so
+their ids are not reused; attributes are immutable, so the answer holds."""
+
 _CHECKED_RULES: dict[tuple, tuple[Attribute, list[Attribute]]] = {}
 """(op class, id of its result type, ids of its operand types, its
 properties) -> (the result type, the operand types) of an lg op whose
@@ -454,11 +459,24 @@ class LgOp(SbpRules, DirectInit, ABC):
     @classmethod
     def infer(cls, operands: Sequence[SSAValue], **params: Any) -> TensorType:
         types = [o.type for o in operands]
+        # The rule reads the class, the types and the properties alone:
+        # ops alike (autodiff's and the optimizer's, layer after layer)
+        # infer once. A hit holds the very types it was keyed by.
+        try:
+            key: tuple | None = (cls, tuple(map(id, types)), tuple(sorted(params.items())))
+            known = _INFERRED.get(key)  # type: ignore[arg-type]
+        except TypeError:  # a property without a hash
+            key, known = None, None
+        if known is not None:
+            return known[0]
         try:
             shape, elem = cls.rule([global_shape(t) for t in types], [element_type(t) for t in types], **params)
         except ShapeError as e:
             raise ValueError(f"{cls.name}: {e}") from None
-        return tensor_type(elem, shape)
+        result = tensor_type(elem, shape)
+        if key is not None:
+            remember(_INFERRED, key, (result, types))
+        return result
 
     def gradient(self, g: SSAValue, e: GradientEmitter) -> list[SSAValue | None]:
         """The vector-Jacobian product: one gradient per operand (None where

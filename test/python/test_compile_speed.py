@@ -689,3 +689,22 @@ def test_bare_ops_are_what_create_builds():
             assert str(bare) == str(created) and bare.parent is blocks[0]
             built += 1
     assert built > 100
+
+
+def test_inferred_result_types_are_remembered_only_when_the_rule_accepts():
+    """LgOp.infer answers ops alike (same class, operand types, properties)
+    with the type it inferred before, and still refuses what the rule refuses."""
+    import pytest
+    from xdsl.dialects.builtin import f32
+    from xdsl.ir import Block
+
+    from sbpc.dialects import lg
+    from sbpc.dialects.sbp import tensor_type
+
+    a, b = Block(arg_types=[tensor_type(f32, [4, 8]), tensor_type(f32, [8, 3])]).args
+    first = lg.MatmulOp.infer([a, b])
+    assert first == tensor_type(f32, [4, 3]) and lg.MatmulOp.infer([a, b]) is first
+    assert lg.AddOp.infer([a, a]) == tensor_type(f32, [4, 8])
+    for _ in range(2):  # a refusal is not remembered as an answer
+        with pytest.raises(ValueError, match="lg.matmul"):
+            lg.MatmulOp.infer([b, b])
