@@ -557,6 +557,7 @@ class GraphOp(IRDLOperation):
         # all live in the graph while it is verified)
         defined: set[int] = {id(arg) for arg in self.body.block.args}
         last = self.body.block.last_op
+        op: Operation
         for op in self.body.block.ops:
             # passes read a graph in program order: every operand is made
             # above its use (xDSL's parser takes a forward reference)
@@ -580,7 +581,7 @@ class GraphOp(IRDLOperation):
                     raise VerifyException(f"'{op.name}': result #{r.index} has the dynamic shape {t}; sbpc "
                                           "plans static shapes only")
             if named:
-                key = op.key.data
+                key = cast(InputOp | ParamOp, op).key.data  # (what _graph_facts said)
                 if key in seen:
                     raise VerifyException(
                         f"'{op.name}': name \"{key}\" is already used by an {seen[key]} of graph @{self.sym_name.data}"
@@ -588,28 +589,11 @@ class GraphOp(IRDLOperation):
                 seen[key] = op.name
 
 
-_GRAPH_FACTS: dict[type[Operation], tuple[bool, bool]] = {}
-
-
+@functools.cache
 def _graph_facts(op_class: type[Operation]) -> tuple[bool, bool]:
     """What GraphOp's verifier asks of an op's class, once per class: is it
     an lg or sbp op, and is it an input or a parameter (named in the graph)."""
-    facts = _GRAPH_FACTS.get(op_class)
-    if facts is None:
-        facts = _GRAPH_FACTS[op_class] = (_dialect_of(op_class) in ("lg", "sbp"),
-                                          issubclass(op_class, InputOp | ParamOp))
-    return facts
-
-
-_DIALECTS: dict[type[Operation], str] = {}
-
-
-def _dialect_of(op_class: type[Operation]) -> str:
-    """`dialect_name()`, which reads the class alone, once per class."""
-    dialect = _DIALECTS.get(op_class)
-    if dialect is None:
-        dialect = _DIALECTS[op_class] = op_class.dialect_name()
-    return dialect
+    return op_class.dialect_name() in ("lg", "sbp"), issubclass(op_class, InputOp | ParamOp)
 
 
 @op_definition

@@ -1020,6 +1020,16 @@ COLLECTIVE_OPS: tuple[type[CollectiveOp] | type[TransferOp], ...] = (
     TransferOp,
 )
 
+
+
+@functools.cache
+def is_collective(op_class: type[Operation]) -> bool:
+    """Whether ops of `op_class` are collectives (COLLECTIVE_OPS), once per
+    class: op classes are ABCs, and isinstance against the seven of them
+    cost microseconds per op in the passes' loops."""
+    return issubclass(op_class, COLLECTIVE_OPS)
+
+
 SBP = Dialect(
     "sbp",
     [PlacementOp, AnnotateOp, *COLLECTIVE_OPS],

@@ -203,26 +203,27 @@ def ready_times(ops: list[Operation], timing: Timing) -> dict[int, float]:
 
 
 COMMUNICATES, COPIES, COMPUTES, OTHER = range(4)
-_KINDS: dict[type[Operation], int] = {}
 
 
+@functools.cache
 def _kind(op_class: type[Operation]) -> int:
     """How ready_times prices an op of this class, decided once per class
     (op classes are ABCs: isinstance against them was slow per op): a
     collective that communicates or a transfer, a collective that only
     copies locally (a slice, make_partial), an lg op, or nothing."""
-    kind = _KINDS.get(op_class)
-    if kind is None:
-        if issubclass(op_class, sbp.CollectiveOp | sbp.TransferOp):
-            name = op_class.name.removeprefix("sbp.")
-            communicates = name == "transfer" or (name in sbp.COLLECTIVES and sbp.COLLECTIVES[name].communicates)
-            kind = COMMUNICATES if communicates else COPIES
-        elif issubclass(op_class, lg.LgOp):
-            kind = COMPUTES
-        else:
-            kind = OTHER
-        _KINDS[op_class] = kind
-    return kind
+    if issubclass(op_class, sbp.CollectiveOp | sbp.TransferOp):
+        name = op_class.name.removeprefix("sbp.")
+        communicates = name == "transfer" or (name in sbp.COLLECTIVES and sbp.COLLECTIVES[name].communicates)
+        return COMMUNICATES if communicates else COPIES
+    if issubclass(op_class, lg.LgOp):
+        return COMPUTES
+    return OTHER
+
+
+@functools.cache
+def _is_reduction(op_class: type[Operation]) -> bool:
+    """One of BUCKET_KINDS, once per class (ABCs: isinstance was slow per op)."""
+    return issubclass(op_class, BUCKET_KINDS)
 
 
 # --------------------------------------------------------------------------
@@ -245,17 +246,10 @@ def _reaches_reduction(ops: list[Operation]) -> set[Operation]:
     gradient's, which only its update, a parameter gather (ZeRO) and the
     outputs wait for."""
     reaches: set[int] = set()  # by id: ops hash in Python, ints in C
-    reductions: dict[type[Operation], bool] = {}  # per op class: one of BUCKET_KINDS (ABCs: slow per op)
-
-    def reduction(op: Operation) -> bool:
-        answer = reductions.get(type(op))
-        if answer is None:
-            answer = reductions[type(op)] = issubclass(type(op), BUCKET_KINDS)
-        return answer
-
     for op in reversed(ops):
         for result in op.results:
-            if any(id(u.operation) in reaches or reduction(u.operation) for u in result.uses):
+            users: list[Operation] = [use.operation for use in result.uses]
+            if any(id(user) in reaches or _is_reduction(type(user)) for user in users):
                 reaches.add(id(op))
                 break
     return {op for op in ops if id(op) in reaches}

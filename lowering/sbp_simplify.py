@@ -116,15 +116,9 @@ class OnBoxingOps(RewritePattern):
     def __init__(self, applier: GreedyRewritePatternApplier):
         assert not applier.folding_enabled  # what the applier does on other ops, besides dead code
         self.applier = applier
-        # per op class: is it a boxing op (decided once: op classes are
-        # ABCs, and isinstance against the seven of them was slow per op)
-        self.boxing: dict[type[Operation], bool] = {}
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
-        boxing = self.boxing.get(type(op))
-        if boxing is None:
-            boxing = self.boxing[type(op)] = issubclass(type(op), BOXING_OPS)
-        if boxing:
+        if sbp.is_collective(type(op)):  # (BOXING_OPS, decided once per class)
             self.applier.match_and_rewrite(op, rewriter)
         elif self.applier.dce_enabled and is_trivially_dead(op):
             rewriter.erase(op)

@@ -28,6 +28,7 @@
 
 from __future__ import annotations
 
+import functools
 import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,7 +71,7 @@ def schedule(ops: list[Operation], slot: Callable[[Operation], int] | None = Non
     order."""
     # by id: ops hash in Python, ints in C (every op is alive during the call)
     index = {id(op): i for i, op in enumerate(ops)}
-    comm = [_is_collective(type(op)) for op in ops]
+    comm = [sbp.is_collective(type(op)) for op in ops]
     # per op (by index): the indices of its operands' producers among `ops`,
     # one per operand (an op reading a value twice waits for it twice)
     producers: list[list[int]] = []
@@ -130,27 +131,12 @@ def schedule(ops: list[Operation], slot: Callable[[Operation], int] | None = Non
     return order
 
 
-_SOURCE_KINDS: dict[type, type | None] = {}
-
-
+@functools.cache
 def _source_kind(kind: type) -> type | None:
     """lg.InputOp, lg.ParamOp or lg.ConstantOp where an op of class `kind`
     is one (its register is a feed, a parameter or a constant), else None;
     once per class (op classes are ABCs: isinstance is slow per op)."""
-    if kind not in _SOURCE_KINDS:
-        _SOURCE_KINDS[kind] = next((k for k in (lg.InputOp, lg.ParamOp, lg.ConstantOp) if issubclass(kind, k)), None)
-    return _SOURCE_KINDS[kind]
-
-
-_COLLECTIVE_CLASSES: dict[type, bool] = {}
-
-
-def _is_collective(kind: type) -> bool:
-    """isinstance(an op of class `kind`, sbp.COLLECTIVE_OPS), once per class."""
-    answer = _COLLECTIVE_CLASSES.get(kind)
-    if answer is None:
-        answer = _COLLECTIVE_CLASSES[kind] = issubclass(kind, sbp.COLLECTIVE_OPS)
-    return answer
+    return next((k for k in (lg.InputOp, lg.ParamOp, lg.ConstantOp) if issubclass(kind, k)), None)
 
 
 def _parameter_gathers(ops, index, is_comm, users) -> dict[Operation, set[Operation]]:
@@ -555,7 +541,7 @@ class Lowering:
             }
             for rank in self.ranks(self.mesh_of(out).ranks):
                 actors[rank].append((plan.ComputeOp, dict(props)))
-        elif _is_collective(type(op)):
+        elif sbp.is_collective(type(op)):
             self.lower_collective(op, actors)
         else:
             raise PassFailedException(f"'{op.name}': sbp-to-plan cannot lower this op")

@@ -13,6 +13,7 @@ per distinct distribution its uses want).
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -37,6 +38,7 @@ from sbpc.dialects.sbp import (
     element_type,
     format_nd,
     global_shape,
+    is_collective,
     lookup_placement,
     nd_to_plain,
 )
@@ -171,27 +173,22 @@ def _nbytes(value: SSAValue) -> float:
 
 
 OUTPUT, ANNOTATION, COLLECTIVE, RULED, UNKNOWN = range(5)
-_ROLES: dict[type[Operation], int] = {}
 
 
+@functools.cache
 def _role(op_class: type[Operation]) -> int:
     """What build_problem makes of an op of this class, decided once per
     class (op classes are ABCs: isinstance against a tuple of them cost
     microseconds per op)."""
-    role = _ROLES.get(op_class)
-    if role is None:
-        if issubclass(op_class, lg.OutputOp):
-            role = OUTPUT
-        elif issubclass(op_class, AnnotateOp):
-            role = ANNOTATION
-        elif issubclass(op_class, COLLECTIVE_OPS):
-            role = COLLECTIVE
-        elif issubclass(op_class, lg.LgOp | lg.InputOp | lg.ParamOp | lg.ConstantOp):  # every op with SBP rules
-            role = RULED
-        else:
-            role = UNKNOWN
-        _ROLES[op_class] = role
-    return role
+    if issubclass(op_class, lg.OutputOp):
+        return OUTPUT
+    if issubclass(op_class, AnnotateOp):
+        return ANNOTATION
+    if is_collective(op_class):
+        return COLLECTIVE
+    if issubclass(op_class, lg.LgOp | lg.InputOp | lg.ParamOp | lg.ConstantOp):  # every op with SBP rules
+        return RULED
+    return UNKNOWN
 
 
 def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
@@ -205,6 +202,7 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
     # (dtensor_of, tensor_type), which the graph keeps alive meanwhile
     shapes_of: dict[tuple, tuple[tuple[int, ...], list[tuple[int, ...]], float]] = {}
     params_by_key: dict[str, SSAValue] = {}  # the parameters, by key (tied_updates)
+    op: Operation
     for op in graph.body.ops:
         role = _role(type(op))
         if role == OUTPUT:
