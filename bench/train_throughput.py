@@ -423,6 +423,7 @@ def main() -> int:
         c = cfgs["gpt"]
         desc.append(f"gpt {c['layers']} layers dim {c['dim']} seq {c['seq']} batch {c['batch']} Adam")
     print("; ".join(desc) + f"; {args.ranks} ranks x 1 thread; steps/s, best of {args.repeats}")
+    print(_common.blas_kernels())
     _common.table(["model / ranks", "sbpc", "sbpc API", "torch", "numpy limit", "sbpc/torch", "sbpc %limit",
                    "torch %limit", "torch peer"], rows)
     for model, r in per_model.items():

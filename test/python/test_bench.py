@@ -84,3 +84,22 @@ def test_benchmark_runs_and_summarizes(runs, name):
     assert len(summaries) == 1, text[-3000:]
     if name == "train_throughput.py" and importlib.util.find_spec("torch") is None:
         assert "peer missing: torch" in text
+
+
+@pytest.mark.parametrize("core", ["Haswell", "Sandybridge"])
+def test_blas_kernels_names_what_openblas_loaded(core):
+    """bench/_common.blas_kernels reads the kernel set from the OpenBLAS
+    that numpy loaded: one pinned by OPENBLAS_CORETYPE is named as pinned,
+    next to OpenBLAS's own choice (asked of a process without the pin)."""
+    code = f"import sys; sys.path.insert(0, {str(BENCH)!r}); import _common; print(_common.blas_kernels())"
+    pinned = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                            env=dict(os.environ, OPENBLAS_CORETYPE=core))
+    assert pinned.returncode == 0, pinned.stderr
+    if "not an OpenBLAS" in pinned.stdout:
+        pytest.skip("numpy's BLAS here is not an OpenBLAS that names its kernels")
+    assert f"OpenBLAS kernels {core}, pinned by OPENBLAS_CORETYPE={core}" in pinned.stdout
+    own = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"})
+    assert own.returncode == 0, own.stderr
+    chosen = own.stdout.split("OpenBLAS kernels ", 1)[1].split(" ", 1)[0]
+    assert f"OpenBLAS's own choice for this CPU: {chosen};" in pinned.stdout
