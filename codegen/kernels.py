@@ -322,39 +322,6 @@ def gen_layernorm(site: Site) -> Kernel:
     return Kernel(name, t, params, rows, body, restrict=True)
 
 
-@CUDA.impl(lg.LayerNormGradOp)
-def gen_layernorm_grad(site: Site) -> Kernel:
-    name, t, shape = site.name, site.t, site.in_shapes[0]
-    axis = cast(IntegerAttr, site.props["axis"]).value.data
-    eps = cast(FloatAttr, site.props["epsilon"]).value.data
-    inner = math.prod(shape[axis:])
-    rows = math.prod(shape[:axis])
-    # Three passes over a row, as lg.layernorm's: the sums of x and of the
-    # gradient; those of (x - mean)^2 and of the gradient times (x - mean)
-    # (the variance two-pass, as the reference's); then the result. The
-    # reference's mean(g * x^) is r * mean(g * (x - mean)) here, one
-    # rounding apart.
-    body = f"""const T* x = a0 + i * {inner};
-  const T* g = a1 + i * {inner};
-  T mean = (T)0, m1 = (T)0;
-  SBPC_SUM(mean)
-  for (long k = 0; k < {inner}; ++k) mean += x[k];
-  SBPC_SUM(m1)
-  for (long k = 0; k < {inner}; ++k) m1 += g[k];
-  mean /= (T){inner};
-  m1 /= (T){inner};
-  T var = (T)0, gd = (T)0;
-  SBPC_SUM(var)
-  for (long k = 0; k < {inner}; ++k) {{ T d = x[k] - mean; var += d * d; }}
-  SBPC_SUM(gd)
-  for (long k = 0; k < {inner}; ++k) gd += g[k] * (x[k] - mean);
-  var /= (T){inner};
-  T r = rsqrt(var + (T){eps!r});
-  T m2 = gd / (T){inner} * r;
-  for (long k = 0; k < {inner}; ++k) out[i * {inner} + k] = r * ((g[k] - m1) - ((x[k] - mean) * r) * m2);"""
-    return Kernel(name, t, ("const T* a0", "const T* a1", "T* out"), rows, body, restrict=True)
-
-
 @CUDA.impl(lg.ReshapeOp)
 def gen_copy(site: Site) -> Kernel:
     # Not restrict: a reshape may be planned in place (out == a0), and

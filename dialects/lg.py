@@ -1210,82 +1210,28 @@ class LayerNormOp(LgOp):
         super().verify_()
 
     def gradient(self, g, e):
-        """The input's gradient is one lg.layernorm_grad (every row's
-        statistics recomputed in cache, as PyTorch's layer_norm_backward);
-        the weight's is the gradient times the normalized input (one
-        lg.layernorm without the affine part) summed over the leading axes,
-        the bias's the gradient summed."""
         x = self.input
+        shape = global_shape(x.type)
         axis = self.axis.value.data
-        eps = self.epsilon.value.data
+        axes = list(range(axis, len(shape)))
+        mean = e.emit(ReduceMeanOp(x, axes, keepdims=True))
+        xc = e.emit(SubOp(x, mean))
+        var = e.emit(ReduceMeanOp(e.emit(MulOp(xc, xc)), axes, keepdims=True))
+        rstd = e.emit(RsqrtOp(e.emit(AddOp(var, e.scalar(self.epsilon.value.data, x)))))
+        xhat = e.emit(MulOp(xc, rstd))
         grads: list[SSAValue | None] = [None, None, None]
         dxhat = g
         if self.weight is not None:
             dxhat = e.emit(MulOp(g, self.weight))
             lead = list(range(axis))
-            gw = e.emit(MulOp(g, e.emit(LayerNormOp(x, axis, eps))))
+            gw = e.emit(MulOp(g, xhat))
             grads[1] = e.emit(ReduceSumOp(gw, lead)) if lead else gw
             grads[2] = e.emit(ReduceSumOp(g, lead)) if lead else g
-        grads[0] = e.emit(LayerNormGradOp(x, dxhat, axis, eps))
-        return grads if self.weight is not None else grads[:1]
-
-
-@op_definition
-class LayerNormGradOp(LgOp):
-    """The gradient of lg.layernorm's normalization: with x̂ the input
-    normalized over the axes `axis..rank-1` (mean 0, variance 1, `epsilon`
-    as lg.layernorm's) and r = 1 / sqrt(variance + epsilon), the gradient
-    `grad` of x̂ gives the input's, r * (grad - mean(grad) - x̂ * mean(grad * x̂)).
-    One pass per row with its statistics in cache, where the ops it stands
-    for (13 of them) each made a pass over the whole tensor."""
-
-    name = "lg.layernorm_grad"
-
-    input = operand_def(TensorLike)
-    grad = operand_def(TensorLike)
-    axis = prop_def(IntegerAttr[I64])
-    epsilon = prop_def(FloatAttr[Float64Type])
-    result = result_def(TensorLike)
-
-    traits = traits_def(Pure())
-
-    assembly_format = (
-        "$input `,` $grad `axis` $axis `eps` $epsilon attr-dict `:` functional-type(operands, results)"
-    )
-
-    def __init__(self, input: SSAValue, grad: SSAValue, axis: int, epsilon: float = 1e-5):
-        axis = axis % max(len(global_shape(input.type)), 1)
-        super().__init__(
-            operands=[input, grad],
-            properties={"axis": IntegerAttr(axis, i64), "epsilon": FloatAttr(epsilon, f64)},
-            result_types=[self.infer([input, grad], axis=axis)],
-        )
-
-    FLOPS_PER_ELEMENT: ClassVar[float] = 14.0
-
-    def params(self):
-        return {"axis": self.axis.value.data}
-
-    @classmethod
-    def sbp_rule(cls, in_shapes, out_shape, p, axis):
-        """Rows split alike on any axis before the normalized ones; linear in
-        the gradient, so a partial gradient under a whole input gives a
-        partial result."""
-        sigs = [((f"S{i}", f"S{i}"), (f"S{i}",)) for i in range(axis) if _split_ok(out_shape[i], p)]
-        return sigs + [(("B", "B"), ("B",)), (("B", "P"), ("P",))]
-
-    @classmethod
-    def rule(cls, shapes, elems, axis):
-        _check_axis(axis, len(shapes[0]))
-        _require_float("input", elems[0])
-        if tuple(shapes[1]) != tuple(shapes[0]):
-            raise ShapeError(f"grad shape {list(shapes[1])} must equal the input's {list(shapes[0])}")
-        return shapes[0], _same_elem(elems)
-
-    def verify_(self) -> None:
-        if self.epsilon.value.data <= 0:
-            raise VerifyException(f"'{self.name}': eps must be positive, got {self.epsilon.value.data}")
-        super().verify_()
+        m1 = e.emit(ReduceMeanOp(dxhat, axes, keepdims=True))
+        m2 = e.emit(ReduceMeanOp(e.emit(MulOp(dxhat, xhat)), axes, keepdims=True))
+        dx = e.emit(MulOp(rstd, e.emit(SubOp(e.emit(SubOp(dxhat, m1)), e.emit(MulOp(xhat, m2))))))
+        grads[0] = dx
+        return grads if self.weight is not None else [dx]
 
 
 # --------------------------------------------------------------------------
@@ -3039,7 +2985,7 @@ UNARY_OPS = (NegOp, ReluOp, GeluOp, TanhOp, ErfOp, ExpOp, SqrtOp, RsqrtOp)
 BINARY_OPS = (AddOp, SubOp, MulOp, DivOp)
 REDUCE_OPS = (ReduceSumOp, ReduceMeanOp, ReduceMaxOp)
 GRADIENT_OPS = (StepOp, OneHotOp, EmbeddingGradOp, TokenCrossEntropyGradOp, ScatterAddOp, Conv2dGradInputOp,
-                Conv2dGradWeightOp, MaxPool2dGradOp, LayerNormGradOp)
+                Conv2dGradWeightOp, MaxPool2dGradOp)
 MASK_OPS = (CastOp, LogicalOp, CompareOp, SelectOp)
 CROSS_ENTROPY_OPS = (SumExpOp, TokenCrossEntropyOp)
 

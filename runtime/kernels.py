@@ -285,36 +285,6 @@ def _bind_layernorm(op: lg.LayerNormOp, local, ins, out) -> Fire:
     return fire
 
 
-@NUMPY.impl(lg.LayerNormGradOp)
-def _bind_layernorm_grad(op: lg.LayerNormGradOp, local, ins, out) -> Fire:
-    axes = tuple(range(op.axis.value.data, out.ndim))
-    eps = op.epsilon.value.data
-    kept = _kept(out.shape, set(axes))
-    rstd, m1, m2 = (_scratch(kept, out.dtype) for _ in range(3))
-    xhat = _scratch(out.shape, out.dtype)
-    summer = _summer(out.shape, axes, True, out.dtype)
-
-    def fire(xs, o):  # o (never an input's bytes: not an in-place kernel) holds the products
-        x, g = xs
-        _mean_into(x, rstd, summer=summer)
-        np.subtract(x, rstd, out=xhat)  # centred
-        np.multiply(xhat, xhat, out=o)
-        _mean_into(o, rstd, summer=summer)
-        np.add(rstd, eps, out=rstd)
-        np.sqrt(rstd, out=rstd)
-        np.divide(1, rstd, out=rstd)
-        np.multiply(xhat, rstd, out=xhat)
-        _mean_into(g, m1, summer=summer)
-        np.multiply(g, xhat, out=o)
-        _mean_into(o, m2, summer=summer)
-        np.multiply(xhat, m2, out=xhat)
-        np.subtract(g, m1, out=o)
-        np.subtract(o, xhat, out=o)
-        np.multiply(o, rstd, out=o)
-
-    return fire
-
-
 # -- reductions ----------------------------------------------------------------------
 
 
