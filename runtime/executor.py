@@ -102,7 +102,9 @@ def rendezvous(world: MPI.Comm, what: str) -> None:
 FAULT_VARIABLE = "SBPC_TEST_FAULT"
 """Tests only: `kill:RANK:STEP:ACTOR` (SIGKILL) or `stall:RANK:STEP:ACTOR`
 (sleep for ever) on that rank when it reaches the actor of that index in
-that step, as a rank that dies or hangs mid-step."""
+that step, as a rank that dies or hangs mid-step. STEP -1: when the rank
+pool tells the rank to stop (runtime/pool.py), as a rank that hangs at the
+end of a job."""
 
 
 def injected_fault(rank: int) -> tuple[str, int, int] | None:

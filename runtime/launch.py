@@ -95,14 +95,15 @@ def binding(n: int) -> list[str]:
 def stop(process: subprocess.Popen, before: Leftovers) -> None:
     """Ends an mpiexec now: SIGTERM, on which it ends every rank (they
     ignore the terminal's SIGINT: the driver decides), and at worst SIGKILL;
-    then removes what the job left (`before`: taken before it started)."""
+    then removes what the job left (`before`: taken before it started),
+    waiting a moment for ranks that still map their segments as they exit."""
     process.terminate()
     try:
         process.wait(timeout=20)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
-    before.remove_new(wait=0.0)
+    before.remove_new()
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from sbpc.dialects import parse_module
 
 from .channel import connect, receive, send
 from .cuda_backend import make_executor
-from .executor import Executor, actor_names, give_way, settle_heap
+from .executor import Executor, actor_names, give_way, inject, injected_fault, settle_heap
 from .hosts import on_driver_node
 from .program import find_program
 from .progress import Progress
@@ -84,6 +84,9 @@ def serve(job: str) -> None:
         reply: object
         try:
             if kind == "stop":
+                fault = injected_fault(world.rank)
+                if fault is not None and fault[1] == -1:  # tests: a rank that hangs when told to stop
+                    inject(fault[0])
                 shared.close()
                 break
             if kind == "load":  # each rank parses its own device's plan alone (program.rank_plans)

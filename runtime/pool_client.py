@@ -141,9 +141,14 @@ class RankPool:
                 send(self.sock, ("stop",))
                 self.process.wait(timeout=10)
             except (OSError, subprocess.TimeoutExpired):
-                self.process.kill()
-                self.process.wait()
-                self.leftovers.remove_new(wait=0.0)
+                # A rank that does not stop: end the job as an interrupt does
+                # (SIGTERM, on which mpiexec ends every rank), then remove what
+                # its ranks leave. SIGKILL to mpiexec alone let its proxies
+                # kill the ranks after the sweep had run, and their segments
+                # stayed in /dev/shm.
+                from .launch import stop
+
+                stop(self.process, self.leftovers)
         self.launcher_out.close()
         self.watch.stop()
         self.feeds.close()

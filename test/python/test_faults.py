@@ -315,6 +315,25 @@ def test_ctrl_c_in_the_driver_stops_the_ranks_and_the_api_runs_again(tmp_path):
     assert no_rank_left(tmp_path)
 
 
+def test_a_pool_whose_rank_hangs_at_stop_is_ended_at_exit_with_nothing_left(tmp_path):
+    # At the driver's exit the pool tells its ranks to stop; rank 1 hangs
+    # there instead, so the wait runs out and the pool must end the job
+    # itself: every rank gone and no MPICH segment left mapped by no one.
+    before = segments()
+    driver = run_script(tmp_path, """
+        os.environ["SBPC_TEST_FAULT"] = "stall:1:-1:0"
+        print("LOSS:", float(sbpc.compile(module).train_step(feeds)["loss"]), flush=True)
+    """)
+    start = time.monotonic()
+    out, err = driver.communicate(timeout=120)
+    assert driver.returncode == 0, err
+    assert "LOSS:" in out, out
+    assert time.monotonic() - start < 60
+    assert "Traceback" not in err, err
+    assert no_rank_left(tmp_path)
+    assert no_segment_left(before)
+
+
 def test_a_checkpoint_save_killed_half_way_leaves_the_previous_one_intact(tmp_path):
     driver = run_script(tmp_path, f"""
         exe = sbpc.compile(module, mode="simulate")
