@@ -3,7 +3,8 @@ stuck (the collective watchdog), a kernel raising on one rank, the driver
 interrupted with Ctrl-C, a checkpoint save killed half-way. Each ends every
 rank within 30 s with a message naming the rank, the step and the actor,
 leaves no MPI process behind, and the Python API compiles and runs again in
-the same process afterwards."""
+the same process afterwards. A rank that hangs when the pool stops it at
+the driver's exit is ended too, with nothing left behind."""
 
 from __future__ import annotations
 
