@@ -1021,13 +1021,23 @@ COLLECTIVE_OPS: tuple[type[CollectiveOp] | type[TransferOp], ...] = (
 )
 
 
-
 @functools.cache
 def is_collective(op_class: type[Operation]) -> bool:
     """Whether ops of `op_class` are collectives (COLLECTIVE_OPS), once per
     class: op classes are ABCs, and isinstance against the seven of them
     cost microseconds per op in the passes' loops."""
     return issubclass(op_class, COLLECTIVE_OPS)
+
+
+@functools.cache
+def communicates(op_class: type[Operation]) -> bool:
+    """Whether ops of `op_class` move data between devices: a transfer, or a
+    collective of a kind that does (COLLECTIVES); a local slice or
+    make_partial only copies. Once per class, as is_collective."""
+    if not is_collective(op_class):
+        return False
+    kind = op_class.name.removeprefix("sbp.")
+    return issubclass(op_class, TransferOp) or (kind in COLLECTIVES and COLLECTIVES[kind].communicates)
 
 
 SBP = Dialect(

@@ -211,10 +211,8 @@ def _kind(op_class: type[Operation]) -> int:
     (op classes are ABCs: isinstance against them was slow per op): a
     collective that communicates or a transfer, a collective that only
     copies locally (a slice, make_partial), an lg op, or nothing."""
-    if issubclass(op_class, sbp.CollectiveOp | sbp.TransferOp):
-        name = op_class.name.removeprefix("sbp.")
-        communicates = name == "transfer" or (name in sbp.COLLECTIVES and sbp.COLLECTIVES[name].communicates)
-        return COMMUNICATES if communicates else COPIES
+    if sbp.is_collective(op_class):
+        return COMMUNICATES if sbp.communicates(op_class) else COPIES
     if issubclass(op_class, lg.LgOp):
         return COMPUTES
     return OTHER
@@ -512,9 +510,9 @@ class SbpBucketCollectivesPass(ModulePass):
 
     def bucket_graph(self, graph: lg.GraphOp) -> None:
         block = graph.body.block
-        ops = list(iter(block.ops))  # (list(block.ops) would walk the block once more for its length)
+        ops: list[Operation] = list(iter(block.ops))  # (list(block.ops) would walk the block once more for its length)
         reaches = _reaches_reduction(ops)
-        candidates = [o for o in ops if isinstance(o, BUCKET_KINDS) and o not in reaches]
+        candidates = [o for o in ops if _is_reduction(type(o)) and o not in reaches]
         if len(candidates) < 2:
             return
         meshes: dict[str, Mesh] = {}

@@ -85,13 +85,10 @@ def schedule(ops: list[Operation], slot: Callable[[Operation], int] | None = Non
                 user_indices[p].append(i)
         producers.append(made_by)
 
-    # redistributions without communication
-    local = tuple(op for kind, op in sbp.COLLECTIVE_OP_OF_KIND.items() if not sbp.COLLECTIVES[kind].communicates)
-
     def priority(i: int) -> int:
         if comm[i]:
             return 0
-        if any(comm[p] and not isinstance(ops[p], local) for p in producers[i]):
+        if any(comm[p] and sbp.communicates(type(ops[p])) for p in producers[i]):
             return 3
         if any(comm[u] for u in user_indices[i]):
             return 1
