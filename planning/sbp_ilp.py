@@ -206,7 +206,10 @@ def solve_ilp(problem: Problem, time_limit: float = 60.0, share: bool = False, g
                     mv = next(w for w, jj in exact.costly_slots[member] if cls[w] == cls[v] and jj == j)
                     add_pair(member, mv, matrix)
                 continue
-            for d in {cand[0][j] for cand in nodes[v].candidates}:
+            # in the candidates' order, not a set's: the program's columns,
+            # and so HiGHS's choice among plans of equal cost, must not
+            # depend on Python's string hashing (PYTHONHASHSEED)
+            for d in dict.fromkeys(cand[0][j] for cand in nodes[v].candidates):
                 shared.setdefault((nodes[v].mesh, d), []).append((v, j))
         for (_mesh, d), uses in shared.items():
             v0, j0 = uses[0]
