@@ -75,14 +75,14 @@ def distribution(program) -> str:
     """How a compiled plan lays out the step, in a few words: whether the
     batch is split and how many weight matrices are split, so that two plans
     in the same memory mode (the planner's label) are told apart."""
-    from sbpc.dialects import lg
+    from sbpc.dialects.lg_analysis import OPTIMIZER_STATE_KEYS
     from sbpc.dialects.sbp import SplitAttr
 
     batch = weights = split = 0
     seen: set[str] = set()
     for reg in (r for d in program.devices() for r in d.registers()):
         name = reg.feed.data if reg.feed is not None else reg.param.data if reg.param is not None else None
-        if name is None or name in seen or name.startswith(lg.OPTIMIZER_STATE_KEYS) or name == "lr":
+        if name is None or name in seen or name.startswith(OPTIMIZER_STATE_KEYS) or name == "lr":
             continue
         seen.add(name)
         is_split = any(isinstance(s, SplitAttr) for s in reg.value.nd_sbp)

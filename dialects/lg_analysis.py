@@ -11,6 +11,20 @@ from xdsl.utils.exceptions import PassFailedException
 from . import lg
 from .sbp import global_shape
 
+OPTIMIZER_STATE_PREFIXES = ("adam.m.", "adam.v.", "momentum.")
+"""How the keys of a parameter's optimizer state begin (the parameter's
+key follows): lg-optimizer names them so, and ZeRO, the planner and the
+API's checkpoints find them by it."""
+
+ADAM_STEP_KEY = "adam.step"
+"""Adam's step count (i64 state), from which its bias corrections are computed."""
+
+OPTIMIZER_STATE_KEYS = (*OPTIMIZER_STATE_PREFIXES, ADAM_STEP_KEY)
+"""Every parameter key the optimizer adds begins so."""
+
+SCHEDULES = ("gpipe", "1f1b")
+"""The pipeline schedules lg-micro-batch records and the planner tries."""
+
 SOURCES = (lg.InputOp, lg.ParamOp, lg.ConstantOp)
 """Ops that compute nothing: what a graph reads."""
 

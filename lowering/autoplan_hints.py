@@ -13,6 +13,7 @@ from xdsl.passes import PassPipeline
 from xdsl.rewriter import Rewriter
 
 from sbpc.dialects import lg
+from sbpc.dialects.lg_analysis import OPTIMIZER_STATE_PREFIXES
 from sbpc.dialects.sbp import (
     PLACEMENT_ATTR,
     AnnotateOp,
@@ -151,7 +152,7 @@ def write_plan(module: ModuleOp, graph: lg.GraphOp, placement: PlacementOp, laye
     if layout.memory == "zero" and data_axis is not None:
         params = {p.key.data: p for p in graph.body.ops if isinstance(p, lg.ParamOp)}
         for p in params.values():
-            prefix = next((x for x in lg.OPTIMIZER_STATE_PREFIXES if p.key.data.startswith(x)), None)
+            prefix = next((x for x in OPTIMIZER_STATE_PREFIXES if p.key.data.startswith(x)), None)
             owner = params.get(p.key.data.removeprefix(prefix)) if prefix else None
             if owner is not None and global_shape(p.result.type) and isinstance(owner.result.type, DTensorType):
                 Rewriter.replace_value_with_new_type(

@@ -1,7 +1,7 @@
 """`lg-autodiff`: appends the backward graph of a scalar loss.
 
 Walks the graph from the loss output backwards, applying each op's gradient
-rule (its `gradient` method, defined with the op in dialects/lg.py), adding up the contributions where a
+rule (its `gradient` method, defined with the op in dialects/lg/), adding up the contributions where a
 value has several uses, and appends an output `grad.<param>` for every
 parameter (zeros where the loss does not depend on it). On a graph that
 lg-micro-batch unrolled for 1F1B, what the micro-batches share (a weight)
@@ -24,6 +24,8 @@ from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import lg, sbp
 from sbpc.dialects.sbp import element_type, global_shape, tensor_type
+
+from .lg_micro_batch import MICRO_BATCH_ATTR, SCHEDULE_ATTR
 
 
 class Emitter:
@@ -108,7 +110,7 @@ def differentiate(graph: lg.GraphOp, loss: str) -> None:
     # gradient is summed in micro-batch order (((dW0 + dW1) + dW2) + ...),
     # each sum as soon as its parts exist: the reverse walk's order would
     # keep every micro-batch's dW alive until the last one's backward.
-    schedule = graph.attributes.get(lg.SCHEDULE_ATTR)
+    schedule = graph.attributes.get(SCHEDULE_ATTR)
     in_order = isinstance(schedule, StringAttr) and schedule.data == "1f1b"
     parts: dict[SSAValue, list[tuple[int, SSAValue, Attribute | None]]] = {}
 
@@ -141,9 +143,9 @@ def differentiate(graph: lg.GraphOp, loss: str) -> None:
         for operand, contribution in zip(op.operands, contributions):
             if contribution is None or operand not in trained:
                 continue
-            micro = op.attributes.get(lg.MICRO_BATCH_ATTR)
+            micro = op.attributes.get(MICRO_BATCH_ATTR)
             owner = operand.owner
-            shared = isinstance(owner, Operation) and lg.MICRO_BATCH_ATTR not in owner.attributes
+            shared = isinstance(owner, Operation) and MICRO_BATCH_ATTR not in owner.attributes
             if in_order and shared and isinstance(micro, IntegerAttr):
                 parts.setdefault(operand, []).append((micro.value.data, contribution, e.placement))
                 continue

@@ -56,7 +56,16 @@ from xdsl.rewriter import Rewriter
 from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import lg, sbp
+from sbpc.dialects.lg_analysis import SCHEDULES
 from sbpc.dialects.sbp import DTensorType, element_type, global_shape
+
+MICRO_BATCH_ATTR = "lg.micro_batch"
+"""Integer attribute: the micro-batch an op of lg-micro-batch's unrolled
+graph works on (the ops autodiff adds inherit it through their operands)."""
+
+SCHEDULE_ATTR = "lg.pipeline_schedule"
+"""String attribute of a micro-batched lg.graph: the order in which each
+pipeline stage runs its micro-batches' forward and backward passes."""
 
 
 def _retyped(old, shape) -> TensorType | DTensorType:
@@ -107,7 +116,7 @@ class Unroller:
             piece.name_hint = f"{op.key.data}_mb{i}"
             for made in (one, piece):
                 assert isinstance(made.owner, Operation)  # emit returns an op's result
-                made.owner.attributes[lg.MICRO_BATCH_ATTR] = IntegerAttr(i, i64)
+                made.owner.attributes[MICRO_BATCH_ATTR] = IntegerAttr(i, i64)
             pieces.append(piece)
         return pieces
 
@@ -259,7 +268,7 @@ class Unroller:
         for k in range(self.count):
             for op in batch_ops:
                 new = self.copy(op, copies[k])
-                new.attributes[lg.MICRO_BATCH_ATTR] = IntegerAttr(k, i64)
+                new.attributes[MICRO_BATCH_ATTR] = IntegerAttr(k, i64)
                 if isinstance(new, lg.DropoutOp):
                     self.draw_as_in_the_batch(new, k)
                 if op.results[0].name_hint:
@@ -296,7 +305,7 @@ class Unroller:
         # The whole-batch ops (detached) are now unused; drop them, last first.
         for op in reversed(batch_ops):
             op.erase(safe_erase=False)
-        self.graph.attributes[lg.SCHEDULE_ATTR] = StringAttr(self.schedule)
+        self.graph.attributes[SCHEDULE_ATTR] = StringAttr(self.schedule)
 
 
 def rebatch(graph: lg.GraphOp, size: int) -> None:
@@ -349,9 +358,9 @@ class LgMicroBatchPass(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.count < 1:
             raise PassFailedException(f"lg-micro-batch: count must be at least 1, got {self.count}")
-        if self.schedule not in lg.SCHEDULES:
+        if self.schedule not in SCHEDULES:
             raise PassFailedException(
-                f"lg-micro-batch: unknown schedule '{self.schedule}' (known: {', '.join(lg.SCHEDULES)})")
+                f"lg-micro-batch: unknown schedule '{self.schedule}' (known: {', '.join(SCHEDULES)})")
         if self.count == 1:
             return
         for graph in lg.graphs(op):

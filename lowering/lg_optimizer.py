@@ -50,6 +50,7 @@ from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import lg
+from sbpc.dialects.lg_analysis import ADAM_STEP_KEY, OPTIMIZER_STATE_PREFIXES
 from sbpc.dialects.sbp import (
     PLACEMENT_ATTR,
     BroadcastAttr,
@@ -63,8 +64,8 @@ from sbpc.dialects.sbp import (
 from .lg_autodiff import Emitter
 
 ALGORITHMS = ("sgd", "momentum", "adam", "adamw")
-STATE_PREFIXES = lg.OPTIMIZER_STATE_PREFIXES
-ADAM_STEP = lg.ADAM_STEP_KEY
+STATE_PREFIXES = OPTIMIZER_STATE_PREFIXES
+ADAM_STEP = ADAM_STEP_KEY
 
 
 def _computed_in(elem: Attribute) -> Attribute:

@@ -68,6 +68,7 @@ from xdsl.rewriter import Rewriter
 from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import lg
+from sbpc.dialects.lg_analysis import OPTIMIZER_STATE_PREFIXES
 from sbpc.dialects.sbp import (
     AUTOPLAN_ALTERNATIVES_ATTR,
     AUTOPLAN_ATTR,
@@ -110,7 +111,7 @@ LAYERS_ABOVE_OPS = 400
 
 
 def _is_state(key: str) -> bool:
-    return key.startswith(lg.OPTIMIZER_STATE_PREFIXES)
+    return key.startswith(OPTIMIZER_STATE_PREFIXES)
 
 
 def _split_first_axis(param: lg.ParamOp, placement: str, mesh: tuple[int, ...]) -> None:

@@ -56,6 +56,9 @@ from sbpc.dialects.layout import coords, mesh_coord, piece_of
 from sbpc.dialects.lg_analysis import one_f_one_b
 from sbpc.dialects.sbp import DTensorType, Mesh, lookup_placement
 
+from .lg_micro_batch import MICRO_BATCH_ATTR, SCHEDULE_ATTR
+from .lg_recompute import RECOMPUTE_ATTR
+
 
 def schedule(ops: list[Operation], slot: Callable[[Operation], int] | None = None) -> list[Operation]:
     """Topological order by list scheduling. Operands made by ops outside
@@ -96,7 +99,7 @@ def schedule(ops: list[Operation], slot: Callable[[Operation], int] | None = Non
 
     waiting = [len(made_by) for made_by in producers]
     has_gathers = any(is_comm and isinstance(op.operands[0].owner, lg.ParamOp) for op, is_comm in zip(ops, comm))
-    has_recomputations = any(lg.RECOMPUTE_ATTR in op.attributes for op in ops)
+    has_recomputations = any(RECOMPUTE_ATTR in op.attributes for op in ops)
     if has_gathers or has_recomputations:  # (rare: the gates read the graph by op)
         op_index: dict[Operation | Block, int] = {op: i for i, op in enumerate(ops)}
         is_comm = dict(zip(ops, comm))
@@ -199,12 +202,12 @@ def _recomputations(ops, index, is_comm, users) -> dict[Operation, set[Operation
     just before them. Only producers earlier in program order than the
     recomputed op gate it (later ones may depend on it: a cycle); a later
     producer is replaced by its own earlier producers."""
-    chain = {op for op in ops if lg.RECOMPUTE_ATTR in op.attributes}
+    chain = {op for op in ops if RECOMPUTE_ATTR in op.attributes}
     for op in ops:  # redistributions of a recomputed value belong to it
         if is_comm[op] and op.operands and op.operands[0].owner in chain:
             chain.add(op)
     gates: dict[Operation, set[Operation]] = {}
-    for head in (op for op in ops if lg.RECOMPUTE_ATTR in op.attributes):
+    for head in (op for op in ops if RECOMPUTE_ATTR in op.attributes):
         consumers: set[Operation] = set()
         todo = [head]
         passed: set[Operation] = set()
@@ -254,7 +257,7 @@ def micro_batch_labels(body: list[Operation]) -> dict[Operation, int]:
     SHARED where they disagree; ops of no micro-batch are left out."""
     labels: dict[Operation, int] = {}
     for op in body:
-        mark = op.attributes.get(lg.MICRO_BATCH_ATTR)
+        mark = op.attributes.get(MICRO_BATCH_ATTR)
         if isinstance(mark, IntegerAttr):
             labels[op] = mark.value.data
             continue
@@ -410,7 +413,7 @@ class Lowering:
         interleavings of the micro-batches (point-to-point transfers match
         by id, not order); every rank of a stage shares its stage's order,
         so the collectives inside a stage stay in one order."""
-        kind = self.graph.attributes.get(lg.SCHEDULE_ATTR)
+        kind = self.graph.attributes.get(SCHEDULE_ATTR)
         if not isinstance(kind, StringAttr) or kind.data != "1f1b":
             return None
         stage_ops: dict[str, list[Operation]] = {}

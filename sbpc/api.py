@@ -31,6 +31,7 @@ from xdsl.printer import Printer
 
 from sbpc.arguments import checked
 from sbpc.dialects import collector_paused, lg, parse_module
+from sbpc.dialects.lg_analysis import OPTIMIZER_STATE_KEYS
 from sbpc.dialects.plan import ProgramOp, programs
 from sbpc.dialects.sbp import AUTOPLAN_ALTERNATIVES_ATTR, AUTOPLAN_ATTR
 from sbpc.frontend import Graph, Placement
@@ -427,7 +428,7 @@ class Executable:
         weights under each name, buffers as they came), so that
         `module.load_state_dict(exe.state_dict())` works. For a graph built
         in sbpc: every parameter but the optimizer's state."""
-        names = self.state_names or {k: k for k in self.param_keys() if not k.startswith(lg.OPTIMIZER_STATE_KEYS)}
+        names = self.state_names or {k: k for k in self.param_keys() if not k.startswith(OPTIMIZER_STATE_KEYS)}
         values = {key: self.params[key] for key in sorted(set(names.values()))}
         state = {name: _tensor(np.array(values[key])) for name, key in names.items()}
         state.update({name: _tensor(np.array(value)) for name, value in self.buffers.items()})

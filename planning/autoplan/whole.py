@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from sbpc.dialects import lg
+from sbpc.dialects.lg_analysis import SCHEDULES
 
 from .layout import RECOMPUTE_POLICIES, Candidate, Layout, fastest_fitting, mesh_shapes
 
@@ -43,7 +43,7 @@ def layouts(devices: int, modes: Sequence[str], batch: int | None, forward_ops: 
             if batch % micro == 0:
                 out += [Layout(mesh, mode, stages, micro, schedule, inputs="split")
                         for mesh in mesh_shapes(devices // stages)
-                        for mode in modes if mode != "fsdp" for schedule in lg.SCHEDULES]
+                        for mode in modes if mode != "fsdp" for schedule in SCHEDULES]
     return out
 
 

@@ -12,7 +12,7 @@ from xdsl.context import Context
 
 from sbpc.dialects import lg, plan
 from sbpc.lowering.compile import CompilePass
-from sbpc.lowering.lg_recompute import LgRecomputePass
+from sbpc.lowering.lg_recompute import RECOMPUTE_ATTR, LgRecomputePass
 from sbpc.semantics.plan_simulator import run_plan
 from sbpc.tools.sbp_run import generated_feeds
 
@@ -75,7 +75,7 @@ def test_clones_run_in_the_backward_pass_just_before_their_use():
     module = models.gpt("dp", 2, VOCAB, **SIZE)
     LgRecomputePass(policy="selective").apply(Context(), module)
     graph = lg.graphs(module)[0]
-    clones = [op for op in graph.body.ops if lg.RECOMPUTE_ATTR in op.attributes]
+    clones = [op for op in graph.body.ops if RECOMPUTE_ATTR in op.attributes]
     assert {op.name for op in clones} >= {"lg.gelu", "lg.layernorm"}
     CompilePass().apply(Context(), module)
     device = plan.programs(module)[0].devices()[0]

@@ -1,0 +1,129 @@
+"""Linear algebra: `lg.matmul`, batched with numpy broadcasting of the batch
+dimensions, either operand transposed in its last two axes."""
+
+from __future__ import annotations
+
+import math
+
+from xdsl.dialects.builtin import (
+    UnitAttr,
+)
+from xdsl.ir import Attribute, SSAValue
+from xdsl.irdl import (
+    operand_def,
+    opt_prop_def,
+    result_def,
+    traits_def,
+)
+from xdsl.traits import Pure
+
+from ..irdl_verify import op_definition
+from ..sbp import (
+    TensorLike,
+    global_shape,
+)
+from .base import LgOp, ShapeError, aligned_splits, broadcast_shapes, same_element_type, split_ok
+from .shape import ReshapeOp
+
+
+@op_definition
+class MatmulOp(LgOp):
+    """Matrix product of the last two axes; leading (batch) axes broadcast as
+    in numpy.matmul. `transpose_lhs`/`transpose_rhs` swap an operand's last two
+    axes first."""
+
+    name = "lg.matmul"
+
+    lhs = operand_def(TensorLike)
+    rhs = operand_def(TensorLike)
+    transpose_lhs = opt_prop_def(UnitAttr)
+    transpose_rhs = opt_prop_def(UnitAttr)
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = (
+        "$lhs `,` $rhs (`transpose_lhs` $transpose_lhs^)? (`transpose_rhs` $transpose_rhs^)? "
+        "attr-dict `:` functional-type(operands, results)"
+    )
+
+    def __init__(
+        self,
+        lhs: SSAValue,
+        rhs: SSAValue,
+        transpose_lhs: bool = False,
+        transpose_rhs: bool = False,
+        result_type: Attribute | None = None,
+    ):
+        props = {}
+        if transpose_lhs:
+            props["transpose_lhs"] = UnitAttr()
+        if transpose_rhs:
+            props["transpose_rhs"] = UnitAttr()
+        result_type = result_type or self.infer(
+            [lhs, rhs], transpose_lhs=transpose_lhs, transpose_rhs=transpose_rhs
+        )
+        super().__init__(operands=[lhs, rhs], properties=props, result_types=[result_type])
+
+    def params(self):
+        return {"transpose_lhs": self.transpose_lhs is not None, "transpose_rhs": self.transpose_rhs is not None}
+
+    @classmethod
+    def rule(cls, shapes, elems, transpose_lhs=False, transpose_rhs=False):
+        a, b = shapes
+        if len(a) < 2 or len(b) < 2:
+            raise ShapeError(f"operands must have rank >= 2, got {list(a)} and {list(b)}")
+        if transpose_lhs:
+            a = (*a[:-2], a[-1], a[-2])
+        if transpose_rhs:
+            b = (*b[:-2], b[-1], b[-2])
+        if a[-1] != b[-2]:
+            raise ShapeError(f"contracting dimensions differ: {list(a)} @ {list(b)}")
+        batch = broadcast_shapes(a[:-2], b[:-2])
+        return (*batch, a[-2], b[-1]), same_element_type(elems)
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, transpose_lhs=False, transpose_rhs=False):
+        """OneFlow's Table 1 with transposes remapped: (S<m>, B) -> S, (B, S<n>) -> S,
+        (S<k>, S<k>) -> P, (P, B) -> P, (B, P) -> P, (B, B) -> B, and the batch
+        axes split alike (an operand that broadcasts along one stays B)."""
+        a, b = in_shapes
+        m_axis, k_axis = (len(a) - 1, len(a) - 2) if transpose_lhs else (len(a) - 2, len(a) - 1)
+        kb_axis, n_axis = (len(b) - 1, len(b) - 2) if transpose_rhs else (len(b) - 2, len(b) - 1)
+        rank = len(out_shape)
+        sigs = aligned_splits([a[:-2], b[:-2]], out_shape[:-2], p)
+        if split_ok(a[m_axis], p):
+            sigs.append(((f"S{m_axis}", "B"), (f"S{rank - 2}",)))
+        if split_ok(b[n_axis], p):
+            sigs.append((("B", f"S{n_axis}"), (f"S{rank - 1}",)))
+        if split_ok(a[k_axis], p):
+            sigs.append(((f"S{k_axis}", f"S{kb_axis}"), ("P",)))
+        return sigs + [(("B", "B"), ("B",)), (("P", "B"), ("P",)), (("B", "P"), ("P",))]
+
+    @classmethod
+    def flops(cls, in_shapes, out_shape, transpose_lhs=False, transpose_rhs=False):
+        a = in_shapes[0]
+        k = a[-2] if transpose_lhs else a[-1]
+        return 2.0 * math.prod(out_shape) * k
+
+    def gradient(self, g, e):
+        a, b = self.lhs, self.rhs
+        ta, tb = self.transpose_lhs is not None, self.transpose_rhs is not None
+        # C = A' B' with A' = A or A^T, B' = B or B^T
+        da_ = e.emit(MatmulOp(g, b, transpose_rhs=not tb))  # dA' = g B'^T
+        a_shape, g_shape = global_shape(a.type), global_shape(g.type)
+        if len(global_shape(b.type)) == 2 and len(a_shape) > 2 and not ta:
+            # A weight applied to a batch of matrices (tokens of sequences): its
+            # gradient is one GEMM over every row, A and g flattened to
+            # [rows, K] and [rows, N], not a batched product summed over the batch.
+            rows = math.prod(a_shape[:-1])
+            a2 = e.emit(ReshapeOp(a, (rows, a_shape[-1])))
+            g2 = e.emit(ReshapeOp(g, (rows, g_shape[-1])))
+            db_ = e.emit(MatmulOp(a2, g2, transpose_lhs=True))
+        else:
+            db_ = e.emit(MatmulOp(a, g, transpose_lhs=not ta))  # dB' = A'^T g
+        if ta:
+            da_ = e.swap_last(da_)
+        if tb:
+            db_ = e.swap_last(db_)
+        return [e.unbroadcast(da_, global_shape(a.type)), e.unbroadcast(db_, global_shape(b.type))]
