@@ -22,9 +22,7 @@ from xdsl.dialects.builtin import (
     TensorType,
 )
 from xdsl.ir import Attribute, Operation, SSAValue
-from xdsl.irdl import (
-    IRDLOperation,
-)
+from xdsl.irdl import IRDLOperation
 from xdsl.traits import OpTrait
 from xdsl.utils.exceptions import VerifyException
 

@@ -8,26 +8,13 @@ import math
 from abc import ABC
 from typing import Any, ClassVar
 
-from xdsl.dialects.builtin import (
-    I64,
-    DenseArrayBase,
-    IntegerAttr,
-    i64,
-)
+from xdsl.dialects.builtin import I64, DenseArrayBase, IntegerAttr, i64
 from xdsl.ir import Attribute, SSAValue
-from xdsl.irdl import (
-    operand_def,
-    prop_def,
-    result_def,
-    traits_def,
-)
+from xdsl.irdl import operand_def, prop_def, result_def, traits_def
 from xdsl.traits import Pure
 
 from ..irdl_verify import op_definition
-from ..sbp import (
-    TensorLike,
-    global_shape,
-)
+from ..sbp import TensorLike, global_shape
 from .base import LgOp, Shape, ShapeError, Signature, passthrough_signatures, require_float, same_element_type, split_ok
 
 

@@ -8,19 +8,11 @@ from abc import ABC
 from typing import ClassVar
 
 from xdsl.ir import Attribute, SSAValue
-from xdsl.irdl import (
-    VarConstraint,
-    operand_def,
-    result_def,
-    traits_def,
-)
+from xdsl.irdl import VarConstraint, operand_def, result_def, traits_def
 from xdsl.traits import Pure
 
 from ..irdl_verify import op_definition
-from ..sbp import (
-    TensorLike,
-    global_shape,
-)
+from ..sbp import TensorLike, global_shape
 from .base import (
     Elementwise,
     LgOp,

@@ -3,29 +3,14 @@ axis, and the scatter-adds their gradients need."""
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import (
-    I64,
-    IntegerAttr,
-    TensorType,
-    i64,
-)
+from xdsl.dialects.builtin import I64, IntegerAttr, TensorType, i64
 from xdsl.ir import Attribute, Operation, SSAValue
-from xdsl.irdl import (
-    operand_def,
-    opt_prop_def,
-    prop_def,
-    result_def,
-    traits_def,
-)
+from xdsl.irdl import operand_def, opt_prop_def, prop_def, result_def, traits_def
 from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 
 from ..irdl_verify import op_definition
-from ..sbp import (
-    TensorLike,
-    element_type,
-    global_shape,
-)
+from ..sbp import TensorLike, element_type, global_shape
 from .base import LgOp, Shape, ShapeError, check_axis, is_float, is_index, require_float, require_value_type, split_ok
 
 

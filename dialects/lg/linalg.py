@@ -5,23 +5,13 @@ from __future__ import annotations
 
 import math
 
-from xdsl.dialects.builtin import (
-    UnitAttr,
-)
+from xdsl.dialects.builtin import UnitAttr
 from xdsl.ir import Attribute, SSAValue
-from xdsl.irdl import (
-    operand_def,
-    opt_prop_def,
-    result_def,
-    traits_def,
-)
+from xdsl.irdl import operand_def, opt_prop_def, result_def, traits_def
 from xdsl.traits import Pure
 
 from ..irdl_verify import op_definition
-from ..sbp import (
-    TensorLike,
-    global_shape,
-)
+from ..sbp import TensorLike, global_shape
 from .base import LgOp, ShapeError, aligned_splits, broadcast_shapes, same_element_type, split_ok
 from .shape import ReshapeOp
 

@@ -13,26 +13,13 @@ from abc import ABC
 from collections.abc import Sequence
 from typing import ClassVar
 
-from xdsl.dialects.builtin import (
-    I64,
-    IntegerAttr,
-    i64,
-)
+from xdsl.dialects.builtin import I64, IntegerAttr, i64
 from xdsl.ir import Attribute, SSAValue
-from xdsl.irdl import (
-    operand_def,
-    opt_prop_def,
-    result_def,
-    traits_def,
-)
+from xdsl.irdl import operand_def, opt_prop_def, result_def, traits_def
 from xdsl.traits import Pure
 
 from ..irdl_verify import op_definition
-from ..sbp import (
-    TensorLike,
-    element_type,
-    global_shape,
-)
+from ..sbp import TensorLike, element_type, global_shape
 from .base import LgOp, Shape, ShapeError, Signature, is_index, require_float, same_element_type, split_ok
 from .elementwise import ExpOp, MulOp, NegOp, SubOp
 from .index import OneHotOp

@@ -6,26 +6,13 @@ from __future__ import annotations
 from abc import ABC
 from typing import ClassVar
 
-from xdsl.dialects.builtin import (
-    StringAttr,
-    TensorType,
-    i1,
-)
+from xdsl.dialects.builtin import StringAttr, TensorType, i1
 from xdsl.ir import Attribute, SSAValue
-from xdsl.irdl import (
-    operand_def,
-    prop_def,
-    result_def,
-    traits_def,
-)
+from xdsl.irdl import operand_def, prop_def, result_def, traits_def
 from xdsl.traits import Pure
 
 from ..irdl_verify import op_definition
-from ..sbp import (
-    TensorLike,
-    element_type,
-    global_shape,
-)
+from ..sbp import TensorLike, element_type, global_shape
 from .base import LgOp, ShapeError, aligned_splits, broadcast_shapes, is_bool, is_float, require_value_type
 
 

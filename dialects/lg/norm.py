@@ -5,14 +5,7 @@ from __future__ import annotations
 from abc import ABC
 from typing import ClassVar
 
-from xdsl.dialects.builtin import (
-    I64,
-    Float64Type,
-    FloatAttr,
-    IntegerAttr,
-    f64,
-    i64,
-)
+from xdsl.dialects.builtin import I64, Float64Type, FloatAttr, IntegerAttr, f64, i64
 from xdsl.ir import SSAValue
 from xdsl.irdl import (
     AttrSizedOperandSegments,
@@ -27,10 +20,7 @@ from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 
 from ..irdl_verify import op_definition
-from ..sbp import (
-    TensorLike,
-    global_shape,
-)
+from ..sbp import TensorLike, global_shape
 from .base import (
     LgOp,
     ShapeError,

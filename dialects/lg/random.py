@@ -7,30 +7,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar, cast
 
-from xdsl.dialects.builtin import (
-    I64,
-    DenseArrayBase,
-    Float64Type,
-    FloatAttr,
-    IntegerAttr,
-    IntegerType,
-    f64,
-    i64,
-)
+from xdsl.dialects.builtin import I64, DenseArrayBase, Float64Type, FloatAttr, IntegerAttr, IntegerType, f64, i64
 from xdsl.ir import Attribute, SSAValue
-from xdsl.irdl import (
-    operand_def,
-    opt_prop_def,
-    prop_def,
-    result_def,
-    traits_def,
-)
+from xdsl.irdl import operand_def, opt_prop_def, prop_def, result_def, traits_def
 from xdsl.traits import Pure
 
 from ..irdl_verify import op_definition
-from ..sbp import (
-    TensorLike,
-)
+from ..sbp import TensorLike
 from .base import LgOp, ShapeError, fmt_type, is_float, split_ok
 
 DROPOUT_BITS = 24

@@ -8,31 +8,14 @@ from abc import ABC
 from collections.abc import Sequence
 from typing import ClassVar
 
-from xdsl.dialects.builtin import (
-    I64,
-    DenseArrayBase,
-    IntegerAttr,
-    IntegerType,
-    UnitAttr,
-    i64,
-)
+from xdsl.dialects.builtin import I64, DenseArrayBase, IntegerAttr, IntegerType, UnitAttr, i64
 from xdsl.ir import Attribute, SSAValue
-from xdsl.irdl import (
-    operand_def,
-    opt_prop_def,
-    prop_def,
-    result_def,
-    traits_def,
-)
+from xdsl.irdl import operand_def, opt_prop_def, prop_def, result_def, traits_def
 from xdsl.traits import Pure
 
 from ..builders import i64_array
 from ..irdl_verify import op_definition
-from ..sbp import (
-    TensorLike,
-    element_type,
-    global_shape,
-)
+from ..sbp import TensorLike, element_type, global_shape
 from .base import (
     LgOp,
     ShapeError,

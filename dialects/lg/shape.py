@@ -7,32 +7,14 @@ import math
 from abc import ABC
 from collections.abc import Sequence
 
-from xdsl.dialects.builtin import (
-    I64,
-    DenseArrayBase,
-    Float64Type,
-    FloatAttr,
-    IntegerAttr,
-    f64,
-    i64,
-)
+from xdsl.dialects.builtin import I64, DenseArrayBase, Float64Type, FloatAttr, IntegerAttr, f64, i64
 from xdsl.ir import SSAValue
-from xdsl.irdl import (
-    operand_def,
-    prop_def,
-    result_def,
-    traits_def,
-    var_operand_def,
-)
+from xdsl.irdl import operand_def, prop_def, result_def, traits_def, var_operand_def
 from xdsl.traits import Pure
 
 from ..builders import i64_array
 from ..irdl_verify import op_definition
-from ..sbp import (
-    TensorLike,
-    element_type,
-    global_shape,
-)
+from ..sbp import TensorLike, element_type, global_shape
 from .base import (
     LgOp,
     SameBytes,
