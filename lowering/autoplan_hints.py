@@ -5,11 +5,13 @@ the training passes run on it, so `compile` lowers it like a hand plan
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from xdsl.context import Context
 from xdsl.dialects.builtin import DenseArrayBase, ModuleOp, SymbolRefAttr, UnitAttr, i64
 from xdsl.ir import Operation
 from xdsl.irdl import VarConstraint
-from xdsl.passes import PassPipeline
+from xdsl.passes import ModulePass
 from xdsl.rewriter import Rewriter
 
 from sbpc.dialects import lg
@@ -39,7 +41,7 @@ REQUEST_ATTR = "sbp.autoplan.request"
 
 
 def write_plan(module: ModuleOp, graph: lg.GraphOp, placement: PlacementOp, layers: list[Layer],
-               chosen: Candidate, profiler: Profiler, ranks: list[int], training: str, passes: dict,
+               chosen: Candidate, profiler: Profiler, ranks: list[int], training: Sequence[ModulePass],
                batch: int, loss: str) -> None:
     """Writes `chosen` into the forward graph as a hand plan would be
     written: a placement per stage (stage i on the i-th block of ranks, its
@@ -142,7 +144,7 @@ def write_plan(module: ModuleOp, graph: lg.GraphOp, placement: PlacementOp, laye
     ctx = Context()
     if layout.micro_batches > 1:
         LgMicroBatchPass(count=layout.micro_batches, schedule=layout.schedule).apply(ctx, module)
-    for step in PassPipeline.parse_spec(passes, training).passes:
+    for step in training:
         step.apply(ctx, module)
         if isinstance(step, LgAutodiffPass):
             _pin_gradients(graph, layout, data_axis, tensor_axis)

@@ -23,6 +23,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
 from sbpc.dialects import collector_paused
+from sbpc.planning.cost_model import DEFAULT_DEVICE
 
 from .plan_allocate_memory import PlanAllocateMemoryPass
 from .plan_fuse_elementwise import PlanFuseElementwisePass
@@ -56,17 +57,9 @@ class CompilePass(SbpInferOptions, ModulePass):
     plan-verify, which needs every device, and cannot run."""
 
     def passes(self) -> list[ModulePass]:
-        passes: list[ModulePass] = [
-            SbpInferPass(**self.infer_options()),
-            SbpInsertBoxingPass(),
-            SbpSimplifyPass(),
-            *([SbpBucketCollectivesPass(device=self.device, bucket_bytes=self.bucket_bytes)] if self.bucket else []),
-        ]
-        if self.to_plan:
-            passes += [SbpToPlanPass(representatives=self.representatives),
-                       *([PlanFuseElementwisePass()] if self.fuse else []), PlanAllocateMemoryPass(),
-                       *([] if self.representatives else [PlanVerifyPass()])]
-        return passes
+        return [SbpInferPass(**self.infer_options()),
+                *lowering_passes(device=self.device, bucket=self.bucket, bucket_bytes=self.bucket_bytes,
+                                 to_plan=self.to_plan, fuse=self.fuse, representatives=self.representatives)]
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         passes = self.passes()
@@ -75,6 +68,27 @@ class CompilePass(SbpInferOptions, ModulePass):
                 p.apply(ctx, op)
                 if not skips_verify(p, passes[i + 1:], self.verify_each):
                     op.verify()
+
+
+def lowering_passes(*, device: str = DEFAULT_DEVICE, bucket: bool = True, bucket_bytes: int = 0,
+                    to_plan: bool = True, fuse: bool = True, representatives: bool = False) -> list[ModulePass]:
+    """The lowering after sbp-infer, defined here once: `compile` runs it,
+    and so do the planner on each layout it predicts and the layer search's
+    profiler on each layer (both with `representatives`: one device per
+    equivalence class is all the simulator replays, and lowering every
+    device took most of the planning time; such a plan is not verified by
+    plan-verify, which needs every device). The options are compile's."""
+    passes: list[ModulePass] = [SbpInsertBoxingPass(), SbpSimplifyPass()]
+    if bucket:
+        passes.append(SbpBucketCollectivesPass(device=device, bucket_bytes=bucket_bytes))
+    if to_plan:
+        passes.append(SbpToPlanPass(representatives=representatives))
+        if fuse:
+            passes.append(PlanFuseElementwisePass())
+        passes.append(PlanAllocateMemoryPass())
+        if not representatives:
+            passes.append(PlanVerifyPass())
+    return passes
 
 
 PLAN_PASSES = (SbpToPlanPass, PlanFuseElementwisePass, PlanAllocateMemoryPass)

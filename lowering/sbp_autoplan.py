@@ -1,7 +1,7 @@
 """`sbp-autoplan`: chooses how to distribute a training graph that carries no
 hints, for a cluster, by predicting every plan it considers.
 
-    sbp-opt train.mlir -p 'sbp-autoplan{cluster=h100-node devices=8 memory=40000000000},compile'
+    sbp-opt train.mlir -p 'sbp-autoplan{cluster=h100-node devices=8 memory_budget=40000000000},compile'
 
 For the graph's devices (its placement's ranks, or `devices`), the pass
 tries every mesh shape (N, and every a x b with a, b >= 2) and every memory
@@ -65,7 +65,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ArrayAttr, DenseArrayBase, ModuleOp, StringAttr, SymbolRefAttr, i64
 from xdsl.passes import ModulePass, PassPipeline
 from xdsl.rewriter import Rewriter
-from xdsl.utils.exceptions import PassFailedException
+from xdsl.utils.exceptions import PassFailedException, VerifyException
 
 from sbpc.dialects import lg
 from sbpc.dialects.lg_analysis import OPTIMIZER_STATE_PREFIXES
@@ -84,24 +84,19 @@ from sbpc.perf.cluster import Cluster, ClusterError, load_cluster
 from sbpc.perf.step_time import SimulationError, simulate_plan
 from sbpc.planning.autoplan import whole
 from sbpc.planning.autoplan.compose import notable, plan_layers
-from sbpc.planning.autoplan.layout import MEMORY_MODES, Candidate, Layout
+from sbpc.planning.autoplan.layout import MEMORY_MODES, Candidate, Layout, check_memory_budget
 from sbpc.planning.autoplan.profiler import LayerPasses
 from sbpc.planning.autoplan.stages import FORWARD_SOURCES, batch_size, cut_into_stages
 from sbpc.planning.cost_model import PLANNED_FOR_ATTR
 from sbpc.planning.sbp_ilp import SHARE_ABOVE
 
 from .autoplan_hints import write_plan
+from .compile import lowering_passes
 from .lg_autodiff import LgAutodiffPass
 from .lg_micro_batch import LgMicroBatchPass, rebatch
 from .lg_optimizer import LgOptimizerPass
 from .lg_recompute import LgRecomputePass
-from .plan_allocate_memory import PlanAllocateMemoryPass
-from .plan_fuse_elementwise import PlanFuseElementwisePass
-from .sbp_bucket_collectives import SbpBucketCollectivesPass
 from .sbp_infer import SbpInferPass
-from .sbp_insert_boxing import SbpInsertBoxingPass
-from .sbp_simplify import SbpSimplifyPass
-from .sbp_to_plan import SbpToPlanPass
 
 SEARCHES = ("auto", "whole", "layers")
 LAYERS_ABOVE_DEVICES = 8
@@ -179,8 +174,9 @@ def layer_passes() -> LayerPasses:
 
     def lower(module: ModuleOp) -> None:
         ctx = Context()
-        for p in (SbpInsertBoxingPass(), SbpSimplifyPass(), SbpToPlanPass(representatives=True),
-                  PlanFuseElementwisePass(), PlanAllocateMemoryPass()):
+        # a layer's own gradients are not bucketed: the composition prices
+        # the whole step's buckets
+        for p in lowering_passes(bucket=False, representatives=True):
             p.apply(ctx, module)
 
     return LayerPasses(rebatch, train, lower)
@@ -194,8 +190,8 @@ class SbpAutoplanPass(ModulePass):
     """A cluster preset or file (`docs/CLUSTER.md`) to plan for."""
     devices: int = 0
     """Devices to plan for (ranks 0..devices-1); 0: the graph's placement's ranks."""
-    memory: int = 0
-    """Bytes per device the plan may use; 0: the cluster device's memory."""
+    memory_budget: int | None = None
+    """Bytes per device the plan may use; none: the cluster device's memory."""
     strategy: str = "best"
     """How sbp-infer chooses each op's nd-SBP for a layout: `best` (the
     integer program on 1-D meshes where the training graph is small enough
@@ -221,6 +217,15 @@ class SbpAutoplanPass(ModulePass):
     autodiff). Empty: the input is already a training step."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        try:
+            training = list(PassPipeline.parse_spec(TRAINING_PASSES, self.training).passes) if self.training else []
+        except Exception as e:  # noqa: BLE001 - xDSL's spec errors are several types
+            raise PassFailedException(f"sbp-autoplan: training passes '{self.training}': {e}") from None
+        self.plan(op, training)
+
+    def plan(self, op: ModuleOp, training: Sequence[ModulePass]) -> None:
+        """Plans `op` as `apply` does, with the training passes given as
+        objects (the API hands down its own, not pipeline text)."""
         graphs = list(lg.graphs(op))
         if len(graphs) != 1:
             raise PassFailedException(f"sbp-autoplan: plans one lg.graph, found {len(graphs)}")
@@ -239,18 +244,18 @@ class SbpAutoplanPass(ModulePass):
             cluster = load_cluster(self.cluster, max(ranks) + 1)
         except (ClusterError, ValueError) as e:
             raise PassFailedException(f"sbp-autoplan: {e}") from None
-        budget = float(self.memory) if self.memory > 0 else cluster.device.memory
+        try:
+            check_memory_budget(self.memory_budget)
+        except ValueError as e:
+            raise PassFailedException(f"sbp-autoplan: {e}") from None
+        budget = self.memory_budget if self.memory_budget is not None else int(cluster.device.memory)
         modes = MEMORY_MODES if any(isinstance(o, lg.ParamOp) for o in graph.body.ops) else MEMORY_MODES[:1]
-        if self.training:
-            try:
-                PassPipeline.parse_spec(TRAINING_PASSES, self.training)
-            except Exception as e:  # noqa: BLE001 - xDSL's spec errors are several types
-                raise PassFailedException(f"sbp-autoplan: training passes '{self.training}': {e}") from None
-        batch = batch_size(graph) if self.training and "lg-micro-batch" not in self.training else None
+        kinds = {type(p) for p in training}
+        batch = batch_size(graph) if training and LgMicroBatchPass not in kinds else None
         forward = len([o for o in graph.body.ops if not isinstance(o, FORWARD_SOURCES)])
         if self.search not in SEARCHES:
             raise PassFailedException(f"sbp-autoplan: unknown search '{self.search}' (choose {', '.join(SEARCHES)})")
-        layered = "lg-autodiff" in self.training and batch is not None
+        layered = LgAutodiffPass in kinds and batch is not None
         if self.search == "layers" and not layered:
             raise PassFailedException(
                 "sbp-autoplan: search=layers plans a forward graph with a batch: give `training` with lg-autodiff "
@@ -258,12 +263,12 @@ class SbpAutoplanPass(ModulePass):
         if layered and (self.search == "layers" or (self.search == "auto" and (
                 len(ranks) > LAYERS_ABOVE_DEVICES or forward > LAYERS_ABOVE_OPS))):
             assert batch is not None
-            self._plan_layers(op, graph, placement, ranks, cluster, budget, modes, batch)
+            self._plan_layers(op, graph, placement, ranks, cluster, budget, modes, batch, training)
             return
         seen: dict[str, Candidate] = {}
         tries = whole.layouts(len(ranks), modes, batch, forward)
-        best, candidates = whole.search(tries, lambda layout: self._try(op, layout, ranks, cluster, seen), budget,
-                                        len(ranks), self._has_backward(graph))
+        best, candidates = whole.search(tries, lambda layout: self._try(op, layout, ranks, cluster, seen, training),
+                                        budget, len(ranks), self._has_backward(graph, training))
         assert best.module is not None
         for old in list(op.body.block.ops):
             old.detach()
@@ -284,14 +289,13 @@ class SbpAutoplanPass(ModulePass):
         return os.path.abspath(self.cluster) if os.path.isfile(self.cluster) else self.cluster
 
     def _plan_layers(self, op: ModuleOp, graph: lg.GraphOp, placement: PlacementOp, ranks: list[int],
-                     cluster: Cluster, budget: float, modes: Sequence[str], batch: int) -> None:
-        pipeline = PassPipeline.parse_spec(TRAINING_PASSES, self.training)
-        optimizer = next((p.algorithm for p in pipeline.passes if isinstance(p, LgOptimizerPass)), "sgd")
+                     cluster: Cluster, budget: int, modes: Sequence[str], batch: int,
+                     training: Sequence[ModulePass]) -> None:
+        optimizer = next((p.algorithm for p in training if isinstance(p, LgOptimizerPass)), "sgd")
         device = self.cluster
         best, estimates, profiler, layers = plan_layers(graph, self.loss, cluster, device, ranks, batch, budget,
                                                         modes, optimizer, layer_passes())
-        write_plan(op, graph, placement, layers, best, profiler, ranks, self.training, TRAINING_PASSES, batch,
-                   self.loss)
+        write_plan(op, graph, placement, layers, best, profiler, ranks, training, batch, self.loss)
         classes = len({layer.key for layer in layers})
         graph.attributes[PLANNED_FOR_ATTR] = StringAttr(self._cluster_spec())
         graph.attributes[AUTOPLAN_ATTR] = StringAttr(
@@ -301,14 +305,14 @@ class SbpAutoplanPass(ModulePass):
             graph.attributes[AUTOPLAN_ALTERNATIVES_ATTR] = ArrayAttr(
                 [StringAttr(e.describe(budget)) for e in notable(estimates, budget)])
 
-    def _has_backward(self, graph: lg.GraphOp) -> bool:
+    def _has_backward(self, graph: lg.GraphOp, training: Sequence[ModulePass]) -> bool:
         """Whether the planned step has a backward pass to recompute for."""
-        if self.training:
-            return "lg-autodiff" in self.training
+        if training:
+            return any(isinstance(p, LgAutodiffPass) for p in training)
         return any(n.data.startswith(("grad.", "new.")) for n in graph.output().names.data)
 
     def _try(self, module: ModuleOp, layout: Layout, ranks: list[int], cluster: Cluster,
-             seen: dict[str, Candidate]) -> Candidate:
+             seen: dict[str, Candidate], training: Sequence[ModulePass]) -> Candidate:
         """Plans and predicts one layout (the whole-graph search's
         `evaluate`). Layouts whose inference gives the same sbp-level IR
         (say, inputs free and inputs replicated, where the search replicates
@@ -322,14 +326,17 @@ class SbpAutoplanPass(ModulePass):
         ctx = Context()
         try:
             if layout.stages == 1:
+                axes = len(placement.mesh().shape)
                 placement.ranks = DenseArrayBase.from_list(i64, ranks)
                 placement.shape = DenseArrayBase.from_list(i64, layout.mesh)
+                if len(layout.mesh) != axes:  # the user's hints name the old mesh's axes
+                    candidate.verify()
             else:
                 cut_into_stages(candidate, graph, placement, layout.stages, layout.mesh, ranks)
             if layout.micro_batches > 1:
                 LgMicroBatchPass(count=layout.micro_batches, schedule=layout.schedule).apply(ctx, candidate)
-            if self.training:
-                PassPipeline.parse_spec(TRAINING_PASSES, self.training).apply(ctx, candidate)
+            for p in training:
+                p.apply(ctx, candidate)
             if layout.recompute != "none":
                 LgRecomputePass(policy=layout.recompute, loss=self.loss).apply(ctx, candidate)
             if layout.inputs != "free":
@@ -353,14 +360,11 @@ class SbpAutoplanPass(ModulePass):
                 return dataclasses.replace(same, layout=layout)
             seen[text] = trial
             trial.module = candidate.clone()
-            # one device per equivalence class is all the simulator replays
-            # (and lowering every device took most of the planning time)
-            for p in (SbpInsertBoxingPass(), SbpSimplifyPass(), SbpBucketCollectivesPass(device=self.cluster),
-                      SbpToPlanPass(representatives=True), PlanFuseElementwisePass(), PlanAllocateMemoryPass()):
+            for p in lowering_passes(device=self.cluster, representatives=True):
                 p.apply(ctx, candidate)
             prediction = simulate_plan(candidate, cluster, steps=3)
             trial.step_time, trial.peak_memory = prediction.step_time, prediction.peak_memory
-        except (PassFailedException, SimulationError) as e:
+        except (PassFailedException, VerifyException, SimulationError) as e:
             trial.rejected = str(e)
             trial.module = None
         return trial

@@ -19,14 +19,14 @@ from __future__ import annotations
 import functools
 import os
 import tempfile
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from io import StringIO
 from typing import Any, cast
 
 import numpy as np
 from xdsl.context import Context
-from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr
-from xdsl.passes import PassPipeline
+from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr, SymbolRefAttr
+from xdsl.passes import ModulePass, PassPipeline
 from xdsl.printer import Printer
 
 from sbpc.arguments import checked
@@ -36,6 +36,7 @@ from sbpc.dialects.plan import ProgramOp, programs
 from sbpc.dialects.sbp import AUTOPLAN_ALTERNATIVES_ATTR, AUTOPLAN_ATTR
 from sbpc.frontend import Graph, Placement
 from sbpc.optim import Optimizer
+from sbpc.planning.autoplan.layout import check_memory_budget
 from sbpc.runtime.hosts import Hosts
 from sbpc.runtime.pool_client import RankPool
 
@@ -60,13 +61,13 @@ def compile(  # noqa: A001 - the verb users expect
     pipeline: str = "compile",
     mode: str = "auto",
     plan: str = "manual",
-    cluster: Any = "cpu",
-    memory_budget: Any = None,
+    cluster: str | os.PathLike = "cpu",
+    memory_budget: int | None = None,
     devices: int | None = None,
     optimizer: Optimizer | None = None,
-    seed: Any = None,
+    seed: int | None = None,
     stages: int = 1,
-    hosts: Any = None,
+    hosts: str | Sequence[str] | Hosts | None = None,
 ) -> Executable:
     """Runs the pass pipeline (default: the whole `compile` chain) on a
     frontend graph, a module, or IR text, and returns an Executable.
@@ -102,49 +103,17 @@ def compile(  # noqa: A001 - the verb users expect
     text, launcher=...)`. The first host must be this machine. The plan is
     the same; give a cluster calibrated on those hosts (`sbp-calibrate
     --hosts`) for `plan="auto"` to plan for their network."""
-    from sbpc.lowering import PASSES
-
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if plan not in PLANS:
         raise ValueError(f"plan must be one of {PLANS}, got {plan!r}")
-    if memory_budget is not None and (isinstance(memory_budget, bool) or not isinstance(memory_budget, int | np.integer)
-                                      or memory_budget <= 0):
-        raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)
-                             or not -2**63 <= seed < 2**63):
-        raise ValueError(f"seed must be a 64-bit integer, got {seed!r}")
-    hosts = Hosts.of(hosts)
-    if hosts is not None:
-        hosts.check_driver_host()
-    if optimizer is not None:
-        if any(p in pipeline for p in ("lg-autodiff", "lg-optimizer")):
-            raise ValueError("pass either optimizer= or a pipeline with lg-autodiff and lg-optimizer, not both")
-        # micro-batches are cut before autodiff: a pipeline that begins with
-        # lg-micro-batch gets the optimizer's passes after it
-        specs = [str(p.pipeline_pass_spec()) for p in PassPipeline.parse_spec(PASSES, pipeline).passes]
-        lead = next((i for i, spec in enumerate(specs) if not spec.startswith("lg-micro-batch")), len(specs))
-        pipeline = ",".join([*specs[:lead], optimizer.pipeline(), *specs[lead:]])
-    if isinstance(graph, Graph):
-        if placement is not None and graph.placement is None:
-            graph.placement = placement
-            graph.use(placement)
-            graph.builder.placement = placement.name
-        module = graph.module()
-    elif isinstance(graph, str):
-        module = parse_module(graph)
-    else:
-        module = graph.clone()
-    if placement is not None and not isinstance(graph, Graph):
-        for g in module.ops:
-            if isinstance(g, lg.GraphOp) and g.placement is None:
-                from xdsl.dialects.builtin import SymbolRefAttr
-
-                g.placement = SymbolRefAttr(placement.name)
-                first = module.body.block.first_op
-                assert first is not None  # `g` is in this block
-                module.body.block.insert_op_before(placement.op(), first)
-    autoplan: dict[str, Any] = {}
+    check_memory_budget(memory_budget)
+    budget = None if memory_budget is None else int(memory_budget)
+    placed_on = Hosts.of(hosts)
+    if placed_on is not None:
+        placed_on.check_driver_host()
+    module = _module_of(graph, placement)
+    passes = _passes(pipeline, optimizer)
     if stages != 1:
         if plan == "auto" or programs(module):
             raise ValueError("stages= cuts a graph by hand: not with plan='auto' (which chooses stages) "
@@ -152,39 +121,86 @@ def compile(  # noqa: A001 - the verb users expect
         from sbpc.planning.autoplan.stages import place_stages
 
         place_stages(module, stages)
+    autoplan: dict[str, Any] = {}
     with collector_paused():  # graph passes, the planner's search and compile make and drop IR by the thousand
-        if not programs(module):
-            passes = list(PassPipeline.parse_spec(PASSES, pipeline).passes)
+        if programs(module):
             if plan == "auto":
-                from sbpc.lowering.sbp_autoplan import SbpAutoplanPass
-
-                # The pipeline's training passes (micro-batching, autodiff, the
-                # optimizer) run inside the planner, once per layout: stages and
-                # micro-batches are cut before autodiff.
-                at = max((i + 1 for i, p in enumerate(passes) if p.name in BEFORE_PLANNING), default=0)
-                training = ",".join(str(p.pipeline_pass_spec()) for p in passes[:at])
-                planner = SbpAutoplanPass(cluster=str(cluster), devices=devices or 0, memory=int(memory_budget or 0),
-                                          explain=True, training=training)
-                planner.apply(Context(), module)
-                chosen = next(iter(lg.graphs(module)))
-                described = cast(StringAttr, chosen.attributes[AUTOPLAN_ATTR])
-                alternatives = cast("ArrayAttr[StringAttr]", chosen.attributes[AUTOPLAN_ALTERNATIVES_ATTR])
-                autoplan = {"cluster": str(cluster), "chosen": described.data,
-                            "alternatives": [a.data for a in alternatives.data]}
-                passes = passes[at:]
+                raise ValueError("plan='auto' needs a graph, not a compiled plan")
+        else:
+            if plan == "auto":
+                passes, autoplan = _plan_automatically(module, passes, str(cluster), devices or 0, budget)
             PassPipeline(tuple(passes)).apply(Context(), module)
-        elif plan == "auto":
-            raise ValueError("plan='auto' needs a graph, not a compiled plan")
         module.verify()
-    if memory_budget is not None and programs(module):
-        _check_budget(programs(module)[0], int(memory_budget))
-    exe = Executable(module, mode, hosts)
+    if budget is not None and programs(module):
+        _check_budget(programs(module)[0], budget)
+    exe = Executable(module, mode, placed_on)
+    exe.autoplan = autoplan
+    _fill_in(exe, graph, optimizer, seed)
+    return exe
+
+
+def _module_of(graph: Graph | ModuleOp | str, placement: Placement | None) -> ModuleOp:
+    """The module to compile (a copy: the caller's graph or module is left
+    as it is), its graph on `placement` where it names none."""
+    if isinstance(graph, Graph):
+        if placement is not None and graph.placement is None:
+            graph.placement = placement
+            graph.use(placement)
+            graph.builder.placement = placement.name
+        return graph.module()
+    module = parse_module(graph) if isinstance(graph, str) else graph.clone()
+    if placement is not None:
+        for g in module.ops:
+            if isinstance(g, lg.GraphOp) and g.placement is None:
+                g.placement = SymbolRefAttr(placement.name)
+                first = module.body.block.first_op
+                assert first is not None  # `g` is in this block
+                module.body.block.insert_op_before(placement.op(), first)
+    return module
+
+
+def _passes(pipeline: str, optimizer: Optimizer | None) -> list[ModulePass]:
+    """The pipeline's passes, parsed once, with the optimizer's lg-autodiff
+    and lg-optimizer first (after a leading lg-micro-batch: micro-batches
+    are cut before autodiff)."""
+    from sbpc.lowering import PASSES
+
+    passes = list(PassPipeline.parse_spec(PASSES, pipeline).passes)
+    if optimizer is None:
+        return passes
+    if any(p.name in ("lg-autodiff", "lg-optimizer") for p in passes):
+        raise ValueError("pass either optimizer= or a pipeline with lg-autodiff and lg-optimizer, not both")
+    lead = next((i for i, p in enumerate(passes) if p.name != "lg-micro-batch"), len(passes))
+    return [*passes[:lead], *optimizer.passes(), *passes[lead:]]
+
+
+def _plan_automatically(module: ModuleOp, passes: list[ModulePass], cluster: str, devices: int,
+                        memory_budget: int | None) -> tuple[list[ModulePass], dict[str, Any]]:
+    """Runs sbp-autoplan on `module`, handing it the pipeline's training
+    passes (micro-batching, autodiff, the optimizer): it runs them inside,
+    once per layout, since stages and micro-batches are cut before autodiff.
+    Returns the passes left to run and what the planner chose."""
+    from sbpc.lowering.sbp_autoplan import SbpAutoplanPass
+
+    at = max((i + 1 for i, p in enumerate(passes) if p.name in BEFORE_PLANNING), default=0)
+    planner = SbpAutoplanPass(cluster=cluster, devices=devices, memory_budget=memory_budget, explain=True)
+    planner.plan(module, passes[:at])
+    chosen = next(iter(lg.graphs(module)))
+    described = cast(StringAttr, chosen.attributes[AUTOPLAN_ATTR])
+    alternatives = cast("ArrayAttr[StringAttr]", chosen.attributes[AUTOPLAN_ALTERNATIVES_ATTR])
+    return passes[at:], {"cluster": cluster, "chosen": described.data,
+                         "alternatives": [a.data for a in alternatives.data]}
+
+
+def _fill_in(exe: Executable, graph: Graph | ModuleOp | str, optimizer: Optimizer | None, seed: int | None) -> None:
+    """What the compiled plan does not say and the caller gave: the frontend
+    graph's initial values, state names and buffers, the optimizer's
+    learning rate as the default `lr` feed, the random seed."""
     keys = set(exe.param_keys())
     orphans = [n for n in exe.output_names if n.startswith("new.") and n.removeprefix("new.") not in keys]
     if orphans:
         raise ValueError(f"output {orphans[0]!r} is the update of parameter {orphans[0].removeprefix('new.')!r}, "
                          f"which the graph does not have (parameters: {sorted(keys)}); name it otherwise")
-    exe.autoplan = autoplan
     if isinstance(graph, Graph):
         exe.initial_values = dict(graph.initial_values)
         exe.state_names = dict(graph.state_names)
@@ -200,7 +216,6 @@ def compile(  # noqa: A001 - the verb users expect
 
         if RANDOM_SEED in exe.param_keys():
             exe.initial_values[RANDOM_SEED] = np.asarray(seed, np.int64)
-    return exe
 
 
 def _check_budget(program: ProgramOp, budget: int) -> None:

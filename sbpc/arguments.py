@@ -66,6 +66,8 @@ def describe(hint: Any) -> str:
         return "None"
     if origin in (Sequence, list, tuple, typing.Sequence):
         return f"a list of {describe(args[0])}" if args else "a list"
+    if hint is int:  # conforms() takes integers that fit int64, as the IR stores them
+        return "a 64-bit integer"
     if isinstance(hint, type):
         name = hint.__name__
         return f"an {name}" if name[0].lower() in "aeiou" else f"a {name}"

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from xdsl.passes import ModulePass
 
 
 @dataclass(frozen=True)
@@ -29,15 +32,30 @@ class Optimizer:
     the optimizer state (lg-optimizer's `zero`), as PyTorch's
     ZeroRedundancyOptimizer does."""
 
-    def pass_spec(self) -> str:
-        """The lg-optimizer pass that applies this update."""
+    def options(self) -> dict[str, Any]:
+        """lg-optimizer's options for this update (without `zero`)."""
         raise NotImplementedError
 
-    def _pass(self, options: str) -> str:
-        return f"lg-optimizer{{{options}{' zero=true' if self.zero else ''}}}"
+    def _options(self) -> dict[str, Any]:
+        return {**self.options(), **({"zero": True} if self.zero else {})}
 
-    def pipeline(self) -> str:
-        return f"lg-autodiff,{self.pass_spec()}"
+    def passes(self) -> list[ModulePass]:
+        """lg-autodiff, then the lg-optimizer pass that applies this update."""
+        from sbpc.lowering.lg_autodiff import LgAutodiffPass
+        from sbpc.lowering.lg_optimizer import LgOptimizerPass
+
+        return [LgAutodiffPass(), LgOptimizerPass(**self._options())]
+
+    def pass_spec(self) -> str:
+        """The lg-optimizer pass that applies this update, as pipeline text
+        (for sbp-opt)."""
+        def text(value: Any) -> str:
+            if isinstance(value, bool):
+                return str(value).lower()
+            return _num(value) if isinstance(value, float) else f'"{value}"' if isinstance(value, str) else str(value)
+
+        options = " ".join(f"{k}={v if k == 'algorithm' else text(v)}" for k, v in self._options().items())
+        return f"lg-optimizer{{{options}}}"
 
 
 @dataclass(frozen=True)
@@ -47,11 +65,11 @@ class SGD(Optimizer):
     momentum: float = 0.0
     weight_decay: float = 0.0
 
-    def pass_spec(self) -> str:
+    def options(self) -> dict[str, Any]:
         _no_coupled_decay(self.weight_decay, "SGD")
         if self.momentum:
-            return self._pass(f"algorithm=momentum momentum={_num(self.momentum)}")
-        return self._pass("algorithm=sgd")
+            return {"algorithm": "momentum", "momentum": float(self.momentum)}
+        return {"algorithm": "sgd"}
 
 
 @dataclass(frozen=True)
@@ -62,12 +80,12 @@ class Adam(Optimizer):
     eps: float = 1e-8
     weight_decay: float = 0.0
 
-    def pass_spec(self) -> str:
+    def options(self) -> dict[str, Any]:
         _no_coupled_decay(self.weight_decay, "Adam")
-        return self._pass(f"algorithm=adam {self._adam()}")
+        return {"algorithm": "adam", **self._adam()}
 
-    def _adam(self) -> str:
-        return f"beta1={_num(self.betas[0])} beta2={_num(self.betas[1])} eps={_num(self.eps)}"
+    def _adam(self) -> dict[str, Any]:
+        return {"beta1": float(self.betas[0]), "beta2": float(self.betas[1]), "eps": float(self.eps)}
 
 
 @dataclass(frozen=True)
@@ -78,8 +96,8 @@ class AdamW(Adam):
     weight_decay: float = 0.01
     groups: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
 
-    def pass_spec(self) -> str:
-        spec = f"algorithm=adamw {self._adam()} weight_decay={_num(self.weight_decay)}"
+    def options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {"algorithm": "adamw", **self._adam(), "weight_decay": float(self.weight_decay)}
         rules = []
         for group in self.groups:
             unknown = set(group) - {"params", "weight_decay"}
@@ -91,8 +109,8 @@ class AdamW(Adam):
                     raise ValueError(f"parameter pattern {pattern!r} may not contain spaces or :;\"{{}}")
                 rules.append(f"{pattern}:{_num(group.get('weight_decay', self.weight_decay))}")
         if rules:
-            spec += f' decay_groups="{";".join(rules)}"'
-        return self._pass(spec)
+            options["decay_groups"] = ";".join(rules)
+        return options
 
 
 def _num(x: float) -> str:

@@ -229,7 +229,7 @@ def candidate_layouts(devices: int, node: int, batch: int, layers: int, modes: S
 
 
 def plan_layers(graph: lg.GraphOp, loss: str, cluster: Cluster, device: str, ranks: list[int], batch: int,
-                budget: float, modes: Sequence[str], optimizer: str,
+                budget: int, modes: Sequence[str], optimizer: str,
                 passes: LayerPasses) -> tuple[Candidate, list[Candidate], Profiler, list[Layer]]:
     """The fastest composed plan within `budget`: every candidate layout
     without recomputation, then, fewest first, recomputation for the
@@ -267,7 +267,7 @@ def plan_layers(graph: lg.GraphOp, loss: str, cluster: Cluster, device: str, ran
 
 
 
-def notable(estimates: list[Candidate], budget: float, top: int = 8) -> list[Candidate]:
+def notable(estimates: list[Candidate], budget: int, top: int = 8) -> list[Candidate]:
     """What explain lists: the fastest plans, then the best of each kind
     (data parallel, tensor parallel, pipeline, ZeRO, FSDP, recomputation)
     not among them, then the rejected."""

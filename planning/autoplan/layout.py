@@ -5,6 +5,7 @@ per layout, and the layers profiled and composed)."""
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 from xdsl.dialects.builtin import ModuleOp
@@ -111,10 +112,10 @@ class Candidate:
     def priced(self) -> bool:
         return not self.rejected and self.step_time < math.inf
 
-    def fits(self, budget: float) -> bool:
+    def fits(self, budget: int) -> bool:
         return self.priced and self.peak_memory <= budget
 
-    def describe(self, budget: float) -> str:
+    def describe(self, budget: int) -> str:
         if not self.priced:
             return f"{self.layout.describe()}: rejected: {self.rejected}"
         over = "" if self.peak_memory <= budget else f" (over the budget of {gib(budget)})"
@@ -122,12 +123,19 @@ class Candidate:
                 f"{gib(self.peak_memory)} per device{over}")
 
 
+def check_memory_budget(budget: int | None) -> None:
+    """The one check of a memory budget, from the API to the search: a
+    positive number of bytes per device, or None (none given)."""
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, numbers.Integral) or budget <= 0):
+        raise ValueError(f"memory_budget must be a positive number of bytes, got {budget!r}")
+
+
 def gib(n: float) -> str:
     """Bytes as a person reads them: GiB from 128 MiB, else MiB."""
     return f"{n / 2**30:.3g} GiB" if n >= 2**27 else f"{n / 2**20:.3g} MiB"
 
 
-def fastest_fitting(candidates: list[Candidate], budget: float, devices: int) -> Candidate:
+def fastest_fitting(candidates: list[Candidate], budget: int, devices: int) -> Candidate:
     """The fastest candidate within `budget` bytes per device. Where none
     fits, the error says the least memory any plan needs (and its layout);
     where none could be planned, why each was rejected."""

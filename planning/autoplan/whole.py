@@ -55,7 +55,7 @@ def worth_recomputing(over: list[Candidate]) -> list[Candidate]:
     return list({id(c): c for c in [*fastest, *smallest]}.values())
 
 
-def search(tries: list[Layout], evaluate: Callable[[Layout], Candidate], budget: float, devices: int,
+def search(tries: list[Layout], evaluate: Callable[[Layout], Candidate], budget: int, devices: int,
            recompute: bool) -> tuple[Candidate, list[Candidate]]:
     """The fastest of `tries` within `budget`, and every candidate priced.
     Recomputation costs time, so with `recompute` (the step has a backward

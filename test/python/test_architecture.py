@@ -5,6 +5,7 @@ MPI (docs/ARCHITECTURE.md describes the layers)."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,9 +32,12 @@ LAYERS = {package: level for level, package in enumerate(PACKAGES)}
 def modules() -> dict[str, Path]:
     found = {}
     for package, folder in PACKAGES.items():
-        # a layer's subpackages (planning/autoplan/) belong to it; the links
-        # sbpc/<layer> are not the sbpc layer's subpackages
-        paths = (ROOT / folder).glob("*.py") if package == "sbpc" else (ROOT / folder).rglob("*.py")
+        # a layer's subpackages (planning/autoplan/, sbpc/torch_import/) belong
+        # to it; the links sbpc/<layer> are not the sbpc layer's subpackages
+        paths = (ROOT / folder).rglob("*.py") if package != "sbpc" else [
+            *(ROOT / folder).glob("*.py"),
+            *(path for sub in sorted((ROOT / folder).iterdir()) if sub.is_dir() and not sub.is_symlink()
+              for path in sub.rglob("*.py"))]
         for path in sorted(paths):
             parts = path.relative_to(ROOT / folder).with_suffix("").parts
             if parts[-1] == "__init__":
@@ -198,3 +202,46 @@ def test_above_lowering_the_passes_are_only_run():
             if not runs:
                 wrong.append(f"{name} imports {imported} from {module}")
     assert not wrong, "\n".join(wrong)
+
+
+LOWERING_AFTER_INFERENCE = {
+    "SbpInsertBoxingPass": "sbp-insert-boxing", "SbpSimplifyPass": "sbp-simplify",
+    "SbpBucketCollectivesPass": "sbp-bucket-collectives", "SbpToPlanPass": "sbp-to-plan",
+    "PlanFuseElementwisePass": "plan-fuse-elementwise", "PlanAllocateMemoryPass": "plan-allocate-memory",
+    "PlanVerifyPass": "plan-verify"}
+"""The passes after sbp-infer, by class and by pipeline name."""
+
+
+PIPELINE_TEXT = re.compile("(?:{0})(?:{{[^}}]*}})? *, *(?:{0})".format("|".join(LOWERING_AFTER_INFERENCE.values())))
+"""Two of those passes in pipeline text (`sbp-to-plan,plan-allocate-memory`)."""
+
+
+def pass_lists(path: Path, root: Path = ROOT) -> list[str]:
+    """The functions of a module that make two or more of the passes after
+    inference (by class or in pipeline text): each is a list of them."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        made = {n.func.id for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                and n.func.id in LOWERING_AFTER_INFERENCE}
+        texts = [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+        if len(made) >= 2 or any(PIPELINE_TEXT.search(text) for text in texts):
+            found.append(f"{path.relative_to(root)}: {node.name}")
+    return found
+
+
+def test_the_lowering_after_inference_is_defined_once():
+    # compile, the planner's search and the layer profiler all lower through
+    # lowering.compile.lowering_passes; a second list of those passes would
+    # drift from it (there were three)
+    lists = [f for path in modules().values() for f in pass_lists(path)]
+    assert lists == ["lowering/compile.py: lowering_passes"], lists
+
+
+def test_a_second_list_of_the_lowering_is_found(tmp_path):
+    (tmp_path / "x.py").write_text(
+        "def lower(m):\n    for p in (SbpInsertBoxingPass(), SbpSimplifyPass()):\n        p.apply(m)\n"
+        "def text():\n    return 'sbp-to-plan,plan-allocate-memory'\n")
+    assert [f.split(": ")[1] for f in pass_lists(tmp_path / "x.py", tmp_path)] == ["lower", "text"]
+

@@ -106,7 +106,7 @@ def test_the_data_start_is_plain_data_parallelism():
     from sbpc.planning.autoplan.layout import Layout
 
     trial = SbpAutoplanPass(strategy="auto")._try(training(4), Layout((4,), "replicated", inputs="data"),
-                                                  [0, 1, 2, 3], load_cluster("cpu", 4), {})
+                                                  [0, 1, 2, 3], load_cluster("cpu", 4), {}, [])
     assert not trial.rejected and trial.module is not None
     graph = next(iter(lg.graphs(trial.module)))
     params = [op for op in graph.body.ops if isinstance(op, lg.ParamOp)]

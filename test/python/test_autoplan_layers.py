@@ -111,7 +111,7 @@ def written(layout: Layout, ranks: int = 4, cluster: str = "cpu", **size):
     estimate = Composer(layers, profiler, c, list(range(ranks)), batch, "adam").estimate(layout)
     assert not estimate.rejected, estimate.rejected
     write_plan(module, graph, lookup_placement(graph, graph.placement), layers, estimate, profiler,
-               list(range(ranks)), TRAIN, TRAINING_PASSES, batch, "loss")
+               list(range(ranks)), PassPipeline.parse_spec(TRAINING_PASSES, TRAIN).passes, batch, "loss")
     module.verify()
     return module, estimate
 
@@ -179,7 +179,7 @@ def test_search_by_layers_fits_a_budget_and_explains():
     assert budget > min(mib(a) for a in alternatives)
 
     module = forward_gpt(2)
-    SbpAutoplanPass(search="layers", training=TRAIN, memory=budget).apply(Context(), module)
+    SbpAutoplanPass(search="layers", training=TRAIN, memory_budget=budget).apply(Context(), module)
     chosen = lg.graphs(module)[0].attributes["sbp.autoplan"].data
     assert mib(chosen) <= budget, chosen
     CompilePass().apply(Context(), module)

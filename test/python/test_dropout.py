@@ -146,7 +146,7 @@ def test_the_seed_is_a_compile_option():
     assert np.array_equal(first_mask(), first_mask(seed=0))  # the default seed
     assert not np.array_equal(first_mask(seed=-1), first_mask(seed=2**63 - 1))
     for bad in (2**63, 1.5, True):
-        with pytest.raises(ValueError, match="seed must be a 64-bit integer"):
+        with pytest.raises(TypeError, match="seed must be a 64-bit integer or None"):
             sbpc.compile(dropped(), mode="simulate", seed=bad)
 
 

@@ -1,5 +1,5 @@
 // RUN: sbp-opt %s -p 'sbp-autoplan{search=layers explain=true training="lg-autodiff,lg-optimizer{algorithm=adam}"}' | filecheck %s
-// RUN: sbp-opt %s -p 'sbp-autoplan{search=layers memory=60000 training="lg-autodiff,lg-optimizer{algorithm=adam}"},compile' | filecheck %s --check-prefix=PLAN
+// RUN: sbp-opt %s -p 'sbp-autoplan{search=layers memory_budget=60000 training="lg-autodiff,lg-optimizer{algorithm=adam}"},compile' | filecheck %s --check-prefix=PLAN
 // RUN: not sbp-opt %s -p 'sbp-autoplan{search=layers}' 2>&1 | filecheck %s --check-prefix=NOTRAIN
 
 // A residual MLP of four equal blocks, no hints, planned by layers for 4

@@ -1,6 +1,6 @@
 // RUN: sbp-opt %s -p 'lg-autodiff,lg-optimizer{algorithm=adam},sbp-autoplan{strategy=auto explain=true}' | filecheck %s
-// RUN: sbp-opt %s -p 'lg-autodiff,lg-optimizer{algorithm=adam},sbp-autoplan{strategy=auto memory=70000},compile' | filecheck %s --check-prefix=TIGHT
-// RUN: not sbp-opt %s -p 'lg-autodiff,lg-optimizer{algorithm=adam},sbp-autoplan{strategy=auto memory=1000}' 2>&1 | filecheck %s --check-prefix=NOFIT
+// RUN: sbp-opt %s -p 'lg-autodiff,lg-optimizer{algorithm=adam},sbp-autoplan{strategy=auto memory_budget=70000},compile' | filecheck %s --check-prefix=TIGHT
+// RUN: not sbp-opt %s -p 'lg-autodiff,lg-optimizer{algorithm=adam},sbp-autoplan{strategy=auto memory_budget=1000}' 2>&1 | filecheck %s --check-prefix=NOFIT
 // RUN: not sbp-opt %s -p 'sbp-autoplan{cluster=tpu-pod}' 2>&1 | filecheck %s --check-prefix=CLUSTER
 
 // An MLP with no hints on 4 devices. Every mesh shape (4, 2x2), start of the
