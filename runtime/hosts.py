@@ -95,6 +95,12 @@ class Hosts:
         fork launcher runs "hosts" that are all this machine)."""
         return len(self.names) > 1
 
+    def all_here(self) -> bool:
+        """Whether every host is this machine (a list tried here with the
+        fork launcher): then nothing of the job needs more than loopback
+        (runtime/launch.py, confine_to_loopback)."""
+        return all(is_this_machine(name) for name in self.names)
+
     def ranks_per_host(self, ranks: int) -> list[int]:
         """How many of `ranks` each host runs, node-major."""
         fixed = sum(s for s in self.slots if s is not None)

@@ -1,5 +1,7 @@
 """Starting MPI ranks: the `mpiexec` that the mpich wheel installs next to
-the Python interpreter, one thread of BLAS per rank (ranks share cores)."""
+the Python interpreter, one thread of BLAS per rank (ranks share cores),
+and, when every rank runs on this machine, nothing of the job reachable
+from the network (confine_to_loopback)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,10 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Collection
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,7 +38,9 @@ def rank_environment(hosts: Hosts | None = None, secret: str | None = None) -> d
     messages through shared memory there anyway, and UCX's default
     transports also opened TCP listeners on every interface in every rank.
     Across hosts UCX picks the network it finds (set UCX_TLS and
-    UCX_NET_DEVICES to confine it to the cluster's interconnect)."""
+    UCX_NET_DEVICES to confine it to the cluster's interconnect). It is
+    also mpiexec's environment: where every host is this machine, the
+    launcher and the ranks listen on loopback alone (confine_to_loopback)."""
     from .rank_auth import SECRET_VARIABLE, new_secret
 
     env = dict(os.environ)
@@ -42,8 +48,122 @@ def rank_environment(hosts: Hosts | None = None, secret: str | None = None) -> d
         env.setdefault(var, "1")
     if hosts is None or not hosts.several:
         env.setdefault("UCX_TLS", "self,sm")
+    if hosts is None or hosts.all_here():
+        confine_to_loopback(env)
     env[SECRET_VARIABLE] = secret or new_secret()
     return env
+
+
+LOOPBACK_INTERFACE = "lo"
+RANK_INTERFACE_VARIABLES = ("UCX_NET_DEVICES", "FI_TCP_IFACE", "FI_SOCKETS_IFACE")
+"""Where the ranks' network modules listen: UCX (the wheel's default) and
+libfabric's tcp and sockets providers (MPIR_CVAR_CH4_NETMOD=ofi). Unset,
+each listened on this machine's external address in every rank (UCX when
+UCX_TLS is not self,sm; libfabric always), even with every rank here."""
+OTHER_PRELOAD_VARIABLE = "SBPC_OTHER_LD_PRELOAD"
+"""The LD_PRELOAD the user gave, which the loopback shim puts back for the
+processes mpiexec starts (LOOPBACK_SHIM names it too)."""
+
+
+def confine_to_loopback(env: dict[str, str]) -> None:
+    """Makes a job whose every rank runs on this machine listen on loopback
+    alone, in `env` (mpiexec's and the ranks'). hydra's mpiexec listens for
+    its proxies on every interface (0.0.0.0: MPICH's HYDU_sock_listen binds
+    INADDR_ANY whatever the options; -iface and -localhost only change the
+    address it tells the proxies), and its proxies and ranks inherit that
+    socket: anyone who reached the port could talk hydra's protocol to it.
+    So mpiexec runs with a shim (LOOPBACK_SHIM) that binds its sockets to
+    loopback instead, and HYDRA_IFACE=lo tells the proxies that address
+    (forced: another interface's address would not reach the shim's
+    socket). The ranks' network modules are confined to loopback too (a
+    user's own setting of theirs is kept). Where the shim cannot be built
+    (no C compiler) mpiexec still listens on every interface, and a warning
+    says so once."""
+    env["HYDRA_IFACE"] = LOOPBACK_INTERFACE
+    for var in RANK_INTERFACE_VARIABLES:
+        env.setdefault(var, LOOPBACK_INTERFACE)
+    shim = loopback_shim()
+    if shim is None:
+        return
+    others = env.get("LD_PRELOAD", "")
+    env[OTHER_PRELOAD_VARIABLE] = others
+    env["LD_PRELOAD"] = f"{shim} {others}".strip()
+
+
+LOOPBACK_SHIM = r"""
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+/* Loaded into mpiexec (LD_PRELOAD): a socket bound to every interface is
+   bound to loopback instead (hydra listens on INADDR_ANY, whatever its options). */
+
+static int (*next_bind)(int, const struct sockaddr *, socklen_t);
+
+int bind(int fd, const struct sockaddr *address, socklen_t length)
+{
+    if (next_bind == NULL) {
+        errno = ENOSYS;
+        return -1;
+    }
+    if (address != NULL && address->sa_family == AF_INET && length >= sizeof(struct sockaddr_in)) {
+        struct sockaddr_in v4;
+        memcpy(&v4, address, sizeof v4);
+        if (v4.sin_addr.s_addr == htonl(INADDR_ANY)) {
+            v4.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+            return next_bind(fd, (const struct sockaddr *) &v4, sizeof v4);
+        }
+    } else if (address != NULL && address->sa_family == AF_INET6 && length >= sizeof(struct sockaddr_in6)) {
+        struct sockaddr_in6 v6;
+        memcpy(&v6, address, sizeof v6);
+        if (IN6_IS_ADDR_UNSPECIFIED(&v6.sin6_addr)) {
+            v6.sin6_addr = in6addr_loopback;
+            return next_bind(fd, (const struct sockaddr *) &v6, sizeof v6);
+        }
+    }
+    return next_bind(fd, address, length);
+}
+
+/* mpiexec alone: hydra reads the environment it passes to its proxies and
+   ranks after this runs, so they get the user's LD_PRELOAD back, not this
+   (a proxy listens on nothing; the ranks' network modules are confined by
+   their own settings, and a socket a user's code binds in a rank stays as bound). */
+__attribute__((constructor)) static void mpiexec_alone(void)
+{
+    next_bind = (int (*)(int, const struct sockaddr *, socklen_t)) dlsym(RTLD_NEXT, "bind");
+    const char *others = getenv("SBPC_OTHER_LD_PRELOAD");
+    if (others != NULL && *others != '\0')
+        setenv("LD_PRELOAD", others, 1);
+    else
+        unsetenv("LD_PRELOAD");
+    unsetenv("SBPC_OTHER_LD_PRELOAD");
+}
+"""
+
+
+@cache
+def loopback_shim() -> str | None:
+    """The shared library of LOOPBACK_SHIM, built once per machine with the
+    C compiler that builds the host kernels (and cached with them), or None,
+    with a warning, where it cannot be built or preloaded."""
+    from .host_kernels import BuildError, build
+
+    try:
+        path = str(build(LOOPBACK_SHIM, ("-ldl",)))
+    except (BuildError, OSError) as e:
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+    else:
+        if not any(c.isspace() or c == ":" for c in path):
+            return path
+        why = f"its path, {path}, has a space or colon, which LD_PRELOAD cannot hold"
+    warnings.warn(f"sbpc: mpiexec listens on every network interface: the loopback shim is not available ({why})",
+                  RuntimeWarning, stacklevel=2)
+    return None
 
 
 def command(n: int, module: str, *args: str, hosts: Hosts | None = None) -> list[str]:

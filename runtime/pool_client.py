@@ -70,6 +70,13 @@ class RankPool:
             listener.close()
         atexit.register(self.close)
 
+    def _forget(self) -> None:
+        """Takes this pool out of the running pools: not another pool of the
+        same ranks and hosts that was started meanwhile (RankPool(...) rather
+        than RankPool.get), which would then run on unseen by `get`."""
+        if RankPool.pools.get(self.key) is self:
+            del RankPool.pools[self.key]
+
     def _stderr(self) -> str:
         """Why the ranks failed: the messages failing ranks wrote to their
         error files, else what mpiexec forwarded."""
@@ -109,12 +116,12 @@ class RankPool:
             raise
         except (ConnectionError, OSError):
             self.process.wait(timeout=30)
-            RankPool.pools.pop(self.key, None)
+            self._forget()
             self.leftovers.remove_new()
             raise RuntimeFailure(f"the MPI ranks failed: {self._stderr()}") from None
         if status == "error":
             self.process.wait(timeout=30)
-            RankPool.pools.pop(self.key, None)
+            self._forget()
             self.leftovers.remove_new()  # an aborted rank cannot remove MPICH's segments and files
             # where the ranks that did not report were (a stuck one, say)
             from .progress import describe_progress
@@ -131,7 +138,7 @@ class RankPool:
         self.watch.stop()
         stop(self.process, self.leftovers)
         self.feeds.close()
-        RankPool.pools.pop(self.key, None)
+        self._forget()
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -152,4 +159,4 @@ class RankPool:
         self.launcher_out.close()
         self.watch.stop()
         self.feeds.close()
-        RankPool.pools.pop(self.key, None)
+        self._forget()
