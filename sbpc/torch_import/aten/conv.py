@@ -1,0 +1,90 @@
+"""2-D convolution and pooling of batched NCHW images."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sbpc import frontend as fe
+from sbpc.dialects import lg
+from sbpc.frontend import Tensor
+from sbpc.torch_import.aten.registry import rule
+
+if TYPE_CHECKING:
+    # for the annotations only: the importer loads the rules (through their
+    # registry) before it defines _Importer
+    from sbpc.torch_import.importer import _Importer
+
+
+def _pair(v) -> tuple[int, int]:
+    """PyTorch's int-or-pair argument of 2-D convolutions and pooling."""
+    if isinstance(v, int):
+        return v, v
+    if len(v) == 1:
+        return int(v[0]), int(v[0])
+    return int(v[0]), int(v[1])
+
+
+def _images(im: _Importer, x, what: str) -> Tensor:
+    x = im.lift(x)
+    if len(x.shape) != 4:
+        raise ValueError(f"{what} of a {len(x.shape)}-D input (sbpc takes batched NCHW images)")
+    return x
+
+
+@rule("aten.conv2d", "aten.conv2d.padding")
+def _conv2d(im: _Importer, x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    x, weight = _images(im, x, "conv2d"), im.lift(weight)
+    pair = _pair
+    dilation = pair(dilation)
+    if padding == "valid":
+        padding = 0
+    elif padding == "same":
+        total = [dilation[a] * (weight.shape[2 + a] - 1) for a in range(2)]
+        if any(t % 2 for t in total):
+            raise ValueError("conv2d padding='same' with an even kernel extent (PyTorch pads one side more)")
+        padding = [t // 2 for t in total]
+    y = fe.conv2d(x, weight, pair(stride), pair(padding), dilation, groups)
+    return y if bias is None else y + fe.reshape(im.lift(bias), [weight.shape[0], 1, 1])
+
+
+@rule("aten.max_pool2d")
+def _max_pool2d(im: _Importer, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    if _pair(dilation) != (1, 1) or ceil_mode:
+        raise ValueError("max_pool2d with dilation or ceil_mode")
+    kernel = _pair(kernel_size)
+    x = _images(im, x, "max_pool2d")
+    return x.graph.add(lg.MaxPool2dOp(x.value, kernel, _pair(stride) if stride else kernel, _pair(padding)))
+
+
+@rule("aten.avg_pool2d")
+def _avg_pool2d(im: _Importer, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+                divisor_override=None):
+    """A depthwise convolution by a constant 1 / (kh * kw): PyTorch's average
+    with the padding counted (its default)."""
+    if ceil_mode or divisor_override is not None or (not count_include_pad and _pair(padding) != (0, 0)):
+        raise ValueError("avg_pool2d with ceil_mode, divisor_override or count_include_pad=False over padding")
+    x = _images(im, x, "avg_pool2d")
+    kernel = _pair(kernel_size)
+    return _average(im, x, kernel, _pair(stride) if stride else kernel, _pair(padding))
+
+
+def _average(im: _Importer, x: Tensor, kernel, stride, padding) -> Tensor:
+    channels = x.shape[1]
+    weights = np.full((channels, 1, *kernel), 1.0 / (kernel[0] * kernel[1]), fe._numpy_of(x.dtype))
+    return fe.conv2d(x, im.g.constant(weights), stride, padding, 1, channels)
+
+
+@rule("aten.adaptive_avg_pool2d", "aten._adaptive_avg_pool2d")
+def _adaptive_avg_pool2d(im: _Importer, x, output_size):
+    x = _images(im, x, "adaptive_avg_pool2d")
+    sizes = [output_size] * 2 if isinstance(output_size, int) else list(output_size) * (3 - len(output_size))
+    out = tuple(x.shape[2 + a] if s is None else int(s) for a, s in enumerate(sizes[:2]))
+    if out == (1, 1):  # ResNet's global average: a mean over the image
+        return fe.reduce_mean(x, [2, 3], keepdims=True)
+    if any(x.shape[2 + a] % out[a] for a in range(2)):
+        raise ValueError(f"adaptive_avg_pool2d from {list(x.shape[2:])} to {list(out)}, which is not a whole "
+                         "number of rows and columns per output")
+    kernel = (x.shape[2] // out[0], x.shape[3] // out[1])
+    return _average(im, x, kernel, kernel, (0, 0))

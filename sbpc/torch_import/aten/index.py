@@ -1,0 +1,103 @@
+"""Indexing: advanced indexing (`x[idx]`, `x[arange(n), idx]`),
+index_select, gather and embedding lookups."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sbpc import frontend as fe
+from sbpc.dialects import lg
+from sbpc.frontend import Tensor
+from sbpc.torch_import.aten.registry import _axis, rule
+
+if TYPE_CHECKING:
+    # for the annotations only: the importer loads the rules (through their
+    # registry) before it defines _Importer
+    from sbpc.torch_import.importer import _Importer
+
+
+@rule("aten.index.Tensor")
+def _index(im: _Importer, x, indices):
+    """Advanced indexing. Index tensors known at import time that only
+    insert and broadcast axes (transformers' masks index a padding mask with
+    broadcast `arange`s): a reshape and a broadcast. One index tensor
+    computed from the inputs, after whole axes (`x[:, idx]`): a selection
+    along that axis. `x[torch.arange(n), idx]` over a whole first axis (a
+    classification head's last token per row): a gather."""
+    x = im.lift(x)
+    known = [None if i is None else im.known(i) for i in indices]
+    computed = [d for d, (i, k) in enumerate(zip(indices, known)) if i is not None and k is None]
+    if computed:
+        return _index_computed(im, x, indices, known, computed)
+    where = np.arange(math.prod(x.shape)).reshape(x.shape)[
+        tuple(slice(None) if k is None else k for k in known)]
+    spread = [axis for axis in range(where.ndim)
+              if np.all(where == where.take([0], axis=axis))]  # the same element all along: broadcast
+    core = where[tuple(slice(0, 1) if axis in spread else slice(None) for axis in range(where.ndim))]
+    if not np.array_equal(core.ravel(), np.arange(math.prod(x.shape))):
+        raise ValueError("indexing that gathers with indices known at import time (sbpc imports such indexing "
+                         "where it only adds and broadcasts axes)")
+    reshaped = fe.reshape(x, list(core.shape)) if tuple(core.shape) != tuple(x.shape) else x
+    return fe.broadcast_to(reshaped, list(where.shape)) if core.shape != where.shape else reshaped
+
+
+def _index_computed(im: _Importer, x: Tensor, indices, known, computed: list[int]) -> Tensor:
+    used = [d for d, i in enumerate(indices) if i is not None]
+    if len(used) == 1 and used == computed:  # x[:, ..., idx]
+        return _take(x, computed[0], im.lift(indices[computed[0]]))
+    rows = known[0]
+    if (used == [0, 1] and computed == [1] and rows is not None and rows.ndim == 1
+            and np.array_equal(rows, np.arange(x.shape[0]))):  # x[arange(n), idx]
+        picks = im.lift(indices[1])
+        if tuple(picks.shape) != (x.shape[0],):
+            raise ValueError(f"x[arange({x.shape[0]}), idx] with idx of shape {list(picks.shape)}")
+        along = [x.shape[0], 1, *x.shape[2:]]
+        spread = fe.broadcast_to(fe.reshape(picks, [x.shape[0], *[1] * (len(x.shape) - 1)]), along)
+        return fe.reshape(fe.gather(x, spread, 1), [x.shape[0], *x.shape[2:]])
+    raise ValueError("indexing with indices computed from the inputs other than x[..., idx] after whole axes "
+                     "and x[torch.arange(n), idx]")
+
+
+def _take(x: Tensor, axis: int, index: Tensor) -> Tensor:
+    """`x` at `index` (any shape) along `axis`: the axis replaced by the
+    index's axes. A 2-D table along its rows is an embedding lookup (which
+    splits by rows); otherwise a gather with the index broadcast."""
+    if not lg.is_index(index.dtype):
+        raise ValueError(f"indices of dtype {index.dtype} (sbpc takes int32 and int64 indices)")
+    if axis == 0 and len(x.shape) == 2 and lg.is_float(x.dtype):
+        return fe.embedding(x, index)
+    flat = fe.reshape(index, [math.prod(index.shape)]) if len(index.shape) != 1 else index
+    count = flat.shape[0]
+    lined = fe.reshape(flat, [count if d == axis else 1 for d in range(len(x.shape))])
+    picked = fe.gather(x, fe.broadcast_to(lined, [count if d == axis else n for d, n in enumerate(x.shape)]), axis)
+    shape = [*x.shape[:axis], *index.shape, *x.shape[axis + 1:]]
+    return picked if list(picked.shape) == shape else fe.reshape(picked, shape)
+
+
+@rule("aten.index_select")
+def _index_select(im: _Importer, x, dim, index):
+    x = im.lift(x)
+    return _take(x, _axis(dim, len(x.shape)), im.lift(index))
+
+
+@rule("aten.gather")
+def _gather(im: _Importer, x, dim, index, sparse_grad=False):
+    x, index = im.lift(x), im.lift(index)
+    axis = _axis(dim, len(x.shape))
+    if len(index.shape) != len(x.shape) or any(a != b for d, (a, b) in enumerate(zip(x.shape, index.shape))
+                                                if d != axis):
+        raise ValueError(f"gather with index shape {list(index.shape)} smaller than the input's {list(x.shape)} "
+                         f"off axis {axis} (sbpc takes an index shaped as the input but on the gathered axis)")
+    return fe.gather(x, index, axis)
+
+
+@rule("aten.embedding")
+def _embedding(im: _Importer, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    if scale_grad_by_freq:
+        raise ValueError("embedding with scale_grad_by_freq")
+    weight = im.lift(weight)
+    padding = None if padding_idx in (-1, None) else _axis(padding_idx, weight.shape[0])
+    return fe.embedding(weight, im.lift(indices), padding_idx=padding)

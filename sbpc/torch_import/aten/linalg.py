@@ -1,0 +1,61 @@
+"""Matrix products: linear, matmul, addmm, and scaled-dot-product
+attention built from them."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sbpc import frontend as fe
+from sbpc.torch_import.aten.mask import _additive_mask
+from sbpc.torch_import.aten.registry import rule
+
+if TYPE_CHECKING:
+    # for the annotations only: the importer loads the rules (through their
+    # registry) before it defines _Importer
+    from sbpc.torch_import.importer import _Importer
+
+
+@rule("aten.linear")
+def _linear(im: _Importer, x, weight, bias=None):
+    # (16-bit operands arrive widened: _Importer._call rounds the sum with the bias once)
+    y = fe.matmul(im.lift(x), im.lift(weight), transpose_b=True)
+    return y if bias is None else y + im.lift(bias)
+
+
+@rule("aten.matmul", "aten.mm", "aten.bmm")
+def _matmul(im: _Importer, a, b):
+    a, b = im.lift(a), im.lift(b)
+    if len(a.shape) < 2 or len(b.shape) < 2:
+        raise ValueError("matmul of a vector: reshape it to a matrix first")
+    return fe.matmul(a, b)
+
+
+@rule("aten.addmm")
+def _addmm(im: _Importer, bias, a, b, beta=1, alpha=1):
+    if beta != 1 or alpha != 1:
+        raise ValueError("addmm with beta or alpha other than 1")
+    return fe.matmul(im.lift(a), im.lift(b)) + im.lift(bias)
+
+
+@rule("aten.scaled_dot_product_attention")
+def _sdpa(im: _Importer, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    if enable_gqa:
+        raise ValueError("grouped-query attention (enable_gqa): repeat the key and value heads instead")
+    q, k, v = im.lift(q), im.lift(k), im.lift(v)
+    length, source = q.shape[-2], k.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = fe.matmul(q, k, transpose_b=True) * scale
+    if is_causal:
+        scores = scores + _additive_mask(im, ~np.tril(np.ones((length, source), bool)), -math.inf, scores)
+    if attn_mask is not None:
+        mask = im.known(attn_mask)
+        if mask is None:
+            scores = scores + im.lift(attn_mask)
+        elif mask.dtype == np.bool_:
+            scores = scores + _additive_mask(im, ~mask, -math.inf, scores)
+        else:
+            scores = scores + im.lift(attn_mask)
+    return fe.matmul(fe.dropout(fe.softmax(scores, len(scores.shape) - 1), float(dropout_p)), v)

@@ -1,0 +1,92 @@
+"""Normalizations: softmax and log_softmax, layer_norm, rms_norm, and
+batch_norm (whose running statistics are state the forward updates)."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sbpc import frontend as fe
+from sbpc.frontend import Tensor
+from sbpc.torch_import.aten.registry import _axis, rule
+
+if TYPE_CHECKING:
+    # for the annotations only: the importer loads the rules (through their
+    # registry) before it defines _Importer
+    from sbpc.torch_import.importer import _Importer
+
+
+@rule("aten.softmax.int", "aten._softmax")
+def _softmax(im: _Importer, x, dim, dtype_or_half=None):
+    x = im.lift(x)
+    return fe.softmax(x, _axis(dim, len(x.shape)))
+
+
+@rule("aten.log_softmax.int", "aten._log_softmax")
+def _log_softmax(im: _Importer, x, dim, dtype_or_half=None):
+    x = im.lift(x)
+    return fe.log_softmax(x, _axis(dim, len(x.shape)))
+
+
+@rule("aten.layer_norm")
+def _layer_norm(im: _Importer, x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
+    if len(normalized_shape) != 1:
+        raise ValueError(f"layer_norm over {len(normalized_shape)} axes (sbpc normalizes one, the last)")
+    x = im.lift(x)
+    if weight is not None and bias is not None:
+        return fe.layernorm(x, im.lift(weight), im.lift(bias), axis=len(x.shape) - 1, eps=eps)
+    # lg.layernorm is plain or affine with both; LayerNorm(bias=False) scales after
+    y = fe.layernorm(x, axis=len(x.shape) - 1, eps=eps)
+    y = y if weight is None else y * im.lift(weight)
+    return y if bias is None else y + im.lift(bias)
+
+
+@rule("aten.rms_norm")
+def _rms_norm(im: _Importer, x, normalized_shape, weight=None, eps=None):
+    if len(normalized_shape) != 1:
+        raise ValueError(f"rms_norm over {len(normalized_shape)} axes (sbpc normalizes one, the last)")
+    x = im.lift(x)
+    eps = float(np.finfo(fe._numpy_of(x.dtype)).eps) if eps is None else eps
+    y = x * fe.rsqrt(fe.reduce_mean(x * x, [len(x.shape) - 1], True) + eps)
+    return y if weight is None else y * im.lift(weight)
+
+
+@rule("aten.batch_norm")
+def _batch_norm(im: _Importer, x, weight, bias, running_mean, running_var, training, momentum, eps,
+                cudnn_enabled=True):
+    """Training: the statistics of the whole logical batch (reductions over
+    the batch and the spatial axes: partial sums across a split batch, so
+    every plan computes what one device does, as SyncBatchNorm), and the
+    running statistics updated as state (the unbiased variance, as PyTorch).
+    Evaluation: the running statistics."""
+    x = im.lift(x)
+    rank = len(x.shape)
+    if rank < 2:
+        raise ValueError(f"batch_norm of a {rank}-D input")
+    channels = x.shape[1]
+    per_channel = [1, channels, *[1] * (rank - 2)]
+    axes = [0, *range(2, rank)]
+    if training:
+        if momentum is None:
+            raise ValueError("batch_norm with momentum=None (a cumulative average)")
+        mean = fe.reduce_mean(x, axes, keepdims=True)
+        centered = x - mean
+        var = fe.reduce_mean(centered * centered, axes, keepdims=True)
+        count = math.prod(x.shape[a] for a in axes)
+        for node, stat, scale in ((im.node.args[3], mean, 1.0), (im.node.args[4], var, count / max(count - 1, 1))):
+            running = im.env.get(node) if getattr(node, "op", None) == "placeholder" else None
+            if isinstance(running, Tensor):  # track_running_stats=False has none
+                im.update(node, running * (1.0 - momentum) + fe.reshape(stat, [channels]) * (momentum * scale))
+    else:
+        if running_mean is None or running_var is None:
+            raise ValueError("batch_norm in evaluation without running statistics")
+        mean, var = (fe.reshape(im.lift(v, x), per_channel) for v in (running_mean, running_var))
+        centered = x - mean
+    y = centered * fe.rsqrt(var + float(eps))
+    if weight is not None:
+        y = y * fe.reshape(im.lift(weight, x), per_channel)
+    if bias is not None:
+        y = y + fe.reshape(im.lift(bias, x), per_channel)
+    return y

@@ -1,0 +1,149 @@
+"""Shape ops: views and reshapes, transpose and permute, expand, the
+identities (contiguous, clone), slicing, split and chunk, cat and pad."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sbpc import frontend as fe
+from sbpc.frontend import Tensor
+from sbpc.torch_import.aten.registry import _axis, _dims, rule
+
+if TYPE_CHECKING:
+    # for the annotations only: the importer loads the rules (through their
+    # registry) before it defines _Importer
+    from sbpc.torch_import.importer import _Importer
+
+
+@rule("aten.view", "aten.reshape", "aten._unsafe_view")
+def _reshape(im: _Importer, x, shape):
+    return fe.reshape(im.lift(x), [int(d) for d in shape])
+
+
+@rule("aten.flatten.using_ints")
+def _flatten(im: _Importer, x, start_dim=0, end_dim=-1):
+    x = im.lift(x)
+    s, e = _axis(start_dim, len(x.shape)), _axis(end_dim, len(x.shape))
+    return fe.reshape(x, [*x.shape[:s], math.prod(x.shape[s:e + 1]), *x.shape[e + 1:]])
+
+
+@rule("aten.unsqueeze")
+def _unsqueeze(im: _Importer, x, dim):
+    x = im.lift(x)
+    d = _axis(dim, len(x.shape) + 1)
+    return fe.reshape(x, [*x.shape[:d], 1, *x.shape[d:]])
+
+
+@rule("aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze")
+def _squeeze(im: _Importer, x, dim=None):
+    x = im.lift(x)
+    drop = set(_dims(dim, len(x.shape)))
+    return fe.reshape(x, [d for i, d in enumerate(x.shape) if not (i in drop and d == 1)])
+
+
+@rule("aten.transpose.int")
+def _transpose(im: _Importer, x, d0, d1):
+    x = im.lift(x)
+    perm = list(range(len(x.shape)))
+    a, b = _axis(d0, len(perm)), _axis(d1, len(perm))
+    perm[a], perm[b] = perm[b], perm[a]
+    return x if a == b else fe.transpose(x, perm)
+
+
+@rule("aten.t")
+def _t(im: _Importer, x):
+    return _transpose(im, x, 0, -1)
+
+
+@rule("aten.permute")
+def _permute(im: _Importer, x, dims):
+    x = im.lift(x)
+    return fe.transpose(x, [_axis(d, len(x.shape)) for d in dims])
+
+
+@rule("aten.expand")
+def _expand(im: _Importer, x, size, implicit=False):
+    x = im.lift(x)
+    lead = len(size) - len(x.shape)
+    shape = [x.shape[i - lead] if d == -1 else int(d) for i, d in enumerate(size)]
+    return x if tuple(shape) == x.shape else fe.broadcast_to(x, shape)
+
+
+@rule("aten.broadcast_tensors")
+def _broadcast_tensors(im: _Importer, tensors):
+    values = [im.lift(t) for t in tensors]
+    shape = np.broadcast_shapes(*(v.shape for v in values))
+    return [v if v.shape == shape else fe.broadcast_to(v, shape) for v in values]
+
+
+@rule("aten.contiguous", "aten.clone", "aten.alias", "aten.lift_fresh_copy")
+def _identity(im: _Importer, x, memory_format=None):
+    return x
+
+
+@rule("aten.chunk")
+def _chunk(im: _Importer, x, chunks, dim=0):
+    x = im.lift(x)
+    return _split(im, x, math.ceil(x.shape[_axis(dim, len(x.shape))] / chunks), dim)
+
+
+@rule("aten.split.Tensor", "aten.split_with_sizes")
+def _split(im: _Importer, x, sizes, dim=0):
+    x = im.lift(x)
+    d = _axis(dim, len(x.shape))
+    n = x.shape[d]
+    bounds = list(range(0, n, sizes)) + [n] if isinstance(sizes, int) else list(np.cumsum([0, *sizes]))
+    return [_slice_axis(x, d, int(a), int(b)) for a, b in zip(bounds, bounds[1:])]
+
+
+def _slice_axis(x: Tensor, d: int, start: int, end: int, step: int = 1) -> Tensor:
+    if (start, end, step) == (0, x.shape[d], 1):
+        return x
+    starts = [0] * len(x.shape)
+    limits = list(x.shape)
+    strides = [1] * len(x.shape)
+    starts[d], limits[d], strides[d] = start, end, step
+    return fe.slice(x, starts, limits, strides)
+
+
+@rule("aten.slice.Tensor")
+def _slice(im: _Importer, x, dim=0, start=None, end=None, step=1):
+    x = im.lift(x)
+    d = _axis(dim, len(x.shape))
+    begin, stop, _ = slice(start, end).indices(x.shape[d])
+    return _slice_axis(x, d, begin, max(begin, stop), step)
+
+
+@rule("aten.select.int")
+def _select(im: _Importer, x, dim, index):
+    x = im.lift(x)
+    d = _axis(dim, len(x.shape))
+    i = index + x.shape[d] if index < 0 else index
+    return fe.reshape(_slice_axis(x, d, i, i + 1), [s for k, s in enumerate(x.shape) if k != d])
+
+
+@rule("aten.cat")
+def _cat(im: _Importer, tensors, dim=0):
+    values = [im.lift(t) for t in tensors]
+    return fe.concat(values, _axis(dim, len(values[0].shape)))
+
+
+@rule("aten.pad", "aten.constant_pad_nd")
+def _pad(im: _Importer, x, pad, mode="constant", value=None):
+    """Constant padding (F.pad's list names the last axis first: (left,
+    right, top, bottom, ...)); a negative width crops, a slice."""
+    if mode != "constant":
+        raise ValueError(f"pad with mode '{mode}' (only 'constant' is supported)")
+    x = im.lift(x)
+    rank = len(x.shape)
+    if len(pad) % 2 or len(pad) // 2 > rank:
+        raise ValueError(f"pad of {len(pad)} widths for a {rank}-D tensor")
+    low, high = [0] * rank, [0] * rank
+    for i in range(len(pad) // 2):
+        low[rank - 1 - i], high[rank - 1 - i] = pad[2 * i], pad[2 * i + 1]
+    if any(w < 0 for w in (*low, *high)):
+        x = fe.slice(x, [max(-w, 0) for w in low], [d - max(-w, 0) for d, w in zip(x.shape, high)])
+    return fe.pad(x, [max(w, 0) for w in low], [max(w, 0) for w in high], 0 if value is None else value)

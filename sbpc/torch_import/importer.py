@@ -1,0 +1,265 @@
+"""The walk over export's graph: `_Importer` imports each node in order
+(placeholders through `_StateImporter`, each ATen op through its rule in
+`RULES`, ops on constants folded with PyTorch) and names the outputs."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from sbpc import frontend as fe
+from sbpc.frontend import Graph, Placement, Tensor
+
+# RULES is filled by the op-family modules, which the package
+# sbpc.torch_import.aten imports: importing its registry runs it first
+from sbpc.torch_import.aten.registry import RULES
+from sbpc.torch_import.capture import _user_line
+from sbpc.torch_import.precision import _FLOATS, _HALVES, _autocast_args, _widen
+from sbpc.torch_import.state import _StateImporter, _updated_buffers
+from sbpc.torch_import.values import _DTYPES, TorchImportError, _Const, _flat, _map, _op_name, _unwrap, to_numpy
+
+
+class _Importer(_StateImporter):
+    def __init__(self, program, module, sbp: dict[str, Any], placement: Placement | None, name: str):
+        super().__init__(module, sbp, Graph(re.sub(r"\W", "_", name), placement=placement))
+        self.program = program
+        self.env: dict[Any, Any] = {}
+        self.node: Any = None
+        self.lifted: dict[tuple, Tensor] = {}
+        self.autocast: str | None = None
+        """The lower precision of the `torch.autocast` region being imported ("bf16", "f16"), if one is on."""
+
+    # -- the graph ------------------------------------------------------------------
+
+    def graph(self) -> Graph:
+        from torch.export.graph_signature import InputKind
+
+        sig = self.program.graph_signature
+        specs = {spec.arg.name: spec for spec in sig.input_specs if hasattr(spec.arg, "name")}
+        state = self.program.state_dict
+        names = self._names()
+        self.g.initial_values = {}
+        self.g.state_names = {}
+        self.g.buffers = {}
+        nodes = list(self.program.graph.nodes)
+        updated = _updated_buffers(nodes)
+        for node in sorted(nodes, key=lambda n: n.op != "placeholder"):
+            if node.op != "placeholder" and self.node is not None and self.node.op == "placeholder":
+                self._check_patterns()
+            self.node = node
+            if node.op == "placeholder":
+                spec = specs[node.name]
+                if spec.kind == InputKind.PARAMETER:
+                    self.state_inputs[node] = spec.target
+                    self.env[node] = self._param(spec.target, state[spec.target], names)
+                elif spec.kind == InputKind.USER_INPUT:
+                    self.env[node] = self._input(node)
+                elif spec.kind == InputKind.BUFFER:
+                    self.state_inputs[node] = spec.target
+                    value = state[spec.target] if spec.target in state else self.program.constants[spec.target]
+                    if node in updated:  # a batch-norm's running statistics, its count: state the graph updates
+                        self.env[node] = self._state(spec.target, value)
+                        continue
+                    self.env[node] = _Const(value)
+                    if spec.persistent:
+                        self.g.buffers[spec.target] = to_numpy(value).copy()
+                else:
+                    self.env[node] = _Const(self.program.constants[spec.target])
+            elif node.op == "get_attr":  # a higher-order op's region (a GraphModule)
+                self.env[node] = getattr(self.program.graph_module, node.target)
+            elif node.op == "call_function":
+                self.env[node] = self._call(node)
+            elif node.op == "output":
+                self._outputs(node)
+        return self.g
+
+    def inline(self, region, args) -> Any:
+        """A higher-order op's region (a GraphModule) imported in place, its
+        placeholders bound to `args`: the values it returns."""
+        outer = self.node
+        bound = iter(args)
+        result = None
+        try:
+            for node in region.graph.nodes:
+                self.node = node
+                if node.op == "placeholder":
+                    self.env[node] = next(bound)
+                elif node.op == "get_attr":
+                    self.env[node] = getattr(region, node.target)
+                elif node.op == "call_function":
+                    self.env[node] = self._call(node)
+                elif node.op == "output":
+                    result = _map(node.args[0], self._value)
+        finally:
+            self.node = outer
+        return result
+
+    def _outputs(self, node) -> None:
+        from torch.export.graph_signature import OutputKind
+
+        specs = self.program.graph_signature.output_specs
+        mutated = [s.target for s in specs if s.kind != OutputKind.USER_OUTPUT]
+        if mutated:
+            raise self._error(f"forward writes to buffer {mutated[0]!r}; sbpc imports pure forwards only")
+        flat = [self.env[a] if hasattr(a, "op") else a for a in node.args[0]]
+        keys = self._output_keys(len(flat))
+        outputs = {}
+        for key, value in zip(keys, flat):
+            if not isinstance(value, Tensor):
+                continue  # a constant output (None, a folded tensor) says nothing about training
+            outputs[key] = value
+        if not outputs:
+            raise TorchImportError(f"{type(self.module).__name__}.forward returns no tensor computed from its inputs")
+        self.g.output(**outputs, **{f"new.{name}": value for name, value in self.updates.items()})
+
+    def _output_keys(self, count: int) -> list[str]:
+        spec = self.program.call_spec.out_spec
+        if spec is None or spec.is_leaf():
+            only = self._output_value(0)
+            return ["loss" if only is not None and tuple(only.shape) == () else "output"]
+        if isinstance(spec.type, type) and issubclass(spec.type, dict):  # a dict, or a Hugging Face ModelOutput
+            return [str(k) for k in spec.context]
+        keys = [f"output{i}" for i in range(count)]
+        last = self._output_value(count - 1)
+        if last is not None and tuple(last.shape) == ():
+            keys[-1] = "loss"
+        return keys
+
+    def _output_value(self, i: int):
+        out = next(n for n in self.program.graph.nodes if n.op == "output")
+        arg = out.args[0][i]
+        return arg.meta.get("val") if hasattr(arg, "meta") else None
+
+    # -- one node ------------------------------------------------------------------
+
+    def _error(self, message: str) -> TorchImportError:
+        where = _user_line(self._stack_trace(self.node)) if self.node is not None else None
+        return TorchImportError(message + (f"\n  at {where}" if where else ""))
+
+    def _stack_trace(self, node) -> str:
+        """Where PyTorch recorded the node; for a higher-order op, which
+        export records without one, where its region's first op was."""
+        if node.meta.get("stack_trace"):
+            return node.meta["stack_trace"]
+        regions = [self.env[a] for a in node.args if getattr(a, "op", None) == "get_attr" and a in self.env]
+        inner = (n.meta.get("stack_trace") for region in regions for n in region.graph.nodes)
+        return next((trace for trace in inner if trace), "")
+
+    def _call(self, node):
+        written = node.args[0] if node.args and getattr(getattr(node.target, "_schema", None), "is_mutable",
+                                                          False) else None
+        if hasattr(written, "op") and isinstance(self.env.get(written), Tensor) and written not in self.state_inputs:
+            return self._in_place(node, written)
+        if hasattr(written, "op") and isinstance(self.env.get(written), Tensor) and _op_name(node.target) == (
+                "aten.add_.Tensor"):  # a state buffer's count: num_batches_tracked += 1
+            current, other = self.env[written], _map(node.args[1], self._value)
+            self.update(written, current + self.lift(other, current))
+            return self.updates[self.state_inputs[written]]
+        if hasattr(written, "op") and written in self.state_inputs:
+            # export keeps in-place updates of buffers (a step counter, running
+            # statistics) as ops of the graph; folding them would drop them
+            raise self._error(f"forward writes to buffer {self.state_inputs[written]!r} "
+                              f"({_op_name(node.target)}); sbpc imports pure forwards only")
+        args = _map(node.args, self._value)
+        kwargs = {k: _map(v, self._value) for k, v in node.kwargs.items()}
+        name = _op_name(node.target)
+        if not any(isinstance(a, Tensor) for a in _flat([args, kwargs])):
+            try:
+                return self._fold(node, args, kwargs)
+            except Exception as error:  # noqa: BLE001 - PyTorch's own failure, reported with the op
+                raise self._error(f"{name} ({node.name}) on constants failed in PyTorch: {error}") from None
+        rule = RULES.get(name)
+        if rule is None:
+            raise self._error(
+                f"the ATen op {name} ({node.name}) has no lg lowering in sbpc yet "
+                f"(the {len(RULES)} supported ones are listed in sbpc.torch_frontend.RULES)"
+            )
+        if self.autocast is not None:
+            args, kwargs = _autocast_args(name, self.autocast, args, kwargs)
+        traced = _DTYPES.get(str(getattr(node.meta.get("val"), "dtype", None)))
+        halves = any(isinstance(a, Tensor) and str(a.dtype) in _HALVES for a in _flat([args, kwargs]))
+        narrow = halves and traced in _HALVES
+        if halves and traced in _FLOATS:
+            # an op on 16-bit floats computes in float32 and rounds once (to
+            # a 16-bit result) or not at all (to a wider one: promotion, an
+            # op autocast runs in float32), as PyTorch's CPU kernel does,
+            # however many lg ops lower it (pow, gelu, silu, rms_norm)
+            args, kwargs = _map(args, _widen), {k: _map(v, _widen) for k, v in kwargs.items()}
+        try:
+            result = rule(self, *args, **kwargs)
+            if narrow:
+                result = _map(result, lambda r: fe.cast(r, traced) if isinstance(r, Tensor) and str(
+                    r.dtype) == "f32" else r)
+            return self._as_traced(result) if self.autocast is not None else result
+        except TorchImportError:
+            raise
+        except (ValueError, TypeError) as error:  # an argument or a shape the lowering does not take
+            raise self._error(f"{name} ({node.name}): {error}") from None
+        except Exception as error:  # noqa: BLE001 - a lowering bug is still reported with the op and the line
+            raise self._error(f"{name} ({node.name}) could not be lowered: {type(error).__name__}: {error}") from None
+
+    def _as_traced(self, result):
+        """Under autocast, a float result in the dtype PyTorch traced for
+        the node (ops that promote, or run in their inputs' precision)."""
+        value = self.node.meta.get("val")
+        traced = _DTYPES.get(str(getattr(value, "dtype", None)))
+        if isinstance(result, Tensor) and traced in _FLOATS and str(result.dtype) in _FLOATS and (
+                str(result.dtype) != traced):
+            return fe.cast(result, traced)
+        return result
+
+    def _in_place(self, node, written):
+        """An in-place op on a computed value (`h += residual`): its
+        functional form, and the written value is the result from then on."""
+        name = _op_name(node.target)
+        if "_." in name:  # aten.add_.Tensor -> aten.add.Tensor
+            base, overload = name.split("_.", 1)
+            functional = f"{base}.{overload}"
+        else:  # aten.relu_ -> aten.relu
+            functional = name.removesuffix("_")
+        rule = RULES.get(functional) if functional != name else RULES.get(name)
+        if rule is None:
+            raise self._error(f"the in-place ATen op {name} ({node.name}) has no lg lowering in sbpc yet")
+        args = _map(node.args, self._value)
+        kwargs = {k: _map(v, self._value) for k, v in node.kwargs.items()}
+        try:
+            result = rule(self, *args, **kwargs)
+        except (ValueError, TypeError) as error:
+            raise self._error(f"{name} ({node.name}): {error}") from None
+        self.env[written] = result
+        return result
+
+    def _value(self, a):
+        return self.env[a] if hasattr(a, "op") and a in self.env else a
+
+    def _fold(self, node, args, kwargs):
+        """Computes a node whose operands are all known, with PyTorch."""
+        result = node.target(*_map(args, _unwrap), **{k: _map(v, _unwrap) for k, v in kwargs.items()})
+        return _map(result, lambda r: _Const(r) if hasattr(r, "shape") else r)
+
+    def lift(self, value, like: Tensor | None = None) -> Tensor:
+        """An lg value for a tensor, a constant or a Python number (in `like`'s dtype)."""
+        if isinstance(value, Tensor):
+            return value
+        if isinstance(value, _Const):
+            key = (id(value),)
+            if key not in self.lifted:
+                array = to_numpy(value.value)
+                if array.dtype == np.bool_:
+                    array = array.astype(np.float32)
+                self.lifted[key] = self.g.constant(array)
+            return self.lifted[key]
+        if isinstance(value, bool | int | float):
+            dtype = fe._numpy_of(like.dtype) if like is not None else np.float32
+            return self.g.constant(np.asarray(value, dtype=dtype))
+        raise TypeError(f"expected a tensor or a number, got {type(value).__name__}")
+
+    def known(self, value) -> np.ndarray | None:
+        """The value as an array when it is known at import time."""
+        if isinstance(value, _Const):
+            return to_numpy(value.value)
+        if isinstance(value, bool | int | float):
+            return np.asarray(value)
+        return None
