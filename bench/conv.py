@@ -33,7 +33,7 @@ def sbpc_kernels(batch: int, c: int, size: int, o: int, k: int, stride: int, pad
     from xdsl.ir import Block
 
     from sbpc.dialects import lg
-    from sbpc.runtime import kernels
+    from sbpc.runtime import numpy_kernels
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, c, size, size), dtype=np.float32)
@@ -49,7 +49,7 @@ def sbpc_kernels(batch: int, c: int, size: int, o: int, k: int, stride: int, pad
     dx, dw = np.empty_like(x), np.empty_like(w)
     runs = []
     for op, ins, out in ((forward, [x, w], y), (to_input, [g, w], dx), (to_weight, [x, g], dw)):
-        fire = kernels.NUMPY[type(op)](op, None, ins, out)
+        fire = numpy_kernels.NUMPY[type(op)](op, None, ins, out)
         runs.append(lambda fire=fire, ins=ins, out=out: fire(ins, out))
     return runs, (x, w, g)
 

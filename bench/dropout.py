@@ -30,10 +30,10 @@ def sbpc_kernels(shape):
     from xdsl.dialects.builtin import FloatAttr, IntegerAttr, TensorType, f32, f64, i64
     from xdsl.ir import Block
 
-    from sbpc.codegen.kernels import Site, describe_site
+    from sbpc.codegen.generators import Site, describe_site
     from sbpc.dialects import lg
     from sbpc.dialects.sbp import Sbp
-    from sbpc.runtime import host_kernels, kernels
+    from sbpc.runtime import host_kernels, numpy_kernels
     from sbpc.semantics.local_eval import LocalContext
 
     x = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
@@ -43,7 +43,7 @@ def sbpc_kernels(shape):
     op = lg.DropoutOp(block.args[0], block.args[1], block.args[2], RATE, 1)
     whole = tuple(slice(0, d) for d in shape)
     local = LocalContext((tuple(shape), (), ()), tuple(shape), (whole, (), ()), whole, (Sbp.B,))
-    fire = kernels.NUMPY[lg.DropoutOp](op, local, [x, seed, step], out)
+    fire = numpy_kernels.NUMPY[lg.DropoutOp](op, local, [x, seed, step], out)
     runs = {"numpy": lambda: fire([x, seed, step], out)}
     if host_kernels.enabled() and host_kernels.unavailable() is None:
         site = Site("dropout_bench", "lg.dropout", "float", (tuple(shape), (), ()), tuple(shape),

@@ -3,7 +3,7 @@
 Compiles the data-parallel GPT of bench/train_throughput.py (and its MLP)
 for R ranks, takes rank 0's compute actors that plan-codegen describes for
 the host (everything but matmul), and times each one both ways on random
-inputs of its local shapes: numpy's bound kernel (runtime/kernels.py) and
+inputs of its local shapes: numpy's bound kernel (runtime/numpy_kernels.py) and
 the generated C (runtime/host_kernels.py), best of --repeats. Prints the
 time per step by kernel kind and the ratio numpy / C (above 1: C is
 faster), which is how host_kernels.HOST_KERNELS was chosen.
@@ -23,11 +23,11 @@ from xdsl.context import Context
 
 import sbpc
 from sbpc.dialects import plan
-from sbpc.dialects.layout import numpy_dtype, piece_of
+from sbpc.dialects.pieces import numpy_dtype, piece_of
 from sbpc.dialects.sbp import lookup_placement
 from sbpc.lowering.compile import CompilePass
 from sbpc.runtime import host_kernels, kernels
-from sbpc.semantics.plan_simulator import actor_kernel
+from sbpc.semantics.plan_interpreter import actor_kernel
 
 
 def best(fire, ins, out, repeats: int) -> float:

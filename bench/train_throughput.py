@@ -160,7 +160,7 @@ def launch(role: str, ranks: int, args: list[str]) -> dict:
 
 
 def gemm_work(gemms: list[dict], seed: int) -> list:
-    from sbpc.runtime.kernels import gemm_operands
+    from sbpc.runtime.numpy_kernels import gemm_operands
 
     rng = np.random.default_rng(seed)
     work = []

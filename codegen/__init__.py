@@ -1,3 +1,3 @@
 """Code generation: kernel descriptions and their C/CUDA renderers
-(render.py) and the generator of each lg op (kernels.py), shared by the
+(render.py) and the generator of each lg op (generators.py), shared by the
 plan-codegen pass and the runtime's generated host kernels."""

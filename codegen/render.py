@@ -6,7 +6,7 @@ divide per element). The preludes hold what every kernel file may use:
 infinities, the vectorizable float exp of the host, Philox4x32-10 (the
 random numbers of lg.dropout). plan-codegen (the pass) and the runtime's
 generated host kernels both import this; the per-op generators are in
-kernels.py."""
+generators.py."""
 
 from __future__ import annotations
 

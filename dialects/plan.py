@@ -60,8 +60,8 @@ from xdsl.utils.exceptions import VerifyException
 
 from . import lg
 from .irdl_verify import op_definition, remember
-from .layout import local_shape
 from .lg import InitializerAttr
+from .pieces import local_shape
 from .sbp import (
     COLLECTIVES,
     TRANSFER,

@@ -580,7 +580,7 @@ and meshes are immutable, so the verdict holds for the same objects."""
 
 
 # --------------------------------------------------------------------------
-# Plain data: the passes that search (sbp-infer, boxing), the simulators and
+# Plain data: the passes that search (sbp-infer, boxing), the interpreters, the simulator and
 # the runtime work on Sbp values, not attributes. An nd-SBP is a tuple of
 # them, one per mesh axis.
 # --------------------------------------------------------------------------
@@ -813,13 +813,13 @@ def _format_plain(nd: PlainNd) -> str:
 
 # --------------------------------------------------------------------------
 # Collectives: one table of the single-axis redistributions. The ops, the
-# boxing planner, the plan's communication kinds, the simulator and the
+# boxing planner, the plan's communication kinds, the interpreters, the simulator and the
 # runtime all read it.
 # --------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Collective:
+class CollectiveRule:
     """One redistribution on one mesh axis: which (source, destination) SBP
     kinds it connects ("S", "B" or "P", the first letter of a plain SBP),
     whether devices exchange data, and its text for diagnostics."""
@@ -836,20 +836,20 @@ class Collective:
         return (source.kind, dest.kind) in self.steps and source != dest
 
 
-COLLECTIVES: dict[str, Collective] = {
+COLLECTIVES: dict[str, CollectiveRule] = {
     c.kind: c
     for c in (
-        Collective("all_reduce", frozenset({("P", "B")}), True, "P -> B",
+        CollectiveRule("all_reduce", frozenset({("P", "B")}), True, "P -> B",
                    "P -> B: every device gets the reduction of all pieces."),
-        Collective("all_gather", frozenset({("S", "B")}), True, "S<i> -> B",
+        CollectiveRule("all_gather", frozenset({("S", "B")}), True, "S<i> -> B",
                    "S(i) -> B: every device gets the concatenation of all slices."),
-        Collective("reduce_scatter", frozenset({("P", "S")}), True, "P -> S<i>",
+        CollectiveRule("reduce_scatter", frozenset({("P", "S")}), True, "P -> S<i>",
                    "P -> S(i): every device gets its slice of the reduction."),
-        Collective("all_to_all", frozenset({("S", "S")}), True, "S<i> -> S<j> with i != j",
+        CollectiveRule("all_to_all", frozenset({("S", "S")}), True, "S<i> -> S<j> with i != j",
                    "S(i) -> S(j), i != j: every device trades slices with every other."),
-        Collective("slice", frozenset({("B", "S")}), False, "B -> S<i> (a local slice)",
+        CollectiveRule("slice", frozenset({("B", "S")}), False, "B -> S<i> (a local slice)",
                    "B -> S(i) with no communication: every device keeps its own slice."),
-        Collective("make_partial", frozenset({("B", "P"), ("S", "P")}), False, "B or S<i> -> P (local)",
+        CollectiveRule("make_partial", frozenset({("B", "P"), ("S", "P")}), False, "B or S<i> -> P (local)",
                    "B or S<i> -> P (or P<max>) with no communication: a B value stays on the group's first "
                    "device and the others hold zeros (-inf for max); a split value is embedded in zeros "
                    "(-inf) at its place."),
@@ -862,7 +862,7 @@ TRANSFER = "transfer"
 it moves pieces between meshes rather than changing one mesh axis."""
 
 
-def step_collective(source: PlainSbp, dest: PlainSbp) -> Collective | None:
+def step_collective(source: PlainSbp, dest: PlainSbp) -> CollectiveRule | None:
     """The collective that changes one mesh axis from `source` to `dest`, if one does."""
     return _STEP_COLLECTIVE.get((source.kind, dest.kind))
 
@@ -971,7 +971,7 @@ class CollectiveOp(DirectInit, ABC):
             )
 
 
-def _collective_op(c: Collective) -> type[CollectiveOp]:
+def _collective_op(c: CollectiveRule) -> type[CollectiveOp]:
     """The op class of a row of COLLECTIVES: `sbp.<kind>`."""
     class_name = "".join(part.title() for part in c.kind.split("_")) + "Op"
     body = {"name": f"sbp.{c.kind}", "__doc__": c.doc, "__module__": __name__, "__qualname__": class_name}

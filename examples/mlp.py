@@ -6,7 +6,7 @@
 2. Runs sbp-infer, prints the signature it chose for every op, and checks
    each one: every device's local piece, combined by the SBP, must give the
    op's global result.
-3. Inserts the boxing and simulates the whole distributed graph device by
+3. Inserts the boxing and interprets the whole distributed graph device by
    device; its outputs must match the reference.
 4. Lowers to the physical plan (actors, registers, memory arenas), prints
    each device's memory, and runs the plan on real per-device arenas.
@@ -20,7 +20,7 @@ from xdsl.context import Context
 
 import sbpc
 from sbpc.dialects import lg, plan
-from sbpc.dialects.layout import numpy_dtype
+from sbpc.dialects.pieces import numpy_dtype
 from sbpc.dialects.sbp import SIGNATURE_ATTR, format_nd, nd_to_plain
 from sbpc.lowering.plan_allocate_memory import PlanAllocateMemoryPass
 from sbpc.lowering.plan_verify import PlanVerifyPass
@@ -30,9 +30,9 @@ from sbpc.lowering.sbp_insert_boxing import SbpInsertBoxingPass
 from sbpc.lowering.sbp_simplify import SbpSimplifyPass
 from sbpc.lowering.sbp_to_plan import SbpToPlanPass
 from sbpc.semantics.local_eval import run_distributed
-from sbpc.semantics.plan_simulator import run_plan
+from sbpc.semantics.plan_interpreter import run_plan
 from sbpc.semantics.reference import evaluate, initial_value
-from sbpc.semantics.simulator import simulate
+from sbpc.semantics.sbp_interpreter import evaluate_distributed
 
 HERE = pathlib.Path(__file__).parent
 
@@ -85,11 +85,11 @@ def main() -> int:
     SbpInsertBoxingPass().apply(Context(), module)
     SbpSimplifyPass().apply(Context(), module)
     module.verify()
-    simulated = simulate(module, feeds, params)
-    same = all(np.allclose(simulated.outputs[k], out[k], rtol=1e-4, atol=1e-5) for k in out)
+    interpreted = evaluate_distributed(module, feeds, params)
+    same = all(np.allclose(interpreted.outputs[k], out[k], rtol=1e-4, atol=1e-5) for k in out)
     ok &= same
     comm = ", ".join(f"{n} {kind} ({b} B)" for kind, n, b in summarize(graph)) or "none"
-    print(f"\nboxing: {comm}; simulated on {mesh.size} devices: loss {float(simulated.outputs['loss']):.6f}"
+    print(f"\nboxing: {comm}; interpreted on {mesh.size} devices: loss {float(interpreted.outputs['loss']):.6f}"
           f" ({'matches' if same else 'DIFFERS FROM'} the reference)")
 
     for p in (SbpToPlanPass(), PlanAllocateMemoryPass(), PlanVerifyPass()):

@@ -27,8 +27,8 @@ from sbpc.dialects.sbp import (
     global_shape,
     nd_to_plain,
 )
+from sbpc.planning.autoplan.candidates import Candidate, Layout
 from sbpc.planning.autoplan.layers import Layer
-from sbpc.planning.autoplan.layout import Candidate, Layout
 from sbpc.planning.autoplan.profiler import Profiler, plain_type
 from sbpc.planning.autoplan.stages import place_ops
 

@@ -28,7 +28,7 @@ from xdsl.dialects.builtin import DenseArrayBase, ModuleOp, StringAttr, i64
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
-from sbpc.codegen.kernels import generate
+from sbpc.codegen.generators import generate
 from sbpc.codegen.render import Unsupported
 from sbpc.dialects import plan
 from sbpc.dialects.sbp import DeviceKind, lookup_placement

@@ -17,7 +17,7 @@ Why a plan-level rewrite rather than fusion inside plan-codegen only:
   exactly what a fused GPU kernel needs (its intermediates live in
   registers) and what the live-set bound should count.
 - Every backend gains: the numpy executor fires one actor instead of a
-  chain (less per-firing overhead), the plan simulator and the trace show
+  chain (less per-firing overhead), the plan interpreter and the trace show
   what really runs, and plan-codegen emits one CUDA kernel per actor with
   no fusion logic of its own.
 - The plan stays the whole program: the fused steps are data on the actor,

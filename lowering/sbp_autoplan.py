@@ -83,8 +83,8 @@ from sbpc.dialects.sbp import (
 from sbpc.perf.cluster import Cluster, ClusterError, load_cluster
 from sbpc.perf.step_time import SimulationError, simulate_plan
 from sbpc.planning.autoplan import whole
+from sbpc.planning.autoplan.candidates import MEMORY_MODES, Candidate, Layout, check_memory_budget
 from sbpc.planning.autoplan.compose import notable, plan_layers
-from sbpc.planning.autoplan.layout import MEMORY_MODES, Candidate, Layout, check_memory_budget
 from sbpc.planning.autoplan.profiler import LayerPasses
 from sbpc.planning.autoplan.stages import FORWARD_SOURCES, batch_size, cut_into_stages
 from sbpc.planning.cost_model import PLANNED_FOR_ATTR

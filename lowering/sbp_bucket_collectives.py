@@ -24,7 +24,7 @@ takes the cluster's alpha-beta time (`Cluster.collective_time`). A bucket of
 one stays as it was (no copies). `bucket_bytes` fixes the size instead, as
 DDP's bucket_cap_mb does.
 
-A bucket is plain sbp IR, so every later pass, the simulators and the
+A bucket is plain sbp IR, so every later pass, the interpreters, the simulator and the
 runtime need nothing new:
 
     all_reduce:      g_i (P) --reshape--> [n_i] --concat axis 0--> [N] (P)

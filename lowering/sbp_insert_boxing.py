@@ -24,7 +24,7 @@ from xdsl.rewriter import Rewriter
 from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import lg, sbp
-from sbpc.dialects.layout import coords, piece
+from sbpc.dialects.pieces import coords, piece
 from sbpc.dialects.sbp import (
     DTensorType,
     Mesh,

@@ -52,8 +52,8 @@ from xdsl.utils.exceptions import PassFailedException
 from sbpc.dialects import lg, plan, sbp
 from sbpc.dialects.builders import flat_symbol_ref, i64_array, i64_attr
 from sbpc.dialects.irdl_verify import bare_op
-from sbpc.dialects.layout import coords, mesh_coord, piece_of
 from sbpc.dialects.lg_analysis import one_f_one_b
+from sbpc.dialects.pieces import coords, mesh_coord, piece_of
 from sbpc.dialects.sbp import DTensorType, Mesh, lookup_placement
 
 from .lg_micro_batch import MICRO_BATCH_ATTR, SCHEDULE_ATTR

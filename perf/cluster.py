@@ -32,7 +32,7 @@ operands arrive cold and ranks share caches, against the isolated timings
 the rates come from.
 
 The file format is JSON with exactly the fields of `Cluster`,
-`DeviceKind`, `Level`, `Links` and `CollectiveFit` below (`docs/CLUSTER.md`
+`DeviceModel`, `Level`, `Links` and `CollectiveFit` below (`docs/CLUSTER.md`
 shows one); `load_cluster` validates it and names the field at fault.
 """
 
@@ -109,7 +109,7 @@ class Links:
 
 
 @dataclass(frozen=True)
-class DeviceKind:
+class DeviceModel:
     kind: str
     """'cpu' or 'cuda' (what a placement names)."""
     memory: float
@@ -188,7 +188,7 @@ class Rates:
 class Cluster:
     name: str
     count: int
-    device: DeviceKind
+    device: DeviceModel
     levels: Sequence[Level] = ()
     links: Links | None = None
     source: str = ""
@@ -479,7 +479,7 @@ def _levels(data: Any, where: str) -> tuple[Level, ...]:
     return tuple(_level(level, f"{where}[{i}]") for i, level in enumerate(data))
 
 
-def _device(data: Any, where: str) -> DeviceKind:
+def _device(data: Any, where: str) -> DeviceModel:
     def mapping(what: str):
         def read(value: Any, at: str) -> dict[str, float]:
             if not isinstance(value, dict):
@@ -488,7 +488,7 @@ def _device(data: Any, where: str) -> DeviceKind:
 
         return read
 
-    return _build(DeviceKind, data, where, {"peak_flops": mapping("element type -> flop/s"),
+    return _build(DeviceModel, data, where, {"peak_flops": mapping("element type -> flop/s"),
                                             "kernel_overheads": mapping("kernel name -> seconds"),
                                             "kernel_scales": mapping("kernel name -> factor")})
 
@@ -551,7 +551,7 @@ def load_cluster(spec: str | Cluster, devices: int | None = None) -> Cluster:
 CPU = Cluster(
     name="cpu",
     count=2,
-    device=DeviceKind(kind="cpu", memory=12 * 2**30, peak_flops={"f32": 1.0e11, "f64": 5.0e10},
+    device=DeviceModel(kind="cpu", memory=12 * 2**30, peak_flops={"f32": 1.0e11, "f64": 5.0e10},
                       efficiency=1.0, vector_flops=2.0e9, memory_bandwidth=2.5e10, kernel_overhead=3e-6,
                       actor_overhead=1.1e-6, comm_overlap=0.0),
     levels=(Level("machine", 2, bandwidth=3.5e9, latency=2e-5),),
@@ -564,7 +564,7 @@ CPU = Cluster(
 # efficiency 0.7 and the 7 us floor per kernel are PyTorch autoparallel's
 # compute model (a floor, not an addition: the host queues kernels ahead of
 # the stream); actors cost no host time on a GPU stream.
-H100 = DeviceKind(
+H100 = DeviceModel(
     kind="cuda", memory=80e9, peak_flops={"f64": 67e12, "f32": 67e12, "tf32": 495e12, "bf16": 989e12, "f16": 989e12},
     efficiency=0.7, vector_flops=67e12, memory_bandwidth=3.35e12 * 0.7, kernel_overhead=7e-6, actor_overhead=0.0,
     comm_overlap=1.0, launch_ahead=True, stream_per_group=True,

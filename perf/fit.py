@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .cluster import COLLECTIVE_KINDS, Cluster, CollectiveFit, DeviceKind, Level, latency_steps
+from .cluster import COLLECTIVE_KINDS, Cluster, CollectiveFit, DeviceModel, Level, latency_steps
 
 
 def fit_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
@@ -168,7 +168,7 @@ def fit_cluster(raw: Mapping[str, Any], name: str | None = None) -> Fitted:
     # Per kernel, what its actors cost inside the probe steps against the
     # rates fitted above: a fixed cost per call and a factor on the
     # rate-bound time (fit_kernel_costs).
-    unit = DeviceKind(kind="cpu", memory=1.0, peak_flops={"f32": gemm_rate}, efficiency=1.0,
+    unit = DeviceModel(kind="cpu", memory=1.0, peak_flops={"f32": gemm_rate}, efficiency=1.0,
                        vector_flops=vector_flops, memory_bandwidth=bandwidth, kernel_overhead=0.0,
                        cache_bytes=cache_bytes if cache_bandwidth else 0.0, cache_bandwidth=cache_bandwidth)
     isolated = Cluster(name="rates", count=1, device=unit, levels=(Level("one", 1, 1.0, 0.0),))
@@ -217,7 +217,7 @@ def fit_cluster(raw: Mapping[str, Any], name: str | None = None) -> Fitted:
     figures["collective sync us"] = sync * 1e6
 
     memory = float(raw.get("memory", 8 * 2**30))
-    device = DeviceKind(
+    device = DeviceModel(
         kind="cpu", memory=memory, peak_flops={"f32": gemm_rate, "bf16": gemm_rate}, efficiency=1.0,
         vector_flops=vector_flops, memory_bandwidth=bandwidth, kernel_overhead=kernel_overhead,
         actor_overhead=actor, comm_overlap=overlap, kernel_overheads=kernel_overheads, kernel_scales=kernel_scales,

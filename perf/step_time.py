@@ -43,7 +43,7 @@ from typing import Any
 from xdsl.dialects.builtin import ModuleOp
 
 from sbpc.dialects import lg, plan
-from sbpc.dialects.layout import numpy_dtype, regions_of, staged_elements
+from sbpc.dialects.pieces import numpy_dtype, regions_of, staged_elements
 from sbpc.dialects.sbp import COLLECTIVES, Mesh, PlacementOp
 
 from .cluster import Cluster
@@ -171,7 +171,7 @@ class Event:
 
 
 @dataclass(eq=False)
-class Collective:
+class IssuedCollective:
     """One device's view of one issue of a collective."""
 
     device: int
@@ -183,9 +183,9 @@ class Collective:
     """When it was issued (after the actor's own overhead; the thread may go on paying for it)."""
     event: Event | None = None
     """Set once its start and end are known."""
-    after: list[Collective] = field(default_factory=list)
+    after: list[IssuedCollective] = field(default_factory=list)
     """In-flight collectives whose bytes it touches, where the device
-    enqueues it without waiting for them (`DeviceKind.launch_ahead`): its
+    enqueues it without waiting for them (`DeviceModel.launch_ahead`): its
     stream waits for them instead of the device's compute stream."""
 
 
@@ -400,7 +400,7 @@ class _Device:
         self.t = 0.0
         self.last: Event | None = None
         self.pending = InFlight(self.memory)
-        self.comm_queue: dict[str, list[Collective]] = {}
+        self.comm_queue: dict[str, list[IssuedCollective]] = {}
         """Per lane (lane_of), issued collectives whose start is not known yet, in issue order."""
         self.stream_free: dict[str, float] = {}
         self.stream_last: dict[str, Event | None] = {}
@@ -410,7 +410,7 @@ class _Device:
         self.waited_comm = [0.0] * steps
         self.waited_transfer = [0.0] * steps
         self.in_flight = [0.0] * steps
-        self.issued: dict[tuple[int, int], Collective] = {}
+        self.issued: dict[tuple[int, int], IssuedCollective] = {}
         self.outside_starts: list[float] = []
         self.thread_events: dict[int, Event] = {}
         """The event of each kernel or copy task, by its index in `tasks`."""
@@ -457,7 +457,7 @@ def lane_of(spec: CommSpec, cluster: Cluster) -> str:
     collectives (the runtime's MPI requests, and NCCL's separate pipeline
     and data-parallel communicators, progress independently). Collectives
     share one lane, in issue order, unless the device runs each group's
-    on a stream of its own (`DeviceKind.stream_per_group`, NCCL): then a
+    on a stream of its own (`DeviceModel.stream_per_group`, NCCL): then a
     tensor-parallel all-reduce does not queue behind a data-parallel
     gradient reduction issued before it."""
     if spec.kind == "transfer":
@@ -482,7 +482,7 @@ class InFlight:
 
     def __init__(self, memory: int):
         self.page = max(1 << 16, memory // 4096)
-        self.items: dict[int, Collective] = {}
+        self.items: dict[int, IssuedCollective] = {}
         self.index: dict[tuple[int, int], set[int]] = {}
         self.next = 0
 
@@ -492,7 +492,7 @@ class InFlight:
             for k in range(lo // page, max(hi, lo + 1) // page + 1):
                 yield buf, k
 
-    def add(self, c: Collective) -> None:
+    def add(self, c: IssuedCollective) -> None:
         seq = self.next
         self.next += 1
         self.items[seq] = c
@@ -504,7 +504,7 @@ class InFlight:
         for key in self._pages(c.ranges):
             self.index[key].discard(seq)
 
-    def touching(self, ranges: list[tuple[int, int, int, bool]]) -> list[tuple[int, Collective]]:
+    def touching(self, ranges: list[tuple[int, int, int, bool]]) -> list[tuple[int, IssuedCollective]]:
         """The in-flight collectives whose registers overlap `ranges`, in issue order."""
         seqs: set[int] = set()
         for key in self._pages(ranges):
@@ -516,13 +516,13 @@ class InFlight:
     def __bool__(self) -> bool:
         return bool(self.items)
 
-    def in_order(self) -> list[tuple[int, Collective]]:
+    def in_order(self) -> list[tuple[int, IssuedCollective]]:
         return list(self.items.items())
 
 
-def _head(queue: list[Collective]) -> Collective | None:
+def _head(queue: list[IssuedCollective]) -> IssuedCollective | None:
     """The collective a lane runs next: of those issued whose inputs are
-    known (`Collective.after`: made by collectives already placed in
+    known (`IssuedCollective.after`: made by collectives already placed in
     time), the one whose inputs exist first, then the first issued. A
     collective enqueued before the collective making its input finished
     does not hold up those issued after it: the runtime hands a collective
@@ -619,7 +619,7 @@ class Replay:
                 dev.pc += 1
                 moved = True
                 continue
-            after: list[Collective] = []
+            after: list[IssuedCollective] = []
             if dev.pending:
                 if task.comm is not None and self.enqueue:
                     after = [c for _, c in dev.pending.touching(task.ranges)]
@@ -648,7 +648,7 @@ class Replay:
                 dev.waited_comm[step] += cost - task.duration
                 dev.t = issued.end
                 dev.last = issued
-                c = Collective(dev.rank, spec, step, task.ranges, issued, start + task.duration, after=after)
+                c = IssuedCollective(dev.rank, spec, step, task.ranges, issued, start + task.duration, after=after)
                 dev.pending.add(c)
                 dev.comm_queue.setdefault(lane_of(spec, self.cluster), []).append(c)
                 dev.issued[(spec.comm_id, step)] = c
@@ -682,7 +682,7 @@ class Replay:
                     moved = any_moved = True
         return any_moved
 
-    def _start(self, c: Collective, lane: str) -> bool:
+    def _start(self, c: IssuedCollective, lane: str) -> bool:
         """Starts `c` if every member has issued it and, for a collective,
         it is the oldest unstarted one of every member's lane."""
         key = (c.spec.comm_id, c.step)

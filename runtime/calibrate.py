@@ -29,7 +29,7 @@ from sbpc.dialects.sbp import Sbp
 from sbpc.perf.fit import sync_excess
 from sbpc.semantics.local_eval import LocalContext
 
-from . import host_kernels, kernels
+from . import host_kernels, numpy_kernels
 from .launch import usable_cpus
 from .rank_auth import authenticate_messages
 
@@ -122,7 +122,7 @@ def measure_compute(world: MPI.Comm, quick: bool) -> dict:
         properties = {k: IntegerAttr(v, i64) for k, v in props.items()}
         op = cls.create(properties=properties, result_types=[t32])
         # what the executor runs: the generated C where it would (host_kernels)
-        fire = host_kernels.bind_kernel(op, local, [x], out) or kernels.bind(op, local, [x], out)
+        fire = host_kernels.bind_kernel(op, local, [x], out) or numpy_kernels.bind(op, local, [x], out)
         t = _best(world, _repeat(fire, 1, [x], out), repeats)
         flops = cls.flops([shape], shape, **op.params())
         vector.append([float(flops), 8.0 * x.size, t])

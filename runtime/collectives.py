@@ -1,7 +1,7 @@
 """Communication actors on MPI: each plan.comm becomes a non-blocking
 collective (or point-to-point transfer) over its rank group.
 
-Pieces of a tensor are the same ones the simulator uses (sbpc.dialects.layout.piece);
+Pieces of a tensor are the same ones the interpreters use (sbpc.dialects.pieces.piece);
 where MPI needs contiguous per-member blocks (all_gather along an inner
 axis, reduce_scatter, all_to_all) the actor packs into or unpacks from
 buffers it allocated once at load time, so the steady state allocates
@@ -19,7 +19,7 @@ from mpi4py import MPI
 from mpi4py.util.dtlib import from_numpy_dtype
 
 from sbpc.dialects import plan
-from sbpc.dialects.layout import (
+from sbpc.dialects.pieces import (
     intersect,
     is_half,
     lies_in_order,

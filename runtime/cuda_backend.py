@@ -48,7 +48,7 @@ import numpy as np
 from xdsl.dialects.builtin import DenseArrayBase, IntegerType
 
 from sbpc.dialects import plan
-from sbpc.dialects.layout import numpy_dtype
+from sbpc.dialects.pieces import numpy_dtype
 from sbpc.dialects.sbp import DeviceKind, lookup_placement
 
 from . import cuda
@@ -271,7 +271,7 @@ class CudaExecutor(Executor):
 
     def _ensure_sources(self) -> None:
         """Generates the kernels plan-codegen can where the plan has none."""
-        from sbpc.codegen.kernels import generate
+        from sbpc.codegen.generators import generate
         from sbpc.codegen.render import Unsupported
 
         for actor in self.schedule:

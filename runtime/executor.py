@@ -34,12 +34,12 @@ from mpi4py import MPI
 from xdsl.dialects.builtin import ModuleOp
 
 from sbpc.dialects import lg, make_context, plan
-from sbpc.dialects.layout import numpy_dtype, piece_of
+from sbpc.dialects.pieces import numpy_dtype, piece_of
 from sbpc.dialects.sbp import COLLECTIVES, DTensorType, lookup_placement
-from sbpc.semantics.plan_simulator import actor_kernel
+from sbpc.semantics.plan_interpreter import actor_kernel
 from sbpc.semantics.reference import constant_value, initialize
 
-from . import host_kernels, kernels, progress
+from . import host_kernels, numpy_kernels, progress
 from .collectives import CommActor, Pending
 from .program import RuntimeFailure
 
@@ -455,16 +455,16 @@ class Executor:
             self._wait_register(pending, new, step)
             self._views[(param, 0)][...] = self.view(new, step)
 
-    def _bind(self, actor: plan.ComputeOp) -> kernels.Fire:
+    def _bind(self, actor: plan.ComputeOp) -> numpy_kernels.Fire:
         """The actor's out= kernel, bound (scratch and all) at load time."""
         op, local = actor_kernel(self.ctx, actor, self.registers, self.piece_of)
         try:
-            return kernels.bind(op, local, [self.view(r.string_value(), 0) for r in actor.ins.data],
+            return numpy_kernels.bind(op, local, [self.view(r.string_value(), 0) for r in actor.ins.data],
                                 self.view(actor.outs.data[0].string_value(), 0))
         except Exception as e:  # noqa: BLE001 - reported with its place
             raise RuntimeFailure(f"rank {self.rank}: {self.describe(actor)}: {e}") from None
 
-    def _bind_host_kernels(self) -> dict[plan.ComputeOp, kernels.Fire]:
+    def _bind_host_kernels(self) -> dict[plan.ComputeOp, numpy_kernels.Fire]:
         """The actors that run generated C (runtime/host_kernels.py: fused
         chains, elementwise ops, softmax, layernorm), built into one library per device;
         none where SBPC_HOST_KERNELS=0 or no C compiler or cffi is here."""
@@ -484,14 +484,14 @@ class Executor:
         return {actor: library.bind(kernel) for actor, kernel in made.items()}
 
     def _bind_parts(self, actor: plan.ComputeOp):
-        """A long matmul's column blocks (kernels.bind_parts), when its
+        """A long matmul's column blocks (numpy_kernels.bind_parts), when its
         output shares no bytes with an input."""
         ins = [self.view(r.string_value(), 0) for r in actor.ins.data]
         out = self.view(actor.outs.data[0].string_value(), 0)
         if any(np.may_share_memory(x, out) for x in ins):
             return None
         op, _ = actor_kernel(self.ctx, actor, self.registers, self.piece_of)
-        return kernels.bind_parts(op, ins, out)
+        return numpy_kernels.bind_parts(op, ins, out)
 
     def _fire_compute(self, actor: plan.ComputeOp, step: int, ins: list[np.ndarray], out: np.ndarray,
                       pending: list[Pending] | None = None) -> None:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sbpc.codegen.kernels import Site, describe_site, generate_host
+from sbpc.codegen.generators import Site, describe_site, generate_host
 from sbpc.codegen.render import Kernel, Unsupported, c_type, host_declaration, host_prelude, host_source
 from sbpc.dialects import plan
 

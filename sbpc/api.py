@@ -10,8 +10,8 @@ Where it runs:
   count, stopped at exit);
 - inside an `mpiexec` launch of the right size: every rank runs its share,
   and every rank gets the gathered outputs;
-- `mode="simulate"`: in this process, device by device on real arenas
-  (sbpc.semantics.plan_simulator), for debugging. Never chosen silently.
+- `mode="interpret"`: in this process, device by device on real arenas
+  (sbpc.semantics.plan_interpreter), for debugging. Never chosen silently.
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ from sbpc.dialects.plan import ProgramOp, programs
 from sbpc.dialects.sbp import AUTOPLAN_ALTERNATIVES_ATTR, AUTOPLAN_ATTR
 from sbpc.frontend import Graph, Placement
 from sbpc.optim import Optimizer
-from sbpc.planning.autoplan.layout import check_memory_budget
+from sbpc.planning.autoplan.candidates import check_memory_budget
 from sbpc.runtime.hosts import Hosts
 from sbpc.runtime.pool_client import RankPool
 
-MODES = ("auto", "mpi", "simulate")
+MODES = ("auto", "mpi", "interpret")
 
 
 def _text(module: ModuleOp) -> str:
@@ -206,7 +206,7 @@ def _fill_in(exe: Executable, graph: Graph | ModuleOp | str, optimizer: Optimize
         exe.state_names = dict(graph.state_names)
         exe.buffers = dict(graph.buffers)
     if optimizer is not None:
-        from sbpc.dialects.layout import numpy_dtype
+        from sbpc.dialects.pieces import numpy_dtype
         from sbpc.runtime.program import feed_types
 
         lr = feed_types(exe.program).get("lr")
@@ -221,7 +221,7 @@ def _fill_in(exe: Executable, graph: Graph | ModuleOp | str, optimizer: Optimize
 def _check_budget(program: ProgramOp, budget: int) -> None:
     """A compiled plan over `memory_budget` on some device is an error that
     says what it needs (a hand plan; plan='auto' chooses within the budget)."""
-    from sbpc.planning.autoplan.layout import gib
+    from sbpc.planning.autoplan.candidates import gib
 
     need = {d.rank.value.data: sum(d.region_bytes()) for d in program.devices()
             if d.arena is not None and d.persistent is not None}
@@ -296,8 +296,8 @@ class Executable:
         return rank_plans(self.module, self.ranks)
 
     def _where(self) -> str:
-        if self.mode == "simulate":
-            return "simulate"
+        if self.mode == "interpret":
+            return "interpret"
         size = int(os.environ.get("PMI_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
         if size > 1 or "PMI_RANK" in os.environ:
             if size < self.ranks:
@@ -317,9 +317,9 @@ class Executable:
             raise ValueError(f"steps must be a positive integer, got {steps!r}")
         feeds = check_feeds(self.program, {**self.default_feeds, **feeds})
         where = self._where()
-        if where == "simulate":
+        if where == "interpret":
             from sbpc.runtime.program import RuntimeFailure
-            from sbpc.semantics.plan_simulator import run_plan
+            from sbpc.semantics.plan_interpreter import run_plan
             from sbpc.semantics.reference import EvaluationError
 
             for step in range(steps):  # each step's updates (`new.<key>`) written back, as the ranks do
@@ -373,8 +373,8 @@ class Executable:
         # On MPI ranks each rank wrote its pieces back in place where the update
         # has its parameter's distribution (sbp-infer ties them), and those are
         # not gathered at all; the rest goes back as global arrays. The
-        # simulator's run writes every update back itself.
-        if self._where() == "simulate":
+        # interpreter writes every update back itself.
+        if self._where() == "interpret":
             out = self.run(feeds, outputs=[n for n in returned if outputs is None or n in outputs])
             return out
         in_place = self._in_place_updates
@@ -473,7 +473,7 @@ class Executable:
                                  "import the module again")
 
     def _param_types(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        from sbpc.dialects.layout import numpy_dtype
+        from sbpc.dialects.pieces import numpy_dtype
 
         return {r.param.data: (tuple(r.value.get_shape()), np.dtype(numpy_dtype(r.value.element_type)))
                 for d in self.program.devices() for r in d.registers() if r.param is not None}
@@ -500,7 +500,7 @@ def _tensor(value: np.ndarray):
     """A numpy array as a torch tensor; ml_dtypes' bfloat16 as torch.bfloat16."""
     import torch
 
-    from sbpc.dialects.layout import is_half
+    from sbpc.dialects.pieces import is_half
 
     if is_half(value.dtype) and value.dtype != np.float16:
         return torch.from_numpy(value.astype(np.float32)).to(torch.bfloat16)
@@ -521,11 +521,11 @@ class Params:
             raise KeyError(f"no parameter {key!r} (parameters: {self.keys()})")
         exe = self.exe
         where = exe._where()
-        if where == "simulate":
+        if where == "interpret":
             if key not in exe._sim_params and key in exe.initial_values:
                 exe._sim_params[key] = np.array(exe.initial_values[key])
             if key not in exe._sim_params:
-                from sbpc.dialects.layout import numpy_dtype
+                from sbpc.dialects.pieces import numpy_dtype
                 from sbpc.semantics.reference import initialize
 
                 reg = next(r for d in exe.program.devices() for r in d.registers()
@@ -547,7 +547,7 @@ class Params:
             raise KeyError(f"no parameter {key!r} (parameters: {self.keys()})")
         exe = self.exe
         where = exe._where()
-        if where == "simulate":
+        if where == "interpret":
             exe._sim_params[key] = np.asarray(value)
             return
         if where == "inside":

@@ -1,4 +1,5 @@
 """What the IR means, executed with numpy: the reference interpreter of `lg`
 (global values), per-device SBP semantics (local kernels on pieces), the
-multi-device simulator of sbp-level IR and the plan simulator. Every pass
-and the runtime are tested against these."""
+multi-device interpreter of sbp-level IR (`sbp_interpreter`) and the plan
+interpreter (`plan_interpreter`). Every pass and the runtime are tested
+against these. (Simulation, in sbpc, is timing: `perf/`.)"""

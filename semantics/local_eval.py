@@ -6,7 +6,7 @@ that the tests check SBP rules against: distribute the global operands by a
 signature, run each device's local kernel, combine the local results by the
 result's nd-SBP, and compare with the reference interpreter.
 
-Pieces are sbpc.dialects.layout's. A partial nd-SBP holds, on each device,
+Pieces are sbpc.dialects.pieces's. A partial nd-SBP holds, on each device,
 a summand (P) or a candidate (Pmax) of the global value; one nd-SBP never
 mixes P and Pmax.
 """
@@ -21,7 +21,7 @@ from xdsl.ir import Operation
 
 from sbpc.dialects import lg
 from sbpc.dialects.backends import Backend
-from sbpc.dialects.layout import Coord, coords, is_float_dtype, is_half, mesh_coord, numpy_dtype, partial_kind, piece
+from sbpc.dialects.pieces import Coord, coords, is_float_dtype, is_half, mesh_coord, numpy_dtype, partial_kind, piece
 from sbpc.dialects.sbp import PlainNd, Sbp, element_type, nd_to_plain, plain_nd
 from sbpc.semantics.philox import dropout_piece
 from sbpc.semantics.reference import (

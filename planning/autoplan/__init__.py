@@ -2,7 +2,7 @@
 (mesh, pipeline stages, micro-batches and schedule, memory mode,
 recomputation), by predicting each candidate on the step-time simulator.
 
-- layout.py: the one model both searches share (Layout, Candidate) and the
+- candidates.py: the one model both searches share (Layout, Candidate) and the
   choice of the fastest that fits;
 - whole.py: the whole-graph search (each layout lowered and simulated
   whole, by sbp-autoplan's `evaluate`);

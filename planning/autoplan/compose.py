@@ -18,8 +18,8 @@ from sbpc.dialects.sbp import lookup_placement
 from sbpc.perf.cluster import Cluster
 from sbpc.perf.step_time import SimulationError
 
+from .candidates import RECOMPUTE_POLICIES, Candidate, Layout, by_layers, fastest_fitting
 from .layers import Layer, split_layers
-from .layout import RECOMPUTE_POLICIES, Candidate, Layout, by_layers, fastest_fitting
 from .profiler import LayerPasses, Profiler
 
 STATE_COPIES = {"adam": 2, "adamw": 2, "momentum": 1}

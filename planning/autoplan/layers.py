@@ -12,8 +12,8 @@ from xdsl.dialects.builtin import SymbolRefAttr
 from xdsl.ir import Operation, SSAValue
 
 from sbpc.dialects import lg
-from sbpc.dialects.layout import local_shape
 from sbpc.dialects.lg_analysis import narrow_cuts
+from sbpc.dialects.pieces import local_shape
 from sbpc.dialects.sbp import DTensorType, element_bytes, element_type, global_shape, lookup_placement
 
 from .stages import FORWARD_SOURCES as SOURCES

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 from sbpc.dialects.lg_analysis import SCHEDULES
 
-from .layout import RECOMPUTE_POLICIES, Candidate, Layout, fastest_fitting, mesh_shapes
+from .candidates import RECOMPUTE_POLICIES, Candidate, Layout, fastest_fitting, mesh_shapes
 
 INPUTS = ("free", "split", "replicated")
 """The starts of the inputs sbp-infer's search is run from (Layout.inputs)."""

@@ -258,7 +258,7 @@ def random_case(rng: random.Random, run_rate: float = 0.5) -> tuple[Program, Cal
                 for _ in range(rng.randint(0, 2) if rng.random() < 0.1 else rng.randint(1, 2))}
         p.steps.append(f"output({sorted(outs)})")
         g.output(**outs)
-        options: dict[str, Any] = {"mode": "simulate"}
+        options: dict[str, Any] = {"mode": "interpret"}
         for key, values in {
             "pipeline": ["compile", "compile", "sbp-infer", "lg-autodiff,compile", "nonsense", "compile{x=1}", ""],
             "plan": ["manual", "manual", "auto", "best"],
@@ -266,7 +266,7 @@ def random_case(rng: random.Random, run_rate: float = 0.5) -> tuple[Program, Cal
             "seed": [None, 0, -1, 2**64, "x"],
             "memory_budget": [None, None, 10**9, 0, 1],
             "optimizer": [None, None, sbpc.optim.SGD(lr=0.1), sbpc.optim.Adam(lr=0.01, zero=True), "adam"],
-            "mode": ["simulate", "simulate", "simulate", "bogus"],
+            "mode": ["interpret", "interpret", "interpret", "bogus"],
             "cluster": ["cpu", "cpu", "h100-node", "nope"],
         }.items():
             if rng.random() < 0.4:
@@ -274,7 +274,7 @@ def random_case(rng: random.Random, run_rate: float = 0.5) -> tuple[Program, Cal
         p.steps.append(f"compile({options})")
         exe = sbpc.compile(g, **options)
         if rng.random() < run_rate:
-            from sbpc.dialects.layout import numpy_dtype
+            from sbpc.dialects.pieces import numpy_dtype
             from sbpc.runtime.program import feed_types
 
             feeds: dict[str, Any] = {}
@@ -345,7 +345,7 @@ def valid_case(rng: random.Random) -> tuple[Program, Callable[[], Any]]:
         g.output(loss=loss)
         optimizer = rng.choice([None, sbpc.optim.SGD(lr=0.1), sbpc.optim.Adam(lr=0.01),
                                 sbpc.optim.AdamW(lr=0.01), sbpc.optim.Adam(lr=0.01, zero=True)])
-        options: dict[str, Any] = {"mode": "simulate", "optimizer": optimizer}
+        options: dict[str, Any] = {"mode": "interpret", "optimizer": optimizer}
         if rng.random() < 0.2:
             options["pipeline"] = rng.choice(["compile{fuse=false}", "compile{bucket=false}",
                                               "compile{strategy=greedy}", "lg-micro-batch{count=2},compile"])
@@ -400,7 +400,7 @@ def torch_case(rng: random.Random) -> tuple[Program, Callable[[], Any]]:
         graph = sbpc.from_torch(model, example if isinstance(example, tuple) else (example,),
                                 placement=rng.choice([None, sbpc.placement("cpu", rng.choice([1, 2]))]))
         if rng.random() < 0.5:
-            sbpc.compile(graph, mode="simulate",
+            sbpc.compile(graph, mode="interpret",
                          optimizer=rng.choice([None, sbpc.optim.SGD(lr=0.1)]))
 
     return p, case

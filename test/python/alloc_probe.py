@@ -16,7 +16,7 @@ from sbpc.lowering.compile import CompilePass
 from sbpc.runtime.executor import Executor
 from sbpc.runtime.program import find_program
 from sbpc.semantics.local_eval import local_kernel
-from sbpc.semantics.plan_simulator import actor_kernel
+from sbpc.semantics.plan_interpreter import actor_kernel
 from sbpc.tools.sbp_run import generated_feeds
 
 

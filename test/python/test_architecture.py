@@ -245,3 +245,25 @@ def test_a_second_list_of_the_lowering_is_found(tmp_path):
         "def text():\n    return 'sbp-to-plan,plan-allocate-memory'\n")
     assert [f.split(": ")[1] for f in pass_lists(tmp_path / "x.py", tmp_path)] == ["lower", "text"]
 
+
+
+MIRROR_OF_LG = "sbpc.torch_import.aten."
+"""The importer's ATen rules, grouped by the lg op family they produce:
+aten/conv.py holds the rules that make what dialects/lg/conv.py defines."""
+
+
+def test_no_public_class_or_module_name_means_two_things():
+    # one meaning per name: a class name defined in two modules (DeviceKind
+    # was an enum of the IR and a cluster's device figures) or two modules
+    # named alike (two layout.py, two kernels.py) make a reader ask which
+    classes: dict[str, list[str]] = {}
+    stems: dict[str, list[str]] = {}
+    for name, path in modules().items():
+        if path.stem != "__init__" and not name.startswith(MIRROR_OF_LG):
+            stems.setdefault(path.stem, []).append(name)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                classes.setdefault(node.name, []).append(name)
+    assert len(classes) > 150
+    twice = {k: v for k, v in {**classes, **stems}.items() if len(v) > 1}
+    assert not twice, twice

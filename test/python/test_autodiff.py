@@ -255,10 +255,10 @@ def test_distributed_training_gradients_match_the_reference(ranks, mesh):
     feeds = {"ids": rng.integers(0, 10, (8, 3)), "labels": rng.integers(0, 10, (8, 3))}
     expected = evaluate(module, feeds)
     exe = sbpc.compile(module)
-    simulated = sbpc.compile(module, mode="simulate").run(feeds)
+    interpreted = sbpc.compile(module, mode="interpret").run(feeds)
     real = exe.run(feeds)
     for name in expected:
-        np.testing.assert_allclose(simulated[name], expected[name], rtol=1e-4, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(interpreted[name], expected[name], rtol=1e-4, atol=1e-6, err_msg=name)
         np.testing.assert_allclose(real[name], expected[name], rtol=1e-4, atol=1e-6, err_msg=name)
     # data parallel: each rank's weight gradient is a partial sum over the
     # data axis (fetched outputs are summed; an optimizer would all_reduce)

@@ -14,7 +14,7 @@ from sbpc.dialects import lg, parse_module, plan
 from sbpc.lowering.lg_autodiff import LgAutodiffPass
 from sbpc.lowering.lg_optimizer import LgOptimizerPass
 from sbpc.lowering.sbp_autoplan import SbpAutoplanPass
-from sbpc.planning.autoplan.layout import mesh_shapes
+from sbpc.planning.autoplan.candidates import mesh_shapes
 
 MLP = """
 sbp.placement @m cpu ranks [{ranks}] mesh [{devices}]
@@ -103,7 +103,7 @@ def test_the_data_start_is_plain_data_parallelism():
     a hand-written data-parallel plan is, which sbp-infer's own search from a
     split batch does not always reach (its costs are not the simulator's)."""
     from sbpc.perf.cluster import load_cluster
-    from sbpc.planning.autoplan.layout import Layout
+    from sbpc.planning.autoplan.candidates import Layout
 
     trial = SbpAutoplanPass(strategy="auto")._try(training(4), Layout((4,), "replicated", inputs="data"),
                                                   [0, 1, 2, 3], load_cluster("cpu", 4), {}, [])

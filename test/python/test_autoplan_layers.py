@@ -24,11 +24,11 @@ from sbpc.lowering.lg_micro_batch import rebatch
 from sbpc.lowering.sbp_autoplan import TRAINING_PASSES, SbpAutoplanPass, layer_passes
 from sbpc.perf.cluster import load_cluster
 from sbpc.perf.step_time import simulate_plan
+from sbpc.planning.autoplan.candidates import Layout, by_layers
 from sbpc.planning.autoplan.compose import Composer, candidate_layouts, partition
 from sbpc.planning.autoplan.layers import split_layers
-from sbpc.planning.autoplan.layout import Layout, by_layers
 from sbpc.planning.autoplan.profiler import Profiler
-from sbpc.semantics.plan_simulator import run_plan
+from sbpc.semantics.plan_interpreter import run_plan
 from sbpc.semantics.reference import evaluate, initial_value
 from sbpc.tools.sbp_run import generated_feeds
 

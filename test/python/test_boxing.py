@@ -1,11 +1,11 @@
-"""Boxing and the simulator on random cases.
+"""Boxing and the sbp interpreter on random cases.
 
 - Random (shape, mesh, source and target distribution, placement pair): the
-  planned collectives preserve the value in the multi-device simulator, the
-  bytes each records equal its textbook volume and what the simulator saw
+  planned collectives preserve the value in the multi-device sbp interpreter, the
+  bytes each records equal its textbook volume and what the interpreter saw
   move, and on 1-D meshes no plan costs more than the textbook collective.
 - Random graphs with random hints through sbp-infer, sbp-insert-boxing and sbp-simplify: the
-  simulator agrees with the reference interpreter.
+  interpreter agrees with the reference interpreter.
 """
 
 import math
@@ -26,7 +26,7 @@ from sbpc.lowering.sbp_infer import SbpInferPass
 from sbpc.lowering.sbp_insert_boxing import SbpInsertBoxingPass
 from sbpc.lowering.sbp_simplify import SbpSimplifyPass
 from sbpc.semantics.reference import evaluate
-from sbpc.semantics.simulator import simulate
+from sbpc.semantics.sbp_interpreter import evaluate_distributed
 
 MESHES = ((2,), (3,), (4,), (2, 2), (2, 3))
 
@@ -85,7 +85,7 @@ def test_boxing_preserves_values_and_records_its_bytes(case, seed):
     assert not any(isinstance(op, sbp.AnnotateOp) for op in graph.body.ops)
 
     value = np.random.default_rng(seed).normal(size=shape).astype(np.float32)
-    result = simulate(module, {"x": value})
+    result = evaluate_distributed(module, {"x": value})
     np.testing.assert_allclose(result.outputs["y"], value, rtol=1e-5, atol=1e-5, err_msg=text(module))
 
     nbytes = value.nbytes
@@ -101,7 +101,7 @@ def test_boxing_preserves_values_and_records_its_bytes(case, seed):
             # uneven pieces: the textbook volume assumes equal pieces
             assert abs(recorded - measured) <= nbytes / 2, f"{op.name}: {recorded} vs {measured}"
         else:
-            assert abs(recorded - measured) <= 1, f"{op.name}: recorded {recorded}, simulator saw {measured}"
+            assert abs(recorded - measured) <= 1, f"{op.name}: recorded {recorded}, interpreter saw {measured}"
         if isinstance(op, sbp.CollectiveOp):
             mesh = sbp.lookup_placement(op, op.input.type.placement).mesh().shape
             (a,) = op.mesh_axes.get_values()
@@ -118,12 +118,12 @@ def test_boxing_preserves_values_and_records_its_bytes(case, seed):
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(hinted_graphs(), st.sampled_from(["auto", "greedy"]))
-def test_compiled_graphs_simulate_like_the_reference(case, strategy):
+def test_compiled_graphs_interpret_like_the_reference(case, strategy):
     expected = evaluate(case.module, case.feeds)
     for p in (SbpInferPass(strategy=strategy), SbpInsertBoxingPass(), SbpSimplifyPass()):
         p.apply(Context(), case.module)
         case.module.verify()
-    got = simulate(case.module, case.feeds).outputs
+    got = evaluate_distributed(case.module, case.feeds).outputs
     for name in expected:
         np.testing.assert_allclose(got[name], expected[name], rtol=2e-4, atol=2e-5, err_msg=text(case.module))
     assert sbpc.parse_module(text(case.module))  # still valid text

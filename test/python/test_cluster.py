@@ -24,7 +24,7 @@ from sbpc.perf.cluster import (
     Cluster,
     ClusterError,
     CollectiveFit,
-    DeviceKind,
+    DeviceModel,
     Level,
     Links,
     cluster_from_json,
@@ -35,7 +35,7 @@ from sbpc.perf.cluster import (
     presets,
     validate,
 )
-from sbpc.perf.step_time import Collective, InFlight, SimulationError, _overlaps, simulate_plan
+from sbpc.perf.step_time import InFlight, IssuedCollective, SimulationError, _overlaps, simulate_plan
 
 # -- cluster files ------------------------------------------------------------------------
 
@@ -378,7 +378,7 @@ HUGE = 1e30
 
 def small_cluster(count: int, *, latency: float = 0.0, overlap: float = 1.0, memory: float = 1e12,
                  kernel_overhead: float = 0.0) -> Cluster:
-    device = DeviceKind(kind="cpu", memory=memory, peak_flops={"f32": RATE, "f64": RATE / 2}, efficiency=1.0,
+    device = DeviceModel(kind="cpu", memory=memory, peak_flops={"f32": RATE, "f64": RATE / 2}, efficiency=1.0,
                         vector_flops=HUGE, memory_bandwidth=HUGE, kernel_overhead=kernel_overhead,
                         actor_overhead=0.0, comm_overlap=overlap)
     return Cluster(name="test", count=count, device=device, levels=(Level("all", count, BANDWIDTH, latency),))
@@ -700,7 +700,7 @@ def test_in_flight_index_finds_what_a_scan_finds(ops, memory):
     flight, alive = InFlight(memory), {}
     for add, ranges in ops:
         if add or not alive:
-            c = Collective(0, None, 0, ranges, None, 0.0)
+            c = IssuedCollective(0, None, 0, ranges, None, 0.0)
             alive[flight.next] = c
             flight.add(c)
         else:
@@ -797,7 +797,7 @@ def test_the_documented_cluster_file_loads(tmp_path):
     cluster = load_cluster(str(path))
     assert cluster.count == 2 and cluster.levels[0].sync > 0
     # every field of the format is documented
-    for cls in (Cluster, DeviceKind, Level, Links, CollectiveFit):
+    for cls in (Cluster, DeviceModel, Level, Links, CollectiveFit):
         for f in fields(cls):
             assert f"`{f.name}`" in text, f"{cls.__name__}.{f.name} is not in docs/CLUSTER.md"
 

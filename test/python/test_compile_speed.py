@@ -709,7 +709,7 @@ def test_inferred_result_types_are_remembered_only_when_the_rule_accepts(monkeyp
         return rule(cls, *args, **params)
 
     monkeypatch.setattr(lg.MatmulOp, "rule", classmethod(counted))
-    monkeypatch.setattr(lg, "_INFERRED", {})
+    monkeypatch.setattr(lg.base, "_INFERRED", {})
     a, b = Block(arg_types=[tensor_type(f32, [4, 8]), tensor_type(f32, [8, 3])]).args
     first = lg.MatmulOp.infer([a, b])
     assert first == tensor_type(f32, [4, 3]) and lg.MatmulOp.infer([a, b]) is first and len(calls) == 1

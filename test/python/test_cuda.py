@@ -10,7 +10,7 @@ from xdsl.context import Context
 import sbpc
 from sbpc import B, S
 from sbpc.dialects import lg, plan
-from sbpc.dialects.layout import numpy_dtype, piece
+from sbpc.dialects.pieces import numpy_dtype, piece
 from sbpc.dialects.sbp import PartialAttr, ReduceKind, lookup_placement, nd_to_plain
 from sbpc.lowering.compile import CompilePass
 from sbpc.lowering.plan_codegen import PlanCodegenPass

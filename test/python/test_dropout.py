@@ -65,7 +65,7 @@ def steps_of(exe, count=2):
 
 @pytest.fixture(scope="module")
 def one_device():
-    return steps_of(sbpc.compile(dropped(), mode="simulate", seed=11))
+    return steps_of(sbpc.compile(dropped(), mode="interpret", seed=11))
 
 
 @pytest.mark.parametrize("ranks, sbp, mesh", [(2, S(1), None), (4, [S(0), S(2)], (2, 2))],
@@ -115,7 +115,7 @@ def test_the_masks_look_like_independent_draws():
     ones = g.input("ones", (400, 250))
     first, second = sbpc.dropout(ones, 0.1), sbpc.dropout(ones, 0.1)
     g.output(first=first, second=second)
-    exe = sbpc.compile(g, mode="simulate")
+    exe = sbpc.compile(g, mode="interpret")
     feeds = {"ones": np.ones((400, 250), np.float32)}
     draws = [exe.train_step(feeds) for _ in range(3)]
     masks = [d["first"].ravel() > 0 for d in draws]
@@ -139,7 +139,7 @@ def test_the_masks_look_like_independent_draws():
 
 def test_the_seed_is_a_compile_option():
     def first_mask(**options):
-        return sbpc.compile(dropped(), mode="simulate", **options).train_step({"x": X})["y"]
+        return sbpc.compile(dropped(), mode="interpret", **options).train_step({"x": X})["y"]
 
     assert np.array_equal(first_mask(seed=3), first_mask(seed=3))
     assert not np.array_equal(first_mask(seed=3), first_mask(seed=4))
@@ -147,7 +147,7 @@ def test_the_seed_is_a_compile_option():
     assert not np.array_equal(first_mask(seed=-1), first_mask(seed=2**63 - 1))
     for bad in (2**63, 1.5, True):
         with pytest.raises(TypeError, match="seed must be a 64-bit integer or None"):
-            sbpc.compile(dropped(), mode="simulate", seed=bad)
+            sbpc.compile(dropped(), mode="interpret", seed=bad)
 
 
 def test_a_checkpoint_resumes_the_same_stream(tmp_path):
@@ -163,7 +163,7 @@ def test_a_checkpoint_resumes_the_same_stream(tmp_path):
     exe.save(path)
     with np.load(path) as saved:
         assert int(saved["rng.seed"]) == 9 and int(saved["rng.step"]) == 3
-    resumed = sbpc.compile(module, mode="simulate")  # its own seed is 0 until the checkpoint's is loaded
+    resumed = sbpc.compile(module, mode="interpret")  # its own seed is 0 until the checkpoint's is loaded
     resumed.load(path)
     again = [float(resumed.train_step(f)["loss"]) for f in feeds[3:]]
     np.testing.assert_allclose(again, straight[3:], rtol=1e-5)

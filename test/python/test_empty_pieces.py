@@ -4,7 +4,7 @@ layouts and small batches on many devices need them; sbp-infer keeps the
 hint, every kernel and collective handles the empty piece (a mean adds
 nothing, a max contributes the identity -inf, MPI gets no aliased empty
 buffers), and the result equals the single-device reference on the plan
-simulator and on real MPI ranks."""
+interpreter and on real MPI ranks."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from xdsl.context import Context
 
 import sbpc
 from sbpc.lowering.compile import CompilePass
-from sbpc.semantics.plan_simulator import run_plan
+from sbpc.semantics.plan_interpreter import run_plan
 from sbpc.semantics.reference import evaluate
 
 
@@ -58,7 +58,7 @@ CASES = [
 
 @pytest.mark.parametrize("strategy", ["auto", "greedy"])
 @pytest.mark.parametrize(("rows", "mesh", "x_sbp", "w_sbp"), CASES)
-def test_empty_pieces_on_the_plan_simulator(rows, mesh, x_sbp, w_sbp, strategy):
+def test_empty_pieces_on_the_plan_interpreter(rows, mesh, x_sbp, w_sbp, strategy):
     text = graph(rows, mesh, x_sbp, w_sbp)
     module = sbpc.parse_module(text)
     expected = evaluate(module, feeds(rows))

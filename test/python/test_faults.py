@@ -337,7 +337,7 @@ def test_a_pool_whose_rank_hangs_at_stop_is_ended_at_exit_with_nothing_left(tmp_
 
 def test_a_checkpoint_save_killed_half_way_leaves_the_previous_one_intact(tmp_path):
     driver = run_script(tmp_path, f"""
-        exe = sbpc.compile(module, mode="simulate")
+        exe = sbpc.compile(module, mode="interpret")
         exe.train_step(feeds)
         exe.save({str(tmp_path / "ckpt.npz")!r})
         print("SAVED", flush=True)

@@ -1,6 +1,6 @@
 """The Python API: the graph frontend, compile, and run on real MPI ranks
 (started by this process, reused across runs), inside an mpiexec launch, and
-in the explicit simulator."""
+in the explicit interpreter."""
 
 import re
 import subprocess
@@ -129,10 +129,10 @@ def test_parameters_read_and_write_as_global_arrays():
         exe.params["nope"]
 
 
-def test_simulate_is_an_explicit_mode():
+def test_interpret_is_an_explicit_mode():
     g = mlp()
     expected = evaluate(g.module(), feeds())
-    out = sbpc.compile(g, mode="simulate").run(feeds())
+    out = sbpc.compile(g, mode="interpret").run(feeds())
     np.testing.assert_allclose(out["loss"], expected["loss"], rtol=1e-5)
     with pytest.raises(ValueError, match="mode must be one of"):
         sbpc.compile(g, mode="guess")
@@ -190,17 +190,17 @@ def test_stages_cut_an_unhinted_graph_into_pipeline_stages():
         return g
 
     feeds = {"x": np.random.default_rng(0).normal(size=(8, 6)).astype(np.float32)}
-    whole = sbpc.compile(mlp(), optimizer=sbpc.optim.SGD(lr=0.1), mode="simulate")
-    staged = sbpc.compile(mlp(), optimizer=sbpc.optim.SGD(lr=0.1), mode="simulate", stages=2,
+    whole = sbpc.compile(mlp(), optimizer=sbpc.optim.SGD(lr=0.1), mode="interpret")
+    staged = sbpc.compile(mlp(), optimizer=sbpc.optim.SGD(lr=0.1), mode="interpret", stages=2,
                           pipeline="lg-micro-batch{count=2},compile")
     assert "@stage0" in staged.plan_text and "@stage1" in staged.plan_text
     for _ in range(2):
         assert float(staged.train_step(feeds)["loss"]) == pytest.approx(float(whole.train_step(feeds)["loss"]),
                                                                         rel=1e-6)
     with pytest.raises(Exception, match="4 ranks do not make 3 stages of equal size"):
-        sbpc.compile(mlp(), mode="simulate", stages=3)
+        sbpc.compile(mlp(), mode="interpret", stages=3)
     with pytest.raises(Exception, match="'lg.input': pipeline stages are cut from a graph without sbp hints"):
-        sbpc.compile(mlp(hinted=True), mode="simulate", stages=2)
+        sbpc.compile(mlp(hinted=True), mode="interpret", stages=2)
     with pytest.raises(ValueError, match="stages= cuts a graph by hand: not with plan='auto'"):
         sbpc.compile(mlp(), plan="auto", stages=2)
 

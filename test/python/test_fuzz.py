@@ -162,7 +162,7 @@ def test_an_update_of_a_parameter_the_graph_lacks_is_refused_at_compile():
     x = g.input("x", [4])
     g.output(**{"new.x": x + x})
     with pytest.raises(ValueError, match="output 'new.x' is the update of parameter 'x', which the graph does not"):
-        sbpc.compile(g, mode="simulate")
+        sbpc.compile(g, mode="interpret")
 
 
 MULTI_BLOCK_DEVICE = """

@@ -307,7 +307,7 @@ def dropout_losses(ranks=1, sbp=None, mesh=None, zero=False, micro_batches=1, st
                             placement=sbpc.placement("cpu", ranks, mesh))
     pipeline = f"lg-micro-batch{{count={micro_batches}}},compile" if micro_batches > 1 else "compile"
     exe = sbpc.compile(graph, optimizer=sbpc.optim.Adam(lr=1e-3, zero=zero), pipeline=pipeline,
-                       mode="simulate" if ranks == 1 else "auto", seed=5, stages=stages)
+                       mode="interpret" if ranks == 1 else "auto", seed=5, stages=stages)
     losses = [float(exe.train_step({"input_ids": x.numpy(), "labels": y.numpy()})["loss"]) for x, y in batches]
     return losses, exe
 
@@ -320,7 +320,7 @@ def one_rank_with_dropout():
     batches = language_batches()[:3]
     plain = sbpc.compile(sbpc.from_torch(LossOf(gpt2()), batches[0], placement=sbpc.placement("cpu", 1)),
                          optimizer=sbpc.optim.Adam(lr=1e-3),
-                         mode="simulate")
+                         mode="interpret")
     without = [float(plain.train_step({"input_ids": x.numpy(), "labels": y.numpy()})["loss"]) for x, y in batches]
     assert np.abs(np.array(losses[:3]) - without).min() > 1e-3
     return losses
@@ -361,7 +361,7 @@ def test_gpt2_in_bfloat16_trains_as_pytorch_does_in_bfloat16(ranks):
     model = gpt2().to(torch.bfloat16)
     graph = sbpc.from_torch(LossOf(model), batches[0], placement=sbpc.placement("cpu", ranks),
                             sbp=DATA_PARALLEL if ranks > 1 else None)
-    exe = sbpc.compile(graph, optimizer=sbpc.optim.Adam(lr=1e-3), mode="simulate" if ranks == 1 else "auto")
+    exe = sbpc.compile(graph, optimizer=sbpc.optim.Adam(lr=1e-3), mode="interpret" if ranks == 1 else "auto")
     assert "bf16" in exe.plan_text
     losses = [float(exe.train_step({"input_ids": x.numpy(), "labels": y.numpy()})["loss"]) for x, y in batches]
     ref16, _ = torch_run(LossOf(model), batches, lambda m: torch.optim.Adam(m.parameters(), lr=1e-3), torch.bfloat16)
@@ -432,7 +432,7 @@ def test_a_model_imports_directly_with_its_keyword_inputs_and_named_outputs():
     model = gpt2()
     x, y = language_batches(1)[0]
     graph = sbpc.from_torch(model, (), {"input_ids": x, "labels": y}, placement=sbpc.placement("cpu", 1))
-    exe = sbpc.compile(graph, mode="simulate")
+    exe = sbpc.compile(graph, mode="interpret")
     out = exe.run({"input_ids": x.numpy(), "labels": y.numpy()})
     expected = model(input_ids=x, labels=y)
     assert set(out) == {"loss", "logits"}  # the ModelOutput's keys

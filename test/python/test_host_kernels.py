@@ -13,15 +13,15 @@ from xdsl.context import Context
 
 import sbpc
 from sbpc import B, S
-from sbpc.codegen.kernels import describe, generate, generate_host
+from sbpc.codegen.generators import describe, generate, generate_host
 from sbpc.codegen.render import Unsupported, cuda_source
 from sbpc.dialects import lg, plan
-from sbpc.dialects.layout import numpy_dtype, piece_of
+from sbpc.dialects.pieces import numpy_dtype, piece_of
 from sbpc.dialects.sbp import PartialAttr, ReduceKind, lookup_placement
 from sbpc.lowering.compile import CompilePass
 from sbpc.runtime import host_kernels
 from sbpc.semantics.local_eval import local_kernel
-from sbpc.semantics.plan_simulator import actor_kernel
+from sbpc.semantics.plan_interpreter import actor_kernel
 
 pytestmark = pytest.mark.skipif(host_kernels.unavailable() is not None,
                                 reason=f"no host kernels here: {host_kernels.unavailable()}")

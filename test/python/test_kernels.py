@@ -24,14 +24,14 @@ from xdsl.context import Context
 import sbpc
 from sbpc import S
 from sbpc.dialects import lg, plan
-from sbpc.dialects.layout import numpy_dtype, piece_of
+from sbpc.dialects.pieces import numpy_dtype, piece_of
 from sbpc.dialects.sbp import PartialAttr, ReduceKind, lookup_placement
 from sbpc.lowering.compile import CompilePass
 from sbpc.lowering.lg_autodiff import LgAutodiffPass
-from sbpc.runtime import kernels
+from sbpc.runtime import numpy_kernels
 from sbpc.runtime.launch import rank_environment, script_command
 from sbpc.semantics.local_eval import local_kernel
-from sbpc.semantics.plan_simulator import actor_kernel, run_plan
+from sbpc.semantics.plan_interpreter import actor_kernel, run_plan
 from sbpc.semantics.reference import evaluate
 from sbpc.tools.sbp_run import generated_feeds
 
@@ -100,7 +100,7 @@ def kernel_names(program) -> set[str]:
     return {a.kernel.data for d in program.devices() for a in d.actors() if isinstance(a, plan.ComputeOp)}
 
 
-ALL_KERNELS = {op.name for op in kernels.NUMPY.ops() if hasattr(op, "name") and isinstance(op.name, str)} - {
+ALL_KERNELS = {op.name for op in numpy_kernels.NUMPY.ops() if hasattr(op, "name") and isinstance(op.name, str)} - {
     "lg.neg", "lg.tanh", "lg.erf", "lg.exp", "lg.sqrt", "lg.rsqrt", "lg.gelu", "lg.relu", "lg.step", "lg.div",
     "plan.fused"}
 """Kernels that must appear as actors (the elementwise ones may all be fused)."""
@@ -153,7 +153,7 @@ def test_out_kernels_write_what_local_kernels_compute(every_op, fuse):
 
 def test_the_embedding_gradient_scatters_as_its_gemm_computes(every_op, monkeypatch):
     # a table too large for the one-hot GEMM (a real vocabulary) scatters
-    monkeypatch.setattr(kernels, "ONE_HOT_ELEMENTS", 0)
+    monkeypatch.setattr(numpy_kernels, "ONE_HOT_ELEMENTS", 0)
     assert "lg.embedding_grad" in _check_out_kernels(every_op, fuse=True, kinds={"lg.embedding_grad"})
 
 
@@ -179,7 +179,7 @@ def _check_out_kernels(module, fuse: bool, kinds: set[str] | None = None) -> set
             out_reg = registers[actor.outs.data[0].string_value()]
             dtype = numpy_dtype(out_reg.type.element_type)
             out = np.full(out_reg.type.get_shape(), np.nan if dtype.kind == "f" else 77, dtype)  # written over?
-            fire = kernels.bind(op, local, inputs, out)
+            fire = numpy_kernels.bind(op, local, inputs, out)
             with np.errstate(all="ignore"):
                 expected = local_kernel(op, local, *inputs)
                 for _ in range(2):  # scratch is reused: a second firing gives the same
@@ -271,7 +271,7 @@ def test_matmul_in_column_blocks_equals_one_call(monkeypatch, ta, tb, batch):
     rhs = plan_free_value(b.shape)
     op = sbpc.dialects.lg.MatmulOp(lhs, rhs, transpose_lhs=ta, transpose_rhs=tb)
     out = np.full((*batch, m, n), np.nan, np.float32)
-    parts = kernels.bind_parts(op, [a, b], out)
+    parts = numpy_kernels.bind_parts(op, [a, b], out)
     assert parts is not None
     blocks = sum(1 for _ in parts([a, b], out))
     assert blocks >= 2
@@ -288,13 +288,13 @@ def test_matmul_of_a_stack_times_a_matrix_is_one_gemm(tb, contiguous):
     rng = np.random.default_rng(1)
     a = rng.standard_normal((3, 5, 4), dtype=np.float32)
     b = rng.standard_normal((6, 4) if tb else (4, 6), dtype=np.float32)
-    folded = kernels.gemm_operands(a, b.T if tb else b, np.empty((3, 5, 6), np.float32))
+    folded = numpy_kernels.gemm_operands(a, b.T if tb else b, np.empty((3, 5, 6), np.float32))
     assert [x.ndim for x in folded] == [2, 2, 2]
     op = sbpc.dialects.lg.MatmulOp(plan_free_value(a.shape), plan_free_value(b.shape), transpose_rhs=tb)
     wide = np.full((3, 5, 12), np.nan, np.float32)
     out = np.full((3, 5, 6), np.nan, np.float32) if contiguous else wide[..., ::2]
     lhs = a if contiguous else np.repeat(a, 2, axis=2)[..., ::2]
-    kernels.bind(op, None, [lhs, b], out)([lhs, b], out)
+    numpy_kernels.bind(op, None, [lhs, b], out)([lhs, b], out)
     np.testing.assert_allclose(out, np.matmul(a, b.T if tb else b), rtol=1e-6, atol=1e-6)
     if not contiguous:
         assert np.isnan(wide[..., 1::2]).all()  # nothing written between the output's columns
@@ -332,12 +332,12 @@ def test_fused_chain_in_blocks_of_rows_equals_whole(monkeypatch, rows):
     ins = [rng.standard_normal((n, d), dtype=np.float32), rng.standard_normal(d, dtype=np.float32),
            np.float32(0.7)]
     whole = np.empty((n, d), np.float32)
-    kernels.bind(op, None, ins, whole)(ins, whole)
-    monkeypatch.setattr(kernels, "FUSED_TILE_ELEMENTS", rows * d)
-    assert kernels._bind_fused_rows(op, None, ins, whole) is not None
+    numpy_kernels.bind(op, None, ins, whole)(ins, whole)
+    monkeypatch.setattr(numpy_kernels, "FUSED_TILE_ELEMENTS", rows * d)
+    assert numpy_kernels._bind_fused_rows(op, None, ins, whole) is not None
     out = np.full((n, d), np.nan, np.float32)
-    kernels.bind(op, None, ins, out)(ins, out)
+    numpy_kernels.bind(op, None, ins, out)(ins, out)
     np.testing.assert_array_equal(out, whole)
     in_place = ins[0].copy()  # the output over the input x, which it reads
-    kernels.bind(op, None, [in_place, *ins[1:]], in_place)([in_place, *ins[1:]], in_place)
+    numpy_kernels.bind(op, None, [in_place, *ins[1:]], in_place)([in_place, *ins[1:]], in_place)
     np.testing.assert_array_equal(in_place, whole)

@@ -197,7 +197,7 @@ def test_a_16_bit_weight_is_updated_in_float32_and_rounded_once():
     LgAutodiffPass().apply(Context(), module)
     params = {op.key.data: initial_value(op) for op in module.ops.last.body.ops if op.name == "lg.param"}
     grads = evaluate(module, feeds, params)
-    exe = sbpc.compile(g, mode="simulate", optimizer=sbpc.optim.SGD(lr=0.1))
+    exe = sbpc.compile(g, mode="interpret", optimizer=sbpc.optim.SGD(lr=0.1))
     exe.train_step(feeds)
     expected = (params["w1"].astype(np.float32) - np.float32(0.1) * grads["grad.w1"].astype(np.float32)).astype(
         ml_dtypes.bfloat16)
@@ -205,7 +205,7 @@ def test_a_16_bit_weight_is_updated_in_float32_and_rounded_once():
     np.testing.assert_array_equal(exe.params["w1"], expected)
     np.testing.assert_allclose(exe.params["w2"], params["w2"] - np.float32(0.1) * grads["grad.w2"], rtol=1e-6)
     for optimizer in (sbpc.optim.Adam(lr=0.01), sbpc.optim.SGD(lr=0.1, momentum=0.9), sbpc.optim.AdamW(lr=0.01)):
-        trained = sbpc.compile(g, mode="simulate", optimizer=optimizer)
+        trained = sbpc.compile(g, mode="interpret", optimizer=optimizer)
         losses = [float(trained.train_step(feeds)["loss"]) for _ in range(3)]
         assert losses[-1] < losses[0]
         assert {trained.params[k].dtype for k in trained.param_keys() if k.endswith("w1")} == {

@@ -14,7 +14,7 @@ from xdsl.context import Context
 import sbpc
 from sbpc.lowering.compile import CompilePass
 from sbpc.lowering.plan_allocate_memory import Buffer, live_bound, place
-from sbpc.semantics.plan_simulator import run_plan
+from sbpc.semantics.plan_interpreter import run_plan
 from sbpc.semantics.reference import evaluate
 
 
@@ -101,7 +101,7 @@ def test_a_device_like_another_runs_its_own_pieces_and_kernels():
     load takes both devices (program.rank_plans), and the kernels generated
     for it start where rank 1's pieces do (dropout's counters: the same
     values as the copy share_bodies=false gives rank 1)."""
-    from sbpc.codegen.kernels import describe
+    from sbpc.codegen.generators import describe
     from sbpc.dialects import plan
     from sbpc.lowering.sbp_to_plan import SbpToPlanPass
     from sbpc.runtime.program import rank_plans

@@ -1,7 +1,7 @@
 """End to end on random training graphs (random_training.py): micro-batches,
 autodiff and SGD, SBP inference from random hints on 1-D, 2-D and 3-D
 meshes, pipeline stages, boxing, the plan and its memory, run on the plan
-simulator (each device on its own arena): the loss and every updated
+interpreter (each device on its own arena): the loss and every updated
 parameter equal the single-device reference of the same step without
 micro-batches. Where the hints contradict each other the pipeline must
 stop with a diagnostic, never a traceback.
@@ -22,7 +22,7 @@ from xdsl.utils.exceptions import DiagnosticException
 
 import sbpc
 from sbpc.lowering import PASSES
-from sbpc.semantics.plan_simulator import run_plan
+from sbpc.semantics.plan_interpreter import run_plan
 from sbpc.semantics.reference import evaluate
 
 EXAMPLES = int(os.environ.get("SBPC_RANDOM_EXAMPLES", "15"))

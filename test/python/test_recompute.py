@@ -13,7 +13,7 @@ from xdsl.context import Context
 from sbpc.dialects import lg, plan
 from sbpc.lowering.compile import CompilePass
 from sbpc.lowering.lg_recompute import RECOMPUTE_ATTR, LgRecomputePass
-from sbpc.semantics.plan_simulator import run_plan
+from sbpc.semantics.plan_interpreter import run_plan
 from sbpc.tools.sbp_run import generated_feeds
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -26,24 +26,24 @@ def classifier(ranks: int = 2, batch: int = 8):
 
 
 def test_a_hand_plan_over_the_memory_budget_says_what_it_needs():
-    exe = sbpc.compile(classifier(), mode="simulate", memory_budget=10**6, optimizer=sbpc.optim.Adam(lr=0.1))
+    exe = sbpc.compile(classifier(), mode="interpret", memory_budget=10**6, optimizer=sbpc.optim.Adam(lr=0.1))
     need = max(sum(d.region_bytes()) for d in exe.program.devices())
     with pytest.raises(ValueError, match=rf"the plan needs .* on rank \d \({need} bytes: arena and persistent "
                                          rf"region\), over memory_budget={need - 1} .*plan='auto'"):
-        sbpc.compile(classifier(), mode="simulate", memory_budget=need - 1, optimizer=sbpc.optim.Adam(lr=0.1))
-    sbpc.compile(classifier(), mode="simulate", memory_budget=need, optimizer=sbpc.optim.Adam(lr=0.1))
+        sbpc.compile(classifier(), mode="interpret", memory_budget=need - 1, optimizer=sbpc.optim.Adam(lr=0.1))
+    sbpc.compile(classifier(), mode="interpret", memory_budget=need, optimizer=sbpc.optim.Adam(lr=0.1))
 
 
 @pytest.mark.parametrize("budget", [0, -1])
 def test_a_memory_budget_that_is_not_a_byte_count_is_refused(budget):
     with pytest.raises(ValueError, match="memory_budget must be a positive number of bytes"):
-        sbpc.compile(classifier(), mode="simulate", memory_budget=budget)
+        sbpc.compile(classifier(), mode="interpret", memory_budget=budget)
 
 
 @pytest.mark.parametrize("budget", [True, 1.5, "1GB", 2**63])
 def test_a_memory_budget_of_another_type_is_refused(budget):
     with pytest.raises(TypeError, match="memory_budget must be a 64-bit integer or None"):
-        sbpc.compile(classifier(), mode="simulate", memory_budget=budget)
+        sbpc.compile(classifier(), mode="interpret", memory_budget=budget)
 
 
 def test_a_budget_no_automatic_plan_meets_names_the_smallest():
@@ -57,7 +57,7 @@ def feeds(x_dtype=np.float32, labels_dtype=np.int64):
     return {"x": rng.normal(size=(8, 16)).astype(x_dtype), "labels": rng.integers(0, 4, 8).astype(labels_dtype)}
 
 
-@pytest.mark.parametrize("mode", ["simulate", "auto"])
+@pytest.mark.parametrize("mode", ["interpret", "auto"])
 def test_a_feed_of_another_width_is_converted_with_one_warning(mode):
     exe = sbpc.compile(classifier(), mode=mode)
     want = float(exe.run(feeds())["loss"])
@@ -79,7 +79,7 @@ def test_a_feed_of_another_width_is_converted_with_one_warning(mode):
 
 
 def test_train_step_converts_alike_and_a_feed_of_another_kind_is_refused():
-    exe = sbpc.compile(classifier(), mode="simulate", optimizer=sbpc.optim.SGD(lr=0.1))
+    exe = sbpc.compile(classifier(), mode="interpret", optimizer=sbpc.optim.SGD(lr=0.1))
     with pytest.warns(sbpc.FeedConversionWarning, match="feed 'x': float64 values converted to float32"):
         exe.train_step(feeds(np.float64))
     with pytest.raises(Exception, match="feed 'labels': expected int64 values, got float32"):
@@ -87,7 +87,7 @@ def test_train_step_converts_alike_and_a_feed_of_another_kind_is_refused():
 
 
 def test_sbp_run_converts_a_feed_file_with_the_same_warning(tmp_path):
-    exe = sbpc.compile(classifier(ranks=1), mode="simulate")
+    exe = sbpc.compile(classifier(ranks=1), mode="interpret")
     path, feed_file, out = tmp_path / "g.mlir", tmp_path / "feeds.npz", tmp_path / "out.npz"
     path.write_text(str(exe.module))
     np.savez(feed_file, **feeds(np.float64))
@@ -109,7 +109,7 @@ def empty_losses(ranks: int):
     return g
 
 
-@pytest.mark.parametrize("mode", ["simulate", "auto"])
+@pytest.mark.parametrize("mode", ["interpret", "auto"])
 def test_a_mean_over_no_elements_is_nan_as_in_pytorch(mode):
     torch = pytest.importorskip("torch")
     empty = torch.zeros(0, 4)
@@ -130,4 +130,4 @@ def test_an_empty_axis_is_not_split_and_the_error_says_so():
     g.output(y=sbpc.relu(x))
     with pytest.raises(ValueError, match="sbpc.compile: 'lg.input': the hint S<0> on its result cannot be met.*axis 0 "
                                          "of the result has no elements, and an empty axis is not split"):
-        sbpc.compile(g, mode="simulate")
+        sbpc.compile(g, mode="interpret")

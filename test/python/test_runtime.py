@@ -152,7 +152,7 @@ def test_checking_feeds_does_not_walk_the_plan_each_step():
     a 2-layer GPT (the API at 0.84x of in-rank speed)."""
     from sbpc.runtime.program import check_feeds, feed_types
 
-    exe = sbpc.compile(sbpc.parse_module((EXAMPLES / "mlp.mlir").read_text()), mode="simulate")
+    exe = sbpc.compile(sbpc.parse_module((EXAMPLES / "mlp.mlir").read_text()), mode="interpret")
     first = feed_types(exe.program)
     assert set(first) == {"x", "labels"} and feed_types(exe.program) is first
     checked = check_feeds(exe.program, {"x": np.zeros((32, 64), np.float32), "labels": np.zeros(32, np.int64)})
@@ -196,7 +196,7 @@ def test_flat_range_agrees_with_numpy_on_every_region():
     numpy gives for every region of a few small shapes."""
     import itertools
 
-    from sbpc.dialects.layout import flat_range, in_order
+    from sbpc.dialects.pieces import flat_range, in_order
 
     for full in [(), (5,), (3, 4), (2, 3, 4), (1, 4, 1)]:
         ranges = [[slice(a, b) for a in range(n) for b in range(a + 1, n + 1)] for n in full]
@@ -218,7 +218,7 @@ def test_staged_elements_count_what_the_runtime_packs_and_unpacks():
     """What a rank copies around MPI for a communication (the simulator
     prices it): nothing where the pieces lie back to back in the buffer MPI
     reads or writes, every element where they do not."""
-    from sbpc.dialects.layout import staged_elements
+    from sbpc.dialects.pieces import staged_elements
 
     rows = {0: (slice(0, 4), slice(0, 6)), 1: (slice(4, 8), slice(0, 6))}
     columns = {0: (slice(0, 8), slice(0, 3)), 1: (slice(0, 8), slice(3, 6))}

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from random_graphs import random_graphs
 
 from sbpc.dialects import lg
-from sbpc.dialects.layout import numpy_dtype
+from sbpc.dialects.pieces import numpy_dtype
 from sbpc.dialects.sbp import global_shape
 from sbpc.semantics.local_eval import run_distributed
 from sbpc.semantics.reference import evaluate

@@ -187,7 +187,7 @@ def test_a_dict_output_keeps_its_keys_and_inference_matches():
     torch.manual_seed(0)
     model = Heads()
     x = torch.randn(4, 8)
-    exe = sbpc.compile(sbpc.from_torch(model, (x,), placement=sbpc.placement("cpu", 1)), mode="simulate")
+    exe = sbpc.compile(sbpc.from_torch(model, (x,), placement=sbpc.placement("cpu", 1)), mode="interpret")
     out = exe.run({"x": x.numpy()})
     expected = model(x)
     np.testing.assert_allclose(out["mean"], expected["mean"].detach().numpy(), rtol=1e-5, atol=1e-6)
@@ -200,7 +200,7 @@ def test_a_single_output_is_the_loss_only_when_it_is_a_scalar():
     x = torch.randn(2, 16)
     graph = sbpc.from_torch(net, (x,), placement=sbpc.placement("cpu", 1))
     assert 'lg.output ["output"]' in str(graph.module())
-    out = sbpc.compile(graph, mode="simulate").run({"input": x.numpy()})["output"]
+    out = sbpc.compile(graph, mode="interpret").run({"input": x.numpy()})["output"]
     np.testing.assert_allclose(out, net(x).detach().numpy(), rtol=1e-5, atol=1e-6)
     assert 'lg.output ["loss"]' in str(sbpc.from_torch(tm.Classifier(), class_batches(1)[0]).module())
 
@@ -212,7 +212,7 @@ def test_add_sub_and_rsub_scale_the_right_operand_by_alpha():
                 + torch.rsub(x, 1.0, alpha=4.0)
 
     x, y = torch.randn(3, 4), torch.randn(3, 4)
-    exe = sbpc.compile(sbpc.from_torch(Alpha(), (x, y), placement=sbpc.placement("cpu", 1)), mode="simulate")
+    exe = sbpc.compile(sbpc.from_torch(Alpha(), (x, y), placement=sbpc.placement("cpu", 1)), mode="interpret")
     np.testing.assert_allclose(exe.run({"x": x.numpy(), "y": y.numpy()})["output"], Alpha()(x, y).numpy(),
                                rtol=1e-6, atol=1e-6)
 
@@ -320,7 +320,7 @@ def test_a_pattern_that_matches_nothing_and_a_wrong_input_name_are_named():
 def test_a_feed_under_a_wrong_name_is_named():
     model = tm.Regressor()
     exe = sbpc.compile(sbpc.from_torch(model, regression_batches(1)[0], placement=sbpc.placement("cpu", 1)),
-                       optimizer=sbpc.optim.SGD(lr=0.1), mode="simulate")
+                       optimizer=sbpc.optim.SGD(lr=0.1), mode="interpret")
     x, y = regression_batches(1)[0]
     with pytest.raises(RuntimeFailure, match=r"feed 'inputs' is not an input of @Regressor .*'x', 'y'"):
         exe.train_step({"inputs": x.numpy(), "y": y.numpy()})
@@ -339,13 +339,13 @@ def test_dropout_imports_as_lg_dropout_in_training_and_vanishes_in_eval(flash):
         graph = sbpc.from_torch(model, batches[0], sbp=sbp, placement=sbpc.placement("cpu", ranks))
         dropouts = sum(op.name == "lg.dropout" for op in graph.module().walk())
         assert dropouts == 1 + 3 * model.config.n_layer
-        exe = sbpc.compile(graph, optimizer=sbpc.optim.SGD(lr=0.1), mode="simulate" if ranks == 1 else "auto")
+        exe = sbpc.compile(graph, optimizer=sbpc.optim.SGD(lr=0.1), mode="interpret" if ranks == 1 else "auto")
         losses.append([float(exe.train_step(f)["loss"]) for f in feeds])
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
     model.eval()
     graph = sbpc.from_torch(model, batches[0], placement=sbpc.placement("cpu", 1))
     assert not any(op.name == "lg.dropout" for op in graph.module().walk())
-    out = sbpc.compile(graph, mode="simulate").run(feeds[0])
+    out = sbpc.compile(graph, mode="interpret").run(feeds[0])
     with torch.no_grad():
         assert float(out["loss"]) == pytest.approx(model(*batches[0])[1].item(), rel=1e-5)
 
@@ -457,7 +457,7 @@ def test_autocast_regions_train_as_pytorch_autocast():
     g = torch.Generator().manual_seed(1)
     batches = [(torch.randn(4, 8, generator=g), torch.randn(4, 4, generator=g)) for _ in range(6)]
     exe = sbpc.compile(sbpc.from_torch(copy.deepcopy(model), batches[0], placement=sbpc.placement("cpu", 1)),
-                       optimizer=sbpc.optim.SGD(lr=0.1), mode="simulate")
+                       optimizer=sbpc.optim.SGD(lr=0.1), mode="interpret")
     assert "bf16" in exe.plan_text
     losses = [float(exe.train_step({"x": x.numpy(), "y": y.numpy()})["loss"]) for x, y in batches]
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -545,7 +545,7 @@ def test_batch_norm_trains_with_the_whole_batchs_statistics_and_keeps_running_on
     evaluated = NormalizedConvNet().eval()
     evaluated.load_state_dict(state)
     graph = sbpc.from_torch(evaluated, batches[0], placement=sbpc.placement("cpu", 1))
-    got = sbpc.compile(graph, mode="simulate").run({"images": batches[0][0].numpy(),
+    got = sbpc.compile(graph, mode="interpret").run({"images": batches[0][0].numpy(),
                                                      "labels": batches[0][1].numpy()})["loss"]
     with torch.no_grad():
         assert float(got) == pytest.approx(evaluated(*batches[0]).item(), rel=1e-5)
@@ -697,7 +697,7 @@ def test_adam_follows_pytorch_within_its_own_float32_spread():
     model = tm.Regressor()
     batches = regression_batches(20)
     exe = sbpc.compile(sbpc.from_torch(model, batches[0], placement=sbpc.placement("cpu", 1)),
-                       optimizer=sbpc.optim.Adam(lr=1e-2), mode="simulate")
+                       optimizer=sbpc.optim.Adam(lr=1e-2), mode="interpret")
     losses = np.array([float(exe.train_step({"x": x.numpy(), "y": y.numpy()})["loss"]) for x, y in batches])
     ref32, _ = torch_run(model, batches, lambda m: torch.optim.Adam(m.parameters(), lr=1e-2), torch.float32)
     ref64, _ = torch_run(model, batches, lambda m: torch.optim.Adam(m.parameters(), lr=1e-2), torch.float64)

@@ -204,7 +204,7 @@ def test_checkpoint_resumes_training_exactly(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".ckpt-")]
     with np.load(path) as saved:
         assert {"w1", "adam.m.w1", "adam.step"} <= set(saved.files)
-    resumed = sbpc.compile(module, mode="simulate")
+    resumed = sbpc.compile(module, mode="interpret")
     resumed.load(path)
     again = [float(resumed.train_step(f)["loss"]) for f in feeds[3:]]
     np.testing.assert_allclose(again, straight[3:], rtol=1e-5)
@@ -213,7 +213,7 @@ def test_checkpoint_resumes_training_exactly(tmp_path):
 def test_checkpoint_of_another_model_is_rejected(tmp_path):
     path = tmp_path / "other.npz"
     np.savez(path, w1=np.zeros((3, 3), np.float32))
-    exe = sbpc.compile(models.mlp("dp", 1), mode="simulate")
+    exe = sbpc.compile(models.mlp("dp", 1), mode="interpret")
     with pytest.raises(ValueError, match="lacks parameters"):
         exe.load(path)
 

@@ -34,7 +34,7 @@ def torch_run(model, batches, make_opt, dtype):
 def check_training(model, batches, names, optimizer, make_opt, ranks=1, sbp=None, mesh=None):
     where = sbpc.placement("cpu", ranks, mesh)
     graph = sbpc.from_torch(model, batches[0], sbp=sbp, placement=where)
-    exe = sbpc.compile(graph, optimizer=optimizer, mode="simulate" if ranks == 1 else "auto")
+    exe = sbpc.compile(graph, optimizer=optimizer, mode="interpret" if ranks == 1 else "auto")
     losses = [float(exe.train_step(dict(zip(names, (t.numpy() for t in b))))["loss"]) for b in batches[:-1]]
     ref32, params32 = torch_run(model, batches[:-1], make_opt, torch.float32)
     ref64, params64 = torch_run(model, batches[:-1], make_opt, torch.float64)

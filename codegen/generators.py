@@ -18,7 +18,7 @@ from xdsl.ir import Attribute
 
 from sbpc.dialects import lg, plan
 from sbpc.dialects.backends import Backend
-from sbpc.dialects.layout import piece_of
+from sbpc.dialects.pieces import piece_of
 from sbpc.dialects.sbp import lookup_placement
 
 from .render import (

@@ -1,4 +1,4 @@
-"""The multi-device reference simulator: evaluates sbp-level IR by holding
+"""The multi-device interpreter of sbp-level IR: evaluates sbp-level IR by holding
 every device's local tensor in numpy, running each op's local kernel and
 each collective by its semantics, then assembling the global outputs.
 
@@ -21,7 +21,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
 
 from sbpc.dialects import lg, sbp
-from sbpc.dialects.layout import Coord, balanced, coords, numpy_dtype, partial_kind, piece
+from sbpc.dialects.pieces import Coord, balanced, coords, numpy_dtype, partial_kind, piece
 from sbpc.dialects.sbp import DTensorType, Mesh, PlainNd, Sbp, global_shape, lookup_placement, nd_to_plain
 from sbpc.semantics.local_eval import LocalContext, combine, local_kernel
 from sbpc.semantics.reference import EvaluationError, evaluate, find_graph
@@ -44,7 +44,7 @@ class Distributed:
 
 
 @dataclass
-class SimulationResult:
+class DistributedResult:
     outputs: dict[str, np.ndarray]
     bytes_moved: dict[Operation, float] = field(default_factory=dict)
     """Per collective (and redistributing annotation): average bytes a device receives."""
@@ -152,7 +152,7 @@ def run_collective(kind: str, value: Distributed, dst_nd: PlainNd, axes: list[in
             elif kind == "slice":
                 got = 0
             else:
-                raise EvaluationError(f"the simulator has no collective '{kind}'")
+                raise EvaluationError(f"the sbp interpreter has no collective '{kind}'")
             received += got * itemsize
     return out, received / len(coords(mesh_shape))
 
@@ -172,31 +172,31 @@ def run_transfer(value: Distributed, dst: Distributed) -> tuple[Pieces, float]:
 
 
 # --------------------------------------------------------------------------
-# The simulator
+# The interpreter
 # --------------------------------------------------------------------------
 
 
 def _describe(op: Operation, value: SSAValue, shape, dtype) -> Distributed:
     t = value.type
     if not isinstance(t, DTensorType):
-        raise EvaluationError(f"'{op.name}': the simulator needs distributed values; run sbp-infer first")
+        raise EvaluationError(f"'{op.name}': the sbp interpreter needs distributed values; run sbp-infer first")
     mesh = lookup_placement(op, t.placement).mesh()
     return Distributed(mesh, nd_to_plain(t.nd_sbp), tuple(shape), np.dtype(dtype), {})
 
 
-def simulate(
+def evaluate_distributed(
     module: ModuleOp | lg.GraphOp,
     feeds: Mapping[str, Any],
     params: Mapping[str, Any] | None = None,
     graph: str | None = None,
-) -> SimulationResult:
+) -> DistributedResult:
     graph_op = find_graph(module, graph)
     # Sources take their global values from the reference interpreter, which
     # also checks the feeds.
     globals_: dict[SSAValue, np.ndarray] = {}
     evaluate(graph_op, feeds, params, trace=globals_)
     values: dict[SSAValue, Distributed] = {}
-    result = SimulationResult({})
+    result = DistributedResult({})
     for op in graph_op.body.ops:
         if isinstance(op, lg.OutputOp):
             for name, v in zip(op.names.data, op.values):
@@ -236,6 +236,6 @@ def simulate(
                 )
                 target.pieces[c] = local_kernel(op, ctx, *(d.pieces[c] for d in inputs)).astype(dtype)
         else:
-            raise EvaluationError(f"'{op.name}': the simulator has no semantics for this op")
+            raise EvaluationError(f"'{op.name}': the sbp interpreter has no semantics for this op")
         values[out] = target
     raise EvaluationError(f"graph @{graph_op.sym_name.data} has no lg.output")

@@ -1,7 +1,7 @@
 """How a dtensor lies on its mesh: the geometry the `sbp` dialect defines.
 
 Every level that places bytes (the plan's local register shapes, boxing's
-per-device volumes, the simulators, the runtime's collectives) asks the same
+per-device volumes, the interpreters, the runtime's collectives) asks the same
 two questions: where does a rank sit in its mesh, and which part of a global
 tensor does it hold? They are answered here, once.
 

@@ -24,11 +24,11 @@ import numpy as np
 from xdsl.dialects.builtin import ModuleOp
 
 from sbpc.dialects import make_context, plan
-from sbpc.dialects.layout import mesh_coord, numpy_dtype, piece_of
+from sbpc.dialects.pieces import mesh_coord, numpy_dtype, piece_of
 from sbpc.dialects.sbp import DTensorType, Mesh, lookup_placement, nd_to_plain
 from sbpc.semantics.local_eval import Fused, LocalContext, combine, local_kernel
 from sbpc.semantics.reference import EvaluationError, constant_value, initialize
-from sbpc.semantics.simulator import Distributed, run_collective, run_transfer
+from sbpc.semantics.sbp_interpreter import Distributed, run_collective, run_transfer
 
 
 class DeviceState:
@@ -170,7 +170,7 @@ def run_plan(
 def actor_kernel(ctx, actor: plan.ComputeOp, registers: dict, piece_of) -> tuple:
     """The lg op a compute actor runs (rebuilt from its kernel name and
     properties, typed with the local result) and the LocalContext of its
-    pieces on this device: what both this simulator and the MPI runtime run."""
+    pieces on this device: what both this interpreter and the MPI runtime run."""
     ins = [registers[r.string_value()] for r in actor.ins.data]
     out = registers[actor.outs.data[0].string_value()]
     if actor.kernel.data == plan.FUSED:
