@@ -26,7 +26,7 @@ from sbpc.dialects import plan
 from sbpc.dialects.pieces import numpy_dtype, piece_of
 from sbpc.dialects.sbp import lookup_placement
 from sbpc.lowering.compile import CompilePass
-from sbpc.runtime import host_kernels, kernels
+from sbpc.runtime import host_kernels, numpy_kernels
 from sbpc.semantics.plan_interpreter import actor_kernel
 
 
@@ -61,7 +61,7 @@ def measure(module, repeats: int) -> dict[str, list[float]]:
         out_reg = registers[actor.outs.data[0].string_value()]
         out = np.empty(tuple(out_reg.type.get_shape()), numpy_dtype(out_reg.type.element_type))
         op, local = actor_kernel(ctx, actor, registers, piece)
-        numpy_fire = kernels.bind(op, local, ins, out)
+        numpy_fire = numpy_kernels.bind(op, local, ins, out)
         name = actor.kernel.data
         if name == plan.FUSED:
             name += " (broadcast)" if any(x.shape != out.shape for x in ins) else " (same shape)"

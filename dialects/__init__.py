@@ -1,7 +1,7 @@
 """sbpc's IR, the bottom layer: one dialect per file (`lg` the logical
 graph, `sbp` distributed tensors, placements and collectives, `plan` the
 physical actor plan) and the layout geometry the `sbp` dialect defines
-(`layout`: pieces, balanced splits, mesh coordinates). Nothing here imports
+(`pieces`: pieces, balanced splits, mesh coordinates). Nothing here imports
 a pass, the runtime or the API."""
 
 import gc

@@ -25,6 +25,10 @@ OPTIMIZER_STATE_KEYS = (*OPTIMIZER_STATE_PREFIXES, ADAM_STEP_KEY)
 SCHEDULES = ("gpipe", "1f1b")
 """The pipeline schedules lg-micro-batch records and the planner tries."""
 
+RECOMPUTE_ATTR = "lg.recompute"
+"""Unit attribute of an op that lg-recompute cloned to repeat a forward
+value for the backward pass: the list schedule runs it just before its use."""
+
 SOURCES = (lg.InputOp, lg.ParamOp, lg.ConstantOp)
 """Ops that compute nothing: what a graph reads."""
 

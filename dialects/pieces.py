@@ -245,3 +245,10 @@ def numpy_dtype(elem: Attribute) -> np.dtype:
     if isinstance(elem, IntegerType):
         return np.dtype(np.bool_) if elem.width.data == 1 else np.dtype(f"int{elem.width.data}")
     raise ValueError(f"no numpy dtype for element type {elem}")
+
+
+def rank_group(mesh: Mesh, rank: int, axes: list[int]) -> list[int]:
+    """The ranks that differ from `rank` only on `axes`, in mesh order."""
+    here = mesh_coord(mesh, rank)
+    members = [c for c in coords(mesh.shape) if all(c[a] == here[a] for a in range(len(here)) if a not in axes)]
+    return [mesh.ranks[coords(mesh.shape).index(c)] for c in members]

@@ -48,11 +48,15 @@ from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import lg
-from sbpc.dialects.lg_analysis import SOURCES, data_ops, forward_ops, narrow_cuts, owner_op, saved_values
-
-RECOMPUTE_ATTR = "lg.recompute"
-"""Unit attribute of an op that lg-recompute cloned to repeat a forward
-value for the backward pass: sbp-to-plan runs it just before its use."""
+from sbpc.dialects.lg_analysis import (
+    RECOMPUTE_ATTR,
+    SOURCES,
+    data_ops,
+    forward_ops,
+    narrow_cuts,
+    owner_op,
+    saved_values,
+)
 
 POLICIES = ("none", "selective", "full")
 

@@ -25,7 +25,7 @@ For each, sbp-infer chooses every op's nd-SBP (`strategy`: its global
 search, or the integer program of `sbp_ilp.py`; priced with the cluster);
 the plan is lowered, allocated and replayed by the step-time simulator
 (`perf/step_time.py`) on the cluster. The fastest plan whose peak memory
-fits the budget (`memory`, or the cluster device's) wins. Its sbp-level IR
+fits the budget (`memory_budget`, or the cluster device's) wins. Its sbp-level IR
 replaces the graph: every value typed with its distribution and every
 redistribution requested, so `compile` (whose sbp-infer keeps hints)
 lowers exactly the plan that was predicted, and a user can read, save,

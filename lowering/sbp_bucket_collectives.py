@@ -22,7 +22,8 @@ minimizing when the last collective ends: a bucket is issued when its last
 gradient is ready and packed, and when the previous collective is done, and
 takes the cluster's alpha-beta time (`Cluster.collective_time`). A bucket of
 one stays as it was (no copies). `bucket_bytes` fixes the size instead, as
-DDP's bucket_cap_mb does.
+DDP's bucket_cap_mb does. The timing and the dynamic program are
+planning/bucketing.py's; this pass groups the candidates and rewrites.
 
 A bucket is plain sbp IR, so every later pass, the interpreters, the simulator and the
 runtime need nothing new:
@@ -45,8 +46,8 @@ import functools
 import heapq
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TypeVar, cast
+from dataclasses import dataclass
+from typing import TypeVar
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr
@@ -63,178 +64,30 @@ from sbpc.dialects.sbp import (
     PlainNd,
     Sbp,
     dtensor_of,
-    element_bytes,
     lookup_placement,
     nd_to_plain,
     signature_of,
 )
-from sbpc.perf.cluster import Cluster, ClusterError, load_cluster
-from sbpc.planning.cost_model import ALIASES, DEFAULT_DEVICE, device_for, local_fraction
+from sbpc.planning.bucketing import (
+    Member,
+    Timing,
+    choose_buckets,
+    distributed_type,
+    fixed_buckets,
+    is_bucket_reduction,
+    local_bytes,
+    pricing_cluster,
+    ready_times,
+    received_bytes,
+)
+from sbpc.planning.cost_model import DEFAULT_DEVICE, device_for
 
-from .sbp_to_plan import rank_group, schedule
-
-BUCKET_KINDS = (sbp.AllReduceOp, sbp.ReduceScatterOp)
 BUCKET_ATTR = "sbp.bucket"
-WINDOW = 128
-"""The most gradients one bucket may join: bounds the dynamic program's
-work (n * WINDOW * frontier) on graphs with thousands of gradients."""
-FRONTIER = (8, 64)
-"""The fewest and the most cuts the dynamic program keeps per prefix
-(see choose_buckets): as many as FRONTIER_WORK allows between the two."""
-FRONTIER_WORK = 2**18
-"""Cuts the dynamic program may weigh in all (n * min(n, WINDOW) * frontier),
-about a quarter of a second: a group of tens of gradients (a GPT's data-parallel
-all-reduces) keeps 64 per prefix, one of hundreds the fewest. On 700
-random instances of 20-80 gradients, 64 lost at most 5.4% (once) and
-0.02% on average against the exact frontier; 8 lost up to 9.9% and 0.17%
-on average."""
-
-
-def pricing_cluster(spec: str, devices: int) -> Cluster:
-    """The cluster whose figures price the buckets: a preset or cluster
-    file as sbp-infer's `device` names it (`cuda`: the H100 preset)."""
-    try:
-        return load_cluster(ALIASES.get(spec, spec), max(devices, 1))
-    except ClusterError as e:
-        raise ValueError(str(e)) from None
-
-
-# --------------------------------------------------------------------------
-# When each value is ready: a list schedule priced with the cluster
-# --------------------------------------------------------------------------
-
-
-def _dtensor(value: SSAValue) -> DTensorType:
-    t = value.type
-    if not isinstance(t, DTensorType):
-        raise PassFailedException(
-            f"sbp-bucket-collectives: '{value.owner.name if isinstance(value.owner, Operation) else 'argument'}' "
-            "has an undistributed value; run sbp-infer and sbp-insert-boxing first"
-        )
-    return t
-
-
-def _local_bytes(t: DTensorType, mesh: Mesh) -> float:
-    return math.prod(t.get_shape()) * element_bytes(t.element_type) * local_fraction(
-        nd_to_plain(t.nd_sbp), mesh.shape, t.get_shape())
-
-
-@dataclass
-class Timing:
-    """Estimated seconds at which each op's result is ready on one device
-    of its placement, under the order sbp-to-plan will schedule."""
-
-    cluster: Cluster
-    meshes: dict[str, Mesh]
-    groups: dict[tuple[str, tuple[int, ...]], list[int]] = field(default_factory=dict)
-    """The rank group of each (placement, mesh axes) priced so far."""
-    lg_times: dict[tuple, tuple[float, DTensorType, tuple[DTensorType, ...]]] = field(default_factory=dict)
-    """(op class, id of its result type, ids of its operand types, its
-    properties) -> (its time, the types)."""
-
-    def mesh(self, op: Operation, t: DTensorType) -> Mesh:
-        name = t.placement_name
-        if name not in self.meshes:
-            self.meshes[name] = lookup_placement(op, t.placement).mesh()
-        return self.meshes[name]
-
-    def collective_time(self, kind: str, mesh: Mesh, axes: Sequence[int], nbytes: float) -> float:
-        key = (mesh.name, tuple(axes))
-        if key not in self.groups:
-            self.groups[key] = rank_group(mesh, mesh.ranks[0], list(axes))
-        return self.cluster.collective_time(kind, self.groups[key], nbytes) + self.cluster.device.actor_overhead
-
-    def op_time(self, op: Operation) -> float:
-        if not op.results or not isinstance(op.results[0].type, DTensorType):
-            return 0.0
-        out = _dtensor(op.results[0])
-        mesh = self.mesh(op, out)
-        kind = _kind(type(op))
-        if kind in (COMMUNICATES, COPIES):
-            assert isinstance(op, sbp.CollectiveOp | sbp.TransferOp)
-            if kind == COPIES:  # a local slice or make_partial: a copy
-                return self.cluster.work_time("", 0.0, _local_bytes(out, mesh))
-            volume = op.bytes.value.data if op.bytes is not None else _local_bytes(out, mesh)
-            axes = list(op.mesh_axes.get_values()) if isinstance(op, sbp.CollectiveOp) else list(range(len(mesh.shape)))
-            return self.collective_time(op.name.removeprefix("sbp."), mesh, axes, volume)
-        if kind != COMPUTES:
-            return 0.0
-        op = cast(lg.LgOp, op)  # (what _kind decided)
-        # An lg op's time reads its class, properties and types alone: ops
-        # alike (repeated layers) are priced once. The entry holds the types
-        # it was keyed by (their ids), so no id is reused while it lives.
-        params = op.params()
-        operand_types = tuple(_dtensor(o) for o in op.operands)
-        try:
-            key = (type(op), id(out), tuple(map(id, operand_types)), tuple(sorted(params.items())))
-            alike = self.lg_times.get(key)
-        except TypeError:  # a property without a hash
-            key, alike = None, None
-        if alike is not None:
-            return alike[0]
-        shapes = [tuple(t.get_shape()) for t in operand_types]
-        flops = type(op).flops(shapes, tuple(out.get_shape()), **params)
-        fraction = local_fraction(nd_to_plain(out.nd_sbp), mesh.shape, out.get_shape())
-        nbytes = _local_bytes(out, mesh) + sum(_local_bytes(t, mesh) for t in operand_types)
-        time = self.cluster.work_time(op.name, flops * fraction, nbytes)
-        if key is not None:
-            self.lg_times[key] = (time, out, operand_types)
-        return time
-
-
-def ready_times(ops: list[Operation], timing: Timing) -> dict[int, float]:
-    """When each op's result is ready, by the op's id (ops hash in Python,
-    ints in C): compute runs one op at a time in sbp-to-plan's order;
-    communication runs one collective at a time beside it, from when its
-    input is ready."""
-    ready: dict[int, float] = {}
-    compute = comm = 0.0
-    for op in schedule(ops):
-        # an operand made outside `ops` (a block argument) is ready at 0
-        inputs = max([ready.get(id(o.owner), 0.0) for o in op.operands], default=0.0)
-        t = timing.op_time(op)
-        if _kind(type(op)) == COMMUNICATES:
-            comm = max(comm, inputs) + t
-            ready[id(op)] = comm
-        else:
-            compute = max(compute, inputs) + t
-            ready[id(op)] = compute
-    return ready
-
-
-COMMUNICATES, COPIES, COMPUTES, OTHER = range(4)
-
-
-@functools.cache
-def _kind(op_class: type[Operation]) -> int:
-    """How ready_times prices an op of this class, decided once per class
-    (op classes are ABCs: isinstance against them was slow per op): a
-    collective that communicates or a transfer, a collective that only
-    copies locally (a slice, make_partial), an lg op, or nothing."""
-    if sbp.is_collective(op_class):
-        return COMMUNICATES if sbp.communicates(op_class) else COPIES
-    if issubclass(op_class, lg.LgOp):
-        return COMPUTES
-    return OTHER
-
-
-@functools.cache
-def _is_reduction(op_class: type[Operation]) -> bool:
-    """One of BUCKET_KINDS, once per class (ABCs: isinstance was slow per op)."""
-    return issubclass(op_class, BUCKET_KINDS)
 
 
 # --------------------------------------------------------------------------
 # Candidates and groups
 # --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Member:
-    op: sbp.CollectiveOp
-    ready: float
-    volume: float
-    """Bytes a device receives in the collective (its `bytes`, else estimated)."""
 
 
 def _reaches_reduction(ops: list[Operation]) -> set[Operation]:
@@ -247,7 +100,7 @@ def _reaches_reduction(ops: list[Operation]) -> set[Operation]:
     for op in reversed(ops):
         for result in op.results:
             users: list[Operation] = [use.operation for use in result.uses]
-            if any(id(user) in reaches or _is_reduction(type(user)) for user in users):
+            if any(id(user) in reaches or is_bucket_reduction(type(user)) for user in users):
                 reaches.add(id(op))
                 break
     return {op for op in ops if id(op) in reaches}
@@ -256,7 +109,7 @@ def _reaches_reduction(ops: list[Operation]) -> set[Operation]:
 def _group_key(op: sbp.CollectiveOp, mesh: Mesh) -> tuple | None:
     """The bucket group of a candidate collective, or None where it cannot
     join a bucket."""
-    src, dst = _dtensor(op.input), _dtensor(op.result)
+    src, dst = distributed_type(op.input), distributed_type(op.result)
     src_nd, dst_nd = nd_to_plain(src.nd_sbp), nd_to_plain(dst.nd_sbp)
     axes = list(op.mesh_axes.get_values())
     shape = src.get_shape()
@@ -270,111 +123,6 @@ def _group_key(op: sbp.CollectiveOp, mesh: Mesh) -> tuple | None:
             len(axes) != 1 or dst_nd[axes[0]] != Sbp.S(0) or shape[0] % mesh.shape[axes[0]]):
         return None  # its S(0) piece is not one row of p
     return (op.name, src.placement_name, tuple(axes), src_nd, dst_nd, str(src.element_type))
-
-
-# --------------------------------------------------------------------------
-# The buckets: a dynamic program over the ready order
-# --------------------------------------------------------------------------
-
-
-def fixed_buckets(members: Sequence[Member], size: float) -> list[tuple[int, int]]:
-    """Buckets of `size` bytes in ready order (PyTorch DDP's rule): each
-    closes once it holds at least `size`."""
-    buckets, start, held = [], 0, 0.0
-    for j, m in enumerate(members):
-        held += m.volume
-        if held >= size:
-            buckets.append((start, j + 1))
-            start, held = j + 1, 0.0
-    if start < len(members):
-        buckets.append((start, len(members)))
-    return buckets
-
-
-def bucket_finish(buckets: Sequence[tuple[int, int]], members: Sequence[Member], comm_time, pack_time, unpack_time,
-                  host_share: float = 0.0) -> float:
-    """When the last collective of `buckets` ends and is unpacked (the
-    model choose_buckets minimizes; see there)."""
-    end = delay = 0.0
-    for i, j in buckets:
-        comm = comm_time(sum(m.volume for m in members[i:j]))
-        packed = delay + pack_time(i, j)
-        end = max(end, members[j - 1].ready + packed) + comm
-        delay = packed + host_share * comm + unpack_time(i, j)
-    return end + (unpack_time(*buckets[-1]) if buckets else 0.0)
-
-
-def choose_buckets(members: Sequence[Member], comm_time, pack_time, unpack_time, host_share: float = 0.0,
-                   frontier_size: int | None = None) -> list[tuple[int, int]]:
-    """Cuts `members` (in ready order) into contiguous buckets [i, j)
-    minimizing when the last bucket's collective has ended and its results
-    are unpacked. A bucket is issued when the collective before it is done
-    and its last member is ready and packed; `comm_time(bytes)`,
-    `pack_time(i, j)` and `unpack_time(i, j)` price it (a bucket of one
-    packs nothing). Packing, unpacking and the `host_share` of each
-    collective that the device's own cores spend on it (MPI on shared
-    memory: 1 - comm_overlap) run on the compute stream, so they delay the
-    gradients still to come.
-
-    A dynamic program over prefixes: what a later bucket needs of a prefix
-    is when its last collective ends and how much it delayed the compute
-    stream, and it only gains from less of either; each prefix keeps the
-    cuts that no other beats on both (up to `frontier_size` of them; by
-    default as many as FRONTIER_WORK allows within FRONTIER), which is
-    exact while no frontier is cut short."""
-    n = len(members)
-    if frontier_size is None:
-        fewest, most = FRONTIER
-        frontier_size = max(fewest, min(most, FRONTIER_WORK // max(1, n * min(n, WINDOW))))
-    volume = [0.0]
-    for m in members:
-        volume.append(volume[-1] + m.volume)
-    # per prefix: (end, delay, previous prefix, index of its state there)
-    states: list[list[tuple[float, float, int, int]]] = [[(0.0, 0.0, -1, -1)]]
-    for j in range(1, n + 1):
-        # The next bucket goes out no sooner than its members are ready and
-        # packed after this prefix's delay: an end before that is as good
-        # as that moment (exact, and it lets more cuts dominate others).
-        soonest = members[j].ready if j < n else -math.inf
-        ready = members[j - 1].ready
-        options: list[tuple[float, float, float, int, int]] = []
-        append = options.append
-        # the same arithmetic, in the same order, as written out in
-        # bucket_finish; `b if b > a else a` is max(a, b), without the call
-        for i in range(max(0, j - WINDOW), j):
-            comm = comm_time(volume[j] - volume[i])
-            pack, unpack = pack_time(i, j), unpack_time(i, j)
-            last_unpack = unpack if j == n else 0.0
-            host_comm = host_share * comm
-            for k, (end, delay, _, _) in enumerate(states[i]):
-                packed = delay + pack
-                start = ready + packed
-                finish = (start if start > end else end) + comm + last_unpack
-                after = packed + host_comm + unpack
-                due = soonest + after
-                append((due if due > finish else finish, after, finish, i, k))
-        options.sort()  # among equals, the earliest actual end (results sooner)
-        frontier: list[tuple[float, float, int, int]] = []
-        least = math.inf
-        for _, after, finish, i, k in options:
-            if after < least:
-                least = after
-                frontier.append((finish, after, i, k))
-        if len(frontier) > frontier_size:
-            # both ends (the earliest end, the least delay) and evenly
-            # between: keeping only the earliest ends lost up to 6% on
-            # instances of 5-8 gradients (the cuts that delay the compute
-            # stream least were dropped)
-            last = len(frontier) - 1
-            frontier = [frontier[round(k * last / (frontier_size - 1))] for k in range(frontier_size)]
-        states.append(frontier)
-    buckets = []
-    j, k = n, 0
-    while j:
-        _, _, i, k = states[j][k]
-        buckets.append((i, j))
-        j = i
-    return buckets[::-1]
 
 
 # --------------------------------------------------------------------------
@@ -397,7 +145,7 @@ def rewrite_bucket(members: Sequence[sbp.CollectiveOp], mesh: Mesh, index: int) 
     in the block; the members' results are replaced by its slices (the
     caller inserts the ops and erases the members)."""
     first = members[0]
-    src, dst = _dtensor(first.input), _dtensor(first.result)
+    src, dst = distributed_type(first.input), distributed_type(first.result)
     src_nd, dst_nd = nd_to_plain(src.nd_sbp), nd_to_plain(dst.nd_sbp)
     axes = list(first.mesh_axes.get_values())
     scatter = isinstance(first, sbp.ReduceScatterOp)
@@ -410,7 +158,7 @@ def rewrite_bucket(members: Sequence[sbp.CollectiveOp], mesh: Mesh, index: int) 
     flats: list[SSAValue] = []
     sizes: list[int] = []
     for m in members:
-        t = _dtensor(m.input)
+        t = distributed_type(m.input)
         n = math.prod(t.get_shape())
         sizes.append(n)
         value: SSAValue = m.input
@@ -442,7 +190,7 @@ def rewrite_bucket(members: Sequence[sbp.CollectiveOp], mesh: Mesh, index: int) 
         sliced = _typed(lg.SliceOp(collective.result, starts, limits), [dst_nd], piece, dst_nd, dst)
         new.append(sliced)
         value = sliced.result
-        shape = _dtensor(m.result).get_shape()
+        shape = distributed_type(m.result).get_shape()
         if tuple(shape) != piece:
             value.name_hint = f"bucket.{index}.{i}"
             back = _typed(lg.ReshapeOp(value, shape), [dst_nd], shape, dst_nd, dst)
@@ -512,7 +260,7 @@ class SbpBucketCollectivesPass(ModulePass):
         block = graph.body.block
         ops: list[Operation] = list(iter(block.ops))  # (list(block.ops) would walk the block once more for its length)
         reaches = _reaches_reduction(ops)
-        candidates = [o for o in ops if _is_reduction(type(o)) and o not in reaches]
+        candidates = [o for o in ops if is_bucket_reduction(type(o)) and o not in reaches]
         if len(candidates) < 2:
             return
         meshes: dict[str, Mesh] = {}
@@ -529,7 +277,7 @@ class SbpBucketCollectivesPass(ModulePass):
         groups: dict[tuple, list[sbp.CollectiveOp]] = {}
         for c in candidates:
             assert isinstance(c, sbp.CollectiveOp)
-            key = _group_key(c, timing.mesh(c, _dtensor(c.input)))
+            key = _group_key(c, timing.mesh(c, distributed_type(c.input)))
             if key is not None:
                 groups.setdefault(key, []).append(c)
         groups = {k: g for k, g in groups.items() if len(g) > 1}
@@ -540,13 +288,13 @@ class SbpBucketCollectivesPass(ModulePass):
         count = 0
         for group in groups.values():
             members = sorted((Member(c, ready.get(id(c.input.owner), 0.0),
-                                     _volume(c, timing)) for c in group),
+                                     received_bytes(c, timing)) for c in group),
                              key=lambda m: (m.ready, position[m.op]))
             for i, j in self.cut(members, timing):
                 if j - i < 2:
                     continue
                 chosen = [m.op for m in members[i:j]]
-                new = rewrite_bucket(chosen, timing.mesh(chosen[0], _dtensor(chosen[0].input)), count)
+                new = rewrite_bucket(chosen, timing.mesh(chosen[0], distributed_type(chosen[0].input)), count)
                 block.insert_ops_after(new, max(chosen, key=lambda c: position[c]))
                 for c in chosen:
                     block.erase_op(c)
@@ -560,13 +308,13 @@ class SbpBucketCollectivesPass(ModulePass):
         if self.bucket_bytes:
             return fixed_buckets(members, self.bucket_bytes)
         first = members[0].op
-        mesh = timing.mesh(first, _dtensor(first.input))
+        mesh = timing.mesh(first, distributed_type(first.input))
         axes = list(first.mesh_axes.get_values())
         kind = first.name.removeprefix("sbp.")
         cluster = timing.cluster
         held = [0.0]  # bytes each device holds of the first k members
         for m in members:
-            held.append(held[-1] + _local_bytes(_dtensor(m.op.input), mesh))
+            held.append(held[-1] + local_bytes(distributed_type(m.op.input), mesh))
 
         # alpha-beta: linear in the bytes (Cluster.collective_time)
         alpha = timing.collective_time(kind, mesh, axes, 0.0)
@@ -594,9 +342,3 @@ class SbpBucketCollectivesPass(ModulePass):
                               host_share=1.0 - cluster.device.comm_overlap)
 
 
-def _volume(c: sbp.CollectiveOp, timing: Timing) -> float:
-    """The bytes a device receives in collective `c` (recorded by boxing, else estimated)."""
-    if c.bytes is not None:
-        return c.bytes.value.data
-    t = _dtensor(c.input)
-    return _local_bytes(t, timing.mesh(c, t))

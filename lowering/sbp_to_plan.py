@@ -9,7 +9,7 @@
   properties; one communication actor per collective per participating
   device, with its rank group (the devices that differ only on the mesh axes
   it acts on) and a program-wide `id`.
-- One global schedule, restricted to each device: a topological order that
+- One global schedule (planning/list_schedule.py), restricted to each device: a topological order that
   issues every communication actor as soon as its input is ready, runs the
   computation that feeds communication early and the computation that reads
   its result late, so collectives overlap with the work in between. Every device takes its actors in
@@ -28,9 +28,6 @@
 
 from __future__ import annotations
 
-import functools
-import heapq
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from xdsl.context import Context
@@ -44,7 +41,7 @@ from xdsl.dialects.builtin import (
     TensorType,
     UnitAttr,
 )
-from xdsl.ir import Attribute, Block, Operation, SSAValue
+from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import Rewriter
 from xdsl.utils.exceptions import PassFailedException
@@ -53,199 +50,11 @@ from sbpc.dialects import lg, plan, sbp
 from sbpc.dialects.builders import flat_symbol_ref, i64_array, i64_attr
 from sbpc.dialects.irdl_verify import bare_op
 from sbpc.dialects.lg_analysis import one_f_one_b
-from sbpc.dialects.pieces import coords, mesh_coord, piece_of
+from sbpc.dialects.pieces import piece_of, rank_group
 from sbpc.dialects.sbp import DTensorType, Mesh, lookup_placement
+from sbpc.planning.list_schedule import schedule, source_kind
 
 from .lg_micro_batch import MICRO_BATCH_ATTR, SCHEDULE_ATTR
-from .lg_recompute import RECOMPUTE_ATTR
-
-
-def schedule(ops: list[Operation], slot: Callable[[Operation], int] | None = None) -> list[Operation]:
-    """Topological order by list scheduling. Operands made by ops outside
-    `ops` count as ready (a pipeline stage's inputs from another stage).
-    With `slot`, a ready op of a lower slot always goes first (a pipeline
-    schedule's phase). Then, among ready ops: communication first; then
-    compute that feeds communication (so it starts early); then other
-    compute; last, compute that reads the result of a collective (so
-    the collective has work to overlap with; a local slice is no
-    collective, so an optimizer update that reads the slice of its
-    parameter runs as soon as its gradient is ready, and the communication
-    of its result overlaps the rest of the backward pass); ties in program
-    order."""
-    # by id: ops hash in Python, ints in C (every op is alive during the call)
-    index = {id(op): i for i, op in enumerate(ops)}
-    comm = [sbp.is_collective(type(op)) for op in ops]
-    # per op (by index): the indices of its operands' producers among `ops`,
-    # one per operand (an op reading a value twice waits for it twice)
-    producers: list[list[int]] = []
-    user_indices: list[list[int]] = [[] for _ in ops]
-    for i, op in enumerate(ops):
-        made_by = []
-        for operand in op.operands:
-            p = index.get(id(operand.owner))  # an owner may be a block: never in `index`
-            if p is not None:
-                made_by.append(p)
-                user_indices[p].append(i)
-        producers.append(made_by)
-
-    def priority(i: int) -> int:
-        if comm[i]:
-            return 0
-        if any(comm[p] and sbp.communicates(type(ops[p])) for p in producers[i]):
-            return 3
-        if any(comm[u] for u in user_indices[i]):
-            return 1
-        return 2
-
-    waiting = [len(made_by) for made_by in producers]
-    has_gathers = any(is_comm and isinstance(op.operands[0].owner, lg.ParamOp) for op, is_comm in zip(ops, comm))
-    has_recomputations = any(RECOMPUTE_ATTR in op.attributes for op in ops)
-    if has_gathers or has_recomputations:  # (rare: the gates read the graph by op)
-        op_index: dict[Operation | Block, int] = {op: i for i, op in enumerate(ops)}
-        is_comm = dict(zip(ops, comm))
-        users = {op: [ops[u] for u in user_indices[i]] for i, op in enumerate(ops)}
-        gates = _parameter_gathers(ops, op_index, is_comm, users) if has_gathers else {}
-        if has_recomputations:
-            gates.update(_recomputations(ops, op_index, is_comm, users))
-        for head, gate in gates.items():
-            for op in gate:
-                user_indices[op_index[op]].append(op_index[head])
-            waiting[op_index[head]] += len(gate)
-
-    def key(i: int) -> tuple[int, int, int]:  # ties in program order: the index is unique
-        return (slot(ops[i]) if slot is not None else 0, priority(i), i)
-
-    ready = [key(i) for i in range(len(ops)) if not waiting[i]]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        i = heapq.heappop(ready)[-1]
-        order.append(ops[i])
-        for user in user_indices[i]:
-            waiting[user] -= 1
-            if not waiting[user]:
-                heapq.heappush(ready, key(user))
-    if len(order) != len(ops):
-        stuck = next(op for i, op in enumerate(ops) if waiting[i])
-        raise PassFailedException(f"sbp-to-plan: no schedule: '{stuck.name}' waits on a cycle")
-    return order
-
-
-@functools.cache
-def _source_kind(kind: type) -> type | None:
-    """lg.InputOp, lg.ParamOp or lg.ConstantOp where an op of class `kind`
-    is one (its register is a feed, a parameter or a constant), else None;
-    once per class (op classes are ABCs: isinstance is slow per op)."""
-    return next((k for k in (lg.InputOp, lg.ParamOp, lg.ConstantOp) if issubclass(kind, k)), None)
-
-
-def _parameter_gathers(ops, index, is_comm, users) -> dict[Operation, set[Operation]]:
-    """For each redistribution of a parameter (FSDP's gather): the ops it
-    waits for. A parameter is ready from the start, so without a gate its
-    gather would run first and the gathered copy would stay live until its
-    use. It is issued one op ahead of its use instead: once the producers of
-    the inputs of the use's other operands have run, so the gather overlaps
-    the op that makes the use's activation."""
-    chain: set[Operation] = set()
-    heads = []
-    for op in ops:
-        if is_comm[op]:
-            owner = op.operands[0].owner
-            if isinstance(owner, lg.ParamOp):
-                chain.add(op)
-                heads.append(op)
-            elif owner in chain:
-                chain.add(op)
-    gates: dict[Operation, set[Operation]] = {}
-    for head in heads:
-        consumers: list[Operation] = []
-        todo = [head]
-        while todo:
-            for user in users[todo.pop()]:
-                (todo if user in chain else consumers).append(user)
-        gate: set[Operation] = set()
-        for consumer in consumers:
-            for operand in consumer.operands:
-                producer = operand.owner
-                if (
-                    not isinstance(producer, Operation)
-                    or producer not in index
-                    or producer in chain
-                    or isinstance(producer, lg.ParamOp)
-                ):
-                    continue
-                earlier = [o.owner for o in producer.operands if isinstance(o.owner, Operation) and o.owner in index]
-                gate.update(earlier or [producer])
-        # What needs the gathered value cannot gate the gather (a cycle). Program
-        # order is topological, so only the first consumer and later ops can.
-        first = min(index[c] for c in consumers) if consumers else len(ops)
-        if any(index[op] >= first for op in gate):
-            after, todo = set(), list(consumers)
-            while todo:
-                op = todo.pop()
-                if op not in after:
-                    after.add(op)
-                    todo.extend(users[op])
-            gate -= after
-        if gate:
-            gates[head] = gate
-    return gates
-
-
-def _recomputations(ops, index, is_comm, users) -> dict[Operation, set[Operation]]:
-    """For each op lg-recompute made (`lg.recompute`): the ops it waits for.
-    Its inputs are ready early (kept activations), so without a gate it
-    would run as soon as the backward pass starts, and its result would
-    stay live as long as the original it replaces. It waits instead for
-    the producers of the other operands of the backward ops that read it
-    (through other recomputed ops and their redistributions), so it runs
-    just before them. Only producers earlier in program order than the
-    recomputed op gate it (later ones may depend on it: a cycle); a later
-    producer is replaced by its own earlier producers."""
-    chain = {op for op in ops if RECOMPUTE_ATTR in op.attributes}
-    for op in ops:  # redistributions of a recomputed value belong to it
-        if is_comm[op] and op.operands and op.operands[0].owner in chain:
-            chain.add(op)
-    gates: dict[Operation, set[Operation]] = {}
-    for head in (op for op in ops if RECOMPUTE_ATTR in op.attributes):
-        consumers: set[Operation] = set()
-        todo = [head]
-        passed: set[Operation] = set()
-        visited = {head}
-        while todo:
-            for user in users[todo.pop()]:
-                if user in visited:
-                    continue
-                visited.add(user)
-                if user in chain:
-                    todo.append(user)
-                elif all(_from_chain_or_source(o, chain, passed, index) for o in user.operands):
-                    passed.add(user)  # a reshape of the value for its use: wait for what the use needs
-                    todo.append(user)
-                else:
-                    consumers.add(user)
-        gate: set[Operation] = set()
-        seen: set[Operation] = set(passed)
-        producers = [o.owner for c in consumers for o in c.operands]
-        while producers:
-            p = producers.pop()
-            if not isinstance(p, Operation) or p not in index or p in chain or p in seen:
-                continue
-            seen.add(p)
-            if index[p] < index[head]:
-                gate.add(p)
-            else:
-                producers.extend(o.owner for o in p.operands)
-        if gate:
-            gates[head] = gate
-    return gates
-
-
-def _from_chain_or_source(value, chain: set[Operation], passed: set[Operation], index) -> bool:
-    owner = value.owner
-    return owner in chain or owner in passed or not isinstance(owner, Operation) or owner not in index or isinstance(
-        owner, (lg.InputOp, lg.ParamOp, lg.ConstantOp))
-
 
 SHARED = -1
 """The micro-batch label of an op that combines several (gradient accumulation)."""
@@ -271,13 +80,6 @@ def micro_batch_labels(body: list[Operation]) -> dict[Operation, int]:
 
 Spec = tuple[type[plan.RegisterOp | plan.ComputeOp | plan.CommOp], dict[str, Attribute]]
 """A register or actor to build: its class and properties."""
-
-
-def rank_group(mesh: Mesh, rank: int, axes: list[int]) -> list[int]:
-    """The ranks that differ from `rank` only on `axes`, in mesh order."""
-    here = mesh_coord(mesh, rank)
-    members = [c for c in coords(mesh.shape) if all(c[a] == here[a] for a in range(len(here)) if a not in axes)]
-    return [mesh.ranks[coords(mesh.shape).index(c)] for c in members]
 
 
 @dataclass
@@ -370,7 +172,7 @@ class Lowering:
         if id(value) in crossing:
             role["slots"] = self.int_attr(self.pipeline_slots)
         owner = value.owner
-        source = _source_kind(type(owner))
+        source = source_kind(type(owner))
         if source is lg.InputOp:
             assert isinstance(owner, lg.InputOp)
             role["feed"] = owner.key
@@ -523,7 +325,7 @@ class Lowering:
         return plan.ProgramOp(self.graph.sym_name.data, devices)
 
     def lower_op(self, op: Operation, actors: dict[int, list[Spec]]) -> None:
-        if _source_kind(type(op)) is not None:  # its register is all it needs
+        if source_kind(type(op)) is not None:  # its register is all it needs
             return
         out = op.results[0]
         name = self.name_of(out)

@@ -309,7 +309,7 @@ def _bytes(n: float) -> str:
 
 def staged_bytes(actor: plan.CommOp, rank: int, meshes: Mapping[str, Mesh], cache: dict) -> tuple[int, int]:
     """Bytes `rank` copies into send buffers before `actor`'s call and out of
-    receive buffers after it (layout.staged_elements). Remembered in `cache`
+    receive buffers after it (pieces.staged_elements). Remembered in `cache`
     (one replay's): a plan's layers repeat the same few communications, and
     a mesh of hundreds of ranks makes each answer cost as many pieces."""
     src, dst = actor.source, actor.dest

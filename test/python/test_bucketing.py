@@ -17,14 +17,8 @@ from xdsl.context import Context
 import sbpc
 from sbpc.dialects import sbp
 from sbpc.lowering.compile import CompilePass
-from sbpc.lowering.sbp_bucket_collectives import (
-    BUCKET_ATTR,
-    Member,
-    SbpBucketCollectivesPass,
-    bucket_finish,
-    choose_buckets,
-    fixed_buckets,
-)
+from sbpc.lowering.sbp_bucket_collectives import BUCKET_ATTR, SbpBucketCollectivesPass
+from sbpc.planning.bucketing import Member, bucket_finish, choose_buckets, fixed_buckets
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))

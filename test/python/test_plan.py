@@ -13,7 +13,7 @@ from xdsl.context import Context
 
 import sbpc
 from sbpc.lowering.compile import CompilePass
-from sbpc.lowering.plan_allocate_memory import Buffer, live_bound, place
+from sbpc.planning.first_fit import Buffer, live_bound, place
 from sbpc.semantics.plan_interpreter import run_plan
 from sbpc.semantics.reference import evaluate
 
