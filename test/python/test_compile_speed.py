@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_sbp_infer import hinted_graphs
 
-from sbpc.planning import first_fit as alloc
 from sbpc.lowering.plan_verify import first_shared_bytes, temporaries_disjoint
+from sbpc.planning import first_fit as alloc
 from sbpc.planning import sbp_problem, sbp_search
 from sbpc.planning.cost_model import load_device
 
