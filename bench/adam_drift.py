@@ -21,7 +21,7 @@ import _common  # noqa: F401 - first: one BLAS thread per process
 import numpy as np
 
 sys.path.insert(0, str(_common.EXAMPLES))
-sys.path.insert(0, str(_common.ROOT / "test" / "python"))
+sys.path.insert(0, str(_common.ROOT / "test" / "python" / "e2e"))
 
 import models  # noqa: E402
 
@@ -59,7 +59,7 @@ def main() -> int:
         print("summary: no PyTorch, no drift measured")
         return 0
     import torch
-    from test_torch import GPT_SIZE, STOI, gpt_torch, initial_params, mlp_torch
+    from test_against_pytorch import GPT_SIZE, STOI, gpt_torch, initial_params, mlp_torch
 
     import sbpc
 

@@ -2,7 +2,7 @@
 
 It takes every lit input (`test/filecheck/**/*.mlir`, split at `// -----`),
 every IR example (`examples/*.mlir`) and graphs generated from the op
-definitions (test/python/random_graphs.py: well typed by construction, on
+definitions (test/python/support/random_graphs.py: well typed by construction, on
 1-D and 2-D meshes), applies one to three random mutations (element types,
 integers turned to 0, -1 or values beyond int64, shape dimensions, SBP
 entries, nd-SBP lists of other lengths, nested and foreign types, attribute
@@ -22,7 +22,7 @@ ready to become a lit test.
 
     python test/fuzz/fuzz_ir.py --count 5000 --seed 1 --save /tmp/findings
 
-`test/python/test_fuzz.py` runs a small fixed-seed campaign in `make test`.
+`test/python/tools/test_fuzz.py` runs a small fixed-seed campaign in `make test`.
 The runs are in-process (`sbpc.tools.sbp_opt.main`): a process per mutant
 would spend most of its time importing xDSL.
 """
@@ -115,7 +115,7 @@ def generated_seeds(count: int = 60, seed: int = 0) -> list[Seed]:
     sys.path.insert(0, str(ROOT / "test" / "python"))
     from hypothesis.errors import StopTest
     from hypothesis.internal.conjecture.data import ConjectureData
-    from random_graphs import random_graphs, text
+    from support.random_graphs import random_graphs, text
 
     rng = random.Random(seed)
     out: list[Seed] = []

@@ -1,0 +1,110 @@
+"""The generated C kernels of the CPU backend as the runtime builds and
+loads them (runtime/host_kernels.py): a library is built once per source,
+cached only in a folder no one else can write, compiler errors come with
+their message, kernel names that clash in C get suffixes, and a GPT
+trained with them (and without) matches the reference on real ranks.
+Their sources are checked in test/python/codegen/."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from support.kernel_graphs import device_actors, kernels_graph, random_input
+
+import sbpc
+from sbpc.codegen.generators import generate_host
+from sbpc.runtime import host_kernels
+from sbpc.semantics.local_eval import local_kernel
+from sbpc.semantics.plan_interpreter import actor_kernel
+
+pytestmark = pytest.mark.skipif(host_kernels.unavailable() is not None,
+                                reason=f"no host kernels here: {host_kernels.unavailable()}")
+
+
+def test_a_library_is_built_once_per_source(tmp_path, monkeypatch):
+    monkeypatch.setenv("SBPC_CACHE", str(tmp_path))
+    module = kernels_graph(1, "f32", True)
+    _, registers, actors = next(device_actors(module))
+    kernels = [generate_host(a, registers) for a in actors if a.kernel.data == "lg.softmax"]
+    first = host_kernels.Library(kernels)
+    built = set((tmp_path / "host-kernels").glob("*.so"))  # with the vector-math probe, where it ran first here
+    again = host_kernels.Library(kernels)
+    assert first.path == again.path and first.path in built
+    assert set((tmp_path / "host-kernels").glob("*.so")) == built
+
+
+def test_libraries_are_loaded_only_from_a_folder_no_one_else_can_write(tmp_path, monkeypatch):
+    import os
+    import tempfile
+
+    monkeypatch.setenv("SBPC_CACHE", str(tmp_path / "cache"))
+    assert host_kernels.cache_dir() == tmp_path / "cache" / "host-kernels"
+    assert (tmp_path / "cache" / "host-kernels").stat().st_mode & 0o777 == 0o700
+    # a cache others can write into is passed over, for the user's folder in
+    # the temporary directory, and where another user made that one, for a
+    # folder of this process alone
+    (tmp_path / "cache" / "host-kernels").chmod(0o777)
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    assert host_kernels.cache_dir() == tmp_path / "tmp" / f"sbpc-{os.getuid()}" / "host-kernels"
+    if os.getuid() == 0:  # root can hand a folder to another user
+        os.chown(tmp_path / "tmp" / f"sbpc-{os.getuid()}", 12345, 12345)
+    else:
+        (tmp_path / "tmp" / f"sbpc-{os.getuid()}").chmod(0o777)
+    private = host_kernels.cache_dir()
+    assert private.name.startswith("sbpc-host-kernels-") and private.stat().st_uid == os.getuid()
+    assert private.stat().st_mode & 0o077 == 0
+
+
+def test_a_compiler_error_is_reported_with_its_message(tmp_path, monkeypatch):
+    monkeypatch.setenv("SBPC_CACHE", str(tmp_path))
+    with pytest.raises(host_kernels.BuildError, match="undeclared|implicit"):
+        host_kernels.build("void f(void) { g = undefined_thing; }")
+
+
+@pytest.mark.parametrize("enabled", ["1", "0"])
+def test_training_with_host_kernels_matches_the_reference(enabled, monkeypatch):
+    """A GPT trained on 2 ranks with the generated C kernels (and without
+    them) follows the reference interpreter's loss curve."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
+    import models
+
+    monkeypatch.setenv(host_kernels.VARIABLE, enabled)
+    _, stoi = models.corpus()
+    size = {"batch": 8, "seq": 8, "dim": 16, "heads": 4, "layers": 2}
+    exe = sbpc.compile(models.gpt("dp", 2, len(stoi), **size))
+    data = models.gpt_batches(size["batch"], size["seq"])
+    losses = [float(exe.train_step(next(data))["loss"]) for _ in range(8)]
+    expected = models.reference_losses(models.gpt("dp", 1, len(stoi), **size),
+                                       models.gpt_batches(size["batch"], size["seq"]), 8)
+    rel = np.abs(np.array(losses) - expected) / np.abs(expected)
+    assert rel.max() <= 1e-5, (losses, expected)
+
+
+def test_kernel_names_that_clash_in_c_get_suffixes():
+    """Actors named `a.b` and `a_b` make one C name; each still runs its own kernel."""
+    module = kernels_graph(1, "f32", True)
+    _, registers, actors = next(device_actors(module))
+    softmax = next(a for a in actors if a.kernel.data == "lg.softmax")
+    log_softmax = next(a for a in actors if a.kernel.data == "lg.log_softmax")
+    first = generate_host(softmax, registers)
+    second = dataclasses.replace(generate_host(log_softmax, registers), name=first.name)
+    library = host_kernels.Library([first, second])
+    rng = np.random.default_rng(0)
+    for kernel, actor in ((first, softmax), (second, log_softmax)):
+        x = random_input(registers[actor.ins.data[0].string_value()], rng)
+        got = np.empty(tuple(registers[actor.outs.data[0].string_value()].type.get_shape()), np.float32)
+        library.bind(kernel)([x], got)
+        op, local = actor_kernel(sbpc.make_context(), actor, registers,
+                                 lambda t: tuple(slice(0, d) for d in t.get_shape()))
+        np.testing.assert_allclose(got, local_kernel(op, local, x), rtol=1e-5, atol=1e-6)
+
+
+def test_an_unusable_cache_folder_falls_back_to_a_temporary_one(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("SBPC_CACHE", str(blocker / "cache"))
+    folder = host_kernels.cache_dir()
+    assert folder.is_dir() and not str(folder).startswith(str(blocker))

@@ -1,0 +1,45 @@
+"""Where users meet the simulator from the command line: sbp-sim
+(`tools/sbp_sim.py`) prints a prediction, names the field of a bad
+cluster file, and compares with a real trace (--compare)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from sbpc.tools.sbp_sim import main
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+TRAIN = str(ROOT / "examples" / "mlp_train.mlir")
+
+
+def test_sbp_sim_prints_a_prediction(capsys):
+    assert main([TRAIN, "--cluster", "cpu", "-n", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "predicted step" in out and "critical path" in out and "exposed-comm" in out
+
+
+def test_sbp_sim_names_the_field_of_a_bad_cluster(tmp_path, capsys):
+    bad = tmp_path / "c.json"
+    data = json.loads(json.dumps(__import__("sbpc.perf.cluster", fromlist=["CPU"]).CPU.to_json()))
+    data["levels"][0]["bandwidth"] = -1
+    bad.write_text(json.dumps(data))
+    assert main([TRAIN, "--cluster", str(bad)]) == 1
+    assert "levels[0].bandwidth" in capsys.readouterr().err
+    assert main([TRAIN, "--cluster", "no-such-preset"]) == 1
+    assert "neither a preset" in capsys.readouterr().err
+
+
+def test_compare_with_a_real_trace(tmp_path, capsys):
+    trace = tmp_path / "trace.json"
+    done = subprocess.run([sys.executable, "-m", "sbpc.tools.sbp_run", TRAIN, "-n", "4", "--steps", "3",
+                           "--trace", str(trace), "-o", str(tmp_path / "out.npz"), "--timeout", "120"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert main([TRAIN, "--cluster", "cpu", "-n", "4", "--compare", str(trace)]) == 0
+    out = capsys.readouterr().out
+    assert "measured step" in out and "kernels in total" in out and "lg.matmul" in out
