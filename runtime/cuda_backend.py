@@ -31,8 +31,8 @@ behind `Gpu` (allocate, copy, load, launch): `PyCudaGpu` is the thin PyCUDA
 layer, imported lazily; `EmulatedGpu` keeps device memory in a numpy byte
 array and launches an actor's numpy kernel on the views at the pointers it
 is given, so the host logic (pointers, staging, copies) runs end to end on
-CPU. It tests no CUDA kernel; test/python/codegen/test_generators.py launches each kernel, runtime/test_cuda_backend.py the backend only where
-a GPU is present.
+CPU. It tests no CUDA kernel; where a GPU is present,
+test/python/codegen/test_generators.py launches each kernel.
 """
 
 from __future__ import annotations
