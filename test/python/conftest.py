@@ -5,11 +5,8 @@ marked `full` is one of those repeats."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
-
-FULL = os.environ.get("SBPC_FULL") == "1"
+from support import FULL
 
 
 def pytest_configure(config):

@@ -16,11 +16,11 @@ import threading
 from pathlib import Path
 
 import pytest
+from support import FULL
 
 BENCH = Path(__file__).resolve().parents[3] / "bench"
 WITH_RANKS = {
     "runtime_overhead.py": ["--quick"],
-    "communication.py": ["--quick"],
     "host_kernels.py": ["--quick"],
 }
 """Scripts that start MPI ranks (a rank pool, sbp-run, a calibration)."""
@@ -33,8 +33,10 @@ IN_ONE_PROCESS = {
     "dropout.py": ["--quick"],
 }
 SLOW = {
-    # 4-27 s each even with --quick (a calibration, a search); make test-all
+    # 4-27 s each even with --quick (a calibration, a search, communication's
+    # 16 s of measured collectives); make test-all
     # (SBPC_FULL=1) runs them, with ranks in the first lane
+    "communication.py": ["--quick"],
     "train_throughput.py": ["--quick"],
     "simulator_accuracy.py": ["--quick"],
     "autoplan.py": ["--quick"],
@@ -44,9 +46,9 @@ SLOW = {
     "hf_resnet.py": ["--quick"],
     "adam_drift.py": ["--quick"],
 }
-if os.environ.get("SBPC_FULL") == "1":
-    WITH_RANKS.update({k: SLOW[k] for k in ("train_throughput.py", "simulator_accuracy.py", "autoplan.py",
-                                            "hf_gpt2.py", "hf_resnet.py", "adam_drift.py")})
+if FULL:
+    WITH_RANKS.update({k: SLOW[k] for k in ("communication.py", "train_throughput.py", "simulator_accuracy.py",
+                                            "autoplan.py", "hf_gpt2.py", "hf_resnet.py", "adam_drift.py")})
     IN_ONE_PROCESS.update({k: SLOW[k] for k in ("simulator_scale.py", "autoplan_scale.py")})
 SCRIPTS = {**WITH_RANKS, **IN_ONE_PROCESS, **SLOW}
 
