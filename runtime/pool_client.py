@@ -19,6 +19,10 @@ if TYPE_CHECKING:
     from .hosts import Hosts
 
 
+STOP_WAIT_S = 10.0
+"""Seconds `close` gives the ranks to stop before it ends the job itself."""
+
+
 class RankPool:
     """N MPI ranks started once by this process and kept for later runs."""
 
@@ -146,7 +150,7 @@ class RankPool:
                 from .channel import send
 
                 send(self.sock, ("stop",))
-                self.process.wait(timeout=10)
+                self.process.wait(timeout=STOP_WAIT_S)
             except (OSError, subprocess.TimeoutExpired):
                 # A rank that does not stop: end the job as an interrupt does
                 # (SIGTERM, on which mpiexec ends every rank), then remove what
