@@ -23,7 +23,7 @@ from xdsl.ir import Operation, SSAValue
 from sbpc.dialects import lg, sbp
 from sbpc.dialects.pieces import Coord, balanced, coords, numpy_dtype, partial_kind, piece
 from sbpc.dialects.sbp import DTensorType, Mesh, PlainNd, Sbp, global_shape, lookup_placement, nd_to_plain
-from sbpc.semantics.local_eval import LocalContext, combine, local_kernel
+from sbpc.semantics.local_eval import LocalContext, combine, distribute, local_kernel
 from sbpc.semantics.reference import EvaluationError, evaluate, find_graph
 
 Pieces = dict[Coord, np.ndarray]
@@ -189,7 +189,14 @@ def evaluate_distributed(
     feeds: Mapping[str, Any],
     params: Mapping[str, Any] | None = None,
     graph: str | None = None,
+    rng: np.random.Generator | None = None,
 ) -> DistributedResult:
+    """Evaluates the sbp-level graph device by device. The sources (inputs,
+    parameters, constants) take their global values from the reference
+    interpreter; a partial source holds, with `rng`, random summands that
+    add up to its value (random candidates for a max; float types only),
+    else the value on its first device and zeros on the others (a
+    collective that never reduced would pass with those)."""
     graph_op = find_graph(module, graph)
     # Sources take their global values from the reference interpreter, which
     # also checks the feeds.
@@ -208,7 +215,10 @@ def evaluate_distributed(
         dtype = numpy_dtype(out.type.element_type)
         target = _describe(op, out, shape, dtype)
         if isinstance(op, (lg.InputOp, lg.ParamOp, lg.ConstantOp)):
-            target.pieces = distribute_exact(globals_[out], target.nd, target.mesh.shape)
+            if rng is not None and np.issubdtype(dtype, np.floating):
+                target.pieces = distribute(globals_[out], target.nd, target.mesh.shape, rng)
+            else:
+                target.pieces = distribute_exact(globals_[out], target.nd, target.mesh.shape)
         elif isinstance(op, sbp.TransferOp | sbp.AnnotateOp):
             source = values[op.operands[0]]
             if source.mesh == target.mesh and source.nd == target.nd:

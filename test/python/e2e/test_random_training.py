@@ -32,10 +32,18 @@ def apply(module, pipeline: str) -> None:
     PassPipeline.parse_spec(PASSES, pipeline).apply(Context(), module)
 
 
+OUTCOMES = {"ran": 0, "refused": 0}
+"""What the cases of one run of the property did (filled by _training_step)."""
+RAN_AT_LEAST = 0.6
+"""The share of cases that must compile and run: hints that no plan meets
+are rare (none in the campaigns so far), and a compiler that refused every
+graph with a diagnostic would otherwise pass (it did, with 94% "refused")."""
+
+
 @settings(max_examples=EXAMPLES, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
 @given(training_graphs())
-def test_random_training_steps_match_the_reference(case):
+def _training_step(case):
     feeds = {**case.feeds, "lr": np.float32(0.1)}
     reference = sbpc.parse_module(case.text)
     apply(reference, "lg-autodiff,lg-optimizer{algorithm=sgd}")
@@ -49,9 +57,18 @@ def test_random_training_steps_match_the_reference(case):
         # hints that no plan can meet are refused by name, with the op
         assert "'" in str(e), str(e)
         event("refused with a diagnostic")
+        OUTCOMES["refused"] += 1
         return
     event(f"ran: micro-batches {case.micro_batches}, stages {case.stages}")
     got = run_plan(module, feeds)
     assert set(expected) <= set(got)
     for name, value in expected.items():
         np.testing.assert_allclose(got[name], value, rtol=2e-4, atol=2e-5, err_msg=name)
+    OUTCOMES["ran"] += 1
+
+
+def test_random_training_steps_match_the_reference():
+    OUTCOMES.update(ran=0, refused=0)
+    _training_step()
+    cases = OUTCOMES["ran"] + OUTCOMES["refused"]
+    assert cases and OUTCOMES["ran"] >= RAN_AT_LEAST * cases, OUTCOMES
