@@ -17,6 +17,7 @@ from xdsl.context import Context
 
 import sbpc
 from sbpc.dialects import sbp
+from sbpc.dialects.plan_analysis import lifetimes
 from sbpc.lowering.compile import CompilePass
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -136,6 +137,14 @@ def test_fsdp_stores_a_1_over_p_share_of_the_parameters(ranks):
                     if isinstance(op, sbpc.dialects.plan.CommOp) and op.kind.data == "reduce_scatter")
     assert scattered == 32 * 64 + 64 + 64 * 8, kinds
     assert "all_reduce" not in kinds, kinds
+    # the gathered copies live only around their uses: at no point of the
+    # schedule are the bytes of every gathered weight held at once
+    life = lifetimes(fsdp)
+    size = {r.sym_name.data: r.bytes.value.data for r in fsdp.registers()}
+    gathered = [out.string_value() for op in fsdp.body.ops
+                if isinstance(op, sbpc.dialects.plan.CommOp) and op.kind.data == "all_gather" for out in op.outs.data]
+    held = [sum(size[g] for g in gathered if life[g][0] <= t <= life[g][1]) for t in range(-1, len(fsdp.body.ops) + 1)]
+    assert 0 < max(held) < param_bytes(dp), (max(held), param_bytes(dp))
 
 
 def test_micro_batches_give_the_full_batch_step():

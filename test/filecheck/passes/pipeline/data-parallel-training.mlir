@@ -62,7 +62,7 @@
 // Counts over both graphs: two all_reduces (first graph), two reduce_scatters
 // and two all_gathers (second graph), no all_to_all.
 // RUN: sbp-opt %t.mlir --split-input-file -p sbp-infer,sbp-insert-boxing,sbp-simplify | grep -o "sbp\.[a-z_]* %" | sort | uniq -c | filecheck %s --check-prefix=COUNT
-// COUNT:      2 sbp.all_gather %
-// COUNT-NEXT: 2 sbp.all_reduce %
-// COUNT-NEXT: 2 sbp.reduce_scatter %
-// COUNT-NEXT: 2 sbp.slice %
+// COUNT:      {{^ *}}2 sbp.all_gather %
+// COUNT-NEXT: {{^ *}}2 sbp.all_reduce %
+// COUNT-NEXT: {{^ *}}2 sbp.reduce_scatter %
+// COUNT-NEXT: {{^ *}}2 sbp.slice %
