@@ -140,8 +140,9 @@ def compile(  # noqa: A001 - the verb users expect
 
 
 def _module_of(graph: Graph | ModuleOp | str, placement: Placement | None) -> ModuleOp:
-    """The module to compile (a copy: the caller's graph or module is left
-    as it is), its graph on `placement` where it names none."""
+    """The module to compile: a frontend graph's own module, or a copy of
+    the module or of the parsed text (the caller's is left as it is); a
+    graph that names no placement goes on `placement`."""
     if isinstance(graph, Graph):
         if placement is not None and graph.placement is None:
             graph.placement = placement
