@@ -49,12 +49,7 @@ class Optimizer:
     def pass_spec(self) -> str:
         """The lg-optimizer pass that applies this update, as pipeline text
         (for sbp-opt)."""
-        def text(value: Any) -> str:
-            if isinstance(value, bool):
-                return str(value).lower()
-            return _num(value) if isinstance(value, float) else f'"{value}"' if isinstance(value, str) else str(value)
-
-        options = " ".join(f"{k}={v if k == 'algorithm' else text(v)}" for k, v in self._options().items())
+        options = " ".join(f"{k}={_option_text(v)}" for k, v in self._options().items())
         return f"lg-optimizer{{{options}}}"
 
 
@@ -111,6 +106,17 @@ class AdamW(Adam):
         if rules:
             options["decay_groups"] = ";".join(rules)
         return options
+
+
+def _option_text(value: Any) -> str:
+    """A pass option's value as the pipeline parser reads it."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return _num(value)
+    if isinstance(value, str) and not value.isidentifier():
+        return f'"{value}"'
+    return str(value)
 
 
 def _num(x: float) -> str:

@@ -220,6 +220,12 @@ def test_add_sub_and_rsub_scale_the_right_operand_by_alpha():
 def test_adamw_groups_decay_only_what_they_name():
     spec = adamw().pass_spec()
     assert 'decay_groups="*.bias:0.0;*ln_*:0.0"' in spec and "weight_decay=0.1" in spec
+    # the text sbp-opt takes is the pass compile builds
+    from xdsl.passes import PassPipeline
+
+    from sbpc.lowering import PASSES
+
+    assert list(PassPipeline.parse_spec(PASSES, spec).passes) == adamw().passes()[1:]
     with pytest.raises(ValueError, match="decoupled"):
         sbpc.optim.Adam(weight_decay=0.1).pass_spec()
     with pytest.raises(ValueError, match="'params'"):
