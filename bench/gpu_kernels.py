@@ -7,7 +7,7 @@ kernel: the NVRTC compile time (PTX, needs no GPU), and where a GPU is
 present, its time per launch (CUDA events, best of --repeats) next to the
 same operation in the vendor library: cuBLAS / PyTorch's CUDA kernels
 (torch) or CuPy, as a fraction of it (vendor time / sbpc time; 100% means
-as fast). Without a GPU (or PyCUDA) it says so and exits 0.
+as fast). Without a GPU (or its driver) it says so and exits 0.
 
     python bench/gpu_kernels.py [--size 4096] [--repeats 20]
 """
@@ -123,28 +123,18 @@ def main() -> int:
     rows, fractions = [], {}
     for actor, ins, out in found:
         host = [np.asarray(rng.standard_normal(r.type.get_shape(), dtype=np.float32)) for r in ins]
-        mod = drv.module_from_buffer(ptx[actor] + b"\0")
-        fn = mod.get_function(actor.attributes[plan.CUDA_ENTRY_ATTR].data)
-        bufs = [drv.to_device(h) for h in host]
-        out_gpu = drv.mem_alloc(max(int(np.prod(out.type.get_shape())) * 4, 1))
+        fn = drv.function(ptx[actor], actor.attributes[plan.CUDA_ENTRY_ATTR].data)
+        bufs = []
+        for h in host:
+            bufs.append(drv.alloc(h.nbytes))
+            drv.upload(bufs[-1], h)
+        out_gpu = drv.alloc(int(np.prod(out.type.get_shape())) * 4)
         gx, gy, gz, bx, by, bz = actor.attributes[plan.CUDA_LAUNCH_ATTR].get_values()
 
         def launch():
-            fn(*bufs, out_gpu, block=(bx, by, bz), grid=(gx, gy, gz))  # noqa: B023 - only runs in this iteration
+            drv.launch(fn, (gx, gy, gz), (bx, by, bz), [*bufs, out_gpu])  # noqa: B023 - only runs in this iteration
 
-        def event_time(call) -> float:
-            call()
-            best = float("inf")
-            for _ in range(args.repeats):
-                start, end = drv.Event(), drv.Event()
-                start.record()
-                call()
-                end.record()
-                end.synchronize()
-                best = min(best, start.time_till(end) / 1e3)
-            return best
-
-        ours = event_time(launch)
+        ours = drv.best_time(launch, args.repeats)
         theirs = None
         if lib is not None:
             if lib == "torch":

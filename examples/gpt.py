@@ -11,6 +11,11 @@ checked against the single-device reference interpreter.
 
     python examples/gpt.py [--ranks 2] [--steps 300] [--layers 2] [--parallel dp|tp|2d|zero|fsdp|pipeline]
                            [--tied] [--micro-batches K] [--dropout 0.1 --seed 0] [--save ckpt.npz] [--load ckpt.npz]
+                           [--device cpu|cuda]
+
+With --device cuda each rank runs its plan on GPU rank mod device count
+(generated CUDA kernels, NVRTC); the first step is still checked against
+the reference interpreter on the CPU.
 """
 
 import argparse
@@ -24,6 +29,14 @@ from sbpc.semantics.reference import evaluate, initial_value
 
 
 def main() -> int:
+    try:
+        return train()
+    except sbpc.RuntimeFailure as e:  # a rank's failure names the rank, step and actor: the user's answer
+        print(f"gpt: {e}", file=sys.stderr)
+        return 1
+
+
+def train() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--steps", type=int, default=300)
@@ -39,12 +52,13 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help="of the dropout masks")
     parser.add_argument("--save", help="write the parameters and optimizer state here at the end")
     parser.add_argument("--load", help="start from this checkpoint")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where each rank computes")
     args = parser.parse_args()
     text, stoi = corpus()
     try:
         module = gpt(args.parallel, args.ranks, len(stoi), batch=args.batch, seq=args.seq, dim=args.dim,
                      heads=args.heads, layers=args.layers, tied=args.tied, micro_batches=args.micro_batches,
-                     dropout=args.dropout)
+                     dropout=args.dropout, device=args.device)
     except ValueError as e:
         print(f"gpt: {e}", file=sys.stderr)
         return 2

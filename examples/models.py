@@ -45,11 +45,11 @@ class Layout:
     """Where a variant puts things: placements, and the hints for inputs,
     weights split by columns or rows, replicated weights and activations."""
 
-    def __init__(self, variant: str, ranks: int):
+    def __init__(self, variant: str, ranks: int, device: str = "cpu"):
         if variant not in (*VARIANTS, "none"):
             raise ValueError(f"unknown variant {variant!r} (choose {', '.join(VARIANTS)} or none)")
         self.variant = variant
-        self.stages = [sbpc.placement("cpu", ranks=ranks)]
+        self.stages = [sbpc.placement(device, ranks=ranks)]
         self.zero = False
         self.micro_batches = 1
         if variant == "none":
@@ -59,13 +59,13 @@ class Layout:
         if variant == "2d":
             if ranks % 2:
                 raise ValueError("the 2d variant needs an even number of ranks (a 2 x ranks/2 mesh)")
-            self.stages = [sbpc.placement("cpu", ranks=ranks, mesh=(2, ranks // 2))]
+            self.stages = [sbpc.placement(device, ranks=ranks, mesh=(2, ranks // 2))]
         elif variant == "pipeline":
             if ranks < 2 or ranks % 2:
                 raise ValueError("the pipeline variant needs an even number of ranks (two stages)")
             half = ranks // 2
-            self.stages = [sbpc.placement("cpu", ranks=list(range(half)), name="stage0"),
-                           sbpc.placement("cpu", ranks=list(range(half, ranks)), name="stage1")]
+            self.stages = [sbpc.placement(device, ranks=list(range(half)), name="stage0"),
+                           sbpc.placement(device, ranks=list(range(half, ranks)), name="stage1")]
         model = variant in ("tp", "2d")
         if variant == "2d":
             self.batch, self.replicated = [data, B], [B, B]
@@ -159,13 +159,14 @@ def mlp_batches(batch: int = 64, features: int = 32, classes: int = 8, seed: int
 
 def gpt(variant: str, ranks: int, vocab: int, batch: int = 16, seq: int = 16, dim: int = 32, heads: int = 4,
         layers: int = 2, tied: bool = False, algorithm: str = "adam", micro_batches: int | None = None,
-        training: bool = True, schedule: str = "gpipe", dropout: float = 0.0, dtype: str = "f32"):
+        training: bool = True, schedule: str = "gpipe", dropout: float = 0.0, dtype: str = "f32", device: str = "cpu"):
     """Token + position embeddings, `layers` pre-LN blocks of causal multi-head
     attention and a GELU MLP, final layernorm, output head (tied to the token
     embedding or its own), cross-entropy on the next token. `dropout` where
     GPT-2 has it: on the embeddings, the attention probabilities and each
-    block's two residual branches. Its floats are of `dtype`."""
-    layout = Layout(variant, ranks)
+    block's two residual branches. Its floats are of `dtype`; its ranks are
+    `device`s (cpu or cuda)."""
+    layout = Layout(variant, ranks, device)
     if micro_batches is None:
         micro_batches = 4 if variant == "pipeline" else 1
     if tied and len(layout.stages) > 1:

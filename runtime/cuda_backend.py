@@ -7,7 +7,7 @@ lie over pinned host mirrors of the same two regions.
 
 Kernels: each compute actor's `cuda.source` (plan-codegen; generated at load
 where missing) is compiled by NVRTC to PTX (cached on disk), loaded with
-module_from_buffer and launched with its `cuda.launch` grid and block and
+cuModuleLoadData and launched with its `cuda.launch` grid and block and
 the device pointers of its inputs, then its output (`launch_arguments`).
 An actor plan-codegen has no kernel for (embedding, losses, concat, ...)
 runs on the host with the numpy kernel: its inputs are copied down, the
@@ -27,8 +27,8 @@ copied device to device after each step; fetched outputs are copied down.
 
 Layers: everything that decides which buffer, which offset, in which order
 is a plain function or the executor subclass, tested on CPU. The driver is
-behind `Gpu` (allocate, copy, load, launch): `PyCudaGpu` is the thin PyCUDA
-layer, imported lazily; `EmulatedGpu` keeps device memory in a numpy byte
+behind `Gpu` (allocate, copy, load, launch): `DriverGpu` is the thin layer
+over the CUDA driver API (runtime/cuda.py), imported lazily; `EmulatedGpu` keeps device memory in a numpy byte
 array and launches an actor's numpy kernel on the views at the pointers it
 is given, so the host logic (pointers, staging, copies) runs end to end on
 CPU. It tests no CUDA kernel; where a GPU is present,
@@ -42,7 +42,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 from xdsl.dialects.builtin import DenseArrayBase, IntegerType
@@ -136,46 +136,40 @@ class Gpu(ABC):
     def synchronize(self) -> None: ...
 
 
-class PyCudaGpu(Gpu):
-    """The thin PyCUDA layer (imported lazily; needs a GPU and its driver)."""
+class DriverGpu(Gpu):
+    """The GPU through the CUDA driver API (runtime/cuda.py's `Driver`;
+    imported lazily, needs a GPU and its driver)."""
 
     def __init__(self, rank: int):
         self.driver = cuda.driver(rank)
-        self._keep: list[Any] = []
 
     def alloc(self, nbytes: int) -> int:
-        buffer = self.driver.mem_alloc(nbytes)
-        self.driver.memset_d8(buffer, 0, nbytes)
-        self._keep.append(buffer)
-        return int(buffer)
+        return self.driver.alloc(nbytes)
 
     def pinned(self, nbytes: int) -> np.ndarray:
-        return self.driver.pagelocked_zeros(nbytes, np.uint8)
+        return self.driver.pinned(nbytes)
 
     def upload(self, address: int, host: np.ndarray) -> None:
-        self.driver.memcpy_htod(address, host)
+        self.driver.upload(address, host)
 
     def download(self, host: np.ndarray, address: int) -> None:
-        self.driver.memcpy_dtoh(host, address)
+        self.driver.download(host, address)
 
     def copy(self, dst: int, src: int, nbytes: int) -> None:
-        self.driver.memcpy_dtod(dst, src, nbytes)
+        self.driver.copy(dst, src, nbytes)
 
     def kernel(self, actor, host_kernel):
         entry = actor.attributes[plan.CUDA_ENTRY_ATTR].data
-        ptx = cuda.compile_ptx(actor.attributes[plan.CUDA_SOURCE_ATTR].data, f"{entry}.cu")
-        module = self.driver.module_from_buffer(ptx + b"\0")
-        self._keep.append(module)
-        function = module.get_function(entry)
-        function.prepare("P" * (len(actor.ins.data) + 1))
+        function = self.driver.function(cuda.compile_ptx(actor.attributes[plan.CUDA_SOURCE_ATTR].data, f"{entry}.cu"),
+                                         entry)
 
         def launch(args: list[int], grid, block):
-            function.prepared_call(grid, block, *args)
+            self.driver.launch(function, grid, block, args)
 
         return launch
 
     def synchronize(self) -> None:
-        self.driver.Context.synchronize()
+        self.driver.synchronize()
 
 
 class EmulatedGpu(Gpu):
@@ -238,7 +232,7 @@ class EmulatedGpu(Gpu):
 def make_gpu(rank: int) -> Gpu:
     if os.environ.get("SBPC_CUDA_EMULATE") == "1":
         return EmulatedGpu(rank)
-    return PyCudaGpu(rank)
+    return DriverGpu(rank)
 
 
 # -- the executor -------------------------------------------------------------------

@@ -31,6 +31,7 @@ _WHERE = {
     "TorchImportError": "sbpc.torch_frontend",
     "Executable": "sbpc.api",
     "FeedConversionWarning": "sbpc.runtime.program",
+    "RuntimeFailure": "sbpc.runtime.program",
     "Hosts": "sbpc.runtime.hosts",
     **dict.fromkeys(_FRONTEND, "sbpc.frontend"),
 }

@@ -3,7 +3,7 @@
 and the whole CudaExecutor on EmulatedGpu, which keeps device memory in a
 numpy array and runs each actor's numpy kernel at the pointers the
 executor passes (no CUDA code runs). The same MLP training plan runs for
-real only where a GPU and PyCUDA are present. The generated kernels
+real only where a GPU and its driver are present. The generated kernels
 themselves are compiled and launched in test/python/codegen/."""
 
 import os
@@ -145,3 +145,27 @@ def test_a_cuda_plan_without_a_gpu_is_a_clear_error(tmp_path):
     assert done.returncode == 1
     assert "the plan is placed on CUDA devices but this rank has none" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def losses_printed(stdout: str) -> list[float]:
+    return [float(line.split("loss")[1].split()[0]) for line in stdout.splitlines() if line.startswith("step")]
+
+
+def test_the_gpt_example_trains_on_cuda_devices_as_on_cpus():
+    """examples/gpt.py --device cuda: each rank's plan on a GPU (emulated on
+    CPU where there is none, so the flag is checked everywhere), the losses
+    it prints those of the CPU run."""
+    try:
+        cuda.driver()
+        env, tolerance = {k: v for k, v in os.environ.items() if k != "SBPC_CUDA_EMULATE"}, 2e-3
+    except cuda.CudaUnavailable:
+        env, tolerance = dict(os.environ, SBPC_CUDA_EMULATE="1"), 0.0
+    runs = {}
+    for device in ("cpu", "cuda"):
+        done = subprocess.run([sys.executable, str(EXAMPLES / "gpt.py"), "--ranks", "2", "--steps", "10", "--layers",
+                               "1", "--device", device], capture_output=True, text=True, timeout=300, env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "MISMATCH" not in done.stdout
+        runs[device] = losses_printed(done.stdout)
+    assert len(runs["cpu"]) == 10  # step 0, then every step
+    np.testing.assert_allclose(runs["cuda"], runs["cpu"], rtol=tolerance, atol=0)
