@@ -48,6 +48,11 @@ class CompilePass(SbpInferOptions, ModulePass):
     """sbp-bucket-collectives' fixed bucket size; 0: the cost model chooses."""
     fuse: bool = True
     """Fuse elementwise chains in the plan (plan-fuse-elementwise)."""
+    in_place: bool = True
+    """Let the memory plan write an update over its parameter and an
+    elementwise result over an input that dies there (plan-allocate-memory);
+    false gives every register its own bytes, and the runtime copies each
+    update over its parameter after the step."""
     verify_each: bool = os.environ.get("SBPC_VERIFY_EACH") == "1"
     """Verify the module after every sbp-level pass, not once after the last
     (the test suite's default: the Makefile sets SBPC_VERIFY_EACH=1)."""
@@ -59,7 +64,8 @@ class CompilePass(SbpInferOptions, ModulePass):
     def passes(self) -> list[ModulePass]:
         return [SbpInferPass(**self.infer_options()),
                 *lowering_passes(device=self.device, bucket=self.bucket, bucket_bytes=self.bucket_bytes,
-                                 to_plan=self.to_plan, fuse=self.fuse, representatives=self.representatives)]
+                                 to_plan=self.to_plan, fuse=self.fuse, in_place=self.in_place,
+                                 representatives=self.representatives)]
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         passes = self.passes()
@@ -71,7 +77,8 @@ class CompilePass(SbpInferOptions, ModulePass):
 
 
 def lowering_passes(*, device: str = DEFAULT_DEVICE, bucket: bool = True, bucket_bytes: int = 0,
-                    to_plan: bool = True, fuse: bool = True, representatives: bool = False) -> list[ModulePass]:
+                    to_plan: bool = True, fuse: bool = True, in_place: bool = True,
+                    representatives: bool = False) -> list[ModulePass]:
     """The lowering after sbp-infer, defined here once: `compile` runs it,
     and so do the planner on each layout it predicts and the layer search's
     profiler on each layer (both with `representatives`: one device per
@@ -85,7 +92,7 @@ def lowering_passes(*, device: str = DEFAULT_DEVICE, bucket: bool = True, bucket
         passes.append(SbpToPlanPass(representatives=representatives))
         if fuse:
             passes.append(PlanFuseElementwisePass())
-        passes.append(PlanAllocateMemoryPass())
+        passes.append(PlanAllocateMemoryPass(in_place=in_place))
         if not representatives:
             passes.append(PlanVerifyPass())
     return passes

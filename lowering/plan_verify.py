@@ -11,7 +11,10 @@
   every member takes part, with the same kind;
 - any two devices issue the collectives they share in the same order (so no
   rank waits on a collective another rank has not reached); point-to-point
-  transfers are exempt: they match by id, in any order.
+  transfers are exempt: they match by id, in any order;
+- with `memory_budget=N`: every device's arena and persistent region
+  together take at most N bytes (the budget a plan was chosen for, checked
+  on the plan as compiled rather than on the planner's estimate).
 
 Local shapes against global shape, nd-SBP and mesh place are checked by
 plan.register's own verifier. Each violation is a diagnostic that names the
@@ -289,9 +292,23 @@ def verify_collectives(program: plan.ProgramOp, contents: dict[plan.DeviceOp, Co
                 )
 
 
+def verify_memory_budget(program: plan.ProgramOp, budget: int) -> None:
+    """Every device's two regions together within `budget` bytes."""
+    for device in program.devices():
+        if device.arena is None or device.persistent is None:
+            _fail(device, "has no memory plan to check against memory_budget (run plan-allocate-memory first)")
+        need = sum(device.region_bytes())
+        if need > budget:
+            _fail(device, f"arena and persistent region take {need} bytes ({device.arena.value.data} + "
+                          f"{device.persistent.value.data}), over memory_budget={budget}")
+
+
 @dataclass(frozen=True)
 class PlanVerifyPass(ModulePass):
     name = "plan-verify"
+
+    memory_budget: int | None = None
+    """Bytes per device that the arena and persistent region may take together."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         op.verify()
@@ -301,3 +318,5 @@ class PlanVerifyPass(ModulePass):
                 if device.like is None:  # a device like another uses that one's memory, checked there
                     verify_memory(device, registers_and_actors)
             verify_collectives(program, contents)
+            if self.memory_budget is not None:
+                verify_memory_budget(program, self.memory_budget)

@@ -58,7 +58,13 @@ def distribute(
             groups.setdefault(tuple(0 if a in partial_axes else x for a, x in enumerate(c)), []).append(c)
         for members in groups.values():
             base = out[members[0]]
-            if kind == Sbp.P:
+            if kind == Sbp.P and base.dtype.kind in "iu":
+                # integer summands: random ones on all devices but the last, which holds the rest
+                summands = rng.integers(-9, 10, size=(len(members) - 1, *base.shape)).astype(base.dtype)
+                for c, n in zip(members, summands):
+                    out[c] = n
+                out[members[-1]] = base - summands.sum(axis=0, dtype=base.dtype)
+            elif kind == Sbp.P:
                 noise = rng.normal(size=(len(members), *base.shape)).astype(base.dtype)
                 noise -= noise.mean(axis=0)
                 for c, n in zip(members, noise):
@@ -67,7 +73,9 @@ def distribute(
                 exact = rng.integers(len(members))
                 for i, c in enumerate(members):
                     if i != exact:
-                        out[c] = base - np.abs(rng.normal(size=base.shape)).astype(base.dtype)
+                        lower = np.abs(rng.normal(size=base.shape)) if base.dtype.kind == "f" else \
+                            rng.integers(0, 10, size=base.shape)
+                        out[c] = base - lower.astype(base.dtype)
     for c in coords(mesh):
         if c not in out:
             out[c] = out[tuple(0 if a in broadcast_axes else x for a, x in enumerate(c))].copy()
@@ -82,8 +90,9 @@ def combine(
     nd = plain_nd(nd)
     kind = partial_kind(nd)
     broadcast_axes = [a for a, s in enumerate(nd) if s == Sbp.B]
-    fill = -np.inf if kind == Sbp.PMAX else 0
-    result = np.full(shape, fill, dtype=np.float64 if is_float_dtype(dtype) else dtype)
+    result_dtype = np.dtype(np.float64 if is_float_dtype(dtype) else dtype)
+    lowest = -np.inf if result_dtype.kind == "f" else np.iinfo(result_dtype).min if result_dtype.kind in "iu" else False
+    result = np.full(shape, lowest if kind == Sbp.PMAX else 0, dtype=result_dtype)
     for c in coords(mesh):
         region = piece(shape, nd, mesh, c)
         local = pieces[c]

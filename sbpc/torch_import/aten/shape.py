@@ -117,6 +117,14 @@ def _slice(im: _Importer, x, dim=0, start=None, end=None, step=1):
     return _slice_axis(x, d, begin, max(begin, stop), step)
 
 
+@rule("aten.narrow")
+def _narrow(im: _Importer, x, dim, start, length):
+    x = im.lift(x)
+    d = _axis(dim, len(x.shape))
+    begin = start + x.shape[d] if start < 0 else start
+    return _slice_axis(x, d, begin, begin + length)
+
+
 @rule("aten.select.int")
 def _select(im: _Importer, x, dim, index):
     x = im.lift(x)

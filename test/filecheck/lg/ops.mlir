@@ -27,6 +27,7 @@ lg.graph @all_ops on @mesh {
   %x3 = lg.reshape %x : tensor<8x16xf32> -> tensor<2x4x16xf32>
   %bmm = lg.matmul %x3, %w : (tensor<2x4x16xf32>, tensor<16x4xf32>) -> tensor<2x4x4xf32>
   %bmm2 = lg.matmul %x3, %x3 transpose_rhs : (tensor<2x4x16xf32>, tensor<2x4x16xf32>) -> tensor<2x4x4xf32>
+  %bmm3 = lg.matmul %mm, %x3 : (tensor<8x4xf32>, tensor<2x4x16xf32>) -> tensor<2x8x16xf32>
   %add = lg.add %mm, %b : (tensor<8x4xf32>, tensor<4xf32>) -> tensor<8x4xf32>
   %sub = lg.sub %add, %c : (tensor<8x4xf32>, tensor<4xf32>) -> tensor<8x4xf32>
   %mul = lg.mul %sub, %g : (tensor<8x4xf32>, tensor<4xf32>) -> tensor<8x4xf32>
@@ -111,6 +112,7 @@ lg.graph @all_ops on @mesh {
 // CHECK-NEXT:   %x3 = lg.reshape %x : tensor<8x16xf32> -> tensor<2x4x16xf32>
 // CHECK-NEXT:   %bmm = lg.matmul %x3, %w : (tensor<2x4x16xf32>, tensor<16x4xf32>) -> tensor<2x4x4xf32>
 // CHECK-NEXT:   %bmm2 = lg.matmul %x3, %x3 transpose_rhs : (tensor<2x4x16xf32>, tensor<2x4x16xf32>) -> tensor<2x4x4xf32>
+// CHECK-NEXT:   %bmm3 = lg.matmul %mm, %x3 : (tensor<8x4xf32>, tensor<2x4x16xf32>) -> tensor<2x8x16xf32>
 // CHECK-NEXT:   %add = lg.add %mm, %b : (tensor<8x4xf32>, tensor<4xf32>) -> tensor<8x4xf32>
 // CHECK-NEXT:   %sub = lg.sub %add, %c : (tensor<8x4xf32>, tensor<4xf32>) -> tensor<8x4xf32>
 // CHECK-NEXT:   %mul = lg.mul %sub, %g : (tensor<8x4xf32>, tensor<4xf32>) -> tensor<8x4xf32>

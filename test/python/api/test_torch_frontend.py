@@ -217,6 +217,18 @@ def test_add_sub_and_rsub_scale_the_right_operand_by_alpha():
                                rtol=1e-6, atol=1e-6)
 
 
+def test_indexing_from_the_end_and_strided_slices_follow_pytorch():
+    class Picks(nn.Module):
+        def forward(self, x):
+            # the last row and the one before it, every other column, a strided range from the end, narrow
+            picks = [x[:, -1], x.select(1, -2), x[:, :, ::2], x[:, 1:-1:3], x.narrow(2, 1, 3)]
+            return torch.cat([p.flatten() for p in picks])
+
+    x = torch.randn(2, 5, 6)
+    exe = sbpc.compile(sbpc.from_torch(Picks(), (x,), placement=sbpc.placement("cpu", 1)), mode="interpret")
+    np.testing.assert_allclose(exe.run({"x": x.numpy()})["output"], Picks()(x).numpy(), rtol=1e-6, atol=1e-6)
+
+
 def test_adamw_groups_decay_only_what_they_name():
     spec = adamw().pass_spec()
     assert 'decay_groups="*.bias:0.0;*ln_*:0.0"' in spec and "weight_decay=0.1" in spec

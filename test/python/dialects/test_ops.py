@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support.every_op import every_op_graph
 from xdsl.dialects.builtin import TensorType, f32
 from xdsl.ir import Block
 
 from sbpc.codegen import generators as codegen
 from sbpc.dialects import lg, plan
 from sbpc.dialects.backends import Backend
+from sbpc.dialects.sbp import global_shape
 from sbpc.runtime import numpy_kernels
 from sbpc.semantics.local_eval import LOCAL
-from sbpc.semantics.reference import REFERENCE
+from sbpc.semantics.reference import REFERENCE, evaluate
 
 STRUCTURE = {lg.GraphOp, lg.OutputOp, lg.InputOp, lg.ParamOp, lg.ConstantOp}
 """lg ops that are not kernels: the graph's frame and its sources."""
@@ -119,3 +121,22 @@ def test_sbp_values_are_one_type_read_through_properties():
     # every pass gets Sbp values from the op rules, not text
     sigs = lg.MatmulOp.signatures(((8, 4), (4, 2)), (8, 2), 2, (("transpose_lhs", False), ("transpose_rhs", False)))
     assert all(type(s) is Sbp for ins, outs in sigs for nd in (ins, outs) for s in nd)
+
+
+def test_every_shape_rule_gives_the_shape_the_reference_computes():
+    """Each op of the every-op graph (test/filecheck/lg/ops.mlir) is parsed
+    against its rule (the verifier compares the written type with the
+    rule's), and the reference interpreter's numpy result has that shape:
+    a wrong shape rule fails one or the other."""
+    module, feeds = every_op_graph()
+    trace = {}
+    evaluate(module, feeds, trace=trace)
+    graph = next(op for op in module.ops if isinstance(op, lg.GraphOp))
+    seen = set()
+    for op in graph.body.ops:
+        if isinstance(op, lg.OutputOp):
+            continue
+        for result in op.results:
+            assert trace[result].shape == global_shape(result.type), f"{op.name}: {trace[result].shape}"
+        seen.add(type(op))
+    assert set(lg.LG.operations) - seen == {lg.GraphOp, lg.OutputOp}

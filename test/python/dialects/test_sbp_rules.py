@@ -3,8 +3,10 @@ operands by it, running each device's local kernel and combining by the
 result's SBP reproduces the reference interpreter, on random graphs."""
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.every_op import every_op_graph
 from support.random_graphs import random_graphs
 
 from sbpc.dialects import lg
@@ -42,3 +44,29 @@ def test_every_1d_signature_reproduces_the_reference(case, p, seed):
         out_shape = global_shape(op.results[0].type)
         for ins, outs in type(op).signatures(tuple(shapes), out_shape, p, tuple(sorted(op.params().items()))):
             check_op(op, [(s,) for s in ins], (outs[0],), (p,), trace, rng)
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_every_op_class_and_every_signature_its_rule_offers_reproduce_the_reference(p):
+    """Every op class in one graph (test/filecheck/lg/ops.mlir), every
+    signature its rule offers on a mesh of 2 (even pieces) and 3 (uneven and
+    empty ones), against the reference: a rule that offers a wrong signature
+    fails here, whichever graphs the random test happens to draw."""
+    module, feeds = every_op_graph()
+    trace = {}
+    evaluate(module, feeds, trace=trace)
+    rng = np.random.default_rng(p)
+    checked: dict[type, int] = {}
+    graph = next(op for op in module.ops if isinstance(op, lg.GraphOp))
+    for op in graph.body.ops:
+        if isinstance(op, (lg.OutputOp, *SOURCES)):
+            continue
+        shapes = [global_shape(o.type) for o in op.operands]
+        out_shape = global_shape(op.results[0].type)
+        for ins, outs in type(op).signatures(tuple(shapes), out_shape, p, tuple(sorted(op.params().items()))):
+            check_op(op, [(s,) for s in ins], (outs[0],), (p,), trace, rng)
+            checked[type(op)] = checked.get(type(op), 0) + 1
+    every = {c for c in lg.LG.operations if c not in (lg.GraphOp, lg.OutputOp, *SOURCES)}
+    assert every <= set(checked), f"op classes the graph lacks: {sorted(c.name for c in every - set(checked))}"
+    splits = {c.name for c, n in checked.items() if n > 1}
+    assert len(splits) >= len(every) - 3, f"op classes offering only one signature: {sorted(every - splits)}"

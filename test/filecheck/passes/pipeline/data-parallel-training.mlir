@@ -66,3 +66,5 @@
 // COUNT-NEXT: {{^ *}}2 sbp.all_reduce %
 // COUNT-NEXT: {{^ *}}2 sbp.reduce_scatter %
 // COUNT-NEXT: {{^ *}}2 sbp.slice %
+// Anchored: twelve all_reduces would not pass for two.
+// RUN: printf "%%s\n" "      2 sbp.all_gather %%" "     12 sbp.all_reduce %%" "      2 sbp.reduce_scatter %%" "      2 sbp.slice %%" | not filecheck %s --check-prefix=COUNT

@@ -1,5 +1,6 @@
 // RUN: sbp-opt %s -p 'lg-autodiff,lg-optimizer{algorithm=adam},sbp-autoplan{strategy=auto explain=true}' | filecheck %s
-// RUN: sbp-opt %s -p 'lg-autodiff,lg-optimizer{algorithm=adam},sbp-autoplan{strategy=auto memory_budget=70000},compile' | filecheck %s --check-prefix=TIGHT
+// RUN: sbp-opt %s -p 'lg-autodiff,lg-optimizer{algorithm=adam},sbp-autoplan{strategy=auto memory_budget=70000},compile,plan-verify{memory_budget=70000}' | filecheck %s --check-prefix=TIGHT
+// RUN: not sbp-opt %s -p 'lg-autodiff,lg-optimizer{algorithm=adam},sbp-autoplan{strategy=auto memory_budget=70000},compile,plan-verify{memory_budget=1000}' 2>&1 | filecheck %s --check-prefix=OVER
 // RUN: not sbp-opt %s -p 'lg-autodiff,lg-optimizer{algorithm=adam},sbp-autoplan{strategy=auto memory_budget=1000}' 2>&1 | filecheck %s --check-prefix=NOFIT
 // RUN: not sbp-opt %s -p 'sbp-autoplan{cluster=tpu-pod}' 2>&1 | filecheck %s --check-prefix=CLUSTER
 
@@ -30,9 +31,13 @@ lg.graph @mlp on @m {
 // CHECK:        %x = lg.input "x" {{.*}}: !sbp.dtensor<64x32xf32, @m,
 // CHECK:        %w1 = lg.param "w1" {{.*}}: !sbp.dtensor<32x64xf32, @m,
 
-// Under 70,000 bytes per device only a sharded layout fits; it compiles.
+// Under 70,000 bytes per device only a sharded layout fits; it compiles,
+// and the compiled arena and persistent region fit too (plan-verify checks
+// the plan itself, not the planner's estimate of it).
 // TIGHT:      plan.program
 // TIGHT-NOT:  lg.graph
+
+// OVER: 'plan.device' @rank0: arena and persistent region take {{[0-9]+}} bytes ({{[0-9]+}} + {{[0-9]+}}), over memory_budget=1000
 
 // NOFIT: sbp-autoplan: no plan fits 0.000954 MiB per device; the smallest needs {{[0-9.]+}} MiB (mesh {{.*}})
 

@@ -25,3 +25,6 @@
 // Exactly two P -> B requests in the whole block:
 // RUN: sbp-opt %S/../../../../examples/gpt_block.mlir -p sbp-infer | grep -c "\[S<0>, P\]> -> !sbp.dtensor<4x8x32xf32, @mesh, \[S<0>, B\]>" | filecheck %s --check-prefix=COUNT
 // COUNT: {{^}}2{{$}}
+// The count is anchored: 12 or 20 annotations would not pass for 2.
+// RUN: echo 12 | not filecheck %s --check-prefix=COUNT
+// RUN: echo 20 | not filecheck %s --check-prefix=COUNT
