@@ -9,7 +9,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: run test test-all lint typecheck lit pytest setup clean
+.PHONY: run test test-all mutation lint typecheck lit pytest setup clean
 
 setup: $(VENV)/.installed
 
@@ -37,6 +37,12 @@ test: lint typecheck lit pytest
 
 test-all: setup
 	SBPC_FULL=1 SBPC_RANDOM_EXAMPLES=200 $(MAKE) --no-print-directory test
+
+# Planted bugs (test/mutation/bugs.py) the suite must kill: each is planted
+# in a copy of the tree and the test file it names is run there. Minutes;
+# not part of `make test`.
+mutation: setup
+	$(BIN)/python test/mutation/run.py
 
 lint: setup
 	$(BIN)/ruff check .

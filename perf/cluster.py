@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -177,6 +177,17 @@ class Rates:
     """Bytes per second one device sends (and receives) in a collective."""
     latency: float = 0.0
     """Fixed seconds per collective step."""
+    core_time: Callable[[str, float, float, str], float] | None = field(default=None, compare=False, repr=False)
+    """The device's time for a kernel's arithmetic and bytes (`Cluster.core_time`:
+    the roofline of GEMMs, vector arithmetic and memory streams, with the
+    in-step scales): sbp-infer prices each op's local work as the step-time
+    simulator does. None: every op at the GEMM rate."""
+
+    def op_time(self, kernel: str, flops: float, nbytes: float, dtype: str = "f32") -> float:
+        """Seconds of an op's rate-bound work on one device."""
+        if self.core_time is None:
+            return flops / self.flops
+        return self.core_time(kernel, flops, nbytes, dtype)
 
     def memory_cost(self, nbytes: float) -> float:
         """Seconds charged per byte held: 1% of sending it, so that of two
@@ -222,7 +233,8 @@ class Cluster:
         """The rates of the devices `ranks` (default: two devices of one unit)."""
         group = list(ranks) or list(range(min(2, self.count)))
         latency, bandwidth = self.figures("all_reduce", group)
-        return Rates(self.name, flops=self.device.gemm_rate("f32"), bandwidth=bandwidth, latency=latency)
+        return Rates(self.name, flops=self.device.gemm_rate("f32"), bandwidth=bandwidth, latency=latency,
+                     core_time=self.core_time)
 
     def figures(self, kind: str, ranks: Sequence[int]) -> tuple[float, float]:
         """(latency per step, bandwidth) of collective `kind` over `ranks`."""

@@ -5,7 +5,8 @@
 // model axis (q/k/v and the first MLP weight by columns, the output
 // projections by rows). Inference splits heads through reshape and
 // transpose, keeps attention head-parallel, and needs exactly two P -> B
-// redistributions on the model axis (two all_reduces after boxing); the
+// redistributions on the model axis (two all_reduces after boxing), each on
+// a sublayer's output before its residual add, as Megatron places them; the
 // data axis stays S<0> throughout.
 
 
@@ -17,10 +18,12 @@
 // CHECK:      %o = lg.matmul %p, %vh {sbp.signature = #sbp.sig<([S<0>, S<1>], [S<0>, S<1>]) -> ([S<0>, S<1>])>}
 // CHECK:      %o3 = lg.reshape %ot {sbp.signature = #sbp.sig<([S<0>, S<2>]) -> ([S<0>, S<2>])>}
 // CHECK:      %attn = lg.matmul %o3, %wo {sbp.signature = #sbp.sig<([S<0>, S<2>], [B, S<0>]) -> ([S<0>, P])>}
-// CHECK:      sbp.annotate %r1 : !sbp.dtensor<4x8x32xf32, @mesh, [S<0>, P]> -> !sbp.dtensor<4x8x32xf32, @mesh, [S<0>, B]>
+// CHECK:      %0 = sbp.annotate %attn : !sbp.dtensor<4x8x32xf32, @mesh, [S<0>, P]> -> !sbp.dtensor<4x8x32xf32, @mesh, [S<0>, B]>
+// CHECK-NEXT: %r1 = lg.add %x, %0 {sbp.signature = #sbp.sig<([S<0>, B], [S<0>, B]) -> ([S<0>, B])>}
 // CHECK:      %h = lg.matmul %ln2, %w1 {sbp.signature = #sbp.sig<([S<0>, B], [B, S<1>]) -> ([S<0>, S<2>])>}
 // CHECK:      %m = lg.matmul %a, %w2 {sbp.signature = #sbp.sig<([S<0>, S<2>], [B, S<0>]) -> ([S<0>, P])>}
-// CHECK:      %y = sbp.annotate %r2 : !sbp.dtensor<4x8x32xf32, @mesh, [S<0>, P]> -> !sbp.dtensor<4x8x32xf32, @mesh, [S<0>, B]>
+// CHECK:      %1 = sbp.annotate %m : !sbp.dtensor<4x8x32xf32, @mesh, [S<0>, P]> -> !sbp.dtensor<4x8x32xf32, @mesh, [S<0>, B]>
+// CHECK-NEXT: %r2 = lg.add %r1, %1 {sbp.signature = #sbp.sig<([S<0>, B], [S<0>, B]) -> ([S<0>, B])>}
 
 // Exactly two P -> B requests in the whole block:
 // RUN: sbp-opt %S/../../../../examples/gpt_block.mlir -p sbp-infer | grep -c "\[S<0>, P\]> -> !sbp.dtensor<4x8x32xf32, @mesh, \[S<0>, B\]>" | filecheck %s --check-prefix=COUNT

@@ -15,15 +15,16 @@ lg.graph @kept on @m {
 // CHECK:      %x = lg.input "x" {sbp.signature = #sbp.sig<() -> (B)>} : !sbp.dtensor<8x4xf32, @m, B>
 
 // The explanation lists every candidate with its costs and marks the choice;
-// slicing B is free, so the product takes a split and computes half.
+// slicing B is free, so the product takes a split and computes half (priced
+// as the simulator prices the kernel: its share of the bytes, from cache).
 // EXPLAIN:      %x = lg.input "x" {sbp.signature = #sbp.sig<() -> (B)>, sbp.explain = ["* () -> (B): compute 0 boxing 0 memory {{.*}}"]}
 // EXPLAIN-NEXT: %0 = sbp.annotate %x : !sbp.dtensor<8x4xf32, @m, B> -> !sbp.dtensor<8x4xf32, @m, S<0>>
 // EXPLAIN-NEXT: %y = lg.mul %0, %0 {sbp.signature = #sbp.sig<(S<0>, S<0>) -> (S<0>)>, sbp.explain = [
-// EXPLAIN-SAME:   "* (S<0>, S<0>) -> (S<0>): compute 1.6e-10 boxing 0 memory 1.83e-10 total 3.43e-10",
-// EXPLAIN-SAME:   "(S<1>, S<1>) -> (S<1>): compute 1.6e-10 boxing 0 memory 1.83e-10 total 3.43e-10",
-// EXPLAIN-SAME:   "(B, B) -> (B): compute 3.2e-10 boxing 0 memory 3.66e-10 total 6.86e-10",
-// EXPLAIN-SAME:   "(P, B) -> (P): compute 3.2e-10 boxing 0 memory 3.66e-10 total 6.86e-10",
-// EXPLAIN-SAME:   "(B, P) -> (P): compute 3.2e-10 boxing 0 memory 3.66e-10 total 6.86e-10"]}
+// EXPLAIN-SAME:   "* (S<0>, S<0>) -> (S<0>): compute 8e-09 boxing 0 memory 1.83e-10 total 8.18e-09",
+// EXPLAIN-SAME:   "(S<1>, S<1>) -> (S<1>): compute 8e-09 boxing 0 memory 1.83e-10 total 8.18e-09",
+// EXPLAIN-SAME:   "(B, B) -> (B): compute 1.6e-08 boxing 0 memory 3.66e-10 total 1.64e-08",
+// EXPLAIN-SAME:   "(P, B) -> (P): compute 1.6e-08 boxing 0 memory 3.66e-10 total 1.64e-08",
+// EXPLAIN-SAME:   "(B, P) -> (P): compute 1.6e-08 boxing 0 memory 3.66e-10 total 1.64e-08"]}
 
 // CUDA: sbp.strategy = "auto", sbp.total_cost = {{[0-9.e-]+}} : f64
 // FILE: sbp.strategy = "auto", sbp.total_cost = {{[0-9.e-]+}} : f64
