@@ -303,9 +303,9 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
         operand_bytes = [_nbytes(o) for o in op.operands]
         dtype = str(element_type(result.type))
         work = []
-        for ins, out in candidates:
-            shares = [local_fraction(nd, mesh.shape, shape) for nd, shape in zip(ins, operand_shapes)]
-            out_share = local_fraction(out, mesh.shape, out_shape)
+        for operand_nds, result_nd in candidates:
+            shares = [local_fraction(nd, mesh.shape, shape) for nd, shape in zip(operand_nds, operand_shapes)]
+            out_share = local_fraction(result_nd, mesh.shape, out_shape)
             held = out_share * nbytes + sum(s * b for s, b in zip(shares, operand_bytes))
             work.append((min([out_share, *shares]), held))
         # On a mesh axis of one device a split is B; a hair of cost keeps such
