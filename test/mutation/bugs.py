@@ -166,6 +166,10 @@ BUGS = [
         "return self.priced and self.peak_memory <= budget",
         "return self.priced",
         "test/filecheck/passes/sbp-autoplan/mlp.mlir"),
+    Bug("simulated-memory-forgets-the-persistent-region", "cost", "perf/step_time.py",  # WEAKNESS
+        "self.memory = (device.arena.value.data if device.arena else 0) + (",
+        "self.memory = (device.arena.value.data if device.arena else 0) + 0 * (",
+        "test/filecheck/passes/sbp-autoplan/mlp.mlir"),
     # -- the weaknesses issue 57 found ------------------------------------------------------------
     Bug("compile-refuses-every-graph", "pipeline", "lowering/compile.py",  # WEAKNESS
         "        passes = self.passes()\n        with collector_paused():",

@@ -110,6 +110,30 @@ def test_mlps_train_as_pytorch(activation, ranks):
                    lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), ranks, sbp)
 
 
+
+def test_the_sgd_check_rejects_two_wrong_elements_of_a_small_bias(monkeypatch):
+    """check_training, the oracle of the tests above, is as tight as SGD
+    allows: a run whose last bias (4 elements) has two elements off by a
+    tenth of the learning rate, which the allowance for Adam's near-zero
+    gradients (a few elements per tensor within 2 lr per step) would accept,
+    fails it. The error is planted in the trained executable's parameter
+    itself, as a wrong compiler would leave it: the next step trains on it
+    too, so the check's last comparison (PyTorch's next loss from sbpc's
+    weights against sbpc's own) agrees and only the element check is left."""
+    torch.manual_seed(0)
+    real = sbpc.Executable.state_dict
+
+    def two_elements_off(self):
+        bias = np.array(self.params["net.4.bias"])
+        bias[:2] += 0.01
+        self.params["net.4.bias"] = bias
+        return real(self)
+
+    monkeypatch.setattr(sbpc.Executable, "state_dict", two_elements_off)
+    with pytest.raises(AssertionError, match="net.4.bias: 2 of 4 elements differ"):
+        check_training(tm.Classifier(), class_batches(STEPS + 1), ["x", "labels"], sbpc.optim.SGD(lr=0.1),
+                       lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
+
 def test_a_regressor_trains_tensor_parallel_on_four_ranks_as_pytorch():
     torch.manual_seed(0)
     sbp = {"net.0.weight": S(0), "net.0.bias": S(0), "net.2.weight": S(1)}
