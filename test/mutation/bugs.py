@@ -50,6 +50,10 @@ BUGS = [
         'sigs.append(((f"S{k_axis}", f"S{kb_axis}"), ("P",)))',
         'sigs.append(((f"S{k_axis}", f"S{kb_axis}"), ("B",)))',
         T + "dialects/test_sbp_rules.py"),
+    Bug("grouped-convolution-split-by-output-channels", "sbp-rule", "dialects/lg/conv.py",  # WEAKNESS
+        '(1, 0, True, (("B", "S0"), ("S1",))),  # output channels',
+        '(1, 0, False, (("B", "S0"), ("S1",))),  # output channels',
+        T + "dialects/test_sbp_rules.py"),
     Bug("softmax-split-along-its-axis", "sbp-rule", "dialects/lg/norm.py",
         'sigs = [sig for sig in aligned_splits(in_shapes, out_shape, p) if sig[1][0] != f"S{axis}"]',
         "sigs = list(aligned_splits(in_shapes, out_shape, p))",

@@ -191,11 +191,22 @@ def test_below_every_plan_without_recomputation_it_recomputes_and_trains_like_on
 def test_a_budget_nothing_meets_names_the_smallest_plan():
     import sbpc
 
-    smallest = r"sbpc.compile: sbp-autoplan: no plan fits .* the smallest needs ([0-9.]+) MiB \(mesh 2, .*\)"
-    with pytest.raises(ValueError, match=smallest) as refused:
+    with pytest.raises(ValueError, match=SMALLEST):
         sbpc.compile(training(2), plan="auto", memory_budget=1000)
-    # the answer is one to act on: that much (up to its rounding to 3 digits) is enough
-    mib = re.search(smallest, str(refused.value)).group(1)
+
+
+SMALLEST = r"sbpc.compile: sbp-autoplan: no plan fits .* the smallest needs ([0-9.]+) MiB \(mesh 2, .*\)"
+
+
+@pytest.mark.full
+def test_the_smallest_plan_named_fits_in_what_it_needs():
+    """The refusal's answer is one to act on: that much memory (up to its
+    rounding to 3 digits) is enough."""
+    import sbpc
+
+    with pytest.raises(ValueError, match=SMALLEST) as refused:
+        sbpc.compile(training(2), plan="auto", memory_budget=1000)
+    mib = re.search(SMALLEST, str(refused.value)).group(1)
     enough = math.ceil((float(mib) + 0.5 * 10 ** (math.floor(math.log10(float(mib))) - 2)) * 2**20)
     exe = sbpc.compile(training(2), plan="auto", memory_budget=enough)
     assert max(sum(d.region_bytes()) for d in plan.programs(exe.module)[0].devices()) <= enough
