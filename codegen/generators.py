@@ -178,6 +178,8 @@ def gen_matmul(site: Site) -> tuple[str, list[int]]:
         else "long oa = 0, ob = 0;"
     )
     params = "const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C"
+    if M >= BLOCK_TILE and N >= BLOCK_TILE:
+        return _blocked_matmul(name, t, params, boff, M, N, K, sam, sak, sbk, sbn, nb)
     src = f"""{_header(t)}extern "C" __global__ void {name}({params}) {{
   __shared__ T As[{TILE}][{TILE}];
   __shared__ T Bs[{TILE}][{TILE}];
@@ -197,6 +199,79 @@ def gen_matmul(site: Site) -> tuple[str, list[int]]:
 }}
 """
     return src, [-(-N // TILE), -(-M // TILE), max(nb, 1), TILE, TILE, 1]
+
+
+BLOCK_TILE = 128
+"""Output rows and columns a block of the register-tiled GEMM computes; a
+matmul with fewer rows or columns takes the one-output-per-thread kernel."""
+THREAD_TILE = 8
+"""Outputs per thread along each axis (8 x 8 accumulators in registers)."""
+DEPTH_TILE = 8
+"""Contraction steps staged in shared memory at a time."""
+
+
+def _blocked_matmul(name: str, t: str, params: str, boff: str, M: int, N: int, K: int, sam: int, sak: int,
+                    sbk: int, sbn: int, nb: int) -> tuple[str, list[int]]:
+    """A GEMM with register tiling: each block of 16 x 16 threads computes a
+    128 x 128 tile of C, each thread an 8 x 8 patch of it in registers, from
+    8-deep slices of A and B staged in shared memory (A's transposed, so
+    both are read along the tile's rows). Every thread then does 64
+    multiply-adds per 16 shared loads, where the one-output kernel does one
+    per two. The tiles' edges are guarded, so any size and either operand
+    transposed work; the staging loads are coalesced for A and B as stored
+    untransposed."""
+    threads = (BLOCK_TILE // THREAD_TILE) ** 2
+    src = f"""{_header(t)}extern "C" __global__ void __launch_bounds__({threads}) {name}({params}) {{
+  __shared__ T As[{DEPTH_TILE}][{BLOCK_TILE}];
+  __shared__ T Bs[{DEPTH_TILE}][{BLOCK_TILE}];
+  long i = blockIdx.z;
+  {boff.replace(chr(10) + '    ', chr(10) + '  ')}
+  const int tid = threadIdx.y * {BLOCK_TILE // THREAD_TILE} + threadIdx.x;
+  const int row0 = blockIdx.y * {BLOCK_TILE}, col0 = blockIdx.x * {BLOCK_TILE};
+  T acc[{THREAD_TILE}][{THREAD_TILE}];
+  #pragma unroll
+  for (int r = 0; r < {THREAD_TILE}; ++r)
+    #pragma unroll
+    for (int c = 0; c < {THREAD_TILE}; ++c) acc[r][c] = (T)0;
+  for (int k0 = 0; k0 < {K}; k0 += {DEPTH_TILE}) {{
+    #pragma unroll
+    for (int l = tid; l < {BLOCK_TILE * DEPTH_TILE}; l += {threads}) {{
+      int r = l / {DEPTH_TILE}, k = l % {DEPTH_TILE};  /* A: along k first (A's rows are contiguous in k) */
+      int gr = row0 + r, gk = k0 + k;
+      As[k][r] = (gr < {M} && gk < {K}) ? A[oa + (long)gr * {sam} + (long)gk * {sak}] : (T)0;
+      int kb = l / {BLOCK_TILE}, c = l % {BLOCK_TILE};  /* B: along the columns (contiguous in n) */
+      int gkb = k0 + kb, gc = col0 + c;
+      Bs[kb][c] = (gkb < {K} && gc < {N}) ? B[ob + (long)gkb * {sbk} + (long)gc * {sbn}] : (T)0;
+    }}
+    __syncthreads();
+    #pragma unroll
+    for (int k = 0; k < {DEPTH_TILE}; ++k) {{
+      T a[{THREAD_TILE}], b[{THREAD_TILE}];
+      #pragma unroll
+      for (int r = 0; r < {THREAD_TILE}; ++r) a[r] = As[k][threadIdx.y * {THREAD_TILE} + r];
+      #pragma unroll
+      for (int c = 0; c < {THREAD_TILE}; ++c) b[c] = Bs[k][threadIdx.x * {THREAD_TILE} + c];
+      #pragma unroll
+      for (int r = 0; r < {THREAD_TILE}; ++r)
+        #pragma unroll
+        for (int c = 0; c < {THREAD_TILE}; ++c) acc[r][c] += a[r] * b[c];
+    }}
+    __syncthreads();
+  }}
+  T* out = C + (long)blockIdx.z * {M * N};
+  #pragma unroll
+  for (int r = 0; r < {THREAD_TILE}; ++r) {{
+    int gr = row0 + threadIdx.y * {THREAD_TILE} + r;
+    #pragma unroll
+    for (int c = 0; c < {THREAD_TILE}; ++c) {{
+      int gc = col0 + threadIdx.x * {THREAD_TILE} + c;
+      if (gr < {M} && gc < {N}) out[(long)gr * {N} + gc] = acc[r][c];
+    }}
+  }}
+}}
+"""
+    side = BLOCK_TILE // THREAD_TILE
+    return src, [-(-N // BLOCK_TILE), -(-M // BLOCK_TILE), max(nb, 1), side, side, 1]
 
 
 @CUDA.impl(lg.ReduceSumOp, lg.ReduceMeanOp, lg.ReduceMaxOp)

@@ -18,12 +18,12 @@ from sbpc import B, S
 from sbpc.codegen.generators import generate_host
 from sbpc.codegen.render import Unsupported
 from sbpc.dialects import lg, plan
-from sbpc.dialects.pieces import numpy_dtype, piece, piece_of
-from sbpc.dialects.sbp import PartialAttr, ReduceKind, lookup_placement, nd_to_plain
+from sbpc.dialects.pieces import numpy_dtype, piece_of
+from sbpc.dialects.sbp import PartialAttr, ReduceKind, lookup_placement
 from sbpc.lowering.compile import CompilePass
 from sbpc.lowering.plan_codegen import PlanCodegenPass
 from sbpc.runtime import cuda, host_kernels
-from sbpc.semantics.local_eval import LocalContext, local_kernel
+from sbpc.semantics.local_eval import local_kernel
 from sbpc.semantics.plan_interpreter import actor_kernel
 
 needs_a_c_compiler = pytest.mark.skipif(host_kernels.unavailable() is not None,
@@ -64,14 +64,14 @@ def test_every_host_kernel_matches_the_reference(ranks, dtype, fuse):
         library = host_kernels.Library(list(made.values()))
         rank = device.rank.value.data
 
-        def piece(t, device=device, rank=rank):
+        def piece_here(t, device=device, rank=rank):
             return piece_of(t, lookup_placement(device, t.placement).mesh(), rank)
 
         for actor, kernel in made.items():
             ins = [registers[r.string_value()] for r in actor.ins.data]
             out_reg = registers[actor.outs.data[0].string_value()]
             inputs = [random_input(r, rng) for r in ins]
-            op, local = actor_kernel(ctx, actor, registers, piece)
+            op, local = actor_kernel(ctx, actor, registers, piece_here)
             expected = local_kernel(op, local, *inputs)
             dtype_out = numpy_dtype(out_reg.type.element_type)
             out = np.full(tuple(out_reg.type.get_shape()), np.nan if dtype_out.kind == "f" else -1, dtype_out)
@@ -279,22 +279,62 @@ def cuda_random_input(register, rng) -> np.ndarray:
 def test_kernels_launch_and_match_numpy(module):
     gpu_or_skip()
     rng = np.random.default_rng(0)
+    ctx = sbpc.make_context()
     for device, registers, actor in actors(module):
         if device.rank.value.data != 0:
             continue
         ins = [registers[r.string_value()] for r in actor.ins.data]
         out = registers[actor.outs.data[0].string_value()]
         inputs = [cuda_random_input(r, rng) for r in ins]
-        op = sbpc.make_context().get_op(actor.kernel.data).create(properties=dict(actor.props.data),
-                                                                   result_types=[out.type])
-        def piece_of(t, device=device):
-            mesh = lookup_placement(device, t.placement).mesh()
-            return piece(t.get_shape(), nd_to_plain(t.nd_sbp), mesh.shape, (0,))
 
-        local = LocalContext(tuple(r.value.get_shape() for r in ins), out.value.get_shape(),
-                             tuple(piece_of(r.value) for r in ins), piece_of(out.value), nd_to_plain(out.value.nd_sbp))
+        def piece_on_rank_0(t, device=device):
+            return piece_of(t, lookup_placement(device, t.placement).mesh(), 0)
+
+        # the op the actor runs (a fused chain's too) and its local context, as the plan interpreter builds them
+        op, local = actor_kernel(ctx, actor, registers, piece_on_rank_0)
         expected = local_kernel(op, local, *inputs)
         got = cuda.launch(actor.attributes["cuda.source"].data, actor.attributes["cuda.entry"].data,
                           list(actor.attributes["cuda.launch"].get_values()), inputs, out.type.get_shape(),
                           numpy_dtype(out.type.element_type))
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5, err_msg=actor.sym_name.data)
+
+
+def gemm_graph():
+    """Matmuls of 128 rows and columns or more (the register-tiled kernel),
+    at sizes no tile divides, batched and with either operand transposed."""
+    g = sbpc.Graph("gemms", placement=sbpc.placement("cuda", ranks=1))
+    a, b, c = g.input("a", (260, 70)), g.input("b", (70, 390)), g.input("c", (3, 390, 70))
+    g.output(ab=a @ b, ca=sbpc.matmul(c, a, transpose_b=True), bb=sbpc.matmul(b, b, transpose_a=True))
+    module = g.module()
+    CompilePass(device="cuda", fuse=False).apply(Context(), module)
+    PlanCodegenPass().apply(Context(), module)
+    return [(registers, actor) for _, registers, actor in actors(module) if actor.kernel.data == "lg.matmul"]
+
+
+@needs_nvrtc
+def test_large_matmuls_take_the_register_tiled_kernel_and_compile():
+    found = gemm_graph()
+    assert len(found) == 3
+    for _, actor in found:
+        source = actor.attributes["cuda.source"].data
+        assert "__launch_bounds__(256)" in source
+        ptx = cuda.compile_ptx(source, "gemm.cu")
+        if cuda.ptxas():
+            assert "0 bytes spill stores" in cuda.check_ptx(ptx)
+
+
+@needs_nvrtc
+def test_the_register_tiled_matmul_launches_and_matches_numpy():
+    gpu_or_skip()
+    rng = np.random.default_rng(1)
+    for registers, actor in gemm_graph():
+        ins = [registers[r.string_value()] for r in actor.ins.data]
+        out = registers[actor.outs.data[0].string_value()]
+        inputs = [rng.normal(size=r.type.get_shape()).astype(np.float32) for r in ins]
+        ta, tb = "transpose_lhs" in actor.props.data, "transpose_rhs" in actor.props.data
+        a = np.swapaxes(inputs[0], -1, -2) if ta else inputs[0]
+        b = np.swapaxes(inputs[1], -1, -2) if tb else inputs[1]
+        got = cuda.launch(actor.attributes["cuda.source"].data, actor.attributes["cuda.entry"].data,
+                          list(actor.attributes["cuda.launch"].get_values()), inputs, out.type.get_shape(),
+                          np.float32)
+        np.testing.assert_allclose(got, np.matmul(a, b), rtol=1e-4, atol=1e-4, err_msg=actor.sym_name.data)
