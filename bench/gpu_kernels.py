@@ -135,6 +135,8 @@ def main() -> int:
             drv.launch(fn, (gx, gy, gz), (bx, by, bz), [*bufs, out_gpu])  # noqa: B023 - only runs in this iteration
 
         ours = drv.best_time(launch, args.repeats)
+        for address in (*bufs, out_gpu):
+            drv.free(address)
         theirs = None
         if lib is not None:
             if lib == "torch":

@@ -132,10 +132,13 @@ class Driver:
         return results[0] if len(results) == 1 else tuple(results) if results else None
 
     def alloc(self, nbytes: int) -> int:
-        """Zeroed device memory (never freed: a rank's two regions live as long as it)."""
+        """Zeroed device memory (a rank's two regions live as long as it; `free` the rest)."""
         address = int(self._call("cuMemAlloc", max(nbytes, 1)))
         self._call("cuMemsetD8", address, 0, max(nbytes, 1))
         return address
+
+    def free(self, address: int) -> None:
+        self._call("cuMemFree", address)
 
     def pinned(self, nbytes: int):
         """Zeroed page-locked host memory as a numpy byte array."""
@@ -218,4 +221,6 @@ def launch(source: str, entry: str, launch_dims, inputs, out_shape, dtype):
     gx, gy, gz, bx, by, bz = launch_dims
     gpu.launch(function, (gx, gy, gz), (bx, by, bz), [*buffers, out_gpu])
     gpu.download(out, out_gpu)
+    for address in (*buffers, out_gpu):
+        gpu.free(address)
     return out
