@@ -159,7 +159,9 @@ def test_the_gpt_example_trains_on_cuda_devices_as_on_cpus():
         cuda.driver()
         env, tolerance = {k: v for k, v in os.environ.items() if k != "SBPC_CUDA_EMULATE"}, 2e-3
     except cuda.CudaUnavailable:
-        env, tolerance = dict(os.environ, SBPC_CUDA_EMULATE="1"), 0.0
+        # numpy's kernels on the emulated GPU, the generated C ones on the CPU ranks: the losses agree
+        # to float32 rounding, so the 4 printed decimals may differ in the last one
+        env, tolerance = dict(os.environ, SBPC_CUDA_EMULATE="1"), 1e-4
     runs = {}
     for device in ("cpu", "cuda"):
         done = subprocess.run([sys.executable, str(EXAMPLES / "gpt.py"), "--ranks", "1", "--steps", "5", "--layers",
