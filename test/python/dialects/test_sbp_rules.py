@@ -30,13 +30,12 @@ def check_op(op, in_nds, out_nd, mesh, trace, rng):
     )
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(random_graphs(), st.sampled_from([2, 3]), st.integers(0, 2**16))
-def test_every_1d_signature_reproduces_the_reference(case, p, seed):
-    trace = {}
-    evaluate(case.module, case.feeds, trace=trace)
-    rng = np.random.default_rng(seed)
-    graph = case.module.ops.last
+def check_every_signature(graph: lg.GraphOp, feeds, p: int, rng) -> dict[type, int]:
+    """Every 1-D signature each op of `graph` offers on a mesh of `p`, checked
+    against the reference's values; how many each op class offered."""
+    trace: dict = {}
+    evaluate(graph.parent_op(), feeds, trace=trace)
+    checked: dict[type, int] = {}
     for op in graph.body.ops:
         if isinstance(op, (lg.OutputOp, *SOURCES)):
             continue
@@ -44,6 +43,14 @@ def test_every_1d_signature_reproduces_the_reference(case, p, seed):
         out_shape = global_shape(op.results[0].type)
         for ins, outs in type(op).signatures(tuple(shapes), out_shape, p, tuple(sorted(op.params().items()))):
             check_op(op, [(s,) for s in ins], (outs[0],), (p,), trace, rng)
+            checked[type(op)] = checked.get(type(op), 0) + 1
+    return checked
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(random_graphs(), st.sampled_from([2, 3]), st.integers(0, 2**16))
+def test_every_1d_signature_reproduces_the_reference(case, p, seed):
+    check_every_signature(case.module.ops.last, case.feeds, p, np.random.default_rng(seed))
 
 
 @pytest.mark.parametrize("p", [2, 3])
@@ -53,19 +60,8 @@ def test_every_op_class_and_every_signature_its_rule_offers_reproduce_the_refere
     empty ones), against the reference: a rule that offers a wrong signature
     fails here, whichever graphs the random test happens to draw."""
     module, feeds = every_op_graph()
-    trace = {}
-    evaluate(module, feeds, trace=trace)
-    rng = np.random.default_rng(p)
-    checked: dict[type, int] = {}
     graph = next(op for op in module.ops if isinstance(op, lg.GraphOp))
-    for op in graph.body.ops:
-        if isinstance(op, (lg.OutputOp, *SOURCES)):
-            continue
-        shapes = [global_shape(o.type) for o in op.operands]
-        out_shape = global_shape(op.results[0].type)
-        for ins, outs in type(op).signatures(tuple(shapes), out_shape, p, tuple(sorted(op.params().items()))):
-            check_op(op, [(s,) for s in ins], (outs[0],), (p,), trace, rng)
-            checked[type(op)] = checked.get(type(op), 0) + 1
+    checked = check_every_signature(graph, feeds, p, np.random.default_rng(p))
     every = {c for c in lg.LG.operations if c not in (lg.GraphOp, lg.OutputOp, *SOURCES)}
     assert every <= set(checked), f"op classes the graph lacks: {sorted(c.name for c in every - set(checked))}"
     splits = {c.name for c, n in checked.items() if n > 1}

@@ -7,27 +7,13 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.lifetimes import buffers
 from support.random_graphs import hinted_graphs
 
 from sbpc.lowering.plan_verify import first_shared_bytes, temporaries_disjoint
 from sbpc.planning import first_fit as alloc
 from sbpc.planning import sbp_problem, sbp_search
 from sbpc.planning.cost_model import load_device
-
-
-@st.composite
-def buffers(draw):
-    """Random lifetimes and sizes, with empty buffers and many equal sizes
-    (as real plans have), so ties and touching ranges are common."""
-    n = draw(st.integers(0, 40))
-    length = draw(st.integers(1, 30))
-    out = []
-    for _ in range(n):
-        start = draw(st.integers(-1, length))
-        end = draw(st.integers(start, length + 1))
-        size = 64 * draw(st.sampled_from([0, 1, 1, 2, 2, 3, 4, 8, 17]))
-        out.append(alloc.Buffer(size, start, end))
-    return out
 
 
 @settings(max_examples=300, deadline=None)

@@ -5,21 +5,14 @@ import statistics
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.lifetimes import buffers
 
-from sbpc.planning.first_fit import Buffer, live_bound, place
+from sbpc.planning.first_fit import live_bound, place
 
 
-@st.composite
-def lifetimes(draw):
-    n = draw(st.integers(1, 40))
-    length = draw(st.integers(1, 30))
-    buffers = []
-    for _ in range(n):
-        start = draw(st.integers(-1, length))
-        end = draw(st.integers(start, length + 1))
-        size = 64 * draw(st.integers(1, 64))
-        buffers.append(Buffer(size, start, end))
-    return buffers
+def lifetimes():
+    """Non-empty buffers of 64 bytes to 4 KiB."""
+    return buffers(min_count=1, units=st.integers(1, 64))
 
 
 RATIOS: list[float] = []
