@@ -219,11 +219,6 @@ def _host_nest(nest: Nest) -> str:
     return "\n".join(lines) + "\n"
 
 
-def host_declaration(k: Kernel) -> str:
-    """`k`'s host function as a C declaration with T spelled out (for cffi)."""
-    return f"void {k.name}({k.declarations(False).replace('T*', k.t + '*')});"
-
-
 def _param_names(k: Kernel) -> list[str]:
     return [p.rsplit("*", 1)[1].strip() for p in k.params]
 

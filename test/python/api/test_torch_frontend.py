@@ -59,9 +59,10 @@ def gpt(**config):
 
 
 @pytest.mark.parametrize("ranks, sbp, mesh", [
-    pytest.param(1, None, None, marks=pytest.mark.full),  # the import itself is the 2-D case's too
-    pytest.param(2, {"idx": S(0), "targets": S(0)}, None, marks=pytest.mark.full),  # the 2-D case's data axis
-    (4, {"idx": (S(0), B), "targets": (S(0), B), **{k: (B, v) for k, v in TP.items()}}, (2, 2)),
+    (1, None, None),  # the import; 2-D plans of a GPT: test_hf_models, e2e/test_training
+    pytest.param(2, {"idx": S(0), "targets": S(0)}, None, marks=pytest.mark.full),
+    pytest.param(4, {"idx": (S(0), B), "targets": (S(0), B), **{k: (B, v) for k, v in TP.items()}}, (2, 2),
+                 marks=pytest.mark.full),
 ], ids=["1 rank", "data parallel 2", "2-D 2x2"])
 def test_nanogpt_with_masked_fill_attention_trains_as_pytorch(ranks, sbp, mesh):
     batches = [tokens(i) for i in range(STEPS + 1)]
@@ -75,9 +76,9 @@ def test_nanogpt_with_sdpa_tanh_gelu_and_no_bias_trains_tensor_parallel_as_pytor
                    4, tp)
 
 
-@pytest.mark.parametrize("ranks, sbp", [pytest.param(1, None, marks=pytest.mark.full),
+@pytest.mark.parametrize("ranks, sbp", [(1, None),  # tensor parallel LLaMA: test_hf_models
                                          pytest.param(2, {"tokens": S(0), "targets": S(0)}, marks=pytest.mark.full),
-                                         (4, LLAMA_TP)],
+                                         pytest.param(4, LLAMA_TP, marks=pytest.mark.full)],
                          ids=["1 rank", "data parallel 2", "tensor parallel 4"])
 def test_llama_blocks_train_as_pytorch(ranks, sbp):
     torch.manual_seed(0)

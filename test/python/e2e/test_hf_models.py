@@ -233,8 +233,7 @@ def test_vit_trains_as_pytorch(ranks, sbp):
 IMAGES = {"pixel_values": S(0), "labels": S(0)}
 
 
-@pytest.mark.parametrize("ranks", [pytest.param(1, marks=pytest.mark.full), pytest.param(2, marks=pytest.mark.full),
-                                   4])
+@pytest.mark.parametrize("ranks", [pytest.param(1, marks=pytest.mark.full), 2, pytest.param(4, marks=pytest.mark.full)])
 def test_resnet_trains_as_one_process_on_the_whole_batch(ranks):
     # batch-norm's statistics are the whole batch's on every plan (what
     # SyncBatchNorm computes), and its running statistics and count are
@@ -328,7 +327,7 @@ GPT2_2D = {"input_ids": (S(0), B), "labels": (S(0), B), **{k: (B, v) for k, v in
 @pytest.mark.parametrize("ranks, sbp, mesh, zero, micro_batches, stages", [
     pytest.param(2, DATA_PARALLEL, None, False, 1, 1, marks=pytest.mark.full),
     pytest.param(4, GPT2_TP, None, False, 1, 1, marks=pytest.mark.full),
-    (4, GPT2_2D, (2, 2), False, 1, 1),
+    pytest.param(4, GPT2_2D, (2, 2), False, 1, 1, marks=pytest.mark.full),
     pytest.param(2, DATA_PARALLEL, None, True, 4, 1, marks=pytest.mark.full),
     (4, None, None, True, 4, 2),
 ], ids=["data parallel 2", "tensor parallel 4", "2-D 2x2", "ZeRO and 4 micro-batches on data parallel 2",
@@ -344,7 +343,7 @@ def test_gpt2_with_dropout_draws_the_same_masks_under_every_plan(one_rank_with_d
                     f'!sbp.dtensor<32x128xf32, @{where}, S<0>>') in exe.plan_text
 
 
-@pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.parametrize("ranks", [pytest.param(1, marks=pytest.mark.full), 2])
 def test_gpt2_in_bfloat16_trains_as_pytorch_does_in_bfloat16(ranks):
     # a model whose weights are bfloat16: stored so (ml_dtypes), each op
     # computed in float32 and rounded once, gradients summed in float32
@@ -417,7 +416,7 @@ def gpt2_classifier():
         attn_pdrop=0.0, num_labels=3, pad_token_id=0)))
 
 
-@pytest.mark.parametrize("ranks, sbp", [pytest.param(1, None, marks=pytest.mark.full), (2, DATA_PARALLEL)],
+@pytest.mark.parametrize("ranks, sbp", [(1, None), pytest.param(2, DATA_PARALLEL, marks=pytest.mark.full)],
                          ids=["1 rank", "data parallel 2"])
 def test_gpt2_for_sequence_classification_trains_as_pytorch(ranks, sbp):
     # the logits of each row's last token that is not padding: an argmax over

@@ -18,7 +18,7 @@ from sbpc.semantics.reference import evaluate
 
 # 3-D meshes too; SBPC_RANDOM_EXAMPLES raises the count (the reliability
 # campaign's 2000).
-@settings(max_examples=int(os.environ.get("SBPC_RANDOM_EXAMPLES", "20")), deadline=None,
+@settings(max_examples=int(os.environ.get("SBPC_RANDOM_EXAMPLES", "10")), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(hinted_graphs(meshes=(*MESHES, (2, 2, 2), (1, 2, 2))), st.sampled_from(["auto", "greedy"]))
 def test_compiled_plans_on_real_arenas_match_the_reference(case, strategy):
