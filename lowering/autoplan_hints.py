@@ -1,11 +1,15 @@
-"""The layer search's chosen plan, written into the forward graph as a
-hand plan would be written (hints, per-stage placements, requests), then
-the training passes run on it, so `compile` lowers it like a hand plan
-(sbp-autoplan with search=layers; planning/autoplan/ chose it)."""
+"""A layout turned into IR, by one function for both of sbp-autoplan's
+searches (`write_layout`): what differs is how each writes its choices as
+hints (`LayoutHints`). The layer search's (`ProfileHints`) writes the plan
+into the forward graph as a hand plan would be written (per-stage
+placements, hints, requests), so `compile` lowers it like a hand plan; the
+whole-graph search's (sbp_autoplan.py) leaves the rest to sbp-infer."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import DenseArrayBase, ModuleOp, SymbolRefAttr, UnitAttr, i64
@@ -25,6 +29,7 @@ from sbpc.dialects.sbp import (
     dtensor_of,
     element_type,
     global_shape,
+    lookup_placement,
     nd_to_plain,
 )
 from sbpc.planning.autoplan.candidates import Candidate, Layout
@@ -40,126 +45,173 @@ REQUEST_ATTR = "sbp.autoplan.request"
 """Marks the requests the planner writes (the profile's distribution of a value)."""
 
 
-def write_plan(module: ModuleOp, graph: lg.GraphOp, placement: PlacementOp, layers: list[Layer],
-               chosen: Candidate, profiler: Profiler, ranks: list[int], training: Sequence[ModulePass],
-               batch: int, loss: str) -> None:
-    """Writes `chosen` into the forward graph as a hand plan would be
-    written: a placement per stage (stage i on the i-th block of ranks, its
-    mesh data x tensor, the tensor axis inside a node), each op on its
-    layer's stage, the inputs split over the data axis, every layer's
-    parameters and forward values requested as its class's profile
-    distributed them; then the training passes (micro-batches in the chosen
-    schedule, `training`, with each gradient requested where its update
-    runs; recomputation; ZeRO's state split over the data axis)."""
-    layout = chosen.layout
-    per = layout.data * layout.tensor
-    names = [f"stage{i}" for i in range(layout.stages)] if layout.stages > 1 else [placement.sym_name.data]
-    mesh = layout.mesh
-    for i, name in enumerate(names):
-        if layout.stages > 1:
-            module.body.block.insert_op_before(
-                PlacementOp(name, placement.device.data, ranks[i * per:(i + 1) * per], mesh), placement)
-    if layout.stages == 1:
-        placement.ranks = DenseArrayBase.from_list(i64, ranks)
-        placement.shape = DenseArrayBase.from_list(i64, mesh)
-    stage_of_layer = {j: s for s, run in enumerate(chosen.stage_layers) for j in run}
-    stage_of: dict[Operation, int] = {}
-    for j, layer in enumerate(layers):
-        for op in layer.ops:
-            stage_of[op] = stage_of_layer[j]
-    micro = batch // (layout.data * layout.micro_batches)
-    data_axis = 0 if layout.data > 1 else None
-    tensor_axis = (1 if layout.data > 1 else 0) if layout.tensor > 1 else None
-    hinted: set[lg.ParamOp] = set()
-    for j, layer in enumerate(layers):
-        profile = profiler.profile(layer, layout.tensor, micro, layout.recompute)
-        name = names[stage_of_layer[j]]
-        for param, on_tensor in zip(layer.params, profile.param_sbp, strict=True):
-            if param in hinted:
-                continue
-            hinted.add(param)
-            nd = [Sbp.B] * len(mesh)
-            if tensor_axis is not None:
-                nd[tensor_axis] = on_tensor
-            shape = global_shape(param.result.type)
-            if layout.memory == "fsdp" and data_axis is not None and shape and on_tensor != Sbp.S(0) \
-                    and shape[0] % layout.data == 0:
-                nd[data_axis] = Sbp.S(0)
-            Rewriter.replace_value_with_new_type(
-                param.result, dtensor_of(shape, param.result.type.element_type, name, tuple(nd)))
-    # Every forward value of a layer is requested as its class's profile
-    # distributed it (the profile's integer program chose them together;
-    # sbp-infer's search, given only the parameters, finds worse plans).
-    for j, layer in enumerate(layers):
-        profile = profiler.profile(layer, layout.tensor, micro, layout.recompute)
-        name = names[stage_of_layer[j]]
-        for op, value_on_tensor in zip(layer.ops, profile.value_sbp, strict=True):
-            value = op.results[0]
-            if value_on_tensor is None or isinstance(value.type, DTensorType):
-                continue
-            shape = global_shape(value.type)
-            nd = [Sbp.B] * len(mesh)
-            if tensor_axis is not None:
-                nd[tensor_axis] = value_on_tensor
-            if data_axis is not None and shape[0] == batch:
-                nd[data_axis] = Sbp.S(0)
-            uses = list(value.uses)
-            request = AnnotateOp(value, dtensor_of(shape, element_type(value.type), name, tuple(nd)))
-            request.attributes[PLACEMENT_ATTR] = SymbolRefAttr(name)
-            request.attributes[REQUEST_ATTR] = UnitAttr()
-            graph.body.block.insert_op_after(request, op)
-            stage_of[request] = stage_of_layer[j]
-            # a later stage reads it through its own request (the transfer), as a hand plan's `.to()` in that stage
-            moved: dict[int, AnnotateOp] = {}
-            for use in uses:
-                if isinstance(getattr(type(use.operation), "T", None), VarConstraint):
-                    # an op typed like its operand (layernorm, softmax, GELU)
-                    # would take the request as a hint on its own result,
-                    # which it may not be able to give: it reads the value
-                    continue
-                there = stage_of.get(use.operation, stage_of_layer[j])
-                if there != stage_of_layer[j] and there not in moved:
-                    moved[there] = AnnotateOp(request.result, dtensor_of(
-                        shape, element_type(value.type), names[there], tuple(nd)))
-                    moved[there].attributes[PLACEMENT_ATTR] = SymbolRefAttr(names[there])
-                    graph.body.block.insert_op_after(moved[there], request)
-                    stage_of[moved[there]] = there
-                use.operation.operands[use.index] = moved.get(there, request).result
-    _same_type_results(graph)
-    place_ops(graph, stage_of, names)
-    for o in graph.body.ops:
-        if isinstance(o, lg.InputOp) and global_shape(o.result.type) and not isinstance(o.result.type, DTensorType):
-            nd = [Sbp.B] * len(mesh)
-            if data_axis is not None:
-                nd[data_axis] = Sbp.S(0)
-            where = o.attributes[PLACEMENT_ATTR]
-            assert isinstance(where, SymbolRefAttr)
-            Rewriter.replace_value_with_new_type(
-                o.result, dtensor_of(global_shape(o.result.type), o.result.type.element_type, where.string_value(),
-                                     tuple(nd)))
-    graph.placement = SymbolRefAttr(names[0])
-    if layout.stages > 1:
-        placement.detach()
-        placement.erase()
+class LayoutHints(Protocol):
+    """How a search writes its layout's choices into the graph: `place`
+    before the training passes (placements, stages, the forward graph's
+    hints), `after_autodiff` once the gradients exist, `after_training`
+    once the step is whole. `write_layout` runs the passes between them."""
+
+    def place(self, module: ModuleOp, graph: lg.GraphOp, placement: PlacementOp) -> None: ...
+
+    def after_autodiff(self, graph: lg.GraphOp) -> None: ...
+
+    def after_training(self, graph: lg.GraphOp) -> None: ...
+
+
+def write_layout(module: ModuleOp, layout: Layout, training: Sequence[ModulePass], loss: str,
+                 hints: LayoutHints) -> None:
+    """Turns `layout` into IR, the one way both searches do: `hints` places
+    and hints the forward graph, then micro-batches in the layout's
+    schedule, the training passes, recomputation by its policy, and the
+    hints on the training step. The whole-graph search (`sbp_autoplan`) hands
+    the result to sbp-infer to choose the rest; the layer search's hints
+    (`ProfileHints`) leave it as a hand plan would be written."""
+    graph = next(iter(lg.graphs(module)))
+    assert graph.placement is not None  # checked by sbp-autoplan
+    hints.place(module, graph, lookup_placement(graph, graph.placement))
     ctx = Context()
     if layout.micro_batches > 1:
         LgMicroBatchPass(count=layout.micro_batches, schedule=layout.schedule).apply(ctx, module)
     for step in training:
         step.apply(ctx, module)
         if isinstance(step, LgAutodiffPass):
-            _pin_gradients(graph, layout, data_axis, tensor_axis)
+            hints.after_autodiff(graph)
     if layout.recompute != "none":
         LgRecomputePass(policy=layout.recompute, loss=loss).apply(ctx, module)
-    _unrequest_same_type_ops(graph)
-    if layout.memory == "zero" and data_axis is not None:
-        params = {p.key.data: p for p in graph.body.ops if isinstance(p, lg.ParamOp)}
-        for p in params.values():
-            prefix = next((x for x in OPTIMIZER_STATE_PREFIXES if p.key.data.startswith(x)), None)
-            owner = params.get(p.key.data.removeprefix(prefix)) if prefix else None
-            if owner is not None and global_shape(p.result.type) and isinstance(owner.result.type, DTensorType):
-                Rewriter.replace_value_with_new_type(
-                    p.result, _zero_type(owner.result.type, layout, data_axis, tensor_axis))
+    hints.after_training(graph)
 
+
+@dataclass
+class ProfileHints:
+    """The layer search's choice (planning/autoplan/) written as a hand plan
+    would be: a placement per stage (stage i on the i-th block of ranks,
+    its mesh data x tensor, the tensor axis inside a node), each op on its
+    layer's stage, the inputs split over the data axis, every layer's
+    parameters and forward values requested as its class's profile
+    distributed them; each gradient requested where its update runs;
+    ZeRO's state split over the data axis."""
+
+    layers: list[Layer]
+    chosen: Candidate
+    profiler: Profiler
+    ranks: list[int]
+    batch: int
+
+    @property
+    def data_axis(self) -> int | None:
+        return 0 if self.chosen.layout.data > 1 else None
+
+    @property
+    def tensor_axis(self) -> int | None:
+        layout = self.chosen.layout
+        return (1 if layout.data > 1 else 0) if layout.tensor > 1 else None
+
+    def place(self, module: ModuleOp, graph: lg.GraphOp, placement: PlacementOp) -> None:
+        chosen, layers, profiler, ranks, batch = self.chosen, self.layers, self.profiler, self.ranks, self.batch
+        layout = chosen.layout
+        per = layout.data * layout.tensor
+        names = [f"stage{i}" for i in range(layout.stages)] if layout.stages > 1 else [placement.sym_name.data]
+        mesh = layout.mesh
+        for i, name in enumerate(names):
+            if layout.stages > 1:
+                module.body.block.insert_op_before(
+                    PlacementOp(name, placement.device.data, ranks[i * per:(i + 1) * per], mesh), placement)
+        if layout.stages == 1:
+            placement.ranks = DenseArrayBase.from_list(i64, ranks)
+            placement.shape = DenseArrayBase.from_list(i64, mesh)
+        stage_of_layer = {j: s for s, run in enumerate(chosen.stage_layers) for j in run}
+        stage_of: dict[Operation, int] = {}
+        for j, layer in enumerate(layers):
+            for op in layer.ops:
+                stage_of[op] = stage_of_layer[j]
+        micro = batch // (layout.data * layout.micro_batches)
+        data_axis, tensor_axis = self.data_axis, self.tensor_axis
+        hinted: set[lg.ParamOp] = set()
+        for j, layer in enumerate(layers):
+            profile = profiler.profile(layer, layout.tensor, micro, layout.recompute)
+            name = names[stage_of_layer[j]]
+            for param, on_tensor in zip(layer.params, profile.param_sbp, strict=True):
+                if param in hinted:
+                    continue
+                hinted.add(param)
+                nd = [Sbp.B] * len(mesh)
+                if tensor_axis is not None:
+                    nd[tensor_axis] = on_tensor
+                shape = global_shape(param.result.type)
+                if layout.memory == "fsdp" and data_axis is not None and shape and on_tensor != Sbp.S(0) \
+                        and shape[0] % layout.data == 0:
+                    nd[data_axis] = Sbp.S(0)
+                Rewriter.replace_value_with_new_type(
+                    param.result, dtensor_of(shape, param.result.type.element_type, name, tuple(nd)))
+        # Every forward value of a layer is requested as its class's profile
+        # distributed it (the profile's integer program chose them together;
+        # sbp-infer's search, given only the parameters, finds worse plans).
+        for j, layer in enumerate(layers):
+            profile = profiler.profile(layer, layout.tensor, micro, layout.recompute)
+            name = names[stage_of_layer[j]]
+            for op, value_on_tensor in zip(layer.ops, profile.value_sbp, strict=True):
+                value = op.results[0]
+                if value_on_tensor is None or isinstance(value.type, DTensorType):
+                    continue
+                shape = global_shape(value.type)
+                nd = [Sbp.B] * len(mesh)
+                if tensor_axis is not None:
+                    nd[tensor_axis] = value_on_tensor
+                if data_axis is not None and shape[0] == batch:
+                    nd[data_axis] = Sbp.S(0)
+                uses = list(value.uses)
+                request = AnnotateOp(value, dtensor_of(shape, element_type(value.type), name, tuple(nd)))
+                request.attributes[PLACEMENT_ATTR] = SymbolRefAttr(name)
+                request.attributes[REQUEST_ATTR] = UnitAttr()
+                graph.body.block.insert_op_after(request, op)
+                stage_of[request] = stage_of_layer[j]
+                # a later stage reads it through its own request (the transfer), as a hand plan's `.to()` in that stage
+                moved: dict[int, AnnotateOp] = {}
+                for use in uses:
+                    if isinstance(getattr(type(use.operation), "T", None), VarConstraint):
+                        # an op typed like its operand (layernorm, softmax, GELU)
+                        # would take the request as a hint on its own result,
+                        # which it may not be able to give: it reads the value
+                        continue
+                    there = stage_of.get(use.operation, stage_of_layer[j])
+                    if there != stage_of_layer[j] and there not in moved:
+                        moved[there] = AnnotateOp(request.result, dtensor_of(
+                            shape, element_type(value.type), names[there], tuple(nd)))
+                        moved[there].attributes[PLACEMENT_ATTR] = SymbolRefAttr(names[there])
+                        graph.body.block.insert_op_after(moved[there], request)
+                        stage_of[moved[there]] = there
+                    use.operation.operands[use.index] = moved.get(there, request).result
+        _same_type_results(graph)
+        place_ops(graph, stage_of, names)
+        for o in graph.body.ops:
+            if isinstance(o, lg.InputOp) and global_shape(o.result.type) and not isinstance(o.result.type, DTensorType):
+                nd = [Sbp.B] * len(mesh)
+                if data_axis is not None:
+                    nd[data_axis] = Sbp.S(0)
+                where = o.attributes[PLACEMENT_ATTR]
+                assert isinstance(where, SymbolRefAttr)
+                Rewriter.replace_value_with_new_type(
+                    o.result, dtensor_of(global_shape(o.result.type), o.result.type.element_type,
+                                         where.string_value(), tuple(nd)))
+        graph.placement = SymbolRefAttr(names[0])
+        if layout.stages > 1:
+            placement.detach()
+            placement.erase()
+
+    def after_autodiff(self, graph: lg.GraphOp) -> None:
+        _pin_gradients(graph, self.chosen.layout, self.data_axis, self.tensor_axis)
+
+    def after_training(self, graph: lg.GraphOp) -> None:
+        _unrequest_same_type_ops(graph)
+        layout, data_axis = self.chosen.layout, self.data_axis
+        if layout.memory == "zero" and data_axis is not None:
+            params = {p.key.data: p for p in graph.body.ops if isinstance(p, lg.ParamOp)}
+            for p in params.values():
+                prefix = next((x for x in OPTIMIZER_STATE_PREFIXES if p.key.data.startswith(x)), None)
+                owner = params.get(p.key.data.removeprefix(prefix)) if prefix else None
+                if owner is not None and global_shape(p.result.type) and isinstance(owner.result.type, DTensorType):
+                    Rewriter.replace_value_with_new_type(
+                        p.result, _zero_type(owner.result.type, layout, data_axis, self.tensor_axis))
 
 
 def _unrequest_same_type_ops(graph: lg.GraphOp) -> None:

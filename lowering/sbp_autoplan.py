@@ -90,7 +90,7 @@ from sbpc.planning.autoplan.stages import FORWARD_SOURCES, batch_size, cut_into_
 from sbpc.planning.cost_model import PLANNED_FOR_ATTR
 from sbpc.planning.sbp_ilp import SHARE_ABOVE
 
-from .autoplan_hints import write_plan
+from .autoplan_hints import ProfileHints, write_layout
 from .compile import lowering_passes
 from .lg_autodiff import LgAutodiffPass
 from .lg_micro_batch import LgMicroBatchPass, rebatch
@@ -156,6 +156,44 @@ def _seed_inputs(graph: lg.GraphOp, layout: Layout) -> None:
             nd = tuple([Sbp.B] * len(mesh))
         Rewriter.replace_value_with_new_type(o.result, dtensor_of(shape, o.result.type.element_type,
                                                                   where.string_value(), nd))
+
+
+@dataclass(frozen=True)
+class WholeGraphHints:
+    """The whole-graph search's layout as hints for sbp-infer, which chooses
+    the rest: the devices and mesh (or the stages, cut where the fewest
+    bytes cross), then, on the training step, the inputs' start and the
+    memory mode's split of the optimizer state (ZeRO) or of the parameters
+    too (FSDP) over the first mesh axis."""
+
+    layout: Layout
+    ranks: list[int]
+
+    def place(self, module: ModuleOp, graph: lg.GraphOp, placement: PlacementOp) -> None:
+        layout = self.layout
+        if layout.stages == 1:
+            axes = len(placement.mesh().shape)
+            placement.ranks = DenseArrayBase.from_list(i64, self.ranks)
+            placement.shape = DenseArrayBase.from_list(i64, layout.mesh)
+            if len(layout.mesh) != axes:  # the user's hints name the old mesh's axes
+                module.verify()
+        else:
+            cut_into_stages(module, graph, placement, layout.stages, layout.mesh, self.ranks)
+
+    def after_autodiff(self, graph: lg.GraphOp) -> None:
+        pass
+
+    def after_training(self, graph: lg.GraphOp) -> None:
+        layout = self.layout
+        if layout.inputs != "free":
+            _seed_inputs(graph, layout)
+        if layout.memory != "replicated":
+            for p in graph.body.ops:
+                hinted = isinstance(p, lg.ParamOp) and isinstance(p.result.type, DTensorType)
+                if isinstance(p, lg.ParamOp) and not hinted and (layout.memory == "fsdp" or _is_state(p.key.data)):
+                    where = p.attributes.get(PLACEMENT_ATTR, graph.placement)
+                    assert isinstance(where, SymbolRefAttr)
+                    _split_first_axis(p, where.string_value(), layout.mesh)
 
 
 def layer_passes() -> LayerPasses:
@@ -295,7 +333,7 @@ class SbpAutoplanPass(ModulePass):
         device = self.cluster
         best, estimates, profiler, layers = plan_layers(graph, self.loss, cluster, device, ranks, batch, budget,
                                                         modes, optimizer, layer_passes())
-        write_plan(op, graph, placement, layers, best, profiler, ranks, training, batch, self.loss)
+        write_layout(op, best.layout, training, self.loss, ProfileHints(layers, best, profiler, ranks, batch))
         classes = len({layer.key for layer in layers})
         graph.attributes[PLANNED_FOR_ATTR] = StringAttr(self._cluster_spec())
         graph.attributes[AUTOPLAN_ATTR] = StringAttr(
@@ -320,35 +358,9 @@ class SbpAutoplanPass(ModulePass):
         text to the candidate that predicted it."""
         trial = Candidate(layout)
         candidate = module.clone()
-        graph = next(iter(lg.graphs(candidate)))
-        assert graph.placement is not None  # checked by apply
-        placement = lookup_placement(graph, graph.placement)
         ctx = Context()
         try:
-            if layout.stages == 1:
-                axes = len(placement.mesh().shape)
-                placement.ranks = DenseArrayBase.from_list(i64, ranks)
-                placement.shape = DenseArrayBase.from_list(i64, layout.mesh)
-                if len(layout.mesh) != axes:  # the user's hints name the old mesh's axes
-                    candidate.verify()
-            else:
-                cut_into_stages(candidate, graph, placement, layout.stages, layout.mesh, ranks)
-            if layout.micro_batches > 1:
-                LgMicroBatchPass(count=layout.micro_batches, schedule=layout.schedule).apply(ctx, candidate)
-            for p in training:
-                p.apply(ctx, candidate)
-            if layout.recompute != "none":
-                LgRecomputePass(policy=layout.recompute, loss=self.loss).apply(ctx, candidate)
-            if layout.inputs != "free":
-                _seed_inputs(graph, layout)
-            if layout.memory != "replicated":
-                for p in graph.body.ops:
-                    hinted = isinstance(p, lg.ParamOp) and isinstance(p.result.type, DTensorType)
-                    if isinstance(p, lg.ParamOp) and not hinted and (
-                            layout.memory == "fsdp" or _is_state(p.key.data)):
-                        where = p.attributes.get(PLACEMENT_ATTR, graph.placement)
-                        assert isinstance(where, SymbolRefAttr)
-                        _split_first_axis(p, where.string_value(), layout.mesh)
+            write_layout(candidate, layout, training, self.loss, WholeGraphHints(layout, ranks))
             strategy = self.strategy
             if strategy == "best":  # the program proves its optimum in seconds on these; 2-D meshes take minutes
                 ops = sum(len(g.body.ops) for g in lg.graphs(candidate))

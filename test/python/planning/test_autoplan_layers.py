@@ -17,8 +17,7 @@ from xdsl.passes import PassPipeline
 from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import lg, parse_module, plan
-from sbpc.dialects.sbp import lookup_placement
-from sbpc.lowering.autoplan_hints import write_plan
+from sbpc.lowering.autoplan_hints import ProfileHints, write_layout
 from sbpc.lowering.compile import CompilePass
 from sbpc.lowering.lg_micro_batch import rebatch
 from sbpc.lowering.sbp_autoplan import TRAINING_PASSES, SbpAutoplanPass, layer_passes
@@ -110,8 +109,8 @@ def written(layout: Layout, ranks: int = 4, cluster: str = "cpu", **size):
     profiler = Profiler(graph, "loss", c, cluster, "cpu", batch, layer_passes())
     estimate = Composer(layers, profiler, c, list(range(ranks)), batch, "adam").estimate(layout)
     assert not estimate.rejected, estimate.rejected
-    write_plan(module, graph, lookup_placement(graph, graph.placement), layers, estimate, profiler,
-               list(range(ranks)), PassPipeline.parse_spec(TRAINING_PASSES, TRAIN).passes, batch, "loss")
+    write_layout(module, estimate.layout, PassPipeline.parse_spec(TRAINING_PASSES, TRAIN).passes, "loss",
+                 ProfileHints(layers, estimate, profiler, list(range(ranks)), batch))
     module.verify()
     return module, estimate
 
