@@ -39,7 +39,7 @@ def main() -> int:
     itos = {i: c for c, i in stoi.items()}
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=len(stoi), n_positions=32, n_embd=64, n_layer=2, n_head=4,
-                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                                      bos_token_id=0, eos_token_id=0)
     model = transformers.GPT2LMHeadModel(config)
     model.config._attn_implementation = "eager"

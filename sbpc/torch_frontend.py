@@ -47,7 +47,7 @@ from typing import Any
 from sbpc.frontend import Graph, Placement
 from sbpc.torch_import.aten.registry import RULES as RULES
 from sbpc.torch_import.aten.registry import rule as rule
-from sbpc.torch_import.capture import _export_failure, _quiet_torch
+from sbpc.torch_import.capture import _export_failure, _quiet_torch, _register_caches
 from sbpc.torch_import.capture import _user_line as _user_line
 from sbpc.torch_import.importer import _Importer
 from sbpc.torch_import.precision import AUTOCAST_LOWER as AUTOCAST_LOWER
@@ -62,6 +62,7 @@ def from_torch(module, args, kwargs: Mapping[str, Any] | None = None, *, sbp: Ma
     import torch
 
     args = tuple(args) if isinstance(args, tuple | list) else (args,)
+    _register_caches(module)
     try:
         with _quiet_torch():
             program = torch.export.export(module, args, kwargs=dict(kwargs or {}))

@@ -1,6 +1,8 @@
-"""Capturing a module with torch.export: export made quiet, its failures
-in a sentence, and the user's line in a PyTorch stack trace (the last frame
-outside torch and sbpc), which every import error names."""
+"""Capturing a module with torch.export: Hugging Face's caches registered
+so that a decoder built with `use_cache` can be exported, export made
+quiet, its failures in a sentence, and the user's line in a PyTorch stack
+trace (the last frame outside torch and sbpc), which every import error
+names."""
 
 from __future__ import annotations
 
@@ -71,3 +73,21 @@ def _library_dirs() -> set[str]:
              if name.partition(".")[0] == "sbpc"]
     files.append(getattr(sys.modules.get("torch"), "__file__", None))
     return {os.path.realpath(os.path.dirname(file)) for file in files if file}
+
+
+def _register_caches(module) -> None:
+    """Hugging Face's caches as pytree nodes, as its own exporter registers
+    them: a decoder built with `use_cache` (its config's default) returns a
+    `DynamicCache` beside its loss and logits, which `torch.export` cannot
+    return otherwise. The importer leaves the cache out of the graph."""
+    if "transformers" not in sys.modules:
+        return
+    try:
+        from transformers import PreTrainedModel
+        from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
+    except ImportError:  # another transformers: its caches stay unregistered, and export says so
+        return
+    for m in module.modules():
+        if isinstance(m, PreTrainedModel):
+            register_cache_pytrees_for_model(m)
+            return

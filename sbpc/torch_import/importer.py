@@ -107,20 +107,28 @@ class _Importer(_StateImporter):
         keys = self._output_keys(len(flat))
         outputs = {}
         for key, value in zip(keys, flat):
-            if not isinstance(value, Tensor):
-                continue  # a constant output (None, a folded tensor) says nothing about training
+            if key is None or not isinstance(value, Tensor):
+                # a cache (a decoder's keys and values, returned with
+                # `use_cache`) or a constant output (None, a folded tensor)
+                # says nothing about training: not an output, not computed
+                continue
             outputs[key] = value
         if not outputs:
             raise TorchImportError(f"{type(self.module).__name__}.forward returns no tensor computed from its inputs")
         self.g.output(**outputs, **{f"new.{name}": value for name, value in self.updates.items()})
 
-    def _output_keys(self, count: int) -> list[str]:
+    def _output_keys(self, count: int) -> list[str | None]:
+        """The name of each flat output; None for the leaves of a cache."""
         spec = self.program.call_spec.out_spec
         if spec is None or spec.is_leaf():
             only = self._output_value(0)
             return ["loss" if only is not None and tuple(only.shape) == () else "output"]
         if isinstance(spec.type, type) and issubclass(spec.type, dict):  # a dict, or a Hugging Face ModelOutput
-            return [str(k) for k in spec.context]
+            keys: list[str | None] = []
+            for key, child in zip(spec.context, spec.children(), strict=True):
+                cache = isinstance(child.type, type) and child.type.__name__.endswith("Cache")
+                keys += [None if cache else str(key)] * child.num_leaves
+            return keys
         keys = [f"output{i}" for i in range(count)]
         last = self._output_value(count - 1)
         if last is not None and tuple(last.shape) == ():

@@ -135,8 +135,15 @@ def _select(im: _Importer, x, dim, index):
 
 @rule("aten.cat")
 def _cat(im: _Importer, tensors, dim=0):
+    """`torch.cat`, which skips a legacy empty operand (1-D of size 0) beside
+    tensors of more dimensions, as PyTorch does: a `DynamicCache` layer
+    starts as one, and every decoder built with `use_cache` (its config's
+    default) concatenates its keys and values onto it."""
     values = [im.lift(t) for t in tensors]
-    return fe.concat(values, _axis(dim, len(values[0].shape)))
+    kept = [v for v in values if list(v.shape) != [0]] or values[:1]
+    if len(kept) == 1:
+        return kept[0]
+    return fe.concat(kept, _axis(dim, len(kept[0].shape)))
 
 
 @rule("aten.pad", "aten.constant_pad_nd")

@@ -242,6 +242,21 @@ def test_add_sub_and_rsub_scale_the_right_operand_by_alpha():
                                rtol=1e-6, atol=1e-6)
 
 
+def test_cat_skips_a_legacy_empty_operand_as_pytorch_does():
+    # torch.cat takes a 1-D tensor of size 0 beside tensors of any rank and
+    # skips it (what a DynamicCache layer starts as)
+    class Cat(nn.Module):
+        def forward(self, x, y):
+            empty = torch.zeros(0)
+            return torch.cat([empty, x, y], dim=1) * 2.0, torch.cat([empty, x], dim=-1) + 1.0
+
+    x, y = torch.randn(2, 3, 4), torch.randn(2, 5, 4)
+    exe = sbpc.compile(sbpc.from_torch(Cat(), (x, y), placement=sbpc.placement("cpu", 1)), mode="interpret")
+    out = exe.run({"x": x.numpy(), "y": y.numpy()})
+    for got, want in zip((out["output0"], out["output1"]), Cat()(x, y), strict=True):
+        np.testing.assert_array_equal(got, want.numpy())
+
+
 def test_indexing_from_the_end_and_strided_slices_follow_pytorch():
     class Picks(nn.Module):
         def forward(self, x):

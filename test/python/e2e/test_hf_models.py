@@ -43,7 +43,6 @@ class LossOf(torch.nn.Module):
 
 def _eager(model):
     model.config._attn_implementation = "eager"
-    model.config.use_cache = False
     return model.train()
 
 
@@ -435,9 +434,26 @@ def test_a_model_imports_directly_with_its_keyword_inputs_and_named_outputs():
     exe = sbpc.compile(graph, mode="interpret")
     out = exe.run({"input_ids": x.numpy(), "labels": y.numpy()})
     expected = model(input_ids=x, labels=y)
-    assert set(out) == {"loss", "logits"}  # the ModelOutput's keys
+    assert set(out) == {"loss", "logits"}  # the ModelOutput's keys but its cache (use_cache, the default)
     assert float(out["loss"]) == pytest.approx(expected.loss.item(), rel=1e-5)
     np.testing.assert_allclose(out["logits"], expected.logits.detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_the_kv_cache_a_decoder_builds_by_default_is_not_computed(family):
+    # use_cache, on in every decoder config by default, makes the forward
+    # build a DynamicCache (torch.cat of a legacy empty tensor with each
+    # layer's keys and values) and return it: the step is the same as with
+    # the cache off, which is the option users switch off for training
+    x, y = language_batches(1)[0]
+    plans = []
+    for use_cache in (True, False):
+        model = gpt2() if family == "gpt2" else llama(2)
+        assert model.config.use_cache  # the config's default
+        model.config.use_cache = use_cache
+        graph = sbpc.from_torch(LossOf(model), (x, y), placement=sbpc.placement("cpu", 2), sbp=DATA_PARALLEL)
+        plans.append(sbpc.compile(graph, optimizer=sbpc.optim.SGD(lr=0.1)).plan_text)
+    assert plans[0] == plans[1]
 
 
 def test_a_training_step_gathers_only_the_outputs_asked_for():
