@@ -33,7 +33,11 @@ run: setup
 # pytest shares the test files between two processes (pytest-xdist; a
 # file's tests stay together, so its fixtures and rank pools are made once):
 # most tests compile in one Python process and would leave a core idle.
-test: lint typecheck lit pytest
+# mypy runs on one core, so it runs beside lit (each one's output kept
+# together); pytest follows once both have passed.
+test: lint
+	$(MAKE) --no-print-directory -j2 --output-sync=target typecheck lit
+	$(MAKE) --no-print-directory pytest
 
 test-all: setup
 	SBPC_FULL=1 SBPC_RANDOM_EXAMPLES=200 $(MAKE) --no-print-directory test
