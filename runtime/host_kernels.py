@@ -233,14 +233,12 @@ def _declarations(kernels: Sequence[Kernel]) -> str:
     declarations with pycparser, at about a millisecond per prototype
     written out: a GPT-2 rank's 270 kernels took 0.1 s of every plan load,
     and one type per signature takes a tenth of that."""
+    signatures = [tuple(_pointer_type(param, k.t) for param in k.params) for k in kernels]
     types: dict[tuple[str, ...], str] = {}
-    lines = []
-    for k in kernels:
-        signature = tuple(_pointer_type(param, k.t) for param in k.params)
-        if signature not in types:
-            types[signature] = f"sbpc_kernel_type_{len(types)}"
-            lines.append(f"typedef void {types[signature]}({', '.join(signature)});")
-    return "\n".join(lines + [f"{types[tuple(_pointer_type(p, k.t) for p in k.params)]} {k.name};" for k in kernels])
+    for signature in signatures:
+        types.setdefault(signature, f"sbpc_kernel_type_{len(types)}")
+    typedefs = [f"typedef void {name}({', '.join(signature)});" for signature, name in types.items()]
+    return "\n".join(typedefs + [f"{types[s]} {k.name};" for s, k in zip(signatures, kernels, strict=True)])
 
 
 class Library:

@@ -126,8 +126,10 @@ class _Importer(_StateImporter):
         if isinstance(spec.type, type) and issubclass(spec.type, dict):  # a dict, or a Hugging Face ModelOutput
             keys: list[str | None] = []
             for key, child in zip(spec.context, spec.children(), strict=True):
-                cache = isinstance(child.type, type) and child.type.__name__.endswith("Cache")
-                keys += [None if cache else str(key)] * child.num_leaves
+                if isinstance(child.type, type) and child.type.__name__.endswith("Cache"):
+                    keys += [None] * child.num_leaves
+                else:  # a tuple under one key (hidden_states): one output per leaf
+                    keys += [str(key)] if child.num_leaves == 1 else [f"{key}.{i}" for i in range(child.num_leaves)]
             return keys
         keys = [f"output{i}" for i in range(count)]
         last = self._output_value(count - 1)

@@ -439,6 +439,18 @@ def test_a_model_imports_directly_with_its_keyword_inputs_and_named_outputs():
     np.testing.assert_allclose(out["logits"], expected.logits.detach().numpy(), rtol=1e-4, atol=1e-5)
 
 
+def test_a_tuple_under_one_output_key_gives_one_output_per_element():
+    model = gpt2()
+    model.config.output_hidden_states = True  # a tuple of tensors under one ModelOutput key
+    x, y = language_batches(1)[0]
+    graph = sbpc.from_torch(model, (), {"input_ids": x, "labels": y}, placement=sbpc.placement("cpu", 1))
+    out = sbpc.compile(graph, mode="interpret").run({"input_ids": x.numpy(), "labels": y.numpy()})
+    expected = model(input_ids=x, labels=y).hidden_states
+    assert set(out) == {"loss", "logits", *(f"hidden_states.{i}" for i in range(len(expected)))}
+    for i, h in enumerate(expected):
+        np.testing.assert_allclose(out[f"hidden_states.{i}"], h.detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_the_kv_cache_a_decoder_builds_by_default_is_not_computed(family):
     # use_cache, on in every decoder config by default, makes the forward
