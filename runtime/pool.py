@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import pickle
 import signal
 import sys
 import time
 
 from mpi4py import MPI
 
-from sbpc.dialects import parse_module
+from sbpc.dialects import verify_module
+from sbpc.dialects.op_tree import build_module
 
 from .channel import connect, receive, send
 from .cuda_backend import make_executor
@@ -89,10 +91,13 @@ def serve(job: str) -> None:
                     inject(fault[0])
                 shared.close()
                 break
-            if kind == "load":  # each rank parses its own device's plan alone (program.rank_plans)
+            if kind == "load":  # each rank rebuilds its own device's plan alone (program.rank_plan_pickles)
                 executor = None
                 gc.unfreeze()  # the last plan's objects, out of the collector's sight until now (settle_heap)
-                module = parse_module(command[1][world.rank])
+                # the pickle came inside the driver's command, which was
+                # authenticated before anything of it was unpickled
+                module = build_module(pickle.loads(command[1][world.rank]))
+                verify_module(module)
                 program = find_program(module)
                 executor = make_executor(module, program, world, trace=False)
                 if progress is not None:

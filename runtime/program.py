@@ -8,20 +8,24 @@ user can reach."""
 
 from __future__ import annotations
 
+import pickle
 import warnings
 import weakref
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from io import StringIO
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.printer import Printer
 
 from sbpc.dialects import plan
+from sbpc.dialects.op_tree import op_tree
 from sbpc.dialects.pieces import numpy_dtype
 from sbpc.dialects.sbp import DTensorType, lookup_placement
 from sbpc.semantics.local_eval import assemble
+
+T = TypeVar("T")
 
 
 class RuntimeFailure(Exception):
@@ -125,28 +129,45 @@ def rank_plans(module: ModuleOp, ranks: int) -> list[str]:
     device made a load O(ranks^2) in all (a small GPT on 4 ranks: 2.2 s of
     parsing on each, 4.3 s a load on 2 cores). A rank whose device is
     `like` another gets that one too: it runs that body."""
+    return _each_rank(module, ranks, _text)
+
+
+def rank_plan_pickles(module: ModuleOp, ranks: int) -> list[bytes]:
+    """What `rank_plans` gives, as each rank's pickled op tree
+    (dialects/op_tree.py): what the rank pool sends, which its ranks
+    rebuild without parsing. A rank unpickles its own alone."""
+    return _each_rank(module, ranks, lambda m: pickle.dumps(op_tree(m), protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _text(module: ModuleOp) -> str:
+    stream = StringIO()
+    Printer(stream=stream).print_op(module)
+    return stream.getvalue()
+
+
+def _each_rank(module: ModuleOp, ranks: int, show: Callable[[ModuleOp], T]) -> list[T]:
+    """`show` of the module with each rank's own device alone in its program
+    (and the device it is `like`), for each of `ranks` ranks in turn."""
     program = find_program(module)
     devices = {device.rank.value.data: device for device in program.devices()}
     runs = {rank: device.source() for rank, device in devices.items()}  # read while the devices are in the program
     block = program.body.block
     for device in devices.values():
         device.detach()
-    texts = []
+    shown_by_rank = []
     try:
         for rank in range(ranks):
             shown = list(dict.fromkeys([runs[rank], devices[rank]])) if rank in devices else []
             for device in shown:
                 block.add_op(device)
-            stream = StringIO()
-            Printer(stream=stream).print_op(module)
-            texts.append(stream.getvalue())
+            shown_by_rank.append(show(module))
             for device in shown:
                 device.detach()
     finally:
         for device in sorted(devices.values(), key=lambda d: d.rank.value.data):
             if device.parent is None:
                 block.add_op(device)
-    return texts
+    return shown_by_rank
 
 
 def assemble_outputs(program: plan.ProgramOp, gathered: list[tuple[int, dict[str, tuple[Any, np.ndarray]]]],

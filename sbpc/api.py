@@ -290,11 +290,12 @@ class Executable:
         return _text(self.module)
 
     @functools.cached_property
-    def rank_plans(self) -> list[str]:
-        """The plan text each rank of a pool loads: its own device alone."""
-        from sbpc.runtime.program import rank_plans
+    def rank_plan_pickles(self) -> list[bytes]:
+        """What each rank of a pool loads: its own device alone, as a
+        pickled op tree (runtime.program.rank_plan_pickles)."""
+        from sbpc.runtime.program import rank_plan_pickles
 
-        return rank_plans(self.module, self.ranks)
+        return rank_plan_pickles(self.module, self.ranks)
 
     def _where(self) -> str:
         if self.mode == "interpret":
@@ -480,7 +481,17 @@ class Executable:
                 for d in self.program.devices() for r in d.registers() if r.param is not None}
 
     def param_keys(self) -> list[str]:
-        return sorted({r.param.data for d in self.program.devices() for r in d.registers() if r.param is not None})
+        return list(self._param_key_set)
+
+    @functools.cached_property
+    def _param_key_set(self) -> dict[str, None]:
+        """The parameters' names, sorted (a dict keeps their order and tests
+        membership at once): found once, since each parameter read or
+        written checks its name here: walking every register for each one
+        made a state_dict O(parameters x registers), 27 s of the test
+        suite's CPU under cProfile."""
+        return dict.fromkeys(sorted({r.param.data for d in self.program.devices() for r in d.registers()
+                                     if r.param is not None}))
 
     @functools.cached_property
     def output_names(self) -> list[str]:
@@ -518,7 +529,7 @@ class Params:
         return self.exe.param_keys()
 
     def __getitem__(self, key: str) -> np.ndarray:
-        if key not in self.keys():
+        if key not in self.exe._param_key_set:
             raise KeyError(f"no parameter {key!r} (parameters: {self.keys()})")
         exe = self.exe
         where = exe._where()
@@ -544,7 +555,7 @@ class Params:
         return assemble_param(exe.program, key, pool.request("get_param", key))
 
     def __setitem__(self, key: str, value) -> None:
-        if key not in self.keys():
+        if key not in self.exe._param_key_set:
             raise KeyError(f"no parameter {key!r} (parameters: {self.keys()})")
         exe = self.exe
         where = exe._where()
@@ -561,5 +572,5 @@ class Params:
         """The pool runs one plan at a time; load this one (parameters from
         their initializers) if another was last."""
         if pool.loaded is not self.exe:
-            pool.request("load", self.exe.rank_plans, self.exe.initial_values or None)
+            pool.request("load", self.exe.rank_plan_pickles, self.exe.initial_values or None)
             pool.loaded = self.exe
