@@ -43,8 +43,15 @@ SPIN = 0.002
 """Seconds a rank keeps testing without sleeping after it is idle: commands
 that follow each other (train_step in a loop) meet no sleep."""
 NAP = 0.0005
-"""The longest sleep between tests while idle (the added latency of a
-command after a pause)."""
+"""The longest sleep between tests in the first moments of a pause."""
+IDLE_SHARE = 0.05
+"""Later in a pause, a sleep may be up to this share of the time idle so
+far (and LONGEST_NAP at most): a command after a pause waits at most 5%
+longer than the pause did, and a rank idle for seconds (the driver
+compiling its next plan) wakes 50 times a second, not 2000. Sleeping NAP
+at most throughout, the idle ranks of the test suite woke 5 million times:
+about a minute of CPU."""
+LONGEST_NAP = 0.02
 
 
 def wait_idle(world: MPI.Intracomm) -> None:
@@ -58,9 +65,10 @@ def wait_idle(world: MPI.Intracomm) -> None:
     nap = 0.00005
     while not request.Test():
         give_way()  # while it spins: the driver and rank 0, sending the next command, may need this core
-        if time.perf_counter() - start > SPIN:
+        idle = time.perf_counter() - start
+        if idle > SPIN:
             time.sleep(nap)
-            nap = min(NAP, nap * 2)
+            nap = min(2 * nap, max(NAP, min(LONGEST_NAP, IDLE_SHARE * idle)))
 
 
 def serve(job: str) -> None:
