@@ -13,13 +13,10 @@ BIN := $(VENV)/bin
 
 setup: $(VENV)/.installed
 
-# --no-compile: pip byte-compiled every module of every package (torch's
-# and transformers' thousands) at install, half of the setup's minute; the
-# modules a run imports are compiled on first import instead.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet --no-compile -e ".[test]"
+	$(BIN)/python -m pip install --quiet -e ".[test]"
 	touch $@
 
 run: setup
