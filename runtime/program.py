@@ -129,7 +129,7 @@ def rank_plans(module: ModuleOp, ranks: int) -> list[str]:
     device made a load O(ranks^2) in all (a small GPT on 4 ranks: 2.2 s of
     parsing on each, 4.3 s a load on 2 cores). A rank whose device is
     `like` another gets that one too: it runs that body."""
-    return _each_rank(module, ranks, _text)
+    return _each_rank(module, ranks, module_text)
 
 
 def rank_plan_pickles(module: ModuleOp, ranks: int) -> list[bytes]:
@@ -139,7 +139,8 @@ def rank_plan_pickles(module: ModuleOp, ranks: int) -> list[bytes]:
     return _each_rank(module, ranks, lambda m: pickle.dumps(op_tree(m), protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def _text(module: ModuleOp) -> str:
+def module_text(module: ModuleOp) -> str:
+    """The module as IR text, as sbp-opt prints it."""
     stream = StringIO()
     Printer(stream=stream).print_op(module)
     return stream.getvalue()

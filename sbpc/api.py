@@ -20,14 +20,12 @@ import functools
 import os
 import tempfile
 from collections.abc import Collection, Mapping, Sequence
-from io import StringIO
 from typing import Any, cast
 
 import numpy as np
 from xdsl.context import Context
 from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr, SymbolRefAttr
 from xdsl.passes import ModulePass, PassPipeline
-from xdsl.printer import Printer
 
 from sbpc.arguments import checked
 from sbpc.dialects import collector_paused, lg, parse_module
@@ -41,13 +39,6 @@ from sbpc.runtime.hosts import Hosts
 from sbpc.runtime.pool_client import RankPool
 
 MODES = ("auto", "mpi", "interpret")
-
-
-def _text(module: ModuleOp) -> str:
-    stream = StringIO()
-    Printer(stream=stream).print_op(module)
-    return stream.getvalue()
-
 
 PLANS = ("manual", "auto")
 BEFORE_PLANNING = ("lg-micro-batch", "lg-autodiff", "lg-optimizer")
@@ -287,7 +278,9 @@ class Executable:
     @functools.cached_property
     def plan_text(self) -> str:
         """The plan as IR text (printed on first use: a sixth of a compile)."""
-        return _text(self.module)
+        from sbpc.runtime.program import module_text
+
+        return module_text(self.module)
 
     @functools.cached_property
     def rank_plan_pickles(self) -> list[bytes]:
