@@ -29,7 +29,7 @@ import numpy as np
 from xdsl.context import Context
 
 from sbpc.dialects import plan
-from sbpc.dialects.pieces import numpy_dtype
+from sbpc.dialects.dtypes import numpy_dtype
 from sbpc.lowering.compile import CompilePass
 
 

@@ -23,7 +23,8 @@ from xdsl.context import Context
 
 import sbpc
 from sbpc.dialects import plan
-from sbpc.dialects.pieces import numpy_dtype, piece_of
+from sbpc.dialects.dtypes import numpy_dtype
+from sbpc.dialects.pieces import piece_of
 from sbpc.dialects.sbp import lookup_placement
 from sbpc.lowering.compile import CompilePass
 from sbpc.runtime import host_kernels, numpy_kernels

@@ -19,11 +19,6 @@ import itertools
 import math
 from collections.abc import Sequence
 
-import ml_dtypes
-import numpy as np
-from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float32Type, Float64Type, IntegerType
-from xdsl.ir import Attribute
-
 from .sbp import DTensorType, Mesh, PlainNd, Sbp, nd_to_plain
 
 Coord = tuple[int, ...]
@@ -207,44 +202,6 @@ def partial_kind(nd: PlainNd) -> Sbp | None:
     kinds = {s for s in nd if s.is_partial}
     assert len(kinds) <= 1, f"nd-SBP {nd} mixes partial kinds"
     return kinds.pop() if kinds else None
-
-
-HALF_DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
-"""The 16-bit float storage types. An op on them computes in float32 and
-rounds its result once (what PyTorch's CPU kernels do for half and
-bfloat16: elementwise ops, GEMMs accumulating in float32, reductions
-with a float32 accumulator)."""
-
-
-def is_half(dtype) -> bool:
-    return np.dtype(dtype) in HALF_DTYPES
-
-
-def is_float_dtype(dtype) -> bool:
-    """Floating point, the 16-bit storage types included (numpy does not
-    count ml_dtypes' bfloat16 as floating)."""
-    dtype = np.dtype(dtype)
-    return dtype.kind == "f" or dtype in HALF_DTYPES
-
-
-def compute_dtype(dtype) -> np.dtype:
-    """The dtype an op on `dtype` values computes in: float32 for the half types."""
-    return np.dtype(np.float32) if is_half(dtype) else np.dtype(dtype)
-
-
-def numpy_dtype(elem: Attribute) -> np.dtype:
-    """The numpy dtype of an IR element type (bf16: ml_dtypes' bfloat16)."""
-    if isinstance(elem, Float16Type):
-        return np.dtype(np.float16)
-    if isinstance(elem, BFloat16Type):
-        return np.dtype(ml_dtypes.bfloat16)
-    if isinstance(elem, Float32Type):
-        return np.dtype(np.float32)
-    if isinstance(elem, Float64Type):
-        return np.dtype(np.float64)
-    if isinstance(elem, IntegerType):
-        return np.dtype(np.bool_) if elem.width.data == 1 else np.dtype(f"int{elem.width.data}")
-    raise ValueError(f"no numpy dtype for element type {elem}")
 
 
 def rank_group(mesh: Mesh, rank: int, axes: list[int]) -> list[int]:

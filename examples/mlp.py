@@ -20,7 +20,7 @@ from xdsl.context import Context
 
 import sbpc
 from sbpc.dialects import lg, plan
-from sbpc.dialects.pieces import numpy_dtype
+from sbpc.dialects.dtypes import numpy_dtype
 from sbpc.dialects.sbp import SIGNATURE_ATTR, format_nd, nd_to_plain
 from sbpc.lowering.plan_allocate_memory import PlanAllocateMemoryPass
 from sbpc.lowering.plan_verify import PlanVerifyPass

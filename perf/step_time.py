@@ -43,7 +43,8 @@ from typing import Any
 from xdsl.dialects.builtin import ModuleOp
 
 from sbpc.dialects import lg, plan
-from sbpc.dialects.pieces import numpy_dtype, regions_of, staged_elements
+from sbpc.dialects.dtypes import numpy_dtype
+from sbpc.dialects.pieces import regions_of, staged_elements
 from sbpc.dialects.sbp import COLLECTIVES, Mesh, PlacementOp
 
 from .cluster import Cluster

@@ -19,9 +19,9 @@ from mpi4py import MPI
 from mpi4py.util.dtlib import from_numpy_dtype
 
 from sbpc.dialects import plan
+from sbpc.dialects.dtypes import is_half
 from sbpc.dialects.pieces import (
     intersect,
-    is_half,
     lies_in_order,
     mesh_coord,
     partial_kind,

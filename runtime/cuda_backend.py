@@ -48,7 +48,7 @@ import numpy as np
 from xdsl.dialects.builtin import DenseArrayBase, IntegerType
 
 from sbpc.dialects import plan
-from sbpc.dialects.pieces import numpy_dtype
+from sbpc.dialects.dtypes import numpy_dtype
 from sbpc.dialects.sbp import DeviceKind, lookup_placement
 
 from . import cuda

@@ -34,7 +34,8 @@ from mpi4py import MPI
 from xdsl.dialects.builtin import ModuleOp
 
 from sbpc.dialects import lg, make_context, plan
-from sbpc.dialects.pieces import numpy_dtype, piece_of
+from sbpc.dialects.dtypes import numpy_dtype
+from sbpc.dialects.pieces import piece_of
 from sbpc.dialects.sbp import COLLECTIVES, DTensorType, lookup_placement
 from sbpc.semantics.plan_interpreter import actor_kernel
 from sbpc.semantics.reference import constant_value, initialize

@@ -29,7 +29,7 @@ from xdsl.ir import Operation
 
 from sbpc.dialects import lg, plan
 from sbpc.dialects.backends import Backend
-from sbpc.dialects.pieces import is_half, numpy_dtype
+from sbpc.dialects.dtypes import is_half, numpy_dtype
 from sbpc.dialects.sbp import element_type, global_shape
 from sbpc.semantics.local_eval import Fused, LocalContext
 from sbpc.semantics.philox import DropoutMask

@@ -20,8 +20,8 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.printer import Printer
 
 from sbpc.dialects import plan
+from sbpc.dialects.dtypes import numpy_dtype
 from sbpc.dialects.op_tree import op_tree
-from sbpc.dialects.pieces import numpy_dtype
 from sbpc.dialects.sbp import DTensorType, lookup_placement
 from sbpc.semantics.local_eval import assemble
 

@@ -198,7 +198,7 @@ def _fill_in(exe: Executable, graph: Graph | ModuleOp | str, optimizer: Optimize
         exe.state_names = dict(graph.state_names)
         exe.buffers = dict(graph.buffers)
     if optimizer is not None:
-        from sbpc.dialects.pieces import numpy_dtype
+        from sbpc.dialects.dtypes import numpy_dtype
         from sbpc.runtime.program import feed_types
 
         lr = feed_types(exe.program).get("lr")
@@ -468,7 +468,7 @@ class Executable:
                                  "import the module again")
 
     def _param_types(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        from sbpc.dialects.pieces import numpy_dtype
+        from sbpc.dialects.dtypes import numpy_dtype
 
         return {r.param.data: (tuple(r.value.get_shape()), np.dtype(numpy_dtype(r.value.element_type)))
                 for d in self.program.devices() for r in d.registers() if r.param is not None}
@@ -505,7 +505,7 @@ def _tensor(value: np.ndarray):
     """A numpy array as a torch tensor; ml_dtypes' bfloat16 as torch.bfloat16."""
     import torch
 
-    from sbpc.dialects.pieces import is_half
+    from sbpc.dialects.dtypes import is_half
 
     if is_half(value.dtype) and value.dtype != np.float16:
         return torch.from_numpy(value.astype(np.float32)).to(torch.bfloat16)
@@ -530,7 +530,7 @@ class Params:
             if key not in exe._sim_params and key in exe.initial_values:
                 exe._sim_params[key] = np.array(exe.initial_values[key])
             if key not in exe._sim_params:
-                from sbpc.dialects.pieces import numpy_dtype
+                from sbpc.dialects.dtypes import numpy_dtype
                 from sbpc.semantics.reference import initialize
 
                 reg = next(r for d in exe.program.devices() for r in d.registers()

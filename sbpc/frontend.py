@@ -204,7 +204,7 @@ class Tensor(GraphValue):
 
 
 def _numpy_of(elem) -> np.dtype:
-    from sbpc.dialects.pieces import numpy_dtype
+    from sbpc.dialects.dtypes import numpy_dtype
 
     return numpy_dtype(elem)
 

@@ -21,7 +21,8 @@ from xdsl.ir import Operation
 
 from sbpc.dialects import lg
 from sbpc.dialects.backends import Backend
-from sbpc.dialects.pieces import Coord, coords, is_float_dtype, is_half, mesh_coord, numpy_dtype, partial_kind, piece
+from sbpc.dialects.dtypes import is_float_dtype, is_half, numpy_dtype
+from sbpc.dialects.pieces import Coord, coords, mesh_coord, partial_kind, piece
 from sbpc.dialects.sbp import PlainNd, Sbp, element_type, nd_to_plain, plain_nd
 from sbpc.semantics.philox import dropout_piece
 from sbpc.semantics.reference import (

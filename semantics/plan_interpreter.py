@@ -24,7 +24,8 @@ import numpy as np
 from xdsl.dialects.builtin import ModuleOp
 
 from sbpc.dialects import make_context, plan
-from sbpc.dialects.pieces import mesh_coord, numpy_dtype, piece_of
+from sbpc.dialects.dtypes import numpy_dtype
+from sbpc.dialects.pieces import mesh_coord, piece_of
 from sbpc.dialects.sbp import DTensorType, Mesh, lookup_placement, nd_to_plain
 from sbpc.semantics.local_eval import Fused, LocalContext, combine, local_kernel
 from sbpc.semantics.reference import EvaluationError, constant_value, initialize

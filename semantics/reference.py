@@ -21,7 +21,7 @@ from xdsl.ir import Attribute, Operation
 
 from sbpc.dialects import lg, sbp
 from sbpc.dialects.backends import Backend
-from sbpc.dialects.pieces import is_float_dtype, is_half, numpy_dtype
+from sbpc.dialects.dtypes import is_float_dtype, is_half, numpy_dtype
 from sbpc.dialects.sbp import element_type, global_shape
 
 

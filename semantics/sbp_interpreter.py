@@ -21,7 +21,8 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
 
 from sbpc.dialects import lg, sbp
-from sbpc.dialects.pieces import Coord, balanced, coords, numpy_dtype, partial_kind, piece
+from sbpc.dialects.dtypes import numpy_dtype
+from sbpc.dialects.pieces import Coord, balanced, coords, partial_kind, piece
 from sbpc.dialects.sbp import DTensorType, Mesh, PlainNd, Sbp, global_shape, lookup_placement, nd_to_plain
 from sbpc.semantics.local_eval import LocalContext, combine, distribute, local_kernel
 from sbpc.semantics.reference import EvaluationError, evaluate, find_graph

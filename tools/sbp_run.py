@@ -26,7 +26,7 @@ from xdsl.printer import Printer
 from xdsl.utils.exceptions import DiagnosticException, ParseError
 
 from sbpc.dialects import parse_module, plan
-from sbpc.dialects.pieces import numpy_dtype
+from sbpc.dialects.dtypes import numpy_dtype
 from sbpc.lowering import PASSES
 from sbpc.runtime.hosts import Hosts
 from sbpc.runtime.launch import Leftovers, command, rank_environment, stop

@@ -274,7 +274,7 @@ def random_case(rng: random.Random, run_rate: float = 0.5) -> tuple[Program, Cal
         p.steps.append(f"compile({options})")
         exe = sbpc.compile(g, **options)
         if rng.random() < run_rate:
-            from sbpc.dialects.pieces import numpy_dtype
+            from sbpc.dialects.dtypes import numpy_dtype
             from sbpc.runtime.program import feed_types
 
             feeds: dict[str, Any] = {}

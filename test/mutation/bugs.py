@@ -180,7 +180,7 @@ BUGS = [
         "        raise __import__('xdsl.utils.exceptions', fromlist=['_']).PassFailedException(\n"
         "            \"'lg.graph': refused\")\n        with collector_paused():",
         T + "e2e/test_random_training.py"),
-    Bug("bfloat16-stored-as-float32", "numerics", "dialects/pieces.py",  # WEAKNESS
+    Bug("bfloat16-stored-as-float32", "numerics", "dialects/dtypes.py",  # WEAKNESS
         "return np.dtype(ml_dtypes.bfloat16)",
         "return np.dtype(np.float32)",
         T + "e2e/test_hf_models.py", select="bfloat16"),

@@ -18,7 +18,8 @@ from sbpc import B, S
 from sbpc.codegen.generators import generate_host
 from sbpc.codegen.render import Unsupported
 from sbpc.dialects import lg, plan
-from sbpc.dialects.pieces import numpy_dtype, piece_of
+from sbpc.dialects.dtypes import numpy_dtype
+from sbpc.dialects.pieces import piece_of
 from sbpc.dialects.sbp import PartialAttr, ReduceKind, lookup_placement
 from sbpc.lowering.compile import CompilePass
 from sbpc.lowering.plan_codegen import PlanCodegenPass

@@ -10,7 +10,7 @@ from support.every_op import every_op_graph
 from support.random_graphs import random_graphs
 
 from sbpc.dialects import lg
-from sbpc.dialects.pieces import numpy_dtype
+from sbpc.dialects.dtypes import numpy_dtype
 from sbpc.dialects.sbp import global_shape
 from sbpc.semantics.local_eval import run_distributed
 from sbpc.semantics.reference import evaluate

@@ -11,7 +11,7 @@ from xdsl.context import Context
 
 import sbpc
 from sbpc.dialects import lg
-from sbpc.dialects.pieces import numpy_dtype
+from sbpc.dialects.dtypes import numpy_dtype
 from sbpc.dialects.sbp import SIGNATURE_ATTR, AnnotateOp, nd_to_plain
 from sbpc.lowering.sbp_infer import SbpInferPass
 from sbpc.planning.cost_model import load_device

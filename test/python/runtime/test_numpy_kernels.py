@@ -24,7 +24,8 @@ from xdsl.context import Context
 import sbpc
 from sbpc import S
 from sbpc.dialects import lg, plan
-from sbpc.dialects.pieces import numpy_dtype, piece_of
+from sbpc.dialects.dtypes import numpy_dtype
+from sbpc.dialects.pieces import piece_of
 from sbpc.dialects.sbp import PartialAttr, ReduceKind, lookup_placement
 from sbpc.lowering.compile import CompilePass
 from sbpc.lowering.lg_autodiff import LgAutodiffPass

@@ -9,7 +9,7 @@ from xdsl.context import Context
 import sbpc
 from sbpc import B, S
 from sbpc.dialects import lg, plan
-from sbpc.dialects.pieces import numpy_dtype
+from sbpc.dialects.dtypes import numpy_dtype
 from sbpc.dialects.sbp import PartialAttr, ReduceKind
 from sbpc.lowering.compile import CompilePass
 
