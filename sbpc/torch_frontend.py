@@ -28,8 +28,13 @@ kernels, where the core ATen set would have spelt them in gathers and
   or are named `output<i>` by position.
 - `sbp` maps glob patterns over input and parameter names to hints.
 
-What cannot be imported (data-dependent control flow, an ATen op with no
-lowering, a pattern that matches nothing) raises `TorchImportError` naming
+An ATen op with no rule of its own is imported through PyTorch's
+decomposition of it (`sbpc.torch_import.core_aten`), the ops it decomposes
+into each by its rule.
+
+What cannot be imported (data-dependent control flow, an op whose output
+shape depends on the data, an ATen op with neither a rule nor a
+decomposition, a pattern that matches nothing) raises `TorchImportError` naming
 the op or the name, and the user's source line where PyTorch recorded it.
 
 The importer itself is the package `sbpc.torch_import`: `capture` (export

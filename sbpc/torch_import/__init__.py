@@ -8,6 +8,7 @@ its entry, says what is imported and how). One module per concern:
                forward updates), the sbp hints matched to their names
     precision  16-bit floats and torch.autocast: the casts around a rule
     importer   `_Importer`: the walk over export's graph, one node at a time, through the rules
+    core_aten  PyTorch's Core ATen opset, the decomposition of an op with no rule, the data-dependent ops
     aten       the lowering of each ATen op (`RULES`), one module per op family
 
 Nothing here is imported by a lower layer; torch is imported inside

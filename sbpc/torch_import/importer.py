@@ -16,6 +16,7 @@ from sbpc.frontend import Graph, Placement, Tensor
 # sbpc.torch_import.aten imports: importing its registry runs it first
 from sbpc.torch_import.aten.registry import RULES
 from sbpc.torch_import.capture import _user_line
+from sbpc.torch_import.core_aten import DATA_DEPENDENT, trace_decomposition
 from sbpc.torch_import.precision import _FLOATS, _HALVES, _autocast_args, _widen
 from sbpc.torch_import.state import _StateImporter, _updated_buffers
 from sbpc.torch_import.values import _DTYPES, TorchImportError, _Const, _flat, _map, _op_name, _unwrap, to_numpy
@@ -86,8 +87,9 @@ class _Importer(_StateImporter):
                 self.node = node
                 if node.op == "placeholder":
                     self.env[node] = next(bound)
-                elif node.op == "get_attr":
-                    self.env[node] = getattr(region, node.target)
+                elif node.op == "get_attr":  # a region of its own, or a tensor a decomposition made
+                    value = getattr(region, node.target)
+                    self.env[node] = _Const(value) if hasattr(value, "dtype") else value
                 elif node.op == "call_function":
                     self.env[node] = self._call(node)
                 elif node.op == "output":
@@ -182,10 +184,7 @@ class _Importer(_StateImporter):
                 raise self._error(f"{name} ({node.name}) on constants failed in PyTorch: {error}") from None
         rule = RULES.get(name)
         if rule is None:
-            raise self._error(
-                f"the ATen op {name} ({node.name}) has no lg lowering in sbpc yet "
-                f"(the {len(RULES)} supported ones are listed in sbpc.torch_frontend.RULES)"
-            )
+            return self._decomposed(node, name, args, kwargs)
         if self.autocast is not None:
             args, kwargs = _autocast_args(name, self.autocast, args, kwargs)
         traced = _DTYPES.get(str(getattr(node.meta.get("val"), "dtype", None)))
@@ -209,6 +208,28 @@ class _Importer(_StateImporter):
             raise self._error(f"{name} ({node.name}): {error}") from None
         except Exception as error:  # noqa: BLE001 - a lowering bug is still reported with the op and the line
             raise self._error(f"{name} ({node.name}) could not be lowered: {type(error).__name__}: {error}") from None
+
+    def _decomposed(self, node, name: str, args, kwargs):
+        """An op with no rule of its own, through PyTorch's decomposition of
+        it (`core_aten`): the ops it decomposes into are imported in its
+        place, each by its rule (or decomposed in turn)."""
+        if name in DATA_DEPENDENT:
+            raise self._error(f"the ATen op {name} ({node.name}) gives an output whose shape depends on the values "
+                              f"of its inputs; sbpc plans every tensor's shape ahead of the data")
+        try:
+            traced = trace_decomposition(node.target, args, kwargs, lambda a: isinstance(a, Tensor), _example)
+        except Exception as error:  # noqa: BLE001 - PyTorch's decomposition failed on these arguments
+            raise self._error(f"{name} ({node.name}): its decomposition into Core ATen failed: "
+                              f"{type(error).__name__}: {error}") from None
+        if traced is None:
+            raise self._error(
+                f"the ATen op {name} ({node.name}) has no lg lowering in sbpc yet, and PyTorch has no "
+                f"decomposition of it into other ops (the {len(RULES)} supported ones are listed in "
+                f"sbpc.torch_frontend.RULES)")
+        region, tensors = traced
+        for inner in region.graph.nodes:  # errors inside name the user's line of the op decomposed
+            inner.meta.setdefault("stack_trace", node.meta.get("stack_trace"))
+        return self.inline(region, tensors)
 
     def _as_traced(self, result):
         """Under autocast, a float result in the dtype PyTorch traced for
@@ -273,3 +294,13 @@ class _Importer(_StateImporter):
         if isinstance(value, bool | int | float):
             return np.asarray(value)
         return None
+
+
+_TORCH_DTYPES = {lg: torch_name.removeprefix("torch.") for torch_name, lg in _DTYPES.items()}
+
+
+def _example(t: Tensor):
+    """A PyTorch tensor of `t`'s shape and dtype, to trace a decomposition on."""
+    import torch
+
+    return torch.zeros(t.shape, dtype=getattr(torch, _TORCH_DTYPES[str(t.dtype)]))

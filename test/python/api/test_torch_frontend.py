@@ -434,6 +434,42 @@ def test_a_mask_computed_from_the_inputs_is_imported_and_trains():
                    lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
 
 
+class Decomposed(nn.Module):
+    """Ops with no rule of their own, which PyTorch decomposes: `stack`
+    (into `cat` and views), `unbind` (slices), `numpy_T` (a permute) and
+    `baddbmm` (a batched matmul, scaled and added): GPT-J's interleaved
+    rotary embedding and BLOOM's ALiBi attention spell them so."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.mix = nn.Parameter(torch.randn(8, 8) * 0.3)
+
+    def forward(self, x, t):
+        pairs = torch.stack([self.proj(x), x], dim=1)
+        a, b = pairs.unbind(1)
+        z = torch.baddbmm(a.unsqueeze(0), b.unsqueeze(0), self.mix.T.unsqueeze(0), beta=0.5, alpha=2.0)
+        return (z.squeeze(0) + b.T.T - t).pow(2).mean()
+
+
+DECOMPOSED_OPS = ("aten.stack", "aten.unbind.int", "aten.numpy_T", "aten.baddbmm")
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_ops_without_a_rule_train_through_their_decomposition_into_core_aten(ranks):
+    from sbpc.torch_frontend import RULES
+    from sbpc.torch_import.values import _op_name
+
+    assert not set(DECOMPOSED_OPS) & set(RULES)  # (else this tests the rules, not the decompositions)
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(3)
+    batches = [(torch.randn(6, 8, generator=g), torch.randn(6, 8, generator=g)) for _ in range(4)]
+    exported = {_op_name(n.target) for n in torch.export.export(Decomposed(), batches[0]).graph.nodes}
+    assert set(DECOMPOSED_OPS) <= exported
+    check_training(Decomposed(), batches, ["x", "t"], sbpc.optim.SGD(lr=0.1),
+                   lambda m: torch.optim.SGD(m.parameters(), lr=0.1), ranks, {"x": S(0), "t": S(0)})
+
+
 def padded_ids(g) -> torch.Tensor:
     """A batch of 4 rows of 7 token ids, some rows padded (id 0) from
     different positions on."""
@@ -686,6 +722,16 @@ class CountingCalls(nn.Module):
         return self.proj(x).sum()
 
 
+class CountsNonzero(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.proj(x)
+        return y.sum() + torch.nonzero(y > 0).shape[0]
+
+
 class ConstantOutput(nn.Module):
     def __init__(self):
         super().__init__()
@@ -697,6 +743,8 @@ class ConstantOutput(nn.Module):
 
 REFUSALS = [  # (module, example input, keyword arguments of from_torch, what the message says, names the line)
     (Cumulative, torch.randn(2, 4), {}, "the ATen op aten.cummax (cummax) has no lg lowering", True),
+    (CountsNonzero, torch.randn(2, 4), {}, "the ATen op aten.nonzero (nonzero) gives an output whose shape depends "
+     "on the values of its inputs", True),
     (PowerOfTheInput, torch.randn(2, 4), {}, "power 2.5 (supported: -1, -0.5, 0.5, 1, 2, 3)", True),
     (NoGradOverTheInput, torch.randn(2, 4), {}, "torch.no_grad() region over values computed from the inputs", True),
     (Branchy, torch.randn(2, 4), {}, "data-dependent control flow", True),
@@ -762,3 +810,18 @@ def test_adam_follows_pytorch_within_its_own_float32_spread():
     spread = np.max(np.abs(np.array(ref32) - ref64) / np.abs(ref64))
     assert np.max(np.abs(losses - ref32) / np.abs(ref32)) <= 10 * spread
     assert int(exe.params["adam.step"]) == 20
+
+
+def test_the_readme_gives_the_core_aten_counts_of_this_tree():
+    """The README's "N of M" Core ATen ops with a rule, and the count of
+    those refused as data-dependent, are today's (computed from PyTorch's
+    own list: the ops tagged `torch.Tag.core`)."""
+    from sbpc.torch_frontend import RULES
+    from sbpc.torch_import.core_aten import coverage
+
+    ruled, data_dependent, missing = coverage(RULES)
+    readme = " ".join((Path(__file__).resolve().parents[3] / "README.md").read_text().split())
+    total = len(ruled) + len(data_dependent) + len(missing)
+    assert f"**{len(ruled)} of {total}**" in readme
+    assert f"{len(data_dependent)} (`nonzero`, `_local_scalar_dense`)" in readme
+    assert f"the other {len(missing)} " in readme

@@ -1,0 +1,108 @@
+"""PyTorch's Core ATen opset, and how an op without a rule of its own reaches it.
+
+Core ATen (about 190 operator overloads, tagged `torch.Tag.core`) is the set
+every other ATen op decomposes into: `torch.export`'s default decomposition
+table lowers to it, and backends that keep up with new models (XLA,
+Inductor) are written against it. The importer imports export's graph
+before decomposition, so ops such as `aten.linear` or
+`aten.scaled_dot_product_attention` keep their meaning; an op with no rule
+of its own is decomposed here, node by node, through PyTorch's own table
+(or its CompositeImplicitAutograd kernel), and the ops it decomposes into
+are imported by their rules in its place.
+
+An op whose output shape depends on the values of its inputs cannot be
+planned ahead (sbpc's plans fix every register's shape) and is refused by
+name with that reason (`DATA_DEPENDENT`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from sbpc.torch_import.values import _op_name, _unwrap
+
+DATA_DEPENDENT = frozenset({
+    "aten.nonzero", "aten.nonzero_numpy", "aten.argwhere", "aten.masked_select", "aten.unique",
+    "aten._unique", "aten._unique2", "aten.unique_dim", "aten.unique_consecutive",
+    "aten.repeat_interleave.Tensor", "aten._local_scalar_dense", "aten.item",
+})
+"""ATen ops whose output shape depends on the values of their inputs."""
+
+
+def core_aten_ops() -> list[str]:
+    """The names (as the rules spell them: `aten.<op>.<overload>`, the
+    overload dropped when `default`) of every operator overload PyTorch
+    tags as Core ATen."""
+    import torch
+
+    names = set()
+    # every registered schema (`dir(torch.ops.aten)` lists only the op
+    # packets already looked up)
+    for schema in torch._C._jit_get_all_schemas():
+        if not schema.name.startswith("aten::"):
+            continue
+        packet = getattr(torch.ops.aten, schema.name.removeprefix("aten::"), None)
+        op = getattr(packet, schema.overload_name or "default", None) if packet is not None else None
+        if op is not None and torch.Tag.core in op.tags:
+            names.add(_op_name(op))
+    return sorted(names)
+
+
+def coverage(rules) -> tuple[list[str], list[str], list[str]]:
+    """Core ATen ops (with a rule, refused as data-dependent, without a rule)."""
+    ops = core_aten_ops()
+    return ([n for n in ops if n in rules], [n for n in ops if n not in rules and n in DATA_DEPENDENT],
+            [n for n in ops if n not in rules and n not in DATA_DEPENDENT])
+
+
+@functools.cache
+def _table() -> dict:
+    import torch
+
+    return dict(torch.export.default_decompositions().items())
+
+
+def decomposition(op) -> Any:
+    """PyTorch's decomposition of an ATen operator overload, or None: the
+    entry of export's default table, else its CompositeImplicitAutograd
+    kernel (ops such as `numpy_T` or `dropout` are defined as compositions)."""
+    import torch
+
+    found = _table().get(op)
+    if found is not None:
+        return found
+    name = getattr(op, "name", None)
+    if callable(name) and torch._C._dispatch_has_kernel_for_dispatch_key(name(), "CompositeImplicitAutograd"):
+        return op.decompose
+    return None
+
+
+def trace_decomposition(op, args: tuple, kwargs: dict, is_tensor, example) -> tuple[Any, list] | None:
+    """The decomposition of `op` applied to the node's arguments, traced
+    into ATen ops: (graph module, the tensor arguments in the order of its
+    placeholders), or None where PyTorch has no decomposition of `op` or
+    the one it has gives `op` back. `is_tensor` tells the importer's
+    tensors among the arguments and `example(t)` makes a PyTorch tensor
+    of its shape and dtype; every other argument is a constant of the
+    trace."""
+    import torch
+    import torch.utils._pytree as pytree
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    fn = decomposition(op)
+    if fn is None:
+        return None
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    tensors = [leaf for leaf in leaves if is_tensor(leaf)]
+
+    def apply(*values):
+        given = iter(values)
+        a, k = pytree.tree_unflatten([next(given) if is_tensor(leaf) else _unwrap(leaf) for leaf in leaves], spec)
+        return fn(*a, **k)
+
+    with torch.no_grad():
+        traced = make_fx(apply)(*[example(t) for t in tensors])
+    if any(node.op == "call_function" and node.target is op for node in traced.graph.nodes):
+        return None
+    return traced, tensors
