@@ -27,7 +27,8 @@ from .base import (
     require_value_type,
     split_ok,
 )
-from .elementwise import MulOp
+from .elementwise import DivOp, MulOp
+from .mask import CastOp, CompareOp
 from .shape import BroadcastToOp, ReshapeOp
 
 
@@ -131,6 +132,22 @@ class ReduceMaxOp(ReduceOp):
     name = "lg.reduce_max"
     INTEGERS: ClassVar[bool] = True
     PARTIAL: ClassVar[str] = "Pmax"
+
+    def gradient(self, g, e):
+        """PyTorch's `amax` gradient: g goes to the elements equal to the
+        maximum, shared evenly where several are (integers: none)."""
+        elem = element_type(self.input.type)
+        if not is_float(elem):
+            return [None]
+        x_shape = global_shape(self.input.type)
+        axes = list(self.axes.get_values())
+        kept = tuple(1 if i in axes else d for i, d in enumerate(x_shape))
+        top = self.result if global_shape(self.result.type) == kept else e.emit(ReshapeOp(self.result, kept))
+        hit = e.emit(CastOp(e.emit(CompareOp("eq", self.input, top)), elem))
+        share = e.emit(DivOp(hit, e.emit(ReduceSumOp(hit, axes, keepdims=True))))
+        (spread,) = self._spread(g, e)
+        assert spread is not None  # (_spread always gives the broadcast gradient)
+        return [e.emit(MulOp(spread, share))]
 
 
 @op_definition

@@ -35,9 +35,14 @@ def _matmul(im: _Importer, a, b):
 
 @rule("aten.addmm")
 def _addmm(im: _Importer, bias, a, b, beta=1, alpha=1):
-    if beta != 1 or alpha != 1:
-        raise ValueError("addmm with beta or alpha other than 1")
-    return fe.matmul(im.lift(a), im.lift(b)) + im.lift(bias)
+    """beta * bias + alpha * (a @ b); a factor of 1 is left out."""
+    product = fe.matmul(im.lift(a), im.lift(b))
+    if alpha != 1:
+        product = product * float(alpha)
+    if beta == 0:  # PyTorch ignores the bias then, NaNs included
+        return product
+    bias = im.lift(bias)
+    return product + (bias if beta == 1 else bias * float(beta))
 
 
 @rule("aten.scaled_dot_product_attention")

@@ -146,7 +146,14 @@ def _cat(im: _Importer, tensors, dim=0):
     return fe.concat(kept, _axis(dim, len(kept[0].shape)))
 
 
-@rule("aten.pad", "aten.constant_pad_nd")
+@rule("aten.constant_pad_nd")
+def _constant_pad_nd(im: _Importer, x, pad, value=0):
+    """`aten.constant_pad_nd(x, pad, value)`: its third argument is the
+    value (`aten.pad`'s is the mode)."""
+    return _pad(im, x, pad, "constant", value)
+
+
+@rule("aten.pad")
 def _pad(im: _Importer, x, pad, mode="constant", value=None):
     """Constant padding (F.pad's list names the last axis first: (left,
     right, top, bottom, ...)); a negative width crops, a slice."""

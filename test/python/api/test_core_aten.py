@@ -1,0 +1,170 @@
+"""Every Core ATen op with a rule, from PyTorch's own list (the overloads
+tagged `torch.Tag.core`, `sbpc.torch_import.core_aten`), against PyTorch
+on tiny inputs: the forward, and the gradient (where the op is
+differentiable) against PyTorch autograd.
+
+Each op runs alone in a module: its float tensor arguments are parameters
+(so that the op is computed in the graph, not folded as a constant, and
+one SGD step with lr 1 gives its gradient), its integer and bool tensors
+are inputs, and the loss is the output weighted by a random tensor.
+`make test` runs every fourth op; `make test-all` runs every one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import sbpc
+from sbpc.torch_frontend import RULES
+from sbpc.torch_import.core_aten import core_aten_ops
+
+aten = torch.ops.aten
+
+
+def _floats(*shape, seed=0, positive=False):
+    g = torch.Generator().manual_seed(seed + 17 * len(shape))
+    x = torch.randn(*shape, generator=g)
+    return x.abs() + 0.5 if positive else x
+
+
+A, B = _floats(3, 4), _floats(3, 4, seed=1)
+SQ = _floats(4, 4, seed=2)
+IMG = _floats(1, 2, 4, 4, seed=3)
+IDX = torch.tensor([2, 0, 1])
+MASK = torch.tensor([[True, False, True, False]] * 3)
+
+# name -> (arguments, the call): tensors among the arguments are what the
+# op reads from the graph; everything else is a constant of the call
+SAMPLES = {
+    "aten._adaptive_avg_pool2d": ([IMG], lambda x: aten._adaptive_avg_pool2d(x, [2, 2])),
+    "aten._log_softmax": ([A], lambda x: aten._log_softmax(x, 1, False)),
+    "aten._softmax": ([A], lambda x: aten._softmax(x, 1, False)),
+    "aten._to_copy": ([A], lambda x: aten._to_copy(x, dtype=torch.float64)),
+    "aten.abs": ([A], aten.abs),
+    "aten.add.Scalar": ([A], lambda x: aten.add.Scalar(x, 1.5)),
+    "aten.add.Tensor": ([A, B], lambda x, y: aten.add.Tensor(x, y, alpha=2)),
+    "aten.addmm": ([_floats(4), A, SQ], lambda b, x, w: aten.addmm(b, x, w, beta=0.5, alpha=2.0)),
+    "aten.alias": ([A], lambda x: aten.alias(x) * 1.0),
+    "aten.amax": ([torch.tensor([[1.0, 3.0, 3.0, 0.5], [2.0, -1.0, 0.0, 1.0], [4.0, 4.0, 4.0, 4.0]])],
+                  lambda x: aten.amax(x, [1])),  # ties share the gradient, as in PyTorch
+    "aten.argmax": ([A], lambda x: aten.argmax(x, 1)),
+    "aten.avg_pool2d": ([IMG], lambda x: aten.avg_pool2d(x, [2, 2], [2, 2])),
+    "aten.bitwise_and.Tensor": ([MASK, ~MASK], aten.bitwise_and.Tensor),
+    "aten.bitwise_not": ([MASK], aten.bitwise_not),
+    "aten.bitwise_or.Tensor": ([MASK, MASK.flip(1)], aten.bitwise_or.Tensor),
+    "aten.bitwise_xor.Tensor": ([MASK, MASK.flip(1)], aten.bitwise_xor.Tensor),
+    "aten.bmm": ([_floats(2, 3, 4), _floats(2, 4, 2, seed=1)], aten.bmm),
+    "aten.cat": ([A, B], lambda x, y: aten.cat([x, y], 1)),
+    "aten.clone": ([A], aten.clone),
+    "aten.constant_pad_nd": ([A], lambda x: aten.constant_pad_nd(x, [1, 2], 0.5)),
+    "aten.cumsum": ([A], lambda x: aten.cumsum(x, 1)),
+    "aten.div.Scalar": ([A], lambda x: aten.div.Scalar(x, 3.0)),
+    "aten.div.Tensor": ([A, _floats(3, 4, seed=1, positive=True)], aten.div.Tensor),
+    "aten.div.Tensor_mode": ([A, _floats(3, 4, seed=1, positive=True)],
+                             lambda x, y: aten.div.Tensor_mode(x, y, rounding_mode=None)),
+    "aten.embedding": ([SQ, IDX], aten.embedding),
+    "aten.eq.Scalar": ([IDX], lambda i: aten.eq.Scalar(i, 1)),
+    "aten.eq.Tensor": ([IDX, IDX.flip(0)], aten.eq.Tensor),
+    "aten.exp": ([A], aten.exp),
+    "aten.expand": ([_floats(3, 1)], lambda x: aten.expand(x, [3, 4])),
+    "aten.gather": ([A, torch.tensor([[0, 3], [1, 1], [2, 0]])], lambda x, i: aten.gather(x, 1, i)),
+    "aten.ge.Scalar": ([A], lambda x: aten.ge.Scalar(x, 0.1)),
+    "aten.ge.Tensor": ([A, B], aten.ge.Tensor),
+    "aten.gelu": ([A], aten.gelu),
+    "aten.gt.Scalar": ([A], lambda x: aten.gt.Scalar(x, 0.1)),
+    "aten.gt.Tensor": ([A, B], aten.gt.Tensor),
+    "aten.index.Tensor": ([A, IDX], lambda x, i: aten.index.Tensor(x, [i])),
+    "aten.index_select": ([A, IDX], lambda x, i: aten.index_select(x, 1, i)),
+    "aten.le.Scalar": ([A], lambda x: aten.le.Scalar(x, 0.1)),
+    "aten.le.Tensor": ([A, B], aten.le.Tensor),
+    "aten.logical_and": ([MASK, ~MASK], aten.logical_and),
+    "aten.logical_not": ([MASK], aten.logical_not),
+    "aten.logical_or": ([MASK, MASK.flip(1)], aten.logical_or),
+    "aten.logical_xor": ([MASK, MASK.flip(1)], aten.logical_xor),
+    "aten.lt.Scalar": ([A], lambda x: aten.lt.Scalar(x, 0.1)),
+    "aten.lt.Tensor": ([A, B], aten.lt.Tensor),
+    "aten.mean": ([A], aten.mean),
+    "aten.mean.dim": ([A], lambda x: aten.mean.dim(x, [0], True)),
+    "aten.mm": ([A, SQ], aten.mm),
+    "aten.mul.Scalar": ([A], lambda x: aten.mul.Scalar(x, -2.5)),
+    "aten.mul.Tensor": ([A, B], aten.mul.Tensor),
+    "aten.ne.Scalar": ([IDX], lambda i: aten.ne.Scalar(i, 1)),
+    "aten.ne.Tensor": ([A, B], aten.ne.Tensor),
+    "aten.neg": ([A], aten.neg),
+    "aten.permute": ([_floats(2, 3, 4)], lambda x: aten.permute(x, [2, 0, 1])),
+    "aten.pow.Tensor_Scalar": ([A], lambda x: aten.pow.Tensor_Scalar(x, 3)),
+    "aten.relu": ([A], aten.relu),
+    "aten.rsqrt": ([_floats(3, 4, positive=True)], aten.rsqrt),
+    "aten.select.int": ([A], lambda x: aten.select.int(x, 1, 2)),
+    "aten.sigmoid": ([A], aten.sigmoid),
+    "aten.slice.Tensor": ([A], lambda x: aten.slice.Tensor(x, 1, 1, 4, 2)),
+    "aten.split_with_sizes": ([A], lambda x: aten.split_with_sizes(x, [1, 3], 1)[1]),
+    "aten.sqrt": ([_floats(3, 4, positive=True)], aten.sqrt),
+    "aten.squeeze.dim": ([_floats(3, 1, 4)], lambda x: aten.squeeze.dim(x, 1)),
+    "aten.squeeze.dims": ([_floats(3, 1, 4, 1)], lambda x: aten.squeeze.dims(x, [1, 3])),
+    "aten.sub.Scalar": ([A], lambda x: aten.sub.Scalar(x, 0.5)),
+    "aten.sub.Tensor": ([A, B], lambda x, y: aten.sub.Tensor(x, y, alpha=3)),
+    "aten.sum.dim_IntList": ([A], lambda x: aten.sum.dim_IntList(x, [1])),
+    "aten.tanh": ([A], aten.tanh),
+    "aten.unsqueeze": ([A], lambda x: aten.unsqueeze(x, 1)),
+    "aten.view": ([A], lambda x: aten.view(x, [2, 6])),
+    "aten.where.self": ([MASK, A, B], aten.where.self),
+}
+
+CORE = core_aten_ops()
+RULED = [name for name in CORE if name in RULES]
+
+
+def test_every_core_aten_op_with_a_rule_has_a_sample():
+    assert set(RULED) == set(SAMPLES), (sorted(set(RULED) - set(SAMPLES)), sorted(set(SAMPLES) - set(RULED)))
+
+
+class OneOp(nn.Module):
+    """The op alone: float arguments as parameters, the others as inputs."""
+
+    def __init__(self, args, call):
+        super().__init__()
+        self.call = call
+        self.kinds = ["param" if a.is_floating_point() else "input" for a in args]
+        self.params = nn.ParameterList([nn.Parameter(a.clone()) for a in args if a.is_floating_point()])
+
+    def forward(self, weight, *inputs):
+        params, fed = iter(self.params), iter(inputs)
+        y = self.call(*[next(params) if kind == "param" else next(fed) for kind in self.kinds])
+        if not y.is_floating_point():
+            return {"y": y, "loss": (weight * 0).sum()}
+        return {"y": y, "loss": (y.to(weight.dtype) * weight).sum()}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if i % 4 == 0 else pytest.mark.full)
+                                  for i, n in enumerate(RULED)])
+def test_a_core_aten_op_computes_and_differentiates_as_pytorch(name):
+    args, call = SAMPLES[name]
+    model = OneOp(args, call)
+    inputs = [a for a in args if not a.is_floating_point()]
+    with torch.no_grad():
+        out = model(torch.ones(()), *inputs)["y"].detach()
+    weight = (_floats(*out.shape, seed=5) if out.dim() else torch.tensor(0.7)) if out.is_floating_point() \
+        else torch.zeros(out.shape)
+    names = ["weight"] + [f"inputs_{i}" for i in range(len(inputs))]
+    graph = sbpc.from_torch(model, (weight, *inputs), placement=sbpc.placement("cpu", 1))
+    params = list(model.params)
+    exe = sbpc.compile(graph, optimizer=sbpc.optim.SGD(lr=1.0) if params and out.is_floating_point() else None,
+                       mode="interpret")
+    feeds = {n: t.numpy() for n, t in zip(names, (weight, *inputs))}
+    if not (params and out.is_floating_point()):
+        got = exe.run(feeds)["y"]
+        np.testing.assert_array_equal(got, out.numpy()) if not out.is_floating_point() else \
+            np.testing.assert_allclose(got, out.numpy(), rtol=1e-5, atol=1e-6)
+        return
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    got = exe.train_step(feeds, outputs=["y", "loss"])
+    np.testing.assert_allclose(got["y"], out.numpy(), rtol=1e-5, atol=1e-6)
+    loss = model(weight, *inputs)["loss"]
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    state = exe.state_dict()
+    for (key, value), grad in zip(((k, v) for k, v in before.items()), grads):
+        want = value - (grad if grad is not None else torch.zeros_like(value))
+        np.testing.assert_allclose(state[key].detach().numpy(), want.numpy(), rtol=1e-5, atol=1e-5, err_msg=key)
