@@ -178,6 +178,10 @@ class _Importer(_StateImporter):
         kwargs = {k: _map(v, self._value) for k, v in node.kwargs.items()}
         name = _op_name(node.target)
         if not any(isinstance(a, Tensor) for a in _flat([args, kwargs])):
+            if _draws_random_numbers(node.target):
+                # folded at import it would be one draw, the same at every step
+                raise self._error(f"{name} ({node.name}) draws new random numbers at every call, which sbpc "
+                                  f"does not import (its random op is dropout, `lg.dropout`)")
             try:
                 return self._fold(node, args, kwargs)
             except Exception as error:  # noqa: BLE001 - PyTorch's own failure, reported with the op
@@ -304,3 +308,10 @@ def _example(t: Tensor):
     import torch
 
     return torch.zeros(t.shape, dtype=getattr(torch, _TORCH_DTYPES[str(t.dtype)]))
+
+
+def _draws_random_numbers(target) -> bool:
+    """Whether an ATen op draws from a random generator (`rand`, `randn`, `bernoulli`, ...)."""
+    import torch
+
+    return torch.Tag.nondeterministic_seeded in getattr(target, "tags", ())

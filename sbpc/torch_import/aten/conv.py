@@ -88,3 +88,30 @@ def _adaptive_avg_pool2d(im: _Importer, x, output_size):
                          "number of rows and columns per output")
     kernel = (x.shape[2] // out[0], x.shape[3] // out[1])
     return _average(im, x, kernel, kernel, (0, 0))
+
+
+@rule("aten.convolution")
+def _convolution(im: _Importer, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """The generic convolution, for the 2-D, not transposed case (`conv2d`)."""
+    if transposed:
+        raise ValueError("a transposed convolution")
+    if len(im.lift(x).shape) != 4:
+        raise ValueError(f"a {len(im.lift(x).shape) - 2}-D convolution (supported: 2-D)")
+    return _conv2d(im, x, weight, bias, stride, padding, dilation, groups)
+
+
+@rule("aten.upsample_nearest2d.vec")
+def _upsample_nearest2d(im: _Importer, x, output_size, scale_factors):
+    """Nearest upsampling by whole factors: each pixel repeated in a block."""
+    x = _images(im, x, "upsample_nearest2d")
+    n, c, h, w = x.shape
+    if output_size is not None:
+        if output_size[0] % h or output_size[1] % w:
+            raise ValueError(f"upsampling {h}x{w} to {list(output_size)} (supported: whole factors)")
+        sh, sw = output_size[0] // h, output_size[1] // w
+    else:
+        if any(f != int(f) for f in scale_factors):
+            raise ValueError(f"scale factors {list(scale_factors)} (supported: whole numbers)")
+        sh, sw = int(scale_factors[0]), int(scale_factors[1])
+    blocks = fe.broadcast_to(fe.reshape(x, [n, c, h, 1, w, 1]), [n, c, h, sh, w, sw])
+    return fe.reshape(blocks, [n, c, h * sh, w * sw])

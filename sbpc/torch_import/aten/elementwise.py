@@ -159,3 +159,88 @@ def _pow(im: _Importer, x, exponent):
 def _square(im: _Importer, x):
     x = im.lift(x)
     return x * x
+
+
+RULES["aten.erf"] = _unary(fe.erf)
+
+
+@rule("aten.reciprocal")
+def _reciprocal(im: _Importer, x):
+    return 1.0 / im.lift(x)
+
+
+def _bound(im: _Importer, value, like: Tensor) -> Tensor:
+    """A clamp's bound: a tensor in `like`'s dtype, or a number as a constant of it."""
+    bound = im.lift(value, like)
+    return bound if str(bound.dtype) == str(like.dtype) else fe.cast(bound, str(like.dtype))
+
+
+@rule("aten.clamp", "aten.clamp.Tensor")
+def _clamp(im: _Importer, x, min=None, max=None):  # noqa: A002 - PyTorch's argument names
+    """Bounds where given; the gradient passes where min <= x <= max (both
+    ends included, as PyTorch's clamp)."""
+    x = im.lift(x)
+    if min is not None:
+        low = _bound(im, min, x)
+        x = fe.where(fe.compare("lt", x, low), low, x)
+    if max is not None:
+        high = _bound(im, max, x)
+        x = fe.where(fe.compare("gt", x, high), high, x)
+    return x
+
+
+@rule("aten.hardtanh")
+def _hardtanh(im: _Importer, x, min_val=-1.0, max_val=1.0):
+    """clamp with the gradient passing only strictly inside (min_val, max_val), as PyTorch's."""
+    x = im.lift(x)
+    low, high = _bound(im, min_val, x), _bound(im, max_val, x)
+    x = fe.where(fe.compare("le", x, low), low, x)
+    return fe.where(fe.compare("ge", x, high), high, x)
+
+
+@rule("aten.leaky_relu")
+def _leaky_relu(im: _Importer, x, negative_slope=0.01):
+    x = im.lift(x)
+    return fe.where(fe.compare("gt", x, im.lift(0.0, x)), x, x * float(negative_slope))
+
+
+@rule("aten.elu")
+def _elu(im: _Importer, x, alpha=1.0, scale=1.0, input_scale=1.0):
+    x = im.lift(x)
+    negative = (fe.exp(x * float(input_scale)) - 1.0) * float(alpha * scale)
+    return fe.where(fe.compare("gt", x, im.lift(0.0, x)), x * float(scale), negative)
+
+
+@rule("aten.sign")
+def _sign(im: _Importer, x):
+    """-1, 0 or 1 (NaN stays NaN); no gradient flows, as in PyTorch."""
+    x = im.lift(x)
+    zero = im.lift(0.0, x)
+    positive = fe.cast(fe.compare("gt", x, zero), str(x.dtype))
+    negative = fe.cast(fe.compare("lt", x, zero), str(x.dtype))
+    return fe.where(fe.compare("ne", x, x), x, positive - negative)
+
+
+@rule("aten.maximum", "aten.minimum")
+def _extremum(im: _Importer, a, b):
+    """The larger (smaller) of two tensors; where they tie, each gets half
+    the gradient, as PyTorch's; NaN wins either way."""
+    dtype = _result_dtype(im)
+    a, b = _operands(im, a, b, dtype)
+    first = "gt" if im.node.target.name().endswith("maximum") else "lt"
+    last = "lt" if first == "gt" else "gt"
+    picked = fe.where(fe.compare(first, a, b), a, fe.where(fe.compare(last, a, b), b, (a + b) * 0.5))
+    nan = fe.logical("or", fe.compare("ne", a, a), fe.compare("ne", b, b))
+    return fe.where(nan, a + b, picked)
+
+
+@rule("aten.isnan")
+def _isnan(im: _Importer, x):
+    x = im.lift(x)
+    return fe.compare("ne", x, x)
+
+
+@rule("aten.isinf")
+def _isinf(im: _Importer, x):
+    x = im.lift(x)
+    return fe.compare("eq", fe.relu(x) + fe.relu(-x), im.lift(math.inf, x))

@@ -65,7 +65,8 @@ def _logical_rule(kind: str, truth: bool):
 for _kind in ("and", "or", "xor"):
     # &, |, ^ on bool tensors (on integers they are bitwise, which lg has not);
     # torch.logical_* take any tensor's truth
-    rule(f"aten.__{_kind}__.Tensor", f"aten.bitwise_{_kind}.Tensor")(_logical_rule(_kind, truth=False))
+    rule(f"aten.__{_kind}__.Tensor", f"aten.bitwise_{_kind}.Tensor", f"aten.bitwise_{_kind}.Scalar")(
+        _logical_rule(_kind, truth=False))
     rule(f"aten.logical_{_kind}")(_logical_rule(_kind, truth=True))
 
 

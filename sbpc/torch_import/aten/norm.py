@@ -90,3 +90,15 @@ def _batch_norm(im: _Importer, x, weight, bias, running_mean, running_var, train
     if bias is not None:
         y = y + fe.reshape(im.lift(bias, x), per_channel)
     return y
+
+
+@rule("aten.native_layer_norm")
+def _native_layer_norm(im: _Importer, x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """(output, mean, 1 / standard deviation) over the normalized axes, the
+    statistics with those axes kept as 1."""
+    out = _layer_norm(im, x, normalized_shape, weight, bias, eps)
+    x = im.lift(x)
+    axes = list(range(len(x.shape) - len(normalized_shape), len(x.shape)))
+    mean = fe.reduce_mean(x, axes, True)
+    centred = x - mean
+    return [out, mean, fe.rsqrt(fe.reduce_mean(centred * centred, axes, True) + float(eps))]

@@ -54,3 +54,56 @@ def _cumsum(im: _Importer, x, dim, dtype=None):
     if wanted is None or wanted == "i1":
         raise ValueError(f"cumsum to dtype {dtype}")
     return fe.cumsum(x if str(x.dtype) == wanted else fe.cast(x, wanted), _axis(dim, len(x.shape)))
+
+
+@rule("aten.amin")
+def _amin(im: _Importer, x, dim=(), keepdim=False):
+    """-amax(-x): the gradient shared by ties, as PyTorch's amin."""
+    x = im.lift(x)
+    return -fe.reduce_max(-x, _dims(dim, len(x.shape)), keepdim)
+
+
+@rule("aten.argmin")
+def _argmin(im: _Importer, x, dim=None, keepdim=False):
+    """argmax of -x: the first of equal smallest, as PyTorch's."""
+    return _argmax(im, -im.lift(x), dim, keepdim)
+
+
+@rule("aten.max.dim", "aten.min.dim")
+def _max_dim(im: _Importer, x, dim, keepdim=False):
+    """(values, indices) along `dim`: the values gathered at the indices,
+    so the gradient goes to the element picked, as PyTorch's."""
+    x = im.lift(x)
+    axis = _axis(dim, len(x.shape))
+    smallest = im.node.target.name().startswith("aten::min")
+    picked = _argmax(im, -x if smallest else x, axis, True)
+    values = fe.gather(x, picked, axis)
+    if not keepdim:
+        kept = [*x.shape[:axis], *x.shape[axis + 1:]]
+        values, picked = fe.reshape(values, kept), fe.reshape(picked, kept)
+    return [values, picked]
+
+
+@rule("aten.var.correction", "aten.var.dim")
+def _var(im: _Importer, x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    """The mean squared distance from the mean over `dim`, divided by
+    N - correction (`unbiased`: correction 1, PyTorch's default)."""
+    x = im.lift(x)
+    axes = _dims(dim, len(x.shape))
+    count = 1
+    for a in axes:
+        count *= x.shape[a]
+    if correction is None:
+        correction = 0 if unbiased is False else 1
+    centred = x - fe.reduce_mean(x, axes, True)
+    return fe.reduce_sum(centred * centred, axes, keepdim) * (1.0 / max(count - correction, 0) if
+                                                               count > correction else float("nan"))
+
+
+@rule("aten.any", "aten.any.dim", "aten.any.dims")
+def _any(im: _Importer, x, dim=None, keepdim=False):
+    """Whether any element along `dim` is nonzero: a bool tensor."""
+    x = im.lift(x)
+    flags = fe.cast(x, "i1") if str(x.dtype) != "i1" else x
+    counts = fe.reduce_max(fe.cast(flags, "i32"), _dims(dim, len(x.shape)), keepdim)
+    return fe.cast(counts, "i1")

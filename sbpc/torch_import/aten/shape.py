@@ -10,7 +10,9 @@ import numpy as np
 
 from sbpc import frontend as fe
 from sbpc.frontend import Tensor
+from sbpc.torch_import.aten.index import _take
 from sbpc.torch_import.aten.registry import _axis, _dims, rule
+from sbpc.torch_import.values import _DTYPES
 
 if TYPE_CHECKING:
     # for the annotations only: the importer loads the rules (through their
@@ -169,3 +171,71 @@ def _pad(im: _Importer, x, pad, mode="constant", value=None):
     if any(w < 0 for w in (*low, *high)):
         x = fe.slice(x, [max(-w, 0) for w in low], [d - max(-w, 0) for d, w in zip(x.shape, high)])
     return fe.pad(x, [max(w, 0) for w in low], [max(w, 0) for w in high], 0 if value is None else value)
+
+
+@rule("aten.repeat")
+def _repeat(im: _Importer, x, repeats):
+    """Tiles: each axis i of the (left-padded) shape repeated repeats[i] times."""
+    x = im.lift(x)
+    repeats = [int(r) for r in repeats]
+    if len(repeats) < len(x.shape):
+        raise ValueError(f"{len(repeats)} repeats for a {len(x.shape)}-D tensor")
+    shape = [1] * (len(repeats) - len(x.shape)) + list(x.shape)
+    interleaved = [d for s in shape for d in (1, s)]
+    tiled = [d for r, s in zip(repeats, shape) for d in (r, s)]
+    return fe.reshape(fe.broadcast_to(fe.reshape(x, interleaved), tiled), [r * s for r, s in zip(repeats, shape)])
+
+
+@rule("aten.flip")
+def _flip(im: _Importer, x, dims):
+    """The listed axes reversed: each a gather of the reversed positions."""
+    x = im.lift(x)
+    for axis in _dims(dims, len(x.shape)):
+        positions = im.g.constant(np.arange(x.shape[axis] - 1, -1, -1, dtype=np.int64))
+        x = _take(x, axis, positions)
+    return x
+
+
+@rule("aten.slice_scatter")
+def _slice_scatter(im: _Importer, x, src, dim=0, start=None, end=None, step=1):
+    """`x` with positions start..end of `dim` replaced by `src` (step 1)."""
+    x, src = im.lift(x), im.lift(src)
+    axis = _axis(dim, len(x.shape))
+    size = x.shape[axis]
+    begin = 0 if start is None else min(max(start + size if start < 0 else start, 0), size)
+    stop = size if end is None else min(max(end + size if end < 0 else end, begin), size)
+    if step != 1:
+        raise ValueError(f"slice_scatter with step {step} (supported: 1)")
+    low, high = [0] * len(x.shape), [0] * len(x.shape)
+    low[axis], high[axis] = begin, size - stop
+    inside = np.zeros([size if i == axis else 1 for i in range(len(x.shape))], dtype=bool)
+    inside.reshape(-1)[begin:stop] = True
+    return fe.where(im.g.constant(inside), fe.pad(src, low, high, 0), x)
+
+
+@rule("aten.select_scatter")
+def _select_scatter(im: _Importer, x, src, dim, index):
+    """`x` with position `index` of `dim` replaced by `src`."""
+    x, src = im.lift(x), im.lift(src)
+    axis = _axis(dim, len(x.shape))
+    index = index + x.shape[axis] if index < 0 else index
+    src = fe.reshape(src, [*x.shape[:axis], 1, *x.shape[axis + 1:]])
+    return _slice_scatter(im, x, src, axis, index, index + 1)
+
+
+@rule("aten.copy")
+def _copy(im: _Importer, x, src, non_blocking=False):
+    """`src` in `x`'s shape and dtype (the functional form of `x.copy_(src)`)."""
+    x, src = im.lift(x), im.lift(src)
+    src = src if str(src.dtype) == str(x.dtype) else fe.cast(src, str(x.dtype))
+    return src if tuple(src.shape) == tuple(x.shape) else fe.broadcast_to(src, x.shape)
+
+
+@rule("aten.fill.Scalar", "aten.full_like")
+def _full_like(im: _Importer, x, value, dtype=None, **_):
+    """A tensor of `x`'s shape holding `value` (in `dtype`, else `x`'s): a constant."""
+    x = im.lift(x)
+    lg_dtype = _DTYPES.get(str(dtype)) if dtype is not None else str(x.dtype)
+    if lg_dtype is None:
+        raise ValueError(f"dtype {dtype}")
+    return im.g.constant(np.full(x.shape, value, dtype=fe._numpy_of(fe.element(lg_dtype))))

@@ -732,6 +732,15 @@ class CountsNonzero(nn.Module):
         return y.sum() + torch.nonzero(y > 0).shape[0]
 
 
+class AddsNoise(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return (self.proj(x) + torch.randn(2, 4) * 0.1).sum()
+
+
 class ConstantOutput(nn.Module):
     def __init__(self):
         super().__init__()
@@ -745,6 +754,8 @@ REFUSALS = [  # (module, example input, keyword arguments of from_torch, what th
     (Cumulative, torch.randn(2, 4), {}, "the ATen op aten.cummax (cummax) has no lg lowering", True),
     (CountsNonzero, torch.randn(2, 4), {}, "the ATen op aten.nonzero (nonzero) gives an output whose shape depends "
      "on the values of its inputs", True),
+    (AddsNoise, torch.randn(2, 4), {}, "aten.randn (randn) draws new random numbers at every call, which sbpc "
+     "does not import", True),
     (PowerOfTheInput, torch.randn(2, 4), {}, "power 2.5 (supported: -1, -0.5, 0.5, 1, 2, 3)", True),
     (NoGradOverTheInput, torch.randn(2, 4), {}, "torch.no_grad() region over values computed from the inputs", True),
     (Branchy, torch.randn(2, 4), {}, "data-dependent control flow", True),
