@@ -1035,6 +1035,13 @@ NUMPY.register(lg.ExpOp, _unary(lambda x, o: np.exp(x, out=o)))
 NUMPY.register(lg.SqrtOp, _unary(lambda x, o: np.sqrt(x, out=o)))
 NUMPY.register(lg.RsqrtOp, _unary(_rsqrt))
 NUMPY.register(lg.StepOp, _unary(lambda x, o: np.greater(x, 0, out=o)))
+def _ufunc_kernel(ufunc: np.ufunc) -> Callable:
+    return _unary(lambda x, o: ufunc(x, out=o))
+
+
+for _op, _ufunc in ((lg.LogOp, np.log), (lg.SinOp, np.sin), (lg.CosOp, np.cos), (lg.AtanOp, np.arctan),
+                    (lg.FloorOp, np.floor), (lg.CeilOp, np.ceil), (lg.RoundOp, np.rint), (lg.TruncOp, np.trunc)):
+    NUMPY.register(_op, _ufunc_kernel(_ufunc))
 NUMPY.register(lg.AddOp, _binary(np.add))
 NUMPY.register(lg.SubOp, _binary(np.subtract))
 NUMPY.register(lg.MulOp, _binary(np.multiply))

@@ -369,6 +369,9 @@ _UNARY = {c.name.removeprefix("lg."): _unary(c) for c in lg.UNARY_OPS}
 # by name, not by position: reordering lg.UNARY_OPS must not swap two functions
 neg, relu, gelu, tanh, erf = _UNARY["neg"], _UNARY["relu"], _UNARY["gelu"], _UNARY["tanh"], _UNARY["erf"]
 exp, sqrt, rsqrt = _UNARY["exp"], _UNARY["sqrt"], _UNARY["rsqrt"]
+log, sin, cos, atan = _UNARY["log"], _UNARY["sin"], _UNARY["cos"], _UNARY["atan"]
+# (`round` as torch.round: halves to even; this module does not use the builtin)
+floor, ceil, round, trunc = _UNARY["floor"], _UNARY["ceil"], _UNARY["round"], _UNARY["trunc"]
 
 
 def _binary(cls):

@@ -136,6 +136,9 @@ REFERENCE.register(lg.ExpOp, lambda op, x: np.exp(x))
 REFERENCE.register(lg.SqrtOp, lambda op, x: np.sqrt(x))
 REFERENCE.register(lg.RsqrtOp, lambda op, x: 1.0 / np.sqrt(x))
 REFERENCE.register(lg.StepOp, lambda op, x: (x > 0).astype(x.dtype))
+for _op, _ufunc in ((lg.LogOp, np.log), (lg.SinOp, np.sin), (lg.CosOp, np.cos), (lg.AtanOp, np.arctan),
+                    (lg.FloorOp, np.floor), (lg.CeilOp, np.ceil), (lg.RoundOp, np.rint), (lg.TruncOp, np.trunc)):
+    REFERENCE.register(_op, lambda op, x, f=_ufunc: f(x))
 REFERENCE.register(lg.AddOp, lambda op, a, b: a + b)
 REFERENCE.register(lg.SubOp, lambda op, a, b: a - b)
 REFERENCE.register(lg.MulOp, lambda op, a, b: a * b)

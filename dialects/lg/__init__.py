@@ -69,19 +69,27 @@ from .base import (
 from .conv import Conv2dGradInputOp, Conv2dGradWeightOp, Conv2dOp, MaxPool2dGradOp, MaxPool2dOp
 from .elementwise import (
     AddOp,
+    AtanOp,
     BinaryOp,
+    CeilOp,
+    CosOp,
     DivOp,
     ErfOp,
     ExpOp,
+    FloorOp,
     GeluOp,
+    LogOp,
     MulOp,
     NegOp,
     ReluOp,
+    RoundOp,
     RsqrtOp,
+    SinOp,
     SqrtOp,
     StepOp,
     SubOp,
     TanhOp,
+    TruncOp,
     UnaryOp,
 )
 from .graph import (
@@ -109,7 +117,8 @@ from .random import DROPOUT_BITS, DropoutOp, dropout_threshold
 from .reduce import ArgmaxOp, CumsumOp, ReduceMaxOp, ReduceMeanOp, ReduceOp, ReduceSumOp
 from .shape import BroadcastToOp, ConcatOp, PadOp, ReshapeOp, SliceOp, ToShapeOp, TransposeOp
 
-UNARY_OPS = (NegOp, ReluOp, GeluOp, TanhOp, ErfOp, ExpOp, SqrtOp, RsqrtOp)
+UNARY_OPS = (NegOp, ReluOp, GeluOp, TanhOp, ErfOp, ExpOp, SqrtOp, RsqrtOp, LogOp, SinOp, CosOp, AtanOp, FloorOp,
+             CeilOp, RoundOp, TruncOp)
 
 
 BINARY_OPS = (AddOp, SubOp, MulOp, DivOp)

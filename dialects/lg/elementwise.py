@@ -153,6 +153,84 @@ class RsqrtOp(UnaryOp):
 
 
 @op_definition
+class LogOp(UnaryOp):
+    """The natural logarithm (log2, log10, log1p and pow's general case
+    are composed from it by the importer). No Pmax, as sqrt: a device's
+    candidate may lie outside its domain."""
+
+    name = "lg.log"
+    FLOPS_PER_ELEMENT: ClassVar[float] = 4.0
+
+    def gradient(self, g, e):
+        return [e.emit(DivOp(g, self.input))]
+
+
+@op_definition
+class SinOp(UnaryOp):
+    name = "lg.sin"
+    FLOPS_PER_ELEMENT: ClassVar[float] = 4.0
+
+    def gradient(self, g, e):
+        return [e.emit(MulOp(g, e.emit(CosOp(self.input))))]
+
+
+@op_definition
+class CosOp(UnaryOp):
+    name = "lg.cos"
+    FLOPS_PER_ELEMENT: ClassVar[float] = 4.0
+
+    def gradient(self, g, e):
+        return [e.emit(NegOp(e.emit(MulOp(g, e.emit(SinOp(self.input))))))]
+
+
+@op_definition
+class AtanOp(UnaryOp):
+    """The arctangent (asin, acos and atan2 are composed from it)."""
+
+    name = "lg.atan"
+    PARTIALS: ClassVar[tuple[str, ...]] = ("Pmax",)
+    FLOPS_PER_ELEMENT: ClassVar[float] = 8.0
+
+    def gradient(self, g, e):
+        x = self.input  # 1 / (1 + x^2)
+        return [e.emit(DivOp(g, e.emit(AddOp(e.emit(MulOp(x, x)), e.scalar(1.0, x)))))]
+
+
+class _RoundingOp(UnaryOp, ABC):
+    """An integer-valued rounding of a float: monotone, so a P<max> stays
+    one, and flat almost everywhere, so no gradient flows (PyTorch's is zero)."""
+
+    PARTIALS: ClassVar[tuple[str, ...]] = ("Pmax",)
+
+    def gradient(self, g, e):
+        return [None]
+
+
+@op_definition
+class FloorOp(_RoundingOp):
+    name = "lg.floor"
+
+
+@op_definition
+class CeilOp(_RoundingOp):
+    name = "lg.ceil"
+
+
+@op_definition
+class RoundOp(_RoundingOp):
+    """To the nearest integer, halves to even (PyTorch's `round`, numpy's `rint`)."""
+
+    name = "lg.round"
+
+
+@op_definition
+class TruncOp(_RoundingOp):
+    """Toward zero."""
+
+    name = "lg.trunc"
+
+
+@op_definition
 class StepOp(UnaryOp):
     """Heaviside step: 1 where x > 0, else 0 (relu's derivative)."""
 

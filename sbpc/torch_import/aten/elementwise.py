@@ -93,7 +93,7 @@ RULES["aten.add.Tensor"] = RULES["aten.add.Scalar"] = _binary(fe.add)
 RULES["aten.sub.Tensor"] = RULES["aten.sub.Scalar"] = _binary(fe.sub)
 RULES["aten.rsub.Scalar"] = RULES["aten.rsub.Tensor"] = _binary(fe.sub, swap=True)
 RULES["aten.mul.Tensor"] = RULES["aten.mul.Scalar"] = _binary(fe.mul)
-RULES["aten.div.Tensor"] = RULES["aten.div.Scalar"] = RULES["aten.div.Tensor_mode"] = _binary(fe.div)
+RULES["aten.div.Tensor"] = RULES["aten.div.Scalar"] = _binary(fe.div)
 
 
 def _unary(fn: Callable[[Tensor], Tensor]):
@@ -244,3 +244,165 @@ def _isnan(im: _Importer, x):
 def _isinf(im: _Importer, x):
     x = im.lift(x)
     return fe.compare("eq", fe.relu(x) + fe.relu(-x), im.lift(math.inf, x))
+
+
+for _name, _fn in (("log", fe.log), ("sin", fe.sin), ("cos", fe.cos), ("atan", fe.atan), ("floor", fe.floor),
+                   ("ceil", fe.ceil), ("round", fe.round), ("trunc", fe.trunc)):
+    RULES[f"aten.{_name}"] = _unary(_fn)
+
+
+@rule("aten.log2", "aten.log10")
+def _log_base(im: _Importer, x):
+    base = 2.0 if im.node.target.name().endswith("log2") else 10.0
+    return fe.log(im.lift(x)) * (1.0 / math.log(base))
+
+
+def _log1p(im: _Importer, x: Tensor) -> Tensor:
+    """log(1 + x), accurate for small x: log(u) * x / (u - 1) with u = 1 + x
+    rounded (Goldberg's correction), x itself where u rounds to 1."""
+    u = x + 1.0
+    one = fe.compare("eq", u, im.lift(1.0, x))
+    safe = fe.where(one, u + 1.0, u)  # (the branch not taken stays finite, and so does its gradient)
+    return fe.where(one, x, fe.log(safe) * (x / (safe - 1.0)))
+
+
+def _expm1(im: _Importer, x: Tensor) -> Tensor:
+    """exp(x) - 1, accurate for small x: (u - 1) * x / log(u) with u = exp(x)
+    (Kahan's correction), x itself where u rounds to 1."""
+    u = fe.exp(x)
+    one = fe.compare("eq", u, im.lift(1.0, x))
+    safe = fe.where(one, u + 1.0, u)
+    return fe.where(one, x, (safe - 1.0) * (x / fe.log(safe)))
+
+
+@rule("aten.log1p")
+def _log1p_rule(im: _Importer, x):
+    return _log1p(im, im.lift(x))
+
+
+@rule("aten.expm1")
+def _expm1_rule(im: _Importer, x):
+    return _expm1(im, im.lift(x))
+
+
+@rule("aten.tan")
+def _tan(im: _Importer, x):
+    x = im.lift(x)
+    return fe.sin(x) / fe.cos(x)
+
+
+@rule("aten.sinh")
+def _sinh(im: _Importer, x):
+    x = im.lift(x)
+    return (_expm1(im, x) - _expm1(im, -x)) * 0.5
+
+
+@rule("aten.cosh")
+def _cosh(im: _Importer, x):
+    x = im.lift(x)
+    return (fe.exp(x) + fe.exp(-x)) * 0.5
+
+
+@rule("aten.asinh")
+def _asinh(im: _Importer, x):
+    """sign(x) log1p(|x| + x^2 / (1 + sqrt(1 + x^2))): accurate near 0."""
+    x = im.lift(x)
+    a = fe.relu(x) + fe.relu(-x)
+    magnitude = _log1p(im, a + x * x / (fe.sqrt(x * x + 1.0) + 1.0))
+    return fe.where(fe.compare("lt", x, im.lift(0.0, x)), -magnitude, magnitude)
+
+
+@rule("aten.acosh")
+def _acosh(im: _Importer, x):
+    """log1p(t + sqrt(t (t + 2))) with t = x - 1: accurate near 1."""
+    t = im.lift(x) - 1.0
+    return _log1p(im, t + fe.sqrt(t * (t + 2.0)))
+
+
+@rule("aten.atanh")
+def _atanh(im: _Importer, x):
+    x = im.lift(x)
+    return _log1p(im, x * 2.0 / (1.0 - x)) * 0.5
+
+
+@rule("aten.asin")
+def _asin(im: _Importer, x):
+    """atan(x / sqrt(1 - x^2)), with +-pi/2 at +-1."""
+    x = im.lift(x)
+    return fe.atan(x / fe.sqrt((1.0 - x) * (1.0 + x)))
+
+
+@rule("aten.acos")
+def _acos(im: _Importer, x):
+    """2 atan(sqrt((1 - x) / (1 + x))): accurate near 1."""
+    x = im.lift(x)
+    return fe.atan(fe.sqrt((1.0 - x) / (1.0 + x))) * 2.0
+
+
+@rule("aten.atan2")
+def _atan2(im: _Importer, y, x):
+    """The angle of (x, y) in (-pi, pi]: atan(y / x) moved by pi where x < 0."""
+    dtype = _result_dtype(im)
+    y, x = _operands(im, y, x, dtype)
+    zero = im.lift(0.0, x)
+    base = fe.atan(y / fe.where(fe.compare("eq", x, zero), im.lift(1.0, x), x))
+    negative_x = fe.compare("lt", x, zero)
+    lower = fe.compare("lt", y, zero)
+    turned = fe.where(lower, base - math.pi, base + math.pi)
+    on_axis = fe.where(fe.compare("gt", y, zero), im.lift(math.pi / 2, x),
+                       fe.where(lower, im.lift(-math.pi / 2, x), y * 0.0))
+    return fe.where(fe.compare("eq", x, zero), on_axis, fe.where(negative_x, turned, base))
+
+
+@rule("aten.pow.Tensor_Tensor", "aten.pow.Scalar")
+def _pow_general(im: _Importer, base, exponent):
+    """exp(exponent * log(base)) for a positive base; a negative base
+    raised to an integer exponent keeps its sign (odd) or drops it (even),
+    as PyTorch's pow; 0 to a positive power is 0."""
+    dtype = _result_dtype(im)
+    base, exponent = _operands(im, base, exponent, dtype)
+    zero = im.lift(0.0, base)
+    magnitude = fe.relu(base) + fe.relu(-base)
+    tiny = fe.compare("eq", magnitude, zero)
+    value = fe.exp(exponent * fe.log(fe.where(tiny, im.lift(1.0, base), magnitude)))
+    value = fe.where(tiny, fe.where(fe.compare("gt", exponent, zero), zero, fe.where(
+        fe.compare("eq", exponent, zero), im.lift(1.0, base), im.lift(math.inf, base))), value)
+    odd = fe.compare("ne", fe.floor(exponent * 0.5) * 2.0, exponent)
+    whole = fe.compare("eq", fe.floor(exponent), exponent)
+    negative = fe.compare("lt", base, zero)
+    signed = fe.where(odd, -value, value)
+    nan = im.lift(math.nan, base)
+    return fe.where(negative, fe.where(whole, signed, nan), value)
+
+
+def _rounded_division(a: Tensor, b: Tensor, mode: str | None) -> Tensor:
+    quotient = a / b
+    if mode is None:
+        return quotient
+    if mode == "trunc":
+        return fe.trunc(quotient)
+    if mode == "floor":
+        return fe.floor(quotient)
+    raise ValueError(f"rounding_mode={mode!r}")
+
+
+@rule("aten.div.Tensor_mode", "aten.div.Scalar_mode")
+def _div_mode(im: _Importer, a, b, *, rounding_mode=None):
+    """a / b, rounded toward zero ("trunc") or down ("floor") where asked."""
+    dtype = _result_dtype(im)
+    if dtype not in ("f32", "f64", "f16", "bf16") and rounding_mode is not None:
+        raise ValueError(f"integer division with rounding_mode={rounding_mode!r}")
+    a, b = _operands(im, a, b, "f32" if dtype in _HALVES else dtype)
+    return _rounded_division(a, b, rounding_mode)
+
+
+@rule("aten.fmod.Tensor", "aten.fmod.Scalar", "aten.remainder.Tensor", "aten.remainder.Scalar")
+def _modulo(im: _Importer, a, b):
+    """a - b * q, q = a / b rounded toward zero (fmod: the sign of a) or
+    down (remainder: the sign of b), as PyTorch's."""
+    dtype = _result_dtype(im)
+    if dtype not in ("f32", "f64"):
+        raise ValueError(f"{im.node.target.name()} of {dtype} values (supported: float32, float64)")
+    a, b = _operands(im, a, b, dtype)
+    mode = "trunc" if "fmod" in im.node.target.name() else "floor"
+    return a - b * _rounded_division(a, b, mode)

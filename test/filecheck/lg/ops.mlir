@@ -39,6 +39,14 @@ lg.graph @all_ops on @mesh {
   %erf = lg.erf %tanh : tensor<8x4xf32>
   %exp = lg.exp %tanh : tensor<8x4xf32>
   %sqrt = lg.sqrt %exp : tensor<8x4xf32>
+  %log = lg.log %exp : tensor<8x4xf32>
+  %sin = lg.sin %tanh : tensor<8x4xf32>
+  %cos = lg.cos %tanh : tensor<8x4xf32>
+  %atan = lg.atan %gelu : tensor<8x4xf32>
+  %floor = lg.floor %gelu : tensor<8x4xf32>
+  %ceil = lg.ceil %gelu : tensor<8x4xf32>
+  %round = lg.round %gelu : tensor<8x4xf32>
+  %trunc = lg.trunc %gelu : tensor<8x4xf32>
   %rsqrt = lg.rsqrt %sqrt : tensor<8x4xf32>
   %sm = lg.softmax %rsqrt axis 1 : tensor<8x4xf32>
   %lsm = lg.log_softmax %sm axis 0 : tensor<8x4xf32>
@@ -124,6 +132,14 @@ lg.graph @all_ops on @mesh {
 // CHECK-NEXT:   %erf = lg.erf %tanh : tensor<8x4xf32>
 // CHECK-NEXT:   %exp = lg.exp %tanh : tensor<8x4xf32>
 // CHECK-NEXT:   %sqrt = lg.sqrt %exp : tensor<8x4xf32>
+// CHECK-NEXT:   %log = lg.log %exp : tensor<8x4xf32>
+// CHECK-NEXT:   %sin = lg.sin %tanh : tensor<8x4xf32>
+// CHECK-NEXT:   %cos = lg.cos %tanh : tensor<8x4xf32>
+// CHECK-NEXT:   %atan = lg.atan %gelu : tensor<8x4xf32>
+// CHECK-NEXT:   %floor = lg.floor %gelu : tensor<8x4xf32>
+// CHECK-NEXT:   %ceil = lg.ceil %gelu : tensor<8x4xf32>
+// CHECK-NEXT:   %round = lg.round %gelu : tensor<8x4xf32>
+// CHECK-NEXT:   %trunc = lg.trunc %gelu : tensor<8x4xf32>
 // CHECK-NEXT:   %rsqrt = lg.rsqrt %sqrt : tensor<8x4xf32>
 // CHECK-NEXT:   %sm = lg.softmax %rsqrt axis 1 : tensor<8x4xf32>
 // CHECK-NEXT:   %lsm = lg.log_softmax %sm axis 0 : tensor<8x4xf32>
@@ -184,6 +200,9 @@ lg.graph @all_ops on @mesh {
 // GENERIC:        %mt = "lg.matmul"(%x, %x) <{transpose_rhs}> : (tensor<8x16xf32>, tensor<8x16xf32>) -> tensor<8x8xf32>
 // GENERIC:        %add = "lg.add"(%mm, %b) : (tensor<8x4xf32>, tensor<4xf32>) -> tensor<8x4xf32>
 // GENERIC:        %relu = "lg.relu"(%neg) : (tensor<8x4xf32>) -> tensor<8x4xf32>
+// GENERIC:        %log = "lg.log"(%exp) : (tensor<8x4xf32>) -> tensor<8x4xf32>
+// GENERIC-NEXT:   %sin = "lg.sin"(%tanh) : (tensor<8x4xf32>) -> tensor<8x4xf32>
+// GENERIC:        %round = "lg.round"(%gelu) : (tensor<8x4xf32>) -> tensor<8x4xf32>
 // GENERIC:        %sm = "lg.softmax"(%rsqrt) <{axis = 1 : i64}> : (tensor<8x4xf32>) -> tensor<8x4xf32>
 // GENERIC:        %ln = "lg.layernorm"(%lsm, %g, %b) <{axis = 1 : i64, epsilon = 1.000000e-05 : f64, operandSegmentSizes = array<i32: 1, 1, 1>}> : (tensor<8x4xf32>, tensor<4xf32>, tensor<4xf32>) -> tensor<8x4xf32>
 // GENERIC-NEXT:   %ln0 = "lg.layernorm"(%x3) <{axis = 1 : i64, epsilon = 1.000000e-06 : f64, operandSegmentSizes = array<i32: 1, 0, 0>}> : (tensor<2x4x16xf32>) -> tensor<2x4x16xf32>

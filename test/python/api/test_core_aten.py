@@ -34,6 +34,8 @@ SQ = _floats(4, 4, seed=2)
 IMG = _floats(1, 2, 4, 4, seed=3)
 IDX = torch.tensor([2, 0, 1])
 MASK = torch.tensor([[True, False, True, False]] * 3)
+TINY = A * 1e-5  # where log1p and expm1 are not log(1 + x) and exp(x) - 1
+UNIT = torch.tanh(A) * 0.9  # inside (-1, 1)
 
 # name -> (arguments, the call): tensors among the arguments are what the
 # op reads from the graph; everything else is a constant of the call
@@ -149,6 +151,35 @@ SAMPLES = {
     "aten.convolution": ([IMG, _floats(3, 2, 3, 3, seed=4), _floats(3, seed=5)],
                          lambda x, w, b: aten.convolution(x, w, b, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)),
     "aten.upsample_nearest2d.vec": ([IMG], lambda x: aten.upsample_nearest2d.vec(x, None, [2.0, 3.0])),
+    "aten.log": ([_floats(3, 4, positive=True)], aten.log),
+    "aten.log2": ([_floats(3, 4, positive=True)], aten.log2),
+    "aten.log10": ([_floats(3, 4, positive=True)], aten.log10),
+    "aten.log1p": ([TINY], aten.log1p),
+    "aten.expm1": ([TINY], aten.expm1),
+    "aten.sin": ([A], aten.sin),
+    "aten.cos": ([A], aten.cos),
+    "aten.tan": ([A], aten.tan),
+    "aten.atan": ([A], aten.atan),
+    "aten.asin": ([UNIT], aten.asin),
+    "aten.acos": ([UNIT], aten.acos),
+    "aten.atanh": ([UNIT], aten.atanh),
+    "aten.sinh": ([TINY], aten.sinh),
+    "aten.cosh": ([A], aten.cosh),
+    "aten.asinh": ([TINY], aten.asinh),
+    "aten.acosh": ([A.abs() + 1.0001], aten.acosh),
+    "aten.atan2": ([A, B], aten.atan2),
+    "aten.floor": ([A * 3], aten.floor),
+    "aten.ceil": ([A * 3], aten.ceil),
+    "aten.round": ([torch.tensor([[0.5, 1.5, 2.5, -0.5], [-1.5, 0.49, 2.51, -2.5], [3.7, -3.7, 0.0, 1.0]])],
+                   aten.round),  # halves to even, as PyTorch
+    "aten.trunc": ([A * 3], aten.trunc),
+    "aten.pow.Tensor_Tensor": ([_floats(3, 4, positive=True), B], aten.pow.Tensor_Tensor),
+    "aten.pow.Scalar": ([A], lambda x: aten.pow.Scalar(2.0, x)),
+    "aten.div.Scalar_mode": ([A * 3], lambda x: aten.div.Scalar_mode(x, 0.7, rounding_mode="floor")),
+    "aten.fmod.Tensor": ([A * 3, _floats(3, 4, seed=1, positive=True)], aten.fmod.Tensor),
+    "aten.fmod.Scalar": ([A * 3], lambda x: aten.fmod.Scalar(x, 0.7)),
+    "aten.remainder.Tensor": ([A * 3, _floats(3, 4, seed=1, positive=True)], aten.remainder.Tensor),
+    "aten.remainder.Scalar": ([A * 3], lambda x: aten.remainder.Scalar(x, 0.7)),
 }
 
 CORE = core_aten_ops()

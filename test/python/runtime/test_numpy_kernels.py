@@ -54,6 +54,9 @@ def every_op_module(ranks: int, device: str = "cpu", batch: int = 8):
     e = (sbpc.embedding(table, ids) + sbpc.embedding(table, ids, padding_idx=0)).sum(axes=(1,))
     h = sbpc.gelu(x + e) * sbpc.rsqrt(x * x + 1.0) - sbpc.tanh(sbpc.relu(x)) / sbpc.sqrt(sbpc.exp(-x) + 2.0)
     h = sbpc.dropout(h + sbpc.erf(x) * 0.5, 0.25)
+    # the other unary ops (log of a positive value; the roundings pass no gradient)
+    h = h + sbpc.log(x * x + 1.0) * sbpc.sin(x) + sbpc.cos(x) * sbpc.atan(x) * 0.5 + (
+        sbpc.floor(x) + sbpc.ceil(x) + sbpc.round(x * 2.0) + sbpc.trunc(x)) * 0.1
     # running sums over the split batch axis (partial) and along a row, as ids' positions are counted
     ranks_of = sbpc.cumsum(sbpc.cast(sbpc.compare("gt", ids, g.constant(np.asarray(4))), "i64"), 1)
     counts = sbpc.cast(ranks_of + sbpc.argmax(ids, 1).reshape(batch, 1), "f32").sum(axes=(1,), keepdims=True)
@@ -103,7 +106,7 @@ def kernel_names(program) -> set[str]:
 
 ALL_KERNELS = {op.name for op in numpy_kernels.NUMPY.ops() if hasattr(op, "name") and isinstance(op.name, str)} - {
     "lg.neg", "lg.tanh", "lg.erf", "lg.exp", "lg.sqrt", "lg.rsqrt", "lg.gelu", "lg.relu", "lg.step", "lg.div",
-    "plan.fused"}
+    "lg.log", "lg.sin", "lg.cos", "lg.atan", "lg.floor", "lg.ceil", "lg.round", "lg.trunc", "plan.fused"}
 """Kernels that must appear as actors (the elementwise ones may all be fused)."""
 
 
@@ -118,7 +121,8 @@ def test_the_plan_uses_every_kernel(every_op):
     assert ALL_KERNELS - {"lg.matmul"} <= names | {"lg.add", "lg.sub", "lg.mul"}, ALL_KERNELS - names
     assert "plan.fused" in names
     _, unfused = compiled(every_op, fuse=False)
-    assert {"lg.gelu", "lg.rsqrt", "lg.tanh", "lg.erf", "lg.exp", "lg.sqrt", "lg.relu", "lg.div",
+    assert {"lg.gelu", "lg.rsqrt", "lg.tanh", "lg.erf", "lg.exp", "lg.sqrt", "lg.relu", "lg.div", "lg.log",
+            "lg.sin", "lg.cos", "lg.atan", "lg.floor", "lg.ceil", "lg.round", "lg.trunc",
             "lg.one_hot", "lg.embedding_grad"} <= kernel_names(unfused)
 
 
