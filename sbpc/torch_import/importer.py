@@ -31,6 +31,9 @@ class _Importer(_StateImporter):
         self.lifted: dict[tuple, Tensor] = {}
         self.autocast: str | None = None
         """The lower precision of the `torch.autocast` region being imported ("bf16", "f16"), if one is on."""
+        self.views: dict[Any, tuple[Any, str, tuple]] = {}
+        """Each slice or select node of a node: (its base, "slice" or "select", where), so that an in-place op
+        on the view writes through to the base (`shifted[:, 1:] = ids[:, :-1]`)."""
 
     # -- the graph ------------------------------------------------------------------
 
@@ -162,6 +165,8 @@ class _Importer(_StateImporter):
     def _call(self, node):
         written = node.args[0] if node.args and getattr(getattr(node.target, "_schema", None), "is_mutable",
                                                           False) else None
+        if hasattr(written, "op") and written in self.views and written not in self.state_inputs:
+            return self._in_place_on_view(node, written)
         if hasattr(written, "op") and isinstance(self.env.get(written), Tensor) and written not in self.state_inputs:
             return self._in_place(node, written)
         if hasattr(written, "op") and isinstance(self.env.get(written), Tensor) and _op_name(node.target) == (
@@ -177,6 +182,8 @@ class _Importer(_StateImporter):
         args = _map(node.args, self._value)
         kwargs = {k: _map(v, self._value) for k, v in node.kwargs.items()}
         name = _op_name(node.target)
+        if name in ("aten.slice.Tensor", "aten.select.int") and hasattr(node.args[0], "op"):
+            self.views[node] = (node.args[0], name, _view_place(name, node.args[1:]))
         if not any(isinstance(a, Tensor) for a in _flat([args, kwargs])):
             if _draws_random_numbers(node.target):
                 # folded at import it would be one draw, the same at every step
@@ -266,6 +273,22 @@ class _Importer(_StateImporter):
         self.env[written] = result
         return result
 
+    def _in_place_on_view(self, node, view):
+        """An in-place op on a slice or select of another value: the view's
+        new value, scattered into its base (and the base's base), which
+        later nodes read from then on."""
+        result = self._in_place(node, view)
+        while view in self.views:
+            base, kind, place = self.views[view]
+            scatter = RULES["aten.slice_scatter" if kind == "aten.slice.Tensor" else "aten.select_scatter"]
+            try:
+                result = scatter(self, self.env[base], result, *place)
+            except (ValueError, TypeError) as error:
+                raise self._error(f"{_op_name(node.target)} ({node.name}) writing through a view: {error}") from None
+            self.env[base] = result
+            view = base
+        return self.env[node.args[0]]
+
     def _value(self, a):
         return self.env[a] if hasattr(a, "op") and a in self.env else a
 
@@ -315,3 +338,11 @@ def _draws_random_numbers(target) -> bool:
     import torch
 
     return torch.Tag.nondeterministic_seeded in getattr(target, "tags", ())
+
+
+def _view_place(name: str, args) -> tuple:
+    """Where a slice (dim, start, end, step) or a select (dim, index) view lies in its base."""
+    if name == "aten.slice.Tensor":
+        dim, start, end, step = (list(args) + [0, None, None, 1][len(args):])[:4]
+        return dim, start, end, step
+    return tuple(args[:2])

@@ -95,9 +95,31 @@ def _convolution(im: _Importer, x, weight, bias, stride, padding, dilation, tran
     """The generic convolution, for the 2-D, not transposed case (`conv2d`)."""
     if transposed:
         raise ValueError("a transposed convolution")
-    if len(im.lift(x).shape) != 4:
-        raise ValueError(f"a {len(im.lift(x).shape) - 2}-D convolution (supported: 2-D)")
+    rank = len(im.lift(x).shape)
+    if rank == 3:
+        return _conv1d(im, x, weight, bias, stride, padding, dilation, groups)
+    if rank != 4:
+        raise ValueError(f"a {rank - 2}-D convolution (supported: 1-D and 2-D)")
     return _conv2d(im, x, weight, bias, stride, padding, dilation, groups)
+
+
+def _single(value) -> int:
+    return int(value[0] if isinstance(value, list | tuple) else value)
+
+
+@rule("aten.conv1d", "aten.conv1d.padding")
+def _conv1d(im: _Importer, x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """A 1-D convolution over (N, C, L) (Whisper's front end) as a 2-D one
+    over images one row high."""
+    x, weight = im.lift(x), im.lift(weight)
+    if len(x.shape) != 3:
+        raise ValueError(f"conv1d of a {len(x.shape)}-D input (takes (N, C, L))")
+    n, c, length = x.shape
+    rows = fe.reshape(x, [n, c, 1, length])
+    kernel = fe.reshape(weight, [weight.shape[0], weight.shape[1], 1, weight.shape[2]])
+    pad = padding if isinstance(padding, str) else (0, _single(padding))
+    y = _conv2d(im, rows, kernel, bias, (1, _single(stride)), pad, (1, _single(dilation)), groups)
+    return fe.reshape(y, [n, y.shape[1], y.shape[3]])
 
 
 @rule("aten.upsample_nearest2d.vec")

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 def _index(im: _Importer, x, indices):
     """Advanced indexing. Index tensors known at import time that only
     insert and broadcast axes (transformers' masks index a padding mask with
-    broadcast `arange`s): a reshape and a broadcast. One index tensor
+    broadcast `arange`s): a reshape and a broadcast; that pick elements: a
+    gather (`_gather_known`). One index tensor
     computed from the inputs, after whole axes (`x[:, idx]`): a selection
     along that axis. `x[torch.arange(n), idx]` over a whole first axis (a
     classification head's last token per row): a gather."""
@@ -38,10 +39,25 @@ def _index(im: _Importer, x, indices):
               if np.all(where == where.take([0], axis=axis))]  # the same element all along: broadcast
     core = where[tuple(slice(0, 1) if axis in spread else slice(None) for axis in range(where.ndim))]
     if not np.array_equal(core.ravel(), np.arange(math.prod(x.shape))):
-        raise ValueError("indexing that gathers with indices known at import time (sbpc imports such indexing "
-                         "where it only adds and broadcasts axes)")
+        return _gather_known(im, x, known, where)
     reshaped = fe.reshape(x, list(core.shape)) if tuple(core.shape) != tuple(x.shape) else x
     return fe.broadcast_to(reshaped, list(where.shape)) if core.shape != where.shape else reshaped
+
+
+def _gather_known(im: _Importer, x: Tensor, known, where: np.ndarray) -> Tensor:
+    """Indexing with indices known at import time that picks elements
+    (Swin's relative position bias table, the gathers interpolation
+    decomposes into): one integer index on one axis is a lookup along that
+    axis (a row-split table stays split); anything else gathers the
+    flattened tensor at the elements' positions."""
+    used = [d for d, k in enumerate(known) if k is not None]
+    if len(used) == 1 and known[used[0]].dtype.kind in "iu":
+        axis = used[0]
+        index = np.asarray(known[axis], dtype=np.int64) % x.shape[axis]
+        return _take(x, axis, im.g.constant(index))
+    flat = fe.reshape(x, [math.prod(x.shape)])
+    picked = _take(flat, 0, im.g.constant(where.astype(np.int64).ravel()))
+    return fe.reshape(picked, list(where.shape))
 
 
 def _index_computed(im: _Importer, x: Tensor, indices, known, computed: list[int]) -> Tensor:

@@ -23,11 +23,19 @@ def _cross_entropy(im: _Importer, logits, target, weight=None, reduction=1, igno
     if weight is not None or label_smoothing:
         raise ValueError("cross_entropy with class weights or label smoothing")
     logits, target = im.lift(logits), im.lift(target)
-    if len(logits.shape) != 2:
-        raise ValueError(f"cross_entropy of {len(logits.shape)}-D logits: flatten them to (N, C) as nanoGPT does")
+    if len(logits.shape) < 2:
+        raise ValueError(f"cross_entropy of {len(logits.shape)}-D logits (takes (N, C) or (N, C, d1, ...))")
+    positions = None
+    if len(logits.shape) > 2:
+        # (N, C, d1, ...): a class per position (a segmentation map), the
+        # class axis moved last and every position a row
+        rank = len(logits.shape)
+        positions = [logits.shape[0], *logits.shape[2:]]
+        logits = fe.reshape(fe.transpose(logits, [0, *range(2, rank), 1]), [-1, logits.shape[1]])
+        target = fe.reshape(target, [-1])
     losses = fe.token_cross_entropy(logits, target, ignore_index)
     if reduction == 0:  # 'none': each row's loss, 0 where ignored
-        return losses
+        return losses if positions is None else fe.reshape(losses, positions)
     total = fe.reduce_sum(losses, [0])
     if reduction == 2:
         return total

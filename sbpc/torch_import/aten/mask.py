@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sbpc import frontend as fe
+from sbpc.dialects import lg
 from sbpc.frontend import Tensor
 from sbpc.torch_import.aten.elementwise import _compact, _operands
 from sbpc.torch_import.aten.registry import rule
@@ -108,10 +109,12 @@ def _additive_mask(im: _Importer, mask: np.ndarray, value: float, like: Tensor) 
 
 @rule("aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
 def _masked_fill(im: _Importer, x, mask, value):
+    """A mask known at import time (a causal mask): an additive mask, no
+    select; a mask or value computed from the inputs (padding tokens set
+    to -100 in shifted labels): a select."""
     mask_value, fill = im.known(mask), im.known(value)
-    if mask_value is None or fill is None:
-        raise ValueError("masked_fill whose mask or value is computed from the inputs "
-                         "(sbpc folds masks made from buffers and constants, such as causal masks)")
+    if mask_value is None or fill is None or not lg.is_float(im.lift(x).dtype):
+        return _where(im, mask, value, x)
     x = im.lift(x)
     return x + _additive_mask(im, mask_value.astype(bool), float(fill), x)
 

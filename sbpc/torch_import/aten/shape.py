@@ -239,3 +239,15 @@ def _full_like(im: _Importer, x, value, dtype=None, **_):
     if lg_dtype is None:
         raise ValueError(f"dtype {dtype}")
     return im.g.constant(np.full(x.shape, value, dtype=fe._numpy_of(fe.element(lg_dtype))))
+
+
+@rule("aten.fill.Tensor")
+def _fill_tensor(im: _Importer, x, value):
+    """`x`'s shape and dtype, every element the 0-d `value`."""
+    x = im.lift(x)
+    known = im.known(value)
+    if known is not None:
+        return _full_like(im, x, known.item())
+    value = im.lift(value)
+    value = value if str(value.dtype) == str(x.dtype) else fe.cast(value, str(x.dtype))
+    return fe.broadcast_to(fe.reshape(value, [1] * len(x.shape)), list(x.shape))
