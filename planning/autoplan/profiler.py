@@ -143,14 +143,18 @@ class Profiler:
             loss = mapping[self.loss_value]
         else:
             terms = []
+            # the terms add up in the layer's float type (a float64 model's
+            # activations are f64), masks and labels cast to it
+            floats = [element_type(v.type) for v in layer.outs if lg.is_float(element_type(v.type))]
+            loss_type = floats[0] if floats else f32
             for v in layer.outs:
                 shape = global_shape(v.type)
                 value = mapping[v]
                 if shape:
                     # handed on replicated over the tensor axis, as the next layer's profile takes it
                     value = add(AnnotateOp(value, _replicated(v.type))).results[0]
-                if not lg.is_float(element_type(v.type)):  # a mask or labels handed on (no gradient)
-                    value = add(lg.CastOp(value, f32)).results[0]
+                if element_type(v.type) != loss_type:  # a mask or labels handed on (no gradient), another float
+                    value = add(lg.CastOp(value, loss_type)).results[0]
                 if shape:
                     value = add(lg.ReduceMeanOp(value, list(range(len(shape))))).results[0]
                 terms.append(value)

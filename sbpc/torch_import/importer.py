@@ -55,7 +55,13 @@ class _Importer(_StateImporter):
             self.node = node
             if node.op == "placeholder":
                 spec = specs[node.name]
-                if spec.kind == InputKind.PARAMETER:
+                if spec.kind == InputKind.PARAMETER and not self.module.get_parameter(spec.target).requires_grad:
+                    # a frozen parameter (Whisper's sinusoidal positions): no
+                    # optimizer moves it, so it is a constant, as a buffer is
+                    self.env[node] = _Const(state[spec.target])
+                    for alias in names.get(id(self.module.get_parameter(spec.target)), [spec.target]):
+                        self.g.buffers[alias] = to_numpy(state[spec.target]).copy()
+                elif spec.kind == InputKind.PARAMETER:
                     self.state_inputs[node] = spec.target
                     self.env[node] = self._param(spec.target, state[spec.target], names)
                 elif spec.kind == InputKind.USER_INPUT:

@@ -452,6 +452,30 @@ class Decomposed(nn.Module):
         return (z.squeeze(0) + b.T.T - t).pow(2).mean()
 
 
+class FrozenPositions(nn.Module):
+    """A parameter with requires_grad off (Whisper's sinusoidal positions):
+    PyTorch's optimizer never moves it."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.positions = nn.Parameter(torch.randn(3, 4), requires_grad=False)
+
+    def forward(self, x, t):
+        return (self.proj(x + self.positions) - t).pow(2).mean()
+
+
+def test_a_frozen_parameter_stays_as_it_is_and_the_rest_trains_as_pytorch():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(5)
+    batches = [(torch.randn(3, 4, generator=g), torch.randn(3, 4, generator=g)) for _ in range(4)]
+    model = FrozenPositions()
+    exe = check_training(model, batches, ["x", "t"], sbpc.optim.AdamW(lr=1e-2, weight_decay=0.1),
+                         lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1))
+    assert torch.equal(exe.state_dict()["positions"], model.positions.detach())
+    assert 'param "positions"' not in exe.plan_text
+
+
 DECOMPOSED_OPS = ("aten.stack", "aten.unbind.int", "aten.numpy_T", "aten.baddbmm")
 
 

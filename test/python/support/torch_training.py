@@ -31,14 +31,23 @@ def torch_run(model, batches, make_opt, dtype):
     return losses, {k: v.detach().double() for k, v in model.state_dict().items()}
 
 
-def check_training(model, batches, names, optimizer, make_opt, ranks=1, sbp=None, mesh=None):
+def check_training(model, batches, names, optimizer, make_opt, ranks=1, sbp=None, mesh=None, plan=None):
+    """sbpc trains `model` on `batches[:-1]` as PyTorch does (losses, then
+    parameters), and the weights back in PyTorch give sbpc's next loss;
+    `plan="auto"` lets the planner choose the plan on `ranks` devices."""
     where = sbpc.placement("cpu", ranks, mesh)
     graph = sbpc.from_torch(model, batches[0], sbp=sbp, placement=where)
-    exe = sbpc.compile(graph, optimizer=optimizer, mode="interpret" if ranks == 1 else "auto")
+    exe = sbpc.compile(graph, optimizer=optimizer, mode="interpret" if ranks == 1 else "auto",
+                       **({"plan": plan} if plan is not None else {}))
     losses = [float(exe.train_step(dict(zip(names, (t.numpy() for t in b))))["loss"]) for b in batches[:-1]]
     ref32, params32 = torch_run(model, batches[:-1], make_opt, torch.float32)
     ref64, params64 = torch_run(model, batches[:-1], make_opt, torch.float64)
-    np.testing.assert_allclose(losses, ref32, rtol=1e-5)
+    # a float64 model is compared with PyTorch's float64 run (where float32
+    # rounding is amplified past 1e-5 by the training itself, as a small
+    # batch's batch-norm does in MobileNetV2, the float64 run shows the same
+    # steps exactly)
+    float64 = next(model.parameters()).dtype == torch.float64
+    np.testing.assert_allclose(losses, ref64 if float64 else ref32, rtol=1e-5)
     state = exe.state_dict()
     assert set(state) == set(model.state_dict())
     steps = len(batches) - 1

@@ -1,0 +1,236 @@
+"""Hugging Face families beyond the first seven, each built from its
+config's defaults (only the sizes made tiny), as users build them:
+encoder-decoders (T5 with its relative attention bias and `_shift_right`,
+BART, Whisper with its convolution front end over audio features), vision
+(MobileNetV2: depthwise convolutions, relu6, batch-norm; Swin: windows and
+the relative position bias table gathered by known indices; SegFormer:
+overlapping patch merging, bilinear upsampling of the logits and a loss per
+pixel) and decoders (GPT-J: interleaved rotary embeddings through
+`stack`/`unbind`, decomposed; BLOOM: ALiBi through `baddbmm`, decomposed).
+
+Each trains 10 AdamW steps as PyTorch does (dropout 0 for that comparison
+only) on 1 rank, data parallel on 2 and with `plan="auto"` on 4; the
+decoders also with Megatron's split on 4. With dropout at its configured
+rate (T5, BART, MobileNetV2, Swin, SegFormer set one; GPT-J, BLOOM and
+Whisper default to 0), data parallel on 2 and `plan="auto"` on 4 give
+sbpc's own 1-rank losses (sbpc's masks are the same under every plan, not
+PyTorch's). Two gaps are strict xfails: MobileNetV2 with `plan="auto"`
+(the layer search cannot profile batch-norm at a smaller batch) and the
+drop path of Swin and SegFormer (`torch.rand`, not imported yet).
+`make test` runs each family data parallel on 2 and one dropout case;
+`make test-all` runs the rest."""
+
+import inspect
+
+import numpy as np
+import pytest
+
+import sbpc
+from sbpc import S
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from support.torch_training import check_training  # noqa: E402
+
+STEPS = 10
+VOCAB = 64
+T = transformers
+
+
+def _no_dropout(config, dropout: bool):
+    """The config as it comes (`dropout`), or with every dropout rate 0."""
+    if not dropout:
+        for key, value in list(config.to_dict().items()):
+            if isinstance(value, float) and ("dropout" in key or key.endswith("pdrop") or key == "drop_path_rate"):
+                setattr(config, key, 0.0)
+    return config
+
+
+def _built(cls, config, dropout):
+    torch.manual_seed(0)
+    model = cls(_no_dropout(config, dropout))
+    model.config._attn_implementation = "eager"
+    return model.train()
+
+
+class Text(torch.nn.Module):
+    """The model called with its inputs by name, its own loss returned."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, labels):
+        return self.model(input_ids=input_ids, labels=labels).loss
+
+
+class Images(Text):
+    def forward(self, pixel_values, labels):
+        return self.model(pixel_values=pixel_values, labels=labels).loss
+
+
+class Audio(Text):
+    def forward(self, input_features, labels):
+        return self.model(input_features=input_features, labels=labels).loss
+
+
+def tokens(count, batch=4, seq=8):
+    g = torch.Generator().manual_seed(3)
+    out = []
+    for _ in range(count):
+        x = torch.randint(2, VOCAB, (batch, seq), generator=g)
+        y = torch.randint(2, VOCAB, (batch, seq), generator=g)
+        y[0, -2:] = -100  # ignored labels (and, shifted right, padding in the decoder's input)
+        out.append((x, y))
+    return out
+
+
+def images(count, batch=4, size=32, per_pixel=False):
+    g = torch.Generator().manual_seed(2)
+    return [(torch.randn(batch, 3, size, size, generator=g),
+             torch.randint(0, 3, (batch, size, size) if per_pixel else (batch,), generator=g)) for _ in range(count)]
+
+
+def audio(count, batch=4):
+    g = torch.Generator().manual_seed(4)
+    return [(torch.randn(batch, 8, 16, generator=g), tokens(1, batch)[0][1]) for _ in range(count)]
+
+
+FAMILIES = {
+    # name: (model from its config, batches, the module that calls it)
+    # (T5's published configs name the decoder's start token, which its
+    # config class leaves unset: without it no loss can be computed from labels)
+    "t5": (lambda d: _built(T.T5ForConditionalGeneration, T.T5Config(
+        vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, decoder_start_token_id=0), d),
+        tokens, Text),
+    "bart": (lambda d: _built(T.BartForConditionalGeneration, T.BartConfig(
+        vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=16), d),
+        tokens, Text),
+    "whisper": (lambda d: _built(T.WhisperForConditionalGeneration, T.WhisperConfig(
+        vocab_size=VOCAB, num_mel_bins=8, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_source_positions=8,
+        max_target_positions=16, pad_token_id=0, decoder_start_token_id=1), d), audio, Audio),
+    "mobilenetv2": (lambda d: _built(T.MobileNetV2ForImageClassification, T.MobileNetV2Config(
+        image_size=32, depth_multiplier=0.25, num_labels=3), d), images, Images),
+    "swin": (lambda d: _built(T.SwinForImageClassification, T.SwinConfig(
+        image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=4, num_labels=3),
+        d), images, Images),
+    "segformer": (lambda d: _built(T.SegformerForSemanticSegmentation, T.SegformerConfig(
+        num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32], patch_sizes=[7, 3],
+        strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2], decoder_hidden_size=32, num_labels=3), d),
+        lambda n: images(n, per_pixel=True), Images),
+    "gptj": (lambda d: _built(T.GPTJForCausalLM, T.GPTJConfig(
+        vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=2, n_head=4, rotary_dim=4), d), tokens, Text),
+    "bloom": (lambda d: _built(T.BloomForCausalLM, T.BloomConfig(
+        vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4), d), tokens, Text),
+}
+
+MEGATRON = {
+    "gptj": {"*.q_proj.weight": S(0), "*.k_proj.weight": S(0), "*.v_proj.weight": S(0), "*.out_proj.weight": S(1),
+             "*.fc_in.weight": S(0), "*.fc_in.bias": S(0), "*.fc_out.weight": S(1)},
+    "bloom": {"*.query_key_value.weight": S(0), "*.query_key_value.bias": S(0), "*.self_attention.dense.weight": S(1),
+              "*.dense_h_to_4h.weight": S(0), "*.dense_h_to_4h.bias": S(0), "*.dense_4h_to_h.weight": S(1)},
+}
+"""Megatron's split of the decoders' blocks (weights are (out, in))."""
+
+
+def adamw():
+    return (sbpc.optim.AdamW(lr=1e-3, weight_decay=0.01),
+            lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.01))
+
+
+FLOAT64 = {"mobilenetv2"}
+"""Compared in float64: in float32 its training is chaotic at these sizes
+(batch-norm over 4 images in the last blocks, Adam's sign-like first steps),
+and PyTorch's float32 run itself leaves its float64 run by 1e-2 within 10
+steps; in float64 sbpc's losses are PyTorch's to 1e-10."""
+
+
+def _case(family, dropout=False):
+    make, batches, call = FAMILIES[family]
+    model = call(make(dropout))
+    names = list(inspect.signature(model.forward).parameters)
+    if family in FLOAT64:
+        model = model.double()
+        return model, lambda n: [tuple(t.double() if t.is_floating_point() else t for t in b)
+                                 for b in batches(n)], names
+    return model, batches, names
+
+
+PLANS = {"1 rank": (1, None, False), "data parallel 2": (2, None, True), "auto 4": (4, "auto", False)}
+
+
+SLOW = {"mobilenetv2"}
+"""Families `make test` leaves to `make test-all`: MobileNetV2's 17 blocks in float64 take 12-16 s a run."""
+
+LAYER_PROFILER_REBATCH = ("the layer search profiles a layer at a smaller batch (lg-micro-batch's rebatch), "
+                          "which refuses batch-norm's statistics over the batch: no layout is left")
+
+
+@pytest.mark.parametrize("family, plan", [
+    pytest.param(f, p, marks=[*([] if p == "data parallel 2" and f not in SLOW else [pytest.mark.full]),
+                              *([pytest.mark.xfail(strict=True, reason=LAYER_PROFILER_REBATCH)]
+                                if (f, p) == ("mobilenetv2", "auto 4") else [])])
+    for f in FAMILIES for p in PLANS])
+def test_each_family_trains_as_pytorch(family, plan):
+    ranks, chosen, split = PLANS[plan]
+    model, batches, names = _case(family)
+    assert getattr(model.model.config, "use_cache", None) is not False  # as the config has it
+    optimizer, make_opt = adamw()
+    check_training(model, batches(STEPS + 1), names, optimizer, make_opt, ranks,
+                   {n: S(0) for n in names} if split else None, plan=chosen)
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("family", sorted(MEGATRON))
+def test_the_decoders_train_as_pytorch_with_megatron_hints_on_4(family):
+    model, batches, names = _case(family)
+    optimizer, make_opt = adamw()
+    exe = check_training(model, batches(STEPS + 1), names, optimizer, make_opt, 4, MEGATRON[family])
+    assert "all_reduce" in exe.plan_text  # the row-split layers' partial sums
+
+
+def _dropout_losses(family, ranks, plan, split):
+    model, batches, names = _case(family, dropout=True)
+    data = batches(4)
+    graph = sbpc.from_torch(model, data[0], placement=sbpc.placement("cpu", ranks),
+                            sbp={n: S(0) for n in names} if split else None)
+    exe = sbpc.compile(graph, optimizer=adamw()[0], mode="interpret" if ranks == 1 else "auto", seed=5,
+                       **({"plan": plan} if plan else {}))
+    assert "lg.dropout" in exe.plan_text  # the config's rates, imported
+    return [float(exe.train_step(dict(zip(names, (t.numpy() for t in batch))))["loss"]) for batch in data]
+
+
+def _dropout_rates(family) -> dict[str, float]:
+    make, _, _ = FAMILIES[family]
+    config = make(True).config
+    return {k: v for k, v in config.to_dict().items()
+            if isinstance(v, float) and ("dropout" in k or k.endswith("pdrop") or k == "drop_path_rate") and v}
+
+
+DRAWS_WITH_TORCH_RAND = "drop path (stochastic depth) draws torch.rand, which sbpc does not import yet"
+DROPOUT_FAMILIES = {"t5": (), "bart": (), "mobilenetv2": (),
+                    "swin": pytest.mark.xfail(strict=True, reason=DRAWS_WITH_TORCH_RAND),
+                    "segformer": pytest.mark.xfail(strict=True, reason=DRAWS_WITH_TORCH_RAND)}
+"""The families whose configs set a dropout rate; the others' defaults are 0 (checked below)."""
+
+
+def test_the_other_families_configure_no_dropout():
+    for family in sorted(set(FAMILIES) - set(DROPOUT_FAMILIES)):
+        assert _dropout_rates(family) == {}, family
+    for family in DROPOUT_FAMILIES:
+        assert _dropout_rates(family), family
+
+
+@pytest.mark.parametrize("family, plan", [
+    pytest.param(f, p, marks=[*([] if (f, p) == ("t5", "data parallel 2") else [pytest.mark.full]),
+                              *([m] if (m := DROPOUT_FAMILIES[f]) else []),
+                              *([pytest.mark.xfail(strict=True, reason=LAYER_PROFILER_REBATCH)]
+                                if (f, p) == ("mobilenetv2", "auto 4") else [])])
+    for f in DROPOUT_FAMILIES for p in ("data parallel 2", "auto 4")])
+def test_each_family_with_its_configured_dropout_draws_the_same_masks_under_every_plan(family, plan):
+    ranks, chosen, split = PLANS[plan]
+    np.testing.assert_allclose(_dropout_losses(family, ranks, chosen, split), _dropout_losses(family, 1, None, False),
+                               rtol=1e-5)
