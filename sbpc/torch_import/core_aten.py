@@ -29,6 +29,10 @@ DATA_DEPENDENT = frozenset({
 })
 """ATen ops whose output shape depends on the values of their inputs."""
 
+DECOMPOSES_TO_REFUSED = frozenset({"aten.col2im", "aten.embedding_dense_backward"})
+"""Core ATen ops PyTorch decomposes into ops sbpc refuses (`index_put`):
+refused in the end (the generated test checks that they are)."""
+
 
 def core_aten_ops() -> list[str]:
     """The names (as the rules spell them: `aten.<op>.<overload>`, the
@@ -49,11 +53,32 @@ def core_aten_ops() -> list[str]:
     return sorted(names)
 
 
-def coverage(rules) -> tuple[list[str], list[str], list[str]]:
-    """Core ATen ops (with a rule, refused as data-dependent, without a rule)."""
-    ops = core_aten_ops()
-    return ([n for n in ops if n in rules], [n for n in ops if n not in rules and n in DATA_DEPENDENT],
-            [n for n in ops if n not in rules and n not in DATA_DEPENDENT])
+def coverage(rules) -> dict[str, list[str]]:
+    """Core ATen ops by how the importer takes them: "rule" (a rule of its
+    own), "decomposition" (no rule, imported through PyTorch's
+    decomposition), "computed at import" (no tensor operand: PyTorch
+    computes the value, a constant), and refused by name: "data-dependent"
+    (the output's shape depends on the data), "random" (a draw per call)
+    and "refused" (no rule and no decomposition yet)."""
+    import torch
+
+    found: dict[str, list[str]] = {"rule": [], "decomposition": [], "computed at import": [],
+                                   "data-dependent": [], "random": [], "refused": []}
+    for name in core_aten_ops():
+        base, _, overload = name.removeprefix("aten.").partition(".")
+        op = getattr(getattr(torch.ops.aten, base), overload or "default")
+        if name in rules:
+            found["rule"].append(name)
+        elif name in DATA_DEPENDENT:
+            found["data-dependent"].append(name)
+        elif torch.Tag.nondeterministic_seeded in op.tags:
+            found["random"].append(name)  # refused: folded it would be one draw for every step
+        elif not any("Tensor" in str(a.type) for a in op._schema.arguments):
+            found["computed at import"].append(name)  # no tensor operand: PyTorch computes it (`full`, `arange`)
+        else:
+            decomposes = decomposition(op) is not None and name not in DECOMPOSES_TO_REFUSED
+            found["decomposition" if decomposes else "refused"].append(name)
+    return found
 
 
 @functools.cache

@@ -236,8 +236,9 @@ class _Importer(_StateImporter):
         try:
             traced = trace_decomposition(node.target, args, kwargs, lambda a: isinstance(a, Tensor), _example)
         except Exception as error:  # noqa: BLE001 - PyTorch's decomposition failed on these arguments
-            raise self._error(f"{name} ({node.name}): its decomposition into Core ATen failed: "
-                              f"{type(error).__name__}: {error}") from None
+            first = next((line for line in str(error).splitlines() if line.strip()), "")
+            raise self._error(f"{name} ({node.name}): PyTorch's decomposition of it failed on these arguments "
+                              f"({type(error).__name__}: {first})") from None
         if traced is None:
             raise self._error(
                 f"the ATen op {name} ({node.name}) has no lg lowering in sbpc yet, and PyTorch has no "
@@ -246,7 +247,11 @@ class _Importer(_StateImporter):
         region, tensors = traced
         for inner in region.graph.nodes:  # errors inside name the user's line of the op decomposed
             inner.meta.setdefault("stack_trace", node.meta.get("stack_trace"))
-        return self.inline(region, tensors)
+        try:
+            return self.inline(region, tensors)
+        except TorchImportError as error:  # an op it decomposes into is refused: say which op the user wrote
+            raise TorchImportError(f"{name} ({node.name}), which has no rule of its own, through PyTorch's "
+                                   f"decomposition of it: {error}") from None
 
     def _as_traced(self, result):
         """Under autocast, a float result in the dtype PyTorch traced for

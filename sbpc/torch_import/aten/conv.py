@@ -137,3 +137,28 @@ def _upsample_nearest2d(im: _Importer, x, output_size, scale_factors):
         sh, sw = int(scale_factors[0]), int(scale_factors[1])
     blocks = fe.broadcast_to(fe.reshape(x, [n, c, h, 1, w, 1]), [n, c, h, sh, w, sw])
     return fe.reshape(blocks, [n, c, h * sh, w * sw])
+
+
+def _rows(x: Tensor) -> Tensor:
+    """(N, C, L) as images one row high, (N, C, 1, L)."""
+    return fe.reshape(x, [x.shape[0], x.shape[1], 1, x.shape[2]])
+
+
+@rule("aten.avg_pool1d")
+def _avg_pool1d(im: _Importer, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True):
+    x = im.lift(x)
+    if len(x.shape) != 3:
+        raise ValueError(f"avg_pool1d of a {len(x.shape)}-D input (takes (N, C, L))")
+    k = _single(kernel_size)
+    s = _single(stride) if stride else k
+    y = _avg_pool2d(im, _rows(x), (1, k), (1, s), (0, _single(padding)), ceil_mode, count_include_pad)
+    return fe.reshape(y, [y.shape[0], y.shape[1], y.shape[3]])
+
+
+@rule("aten.adaptive_avg_pool1d")
+def _adaptive_avg_pool1d(im: _Importer, x, output_size):
+    x = im.lift(x)
+    if len(x.shape) != 3:
+        raise ValueError(f"adaptive_avg_pool1d of a {len(x.shape)}-D input (takes (N, C, L))")
+    y = _adaptive_avg_pool2d(im, _rows(x), (1, _single(output_size)))
+    return fe.reshape(y, [y.shape[0], y.shape[1], y.shape[3]])

@@ -59,3 +59,40 @@ def _autocast_region(im: _Importer, device_type, dtype, enabled, cache_enabled, 
         return im.inline(region, args)
     finally:
         im.autocast = outer
+
+
+@rule("aten.sym_size.int")
+def _sym_size(im: _Importer, x, dim):
+    """Shapes are static: the size itself."""
+    shape = im.lift(x).shape
+    return int(shape[dim])
+
+
+@rule("aten.sym_numel")
+def _sym_numel(im: _Importer, x):
+    count = 1
+    for d in im.lift(x).shape:
+        count *= int(d)
+    return count
+
+
+@rule("aten.sym_stride.int")
+def _sym_stride(im: _Importer, x, dim):
+    """lg values are dense and row-major: the stride of a contiguous tensor."""
+    shape = list(im.lift(x).shape)
+    stride = 1
+    for d in shape[dim % len(shape) + 1:]:
+        stride *= int(d)
+    return stride
+
+
+@rule("aten.sym_storage_offset")
+def _sym_storage_offset(im: _Importer, x):
+    im.lift(x)
+    return 0
+
+
+@rule("aten.sym_is_contiguous")
+def _sym_is_contiguous(im: _Importer, x, memory_format=None):
+    im.lift(x)
+    return True

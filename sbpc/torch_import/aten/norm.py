@@ -102,3 +102,41 @@ def _native_layer_norm(im: _Importer, x, normalized_shape, weight=None, bias=Non
     mean = fe.reduce_mean(x, axes, True)
     centred = x - mean
     return [out, mean, fe.rsqrt(fe.reduce_mean(centred * centred, axes, True) + float(eps))]
+
+
+@rule("aten.native_group_norm")
+def _native_group_norm(im: _Importer, x, weight, bias, n, c, hw, group, eps):
+    """(output, mean, 1 / standard deviation): each example's channels in
+    `group` groups normalized together (the statistics of shape (N, group))."""
+    x = im.lift(x)
+    shape = list(x.shape)
+    grouped = fe.reshape(x, [shape[0], int(group), -1])
+    mean = fe.reduce_mean(grouped, [2], True)
+    centred = grouped - mean
+    rstd = fe.rsqrt(fe.reduce_mean(centred * centred, [2], True) + float(eps))
+    y = fe.reshape(centred * rstd, shape)
+    per_channel = [1, shape[1], *[1] * (len(shape) - 2)]
+    if weight is not None:
+        y = y * fe.reshape(im.lift(weight, x), per_channel)
+    if bias is not None:
+        y = y + fe.reshape(im.lift(bias, x), per_channel)
+    return [y, fe.reshape(mean, [shape[0], int(group)]), fe.reshape(rstd, [shape[0], int(group)])]
+
+
+@rule("aten._native_batch_norm_legit.no_stats")
+def _batch_norm_no_stats(im: _Importer, x, weight, bias, training, momentum, eps):
+    """Batch-norm in training without running statistics: (output, the
+    batch mean, 1 / its standard deviation), per channel."""
+    x = im.lift(x)
+    rank = len(x.shape)
+    axes = [0, *range(2, rank)]
+    mean = fe.reduce_mean(x, axes, keepdims=True)
+    centred = x - mean
+    rstd = fe.rsqrt(fe.reduce_mean(centred * centred, axes, keepdims=True) + float(eps))
+    y = centred * rstd
+    per_channel = [1, x.shape[1], *[1] * (rank - 2)]
+    if weight is not None:
+        y = y * fe.reshape(im.lift(weight, x), per_channel)
+    if bias is not None:
+        y = y + fe.reshape(im.lift(bias, x), per_channel)
+    return [y, fe.reshape(mean, [x.shape[1]]), fe.reshape(rstd, [x.shape[1]])]

@@ -251,3 +251,64 @@ def _fill_tensor(im: _Importer, x, value):
     value = im.lift(value)
     value = value if str(value.dtype) == str(x.dtype) else fe.cast(value, str(x.dtype))
     return fe.broadcast_to(fe.reshape(value, [1] * len(x.shape)), list(x.shape))
+
+
+def _pad_positions(size: int, low: int, high: int, mode: str) -> np.ndarray:
+    """The source position of each padded position along one axis."""
+    positions = np.arange(-low, size + high)
+    if mode == "replicate":
+        return np.clip(positions, 0, size - 1)
+    period = 2 * (size - 1)  # reflect: ... 2 1 [0 1 2 ... n-1] n-2 ...
+    folded = np.abs(positions) % period if period else np.zeros_like(positions)
+    return np.where(folded >= size, period - folded, folded)
+
+
+@rule("aten.reflection_pad1d", "aten.reflection_pad2d", "aten.reflection_pad3d", "aten.replication_pad1d",
+      "aten.replication_pad2d", "aten.replication_pad3d")
+def _reflect_or_replicate(im: _Importer, x, padding):
+    """Padding by mirroring (without the edge) or repeating the edge along
+    the last len(padding) / 2 axes (listed last axis first, as F.pad's):
+    a gather of known positions per axis."""
+    x = im.lift(x)
+    mode = "reflect" if "reflection" in im.node.target.name() else "replicate"
+    for i in range(len(padding) // 2):
+        axis = len(x.shape) - 1 - i
+        low, high, size = int(padding[2 * i]), int(padding[2 * i + 1]), x.shape[axis]
+        if mode == "reflect" and (low >= size or high >= size):
+            raise ValueError(f"reflection padding of {max(low, high)} on an axis of {size}")
+        if low or high:
+            x = _take(x, axis, im.g.constant(_pad_positions(size, low, high, mode).astype(np.int64)))
+    return x
+
+
+def _positions(x: Tensor, pick) -> np.ndarray:
+    """Which element of `x` (row-major) each element of a view built by `pick`
+    from an index array of `x`'s shape reads."""
+    return np.asarray(pick(np.arange(math.prod(x.shape)).reshape(x.shape)))
+
+
+def _gather_positions(im: _Importer, x: Tensor, where: np.ndarray) -> Tensor:
+    flat = fe.reshape(x, [math.prod(x.shape)])
+    picked = _take(flat, 0, im.g.constant(where.astype(np.int64).ravel()))
+    return fe.reshape(picked, list(where.shape))
+
+
+@rule("aten.diagonal")
+def _diagonal(im: _Importer, x, offset=0, dim1=0, dim2=1):
+    x = im.lift(x)
+    return _gather_positions(im, x, _positions(x, lambda a: np.diagonal(a, offset, dim1, dim2)))
+
+
+@rule("aten.as_strided")
+def _as_strided(im: _Importer, x, size, stride, storage_offset=None):
+    """A strided view of a dense tensor: the elements it reads, gathered
+    (where they overlap, the gradient adds up, as PyTorch's)."""
+    x = im.lift(x)
+    start = int(storage_offset or 0)
+    size, stride = [int(d) for d in size], [int(s) for s in stride]
+    where = start + sum(np.arange(n).reshape([n if a == i else 1 for a in range(len(size))]) * s
+                        for i, (n, s) in enumerate(zip(size, stride))) if size else np.asarray(start)
+    where = np.broadcast_to(where, size)
+    if where.size and (where.min() < 0 or where.max() >= math.prod(x.shape)):
+        raise ValueError(f"as_strided of size {size}, stride {stride} outside a tensor of {math.prod(x.shape)}")
+    return _gather_positions(im, x, where)

@@ -17,8 +17,8 @@ sbpc's own 1-rank losses (sbpc's masks are the same under every plan, not
 PyTorch's). Two gaps are strict xfails: MobileNetV2 with `plan="auto"`
 (the layer search cannot profile batch-norm at a smaller batch) and the
 drop path of Swin and SegFormer (`torch.rand`, not imported yet).
-`make test` runs each family data parallel on 2 and one dropout case;
-`make test-all` runs the rest."""
+`make test` runs BART, Swin and BLOOM data parallel on 2 and T5's dropout
+case; `make test-all` runs the rest."""
 
 import inspect
 
@@ -162,15 +162,18 @@ def _case(family, dropout=False):
 PLANS = {"1 rank": (1, None, False), "data parallel 2": (2, None, True), "auto 4": (4, "auto", False)}
 
 
-SLOW = {"mobilenetv2"}
-"""Families `make test` leaves to `make test-all`: MobileNetV2's 17 blocks in float64 take 12-16 s a run."""
+QUICK = {"bart", "swin", "bloom"}
+"""The families `make test` trains against PyTorch (an encoder-decoder, a
+vision model, a decoder: 2-4 s each), with T5's dropout case; `make
+test-all` runs every family on every plan (MobileNetV2's 17 blocks in
+float64 take 12-16 s a run)."""
 
 LAYER_PROFILER_REBATCH = ("the layer search profiles a layer at a smaller batch (lg-micro-batch's rebatch), "
                           "which refuses batch-norm's statistics over the batch: no layout is left")
 
 
 @pytest.mark.parametrize("family, plan", [
-    pytest.param(f, p, marks=[*([] if p == "data parallel 2" and f not in SLOW else [pytest.mark.full]),
+    pytest.param(f, p, marks=[*([] if p == "data parallel 2" and f in QUICK else [pytest.mark.full]),
                               *([pytest.mark.xfail(strict=True, reason=LAYER_PROFILER_REBATCH)]
                                 if (f, p) == ("mobilenetv2", "auto 4") else [])])
     for f in FAMILIES for p in PLANS])

@@ -188,6 +188,7 @@ def test_below_every_plan_without_recomputation_it_recomputes_and_trains_like_on
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
+@pytest.mark.full  # (the pass's refusal on 4 devices is lit's passes/sbp-autoplan/mlp.mlir NOFIT, in make test)
 def test_a_budget_nothing_meets_names_the_smallest_plan():
     import sbpc
 
