@@ -476,3 +476,17 @@ def test_a_training_step_gathers_only_the_outputs_asked_for():
     assert set(exe.train_step(feeds, outputs=["loss"])) == {"loss"}
     with pytest.raises(ValueError, match="no output named 'logits' .*outputs: loss"):
         exe.train_step(feeds, outputs=["logits"])
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("family", ["gpt2", "llama", "vit"])
+def test_the_first_families_train_as_pytorch_with_the_plan_chosen_automatically_on_4(family):
+    """`plan="auto"` on 4 ranks: the planner's choice, whatever it is, trains as PyTorch does."""
+    optimizer, make_opt = adam()
+    if family == "vit":
+        check_training(ClassifierLoss(vit()), image_batches()[:11], ["pixel_values", "labels"], optimizer, make_opt,
+                       4, plan="auto")
+    else:
+        model = gpt2() if family == "gpt2" else llama(2)
+        check_training(LossOf(model), language_batches()[:11], ["input_ids", "labels"], optimizer, make_opt, 4,
+                       plan="auto")
