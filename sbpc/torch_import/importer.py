@@ -288,6 +288,12 @@ class _Importer(_StateImporter):
         """An in-place op on a slice or select of another value: the view's
         new value, scattered into its base (and the base's base), which
         later nodes read from then on."""
+        root = view
+        while root in self.views:
+            root = self.views[root][0]
+        if root in self.state_inputs:  # a parameter's or a buffer's slice written in place
+            raise self._error(f"forward writes to buffer {self.state_inputs[root]!r} through a view "
+                              f"({_op_name(node.target)}); sbpc imports pure forwards only")
         result = self._in_place(node, view)
         while view in self.views:
             base, kind, place = self.views[view]

@@ -765,6 +765,18 @@ class AddsNoise(nn.Module):
         return (self.proj(x) + torch.randn(2, 4) * 0.1).sum()
 
 
+class WritesIntoABufferSlice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.register_buffer("last", torch.zeros(2, 4))
+
+    def forward(self, x):
+        y = self.proj(x)
+        self.last[:, 1:] = y[:, 1:]
+        return y.sum()
+
+
 class ConstantOutput(nn.Module):
     def __init__(self):
         super().__init__()
@@ -780,6 +792,7 @@ REFUSALS = [  # (module, example input, keyword arguments of from_torch, what th
      "on the values of its inputs", True),
     (AddsNoise, torch.randn(2, 4), {}, "aten.randn (randn) draws new random numbers at every call, which sbpc "
      "does not import", True),
+    (WritesIntoABufferSlice, torch.randn(2, 4), {}, "forward writes to buffer 'last' through a view", True),
     (PowerOfTheInput, torch.randn(2, 4), {}, "power 2.5 (supported: -1, -0.5, 0.5, 1, 2, 3)", True),
     (NoGradOverTheInput, torch.randn(2, 4), {}, "torch.no_grad() region over values computed from the inputs", True),
     (Branchy, torch.randn(2, 4), {}, "data-dependent control flow", True),
