@@ -55,6 +55,13 @@ def _gather_known(im: _Importer, x: Tensor, known, where: np.ndarray) -> Tensor:
         axis = used[0]
         index = np.asarray(known[axis], dtype=np.int64) % x.shape[axis]
         return _take(x, axis, im.g.constant(index))
+    return gather_positions(im, x, where)
+
+
+def gather_positions(im: _Importer, x: Tensor, where: np.ndarray) -> Tensor:
+    """The elements of `x` at the row-major positions `where` (any shape,
+    known at import time): a gather of the flattened tensor, whose gradient
+    adds up where positions repeat."""
     flat = fe.reshape(x, [math.prod(x.shape)])
     picked = _take(flat, 0, im.g.constant(where.astype(np.int64).ravel()))
     return fe.reshape(picked, list(where.shape))

@@ -71,9 +71,7 @@ def _batch_norm(im: _Importer, x, weight, bias, running_mean, running_var, train
     if training:
         if momentum is None:
             raise ValueError("batch_norm with momentum=None (a cumulative average)")
-        mean = fe.reduce_mean(x, axes, keepdims=True)
-        centered = x - mean
-        var = fe.reduce_mean(centered * centered, axes, keepdims=True)
+        mean, centered, var = _batch_statistics(x)
         count = math.prod(x.shape[a] for a in axes)
         for node, stat, scale in ((im.node.args[3], mean, 1.0), (im.node.args[4], var, count / max(count - 1, 1))):
             running = im.env.get(node) if getattr(node, "op", None) == "placeholder" else None
@@ -84,12 +82,26 @@ def _batch_norm(im: _Importer, x, weight, bias, running_mean, running_var, train
             raise ValueError("batch_norm in evaluation without running statistics")
         mean, var = (fe.reshape(im.lift(v, x), per_channel) for v in (running_mean, running_var))
         centered = x - mean
-    y = centered * fe.rsqrt(var + float(eps))
+    return _per_channel(im, centered * fe.rsqrt(var + float(eps)), weight, bias)
+
+
+def _per_channel(im: _Importer, y: Tensor, weight, bias) -> Tensor:
+    """`y` (N, C, ...) scaled and shifted per channel, where given."""
+    per_channel = [1, y.shape[1], *[1] * (len(y.shape) - 2)]
     if weight is not None:
-        y = y * fe.reshape(im.lift(weight, x), per_channel)
+        y = y * fe.reshape(im.lift(weight, y), per_channel)
     if bias is not None:
-        y = y + fe.reshape(im.lift(bias, x), per_channel)
+        y = y + fe.reshape(im.lift(bias, y), per_channel)
     return y
+
+
+def _batch_statistics(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(mean, x - mean, biased variance) over the batch and spatial axes,
+    kept as 1: the whole logical batch's, partial sums across a split batch."""
+    axes = [0, *range(2, len(x.shape))]
+    mean = fe.reduce_mean(x, axes, keepdims=True)
+    centered = x - mean
+    return mean, centered, fe.reduce_mean(centered * centered, axes, keepdims=True)
 
 
 @rule("aten.native_layer_norm")
@@ -114,12 +126,7 @@ def _native_group_norm(im: _Importer, x, weight, bias, n, c, hw, group, eps):
     mean = fe.reduce_mean(grouped, [2], True)
     centred = grouped - mean
     rstd = fe.rsqrt(fe.reduce_mean(centred * centred, [2], True) + float(eps))
-    y = fe.reshape(centred * rstd, shape)
-    per_channel = [1, shape[1], *[1] * (len(shape) - 2)]
-    if weight is not None:
-        y = y * fe.reshape(im.lift(weight, x), per_channel)
-    if bias is not None:
-        y = y + fe.reshape(im.lift(bias, x), per_channel)
+    y = _per_channel(im, fe.reshape(centred * rstd, shape), weight, bias)
     return [y, fe.reshape(mean, [shape[0], int(group)]), fe.reshape(rstd, [shape[0], int(group)])]
 
 
@@ -128,15 +135,7 @@ def _batch_norm_no_stats(im: _Importer, x, weight, bias, training, momentum, eps
     """Batch-norm in training without running statistics: (output, the
     batch mean, 1 / its standard deviation), per channel."""
     x = im.lift(x)
-    rank = len(x.shape)
-    axes = [0, *range(2, rank)]
-    mean = fe.reduce_mean(x, axes, keepdims=True)
-    centred = x - mean
-    rstd = fe.rsqrt(fe.reduce_mean(centred * centred, axes, keepdims=True) + float(eps))
-    y = centred * rstd
-    per_channel = [1, x.shape[1], *[1] * (rank - 2)]
-    if weight is not None:
-        y = y * fe.reshape(im.lift(weight, x), per_channel)
-    if bias is not None:
-        y = y + fe.reshape(im.lift(bias, x), per_channel)
+    mean, centered, var = _batch_statistics(x)
+    rstd = fe.rsqrt(var + float(eps))
+    y = _per_channel(im, centered * rstd, weight, bias)
     return [y, fe.reshape(mean, [x.shape[1]]), fe.reshape(rstd, [x.shape[1]])]

@@ -10,7 +10,7 @@ import numpy as np
 
 from sbpc import frontend as fe
 from sbpc.frontend import Tensor
-from sbpc.torch_import.aten.index import _take
+from sbpc.torch_import.aten.index import _take, gather_positions
 from sbpc.torch_import.aten.registry import _axis, _dims, rule
 from sbpc.torch_import.values import _DTYPES
 
@@ -287,16 +287,10 @@ def _positions(x: Tensor, pick) -> np.ndarray:
     return np.asarray(pick(np.arange(math.prod(x.shape)).reshape(x.shape)))
 
 
-def _gather_positions(im: _Importer, x: Tensor, where: np.ndarray) -> Tensor:
-    flat = fe.reshape(x, [math.prod(x.shape)])
-    picked = _take(flat, 0, im.g.constant(where.astype(np.int64).ravel()))
-    return fe.reshape(picked, list(where.shape))
-
-
 @rule("aten.diagonal")
 def _diagonal(im: _Importer, x, offset=0, dim1=0, dim2=1):
     x = im.lift(x)
-    return _gather_positions(im, x, _positions(x, lambda a: np.diagonal(a, offset, dim1, dim2)))
+    return gather_positions(im, x, _positions(x, lambda a: np.diagonal(a, offset, dim1, dim2)))
 
 
 @rule("aten.as_strided")
@@ -311,4 +305,4 @@ def _as_strided(im: _Importer, x, size, stride, storage_offset=None):
     where = np.broadcast_to(where, size)
     if where.size and (where.min() < 0 or where.max() >= math.prod(x.shape)):
         raise ValueError(f"as_strided of size {size}, stride {stride} outside a tensor of {math.prod(x.shape)}")
-    return _gather_positions(im, x, where)
+    return gather_positions(im, x, where)
