@@ -9,12 +9,16 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-# Bytecode is written as modules are first imported, not compiled for the
-# whole environment at install (pip's --no-compile): the tests import about
-# 3,000 of its 12,000 Python files (transformers alone holds hundreds of
-# models), and compiling all of them was half of setup's time. Emptied, not
-# unset, so that a PYTHONDONTWRITEBYTECODE in the caller's environment does
-# not make every process compile torch from source.
+# Bytecode: pip's own compile at install runs on one core over all 12,000
+# Python files of the environment, though the tests import only some of
+# the 2,500 under transformers/models (the families they build). Setup
+# compiles the rest on every core (compileall -j 0), and Python writes the
+# bytecode of what else is imported as it first imports it: make's recipes
+# run with PYTHONDONTWRITEBYTECODE emptied (emptied, not unset, so that one
+# in the caller's environment cannot make every process compile from source).
+# As with pip's compile, a file this Python cannot compile is skipped (torch
+# ships a test helper in 3.12 syntax). Setup from a fresh clone: 51 s -> 33 s
+# of wall time on 2 cores.
 export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: run test test-all mutation lint typecheck lit pytest setup clean
@@ -25,6 +29,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet --no-compile -e ".[test]"
+	$(BIN)/python -m compileall -q -j 0 -x '/transformers/models/|/pip/' $(VENV)/lib > /dev/null 2>&1 || true
 	touch $@
 
 run: setup
