@@ -36,7 +36,7 @@ from .render import (
 )
 
 INTEGER_KERNELS = frozenset({"lg.add", "lg.sub", "lg.mul", "lg.neg", "lg.reshape", "lg.transpose", "lg.cumsum",
-                             "lg.pad", "lg.gather", "lg.reduce_sum", "lg.argmax",
+                             "lg.pad", "lg.gather", "lg.reduce_sum", "lg.argmax", "lg.topk",
                              *(op.name for op in lg.MASK_OPS)})
 """Kernels generated for integer elements too (counts, positions, the
 random step's count): their C is the same for any arithmetic T. The others
@@ -594,6 +594,32 @@ def gen_argmax(site: Site) -> Kernel:
   out[i] = best;"""
     return Kernel(site.name, site.t, (f"const {in_type}* a0", "T* out"), math.prod(site.out_shape), body,
                   restrict=True)
+
+
+@CUDA.impl(lg.TopkOp)
+def gen_topk(site: Site) -> Kernel:
+    # one thread per input element: its rank in its line's order (NaN
+    # above every number, the lower index first among equals: reference.
+    # topk_indices), and its index written at that rank if it is below k
+    shape = site.in_shapes[0]
+    axis = cast(IntegerAttr, site.props["axis"]).value.data
+    k = cast(IntegerAttr, site.props["k"]).value.data
+    inner, n = math.prod(shape[axis + 1:]), shape[axis]
+    in_type = C_TYPES.get(site.in_elems[0], "T") if site.in_elems else "T"
+    if "smallest" in site.props:
+        before = "(w != w) ? (v != v && m < j) : (v != v || w < v || (w == v && m < j))"
+    else:
+        before = "(w != w) ? (v == v || m < j) : (v == v && (w > v || (w == v && m < j)))"
+    body = f"""long outer = i / {n * inner}, j = (i / {inner}) % {n}, c = i % {inner};
+  const {in_type}* x = a0 + outer * {n * inner} + c;
+  {in_type} v = x[j * {inner}];
+  long rank = 0;
+  for (long m = 0; m < {n}; ++m) {{
+    {in_type} w = x[m * {inner}];
+    rank += {before};
+  }}
+  if (rank < {k}) out[outer * {k * inner} + rank * {inner} + c] = j;"""
+    return Kernel(site.name, site.t, (f"const {in_type}* a0", "T* out"), math.prod(shape), body, restrict=True)
 
 
 @CUDA.impl(lg.DropoutOp)

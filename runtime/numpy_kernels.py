@@ -42,6 +42,7 @@ from sbpc.semantics.reference import (
     cumsum_piece,
     erf,
     max_with_identity,
+    topk_indices,
     windows_of,
 )
 
@@ -663,6 +664,33 @@ def _bind_argmax(op: lg.ArgmaxOp, local: LocalContext, ins, out) -> Fire:
 
     def fire(xs, o):
         np.argmax(xs[0], axis=axis, out=o)
+
+    return fire
+
+
+TOPK_BLOCK = 1024
+"""Elements a top-k firing sorts at once: a sort allocates its keys and
+order (about 25 bytes an element), so a block's temporaries stay within a
+steady step's allocation bound; a line longer than this is one block."""
+
+
+@NUMPY.impl(lg.TopkOp)
+def _bind_topk(op: lg.TopkOp, local: LocalContext, ins, out) -> Fire:
+    p = op.params()
+    k, axis, smallest = p["k"], p["axis"], p["smallest"]
+    shape = tuple(s.stop - s.start for s in local.in_pieces[0])  # this device's piece (the axis whole)
+    outer, n, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+    if n * inner <= TOPK_BLOCK:
+        blocks = [(slice(a, a + max(1, TOPK_BLOCK // max(1, n * inner))), slice(None)) for a in
+                  range(0, outer, max(1, TOPK_BLOCK // max(1, n * inner)))]
+    else:
+        step = max(1, TOPK_BLOCK // max(1, n))
+        blocks = [(slice(a, a + 1), slice(b, b + step)) for a in range(outer) for b in range(0, inner, step)]
+
+    def fire(xs, o):
+        lines, picked = xs[0].reshape(outer, n, inner), o.reshape(outer, k, inner)
+        for rows, columns in blocks:
+            picked[rows, :, columns] = topk_indices(lines[rows, :, columns], k, 1, smallest)
 
     return fire
 

@@ -19,9 +19,10 @@ _FRONTEND = [
     "neg", "relu", "gelu", "tanh", "erf", "exp", "sqrt", "rsqrt", "log", "sin", "cos", "atan", "floor", "ceil",
     "round", "trunc", "add", "sub", "mul", "div", "matmul", "conv2d",
     "softmax",
-    "log_softmax", "layernorm", "reduce_sum", "reduce_mean", "reduce_max", "argmax", "reshape", "transpose",
+    "log_softmax", "layernorm", "reduce_sum", "reduce_mean", "reduce_max", "argmax", "topk", "reshape", "transpose",
     "broadcast_to",
-    "concat", "slice", "pad", "cumsum", "dropout", "gather", "embedding", "cross_entropy", "token_cross_entropy",
+    "concat", "slice", "pad", "cumsum", "dropout", "gather", "scatter_add", "embedding", "cross_entropy",
+    "token_cross_entropy",
     "mse_loss", "cast", "logical", "compare", "where",
 ]
 _WHERE = {
@@ -108,6 +109,7 @@ if TYPE_CHECKING:
         reshape,
         round,
         rsqrt,
+        scatter_add,
         sin,
         slice,
         softmax,
@@ -115,6 +117,7 @@ if TYPE_CHECKING:
         sub,
         tanh,
         token_cross_entropy,
+        topk,
         transpose,
         trunc,
         uniform,

@@ -454,6 +454,23 @@ def argmax(x: Tensor, axis: int = -1) -> Tensor:
 
 
 @checked
+def topk(x: Tensor, k: int, axis: int = -1, largest: bool = True) -> tuple[Tensor, Tensor]:
+    """(values, indices) of the `k` largest (`largest=False`: smallest)
+    elements along `axis`, the largest (smallest) first, the lower index
+    first among equals, NaN above every number: PyTorch's `topk` with
+    `sorted=True` (and `sort`, with k the whole axis). The values are
+    gathered at the indices, so their gradient reaches the elements picked;
+    the indices (i64) carry none."""
+    if not -len(x.shape) <= axis < len(x.shape):
+        raise ValueError(f"axis {axis} is out of range for a tensor of rank {len(x.shape)}")
+    axis %= len(x.shape)
+    if not 0 <= k <= x.shape[axis]:
+        raise ValueError(f"k {k} is not between 0 and the size {x.shape[axis]} of axis {axis}")
+    indices = x.graph.add(lg.TopkOp(x.value, k, axis, smallest=not largest))
+    return gather(x, indices, axis), indices
+
+
+@checked
 def reshape(x: Tensor, shape: Sequence[int]) -> Tensor:
     shape = list(shape)
     if shape.count(-1) > 1:
@@ -547,6 +564,14 @@ def gather(x: Tensor, indices: Tensor, axis: int) -> Tensor:
     """Elements of `x` picked along `axis` by integer `indices` (PyTorch's
     `gather`): the indices have `x`'s shape but on `axis`."""
     return x.graph.add(lg.GatherOp(x.value, indices.value, axis))
+
+
+@checked
+def scatter_add(updates: Tensor, indices: Tensor, axis: int, size: int) -> Tensor:
+    """Zeros of `size` along `axis` with each update added where its index
+    points (PyTorch's `scatter_add` into zeros): the indices have the
+    updates' shape, the result has it but on `axis`."""
+    return updates.graph.add(lg.ScatterAddOp(updates.value, indices.value, axis, size))
 
 
 @checked

@@ -236,6 +236,34 @@ def _argmax(op: lg.ArgmaxOp, x: np.ndarray) -> np.ndarray:
     return np.argmax(x, axis=op.params()["axis"]).astype(np.int64)
 
 
+def topk_indices(x: np.ndarray, k: int, axis: int, smallest: bool) -> np.ndarray:
+    """lg.topk: the indices of the k largest (smallest) elements along
+    `axis`, in order, the lower index first among equals and NaN larger than
+    any number (PyTorch's topk and sort). A stable sort on two keys: NaN
+    or not, then the value (its bitwise complement for a signed integer
+    descending, which overflows nowhere, unlike its negation)."""
+    keys: tuple[np.ndarray, ...]
+    if is_float_dtype(x.dtype):
+        nan = np.isnan(x)
+        value = np.where(nan, 0, x)
+        keys = (value, nan) if smallest else (-value, ~nan)
+    elif x.dtype == np.bool_:
+        keys = (x,) if smallest else (~x,)
+    elif np.issubdtype(x.dtype, np.signedinteger):
+        keys = (x,) if smallest else (np.invert(x),)
+    else:
+        keys = (x,) if smallest else (np.iinfo(x.dtype).max - x,)
+    # np.lexsort sorts by its last key first and keeps the order of ties
+    order = np.lexsort(tuple(np.moveaxis(key, axis, -1) for key in keys), axis=-1)
+    return np.moveaxis(order[..., :k], -1, axis).astype(np.int64)
+
+
+@REFERENCE.impl(lg.TopkOp)
+def _topk(op: lg.TopkOp, x: np.ndarray) -> np.ndarray:
+    p = op.params()
+    return topk_indices(x, p["k"], p["axis"], p["smallest"])
+
+
 @REFERENCE.impl(lg.DropoutOp)
 def _dropout(op: lg.DropoutOp, x: np.ndarray, seed: np.ndarray, step: np.ndarray) -> np.ndarray:
     from sbpc.semantics.philox import dropout_piece

@@ -22,7 +22,7 @@ One module per op family; each op holds its IRDL definition, shape rule
     graph        lg.graph and lg.output, the sources (input, param, constant) and their initializers
     elementwise  unary and binary arithmetic with numpy broadcasting
     shape        reshape, broadcast_to, transpose, concat, slice, pad
-    reduce       reductions over axes, argmax, cumsum
+    reduce       reductions over axes, argmax, topk, cumsum
     linalg       matmul
     norm         softmax, log_softmax, layernorm
     random       dropout
@@ -114,7 +114,7 @@ from .loss import CrossEntropyOp, MseLossOp, SumExpOp, TokenCrossEntropyGradOp, 
 from .mask import COMPARE_KINDS, LOGICAL_KINDS, CastOp, CompareOp, LogicalOp, SelectOp
 from .norm import AxisOp, LayerNormOp, LogSoftmaxOp, SoftmaxOp
 from .random import DROPOUT_BITS, DropoutOp, dropout_threshold
-from .reduce import ArgmaxOp, CumsumOp, ReduceMaxOp, ReduceMeanOp, ReduceOp, ReduceSumOp
+from .reduce import ArgmaxOp, CumsumOp, ReduceMaxOp, ReduceMeanOp, ReduceOp, ReduceSumOp, TopkOp
 from .shape import BroadcastToOp, ConcatOp, PadOp, ReshapeOp, SliceOp, ToShapeOp, TransposeOp
 
 UNARY_OPS = (NegOp, ReluOp, GeluOp, TanhOp, ErfOp, ExpOp, SqrtOp, RsqrtOp, LogOp, SinOp, CosOp, AtanOp, FloorOp,
@@ -155,6 +155,7 @@ LG = Dialect(
         LayerNormOp,
         *REDUCE_OPS,
         ArgmaxOp,
+        TopkOp,
         ReshapeOp,
         BroadcastToOp,
         TransposeOp,

@@ -247,9 +247,10 @@ class GatherOp(LgOp):
 
 @op_definition
 class ScatterAddOp(LgOp):
-    """The gradient of lg.gather for its input: zeros of `size` along
-    `axis`, with each update added where its index points (PyTorch's
-    `scatter_add` into zeros)."""
+    """Zeros of `size` along `axis`, with each update added where its index
+    points (PyTorch's `scatter_add` into zeros): the gradient of lg.gather
+    for its input, and PyTorch's `scatter_add` itself; its own gradient
+    gathers at the same indices."""
 
     name = "lg.scatter_add"
 
@@ -294,3 +295,8 @@ class ScatterAddOp(LgOp):
         if split_ok(size, p):
             sigs.append((("B", "B"), (f"S{axis}",)))
         return sigs + [(("B", "B"), ("B",)), (("P", "B"), ("P",))]
+
+    def gradient(self, g, e):
+        # each update went to the element its index names: it reads back the
+        # gradient there (PyTorch's scatter_add, differentiated for its source)
+        return [e.emit(GatherOp(g, self.indices, self.axis.value.data)), None]

@@ -1,5 +1,5 @@
-"""Reductions over axes (sum, mean, max), argmax along one axis, and the
-inclusive scan cumsum."""
+"""Reductions over axes (sum, mean, max), argmax and top-k along one axis,
+and the inclusive scan cumsum."""
 
 from __future__ import annotations
 
@@ -187,6 +187,55 @@ class ArgmaxOp(LgOp):
     def sbp_rule(cls, in_shapes, out_shape, p, axis):
         sigs = [((f"S{i}",), (f"S{i if i < axis else i - 1}",)) for i, d in enumerate(in_shapes[0])
                 if i != axis and split_ok(d, p)]
+        return sigs + [(("B",), ("B",))]
+
+
+@op_definition
+class TopkOp(LgOp):
+    """The indices (i64) of the `k` largest elements along `axis` (with
+    `smallest`, the k smallest), in order: the largest first (the smallest
+    first), the lower index first among equals, NaN larger than any number
+    (PyTorch's `topk` and `sort`; `sort` is k = the whole axis). The values
+    are a gather at these indices (`lg.gather`), so their gradient reaches
+    the elements picked and no gradient flows through the indices. As for
+    argmax, splits along the other axes pass through and the searched axis
+    must be whole."""
+
+    name = "lg.topk"
+
+    input = operand_def(TensorLike)
+    k = prop_def(IntegerAttr[I64])
+    axis = prop_def(IntegerAttr[I64])
+    smallest = opt_prop_def(UnitAttr)
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = (
+        "$input `k` $k `axis` $axis (`smallest` $smallest^)? attr-dict `:` type($input) `->` type($result)"
+    )
+
+    def __init__(self, input: SSAValue, k: int, axis: int, smallest: bool = False):
+        props: dict[str, Attribute] = {"k": IntegerAttr(k, i64), "axis": IntegerAttr(axis, i64)}
+        if smallest:
+            props["smallest"] = UnitAttr()
+        super().__init__(operands=[input], properties=props,
+                         result_types=[self.infer([input], k=k, axis=axis, smallest=smallest)])
+
+    def params(self):
+        return {"k": self.k.value.data, "axis": self.axis.value.data, "smallest": self.smallest is not None}
+
+    @classmethod
+    def rule(cls, shapes, elems, k, axis, smallest):
+        require_value_type("operand", elems[0])
+        check_axis(axis, len(shapes[0]))
+        if not 0 <= k <= shapes[0][axis]:
+            raise ShapeError(f"k {k} is not between 0 and the size {shapes[0][axis]} of axis {axis}")
+        return tuple(k if i == axis else d for i, d in enumerate(shapes[0])), i64
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, k, axis, smallest):
+        sigs = [((f"S{i}",), (f"S{i}",)) for i, d in enumerate(in_shapes[0]) if i != axis and split_ok(d, p)]
         return sigs + [(("B",), ("B",))]
 
 

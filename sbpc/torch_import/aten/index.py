@@ -117,6 +117,23 @@ def _gather(im: _Importer, x, dim, index, sparse_grad=False):
     return fe.gather(x, index, axis)
 
 
+@rule("aten.scatter_add")
+def _scatter_add(im: _Importer, x, dim, index, src):
+    """x plus the source elements added where the index points (the source
+    cut to the index's shape, as PyTorch reads it); the gradient reaches x
+    whole and the source where each element went."""
+    x, index, src = im.lift(x), im.lift(index), im.lift(src)
+    axis = _axis(dim, len(x.shape))
+    if len(index.shape) != len(x.shape) or any(a != b for d, (a, b) in enumerate(zip(x.shape, index.shape))
+                                                if d != axis):
+        raise ValueError(f"scatter_add with index shape {list(index.shape)} smaller than the input's "
+                         f"{list(x.shape)} off axis {axis} (sbpc takes an index shaped as the input but on the "
+                         "scattered axis)")
+    if list(src.shape) != list(index.shape):
+        src = fe.slice(src, [0] * len(index.shape), list(index.shape))
+    return x + fe.scatter_add(src, index, axis, x.shape[axis])
+
+
 @rule("aten.embedding")
 def _embedding(im: _Importer, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     if scale_grad_by_freq:

@@ -1,4 +1,4 @@
-"""Reductions over axes (sum, mean, amax), argmax and cumsum."""
+"""Reductions over axes (sum, mean, amax), argmax, top-k and sort, and cumsum."""
 
 from __future__ import annotations
 
@@ -82,6 +82,24 @@ def _max_dim(im: _Importer, x, dim, keepdim=False):
         kept = [*x.shape[:axis], *x.shape[axis + 1:]]
         values, picked = fe.reshape(values, kept), fe.reshape(picked, kept)
     return [values, picked]
+
+
+@rule("aten.topk")
+def _topk(im: _Importer, x, k, dim=-1, largest=True, sorted=True):
+    """lg.topk's indices and the values gathered at them. With sorted=False
+    PyTorch leaves the order unspecified; this is the sorted one."""
+    x = im.lift(x)
+    values, indices = fe.topk(x, int(k), _axis(dim, len(x.shape)), largest=bool(largest))
+    return [values, indices]
+
+
+@rule("aten.sort", "aten.sort.stable")
+def _sort(im: _Importer, x, dim=-1, descending=False, *, stable=None):
+    """top-k over the whole axis: equal elements keep their order, as
+    PyTorch's stable sort (its default sort may order them either way)."""
+    x = im.lift(x)
+    axis = _axis(dim, len(x.shape))
+    return _topk(im, x, x.shape[axis], axis, bool(descending))
 
 
 @rule("aten.var.correction", "aten.var.dim")

@@ -64,6 +64,8 @@ lg.graph @all_ops on @mesh {
   %csi = lg.cumsum %ci axis 0 : tensor<2xi64> -> tensor<2xi64>
   %drop = lg.dropout %ln, %seed, %rstep rate 1.000000e-01 stream 3 : (tensor<8x4xf32>, tensor<i64>, tensor<i64>) -> tensor<8x4xf32>
   %amax = lg.argmax %ln axis 1 : tensor<8x4xf32> -> tensor<8xi64>
+  %top = lg.topk %ln k 2 axis 1 : tensor<8x4xf32> -> tensor<8x2xi64>
+  %order = lg.topk %ln k 8 axis 0 smallest : tensor<8x4xf32> -> tensor<8x4xi64>
   %dropmb = lg.dropout %ln, %seed, %rstep rate 5.000000e-01 stream 4 micro_batch [2, 1, 4] : (tensor<8x4xf32>, tensor<i64>, tensor<i64>) -> tensor<8x4xf32>
   %addi = lg.add %csi, %ci : (tensor<2xi64>, tensor<2xi64>) -> tensor<2xi64>
   %img = lg.reshape %x : tensor<8x16xf32> -> tensor<2x4x4x4xf32>
@@ -157,6 +159,8 @@ lg.graph @all_ops on @mesh {
 // CHECK-NEXT:  %csi = lg.cumsum %ci axis 0 : tensor<2xi64> -> tensor<2xi64>
 // CHECK-NEXT:  %drop = lg.dropout %ln, %seed, %rstep rate 1.000000e-01 stream 3 : (tensor<8x4xf32>, tensor<i64>, tensor<i64>) -> tensor<8x4xf32>
 // CHECK-NEXT:  %amax = lg.argmax %ln axis 1 : tensor<8x4xf32> -> tensor<8xi64>
+// CHECK-NEXT:  %top = lg.topk %ln k 2 axis 1 : tensor<8x4xf32> -> tensor<8x2xi64>
+// CHECK-NEXT:  %order = lg.topk %ln k 8 axis 0 smallest : tensor<8x4xf32> -> tensor<8x4xi64>
 // CHECK-NEXT:  %dropmb = lg.dropout %ln, %seed, %rstep rate 5.000000e-01 stream 4 micro_batch [2, 1, 4] : (tensor<8x4xf32>, tensor<i64>, tensor<i64>) -> tensor<8x4xf32>
 // CHECK-NEXT:  %addi = lg.add %csi, %ci : (tensor<2xi64>, tensor<2xi64>) -> tensor<2xi64>
 // CHECK-NEXT:  %img = lg.reshape %x : tensor<8x16xf32> -> tensor<2x4x4x4xf32>
@@ -213,6 +217,8 @@ lg.graph @all_ops on @mesh {
 // GENERIC:        %pad = "lg.pad"(%ln) <{low = array<i64: 0, 1>, high = array<i64: 2, 0>, value = -1.000000e+02 : f64}> : (tensor<8x4xf32>) -> tensor<10x5xf32>
 // GENERIC:        %cs = "lg.cumsum"(%ln) <{axis = 1 : i64, reverse}> : (tensor<8x4xf32>) -> tensor<8x4xf32>
 // GENERIC:        %amax = "lg.argmax"(%ln) <{axis = 1 : i64}> : (tensor<8x4xf32>) -> tensor<8xi64>
+// GENERIC:        %top = "lg.topk"(%ln) <{k = 2 : i64, axis = 1 : i64}> : (tensor<8x4xf32>) -> tensor<8x2xi64>
+// GENERIC:        %order = "lg.topk"(%ln) <{k = 8 : i64, axis = 0 : i64, smallest}> : (tensor<8x4xf32>) -> tensor<8x4xi64>
 // GENERIC:        %dropmb = "lg.dropout"(%ln, %seed, %rstep) <{rate = 5.000000e-01 : f64, stream = 4 : i64, micro_batch = array<i64: 2, 1, 4>}> : (tensor<8x4xf32>, tensor<i64>, tensor<i64>) -> tensor<8x4xf32>
 // GENERIC:        %cv = "lg.conv2d"(%img, %kern) <{stride = array<i64: 2, 1>, padding = array<i64: 1, 0>, dilation = array<i64: 1, 2>, groups = 2 : i64}> : (tensor<2x4x4x4xf32>, tensor<4x2x2x2xf32>) -> tensor<2x4x3x2xf32>
 // GENERIC:        %mp = "lg.max_pool2d"(%img) <{kernel = array<i64: 3, 2>, stride = array<i64: 2, 2>, padding = array<i64: 1, 1>}> : (tensor<2x4x4x4xf32>) -> tensor<2x4x2x3xf32>

@@ -958,3 +958,30 @@ lg.graph @g {
   lg.output ["y"] %y : tensor<8xi32>
 }
 // CHECK: 'lg.argmax': result type 8xi32 does not match the inferred 8xi64
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %y = lg.topk %x k 5 axis 1 : tensor<8x4xf32> -> tensor<8x5xi64>
+  lg.output ["y"] %y : tensor<8x5xi64>
+}
+// CHECK: 'lg.topk': k 5 is not between 0 and the size 4 of axis 1
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %y = lg.topk %x k 2 axis 2 : tensor<8x4xf32> -> tensor<8x2xi64>
+  lg.output ["y"] %y : tensor<8x2xi64>
+}
+// CHECK: 'lg.topk': axis 2 is out of range for rank 2
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %y = lg.topk %x k 2 axis 1 : tensor<8x4xf32> -> tensor<8x2xf32>
+  lg.output ["y"] %y : tensor<8x2xf32>
+}
+// CHECK: 'lg.topk': result type 8x2xf32 does not match the inferred 8x2xi64

@@ -54,6 +54,11 @@ SAMPLES = {
                   lambda x: aten.amax(x, [1])),  # ties share the gradient, as in PyTorch
     "aten.argmax": ([A], lambda x: aten.argmax(x, 1)),
     "aten.avg_pool2d": ([IMG], lambda x: aten.avg_pool2d(x, [2, 2], [2, 2])),
+    # the values times their indices + 1: both outputs checked, the values' gradient too
+    "aten.topk": ([A], lambda x: (lambda v, i: v * (i + 1))(*aten.topk(x, 2, 1))),
+    "aten.sort": ([A], lambda x: (lambda v, i: v * (i + 1))(*aten.sort(x, 0, True))),
+    "aten.scatter_add": ([A, torch.tensor([[0, 2, 1, 0], [2, 2, 0, 1]]), _floats(2, 4, seed=4)],
+                         lambda x, i, s: aten.scatter_add(x, 0, i, s)),
     "aten.bitwise_and.Tensor": ([MASK, ~MASK], aten.bitwise_and.Tensor),
     "aten.bitwise_not": ([MASK], aten.bitwise_not),
     "aten.bitwise_or.Tensor": ([MASK, MASK.flip(1)], aten.bitwise_or.Tensor),

@@ -700,6 +700,37 @@ def test_indices_computed_from_the_inputs_gather_and_train_as_pytorch(ranks, sbp
                    lambda m: torch.optim.SGD(m.parameters(), lr=0.1), ranks, sbp)
 
 
+class TopTwoRouter(nn.Module):
+    """A mixture-of-experts router as transformers writes it: softmax over
+    the experts' scores, the top two per token (`topk`), renormalised, the
+    tokens' expert outputs weighted by them; and a sort of the scores
+    (descending) whose first column adds a term. Ties are improbable with
+    float scores."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = nn.Linear(6, 4)
+        self.experts = nn.Linear(6, 4 * 3)
+
+    def forward(self, x):
+        probs = self.gate(x).softmax(-1)  # (8, 4)
+        top, chosen = torch.topk(probs, 2, dim=-1)
+        top = top / top.sum(-1, keepdim=True)
+        outputs = self.experts(x).reshape(-1, 4, 3)  # every expert on every token (tiny)
+        picked = torch.gather(outputs, 1, chosen[..., None].expand(-1, -1, 3))  # (8, 2, 3)
+        ordered, _ = torch.sort(probs, dim=-1, descending=True)
+        return (picked * top[..., None]).sum(1).square().mean() + ordered[:, 0].mean()
+
+
+@pytest.mark.parametrize("ranks, sbp", [(1, None), (2, {"x": S(0)})], ids=["1 rank", "data parallel 2"])
+def test_a_top_two_router_trains_as_pytorch(ranks, sbp):
+    g = torch.Generator().manual_seed(11)
+    torch.manual_seed(0)
+    batches = [(torch.randn(8, 6, generator=g),) for _ in range(4)]
+    check_training(TopTwoRouter(), batches, ["x"], sbpc.optim.SGD(lr=0.1),
+                   lambda m: torch.optim.SGD(m.parameters(), lr=0.1), ranks, sbp)
+
+
 class NoGradOverTheInput(nn.Module):
     def __init__(self):
         super().__init__()

@@ -174,6 +174,8 @@ GRADIENT_SAMPLES = {
     lg.DropoutOp: lambda g, a, b: (sbpc.dropout(a * b, 0.3), {}),
     lg.EmbeddingOp: lambda g, a, b: (lambda ids: (sbpc.embedding(a, ids[0]), ids[1]))(_ids(g, "ids", (2, 5), 3)),
     lg.GatherOp: lambda g, a, b: (lambda ids: (sbpc.gather(a, ids[0], 1), ids[1]))(_ids(g, "picks", (3, 2), 4)),
+    lg.ScatterAddOp: lambda g, a, b: (lambda ids: (sbpc.scatter_add(a * b, ids[0], 1, 5), ids[1]))(
+        _ids(g, "picks", (3, 4), 5)),
     lg.CrossEntropyOp: lambda g, a, b: (lambda ids: (sbpc.cross_entropy(a * b, ids[0]), ids[1]))(
         _ids(g, "labels", (3,), 4)),
     lg.SumExpOp: lambda g, a, b: (g.add(lg.SumExpOp(a.value, b.sum(axes=(1,)).value)), {}),

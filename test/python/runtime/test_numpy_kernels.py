@@ -87,7 +87,10 @@ def every_op_module(ranks: int, device: str = "cpu", batch: int = 8):
     counted = sbpc.cast(sbpc.compare("ne", labels, g.constant(np.asarray(0))), "f32").sum(axes=(0,))
     tokens = token_losses.to(sbpc.P).sum(axes=(0,)) / counted
     loss = (sbpc.cross_entropy(logits, labels) + sbpc.mse_loss(s, b) * 0.1 + t.sum(axes=(0, 1)) * 0.01
-            + picked.sum(axes=(0, 1)) * 0.01 + tokens + sbpc.gather(logits, picks, 1).sum(axes=(0, 1)) * 0.01)
+            + picked.sum(axes=(0, 1)) * 0.01 + tokens + sbpc.gather(logits, picks, 1).sum(axes=(0, 1)) * 0.01
+            # the largest two and the smallest three of each row (top-k and sort)
+            + sbpc.topk(logits, 2, axis=1)[0].sum(axes=(0, 1)) * 0.01
+            + sbpc.topk(logits, 3, axis=1, largest=False)[0].sum(axes=(0, 1)) * 0.01)
     g.output(loss=loss, s=s, top=t.max(axes=(0,)))
     module = g.module()
     LgAutodiffPass().apply(Context(), module)
@@ -346,3 +349,26 @@ def test_fused_chain_in_blocks_of_rows_equals_whole(monkeypatch, rows):
     in_place = ins[0].copy()  # the output over the input x, which it reads
     numpy_kernels.bind(op, None, [in_place, *ins[1:]], in_place)([in_place, *ins[1:]], in_place)
     np.testing.assert_array_equal(in_place, whole)
+
+
+@pytest.mark.parametrize("shape, axis", [((5, 7, 3), 1), ((9, 4), 0), ((2, 3, 40), 2), ((6, 5), 1)])
+def test_topk_in_blocks_writes_what_one_sort_writes(monkeypatch, shape, axis):
+    """The numpy top-k sorts a few lines at a time (TOPK_BLOCK elements, so a
+    steady step allocates little): with a block smaller than a line, or
+    than the lines across an inner axis, it writes the indices one sort of
+    the whole tensor gives, ties and NaN included."""
+    from sbpc.semantics.local_eval import LocalContext
+    from sbpc.semantics.reference import topk_indices
+
+    monkeypatch.setattr(numpy_kernels, "TOPK_BLOCK", 8)
+    x = np.round(np.random.default_rng(2).standard_normal(shape), 1).astype(np.float32)  # ties
+    x.flat[3] = np.nan
+    whole = tuple(slice(0, d) for d in shape)
+    for smallest in (False, True):
+        k = shape[axis] - 1
+        op = lg.TopkOp(plan_free_value(shape), k, axis, smallest=smallest)
+        out_shape = tuple(k if i == axis else d for i, d in enumerate(shape))
+        local = LocalContext((shape,), out_shape, (whole,), tuple(slice(0, d) for d in out_shape), ())
+        out = np.full(out_shape, -1, np.int64)
+        numpy_kernels.bind(op, local, [x], out)([x], out)
+        np.testing.assert_array_equal(out, topk_indices(x, k, axis, smallest))
