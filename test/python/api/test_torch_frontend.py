@@ -722,6 +722,31 @@ class TopTwoRouter(nn.Module):
         return (picked * top[..., None]).sum(1).square().mean() + ordered[:, 0].mean()
 
 
+class SortsWithTies(nn.Module):
+    def forward(self, x):
+        values, indices = torch.sort(x, dim=1, descending=True, stable=True)
+        smallest, picked = torch.topk(x, 3, dim=1, largest=False)
+        return {"values": values, "indices": indices, "smallest": smallest, "picked": picked}
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_sort_and_topk_order_ties_and_nan_as_pytorchs_stable_sort(ranks):
+    """Equal elements in their order, NaN above every number: PyTorch's
+    stable sort, on the reference and on ranks (rows split). PyTorch's topk
+    leaves the order of equal elements unspecified; sbpc's is the sort's."""
+    x = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0, 1.0], [2.0, float("nan"), -1.0, 2.0, float("nan"), 0.0],
+                      [5.0, 5.0, 5.0, 5.0, 5.0, 5.0], [0.5, -0.5, 0.5, float("inf"), -0.5, 0.5]])
+    graph = sbpc.from_torch(SortsWithTies(), (x,), placement=sbpc.placement("cpu", ranks),
+                            sbp={"x": S(0)} if ranks > 1 else None)
+    got = sbpc.compile(graph, mode="interpret" if ranks == 1 else "auto").run({"x": x.numpy()})
+    values, indices = torch.sort(x, dim=1, descending=True, stable=True)
+    smallest, picked = torch.sort(x, dim=1, stable=True)
+    np.testing.assert_array_equal(got["indices"], indices.numpy())
+    np.testing.assert_array_equal(got["values"], values.numpy())
+    np.testing.assert_array_equal(got["picked"], picked[:, :3].numpy())
+    np.testing.assert_array_equal(got["smallest"], smallest[:, :3].numpy())
+
+
 @pytest.mark.parametrize("ranks, sbp", [(1, None), (2, {"x": S(0)})], ids=["1 rank", "data parallel 2"])
 def test_a_top_two_router_trains_as_pytorch(ranks, sbp):
     g = torch.Generator().manual_seed(11)
