@@ -11,6 +11,7 @@ import numpy as np
 from sbpc import frontend as fe
 from sbpc.frontend import Tensor
 from sbpc.torch_import.aten.registry import _axis, rule
+from sbpc.torch_import.values import _Const
 
 if TYPE_CHECKING:
     # for the annotations only: the importer loads the rules (through their
@@ -128,6 +129,18 @@ def _native_group_norm(im: _Importer, x, weight, bias, n, c, hw, group, eps):
     rstd = fe.rsqrt(fe.reduce_mean(centred * centred, [2], True) + float(eps))
     y = _per_channel(im, fe.reshape(centred * rstd, shape), weight, bias)
     return [y, fe.reshape(mean, [shape[0], int(group)]), fe.reshape(rstd, [shape[0], int(group)])]
+
+
+@rule("aten._native_batch_norm_legit_no_training")
+def _batch_norm_evaluation(im: _Importer, x, weight, bias, running_mean, running_var, momentum, eps):
+    """Batch-norm in evaluation: (output by the running statistics, and the
+    two empty tensors PyTorch returns in place of saved statistics)."""
+    x = im.lift(x)
+    per_channel = [1, x.shape[1], *[1] * (len(x.shape) - 2)]
+    mean, var = (fe.reshape(im.lift(v, x), per_channel) for v in (running_mean, running_var))
+    y = _per_channel(im, (x - mean) * fe.rsqrt(var + float(eps)), weight, bias)
+    empty = _Const(np.zeros(0, np.float32))
+    return [y, empty, empty]
 
 
 @rule("aten._native_batch_norm_legit.no_stats")

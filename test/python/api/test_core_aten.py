@@ -37,6 +37,7 @@ IDX = torch.tensor([2, 0, 1])
 MASK = torch.tensor([[True, False, True, False]] * 3)
 TINY = A * 1e-5  # where log1p and expm1 are not log(1 + x) and exp(x) - 1
 UNIT = torch.tanh(A) * 0.9  # inside (-1, 1)
+RUNNING = (_floats(2, seed=6), _floats(2, seed=7, positive=True))  # a batch-norm's mean and variance
 
 # name -> (arguments, the call): tensors among the arguments are what the
 # op reads from the graph; everything else is a constant of the call
@@ -206,6 +207,9 @@ SAMPLES = {
     "aten._native_batch_norm_legit.no_stats": (
         [IMG, _floats(2, seed=4), _floats(2, seed=5)],
         lambda x, w, b: aten._native_batch_norm_legit.no_stats(x, w, b, True, 0.1, 1e-5)[0]),
+    "aten._native_batch_norm_legit_no_training": (  # the running statistics: constants, not trained
+        [IMG, _floats(2, seed=4), _floats(2, seed=5)],
+        lambda x, w, b: aten._native_batch_norm_legit_no_training(x, w, b, *RUNNING, 0.1, 1e-5)[0]),
     # no rule: imported through PyTorch's decomposition
     "aten.upsample_bilinear2d.vec": ([IMG], lambda x: aten.upsample_bilinear2d.vec(x, [6, 7], False, None)),
     "aten.native_layer_norm_backward": (
