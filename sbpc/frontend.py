@@ -456,11 +456,11 @@ def argmax(x: Tensor, axis: int = -1) -> Tensor:
 @checked
 def topk(x: Tensor, k: int, axis: int = -1, largest: bool = True) -> tuple[Tensor, Tensor]:
     """(values, indices) of the `k` largest (`largest=False`: smallest)
-    elements along `axis`, the largest (smallest) first, the lower index
-    first among equals, NaN above every number: PyTorch's `topk` with
-    `sorted=True` (and `sort`, with k the whole axis). The values are
-    gathered at the indices, so their gradient reaches the elements picked;
-    the indices (i64) carry none."""
+    elements along `axis`, the largest (smallest) first, NaN above every
+    number, the lower index first among equals: PyTorch's `topk` (whose
+    order of equals PyTorch leaves unspecified) and, with k the whole axis,
+    its stable `sort`. The values are gathered at the indices, so their
+    gradient reaches the elements picked; the indices (i64) carry none."""
     if not -len(x.shape) <= axis < len(x.shape):
         raise ValueError(f"axis {axis} is out of range for a tensor of rank {len(x.shape)}")
     axis %= len(x.shape)

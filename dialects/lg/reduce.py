@@ -194,13 +194,12 @@ class ArgmaxOp(LgOp):
 class TopkOp(LgOp):
     """The indices (i64) of the `k` largest elements along `axis` (with
     `smallest`, the k smallest), in order: the largest first (the smallest
-    first), the lower index first among equals, NaN larger than any number:
-    PyTorch's stable `sort`, whose first k are its `topk` (PyTorch's topk
-    leaves the order of equals unspecified; `sort` is k = the whole axis). The values
-    are a gather at these indices (`lg.gather`), so their gradient reaches
-    the elements picked and no gradient flows through the indices. As for
-    argmax, splits along the other axes pass through and the searched axis
-    must be whole."""
+    first), the lower index first among equals, NaN larger than any number.
+    That is PyTorch's stable `sort` (k the whole axis) and its `topk`, whose
+    order of equals PyTorch leaves unspecified. The values are a gather at
+    these indices (`lg.gather`), so their gradient reaches the elements
+    picked and no gradient flows through the indices. As for argmax, splits
+    along the other axes pass through and the searched axis must be whole."""
 
     name = "lg.topk"
 
