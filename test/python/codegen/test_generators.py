@@ -193,6 +193,9 @@ def cuda_kernels_graph():
               + sbpc.cast(high, "f32").sum(axes=(2,), keepdims=True))
     counts = sbpc.cast(high, "i64").sum(axes=(2,)) * picks.sum(axes=(2,))  # integer sums and products
     counts = counts + sbpc.argmax(x, 2) + sbpc.argmax(picks, 1).sum(axes=(1,), keepdims=True)  # (8, 6)
+    # top-k along the last axis and the smallest along an inner one, of floats and of integers
+    counts = (counts + sbpc.topk(x, 1, 2)[1].reshape(8, 6) + sbpc.topk(x, 6, 1, largest=False)[1].sum(axes=(2,))
+              + sbpc.topk(picks, 2, 2)[1].sum(axes=(2,)))
     g.output(yt=yt, b=b, s=s, red=red, t=t, scans=scans, padded=padded, scattered=scattered, dropped=dropped,
              masked=masked, counts=counts,
              tokens=tokens.to(sbpc.P), grad=grad.to(S(1)), conv=convs[0], conv_input=convs[1], conv_weight=convs[2],
@@ -235,7 +238,7 @@ def test_every_kernel_compiles_to_ptx(module):
             "lg.reduce_mean", "lg.reduce_max", "lg.transpose", "lg.reshape", "lg.cumsum", "lg.pad", "lg.sum_exp",
             "lg.token_cross_entropy", "lg.token_cross_entropy_grad", "lg.gather", "lg.scatter_add", "lg.conv2d",
             "lg.conv2d_grad_input", "lg.conv2d_grad_weight", "lg.max_pool2d", "lg.max_pool2d_grad",
-            "lg.dropout", "lg.compare", "lg.cast", "lg.logical", "lg.select", "lg.argmax"} <= seen
+            "lg.dropout", "lg.compare", "lg.cast", "lg.logical", "lg.select", "lg.argmax", "lg.topk"} <= seen
 
 
 @needs_nvrtc
