@@ -479,13 +479,19 @@ def test_a_training_step_gathers_only_the_outputs_asked_for():
 
 
 @pytest.mark.full
-@pytest.mark.parametrize("family", ["gpt2", "llama", "vit"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "vit", "bert", "resnet"])
 def test_the_first_families_train_as_pytorch_with_the_plan_chosen_automatically_on_4(family):
     """`plan="auto"` on 4 ranks: the planner's choice, whatever it is, trains as PyTorch does."""
     optimizer, make_opt = adam()
     if family == "vit":
         check_training(ClassifierLoss(vit()), image_batches()[:11], ["pixel_values", "labels"], optimizer, make_opt,
                        4, plan="auto")
+    elif family == "resnet":
+        check_training(ClassifierLoss(resnet()), image_batches(size=16)[:11], ["pixel_values", "labels"], optimizer,
+                       make_opt, 4, plan="auto")
+    elif family == "bert":
+        check_training(LossOf(bert("BertForMaskedLM")), padded(masked_batches())[:11],
+                       ["input_ids", "labels", "attention_mask"], optimizer, make_opt, 4, plan="auto")
     else:
         model = gpt2() if family == "gpt2" else llama(2)
         check_training(LossOf(model), language_batches()[:11], ["input_ids", "labels"], optimizer, make_opt, 4,
