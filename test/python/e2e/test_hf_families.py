@@ -237,3 +237,27 @@ def test_each_family_with_its_configured_dropout_draws_the_same_masks_under_ever
     ranks, chosen, split = PLANS[plan]
     np.testing.assert_allclose(_dropout_losses(family, ranks, chosen, split), _dropout_losses(family, 1, None, False),
                                rtol=1e-5)
+
+
+def mixtral():
+    """A mixture of experts from its config's defaults (the KV cache on, no
+    auxiliary loss), its experts run as `batched_mm`: transformers' static
+    form of them (its default, `grouped_mm`, sizes its groups from the
+    data: issue 54)."""
+    torch.manual_seed(0)
+    config = T.MixtralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                             num_experts_per_tok=2, max_position_embeddings=16)
+    config._experts_implementation = "batched_mm"
+    return T.MixtralForCausalLM(config)
+
+
+@pytest.mark.parametrize("plan", [pytest.param("1 rank", marks=pytest.mark.full), "data parallel 2"])
+def test_mixtral_routes_each_token_to_its_top_two_experts_and_trains_as_pytorch(plan):
+    """The router's softmax, top two and renormalisation, and the experts'
+    weights stacked [E, 2f, d], trained 10 AdamW steps as PyTorch does (the
+    experts replicated: expert parallelism is issue 54)."""
+    ranks, _, split = PLANS[plan]
+    optimizer, make_opt = adamw()
+    check_training(Text(mixtral()), tokens(STEPS + 1), ["input_ids", "labels"], optimizer, make_opt, ranks,
+                   {"input_ids": S(0), "labels": S(0)} if split else None)
