@@ -680,10 +680,10 @@ def _bind_topk(op: lg.TopkOp, local: LocalContext, ins, out) -> Fire:
     k, axis, smallest = p["k"], p["axis"], p["smallest"]
     shape = tuple(s.stop - s.start for s in local.in_pieces[0])  # this device's piece (the axis whole)
     outer, n, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
-    if n * inner <= TOPK_BLOCK:
-        blocks = [(slice(a, a + max(1, TOPK_BLOCK // max(1, n * inner))), slice(None)) for a in
-                  range(0, outer, max(1, TOPK_BLOCK // max(1, n * inner)))]
-    else:
+    if n * inner <= TOPK_BLOCK:  # whole planes of (n, inner), several at once
+        rows = TOPK_BLOCK // max(1, n * inner)
+        blocks = [(slice(a, a + rows), slice(None)) for a in range(0, outer, rows)]
+    else:  # part of one plane: some of its lines across the inner axes
         step = max(1, TOPK_BLOCK // max(1, n))
         blocks = [(slice(a, a + 1), slice(b, b + step)) for a in range(outer) for b in range(0, inner, step)]
 

@@ -31,7 +31,7 @@ from sbpc import S
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from support.torch_training import check_training  # noqa: E402
+from support.torch_training import ClassifierLoss, check_training  # noqa: E402
 
 STEPS = 10
 VOCAB = 64
@@ -63,11 +63,6 @@ class Text(torch.nn.Module):
 
     def forward(self, input_ids, labels):
         return self.model(input_ids=input_ids, labels=labels).loss
-
-
-class Images(Text):
-    def forward(self, pixel_values, labels):
-        return self.model(pixel_values=pixel_values, labels=labels).loss
 
 
 class Audio(Text):
@@ -113,14 +108,14 @@ FAMILIES = {
         decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_source_positions=8,
         max_target_positions=16, pad_token_id=0, decoder_start_token_id=1), d), audio, Audio),
     "mobilenetv2": (lambda d: _built(T.MobileNetV2ForImageClassification, T.MobileNetV2Config(
-        image_size=32, depth_multiplier=0.25, num_labels=3), d), images, Images),
+        image_size=32, depth_multiplier=0.25, num_labels=3), d), images, ClassifierLoss),
     "swin": (lambda d: _built(T.SwinForImageClassification, T.SwinConfig(
         image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=4, num_labels=3),
-        d), images, Images),
+        d), images, ClassifierLoss),
     "segformer": (lambda d: _built(T.SegformerForSemanticSegmentation, T.SegformerConfig(
         num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32], patch_sizes=[7, 3],
         strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2], decoder_hidden_size=32, num_labels=3), d),
-        lambda n: images(n, per_pixel=True), Images),
+        lambda n: images(n, per_pixel=True), ClassifierLoss),
     "gptj": (lambda d: _built(T.GPTJForCausalLM, T.GPTJConfig(
         vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=2, n_head=4, rotary_dim=4), d), tokens, Text),
     "bloom": (lambda d: _built(T.BloomForCausalLM, T.BloomConfig(
@@ -252,7 +247,9 @@ def mixtral():
     return T.MixtralForCausalLM(config)
 
 
-@pytest.mark.parametrize("plan", [pytest.param("1 rank", marks=pytest.mark.full), "data parallel 2"])
+# (make test trains the router alone on 2 ranks: test_torch_frontend's top-two router)
+@pytest.mark.parametrize("plan", [pytest.param("1 rank", marks=pytest.mark.full),
+                                  pytest.param("data parallel 2", marks=pytest.mark.full)])
 def test_mixtral_routes_each_token_to_its_top_two_experts_and_trains_as_pytorch(plan):
     """The router's softmax, top two and renormalisation, and the experts'
     weights stacked [E, 2f, d], trained 10 AdamW steps as PyTorch does (the

@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from support.plan_signatures import signatures_of  # noqa: E402
-from support.torch_training import check_training  # noqa: E402
+from support.torch_training import ClassifierLoss, check_training  # noqa: E402
 
 STEPS = 20
 VOCAB = 64
@@ -73,17 +73,6 @@ def vit():
     return _eager(transformers.ViTForImageClassification(transformers.ViTConfig(
         image_size=8, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
         intermediate_size=64, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)))
-
-
-class ClassifierLoss(torch.nn.Module):
-    """An image classifier called with keyword arguments, its loss returned."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, pixel_values, labels):
-        return self.model(pixel_values=pixel_values, labels=labels).loss
 
 
 def resnet():

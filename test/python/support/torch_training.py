@@ -1,5 +1,6 @@
 """Training an imported PyTorch module with sbpc against PyTorch itself, for
-the frontend tests (`test_torch_frontend.py`, `test_hf_models.py`)."""
+the frontend tests (`test_torch_frontend.py`, `test_hf_models.py`,
+`test_hf_families.py`)."""
 
 import copy
 
@@ -8,6 +9,18 @@ import pytest
 import torch
 
 import sbpc
+
+
+class ClassifierLoss(torch.nn.Module):
+    """An image classifier (a Hugging Face model) called with its inputs by
+    name, its own loss returned: what both sides train."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values, labels):
+        return self.model(pixel_values=pixel_values, labels=labels).loss
 
 
 def loss_of(result):
