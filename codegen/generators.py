@@ -533,6 +533,63 @@ def gen_cumsum(site: Site) -> Kernel:
     return Kernel(site.name, site.t, ("const T* a0", "T* out"), lines, f"{ahead}\n  {scan}", restrict=True)
 
 
+def _group_of_row(ends: str, experts: int, row: str) -> str:
+    """C statements setting `g` to the expert whose group holds global row
+    `row` (-1: none), as reference.expert_groups reads the ends."""
+    return f"""long g = -1, start = 0;
+  for (long e = 0; e < {experts}; ++e) {{
+    long end = (long){ends}[e];
+    if ({row} >= start && {row} < end) {{ g = e; break; }}
+    if (end > start) start = end;
+  }}"""
+
+
+@CUDA.impl(lg.GroupedMatmulOp)
+def gen_grouped_matmul(site: Site) -> Kernel:
+    # one thread per result element: its row's expert (from the global
+    # ends, the piece's first row added), then the dot product with that
+    # expert's column where this piece holds the expert, else 0
+    (rows, k), w, (experts,) = site.in_shapes
+    transpose = "transpose_rhs" in site.props
+    n = site.out_shape[1]
+    row0 = site.in_starts[0][0] if site.in_starts else 0
+    expert0 = site.in_starts[1][0] if site.in_starts else 0
+    w_k, w_n = (1, k) if transpose else (n, 1)  # strides of rhs[g] along k and n
+    body = f"""long r = i / {n}, c = i % {n};
+  {_group_of_row("a2", experts, f"r + {row0}")}
+  long local = g - {expert0};
+  T acc = (T)0;
+  if (g >= 0 && local >= 0 && local < {w[0]}) {{
+    const T* wg = a1 + local * {w[1] * w[2]};
+    for (long m = 0; m < {k}; ++m) acc += a0[r * {k} + m] * wg[m * {w_k} + c * {w_n}];
+  }}
+  out[i] = acc;"""
+    params = ("const T* a0", "const T* a1", f"const {_labels_type(site, 2)}* a2", "T* out")
+    return Kernel(site.name, site.t, params, rows * n, body, restrict=True)
+
+
+@CUDA.impl(lg.GroupedMatmulGradWeightOp)
+def gen_grouped_matmul_grad_weight(site: Site) -> Kernel:
+    # one thread per result element (expert, k, n): the sum over the rows
+    # of that expert's group held here of lhs[row, k] * rhs[row, n]
+    (rows, k), (_, n), (experts,) = site.in_shapes
+    local_experts = site.out_shape[0]
+    row0 = site.in_starts[0][0] if site.in_starts else 0
+    expert0 = site.out_starts[0] if site.out_starts else 0
+    body = f"""long e = i / {k * n} + {expert0}, kk = (i / {n}) % {k}, c = i % {n};
+  long start = 0, end = 0;
+  for (long j = 0; j <= e; ++j) {{
+    start = end > start ? end : start;
+    end = (long)a2[j];
+  }}
+  long lo = start > {row0} ? start - {row0} : 0, hi = end - {row0} < {rows} ? end - {row0} : {rows};
+  T acc = (T)0;
+  for (long r = lo; r < hi; ++r) acc += a0[r * {k} + kk] * a1[r * {n} + c];
+  out[i] = acc;"""
+    params = ("const T* a0", "const T* a1", f"const {_labels_type(site, 2)}* a2", "T* out")
+    return Kernel(site.name, site.t, params, local_experts * k * n, body, restrict=True)
+
+
 @CUDA.impl(lg.GatherOp)
 def gen_gather(site: Site) -> Kernel:
     # one thread per picked element: the index along `axis`, the element

@@ -41,6 +41,8 @@ from sbpc.semantics.reference import (
     check_range,
     cumsum_piece,
     erf,
+    grouped_matmul_grad_weight_piece,
+    grouped_matmul_piece,
     max_with_identity,
     topk_indices,
     windows_of,
@@ -135,6 +137,27 @@ def _bind_matmul(op: lg.MatmulOp, local, ins, out) -> Fire:
         a, b = xs
         a, b, o = gemm_operands(np.swapaxes(a, -1, -2) if ta else a, np.swapaxes(b, -1, -2) if tb else b, o)
         np.matmul(a, b, out=o)
+
+    return fire
+
+
+@NUMPY.impl(lg.GroupedMatmulOp)
+def _bind_grouped_matmul(op: lg.GroupedMatmulOp, local, ins, out) -> Fire:
+    transpose = op.transpose_rhs is not None
+    row0, expert0 = local.in_pieces[0][0].start, local.in_pieces[1][0].start
+
+    def fire(xs, o):
+        grouped_matmul_piece(xs[0], xs[1], xs[2], transpose, o, row0, expert0)
+
+    return fire
+
+
+@NUMPY.impl(lg.GroupedMatmulGradWeightOp)
+def _bind_grouped_matmul_grad_weight(op, local, ins, out) -> Fire:
+    row0, expert0 = local.in_pieces[0][0].start, local.out_piece[0].start
+
+    def fire(xs, o):
+        grouped_matmul_grad_weight_piece(xs[0], xs[1], xs[2], o, row0, expert0)
 
     return fire
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 _FRONTEND = [
     "Graph", "Tensor", "Placement", "placement", "S", "B", "P", "zeros", "ones", "fill", "normal", "uniform",
     "neg", "relu", "gelu", "tanh", "erf", "exp", "sqrt", "rsqrt", "log", "sin", "cos", "atan", "floor", "ceil",
-    "round", "trunc", "add", "sub", "mul", "div", "matmul", "conv2d",
+    "round", "trunc", "add", "sub", "mul", "div", "matmul", "grouped_matmul", "conv2d",
     "softmax",
     "log_softmax", "layernorm", "reduce_sum", "reduce_mean", "reduce_max", "argmax", "topk", "reshape", "transpose",
     "broadcast_to",
@@ -90,6 +90,7 @@ if TYPE_CHECKING:
         floor,
         gather,
         gelu,
+        grouped_matmul,
         layernorm,
         log,
         log_softmax,

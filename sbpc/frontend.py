@@ -392,6 +392,17 @@ def matmul(a: Tensor, b: Tensor, transpose_a: bool = False, transpose_b: bool = 
 
 
 @checked
+def grouped_matmul(x: Tensor, experts: Tensor, ends: Tensor, transpose_experts: bool = False) -> Tensor:
+    """Rows of `x` [S, K] grouped by expert, each group times its expert's
+    matrix in `experts` [E, K, N] (`transpose_experts`: [E, N, K], each
+    transposed): group g is the rows from `ends[g-1]` (0 for the first) to
+    `ends[g]`, cumulative counts (i32 or i64) computed at run time, as a
+    router's sorted tokens; rows in no group give zeros. PyTorch's
+    `_grouped_mm(x, experts, offs=ends)`."""
+    return x.graph.add(lg.GroupedMatmulOp(x.value, experts.value, ends.value, transpose_experts))
+
+
+@checked
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
     return x.graph.add(lg.SoftmaxOp(x.value, axis))
 

@@ -30,6 +30,8 @@ from sbpc.semantics.reference import (
     check_range,
     cumsum_piece,
     gather_piece,
+    grouped_matmul_grad_weight_piece,
+    grouped_matmul_piece,
     scatter_add_piece,
     token_cross_entropy,
     token_cross_entropy_grad,
@@ -162,6 +164,22 @@ def _reduce_mean(op: lg.ReduceMeanOp, ctx: LocalContext, x: np.ndarray) -> np.nd
     local_n = int(np.prod([x.shape[a] for a in axes]))
     global_n = int(np.prod([ctx.in_shapes[0][a] for a in axes]))
     return _global_count_scaled(ctx, lambda: REFERENCE[lg.ReduceMeanOp](op, x), local_n, global_n, x.dtype)
+
+
+@LOCAL.impl(lg.GroupedMatmulOp)
+def _grouped_matmul(op: lg.GroupedMatmulOp, ctx: LocalContext, x: np.ndarray, w: np.ndarray,
+                    ends: np.ndarray) -> np.ndarray:
+    # split rows find their groups from where they start; split experts
+    # compute their own experts' rows (reference.grouped_matmul_piece)
+    transpose = op.transpose_rhs is not None
+    out = np.empty((x.shape[0], w.shape[1] if transpose else w.shape[2]), np.result_type(x, w))
+    return grouped_matmul_piece(x, w, ends, transpose, out, ctx.in_pieces[0][0].start, ctx.in_pieces[1][0].start)
+
+
+@LOCAL.impl(lg.GroupedMatmulGradWeightOp)
+def _grouped_matmul_grad_weight(op, ctx: LocalContext, a: np.ndarray, b: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    out = np.empty((ctx.out_piece_shape[0], a.shape[1], b.shape[1]), np.result_type(a, b))
+    return grouped_matmul_grad_weight_piece(a, b, ends, out, ctx.in_pieces[0][0].start, ctx.out_piece[0].start)
 
 
 @LOCAL.impl(lg.CrossEntropyOp)

@@ -163,6 +163,57 @@ def _layernorm(op: lg.LayerNormOp, x: np.ndarray, *affine: np.ndarray) -> np.nda
     return y
 
 
+def expert_groups(ends: np.ndarray, rows: int, row0: int = 0) -> list[tuple[int, int, int]]:
+    """(expert, first row, end row) of every group with rows among
+    [row0, row0 + rows), the rows counted from row0 (lg.grouped_matmul):
+    group g runs from the previous group's end (0 for the first) to
+    ends[g]; an end below the one before makes an empty group."""
+    groups = []
+    start = 0
+    for g, end in enumerate(ends.tolist()):
+        lo, hi = max(start, row0), min(end, row0 + rows)
+        if lo < hi:
+            groups.append((g, lo - row0, hi - row0))
+        start = max(start, end)
+    return groups
+
+
+def grouped_matmul_piece(x: np.ndarray, w: np.ndarray, ends: np.ndarray, transpose: bool, out: np.ndarray,
+                         row0: int = 0, expert0: int = 0) -> np.ndarray:
+    """lg.grouped_matmul on a piece: rows from global row `row0`, the
+    experts from `expert0` on (an expert split: the others' rows stay 0)."""
+    out.fill(0)
+    for g, lo, hi in expert_groups(ends, x.shape[0], row0):
+        if expert0 <= g < expert0 + w.shape[0]:
+            weight = w[g - expert0]
+            np.matmul(x[lo:hi], weight.T if transpose else weight, out=out[lo:hi])
+    return out
+
+
+def grouped_matmul_grad_weight_piece(a: np.ndarray, b: np.ndarray, ends: np.ndarray, out: np.ndarray,
+                                     row0: int = 0, expert0: int = 0) -> np.ndarray:
+    """lg.grouped_matmul_grad_weight on a piece: rows from global row
+    `row0`, the result's experts from `expert0` on."""
+    out.fill(0)
+    for g, lo, hi in expert_groups(ends, a.shape[0], row0):
+        if expert0 <= g < expert0 + out.shape[0]:
+            np.matmul(a[lo:hi].T, b[lo:hi], out=out[g - expert0])
+    return out
+
+
+@REFERENCE.impl(lg.GroupedMatmulOp)
+def _grouped_matmul(op: lg.GroupedMatmulOp, x: np.ndarray, w: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    transpose = op.transpose_rhs is not None
+    out = np.empty((x.shape[0], w.shape[1] if transpose else w.shape[2]), np.result_type(x, w))
+    return grouped_matmul_piece(x, w, ends, transpose, out)
+
+
+@REFERENCE.impl(lg.GroupedMatmulGradWeightOp)
+def _grouped_matmul_grad_weight(op, a: np.ndarray, b: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    return grouped_matmul_grad_weight_piece(a, b, ends, np.empty((ends.shape[0], a.shape[1], b.shape[1]),
+                                                                  np.result_type(a, b)))
+
+
 @REFERENCE.impl(lg.MatmulOp)
 def _matmul(op: lg.MatmulOp, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if op.transpose_lhs is not None:

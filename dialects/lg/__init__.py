@@ -109,7 +109,7 @@ from .graph import (
     op_flops,
 )
 from .index import EmbeddingGradOp, EmbeddingOp, GatherOp, OneHotOp, ScatterAddOp
-from .linalg import MatmulOp
+from .linalg import GroupedMatmulGradWeightOp, GroupedMatmulOp, MatmulOp
 from .loss import CrossEntropyOp, MseLossOp, SumExpOp, TokenCrossEntropyGradOp, TokenCrossEntropyOp
 from .mask import COMPARE_KINDS, LOGICAL_KINDS, CastOp, CompareOp, LogicalOp, SelectOp
 from .norm import AxisOp, LayerNormOp, LogSoftmaxOp, SoftmaxOp
@@ -128,7 +128,7 @@ REDUCE_OPS = (ReduceSumOp, ReduceMeanOp, ReduceMaxOp)
 
 
 GRADIENT_OPS = (StepOp, OneHotOp, EmbeddingGradOp, TokenCrossEntropyGradOp, ScatterAddOp, Conv2dGradInputOp,
-                Conv2dGradWeightOp, MaxPool2dGradOp)
+                Conv2dGradWeightOp, MaxPool2dGradOp, GroupedMatmulGradWeightOp)
 
 
 MASK_OPS = (CastOp, LogicalOp, CompareOp, SelectOp)
@@ -148,6 +148,7 @@ LG = Dialect(
         *UNARY_OPS,
         *BINARY_OPS,
         MatmulOp,
+        GroupedMatmulOp,
         Conv2dOp,
         MaxPool2dOp,
         SoftmaxOp,

@@ -1,5 +1,8 @@
 """Linear algebra: `lg.matmul`, batched with numpy broadcasting of the batch
-dimensions, either operand transposed in its last two axes."""
+dimensions, either operand transposed in its last two axes; the grouped
+matmul of a mixture of experts (`lg.grouped_matmul`, rows taken by the
+expert their group names, the groups' ends a tensor known at run time) and
+its weight gradient."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from xdsl.traits import Pure
 
 from ..irdl_verify import op_definition
 from ..sbp import TensorLike, global_shape
-from .base import LgOp, ShapeError, aligned_splits, broadcast_shapes, same_element_type, split_ok
+from .base import LgOp, ShapeError, aligned_splits, broadcast_shapes, is_index, same_element_type, split_ok
 from .shape import ReshapeOp
 
 
@@ -117,3 +120,137 @@ class MatmulOp(LgOp):
         if tb:
             db_ = e.swap_last(db_)
         return [e.unbroadcast(da_, global_shape(a.type)), e.unbroadcast(db_, global_shape(b.type))]
+
+
+def _group_ends(shapes, elems, experts: int) -> None:
+    if len(shapes[2]) != 1 or shapes[2][0] != experts:
+        raise ShapeError(f"the group ends must be a vector of {experts} (one per expert), got {list(shapes[2])}")
+    if not is_index(elems[2]):
+        raise ShapeError(f"the group ends must be i32 or i64, got {elems[2]}")
+
+
+@op_definition
+class GroupedMatmulOp(LgOp):
+    """Rows of `lhs` [S, K] grouped by expert: the rows of group g, from
+    `ends[g-1]` (0 for the first) up to `ends[g]`, are multiplied by
+    `rhs[g]` [K, N] (`transpose_rhs`: rhs is [E, N, K] and rhs[g]^T is
+    used); a row in no group (at or past the last end) gives zeros. The
+    ends are cumulative counts computed at run time (a router's), so the
+    shapes are static and the work follows the data: PyTorch's
+    `_grouped_mm(lhs, rhs, offs=ends)` and transformers' grouped experts.
+    Splits: rows (S(0), each device finds its rows' groups from the global
+    ends), the contraction (partial sums), the columns, and the experts
+    (S(0) of rhs: each device computes the rows of its own experts, zeros
+    elsewhere, so the results add up: expert parallelism)."""
+
+    name = "lg.grouped_matmul"
+
+    lhs = operand_def(TensorLike)
+    rhs = operand_def(TensorLike)
+    ends = operand_def(TensorLike)
+    transpose_rhs = opt_prop_def(UnitAttr)
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = (
+        "$lhs `,` $rhs `,` $ends (`transpose_rhs` $transpose_rhs^)? attr-dict `:` functional-type(operands, results)"
+    )
+
+    def __init__(self, lhs: SSAValue, rhs: SSAValue, ends: SSAValue, transpose_rhs: bool = False):
+        props = {"transpose_rhs": UnitAttr()} if transpose_rhs else {}
+        super().__init__(operands=[lhs, rhs, ends], properties=props,
+                         result_types=[self.infer([lhs, rhs, ends], transpose_rhs=transpose_rhs)])
+
+    def params(self):
+        return {"transpose_rhs": self.transpose_rhs is not None}
+
+    @classmethod
+    def rule(cls, shapes, elems, transpose_rhs=False):
+        x, w = shapes[0], shapes[1]
+        if len(x) != 2 or len(w) != 3:
+            raise ShapeError(f"operands must be rows [S, K] and experts [E, K, N], got {list(x)} and {list(w)}")
+        k, n = (w[2], w[1]) if transpose_rhs else (w[1], w[2])
+        if x[1] != k:
+            raise ShapeError(f"contracting dimensions differ: {list(x)} @ {list(w)}"
+                             + (" (transposed)" if transpose_rhs else ""))
+        _group_ends(shapes, elems, w[0])
+        return (x[0], n), same_element_type(elems[:2])
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, transpose_rhs=False):
+        x, w = in_shapes[0], in_shapes[1]
+        k_axis, n_axis = (2, 1) if transpose_rhs else (1, 2)
+        sigs = []
+        if split_ok(x[0], p):
+            sigs.append((("S0", "B", "B"), ("S0",)))
+        if split_ok(x[1], p):
+            sigs.append((("S1", f"S{k_axis}", "B"), ("P",)))
+        if split_ok(w[n_axis], p):
+            sigs.append((("B", f"S{n_axis}", "B"), ("S1",)))
+        if split_ok(w[0], p):
+            sigs.append((("B", "S0", "B"), ("P",)))
+        return sigs + [(("B", "B", "B"), ("B",)), (("P", "B", "B"), ("P",)), (("B", "P", "B"), ("P",))]
+
+    @classmethod
+    def flops(cls, in_shapes, out_shape, transpose_rhs=False):
+        return 2.0 * math.prod(out_shape) * in_shapes[0][1]  # every row in some group: the most it can be
+
+    def gradient(self, g, e):
+        transposed = self.transpose_rhs is not None
+        dx = e.emit(GroupedMatmulOp(g, self.rhs, self.ends, transpose_rhs=not transposed))
+        # d rhs[g] = x_g^T dy_g, or its transpose dy_g^T x_g for a transposed rhs
+        dw = e.emit(GroupedMatmulGradWeightOp(g, self.lhs, self.ends) if transposed
+                    else GroupedMatmulGradWeightOp(self.lhs, g, self.ends))
+        return [dx, dw, None]
+
+
+@op_definition
+class GroupedMatmulGradWeightOp(LgOp):
+    """Per expert g, `lhs_g^T rhs_g` [K, N] over the rows of its group
+    (lg.grouped_matmul's ends): the experts' weight gradient [E, K, N] of a
+    grouped matmul (lhs its input rows, rhs its result's gradient). Split
+    rows give partial sums; a result split by experts (S(0)) is computed
+    by each device for its own experts from whole rows."""
+
+    name = "lg.grouped_matmul_grad_weight"
+
+    lhs = operand_def(TensorLike)
+    rhs = operand_def(TensorLike)
+    ends = operand_def(TensorLike)
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$lhs `,` $rhs `,` $ends attr-dict `:` functional-type(operands, results)"
+
+    def __init__(self, lhs: SSAValue, rhs: SSAValue, ends: SSAValue):
+        super().__init__(operands=[lhs, rhs, ends], result_types=[self.infer([lhs, rhs, ends])])
+
+    @classmethod
+    def rule(cls, shapes, elems):
+        a, b, ends = shapes
+        if len(a) != 2 or len(b) != 2 or a[0] != b[0]:
+            raise ShapeError(f"operands must be rows [S, K] and [S, N], got {list(a)} and {list(b)}")
+        if len(ends) != 1:
+            raise ShapeError(f"the group ends must be a vector (one per expert), got {list(ends)}")
+        _group_ends(shapes, elems, ends[0])
+        return (ends[0], a[1], b[1]), same_element_type(elems[:2])
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p):
+        a, b, _ = in_shapes
+        sigs = []
+        if split_ok(a[0], p):
+            sigs.append((("S0", "S0", "B"), ("P",)))
+        if split_ok(a[1], p):
+            sigs.append((("S1", "B", "B"), ("S1",)))
+        if split_ok(b[1], p):
+            sigs.append((("B", "S1", "B"), ("S2",)))
+        if split_ok(out_shape[0], p):
+            sigs.append((("B", "B", "B"), ("S0",)))
+        return sigs + [(("B", "B", "B"), ("B",)), (("P", "B", "B"), ("P",)), (("B", "P", "B"), ("P",))]
+
+    @classmethod
+    def flops(cls, in_shapes, out_shape):
+        return 2.0 * in_shapes[0][0] * in_shapes[0][1] * in_shapes[1][1]

@@ -28,6 +28,12 @@ lg.graph @all_ops on @mesh {
   %bmm = lg.matmul %x3, %w : (tensor<2x4x16xf32>, tensor<16x4xf32>) -> tensor<2x4x4xf32>
   %bmm2 = lg.matmul %x3, %x3 transpose_rhs : (tensor<2x4x16xf32>, tensor<2x4x16xf32>) -> tensor<2x4x4xf32>
   %bmm3 = lg.matmul %mm, %x3 : (tensor<8x4xf32>, tensor<2x4x16xf32>) -> tensor<2x8x16xf32>
+  %ends = lg.constant dense<[3, 3, 6, 8]> : tensor<4xi64>
+  %experts = lg.reshape %x : tensor<8x16xf32> -> tensor<4x16x2xf32>
+  %gmm = lg.grouped_matmul %x, %experts, %ends : (tensor<8x16xf32>, tensor<4x16x2xf32>, tensor<4xi64>) -> tensor<8x2xf32>
+  %expertst = lg.reshape %x : tensor<8x16xf32> -> tensor<4x2x16xf32>
+  %gmmt = lg.grouped_matmul %x, %expertst, %ends transpose_rhs : (tensor<8x16xf32>, tensor<4x2x16xf32>, tensor<4xi64>) -> tensor<8x2xf32>
+  %gmmw = lg.grouped_matmul_grad_weight %x, %gmmt, %ends : (tensor<8x16xf32>, tensor<8x2xf32>, tensor<4xi64>) -> tensor<4x16x2xf32>
   %add = lg.add %mm, %b : (tensor<8x4xf32>, tensor<4xf32>) -> tensor<8x4xf32>
   %sub = lg.sub %add, %c : (tensor<8x4xf32>, tensor<4xf32>) -> tensor<8x4xf32>
   %mul = lg.mul %sub, %g : (tensor<8x4xf32>, tensor<4xf32>) -> tensor<8x4xf32>
@@ -123,6 +129,12 @@ lg.graph @all_ops on @mesh {
 // CHECK-NEXT:   %bmm = lg.matmul %x3, %w : (tensor<2x4x16xf32>, tensor<16x4xf32>) -> tensor<2x4x4xf32>
 // CHECK-NEXT:   %bmm2 = lg.matmul %x3, %x3 transpose_rhs : (tensor<2x4x16xf32>, tensor<2x4x16xf32>) -> tensor<2x4x4xf32>
 // CHECK-NEXT:   %bmm3 = lg.matmul %mm, %x3 : (tensor<8x4xf32>, tensor<2x4x16xf32>) -> tensor<2x8x16xf32>
+// CHECK-NEXT:  %ends = lg.constant dense<[3, 3, 6, 8]> : tensor<4xi64>
+// CHECK-NEXT:  %experts = lg.reshape %x : tensor<8x16xf32> -> tensor<4x16x2xf32>
+// CHECK-NEXT:  %gmm = lg.grouped_matmul %x, %experts, %ends : (tensor<8x16xf32>, tensor<4x16x2xf32>, tensor<4xi64>) -> tensor<8x2xf32>
+// CHECK-NEXT:  %expertst = lg.reshape %x : tensor<8x16xf32> -> tensor<4x2x16xf32>
+// CHECK-NEXT:  %gmmt = lg.grouped_matmul %x, %expertst, %ends transpose_rhs : (tensor<8x16xf32>, tensor<4x2x16xf32>, tensor<4xi64>) -> tensor<8x2xf32>
+// CHECK-NEXT:  %gmmw = lg.grouped_matmul_grad_weight %x, %gmmt, %ends : (tensor<8x16xf32>, tensor<8x2xf32>, tensor<4xi64>) -> tensor<4x16x2xf32>
 // CHECK-NEXT:   %add = lg.add %mm, %b : (tensor<8x4xf32>, tensor<4xf32>) -> tensor<8x4xf32>
 // CHECK-NEXT:   %sub = lg.sub %add, %c : (tensor<8x4xf32>, tensor<4xf32>) -> tensor<8x4xf32>
 // CHECK-NEXT:   %mul = lg.mul %sub, %g : (tensor<8x4xf32>, tensor<4xf32>) -> tensor<8x4xf32>
@@ -202,6 +214,8 @@ lg.graph @all_ops on @mesh {
 // GENERIC:        %st = "lg.param"() <{key = "st", init = #lg.zeros, state, seed = 0 : i64}> : () -> tensor<4xi64>
 // GENERIC:        %c = "lg.constant"() <{value = dense<1.000000e+00> : tensor<4xf32>}> : () -> tensor<4xf32>
 // GENERIC:        %mt = "lg.matmul"(%x, %x) <{transpose_rhs}> : (tensor<8x16xf32>, tensor<8x16xf32>) -> tensor<8x8xf32>
+// GENERIC:        %gmmt = "lg.grouped_matmul"(%x, %expertst, %ends) <{transpose_rhs}> : (tensor<8x16xf32>, tensor<4x2x16xf32>, tensor<4xi64>) -> tensor<8x2xf32>
+// GENERIC-NEXT:   %gmmw = "lg.grouped_matmul_grad_weight"(%x, %gmmt, %ends) : (tensor<8x16xf32>, tensor<8x2xf32>, tensor<4xi64>) -> tensor<4x16x2xf32>
 // GENERIC:        %add = "lg.add"(%mm, %b) : (tensor<8x4xf32>, tensor<4xf32>) -> tensor<8x4xf32>
 // GENERIC:        %relu = "lg.relu"(%neg) : (tensor<8x4xf32>) -> tensor<8x4xf32>
 // GENERIC:        %log = "lg.log"(%exp) : (tensor<8x4xf32>) -> tensor<8x4xf32>

@@ -985,3 +985,47 @@ lg.graph @g {
   lg.output ["y"] %y : tensor<8x2xf32>
 }
 // CHECK: 'lg.topk': result type 8x2xf32 does not match the inferred 8x2xi64
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %w = lg.input "w" : tensor<3x5x2xf32>
+  %e = lg.input "e" : tensor<3xi64>
+  %y = lg.grouped_matmul %x, %w, %e : (tensor<8x4xf32>, tensor<3x5x2xf32>, tensor<3xi64>) -> tensor<8x2xf32>
+  lg.output ["y"] %y : tensor<8x2xf32>
+}
+// CHECK: 'lg.grouped_matmul': contracting dimensions differ: [8, 4] @ [3, 5, 2]
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %w = lg.input "w" : tensor<3x4x2xf32>
+  %e = lg.input "e" : tensor<2xi64>
+  %y = lg.grouped_matmul %x, %w, %e : (tensor<8x4xf32>, tensor<3x4x2xf32>, tensor<2xi64>) -> tensor<8x2xf32>
+  lg.output ["y"] %y : tensor<8x2xf32>
+}
+// CHECK: 'lg.grouped_matmul': the group ends must be a vector of 3 (one per expert), got [2]
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %w = lg.input "w" : tensor<3x4x2xf32>
+  %e = lg.input "e" : tensor<3xf32>
+  %y = lg.grouped_matmul %x, %w, %e : (tensor<8x4xf32>, tensor<3x4x2xf32>, tensor<3xf32>) -> tensor<8x2xf32>
+  lg.output ["y"] %y : tensor<8x2xf32>
+}
+// CHECK: 'lg.grouped_matmul': the group ends must be i32 or i64, got f32
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %d = lg.input "d" : tensor<6x2xf32>
+  %e = lg.input "e" : tensor<3xi64>
+  %y = lg.grouped_matmul_grad_weight %x, %d, %e : (tensor<8x4xf32>, tensor<6x2xf32>, tensor<3xi64>) -> tensor<3x4x2xf32>
+  lg.output ["y"] %y : tensor<3x4x2xf32>
+}
+// CHECK: 'lg.grouped_matmul_grad_weight': operands must be rows [S, K] and [S, N], got [8, 4] and [6, 2]

@@ -196,8 +196,17 @@ def cuda_kernels_graph():
     # top-k along the last axis and the smallest along an inner one, of floats and of integers
     counts = (counts + sbpc.topk(x, 1, 2)[1].reshape(8, 6) + sbpc.topk(x, 6, 1, largest=False)[1].sum(axes=(2,))
               + sbpc.topk(picks, 2, 2)[1].sum(axes=(2,)))
+    # a mixture of experts: rows split (each device finds its rows' groups
+    # from the global ends), then experts split (each device its own
+    # experts' rows, partial sums), and the weight gradient split by experts
+    ends = g.input("ends", (3,), sbp=B, dtype="i64")
+    rows = x.reshape(48, 16)
+    grouped = sbpc.grouped_matmul(rows, g.param("experts", (3, 16, 5), init=sbpc.normal(0.0, 0.3)), ends)
+    by_expert = sbpc.grouped_matmul(grouped.to(B), g.param("experts_t", (3, 16, 5), init=sbpc.normal(0.0, 0.3),
+                                                           sbp=S(0)), ends, transpose_experts=True)
+    expert_grad = g.add(lg.GroupedMatmulGradWeightOp(rows.to(B).value, grouped.to(B).value, ends.value)).to(S(0))
     g.output(yt=yt, b=b, s=s, red=red, t=t, scans=scans, padded=padded, scattered=scattered, dropped=dropped,
-             masked=masked, counts=counts,
+             masked=masked, counts=counts, by_expert=by_expert.to(sbpc.P), expert_grad=expert_grad,
              tokens=tokens.to(sbpc.P), grad=grad.to(S(1)), conv=convs[0], conv_input=convs[1], conv_weight=convs[2],
              pool_back=convs[3])
     module = g.module()
@@ -238,7 +247,8 @@ def test_every_kernel_compiles_to_ptx(module):
             "lg.reduce_mean", "lg.reduce_max", "lg.transpose", "lg.reshape", "lg.cumsum", "lg.pad", "lg.sum_exp",
             "lg.token_cross_entropy", "lg.token_cross_entropy_grad", "lg.gather", "lg.scatter_add", "lg.conv2d",
             "lg.conv2d_grad_input", "lg.conv2d_grad_weight", "lg.max_pool2d", "lg.max_pool2d_grad",
-            "lg.dropout", "lg.compare", "lg.cast", "lg.logical", "lg.select", "lg.argmax", "lg.topk"} <= seen
+            "lg.dropout", "lg.compare", "lg.cast", "lg.logical", "lg.select", "lg.argmax", "lg.topk",
+            "lg.grouped_matmul", "lg.grouped_matmul_grad_weight"} <= seen
 
 
 @needs_nvrtc

@@ -25,7 +25,8 @@ STRUCTURE = {lg.GraphOp, lg.OutputOp, lg.InputOp, lg.ParamOp, lg.ConstantOp}
 BACKENDS: list[Backend] = [REFERENCE, numpy_kernels.NUMPY, codegen.CUDA]
 
 NOT_DIFFERENTIABLE = {lg.ArgmaxOp, lg.TopkOp, lg.OneHotOp, lg.EmbeddingGradOp, lg.TokenCrossEntropyGradOp,
-                      lg.Conv2dGradInputOp, lg.Conv2dGradWeightOp, lg.MaxPool2dGradOp}
+                      lg.Conv2dGradInputOp, lg.Conv2dGradWeightOp, lg.MaxPool2dGradOp,
+                      lg.GroupedMatmulGradWeightOp}
 """Ops lg-autodiff refuses to differentiate through (by design: they only
 appear in backward graphs, or have no useful gradient here)."""
 

@@ -154,6 +154,11 @@ GRADIENT_SAMPLES = {
     lg.MulOp: lambda g, a, b: (a * b, {}),
     lg.DivOp: lambda g, a, b: (a / b, {}),
     lg.MatmulOp: lambda g, a, b: (sbpc.matmul(a, b, transpose_b=True), {}),
+    # rows 0 | none | 1-2 by three experts [4, 1]; rows 0-1 | 2 by transposed experts [1, 4]
+    lg.GroupedMatmulOp: lambda g, a, b: (
+        sbpc.grouped_matmul(a, b.reshape(3, 4, 1), g.constant(np.array([1, 1, 3], np.int64)))
+        + sbpc.grouped_matmul(a, b.reshape(3, 1, 4), g.constant(np.array([2, 3, 3], np.int32)),
+                              transpose_experts=True), {}),
     lg.Conv2dOp: lambda g, a, b: (sbpc.conv2d(_square(a), sbpc.slice(b, [0, 0], [2, 2]).reshape(1, 1, 2, 2),
                                               padding=(1, 0)), {}),
     lg.MaxPool2dOp: lambda g, a, b: (g.add(lg.MaxPool2dOp(_square(a).value, (2, 2), (1, 1), (0, 0))), {}),

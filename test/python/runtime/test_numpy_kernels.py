@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from support.plan_signatures import signatures_of
 from xdsl.context import Context
+from xdsl.dialects.builtin import f32
 
 import sbpc
 from sbpc import S
@@ -86,11 +87,16 @@ def every_op_module(ranks: int, device: str = "cpu", batch: int = 8):
     token_losses = g.add(lg.TokenCrossEntropyOp(by_class.value, labels.value, row_max.value, sum_exp.value, 0))
     counted = sbpc.cast(sbpc.compare("ne", labels, g.constant(np.asarray(0))), "f32").sum(axes=(0,))
     tokens = token_losses.to(sbpc.P).sum(axes=(0,)) / counted
+    per_class = sbpc.slice(g.add(lg.OneHotOp(labels.value, 6, f32)), [0, 0], [batch, 3]).sum(axes=(0,))
+    ends = sbpc.cumsum(sbpc.cast(per_class, "i64"), 0)
     loss = (sbpc.cross_entropy(logits, labels) + sbpc.mse_loss(s, b) * 0.1 + t.sum(axes=(0, 1)) * 0.01
             + picked.sum(axes=(0, 1)) * 0.01 + tokens + sbpc.gather(logits, picks, 1).sum(axes=(0, 1)) * 0.01
             # the largest two and the smallest three of each row (top-k and sort)
             + sbpc.topk(logits, 2, axis=1)[0].sum(axes=(0, 1)) * 0.01
-            + sbpc.topk(logits, 3, axis=1, largest=False)[0].sum(axes=(0, 1)) * 0.01)
+            + sbpc.topk(logits, 3, axis=1, largest=False)[0].sum(axes=(0, 1)) * 0.01
+            # the rows in groups of three experts, the groups' ends counted from the labels at run time
+            + sbpc.grouped_matmul(logits, g.param("experts", (3, 6, 4), init=sbpc.normal(0.0, 0.3)), ends).sum(
+                axes=(0, 1)) * 0.01)
     g.output(loss=loss, s=s, top=t.max(axes=(0,)))
     module = g.module()
     LgAutodiffPass().apply(Context(), module)
