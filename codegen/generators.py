@@ -35,8 +35,8 @@ from .render import (
     strides,
 )
 
-INTEGER_KERNELS = frozenset({"lg.add", "lg.sub", "lg.mul", "lg.neg", "lg.reshape", "lg.transpose", "lg.cumsum",
-                             "lg.pad", "lg.gather", "lg.reduce_sum", "lg.argmax", "lg.topk",
+INTEGER_KERNELS = frozenset({"lg.add", "lg.sub", "lg.mul", "lg.floordiv", "lg.neg", "lg.reshape", "lg.transpose",
+                             "lg.cumsum", "lg.pad", "lg.gather", "lg.scatter", "lg.reduce_sum", "lg.argmax", "lg.topk",
                              *(op.name for op in lg.MASK_OPS)})
 """Kernels generated for integer elements too (counts, positions, the
 random step's count): their C is the same for any arithmetic T. The others
@@ -96,6 +96,10 @@ for _op, _expr in (
     (lg.SubOp, "{0} - {1}"),
     (lg.MulOp, "{0} * {1}"),
     (lg.DivOp, "{0} / {1}"),
+    # rounded down, 0 for a zero divisor; -x (modulo 2^bits) for -1, whose
+    # quotient of the most negative value traps in C
+    (lg.FloorDivOp, "{1} == (T)0 ? (T)0 : {1} == (T)-1 ? (T)(0ULL - (unsigned long long){0}) : "
+                    "({0} / {1} - (T)(({0} % {1} != (T)0) && (({0} % {1} < (T)0) != ({1} < (T)0))))"),
 ):
     CUDA.register(_op, ElementwiseExpr(_expr))
 
@@ -630,6 +634,31 @@ def gen_scatter_add(site: Site) -> Kernel:
     if (k >= 0 && k < {n}) o[k * {inner}] += u[j * {inner}];
   }}"""
     params = ("const T* a0", f"const {_labels_type(site, 1)}* a1", "T* out")
+    return Kernel(site.name, site.t, params, lines, body, restrict=True)
+
+
+@CUDA.impl(lg.ScatterOp)
+def gen_scatter(site: Site) -> Kernel:
+    # one thread per line along `axis`: it copies the input's line, then
+    # writes the line's updates where their indices point, in order, so the
+    # last aimed at an element wins (reference.scatter_piece)
+    data_shape, updates_shape = site.in_shapes[0], site.in_shapes[2]
+    axis = cast(IntegerAttr, site.props["axis"]).value.data
+    inner = math.prod(data_shape[axis + 1:])
+    n, m = data_shape[axis], updates_shape[axis]
+    lines = math.prod(data_shape) // n if n else 0
+    start = site.in_starts[0][axis] if site.in_starts else 0  # where this device's rows begin
+    body = f"""long outer = i / {inner}, c = i % {inner};
+  T* o = out + outer * {n * inner} + c;
+  const T* x = a0 + outer * {n * inner} + c;
+  const {_labels_type(site, 1)}* k_of = a1 + outer * {m * inner} + c;
+  const T* u = a2 + outer * {m * inner} + c;
+  for (long k = 0; k < {n}; ++k) o[k * {inner}] = x[k * {inner}];
+  for (long j = 0; j < {m}; ++j) {{
+    long k = (long)k_of[j * {inner}] - {start};
+    if (k >= 0 && k < {n}) o[k * {inner}] = u[j * {inner}];
+  }}"""
+    params = ("const T* a0", f"const {_labels_type(site, 1)}* a1", "const T* a2", "T* out")
     return Kernel(site.name, site.t, params, lines, body, restrict=True)
 
 

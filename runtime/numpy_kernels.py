@@ -41,6 +41,7 @@ from sbpc.semantics.reference import (
     check_range,
     cumsum_piece,
     erf,
+    floor_divide,
     grouped_matmul_grad_weight_piece,
     grouped_matmul_piece,
     max_with_identity,
@@ -788,6 +789,26 @@ def _bind_gather(op: lg.GatherOp, local: LocalContext, ins, out) -> Fire:
     return fire
 
 
+@NUMPY.impl(lg.ScatterOp)
+def _bind_scatter(op: lg.ScatterOp, local: LocalContext, ins, out) -> Fire:
+    # the input copied into a buffer one element longer, the updates put in
+    # order (the last aimed at an element wins) with those aimed at rows
+    # another device holds sent to the extra element, then copied out:
+    # nothing allocated per firing
+    axis = op.axis.value.data
+    at = _AlongAxis(op, out.shape, ins[1].shape, axis, local.in_pieces[0][axis], local.in_shapes[0][axis])
+    buffer = _scratch((out.size + 1,), out.dtype)
+
+    def fire(xs, o):
+        at.fill(xs[1])
+        np.copyto(at.flat, out.size, where=at.outside)
+        np.copyto(buffer[:-1].reshape(o.shape), xs[0])
+        np.put(buffer, at.flat, xs[2])
+        np.copyto(o, buffer[:-1].reshape(o.shape))
+
+    return fire
+
+
 @NUMPY.impl(lg.ScatterAddOp)
 def _bind_scatter_add(op: lg.ScatterAddOp, local: LocalContext, ins, out) -> Fire:
     axis = op.axis.value.data
@@ -1097,6 +1118,16 @@ NUMPY.register(lg.AddOp, _binary(np.add))
 NUMPY.register(lg.SubOp, _binary(np.subtract))
 NUMPY.register(lg.MulOp, _binary(np.multiply))
 NUMPY.register(lg.DivOp, _binary(np.divide))
+
+
+@NUMPY.impl(lg.FloorDivOp)
+def _bind_floor_divide(op, local, ins, out) -> Fire:
+    zero = _scratch(ins[1].shape, np.bool_)
+
+    def fire(xs, o):
+        floor_divide(xs[0], xs[1], o, zero)
+
+    return fire
 NUMPY.register(lg.ReduceMaxOp, _bind_reduce(max_with_identity))
 
 

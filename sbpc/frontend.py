@@ -387,6 +387,14 @@ add, sub, mul, div = _BINARY["add"], _BINARY["sub"], _BINARY["mul"], _BINARY["di
 
 
 @checked
+def floordiv(a: Tensor, b: Tensor | int) -> Tensor:
+    """Integer division rounded down (Python's `//`) of i32 or i64 tensors;
+    a zero divisor gives 0."""
+    divisor = b if isinstance(b, Tensor) else a.graph.constant(np.asarray(b, dtype=_numpy_of(a.dtype)))
+    return a.graph.add(lg.FloorDivOp(a.value, divisor.value))
+
+
+@checked
 def matmul(a: Tensor, b: Tensor, transpose_a: bool = False, transpose_b: bool = False) -> Tensor:
     return a.graph.add(lg.MatmulOp(a.value, b.value, transpose_a, transpose_b))
 
@@ -583,6 +591,14 @@ def scatter_add(updates: Tensor, indices: Tensor, axis: int, size: int) -> Tenso
     points (PyTorch's `scatter_add` into zeros): the indices have the
     updates' shape, the result has it but on `axis`."""
     return updates.graph.add(lg.ScatterAddOp(updates.value, indices.value, axis, size))
+
+
+@checked
+def scatter(x: Tensor, indices: Tensor, updates: Tensor, axis: int) -> Tensor:
+    """`x` with each update written where its index points along `axis`
+    (PyTorch's `scatter`): the indices have the updates' shape, `x` has it
+    but on `axis`; the last update aimed at an element wins."""
+    return x.graph.add(lg.ScatterOp(x.value, indices.value, updates.value, axis))
 
 
 @checked

@@ -33,6 +33,7 @@ from sbpc.semantics.reference import (
     grouped_matmul_grad_weight_piece,
     grouped_matmul_piece,
     scatter_add_piece,
+    scatter_piece,
     token_cross_entropy,
     token_cross_entropy_grad,
     widened,
@@ -246,6 +247,13 @@ def _gather(op: lg.GatherOp, ctx: LocalContext, x: np.ndarray, indices: np.ndarr
     # an input split along the gathered axis: the elements this piece holds (P)
     axis = op.axis.value.data
     return gather_piece(op, x, indices, axis, ctx.in_pieces[0][axis], ctx.in_shapes[0][axis])
+
+
+@LOCAL.impl(lg.ScatterOp)
+def _scatter(op: lg.ScatterOp, ctx: LocalContext, x: np.ndarray, indices: np.ndarray,
+             updates: np.ndarray) -> np.ndarray:
+    axis = op.axis.value.data
+    return scatter_piece(op, x, indices, updates, axis, ctx.in_pieces[0][axis], ctx.in_shapes[0][axis])
 
 
 @LOCAL.impl(lg.ScatterAddOp)

@@ -143,6 +143,23 @@ REFERENCE.register(lg.AddOp, lambda op, a, b: a + b)
 REFERENCE.register(lg.SubOp, lambda op, a, b: a - b)
 REFERENCE.register(lg.MulOp, lambda op, a, b: a * b)
 REFERENCE.register(lg.DivOp, lambda op, a, b: a / b)
+
+
+def floor_divide(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None,
+                 zero: np.ndarray | None = None) -> np.ndarray:
+    """lg.floordiv: integer division rounded down, 0 where the divisor is
+    0. Each element is read before it is written, so `out` may be `a` or
+    `b` (an in-place chain); `zero`: scratch of b's shape for the mask."""
+    if out is None:
+        out = np.empty(np.broadcast_shapes(a.shape, b.shape), np.result_type(a, b))
+    mask = np.not_equal(b, 0, out=zero) if zero is not None else np.asarray(b != 0)
+    np.floor_divide(a, b, out=out, where=mask)
+    np.logical_not(mask, out=mask)
+    np.copyto(out, 0, where=mask)
+    return out
+
+
+REFERENCE.register(lg.FloorDivOp, lambda op, a, b: floor_divide(a, b))
 REFERENCE.register(lg.SoftmaxOp, lambda op, x: _softmax(x, op.axis.value.data))
 REFERENCE.register(lg.LogSoftmaxOp, lambda op, x: _log_softmax(x, op.axis.value.data))
 REFERENCE.register(lg.ReshapeOp, lambda op, x: np.reshape(x, global_shape(op.result.type)))
@@ -439,10 +456,34 @@ def scatter_add_piece(op, updates: np.ndarray, indices: np.ndarray, axis: int, r
     return out
 
 
+def scatter_piece(op, x: np.ndarray, indices: np.ndarray, updates: np.ndarray, axis: int, rows: slice,
+                  total: int) -> np.ndarray:
+    """lg.scatter into a piece of the input holding `rows` of `total` along
+    `axis`: a copy with the updates whose index it holds written, the last
+    of those aimed at one element winning."""
+    check_range(op, "index", indices, total)
+    out = x.copy()
+    if not out.size:
+        return out
+    inside = (indices >= rows.start) & (indices < rows.stop)
+    coords: tuple[np.ndarray, ...] = np.indices(indices.shape, sparse=True)
+    grid = [np.broadcast_to(c, indices.shape) for c in coords]
+    grid[axis] = indices - rows.start
+    # numpy's assignment through repeated indices keeps the last value
+    out[tuple(c[inside] for c in grid)] = updates[inside]
+    return out
+
+
 @REFERENCE.impl(lg.GatherOp)
 def _gather(op: lg.GatherOp, x: np.ndarray, indices: np.ndarray) -> np.ndarray:
     axis = op.axis.value.data
     return gather_piece(op, x, indices, axis, slice(0, x.shape[axis]), x.shape[axis])
+
+
+@REFERENCE.impl(lg.ScatterOp)
+def _scatter(op: lg.ScatterOp, x: np.ndarray, indices: np.ndarray, updates: np.ndarray) -> np.ndarray:
+    axis = op.axis.value.data
+    return scatter_piece(op, x, indices, updates, axis, slice(0, x.shape[axis]), x.shape[axis])
 
 
 @REFERENCE.impl(lg.ScatterAddOp)

@@ -76,6 +76,7 @@ from .elementwise import (
     DivOp,
     ErfOp,
     ExpOp,
+    FloorDivOp,
     FloorOp,
     GeluOp,
     LogOp,
@@ -108,7 +109,7 @@ from .graph import (
     graphs,
     op_flops,
 )
-from .index import EmbeddingGradOp, EmbeddingOp, GatherOp, OneHotOp, ScatterAddOp
+from .index import EmbeddingGradOp, EmbeddingOp, GatherOp, OneHotOp, ScatterAddOp, ScatterOp
 from .linalg import GroupedMatmulGradWeightOp, GroupedMatmulOp, MatmulOp
 from .loss import CrossEntropyOp, MseLossOp, SumExpOp, TokenCrossEntropyGradOp, TokenCrossEntropyOp
 from .mask import COMPARE_KINDS, LOGICAL_KINDS, CastOp, CompareOp, LogicalOp, SelectOp
@@ -147,6 +148,7 @@ LG = Dialect(
         ConstantOp,
         *UNARY_OPS,
         *BINARY_OPS,
+        FloorDivOp,
         MatmulOp,
         GroupedMatmulOp,
         Conv2dOp,
@@ -167,6 +169,7 @@ LG = Dialect(
         DropoutOp,
         EmbeddingOp,
         GatherOp,
+        ScatterOp,
         CrossEntropyOp,
         *CROSS_ENTROPY_OPS,
         MseLossOp,

@@ -321,3 +321,24 @@ class DivOp(BinaryOp):
         quotient = e.emit(NegOp(e.emit(DivOp(e.emit(MulOp(g, self.result)), self.rhs))))
         return [e.unbroadcast(e.emit(DivOp(g, self.rhs)), global_shape(self.lhs.type)),
                 e.unbroadcast(quotient, global_shape(self.rhs.type))]
+
+
+@op_definition
+class FloorDivOp(BinaryOp):
+    """Integer division rounded down (toward minus infinity), of i32 or i64
+    operands: Python's `//`, PyTorch's `floor_divide` and its `div` with
+    `rounding_mode="floor"` on integers (a sorted position's token,
+    `perm // top_k`). A zero divisor gives 0 (PyTorch raises). Not linear,
+    so no partial operand passes; floats divide with lg.div then lg.floor."""
+
+    name = "lg.floordiv"
+    INTEGERS: ClassVar[bool] = True
+
+    @classmethod
+    def rule(cls, shapes, elems, **params):
+        if not is_index(elems[0]):
+            raise ShapeError(f"operands must be i32 or i64 (floats: lg.div, then lg.floor), got {elems[0]}")
+        return super().rule(shapes, elems, **params)
+
+    def gradient(self, g, e):
+        return [None, None]  # integers carry no gradient

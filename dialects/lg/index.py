@@ -3,7 +3,9 @@ axis, and the scatter-adds their gradients need."""
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import I64, IntegerAttr, TensorType, i64
+from typing import cast
+
+from xdsl.dialects.builtin import I64, DenseIntOrFPElementsAttr, IntegerAttr, IntegerType, TensorType, i64
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.irdl import operand_def, opt_prop_def, prop_def, result_def, traits_def
 from xdsl.traits import Pure
@@ -12,6 +14,9 @@ from xdsl.utils.exceptions import VerifyException
 from ..irdl_verify import op_definition
 from ..sbp import TensorLike, element_type, global_shape
 from .base import LgOp, Shape, ShapeError, check_axis, is_float, is_index, require_float, require_value_type, split_ok
+from .graph import ConstantOp
+from .mask import CompareOp, SelectOp
+from .shape import BroadcastToOp
 
 
 @op_definition
@@ -300,3 +305,74 @@ class ScatterAddOp(LgOp):
         # each update went to the element its index names: it reads back the
         # gradient there (PyTorch's scatter_add, differentiated for its source)
         return [e.emit(GatherOp(g, self.indices, self.axis.value.data)), None]
+
+
+@op_definition
+class ScatterOp(LgOp):
+    """`input` with each update written where its index points along `axis`
+    (PyTorch's `scatter(input, axis, indices, src)` and `index_put`): the
+    indices have the updates' shape, the input has it but on `axis`.
+    Among updates aimed at one element the last in row-major order wins, as
+    PyTorch's CPU loop leaves it (its order on CUDA is unspecified). Floats
+    or integers (an inverse permutation). Writing is linear in the input and
+    the updates together, so both partial give a partial result; a result
+    split on `axis` takes, on each device, the updates aimed at its rows.
+    Gradients as PyTorch's: the input's where nothing was written, each
+    update's read back where it was aimed."""
+
+    name = "lg.scatter"
+
+    input = operand_def(TensorLike)
+    indices = operand_def(TensorLike)
+    updates = operand_def(TensorLike)
+    axis = prop_def(IntegerAttr[I64])
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$input `,` $indices `,` $updates `axis` $axis attr-dict `:` functional-type(operands, results)"
+
+    def __init__(self, input: SSAValue, indices: SSAValue, updates: SSAValue, axis: int):
+        super().__init__(operands=[input, indices, updates], properties={"axis": IntegerAttr(axis, i64)},
+                         result_types=[self.infer([input, indices, updates], axis=axis)])
+
+    def params(self):
+        return {"axis": self.axis.value.data}
+
+    @classmethod
+    def rule(cls, shapes, elems, axis):
+        data, indices, updates = shapes
+        require_value_type("input", elems[0])
+        if elems[2] != elems[0]:
+            raise ShapeError(f"updates must have the input's element type {elems[0]}, got {elems[2]}")
+        _gather_rule("input", data, indices, axis, elems[1])
+        if tuple(updates) != tuple(indices):
+            raise ShapeError(f"updates shape {list(updates)} must be the indices shape {list(indices)}")
+        return tuple(data), elems[0]
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, axis):
+        data, indices, _ = in_shapes
+        sigs = [((f"S{i}",) * 3, (f"S{i}",)) for i, d in enumerate(indices) if i != axis and split_ok(d, p)]
+        if split_ok(data[axis], p):
+            sigs.append(((f"S{axis}", "B", "B"), (f"S{axis}",)))
+        return sigs + [(("B", "B", "B"), ("B",)), (("P", "B", "P"), ("P",))]
+
+    def gradient(self, g, e):
+        # the input's gradient where nothing was written; each update's where
+        # it was aimed if it was the last aimed there (an update overwritten
+        # by a later one changes nothing: PyTorch, defined for distinct
+        # indices only, gives it the gradient too). The last writer of each
+        # element: the updates' own positions along the axis, scattered.
+        axis = self.axis.value.data
+        shape = global_shape(self.updates.type)
+        untouched = e.emit(ScatterOp(g, self.indices, e.zeros(shape, g), axis))
+        index_type = cast(IntegerType, element_type(self.indices.type))  # i32 or i64 (the rule)
+        positions = DenseIntOrFPElementsAttr.from_list(
+            TensorType(index_type, [n if d == axis else 1 for d, n in enumerate(shape)]), list(range(shape[axis])))
+        own = e.emit(BroadcastToOp(e.emit(ConstantOp(positions)), shape))
+        nobody = DenseIntOrFPElementsAttr.from_list(TensorType(index_type, []), [-1])
+        unwritten = e.emit(BroadcastToOp(e.emit(ConstantOp(nobody)), global_shape(self.input.type)))
+        last = e.emit(ScatterOp(unwritten, self.indices, own, axis))
+        kept = e.emit(CompareOp("eq", e.emit(GatherOp(last, self.indices, axis)), own))
+        return [untouched, None, e.emit(SelectOp(kept, e.emit(GatherOp(g, self.indices, axis)), e.zeros(shape, g)))]

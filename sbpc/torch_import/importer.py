@@ -175,6 +175,12 @@ class _Importer(_StateImporter):
             return self._in_place_on_view(node, written)
         if hasattr(written, "op") and isinstance(self.env.get(written), Tensor) and written not in self.state_inputs:
             return self._in_place(node, written)
+        if hasattr(written, "op") and isinstance(self.env.get(written), _Const) and written not in self.state_inputs \
+                and any(isinstance(a, Tensor) for a in _flat([_map(node.args, self._value),
+                                                           _map(node.kwargs, self._value)])):
+            # a constant written in place with computed values (`inv = torch.empty_like(perm);
+            # inv[perm] = arange`) becomes a computed value from then on
+            return self._in_place(node, written)
         if hasattr(written, "op") and isinstance(self.env.get(written), Tensor) and _op_name(node.target) == (
                 "aten.add_.Tensor"):  # a state buffer's count: num_batches_tracked += 1
             current, other = self.env[written], _map(node.args[1], self._value)

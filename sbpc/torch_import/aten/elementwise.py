@@ -386,12 +386,31 @@ def _rounded_division(a: Tensor, b: Tensor, mode: str | None) -> Tensor:
     raise ValueError(f"rounding_mode={mode!r}")
 
 
+def _integer_division(im: _Importer, a: Tensor, b: Tensor, mode: str) -> Tensor:
+    """Integers divided and rounded down (lg.floordiv) or toward zero: the
+    floor, one up where the division is inexact and the signs differ."""
+    quotient = fe.floordiv(a, b)
+    if mode == "floor":
+        return quotient
+    if mode != "trunc":
+        raise ValueError(f"rounding_mode={mode!r}")
+    zero = im.lift(0, a)
+    inexact = fe.compare("ne", quotient * b, a)
+    signs_differ = fe.logical("xor", fe.compare("lt", a, zero), fe.compare("lt", b, zero))
+    return fe.where(fe.logical("and", inexact, signs_differ), quotient + im.lift(1, a), quotient)
+
+
 @rule("aten.div.Tensor_mode", "aten.div.Scalar_mode")
 def _div_mode(im: _Importer, a, b, *, rounding_mode=None):
-    """a / b, rounded toward zero ("trunc") or down ("floor") where asked."""
+    """a / b, rounded toward zero ("trunc") or down ("floor") where asked;
+    integers divide exactly as integers (a zero divisor gives 0 where
+    PyTorch raises)."""
     dtype = _result_dtype(im)
     if dtype not in ("f32", "f64", "f16", "bf16") and rounding_mode is not None:
-        raise ValueError(f"integer division with rounding_mode={rounding_mode!r}")
+        if dtype not in ("i32", "i64"):
+            raise ValueError(f"integer division of {dtype} values (supported: int32, int64)")
+        a, b = _operands(im, a, b, dtype)
+        return _integer_division(im, a, b, rounding_mode)
     a, b = _operands(im, a, b, "f32" if dtype in _HALVES else dtype)
     return _rounded_division(a, b, rounding_mode)
 
@@ -399,10 +418,13 @@ def _div_mode(im: _Importer, a, b, *, rounding_mode=None):
 @rule("aten.fmod.Tensor", "aten.fmod.Scalar", "aten.remainder.Tensor", "aten.remainder.Scalar")
 def _modulo(im: _Importer, a, b):
     """a - b * q, q = a / b rounded toward zero (fmod: the sign of a) or
-    down (remainder: the sign of b), as PyTorch's."""
+    down (remainder: the sign of b), as PyTorch's; integers exactly (a zero
+    divisor leaves a, where PyTorch raises)."""
     dtype = _result_dtype(im)
-    if dtype not in ("f32", "f64"):
-        raise ValueError(f"{im.node.target.name()} of {dtype} values (supported: float32, float64)")
+    if dtype not in ("f32", "f64", "i32", "i64"):
+        raise ValueError(f"{im.node.target.name()} of {dtype} values (supported: float32, float64, int32, int64)")
     a, b = _operands(im, a, b, dtype)
     mode = "trunc" if "fmod" in im.node.target.name() else "floor"
+    if dtype in ("i32", "i64"):
+        return a - b * _integer_division(im, a, b, mode)
     return a - b * _rounded_division(a, b, mode)

@@ -134,6 +134,61 @@ def _scatter_add(im: _Importer, x, dim, index, src):
     return x + fe.scatter_add(src, index, axis, x.shape[axis])
 
 
+def _full_index(what: str, x: Tensor, index: Tensor, axis: int) -> None:
+    if len(index.shape) != len(x.shape) or any(a != b for d, (a, b) in enumerate(zip(x.shape, index.shape))
+                                                if d != axis):
+        raise ValueError(f"{what} with index shape {list(index.shape)} smaller than the input's {list(x.shape)} "
+                         f"off axis {axis} (sbpc takes an index shaped as the input but on the scattered axis)")
+
+
+@rule("aten.scatter.src", "aten.scatter.value")
+def _scatter(im: _Importer, x, dim, index, src):
+    """x with the source elements (or one value) written where the index
+    points along `dim`, the last aimed at an element winning (lg.scatter);
+    the source cut to the index's shape, as PyTorch reads it."""
+    x, index = im.lift(x), im.lift(index)
+    axis = _axis(dim, len(x.shape))
+    _full_index("scatter", x, index, axis)
+    if isinstance(src, Tensor):
+        if list(src.shape) != list(index.shape):
+            src = fe.slice(src, [0] * len(index.shape), list(index.shape))
+    else:
+        src = fe.broadcast_to(im.lift(src, x), list(index.shape))
+    return fe.scatter(x, index, src, axis)
+
+
+@rule("aten.index_put")
+def _index_put(im: _Importer, x, indices, values, accumulate=False):
+    """x[..., idx] = values (or += with `accumulate`) for one index tensor
+    after whole axes, negative indices counted from the end: lg.scatter
+    (the last of repeated indices winning, as PyTorch's CPU loop) or
+    lg.scatter_add, the values broadcast to the rows they write."""
+    x = im.lift(x)
+    used = [d for d, i in enumerate(indices) if i is not None]
+    if len(used) != 1 or used[0] != len(indices) - 1:
+        raise ValueError("index_put with other than one index tensor after whole axes (x[..., idx] = v)")
+    axis = used[0]
+    index = im.lift(indices[axis])
+    if not lg.is_index(index.dtype):
+        raise ValueError(f"index_put with indices of dtype {index.dtype} (boolean masks: torch.where)")
+    if len(index.shape) != 1:
+        raise ValueError(f"index_put with an index of shape {list(index.shape)} (supported: a vector)")
+    size, count = x.shape[axis], index.shape[0]
+    index = fe.where(fe.compare("lt", index, im.lift(0, index)), index + im.lift(size, index), index)
+    shape = [count if d == axis else n for d, n in enumerate(x.shape)]
+    lined = fe.broadcast_to(fe.reshape(index, [count if d == axis else 1 for d in range(len(x.shape))]), shape)
+    values = im.lift(values, x)
+    if str(values.dtype) != str(x.dtype):
+        values = fe.cast(values, str(x.dtype))
+    if list(values.shape) != shape:
+        values = fe.broadcast_to(values, shape)
+    if accumulate:
+        if not lg.is_float(x.dtype):
+            raise ValueError(f"index_put with accumulate=True of {x.dtype} values (supported: floats)")
+        return x + fe.scatter_add(values, lined, axis, size)
+    return fe.scatter(x, lined, values, axis)
+
+
 @rule("aten.embedding")
 def _embedding(im: _Importer, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     if scale_grad_by_freq:

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sbpc import frontend as fe
+from sbpc.dialects import lg
+from sbpc.frontend import Tensor
 from sbpc.torch_import.aten.mask import _additive_mask
 from sbpc.torch_import.aten.registry import rule
 
@@ -31,6 +33,27 @@ def _matmul(im: _Importer, a, b):
     if len(a.shape) < 2 or len(b.shape) < 2:
         raise ValueError("matmul of a vector: reshape it to a matrix first")
     return fe.matmul(a, b)
+
+
+@rule("aten._grouped_mm", "transformers.grouped_mm_fallback")
+def _grouped_mm(im: _Importer, x, experts, offs=None, bias=None, out_dtype=None):
+    """Rows [S, K] grouped by expert times the experts [E, K, N], the
+    groups' cumulative ends `offs` computed at run time (lg.grouped_matmul):
+    PyTorch's `_grouped_mm` with 2-D and 3-D operands, and transformers'
+    own form of it (`grouped_mm_fallback`). Experts transposed in their last
+    two axes just before (transformers' [E, N, K] weights) are read as they
+    are stored, with the op's transpose flag, instead of copied."""
+    if offs is None or bias is not None or (out_dtype is not None and str(out_dtype) != str(getattr(
+            im.node.meta.get("val"), "dtype", out_dtype))):
+        raise ValueError("a grouped matmul without offsets, with a bias or another output dtype")
+    x, experts, ends = im.lift(x), im.lift(experts), im.lift(offs)
+    if len(x.shape) != 2 or len(experts.shape) != 3:
+        raise ValueError(f"a grouped matmul of {list(x.shape)} and {list(experts.shape)} (supported: rows [S, K] "
+                         "and experts [E, K, N])")
+    owner = experts.value.owner
+    if isinstance(owner, lg.TransposeOp) and tuple(owner.perm.get_values()) == (0, 2, 1):
+        return fe.grouped_matmul(x, Tensor(x.graph, owner.input), ends, transpose_experts=True)
+    return fe.grouped_matmul(x, experts, ends)
 
 
 @rule("aten.addmm")

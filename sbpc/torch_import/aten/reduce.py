@@ -1,12 +1,16 @@
-"""Reductions over axes (sum, mean, amax), argmax, top-k and sort, and cumsum."""
+"""Reductions over axes (sum, mean, amax), argmax, top-k and sort, cumsum and histograms."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from sbpc import frontend as fe
 from sbpc.dialects import lg
+from sbpc.dialects.dtypes import numpy_dtype
 from sbpc.frontend import Tensor
 from sbpc.torch_import.aten.elementwise import _result_dtype
 from sbpc.torch_import.aten.registry import RULES, _axis, _dims, rule
@@ -54,6 +58,32 @@ def _cumsum(im: _Importer, x, dim, dtype=None):
     if wanted is None or wanted == "i1":
         raise ValueError(f"cumsum to dtype {dtype}")
     return fe.cumsum(x if str(x.dtype) == wanted else fe.cast(x, wanted), _axis(dim, len(x.shape)))
+
+
+@rule("aten.histc")
+def _histc(im: _Importer, x, bins=100, min=0, max=0):
+    """Counts of the elements in `bins` equal bins over [min, max], an
+    element at max in the last one and those outside in none, as PyTorch's
+    histc computes each element's bin: (x - min) * bins / (max - min),
+    truncated. Each element compared with every bin: a router's tokens
+    counted per expert (bins = experts). With min == max PyTorch takes the
+    bounds from the data, which sbpc does not: refused."""
+    x = im.lift(x)
+    if not lg.is_float(x.dtype):
+        raise ValueError(f"histc of {x.dtype} values (PyTorch's takes floats)")
+    if min == max:
+        raise ValueError("histc with min == max (bounds taken from the data): give the bounds")
+    if bins < 1 or not (math.isfinite(min) and math.isfinite(max)) or min > max:
+        raise ValueError(f"histc with bins={bins}, min={min}, max={max}")
+    count = math.prod(x.shape)
+    flat = x.reshape(count, 1)
+    low, high = im.lift(float(min), x), im.lift(float(max), x)
+    position = fe.trunc((flat - low) * float(bins) / (high - low))
+    position = fe.where(fe.compare("eq", flat, high), im.lift(float(bins - 1), x), position)
+    inside = fe.logical("and", fe.compare("ge", flat, low), fe.compare("le", flat, high))
+    edges = im.g.constant(np.arange(bins, dtype=numpy_dtype(x.dtype)).reshape(1, bins))
+    hits = fe.logical("and", fe.compare("eq", position, edges), inside)
+    return fe.cast(hits, str(x.dtype)).sum(axes=(0,))
 
 
 @rule("aten.amin")

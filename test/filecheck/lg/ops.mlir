@@ -74,6 +74,7 @@ lg.graph @all_ops on @mesh {
   %order = lg.topk %ln k 8 axis 0 smallest : tensor<8x4xf32> -> tensor<8x4xi64>
   %dropmb = lg.dropout %ln, %seed, %rstep rate 5.000000e-01 stream 4 micro_batch [2, 1, 4] : (tensor<8x4xf32>, tensor<i64>, tensor<i64>) -> tensor<8x4xf32>
   %addi = lg.add %csi, %ci : (tensor<2xi64>, tensor<2xi64>) -> tensor<2xi64>
+  %fdiv = lg.floordiv %addi, %ci : (tensor<2xi64>, tensor<2xi64>) -> tensor<2xi64>
   %img = lg.reshape %x : tensor<8x16xf32> -> tensor<2x4x4x4xf32>
   %kern = lg.reshape %mm : tensor<8x4xf32> -> tensor<4x2x2x2xf32>
   %cv = lg.conv2d %img, %kern stride [2, 1] padding [1, 0] dilation [1, 2] groups 2 : (tensor<2x4x4x4xf32>, tensor<4x2x2x2xf32>) -> tensor<2x4x3x2xf32>
@@ -92,6 +93,7 @@ lg.graph @all_ops on @mesh {
   %gidx3 = lg.reshape %gidx : tensor<2x3xi64> -> tensor<2x3x1xi64>
   %ga = lg.gather %em, %gidx3 axis 2 : (tensor<2x3x4xf32>, tensor<2x3x1xi64>) -> tensor<2x3x1xf32>
   %sa = lg.scatter_add %ga, %gidx3 axis 2 size 4 : (tensor<2x3x1xf32>, tensor<2x3x1xi64>) -> tensor<2x3x4xf32>
+  %sw = lg.scatter %sa, %gidx3, %ga axis 2 : (tensor<2x3x4xf32>, tensor<2x3x1xi64>, tensor<2x3x1xf32>) -> tensor<2x3x4xf32>
   %emp = lg.embedding %w, %ids padding 0 : (tensor<16x4xf32>, tensor<2x3xi32>) -> tensor<2x3x4xf32>
   %egp = lg.embedding_grad %em, %ids rows 16 padding 0 : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>
   %mask = lg.cast %ids : tensor<2x3xi32> -> tensor<2x3xi1>
@@ -175,6 +177,7 @@ lg.graph @all_ops on @mesh {
 // CHECK-NEXT:  %order = lg.topk %ln k 8 axis 0 smallest : tensor<8x4xf32> -> tensor<8x4xi64>
 // CHECK-NEXT:  %dropmb = lg.dropout %ln, %seed, %rstep rate 5.000000e-01 stream 4 micro_batch [2, 1, 4] : (tensor<8x4xf32>, tensor<i64>, tensor<i64>) -> tensor<8x4xf32>
 // CHECK-NEXT:  %addi = lg.add %csi, %ci : (tensor<2xi64>, tensor<2xi64>) -> tensor<2xi64>
+// CHECK-NEXT:  %fdiv = lg.floordiv %addi, %ci : (tensor<2xi64>, tensor<2xi64>) -> tensor<2xi64>
 // CHECK-NEXT:  %img = lg.reshape %x : tensor<8x16xf32> -> tensor<2x4x4x4xf32>
 // CHECK-NEXT:  %kern = lg.reshape %mm : tensor<8x4xf32> -> tensor<4x2x2x2xf32>
 // CHECK-NEXT:  %cv = lg.conv2d %img, %kern stride [2, 1] padding [1, 0] dilation [1, 2] groups 2 : (tensor<2x4x4x4xf32>, tensor<4x2x2x2xf32>) -> tensor<2x4x3x2xf32>
@@ -193,6 +196,7 @@ lg.graph @all_ops on @mesh {
 // CHECK-NEXT:  %gidx3 = lg.reshape %gidx : tensor<2x3xi64> -> tensor<2x3x1xi64>
 // CHECK-NEXT:  %ga = lg.gather %em, %gidx3 axis 2 : (tensor<2x3x4xf32>, tensor<2x3x1xi64>) -> tensor<2x3x1xf32>
 // CHECK-NEXT:  %sa = lg.scatter_add %ga, %gidx3 axis 2 size 4 : (tensor<2x3x1xf32>, tensor<2x3x1xi64>) -> tensor<2x3x4xf32>
+// CHECK-NEXT:  %sw = lg.scatter %sa, %gidx3, %ga axis 2 : (tensor<2x3x4xf32>, tensor<2x3x1xi64>, tensor<2x3x1xf32>) -> tensor<2x3x4xf32>
 // CHECK-NEXT:   %emp = lg.embedding %w, %ids padding 0 : (tensor<16x4xf32>, tensor<2x3xi32>) -> tensor<2x3x4xf32>
 // CHECK-NEXT:   %egp = lg.embedding_grad %em, %ids rows 16 padding 0 : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>
 // CHECK-NEXT:   %mask = lg.cast %ids : tensor<2x3xi32> -> tensor<2x3xi1>

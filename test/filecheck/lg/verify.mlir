@@ -1029,3 +1029,25 @@ lg.graph @g {
   lg.output ["y"] %y : tensor<3x4x2xf32>
 }
 // CHECK: 'lg.grouped_matmul_grad_weight': operands must be rows [S, K] and [S, N], got [8, 4] and [6, 2]
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<4x3xf32>
+  %i = lg.input "i" : tensor<2x3xi64>
+  %u = lg.input "u" : tensor<2x3xi64>
+  %y = lg.scatter %x, %i, %u axis 0 : (tensor<4x3xf32>, tensor<2x3xi64>, tensor<2x3xi64>) -> tensor<4x3xf32>
+  lg.output ["y"] %y : tensor<4x3xf32>
+}
+// CHECK: 'lg.scatter': updates must have the input's element type f32, got i64
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<4x3xf32>
+  %i = lg.input "i" : tensor<2x3xi64>
+  %u = lg.input "u" : tensor<2x2xf32>
+  %y = lg.scatter %x, %i, %u axis 0 : (tensor<4x3xf32>, tensor<2x3xi64>, tensor<2x2xf32>) -> tensor<4x3xf32>
+  lg.output ["y"] %y : tensor<4x3xf32>
+}
+// CHECK: 'lg.scatter': updates shape [2, 2] must be the indices shape [2, 3]

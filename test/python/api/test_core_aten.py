@@ -60,6 +60,14 @@ SAMPLES = {
     "aten.sort": ([A], lambda x: (lambda v, i: v * (i + 1))(*aten.sort(x, 0, True))),
     "aten.scatter_add": ([A, torch.tensor([[0, 2, 1, 0], [2, 2, 0, 1]]), _floats(2, 4, seed=4)],
                          lambda x, i, s: aten.scatter_add(x, 0, i, s)),
+    # (distinct indices: PyTorch leaves repeated ones undefined, and gives an
+    # overwritten update a gradient; lg.scatter's last write wins, alone)
+    "aten.scatter.src": ([A, torch.tensor([[0, 2, 1, 0], [2, 1, 0, 1]]), _floats(2, 4, seed=4)],
+                         lambda x, i, s: aten.scatter.src(x, 0, i, s)),
+    "aten.scatter.value": ([A, torch.tensor([[0, 2], [1, 1], [3, 0]])], lambda x, i: aten.scatter.value(x, 1, i, 2.5)),
+    # rows 2, 0 and -2 (the second last) of x replaced, and the same rows accumulated into
+    "aten.index_put": ([A, torch.tensor([2, 0, -2]), _floats(3, 4, seed=8)],
+                       lambda x, i, v: aten.index_put(x, [i], v) + aten.index_put(x, [i], v * 2, True)),
     "aten.bitwise_and.Tensor": ([MASK, ~MASK], aten.bitwise_and.Tensor),
     "aten.bitwise_not": ([MASK], aten.bitwise_not),
     "aten.bitwise_or.Tensor": ([MASK, MASK.flip(1)], aten.bitwise_or.Tensor),

@@ -747,6 +747,36 @@ def test_sort_and_topk_order_ties_and_nan_as_pytorchs_stable_sort(ranks):
     np.testing.assert_array_equal(got["smallest"], smallest[:, :3].numpy())
 
 
+class IntegerArithmetic(nn.Module):
+    """Integer division rounded down and toward zero, by tensors and by a
+    number, remainders of both signs; a histogram of a router's picks; the
+    inverse of a permutation written in place (transformers' grouped
+    experts)."""
+
+    def forward(self, a, b, picks):
+        divided = (torch.div(a, b, rounding_mode="floor") + torch.div(a, b, rounding_mode="trunc") * 100
+                   + a // 3 + torch.remainder(a, b) * 10**4 + torch.fmod(a, b) * 10**6
+                   + torch.div(a, -4, rounding_mode="trunc") * 10**8)
+        order = torch.sort(picks.reshape(-1), stable=True)[1]
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel())
+        counts = torch.histc(picks.reshape(-1).float(), bins=4, min=0, max=3)
+        return {"divided": divided, "inverse": inverse, "counts": counts}
+
+
+@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.full)])
+def test_integer_division_histograms_and_inverse_permutations_as_pytorch(ranks):
+    a = torch.tensor([-7, -6, -1, 0, 1, 5, 7, 9, 3, -5])
+    b = torch.tensor([2, -4, 3, 5, -2, 1, 7, -4, 3, 3])
+    picks = torch.tensor([[3, 0], [1, 3], [3, 2], [0, 1], [2, 2]])
+    graph = sbpc.from_torch(IntegerArithmetic(), (a, b, picks), placement=sbpc.placement("cpu", ranks),
+                            sbp={"a": S(0), "b": S(0)} if ranks > 1 else None)
+    got = sbpc.compile(graph, mode="interpret" if ranks == 1 else "auto").run(
+        {"a": a.numpy(), "b": b.numpy(), "picks": picks.numpy()})
+    for name, want in IntegerArithmetic()(a, b, picks).items():
+        np.testing.assert_array_equal(got[name], want.numpy(), err_msg=name)
+
+
 @pytest.mark.parametrize("ranks, sbp", [(1, None), (2, {"x": S(0)})], ids=["1 rank", "data parallel 2"])
 def test_a_top_two_router_trains_as_pytorch(ranks, sbp):
     g = torch.Generator().manual_seed(11)

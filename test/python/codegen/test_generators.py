@@ -166,6 +166,7 @@ def cuda_kernels_graph():
     scans = sbpc.cumsum(x, 0) + sbpc.cumsum(x, 2, reverse=True)
     picks = g.input("picks", (8, 6, 4), sbp=S(0), dtype="i64")
     scattered = g.add(lg.ScatterAddOp(sbpc.gather(x, picks, 2).value, picks.value, 2, 16))
+    overwritten = sbpc.scatter(x, picks, sbpc.gather(x, picks, 2) * 2.0, 2)
     padded = sbpc.pad(r, [0, 1, 2], [1, 0, 0], -0.5)
     conv = {"stride": (2, 1), "padding": (1, 0), "dilation": (1, 2), "groups": 2}
     filters = g.param("filters", (6, 2, 3, 2), init=sbpc.normal(0.0, 0.3))
@@ -196,6 +197,7 @@ def cuda_kernels_graph():
     # top-k along the last axis and the smallest along an inner one, of floats and of integers
     counts = (counts + sbpc.topk(x, 1, 2)[1].reshape(8, 6) + sbpc.topk(x, 6, 1, largest=False)[1].sum(axes=(2,))
               + sbpc.topk(picks, 2, 2)[1].sum(axes=(2,)))
+    counts = counts + sbpc.floordiv(counts, -3)  # integer division rounded down
     # a mixture of experts: rows split (each device finds its rows' groups
     # from the global ends), then experts split (each device its own
     # experts' rows, partial sums), and the weight gradient split by experts
@@ -206,7 +208,8 @@ def cuda_kernels_graph():
                                                            sbp=S(0)), ends, transpose_experts=True)
     expert_grad = g.add(lg.GroupedMatmulGradWeightOp(rows.to(B).value, grouped.to(B).value, ends.value)).to(S(0))
     g.output(yt=yt, b=b, s=s, red=red, t=t, scans=scans, padded=padded, scattered=scattered, dropped=dropped,
-             masked=masked, counts=counts, by_expert=by_expert.to(sbpc.P), expert_grad=expert_grad,
+             masked=masked, counts=counts, overwritten=overwritten, by_expert=by_expert.to(sbpc.P),
+             expert_grad=expert_grad,
              tokens=tokens.to(sbpc.P), grad=grad.to(S(1)), conv=convs[0], conv_input=convs[1], conv_weight=convs[2],
              pool_back=convs[3])
     module = g.module()
@@ -248,7 +251,7 @@ def test_every_kernel_compiles_to_ptx(module):
             "lg.token_cross_entropy", "lg.token_cross_entropy_grad", "lg.gather", "lg.scatter_add", "lg.conv2d",
             "lg.conv2d_grad_input", "lg.conv2d_grad_weight", "lg.max_pool2d", "lg.max_pool2d_grad",
             "lg.dropout", "lg.compare", "lg.cast", "lg.logical", "lg.select", "lg.argmax", "lg.topk",
-            "lg.grouped_matmul", "lg.grouped_matmul_grad_weight"} <= seen
+            "lg.grouped_matmul", "lg.grouped_matmul_grad_weight", "lg.scatter"} <= seen
 
 
 @needs_nvrtc

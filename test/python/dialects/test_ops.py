@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from support.every_op import every_op_graph
-from xdsl.dialects.builtin import TensorType, f32
+from xdsl.dialects.builtin import TensorType, f32, i64
 from xdsl.ir import Block
 
 from sbpc.codegen import generators as codegen
@@ -84,11 +84,14 @@ def test_elementwise_ops_are_elementwise():
     rng = np.random.default_rng(0)
     x = np.abs(rng.normal(size=(6, 4))).astype(np.float32) + 0.5
     y = np.abs(rng.normal(size=(4,))).astype(np.float32) + 0.5
-    block = Block(arg_types=[TensorType(f32, [6, 4]), TensorType(f32, [4])])
-    a, b = block.args
+    block = Block(arg_types=[TensorType(f32, [6, 4]), TensorType(f32, [4]), TensorType(i64, [6, 4]),
+                             TensorType(i64, [4])])
+    whole_numbers = (rng.integers(-9, 9, (6, 4)), rng.integers(-3, 3, (4,)))  # for integer division (and by 0)
     for op_cls in (op for op in lg.COMPUTE_OPS if lg.is_elementwise(op)):
+        integers = op_cls is lg.FloorDivOp
+        a, b = block.args[2:] if integers else block.args[:2]
         op = op_cls(a) if issubclass(op_cls, lg.UnaryOp) else op_cls(a, b)
-        args = (x,) if issubclass(op_cls, lg.UnaryOp) else (x, y)
+        args = (x,) if issubclass(op_cls, lg.UnaryOp) else whole_numbers if integers else (x, y)
         whole = REFERENCE[op_cls](op, *args)
         rows = REFERENCE[op_cls](op, *(v[2:5] if v.ndim == 2 else v for v in args))
         np.testing.assert_allclose(rows, whole[2:5], rtol=1e-6, err_msg=op_cls.name)

@@ -27,6 +27,7 @@ import pytest
 
 import sbpc
 from sbpc import S
+from sbpc.dialects import plan as plan_dialect
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -234,16 +235,17 @@ def test_each_family_with_its_configured_dropout_draws_the_same_masks_under_ever
                                rtol=1e-5)
 
 
-def mixtral():
+def mixtral(experts: str | None = None):
     """A mixture of experts from its config's defaults (the KV cache on, no
-    auxiliary loss), its experts run as `batched_mm`: transformers' static
-    form of them (its default, `grouped_mm`, sizes its groups from the
-    data: issue 54)."""
+    auxiliary loss), its experts as transformers runs them by default
+    (`grouped_mm`: rows sorted by expert, the groups sized from the data at
+    run time) or, with `experts`, another of its implementations."""
     torch.manual_seed(0)
     config = T.MixtralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
                              num_experts_per_tok=2, max_position_embeddings=16)
-    config._experts_implementation = "batched_mm"
+    if experts is not None:
+        config._experts_implementation = experts
     return T.MixtralForCausalLM(config)
 
 
@@ -252,9 +254,61 @@ def mixtral():
                                   pytest.param("data parallel 2", marks=pytest.mark.full)])
 def test_mixtral_routes_each_token_to_its_top_two_experts_and_trains_as_pytorch(plan):
     """The router's softmax, top two and renormalisation, and the experts'
-    weights stacked [E, 2f, d], trained 10 AdamW steps as PyTorch does (the
-    experts replicated: expert parallelism is issue 54)."""
+    weights stacked [E, 2f, d] run as `batched_mm` (every expert on every
+    token, masked), trained 10 AdamW steps as PyTorch does."""
     ranks, _, split = PLANS[plan]
     optimizer, make_opt = adamw()
-    check_training(Text(mixtral()), tokens(STEPS + 1), ["input_ids", "labels"], optimizer, make_opt, ranks,
-                   {"input_ids": S(0), "labels": S(0)} if split else None)
+    check_training(Text(mixtral("batched_mm")), tokens(STEPS + 1), ["input_ids", "labels"], optimizer, make_opt,
+                   ranks, {"input_ids": S(0), "labels": S(0)} if split else None)
+
+
+def moe(family: str):
+    """A mixture of experts with its config's defaults but for tiny sizes
+    and the router's auxiliary (load-balancing) loss added to the loss
+    (`output_router_logits=True`): its experts as transformers runs them by
+    default (`grouped_mm`)."""
+    torch.manual_seed(0)
+    sizes = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "num_experts_per_tok": 2, "max_position_embeddings": 16,
+             "output_router_logits": True}
+    if family == "mixtral":
+        return T.MixtralForCausalLM(T.MixtralConfig(intermediate_size=64, num_local_experts=4, **sizes))
+    if family == "qwen2_moe":  # a shared expert beside the routed ones
+        return T.Qwen2MoeForCausalLM(T.Qwen2MoeConfig(intermediate_size=64, moe_intermediate_size=32,
+                                                      shared_expert_intermediate_size=64, num_experts=4, **sizes))
+    return T.OlmoeForCausalLM(T.OlmoeConfig(intermediate_size=64, num_experts=4, eos_token_id=None,
+                                            pad_token_id=None, **sizes))
+
+
+EXPERTS = ("gate_up_proj", "down_proj")
+
+
+@pytest.mark.parametrize("family, plan", [
+    pytest.param(f, p, marks=[] if (f, p) == ("mixtral", "expert parallel 4") else [pytest.mark.full])
+    for f in ("mixtral", "qwen2_moe", "olmoe")
+    for p in ("1 rank", "data parallel 2", "expert parallel 4", "auto 4")])
+def test_a_mixture_of_experts_with_its_default_grouped_experts_trains_as_pytorch(family, plan):
+    """transformers' default experts: tokens sorted by expert (sort, then
+    floor division by top-k), counted per expert (histc, cumsum), each
+    group times its expert (lg.grouped_matmul), put back in order (an
+    inverse permutation written by index_put), and the load-balancing loss.
+    Expert parallel: the experts' weights hinted S(0) over 4 ranks, so each
+    rank holds, updates and computes the gradient of its own expert only; no
+    register anywhere holds all four experts (none is gathered)."""
+    model = moe(family)
+    if plan == "expert parallel 4":
+        exe = check_training(Text(model), tokens(STEPS + 1), ["input_ids", "labels"], *adamw(), 4,
+                             {"*experts*": S(0)})
+        whole = {tuple(getattr(e, name).shape) for e in model.modules() if hasattr(e, "gate_up_proj")
+                 for name in EXPERTS}
+        program = next(op for op in exe.module.ops if isinstance(op, plan_dialect.ProgramOp))
+        for device in program.devices():
+            held = {r.param.data: tuple(r.type.get_shape()) for r in device.registers() if r.param is not None
+                    and r.param.data.endswith(EXPERTS)}
+            assert held and all(shape[0] == 1 for shape in held.values()), held
+            shapes = {tuple(r.type.get_shape()) for r in device.registers()}
+            assert not shapes & whole, f"rank {device.rank.value.data} holds all the experts: {shapes & whole}"
+        return
+    ranks, auto, split = PLANS[plan]
+    check_training(Text(model), tokens(STEPS + 1), ["input_ids", "labels"], *adamw(), ranks,
+                   {"input_ids": S(0), "labels": S(0)} if split else None, plan=auto)

@@ -179,6 +179,9 @@ GRADIENT_SAMPLES = {
     lg.DropoutOp: lambda g, a, b: (sbpc.dropout(a * b, 0.3), {}),
     lg.EmbeddingOp: lambda g, a, b: (lambda ids: (sbpc.embedding(a, ids[0]), ids[1]))(_ids(g, "ids", (2, 5), 3)),
     lg.GatherOp: lambda g, a, b: (lambda ids: (sbpc.gather(a, ids[0], 1), ids[1]))(_ids(g, "picks", (3, 2), 4)),
+    # rows 2, 0, 0, 1 of a written with b's (row 0 twice: the last wins; every update gets its gradient)
+    lg.ScatterOp: lambda g, a, b: (sbpc.scatter(a * 1.0, g.constant(np.array([[2, 0, 0, 1]] * 2, np.int64)),
+                                                sbpc.slice(b, [0, 0], [2, 4]), 0), {}),
     lg.ScatterAddOp: lambda g, a, b: (lambda ids: (sbpc.scatter_add(a * b, ids[0], 1, 5), ids[1]))(
         _ids(g, "picks", (3, 4), 5)),
     lg.CrossEntropyOp: lambda g, a, b: (lambda ids: (sbpc.cross_entropy(a * b, ids[0]), ids[1]))(
@@ -197,6 +200,7 @@ GRADIENT_SAMPLES = {
     lg.CeilOp: lambda g, a, b: (sbpc.ceil(a * 3.0) * a, {}),
     lg.RoundOp: lambda g, a, b: (sbpc.round(a * 3.0) * a, {}),
     lg.TruncOp: lambda g, a, b: (sbpc.trunc(a * 3.0) * a, {}),
+    lg.FloorDivOp: lambda g, a, b: (sbpc.cast(sbpc.floordiv(sbpc.cast(a * 5.0, "i64"), -2), "f64") * a, {}),
     lg.CastOp: lambda g, a, b: (sbpc.cast(sbpc.cast(a, "f32"), "f64") * b, {}),
     lg.CompareOp: lambda g, a, b: (sbpc.cast(sbpc.compare("gt", a, b), "f64") * a, {}),
     lg.LogicalOp: lambda g, a, b: (sbpc.cast(sbpc.logical("or", sbpc.compare("gt", a, b),

@@ -60,6 +60,7 @@ def every_op_module(ranks: int, device: str = "cpu", batch: int = 8):
         sbpc.floor(x) + sbpc.ceil(x) + sbpc.round(x * 2.0) + sbpc.trunc(x)) * 0.1
     # running sums over the split batch axis (partial) and along a row, as ids' positions are counted
     ranks_of = sbpc.cumsum(sbpc.cast(sbpc.compare("gt", ids, g.constant(np.asarray(4))), "i64"), 1)
+    ranks_of = ranks_of + sbpc.floordiv(ranks_of - 2, -2)  # integer division rounded down
     counts = sbpc.cast(ranks_of + sbpc.argmax(ids, 1).reshape(batch, 1), "f32").sum(axes=(1,), keepdims=True)
     h = sbpc.cumsum(h, 0) * 0.1 + sbpc.cumsum(h, 1, reverse=True) * 0.1 + counts
     hc = sbpc.concat([sbpc.pad(h, [0, 1], [0, 0], -0.5), sbpc.slice(x, [0, 3], [batch, 6])], axis=1)  # (batch, 16)
@@ -95,6 +96,8 @@ def every_op_module(ranks: int, device: str = "cpu", batch: int = 8):
             + sbpc.topk(logits, 2, axis=1)[0].sum(axes=(0, 1)) * 0.01
             + sbpc.topk(logits, 3, axis=1, largest=False)[0].sum(axes=(0, 1)) * 0.01
             # the rows in groups of three experts, the groups' ends counted from the labels at run time
+            # picked entries of each row overwritten (the last of repeated picks wins)
+            + sbpc.scatter(logits, picks, sbpc.slice(logits * 2.0, [0, 0], [batch, 2]), 1).sum(axes=(0, 1)) * 0.01
             + sbpc.grouped_matmul(logits, g.param("experts", (3, 6, 4), init=sbpc.normal(0.0, 0.3)), ends).sum(
                 axes=(0, 1)) * 0.01)
     g.output(loss=loss, s=s, top=t.max(axes=(0,)))
@@ -115,7 +118,8 @@ def kernel_names(program) -> set[str]:
 
 ALL_KERNELS = {op.name for op in numpy_kernels.NUMPY.ops() if hasattr(op, "name") and isinstance(op.name, str)} - {
     "lg.neg", "lg.tanh", "lg.erf", "lg.exp", "lg.sqrt", "lg.rsqrt", "lg.gelu", "lg.relu", "lg.step", "lg.div",
-    "lg.log", "lg.sin", "lg.cos", "lg.atan", "lg.floor", "lg.ceil", "lg.round", "lg.trunc", "plan.fused"}
+    "lg.log", "lg.sin", "lg.cos", "lg.atan", "lg.floor", "lg.ceil", "lg.round", "lg.trunc", "lg.floordiv",
+    "plan.fused"}
 """Kernels that must appear as actors (the elementwise ones may all be fused)."""
 
 
@@ -132,7 +136,7 @@ def test_the_plan_uses_every_kernel(every_op):
     _, unfused = compiled(every_op, fuse=False)
     assert {"lg.gelu", "lg.rsqrt", "lg.tanh", "lg.erf", "lg.exp", "lg.sqrt", "lg.relu", "lg.div", "lg.log",
             "lg.sin", "lg.cos", "lg.atan", "lg.floor", "lg.ceil", "lg.round", "lg.trunc",
-            "lg.one_hot", "lg.embedding_grad"} <= kernel_names(unfused)
+            "lg.one_hot", "lg.embedding_grad", "lg.floordiv"} <= kernel_names(unfused)
 
 
 def _device_inputs(rng, registers, actor):
@@ -145,7 +149,8 @@ def _device_inputs(rng, registers, actor):
             values.append(rng.normal(size=shape).astype(dtype))
         else:
             bound = {"lg.cross_entropy": 6, "lg.one_hot": 6, "lg.token_cross_entropy": 6,
-                     "lg.token_cross_entropy_grad": 6, "lg.gather": 6, "lg.scatter_add": 6}.get(actor.kernel.data, 10)
+                     "lg.token_cross_entropy_grad": 6, "lg.gather": 6, "lg.scatter_add": 6,
+                     "lg.scatter": 6}.get(actor.kernel.data, 10)
             values.append(rng.integers(0, bound, size=shape).astype(dtype))
     return values
 

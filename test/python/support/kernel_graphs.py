@@ -37,6 +37,7 @@ def kernels_graph(ranks: int, dtype: str, fuse: bool):
     picks = g.input("picks", (6, 5, 4), sbp=S(0), dtype="i64")
     picked = sbpc.gather(x, picks, 2)
     scattered = g.add(lg.ScatterAddOp(picked.value, picks.value, 2, 13))
+    overwritten = sbpc.scatter(x, picks, picked * 2.0, 2)  # the last of repeated picks wins
     # the same along a split axis: each piece picks what it holds (P), and fills its rows (S)
     rows = g.input("rows", (6, 13), sbp=S(1), dtype=dtype)
     row_picks = g.input("row_picks", (6, 4), sbp=B, dtype="i64")
@@ -73,8 +74,12 @@ def kernels_graph(ranks: int, dtype: str, fuse: bool):
     counts = sbpc.cast(positive, "i64").sum(axes=(1, 2)) * picks.sum(axes=(1, 2))  # integer sums and products
     # the largest element's index along the inner axis (x split by rows) and of an integer tensor
     counts = counts + sbpc.argmax(x, 2).sum(axes=(1,)) + sbpc.argmax(picks, 1).sum(axes=(1,))
+    # integer division rounded down: by a negative divisor, by a computed one, by zero (0)
+    counts = (counts + sbpc.floordiv(counts - 50, -3) + sbpc.floordiv(counts, picks.sum(axes=(1, 2)) - 60)
+              + sbpc.floordiv(counts, 0))
     g.output(red=red, t=t, d=-e / (r + 3.0), cols=cols, swapped=swapped, scans=scans, padded=padded,
-             scattered=scattered, tokens=tokens.to(sbpc.P), grad=grad.to(S(1)), split_picked=split_picked,
+             scattered=scattered, overwritten=overwritten, tokens=tokens.to(sbpc.P), grad=grad.to(S(1)),
+             split_picked=split_picked,
              split_scattered=split_scattered, convolved=convolved, conv_input=conv_grads[0],
              conv_weight=conv_grads[1], pool_back=pool_back, dropped=dropped, split_dropped=split_dropped,
              masked=masked, picked_high=picked_high, counts=counts)

@@ -29,9 +29,22 @@ def loss_of(result):
     return result[-1] if isinstance(result, tuple) else result
 
 
+def _experts_runnable_in_float64(model) -> None:
+    """PyTorch's grouped matmul (transformers' default experts, `grouped_mm`)
+    has no float64 kernel on CPU: the float64 reference runs the experts as
+    `batched_mm`, the same function computed another way."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if getattr(config, "_experts_implementation", None) in (None, "grouped_mm") and hasattr(
+                module, "gate_up_proj"):
+            config._experts_implementation = "batched_mm"
+
+
 def torch_run(model, batches, make_opt, dtype):
     """PyTorch's own training: the loss per step and the final parameters."""
     model = copy.deepcopy(model).to(dtype)
+    if dtype == torch.float64:
+        _experts_runnable_in_float64(model)
     opt = make_opt(model)
     losses = []
     for batch in batches:
