@@ -36,10 +36,22 @@ def _export_failure(module, error: Exception) -> str:
     text = str(error)
     first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
     where = _user_line(text)
-    kind = ("data-dependent control flow (a Python branch on a tensor's value)"
-            if "data-dependent" in text or "data dependent" in text else "torch.export failed")
+    dependent = "data-dependent" in text or "data dependent" in text
+    kind = "data-dependent control flow (a Python branch on a tensor's value)" if dependent else "torch.export failed"
     return f"cannot capture {type(module).__name__} with torch.export: {kind}: {first}" + (
-        f"\n  at {where}" if where else "")
+        f"\n  at {where}" if where else "") + (_config_hint(module) if dependent else "")
+
+
+def _config_hint(module) -> str:
+    """The configuration option of a Hugging Face model that chose a form
+    torch.export cannot capture, and the value that it can."""
+    for sub in module.modules():
+        config = getattr(sub, "config", None)
+        if getattr(config, "_experts_implementation", None) == "eager":
+            return ("\n  the model's experts run as config._experts_implementation = 'eager' (a Python loop over "
+                    "the experts the batch routes to): set it to 'grouped_mm' (transformers' default) or "
+                    "'batched_mm'")
+    return ""
 
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)')

@@ -280,6 +280,12 @@ def moe(family: str):
                                             pad_token_id=None, **sizes))
 
 
+def test_experts_as_a_python_loop_are_refused_naming_the_option_that_captures_them():
+    with pytest.raises(sbpc.TorchImportError, match=r"(?s)data-dependent.*_experts_implementation = 'eager'.*"
+                                                    r"'grouped_mm'"):
+        sbpc.from_torch(Text(mixtral("eager")), tokens(1)[0], placement=sbpc.placement("cpu", 1))
+
+
 EXPERTS = ("gate_up_proj", "down_proj")
 
 
