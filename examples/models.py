@@ -17,6 +17,13 @@ and placements on an otherwise identical graph.
     pipeline  two stages on disjoint rank sets (each data parallel inside),
               the layers split between them, `micro_batches` micro-batches
               per step flowing through them (lg-micro-batch)
+    ep        expert parallel (a GPT with `experts`): the batch S(0), the
+              experts' weights split by expert S(0), the others B
+    ep-dp     a (data x expert) mesh: the batch [S(0), B], the experts
+              [B, S(0)]
+    ep-tp     a (expert x tensor) mesh: the batch [S(0), B], the experts
+              split by expert over the first axis and by their hidden units
+              over the second, attention Megatron's over the second
     none      no hints at all: for sbp-autoplan (`sbpc.compile(module,
               plan="auto")`) to choose
 
@@ -32,12 +39,14 @@ import numpy as np
 from xdsl.context import Context
 
 import sbpc
-from sbpc import B, S
+from sbpc import B, S, moe
 from sbpc.lowering.lg_autodiff import LgAutodiffPass
 from sbpc.lowering.lg_micro_batch import LgMicroBatchPass
 from sbpc.lowering.lg_optimizer import LgOptimizerPass
 
 VARIANTS = ("dp", "tp", "2d", "zero", "fsdp", "pipeline")
+EXPERT_VARIANTS = ("ep", "ep-dp", "ep-tp")
+"""Variants for a GPT with a mixture of experts (`gpt(..., experts=E)`)."""
 CORPUS = pathlib.Path(__file__).resolve().parent / "data" / "corpus.txt"
 
 
@@ -46,16 +55,21 @@ class Layout:
     weights split by columns or rows, replicated weights and activations."""
 
     def __init__(self, variant: str, ranks: int, device: str = "cpu"):
-        if variant not in (*VARIANTS, "none"):
-            raise ValueError(f"unknown variant {variant!r} (choose {', '.join(VARIANTS)} or none)")
+        if variant not in (*VARIANTS, *EXPERT_VARIANTS, "none"):
+            raise ValueError(f"unknown variant {variant!r} (choose {', '.join((*VARIANTS, *EXPERT_VARIANTS))} or "
+                             "none)")
         self.variant = variant
         self.stages = [sbpc.placement(device, ranks=ranks)]
         self.zero = False
         self.micro_batches = 1
+        self.experts_in = self.experts_out = None  # the experts' weights [E, d, f] and [E, f, d]
         if variant == "none":
             self.batch = self.replicated = self.columns = self.rows = self.vector_split = None
             return
         data = S(0)
+        if variant in EXPERT_VARIANTS:
+            self._experts(variant, ranks, device)
+            return
         if variant == "2d":
             if ranks % 2:
                 raise ValueError("the 2d variant needs an even number of ranks (a 2 x ranks/2 mesh)")
@@ -81,6 +95,24 @@ class Layout:
             self.replicated = self.columns = self.rows = self.vector_split = B
         self.zero = variant == "zero"
         self.micro_batches = 1
+        self.experts_in = self.experts_out = self.replicated  # a mixture's experts as the other weights
+
+    def _experts(self, variant: str, ranks: int, device: str) -> None:
+        if variant == "ep":
+            self.batch, self.experts_in = S(0), S(0)
+            self.experts_out = S(0)
+            self.replicated = self.columns = self.rows = self.vector_split = B
+            return
+        if ranks % 2:
+            raise ValueError(f"the {variant} variant needs an even number of ranks (a 2 x ranks/2 mesh)")
+        self.stages = [sbpc.placement(device, ranks=ranks, mesh=(2, ranks // 2))]
+        self.batch, self.replicated, self.vector_split = [S(0), B], [B, B], [B, B]
+        if variant == "ep-dp":
+            self.columns = self.rows = [B, B]
+            self.experts_in = self.experts_out = [B, S(0)]
+        else:
+            self.columns, self.rows = [B, S(1)], [B, S(0)]
+            self.experts_in, self.experts_out = [S(0), S(2)], [S(0), S(1)]
 
     @property
     def placement(self):
@@ -98,7 +130,7 @@ class Layout:
         weights on tiny models), replicated over the model axis for tensor
         parallelism (Megatron's layout, so each block ends in one all_reduce
         per sublayer rather than a reduce_scatter the next layer gathers)."""
-        if self.variant in ("fsdp", "tp", "2d"):
+        if self.variant in ("fsdp", "tp", "2d", "ep-tp"):
             return t.to(self.batch)
         return t
 
@@ -159,14 +191,20 @@ def mlp_batches(batch: int = 64, features: int = 32, classes: int = 8, seed: int
 
 def gpt(variant: str, ranks: int, vocab: int, batch: int = 16, seq: int = 16, dim: int = 32, heads: int = 4,
         layers: int = 2, tied: bool = False, algorithm: str = "adam", micro_batches: int | None = None,
-        training: bool = True, schedule: str = "gpipe", dropout: float = 0.0, dtype: str = "f32", device: str = "cpu"):
+        training: bool = True, schedule: str = "gpipe", dropout: float = 0.0, dtype: str = "f32", device: str = "cpu",
+        experts: int = 0, top_k: int = 2, capacity_factor: float | None = None, balance: float = 0.01):
     """Token + position embeddings, `layers` pre-LN blocks of causal multi-head
     attention and a GELU MLP, final layernorm, output head (tied to the token
     embedding or its own), cross-entropy on the next token. `dropout` where
     GPT-2 has it: on the embeddings, the attention probabilities and each
     block's two residual branches. Its floats are of `dtype`; its ranks are
-    `device`s (cpu or cuda)."""
+    `device`s (cpu or cuda). With `experts`, each block's MLP is a mixture
+    of that many experts (`sbpc.moe.layer`: `top_k` per token, at most
+    `capacity_factor` times an even share each), and `balance` times each
+    block's load-balancing loss is added to the loss."""
     layout = Layout(variant, ranks, device)
+    if variant in EXPERT_VARIANTS and not experts:
+        raise ValueError(f"the variant {variant} splits experts: give the GPT some (experts=E)")
     if micro_batches is None:
         micro_batches = 4 if variant == "pipeline" else 1
     if tied and len(layout.stages) > 1:
@@ -185,6 +223,7 @@ def gpt(variant: str, ranks: int, vocab: int, batch: int = 16, seq: int = 16, di
     # causal mask: -1e9 above the diagonal, added to the attention scores
     mask = g.constant(np.triu(np.full((seq, seq), -1e9, floats), k=1))
     h = layout.activation(sbpc.dropout(sbpc.embedding(wte, tokens) + wpe, dropout))
+    balance_losses, kept_shares = [], []
     for i in range(layers):
         if i == boundary:
             scope.close()
@@ -214,6 +253,16 @@ def gpt(variant: str, ranks: int, vocab: int, batch: int = 16, seq: int = 16, di
         att = sbpc.matmul(probs, v).transpose(0, 2, 1, 3).reshape(batch, seq, dim)
         h = layout.activation(h + sbpc.dropout(att @ param("wo", (dim, dim), layout.rows, seed=10 * i + 6), dropout))
         x = norm("ln2", h)
+        if experts:
+            mixed, balanced, kept = moe.layer(
+                x.reshape(batch * seq, dim), param("router", (dim, experts), layout.replicated, seed=10 * i + 9),
+                param("experts_in", (experts, dim, 4 * dim), layout.experts_in, seed=10 * i + 7),
+                param("experts_out", (experts, 4 * dim, dim), layout.experts_out, seed=10 * i + 8),
+                top_k, capacity_factor)
+            h = layout.activation(h + sbpc.dropout(mixed.reshape(batch, seq, dim), dropout))
+            balance_losses.append(balanced)
+            kept_shares.append(kept)
+            continue
         up = sbpc.gelu(x @ param("w1", (dim, 4 * dim), layout.columns, seed=10 * i + 7))
         h = layout.activation(h + sbpc.dropout(up @ param("w2", (4 * dim, dim), layout.rows, seed=10 * i + 8),
                                                dropout))
@@ -228,7 +277,12 @@ def gpt(variant: str, ranks: int, vocab: int, batch: int = 16, seq: int = 16, di
                              sbp=layout.replicated)
     targets = g.input("targets", (batch, seq), dtype="i64", sbp=layout.batch)
     loss = sbpc.cross_entropy(logits, targets)
+    for balanced in balance_losses:
+        loss = loss + balanced * balance
     scope.close()
+    if kept_shares:  # the share of routed tokens the experts' capacity kept, over the blocks
+        g.output(loss=loss, kept=sum(kept_shares[1:], kept_shares[0]) * (1.0 / len(kept_shares)))
+        return training_module(g, layout, algorithm, micro_batches, training, schedule)
     g.output(loss=loss)
     return training_module(g, layout, algorithm, micro_batches, training, schedule)
 

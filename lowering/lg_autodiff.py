@@ -119,18 +119,21 @@ def differentiate(graph: lg.GraphOp, loss: str) -> None:
             e.placement = placement
             grads[value] = e.emit(lg.AddOp(grads[value], contribution)) if value in grads else contribution
 
-    # Only values computed from parameters get gradients: a loss's
+    # Only float values computed from parameters get gradients: a loss's
     # normalizer counted from the labels (an imported cross-entropy's
-    # ignore_index mean), a mask or a position table gets none.
+    # ignore_index mean), a mask or a position table gets none, and neither
+    # does an integer (a router's choices, a count) nor what is computed
+    # from one alone (their one-hot).
     trained: set[SSAValue] = set()
     for op in forward:
         if (isinstance(op, lg.ParamOp) and op.trained) or any(o in trained for o in op.operands):
-            trained.update(op.results)
+            trained.update(r for r in op.results if lg.is_float(element_type(r.type)))
 
     for op in reversed(forward):
         if op.results:
             settle(op.results[0])  # shared ops come before every micro-batch's: all parts are in
-        if not op.results or op.results[0] not in grads or isinstance(op, lg.InputOp | lg.ParamOp | lg.ConstantOp):
+        if not op.results or op.results[0] not in grads or op.results[0] not in trained or isinstance(
+                op, lg.InputOp | lg.ParamOp | lg.ConstantOp):
             continue
         e.place_like(op)
         g = grads[op.results[0]]
