@@ -45,10 +45,12 @@ SLOW = {
     "hf_gpt2.py": ["--quick"],
     "hf_resnet.py": ["--quick"],
     "adam_drift.py": ["--quick"],
+    "moe.py": ["--quick"],
 }
 if FULL:
     WITH_RANKS.update({k: SLOW[k] for k in ("communication.py", "train_throughput.py", "simulator_accuracy.py",
-                                            "autoplan.py", "hf_gpt2.py", "hf_resnet.py", "adam_drift.py")})
+                                            "autoplan.py", "hf_gpt2.py", "hf_resnet.py", "adam_drift.py",
+                                            "moe.py")})
     IN_ONE_PROCESS.update({k: SLOW[k] for k in ("simulator_scale.py", "autoplan_scale.py")})
 SCRIPTS = {**WITH_RANKS, **IN_ONE_PROCESS, **SLOW}
 
