@@ -109,6 +109,23 @@ def _is_state(key: str) -> bool:
     return key.startswith(OPTIMIZER_STATE_PREFIXES)
 
 
+def _expert_weights(graph: lg.GraphOp) -> list[lg.ParamOp]:
+    """The unhinted parameters a grouped matmul takes as its experts
+    (directly or transposed), or a matmul as a batch of weight matrices (a
+    3-D parameter): a mixture of experts' stacked weights."""
+    found: dict[lg.ParamOp, None] = {}
+    for op in graph.body.ops:
+        if isinstance(op, lg.GroupedMatmulOp | lg.MatmulOp):
+            value = op.rhs
+            while isinstance(value.owner, lg.TransposeOp):
+                value = value.owner.input
+            owner = value.owner
+            if isinstance(owner, lg.ParamOp) and not isinstance(owner.result.type, DTensorType) and (
+                    isinstance(op, lg.GroupedMatmulOp) or len(global_shape(owner.result.type)) == 3):
+                found[owner] = None
+    return list(found)
+
+
 def _split_first_axis(param: lg.ParamOp, placement: str, mesh: tuple[int, ...]) -> None:
     """Hints `param` S(0) over the first mesh axis (B over the others), where
     its first dimension has at least as many rows as that axis."""
@@ -179,6 +196,9 @@ class WholeGraphHints:
                 module.verify()
         else:
             cut_into_stages(module, graph, placement, layout.stages, layout.mesh, self.ranks)
+        if layout.experts:  # before lg-optimizer, which gives their state their distribution
+            for p in _expert_weights(graph):
+                _split_first_axis(p, placement.sym_name.data, layout.mesh)
 
     def after_autodiff(self, graph: lg.GraphOp) -> None:
         pass
@@ -304,7 +324,8 @@ class SbpAutoplanPass(ModulePass):
             self._plan_layers(op, graph, placement, ranks, cluster, budget, modes, batch, training)
             return
         seen: dict[str, Candidate] = {}
-        tries = whole.layouts(len(ranks), modes, batch, forward)
+        experts = bool(_expert_weights(graph))
+        tries = whole.layouts(len(ranks), modes, batch, forward, experts)
         best, candidates = whole.search(tries, lambda layout: self._try(op, layout, ranks, cluster, seen, training),
                                         budget, len(ranks), self._has_backward(graph, training))
         assert best.module is not None

@@ -58,6 +58,10 @@ class Layout:
     last; 1: none), the batch split over the data axis (the first, or the
     only one when tensor is 1). 0: the axes have no fixed roles, sbp-infer
     chooses every op's distribution over each (the whole-graph search)."""
+    experts: bool = False
+    """The experts' weights of a mixture of experts (the stacked weights a
+    grouped matmul takes) split by expert over the first mesh axis, their
+    gradients and optimizer state with them: expert parallelism."""
 
     @property
     def data(self) -> int:
@@ -75,6 +79,8 @@ class Layout:
             parts.append(f"{self.micro_batches} micro-batches" + (f" {self.schedule}" if self.stages > 1 else ""))
         if self.inputs != "free" and not self.tensor:
             parts.append(f"inputs {self.inputs}")
+        if self.experts:
+            parts.append("experts split")
         parts.append(self.memory)
         if self.recompute != "none":
             parts.append(f"recompute {self.recompute}")

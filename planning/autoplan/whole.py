@@ -20,7 +20,8 @@ fastest ones and the smallest ones (each policy costs a planning pass per
 layout; the budget test that rejects everything took 3x as long)."""
 
 
-def layouts(devices: int, modes: Sequence[str], batch: int | None, forward_ops: int) -> list[Layout]:
+def layouts(devices: int, modes: Sequence[str], batch: int | None, forward_ops: int,
+            experts: bool = False) -> list[Layout]:
     """Every layout to try: each mesh of all devices from each start of the
     inputs (Layout.inputs) in each memory mode; with a batch to cut
     (the graph is planned before autodiff), also every stage count that
@@ -28,12 +29,16 @@ def layouts(devices: int, modes: Sequence[str], batch: int | None, forward_ops: 
     micro-batches that divide the batch in GPipe and in 1F1B order, each
     stage on every mesh of its devices with the batch split over its first
     axis (replicated or ZeRO: FSDP's per-use gathers repeat per
-    micro-batch)."""
+    micro-batch). With `experts` (the graph has a mixture of experts), also
+    expert parallelism over every device, the batch split."""
     out = [Layout(mesh, mode, inputs=inputs) for mesh in mesh_shapes(devices) for inputs in INPUTS
            for mode in modes]
     # plain data parallelism over every device, replicated or with ZeRO
     # (FSDP shards the weights the start replicates)
     out += [Layout((devices,), mode, inputs="data") for mode in modes if mode != "fsdp"]
+    if experts and devices > 1:
+        out += [Layout((devices,), mode, inputs=inputs, experts=True) for mode in modes if mode != "fsdp"
+                for inputs in ("split", "data")]
     if batch is None:
         return out
     for stages in range(2, devices + 1):

@@ -284,3 +284,44 @@ def test_the_automatic_plan_is_predicted_no_slower_than_any_hand_plan(model, ran
         assert automatic <= hand * (1 + 1e-9), (
             f"{model} on {ranks}: {auto.autoplan['chosen']} predicted {automatic * 1e3:.3f} ms, "
             f"the hand plan {variant} {hand * 1e3:.3f} ms")
+
+
+def _example_gpt(**options):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
+    import models
+
+    return models.gpt("none", 4, len(models.corpus()[1]), batch=8, seq=8, dim=16, heads=2, layers=2,
+                      training=False, **options)
+
+
+def test_a_mixture_of_experts_adds_expert_parallel_layouts_and_a_dense_model_none():
+    """The experts' stacked weights (a grouped matmul's experts, or a 3-D
+    weight multiplied as a batch of matrices) are found in the forward
+    graph, and the whole-graph search then also tries them split by expert
+    over every device, the batch split."""
+    from sbpc.lowering.sbp_autoplan import _expert_weights
+    from sbpc.planning.autoplan.whole import layouts
+
+    graph = next(iter(lg.graphs(_example_gpt(experts=4, capacity_factor=1.0))))
+    assert sorted(p.key.data for p in _expert_weights(graph)) == [
+        f"block{i}.experts_{w}" for i in range(2) for w in ("in", "out")]
+    dense = next(iter(lg.graphs(_example_gpt())))
+    assert _expert_weights(dense) == []
+    tried = [layout for layout in layouts(4, ("replicated", "zero", "fsdp"), None, 40, experts=True)
+             if layout.experts]
+    assert {(layout.mesh, layout.memory, layout.inputs) for layout in tried} == {
+        ((4,), memory, inputs) for memory in ("replicated", "zero") for inputs in ("split", "data")}
+    assert "experts split" in tried[0].describe()
+    assert not any(layout.experts for layout in layouts(4, ("replicated",), None, 40))
+
+
+@pytest.mark.full
+def test_the_automatic_plan_of_a_mixture_of_experts_prices_expert_parallelism():
+    import sbpc
+
+    exe = sbpc.compile(_example_gpt(experts=4, capacity_factor=1.0), plan="auto",
+                       pipeline="lg-autodiff,lg-optimizer{algorithm=adam},compile")
+    assert re.search(r"mesh 4, inputs (split|data), experts split, replicated: predicted", exe.explain())
