@@ -8,6 +8,7 @@ the script is run as `python bench/X.py`, since bench/ is then on sys.path).
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import socket
 import statistics
@@ -181,6 +182,94 @@ def python() -> str:
     return sys.executable
 
 
+# -- PyTorch peers of the Hugging Face benchmarks --------------------------------------
+
+
+def torch_losses(model, make_opt, batches, loss_of) -> list[float]:
+    """PyTorch on one process (one thread) over each whole batch: the loss
+    of every step, which sbpc must give; `loss_of(model, batch)`."""
+    import torch
+
+    torch.set_num_threads(1)
+    opt = make_opt(model)
+    losses = []
+    for batch in batches:
+        opt.zero_grad(set_to_none=True)
+        loss = loss_of(model, batch)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def ddp_role(port: int, model, make_opt, batches, loss_of, share) -> None:
+    """One PyTorch DDP process (gloo) under mpiexec (`run_on_ranks`): its
+    share of each batch (`share(batch, rank, size)`), each step timed; rank
+    0 prints `RESULT` with its seconds per step and every rank's peak
+    resident memory in GiB (ru_maxrss)."""
+    import resource
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    rank, size = int(os.environ.get("PMI_RANK", "0")), int(os.environ.get("PMI_SIZE", "1"))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+    net = torch.nn.parallel.DistributedDataParallel(model)
+    opt = make_opt(net)
+    times = []
+    for batch in batches:
+        mine = share(batch, rank, size)
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss_of(net, mine).backward()
+        opt.step()
+        times.append(time.perf_counter() - start)
+    peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20])
+    gathered = [torch.zeros(1) for _ in range(size)]
+    dist.all_gather(gathered, peak)
+    if rank == 0:
+        print("RESULT " + json.dumps({"peaks": sorted(float(p[0]) for p in gathered), "step_s": times}), flush=True)
+    dist.destroy_process_group()
+
+
+def rank_peaks() -> list[float]:
+    """Peak resident memory (GiB) of this process's descendants that run
+    Python (the ranks; not mpiexec and its proxies)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    todo, found = [os.getpid()], []
+    while todo:
+        for child in children.get(todo.pop(), []):
+            todo.append(child)
+            try:
+                with open(f"/proc/{child}/cmdline", "rb") as f:
+                    is_python = b"python" in f.read().split(b"\0")[0]
+                with open(f"/proc/{child}/status") as f:
+                    peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+            except (OSError, StopIteration):
+                continue
+            if is_python:
+                found.append(peak / 2**20)
+    return sorted(found)
+
+
+def rows_of(batch, rank: int, size: int):
+    """This rank's rows (axis 0) of a tensor or of each tensor of a tuple."""
+    def cut(t):
+        local = t.shape[0] // size
+        return t[rank * local:(rank + 1) * local]
+
+    return tuple(cut(t) for t in batch) if isinstance(batch, tuple) else cut(batch)
+
+
 # -- a compiled plan timed inside the ranks ----------------------------------------------
 
 
@@ -193,8 +282,6 @@ def time_plan_in_ranks(plan_path: str, feeds_path: str, steps: int, repeats: int
     which stay on the ranks: copying them out of every run cost the MLP's
     in-rank figure 6-10% (96 MB of weights per run), which the API path does
     not pay."""
-    import json
-
     import numpy as np
     from mpi4py import MPI
 
@@ -239,7 +326,6 @@ def feeds_for(program, seed: int = 0) -> dict:
 def measure_plan(module, ranks: int, steps: int, repeats: int, timeout: float = 600) -> float:
     """Seconds per step of a compiled plan on `ranks` mpiexec'd ranks, timed
     inside the ranks (the slowest rank, best repeat; time_plan_in_ranks)."""
-    import json
     import subprocess
     import tempfile
 
@@ -270,7 +356,6 @@ def traced_run(module, ranks: int, steps: int, timeout: float = 300) -> list[dic
     """Runs a compiled module on `ranks` MPI ranks with `sbp-run --trace`
     (generated feeds, parameters from their initializers); returns the trace
     events (compute and comm slices, microseconds)."""
-    import json
     import subprocess
     import tempfile
 
@@ -336,7 +421,6 @@ def run_on_ranks(script: str, ranks: int, *args: str, timeout: int = 1800) -> di
     """Runs `script` with `args` on `ranks` processes (mpiexec, as sbpc's
     ranks run) and returns the JSON its rank 0 printed after `RESULT `: a
     peer such as PyTorch DDP measured beside sbpc."""
-    import json
     import subprocess
 
     from sbpc.runtime.launch import rank_environment, script_command

@@ -16,9 +16,6 @@ GPT-2 of dim 64 over 1000 tokens, 3 steps. Needs `pip install -e ".[models]"`.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import resource
 import statistics
 import sys
 import time
@@ -55,34 +52,6 @@ def model_config(args) -> dict:
     return QUICK if args.quick else SMALL
 
 
-def rank_peaks() -> list[float]:
-    """Peak resident memory (GiB) of this process's descendants that run
-    Python (the ranks; not mpiexec and its proxies)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                continue
-            children.setdefault(parent, []).append(int(entry))
-    todo, found = [os.getpid()], []
-    while todo:
-        for child in children.get(todo.pop(), []):
-            todo.append(child)
-            try:
-                with open(f"/proc/{child}/cmdline", "rb") as f:
-                    is_python = b"python" in f.read().split(b"\0")[0]
-                with open(f"/proc/{child}/status") as f:
-                    peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
-            except (OSError, StopIteration):
-                continue
-            if is_python:
-                found.append(peak / 2**20)
-    return sorted(found)
-
-
 def run_sbpc(args, data) -> dict:
     import sbpc
 
@@ -101,51 +70,27 @@ def run_sbpc(args, data) -> dict:
         losses.append(float(exe.train_step({"input_ids": x.numpy(), "labels": x.numpy()}, outputs=["loss"])["loss"]))
         times.append(time.perf_counter() - start)
     return {"import_s": imported, "compile_s": compiled, "losses": losses, "step_s": times,
-            "peaks": rank_peaks(), "plan": exe.autoplan.get("chosen", "data parallel (manual)")}
+            "peaks": _common.rank_peaks(), "plan": exe.autoplan.get("chosen", "data parallel (manual)")}
+
+
+def _sgd(args):
+    import torch
+
+    return lambda m: torch.optim.SGD(m.parameters(), lr=args.lr)
+
+
+def _loss(m, x):
+    return m(input_ids=x, labels=x).loss
 
 
 def run_torch_reference(args, data) -> list[float]:
     """PyTorch on one process over the whole batch: the losses sbpc must give."""
-    import torch
-
-    torch.set_num_threads(1)
-    m = model(model_config(args))
-    opt = torch.optim.SGD(m.parameters(), lr=args.lr)
-    losses = []
-    for x in data:
-        opt.zero_grad(set_to_none=True)
-        loss = m(input_ids=x, labels=x).loss
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    return _common.torch_losses(model(model_config(args)), _sgd(args), data, _loss)
 
 
 def role_ddp(args) -> None:
-    """One DDP process (launched by mpiexec): its half of each batch."""
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    rank, size = int(os.environ.get("PMI_RANK", "0")), int(os.environ.get("PMI_SIZE", "1"))
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=size)
-    net = torch.nn.parallel.DistributedDataParallel(model(model_config(args)))
-    opt = torch.optim.SGD(net.parameters(), lr=args.lr)
-    local = args.batch // size
-    times = []
-    for x in batches(args):
-        x = x[rank * local:(rank + 1) * local]
-        start = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        net(input_ids=x, labels=x).loss.backward()
-        opt.step()
-        times.append(time.perf_counter() - start)
-    peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20])
-    gathered = [torch.zeros(1) for _ in range(size)]
-    dist.all_gather(gathered, peak)
-    if rank == 0:
-        print("RESULT " + json.dumps({"peaks": sorted(float(p[0]) for p in gathered), "step_s": times}), flush=True)
-    dist.destroy_process_group()
+    """One DDP process (launched by mpiexec): its part of each batch."""
+    _common.ddp_role(args.port, model(model_config(args)), _sgd(args), batches(args), _loss, _common.rows_of)
 
 
 def run_ddp(args) -> dict:

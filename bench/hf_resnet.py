@@ -14,8 +14,6 @@ semantics; DDP's are per rank, so its loss is not the reference). SGD.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import time
@@ -63,43 +61,23 @@ def run_sbpc(args, data) -> dict:
     return {"losses": losses, "step_s": times}
 
 
-def run_reference(args, data) -> list[float]:
+def _sgd(args):
     import torch
 
-    torch.set_num_threads(1)
-    resnet = model(args.quick)
-    opt = torch.optim.SGD(resnet.parameters(), lr=args.lr)
-    losses = []
-    for x, y in data:
-        opt.zero_grad(set_to_none=True)
-        loss = resnet(pixel_values=x, labels=y).loss
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    return lambda m: torch.optim.SGD(m.parameters(), lr=args.lr)
+
+
+def _loss(m, batch):
+    x, y = batch
+    return m(pixel_values=x, labels=y).loss
+
+
+def run_reference(args, data) -> list[float]:
+    return _common.torch_losses(model(args.quick), _sgd(args), data, _loss)
 
 
 def role_ddp(args) -> None:
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    rank, size = int(os.environ.get("PMI_RANK", "0")), int(os.environ.get("PMI_SIZE", "1"))
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=size)
-    net = torch.nn.parallel.DistributedDataParallel(model(args.quick))
-    opt = torch.optim.SGD(net.parameters(), lr=args.lr)
-    local = args.batch // size
-    times = []
-    for x, y in batches(args):
-        x, y = x[rank * local:(rank + 1) * local], y[rank * local:(rank + 1) * local]
-        start = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        net(pixel_values=x, labels=y).loss.backward()
-        opt.step()
-        times.append(time.perf_counter() - start)
-    if rank == 0:
-        print("RESULT " + json.dumps({"step_s": times}), flush=True)
-    dist.destroy_process_group()
+    _common.ddp_role(args.port, model(args.quick), _sgd(args), batches(args), _loss, _common.rows_of)
 
 
 def run_ddp(args) -> dict:

@@ -22,16 +22,12 @@ runs: 2 ranks, a tiny model, 3 steps. Needs `pip install -e ".[models]"`.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import resource
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import _common  # first: one BLAS thread per process
-from hf_gpt2 import rank_peaks
 
 SCRIPT = str(Path(__file__).resolve())
 LR = 1e-3
@@ -85,53 +81,29 @@ def run_sbpc(args, data, ranks: int, experts_split: bool) -> dict:
         start = time.perf_counter()
         losses.append(float(exe.train_step({"input_ids": x.numpy(), "labels": x.numpy()}, outputs=["loss"])["loss"]))
         times.append(time.perf_counter() - start)
-    peaks = rank_peaks()
+    peaks = _common.rank_peaks()
     _common.stop_pools()
     return {"losses": losses, "step_s": times, "peaks": peaks, "planned": planned}
 
 
-def run_torch_reference(args, data) -> list[float]:
-    """PyTorch on one process over the whole batch: the losses sbpc must give."""
+def _adamw(m):
     import torch
 
-    torch.set_num_threads(1)
-    m = model(args)
-    opt = torch.optim.AdamW(m.parameters(), lr=LR, weight_decay=0.0)
-    losses = []
-    for x in data:
-        opt.zero_grad(set_to_none=True)
-        loss = m(input_ids=x, labels=x).loss
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    return torch.optim.AdamW(m.parameters(), lr=LR, weight_decay=0.0)
+
+
+def _loss(m, x):
+    return m(input_ids=x, labels=x).loss
+
+
+def run_torch_reference(args, data) -> list[float]:
+    """PyTorch on one process over the whole batch: the losses sbpc must give."""
+    return _common.torch_losses(model(args), _adamw, data, _loss)
 
 
 def role_ddp(args) -> None:
     """One DDP process (launched by mpiexec): its part of each batch, every expert."""
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    rank, size = int(os.environ.get("PMI_RANK", "0")), int(os.environ.get("PMI_SIZE", "1"))
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=size)
-    net = torch.nn.parallel.DistributedDataParallel(model(args))
-    opt = torch.optim.AdamW(net.parameters(), lr=LR, weight_decay=0.0)
-    local = args.batch // size
-    times = []
-    for x in batches(args):
-        x = x[rank * local:(rank + 1) * local]
-        start = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        net(input_ids=x, labels=x).loss.backward()
-        opt.step()
-        times.append(time.perf_counter() - start)
-    peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20])
-    gathered = [torch.zeros(1) for _ in range(size)]
-    dist.all_gather(gathered, peak)
-    if rank == 0:
-        print("RESULT " + json.dumps({"peaks": sorted(float(p[0]) for p in gathered), "step_s": times}), flush=True)
-    dist.destroy_process_group()
+    _common.ddp_role(args.port, model(args), _adamw, batches(args), _loss, _common.rows_of)
 
 
 def run_ddp(args, ranks: int) -> dict:

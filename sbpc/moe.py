@@ -25,9 +25,9 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-from xdsl.dialects.builtin import f32, f64
 
 from sbpc.dialects import lg
+from sbpc.dialects.dtypes import numpy_dtype
 from sbpc.frontend import Tensor, cast, compare, cumsum, gelu, matmul, softmax, topk, where
 
 
@@ -66,8 +66,8 @@ def layer(x: Tensor, router: Tensor, w_in: Tensor, w_out: Tensor, top_k: int = 2
         raise ValueError(f"top_k {top_k} is not between 1 and the {experts} experts")
     slots = capacity(tokens, experts, top_k, capacity_factor)
     g = x.graph
-    elem = {"f32": f32, "f64": f64}[str(x.dtype)]
-    floats = np.dtype(str(x.dtype).replace("f", "float"))
+    elem = x.dtype  # the one-hots and counts in the tokens' float type
+    floats = numpy_dtype(elem)
     probs = softmax(x @ router, axis=1)  # [T, E]
     gates, choice = topk(probs, top_k, axis=1)  # [T, k], the most probable first
     gates = gates / gates.sum(axes=(1,), keepdims=True)
