@@ -10,12 +10,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
+import signal
 import statistics
 import sys
+import tempfile
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 # Every process of every system gets one thread of BLAS/OpenMP, so sbpc ranks,
 # PyTorch processes and the numpy peer are compared on equal terms (sbpc's
@@ -140,12 +143,6 @@ def median(xs: Sequence[float]) -> float:
     return statistics.median(xs)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def table(header: Sequence[str], rows: Sequence[Sequence[object]], widths: Sequence[int] | None = None) -> None:
     """Prints a left-aligned first column and right-aligned others."""
     widths = widths or [max(len(str(h)), *(len(_fmt(r[i])) for r in rows)) if rows else len(str(h))
@@ -202,7 +199,65 @@ def torch_losses(model, make_opt, batches, loss_of) -> list[float]:
     return losses
 
 
-def ddp_role(port: int, model, make_opt, batches, loss_of, share) -> None:
+RENDEZVOUS_VARIABLE = "SBPC_BENCH_RENDEZVOUS"
+"""The file a PyTorch peer's ranks meet through (`run_on_ranks` makes a
+fresh one per job; `torch_peer_group` reads it)."""
+PEER_TIMEOUT_S = 300
+"""How long a PyTorch peer's collective (its rendezvous included) waits
+for the other ranks before it fails, taking the job down."""
+
+
+def torch_peer_group() -> tuple[int, int]:
+    """This rank's place in a PyTorch peer's job (gloo) under `run_on_ranks`:
+    (rank, size), the process group started where size > 1. The ranks meet
+    through a file, not a TCP port: a port picked free and handed over could
+    be taken by another process before rank 0 bound it, and rank 0's store
+    listened on every interface. gloo's own connections stay on loopback
+    (GLOO_SOCKET_IFNAME), whatever the host name resolves to."""
+    import datetime
+
+    import torch.distributed as dist
+
+    rank, size = int(os.environ.get("PMI_RANK", "0")), int(os.environ.get("PMI_SIZE", "1"))
+    if size > 1:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        dist.init_process_group("gloo", init_method=f"file://{os.environ[RENDEZVOUS_VARIABLE]}", rank=rank,
+                                world_size=size, timeout=datetime.timedelta(seconds=PEER_TIMEOUT_S))
+    return rank, size
+
+
+def as_rank_role(role: Callable[[], object]) -> None:
+    """Runs a benchmark's rank program (under `run_on_ranks`). A rank that
+    fails prints why and ends by a signal: mpiexec takes a rank's exit code
+    1 as a normal end and leaves the others waiting for it (a peer's
+    rendezvous, a collective), but cleans up the whole job after a rank a
+    signal ended."""
+    try:
+        role()
+    except BaseException:  # noqa: BLE001  (every failure must end the job)
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def leave_torch_peer() -> NoReturn:
+    """Ends a PyTorch peer's rank once it has printed its result, without
+    tearing its process group down: ProcessGroupGloo's destructor joins its
+    worker thread while holding the GIL, and that thread may still be
+    releasing the last collective's tensors, which takes the GIL. One
+    hf_gpt2.py --quick in nine on a busy 2-core machine hung so (gdb: the
+    main thread in ~ProcessGroupGloo's join, pt_gloo_runloop in
+    ~AsyncAllgatherWork waiting for the GIL). Every collective has finished
+    on every rank by then, and what a rank sent is delivered as its sockets
+    close."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def ddp_role(model, make_opt, batches, loss_of, share) -> None:
     """One PyTorch DDP process (gloo) under mpiexec (`run_on_ranks`): its
     share of each batch (`share(batch, rank, size)`), each step timed; rank
     0 prints `RESULT` with its seconds per step and every rank's peak
@@ -213,8 +268,7 @@ def ddp_role(port: int, model, make_opt, batches, loss_of, share) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    rank, size = int(os.environ.get("PMI_RANK", "0")), int(os.environ.get("PMI_SIZE", "1"))
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+    rank, size = torch_peer_group()
     net = torch.nn.parallel.DistributedDataParallel(model)
     opt = make_opt(net)
     times = []
@@ -230,7 +284,7 @@ def ddp_role(port: int, model, make_opt, batches, loss_of, share) -> None:
     dist.all_gather(gathered, peak)
     if rank == 0:
         print("RESULT " + json.dumps({"peaks": sorted(float(p[0]) for p in gathered), "step_s": times}), flush=True)
-    dist.destroy_process_group()
+    leave_torch_peer()
 
 
 def rank_peaks() -> list[float]:
@@ -417,16 +471,43 @@ if __name__ == "__main__":  # the rank program of measure_plan: PLAN FEEDS STEPS
     time_plan_in_ranks(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
 
 
+def run_job(command: Sequence[str], env: dict[str, str], timeout: float):
+    """Runs a command (mpiexec and its ranks, a benchmark) in a process group
+    of its own and returns its CompletedProcess (text stdout and stderr). On
+    timeout the whole group is killed, not the first process alone (killing
+    mpiexec by SIGKILL leaves its ranks running), and TimeoutExpired carries
+    what it printed."""
+    import subprocess
+
+    job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        out, err = job.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        out, err = job.communicate()
+        raise subprocess.TimeoutExpired(job.args, timeout, out, err) from None
+    except BaseException:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+        raise
+    return subprocess.CompletedProcess(job.args, job.returncode, out, err)
+
+
 def run_on_ranks(script: str, ranks: int, *args: str, timeout: int = 1800) -> dict:
     """Runs `script` with `args` on `ranks` processes (mpiexec, as sbpc's
     ranks run) and returns the JSON its rank 0 printed after `RESULT `: a
-    peer such as PyTorch DDP measured beside sbpc."""
-    import subprocess
+    peer such as PyTorch DDP measured beside sbpc. Its ranks find a fresh
+    rendezvous file in their environment (`torch_peer_group`), in a folder
+    only this user can read."""
 
     from sbpc.runtime.launch import rank_environment, script_command
 
-    done = subprocess.run(script_command(ranks, script, *args), env=rank_environment(), capture_output=True,
-                          text=True, timeout=timeout)
+    print(f"({Path(script).name} {' '.join(args)}: on {ranks} processes)", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(prefix="sbpc-bench-") as folder:
+        env = rank_environment()
+        env[RENDEZVOUS_VARIABLE] = os.path.join(folder, "rendezvous")
+        done = run_job(script_command(ranks, script, *args), env, timeout)
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])

@@ -90,13 +90,13 @@ def run_torch_reference(args, data) -> list[float]:
 
 def role_ddp(args) -> None:
     """One DDP process (launched by mpiexec): its part of each batch."""
-    _common.ddp_role(args.port, model(model_config(args)), _sgd(args), batches(args), _loss, _common.rows_of)
+    _common.ddp_role(model(model_config(args)), _sgd(args), batches(args), _loss, _common.rows_of)
 
 
 def run_ddp(args) -> dict:
     options = [f"--{k}={v}" for k, v in (("steps", args.steps), ("batch", args.batch),
                                           ("seq", args.seq), ("lr", args.lr))]
-    return _common.run_on_ranks(SCRIPT, args.ranks, "--role", "ddp", "--port", str(_common.free_port()), *options,
+    return _common.run_on_ranks(SCRIPT, args.ranks, "--role", "ddp", *options,
                                 *(["--quick"] if args.quick else []))
 
 
@@ -110,10 +110,9 @@ def main() -> int:
     parser.add_argument("--plan", choices=("manual", "auto"), default="manual")
     parser.add_argument("--quick", action="store_true", help="a tiny GPT-2, 3 steps: that the script runs")
     parser.add_argument("--role", choices=("ddp",), help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role == "ddp":
-        role_ddp(args)
+        _common.as_rank_role(lambda: role_ddp(args))
         return 0
     if _common.missing_peers({"torch": "the model and the DDP peer", "transformers": "GPT-2"}):
         print("summary: skipped (peer missing)")

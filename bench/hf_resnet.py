@@ -77,13 +77,13 @@ def run_reference(args, data) -> list[float]:
 
 
 def role_ddp(args) -> None:
-    _common.ddp_role(args.port, model(args.quick), _sgd(args), batches(args), _loss, _common.rows_of)
+    _common.ddp_role(model(args.quick), _sgd(args), batches(args), _loss, _common.rows_of)
 
 
 def run_ddp(args) -> dict:
     options = [f"--{k}={v}" for k, v in (("steps", args.steps), ("batch", args.batch),
                                           ("size", args.size), ("lr", args.lr))]
-    return _common.run_on_ranks(SCRIPT, args.ranks, "--role", "ddp", "--port", str(_common.free_port()), *options,
+    return _common.run_on_ranks(SCRIPT, args.ranks, "--role", "ddp", *options,
                                 *(["--quick"] if args.quick else []))
 
 
@@ -96,10 +96,9 @@ def main() -> int:
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--quick", action="store_true", help="a 2-stage ResNet on 16x16 images, 3 steps")
     parser.add_argument("--role", choices=("ddp",), help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role == "ddp":
-        role_ddp(args)
+        _common.as_rank_role(lambda: role_ddp(args))
         return 0
     if _common.missing_peers({"torch": "the model and the DDP peer", "transformers": "ResNet"}):
         print("summary: skipped (peer missing)")

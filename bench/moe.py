@@ -103,13 +103,13 @@ def run_torch_reference(args, data) -> list[float]:
 
 def role_ddp(args) -> None:
     """One DDP process (launched by mpiexec): its part of each batch, every expert."""
-    _common.ddp_role(args.port, model(args), _adamw, batches(args), _loss, _common.rows_of)
+    _common.ddp_role(model(args), _adamw, batches(args), _loss, _common.rows_of)
 
 
 def run_ddp(args, ranks: int) -> dict:
     options = [f"--{k}={v}" for k, v in (("steps", args.steps), ("batch", args.batch), ("seq", args.seq),
                                           ("experts", args.experts))]
-    return _common.run_on_ranks(SCRIPT, ranks, "--role", "ddp", "--port", str(_common.free_port()), *options,
+    return _common.run_on_ranks(SCRIPT, ranks, "--role", "ddp", *options,
                                 *(["--quick"] if args.quick else []))
 
 
@@ -126,10 +126,9 @@ def main() -> int:
     parser.add_argument("--experts", type=int, default=8)
     parser.add_argument("--quick", action="store_true", help="a tiny Mixtral, 2 ranks, 3 steps: that the script runs")
     parser.add_argument("--role", choices=("ddp",), help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role == "ddp":
-        role_ddp(args)
+        _common.as_rank_role(lambda: role_ddp(args))
         return 0
     if _common.missing_peers({"torch": "the model and the DDP peer", "transformers": "Mixtral"}):
         print("summary: skipped (peer missing)")

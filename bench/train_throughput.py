@@ -32,12 +32,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
-import _common  # noqa: F401  (first: one BLAS thread per process)
+import _common  # first: one BLAS thread per process
 import numpy as np
 
 SCRIPT = os.path.abspath(__file__)
@@ -149,14 +148,7 @@ def role_sbpc(plan_path: str, feeds_path: str, steps: int, repeats: int) -> None
 
 
 def launch(role: str, ranks: int, args: list[str]) -> dict:
-    from sbpc.runtime.launch import rank_environment, script_command
-
-    cmd = script_command(ranks, SCRIPT, "--role", role, *args)
-    done = subprocess.run(cmd, env=rank_environment(), capture_output=True, text=True, timeout=600)
-    for line in done.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    raise RuntimeError(f"{role} on {ranks} processes failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return _common.run_on_ranks(SCRIPT, ranks, "--role", role, *args, timeout=600)
 
 
 def gemm_work(gemms: list[dict], seed: int) -> list:
@@ -245,7 +237,7 @@ class TorchGPT:
         return GPT()
 
 
-def role_torch(model: str, cfg: dict, port: int, steps: int, repeats: int, compiled: bool = False) -> None:
+def role_torch(model: str, cfg: dict, steps: int, repeats: int, compiled: bool = False) -> None:
     """PyTorch on this rank: eager DDP (gloo), or with `compiled` the
     strongest peer a CPU user would run, torch.compile (inductor) of the
     DDP model with the fused (single-kernel) optimizer."""
@@ -255,9 +247,7 @@ def role_torch(model: str, cfg: dict, port: int, steps: int, repeats: int, compi
 
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
-    rank, size = int(os.environ.get("PMI_RANK", "0")), int(os.environ.get("PMI_SIZE", "1"))
-    if size > 1:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+    rank, size = _common.torch_peer_group()
     torch.manual_seed(0)
     local = cfg["batch"] // size
     if model == "mlp":
@@ -302,8 +292,7 @@ def role_torch(model: str, cfg: dict, port: int, steps: int, repeats: int, compi
     best = min(once() for _ in range(repeats))
     if rank == 0:
         print("RESULT " + json.dumps({"step_s": best}), flush=True)
-    if size > 1:
-        dist.destroy_process_group()
+    _common.leave_torch_peer()
 
 
 # -- driver ------------------------------------------------------------------------
@@ -344,7 +333,6 @@ def main() -> int:
     parser.add_argument("--role", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--cfg", help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--compiled", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--torch-compile", action=argparse.BooleanOptionalAction, default=True,
                         help="also time torch.compile (inductor) with the fused optimizer, and compare sbpc with "
@@ -358,13 +346,14 @@ def main() -> int:
         args.models, args.single, args.api = ["mlp"], [], False
 
     if args.role == "sbpc":
-        role_sbpc(args.plan, args.feeds, args.steps, args.repeats)
+        _common.as_rank_role(lambda: role_sbpc(args.plan, args.feeds, args.steps, args.repeats))
         return 0
     if args.role == "gemm":
-        role_gemm(args.gemms, args.steps, args.repeats)
+        _common.as_rank_role(lambda: role_gemm(args.gemms, args.steps, args.repeats))
         return 0
     if args.role == "torch":
-        role_torch(args.model, json.loads(args.cfg), args.port, args.steps, args.repeats, args.compiled)
+        _common.as_rank_role(lambda: role_torch(args.model, json.loads(args.cfg), args.steps, args.repeats,
+                                                args.compiled))
         return 0
 
     have_torch = not _common.missing_peers({"torch": "PyTorch DDP and single-process rows"})
@@ -392,12 +381,12 @@ def main() -> int:
             if have_torch:
                 peer_args = ["--model", model, "--cfg", json.dumps(cfg), "--steps", str(args.steps),
                              "--repeats", str(args.repeats)]
-                eager = launch("torch", ranks, [*peer_args, "--port", str(_common.free_port())])
+                eager = launch("torch", ranks, peer_args)
                 eager["peer"] = "DDP gloo" if ranks > 1 else "torch 1 proc"
                 r[f"eager{ranks}"] = eager
                 r[f"torch{ranks}"] = eager
                 if args.torch_compile and not args.quick:
-                    compiled = launch("torch", ranks, [*peer_args, "--port", str(_common.free_port()), "--compiled"])
+                    compiled = launch("torch", ranks, [*peer_args, "--compiled"])
                     compiled["peer"] = ("DDP " if ranks > 1 else "") + "torch.compile + fused"
                     r[f"compiled{ranks}"] = compiled
                     if compiled["step_s"] < eager["step_s"]:  # the faster peer is the one to beat
