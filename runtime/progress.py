@@ -185,7 +185,10 @@ class DeathWatch(threading.Thread):
     inherited descriptor above 2), whose closing is what makes mpiexec kill
     the other ranks. Epoll hands out ready descriptors in the order they
     became ready, so the first lifeline to close belongs to the first rank to
-    end, however late this thread looks. (A pidfd turns ready only after all
+    end, however late this thread looks, once it has read the hellos (a
+    lifeline still ready with its hello keeps the hello's place: where
+    several ranks ended before this thread read theirs, which one ended
+    first is unknown, `_in_order`). (A pidfd turns ready only after all
     the descriptors are closed: mpiexec could kill another rank in between,
     and did, once in about 60 runs of the fault tests; a single lifeline at
     descriptor 0 is released last here, and lost that race once in 9.) A
@@ -196,6 +199,9 @@ class DeathWatch(threading.Thread):
         super().__init__(daemon=True, name="sbpc-death-watch")
         self.folder, self.ranks = Path(folder), ranks
         self.first: int | None = None
+        self.settled = threading.Event()
+        """Set once every rank's hellos are read and out of epoll's ready
+        list: from then on the first rank to end is known for sure."""
         self._stop_event = threading.Event()
         self._poller = select.epoll()
         self._lines: dict[int, int] = {}  # read end -> rank
@@ -216,24 +222,42 @@ class DeathWatch(threading.Thread):
 
     def _watch(self) -> None:
         greeted: set[int] = set()  # the lifelines (read ends) a rank said hello through
+        recent: set[int] = set()  # the lifelines the last look found ready
         stopping = False
         while True:
             # once stopped, one more look without waiting: a death queued
             # before stop() still counts (the driver stops the watch once it
-            # has seen the job fail)
-            for fd, mask in self._poller.poll(0 if stopping else -1):
-                if fd not in self._lines:
-                    continue
-                if self._hello(fd):
-                    greeted.add(fd)
-                if mask & select.EPOLLHUP:
-                    # every hello sent is in its FIFO by now
-                    greeted |= {f for f in self._lines if f not in greeted and self._hello(f)}
-                    self.first = self._lines[fd] if len(greeted) == len(self._lines) else None
-                    return
+            # has seen the job fail). Once every hello is read, one look
+            # without waiting tells whether epoll's ready list has let go
+            # of the hellos (`settled`).
+            look_only = stopping or (len(greeted) == len(self._lines) and not self.settled.is_set())
+            events = [(fd, mask) for fd, mask in self._poller.poll(0 if look_only else -1) if fd in self._lines]
+            fresh = {fd for fd, _ in events if self._hello(fd)}
+            greeted |= fresh
+            ended = [fd for fd, mask in events if mask & select.EPOLLHUP]
+            if ended:
+                # every hello sent is in its FIFO by now
+                greeted |= {f for f in self._lines if f not in greeted and self._hello(f)}
+                known = len(greeted) == len(self._lines) and self._in_order(ended, recent | fresh)
+                self.first = self._lines[ended[0]] if known else None
+                return
+            if look_only and not events and len(greeted) == len(self._lines):
+                self.settled.set()
+            recent = {fd for fd, _ in events}
             if stopping:
                 return
             stopping = self._stop_event.is_set()
+
+    def _in_order(self, ended: list[int], queued_before: set[int]) -> bool:
+        """Whether the first of `ended` (in epoll's order) is the first
+        rank to end. Epoll keeps a descriptor that stays ready where it was
+        in its ready list: a lifeline whose hello this watch had not yet
+        read, or read in its last look, holds the place of its hello, not
+        of its closing. Among several ranks that ended, such a place says
+        nothing of which ended first (a busy machine, where this thread ran
+        late); where one rank ended, it is that one."""
+        ranks = {self._lines[fd] for fd in ended}
+        return len(ranks) == 1 or not queued_before.intersection(ended)
 
     @staticmethod
     def _hello(fd: int) -> bool:

@@ -96,9 +96,31 @@ def test_the_watch_names_the_rank_that_ended_first(tmp_path):
     watch = DeathWatch(tmp_path, 4)  # before the ranks, as the drivers make it
     watch.start()
     with stand_in_ranks(tmp_path, 4) as ranks:
+        assert watch.settled.wait(10)  # real ranks run a while before one fails
         for r in (2, 0, 3, 1):  # rank 2 dies, then mpiexec ends the others
             _end(ranks[r])
         assert watch.stop() == 2
+
+
+def test_ranks_that_end_before_the_watch_read_their_hellos_leave_the_first_unknown(tmp_path):
+    """The watch thread ran late (a busy machine): every lifeline still held
+    its hello's place in epoll's ready list when the ranks ended, so the
+    list's order is the hellos', not the deaths'. It names none rather than
+    rank 0, whose hello came first."""
+    watch = DeathWatch(tmp_path, 4)
+    with stand_in_ranks(tmp_path, 4) as ranks:
+        for r in (2, 0, 3, 1):
+            _end(ranks[r])
+        watch.start()
+        assert watch.stop() is None
+
+
+def test_one_rank_that_ends_before_the_watch_read_the_hellos_is_named(tmp_path):
+    watch = DeathWatch(tmp_path, 3)
+    with stand_in_ranks(tmp_path, 3) as ranks:
+        _end(ranks[1])
+        watch.start()
+        assert watch.stop() == 1
 
 
 def test_a_rank_that_never_said_hello_leaves_the_first_unknown(tmp_path):
