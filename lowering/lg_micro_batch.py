@@ -32,6 +32,20 @@ written in ops (reshape, broadcast_to, slice limits) have their leading
 B*r replaced by (B/K)*r. A dropout's copy records which rows of the batch
 it holds, so that it draws the whole batch's mask: micro-batching changes
 no random number.
+
+An op that mixes the examples (a running sum along the batch axis, a
+softmax across it, a reduction over it that is not a scalar, a matmul that
+contracts it: a mixture of experts' capacity counted over the whole batch,
+its load-balancing loss, its dispatch into the experts' buffers) is not
+repeated: it runs once on the whole batch, joined from the micro-batches'
+copies of its operands (their rows put back in the batch's order), so that
+it means what it means without micro-batches. A result that keeps each
+row where it was (a running sum, a softmax) is cut into micro-batches
+again; another (a reduction, a contraction) is one value that every
+micro-batch's copies then share, and ops computed from such values alone
+run once too. A join waits for every micro-batch's forward up to it, which
+the GPipe order allows and 1F1B's (a backward before the last forward)
+does not: 1F1B refuses it.
 """
 
 from __future__ import annotations
@@ -104,21 +118,63 @@ class Unroller:
             raise self.fail(op, f"input \"{op.key.data}\" has {shape[0]} rows but the batch has {self.batch}")
         if shape[0] % k:
             raise self.fail(op, f"the batch of {shape[0]} does not divide into {k} micro-batches")
-        rest = list(shape[1:])
-        placement = op.attributes.get(sbp.PLACEMENT_ATTR)
-        grouped = self.emit(lg.ReshapeOp(op.result, [shape[0] // k, k, *rest]), anchor, placement)
+        return self.cut(op.result, 1, anchor, op.attributes.get(sbp.PLACEMENT_ATTR), op.key.data)
+
+    def cut(self, value: SSAValue, rows: int, anchor: Operation, placement, name: str | None) -> list[SSAValue]:
+        """The K micro-batches' parts of a whole-batch value whose axis 0
+        holds `rows` rows per example: part k holds examples k, k+K, ..."""
+        assert self.batch is not None
+        shape = global_shape(value.type)
+        k, per = self.count, self.batch // self.count
+        rest = [rows, *shape[1:]] if rows > 1 else list(shape[1:])  # an example's rows, as one axis where several
+        grouped = self.emit(lg.ReshapeOp(value, [per, k, *rest]), anchor, placement)
         pieces = []
         for i in range(k):
-            one = self.emit(
-                lg.SliceOp(grouped, [0, i, *(0 for _ in rest)], [shape[0] // k, i + 1, *rest]), anchor, placement
-            )
-            piece = self.emit(lg.ReshapeOp(one, [shape[0] // k, *rest]), anchor, placement)
-            piece.name_hint = f"{op.key.data}_mb{i}"
+            one = self.emit(lg.SliceOp(grouped, [0, i, *(0 for _ in rest)], [per, i + 1, *rest]), anchor, placement)
+            piece = self.emit(lg.ReshapeOp(one, [per * rows, *shape[1:]]), anchor, placement)
+            if name:
+                piece.name_hint = f"{name}_mb{i}"
             for made in (one, piece):
                 assert isinstance(made.owner, Operation)  # emit returns an op's result
                 made.owner.attributes[MICRO_BATCH_ATTR] = IntegerAttr(i, i64)
             pieces.append(piece)
         return pieces
+
+    def join(self, parts: list[SSAValue], rows: int, anchor: Operation, placement) -> SSAValue:
+        """The whole batch from its micro-batches' parts (`cut` undone):
+        example i*K + k is row i of part k."""
+        assert self.batch is not None
+        per = self.batch // self.count
+        rest = list(global_shape(parts[0].type)[1:])
+        grouped = [self.emit(lg.ReshapeOp(part, [per, 1, rows, *rest]), anchor, placement) for part in parts]
+        together = self.emit(lg.ConcatOp(grouped, 1), anchor, placement)
+        return self.emit(lg.ReshapeOp(together, [self.batch * rows, *rest]), anchor, placement)
+
+    def mixes(self, op: Operation) -> str | None:
+        """How `op` mixes the examples of its batch-dependent operands, if
+        it does: "rows" where its result keeps each row where it was (a
+        running sum or a softmax along axis 0), "whole" where its result
+        has no rows of examples (a reduction over axis 0 that is not a
+        scalar, a matmul that contracts axis 0); None where it works on
+        each example alone."""
+        first = op.operands[0] if op.operands else None
+        if first is None or not self.rows.get(first):
+            return None
+        shape = global_shape(op.results[0].type)
+        if isinstance(op, lg.CumsumOp | lg.AxisOp) and op.params()["axis"] == 0:
+            return "rows"
+        if isinstance(op, lg.LayerNormOp) and op.params()["axis"] == 0:
+            return "rows"
+        if isinstance(op, lg.ReduceOp) and 0 in op.axes.get_values() and shape:
+            return "whole"
+        if isinstance(op, lg.ArgmaxOp | lg.TopkOp) and op.params()["axis"] == 0:
+            return "whole"
+        if isinstance(op, lg.MatmulOp) and len(global_shape(op.lhs.type)) == 2 == len(global_shape(op.rhs.type)):
+            contracted = [o for o, axis in ((op.lhs, 0 if op.transpose_lhs else 1), (op.rhs, 1 if op.transpose_rhs
+                                                                                      else 0)) if axis == 0]
+            if any(self.rows.get(o) for o in contracted):
+                return "whole"
+        return None
 
     def rows_per_example(self, op: Operation) -> int:
         """How many rows of axis 0 of `op`'s result each example owns (0 for a
@@ -261,22 +317,76 @@ class Unroller:
         for op in batch_ops:
             op.detach()
         copies: list[dict[SSAValue, SSAValue]] = [{} for _ in range(self.count)]
+        shared: dict[SSAValue, SSAValue] = {}
+        """Whole-batch values that every micro-batch's copies use: the
+        results of joins that keep no rows of examples, and what is
+        computed from them alone."""
         for op in inputs:
             self.rows[op.result] = 1
             for k, piece in enumerate(self.split_input(op, output)):
                 copies[k][op.result] = piece
-        for k in range(self.count):
-            for op in batch_ops:
-                new = self.copy(op, copies[k])
-                new.attributes[MICRO_BATCH_ATTR] = IntegerAttr(k, i64)
-                if isinstance(new, lg.DropoutOp):
-                    self.draw_as_in_the_batch(new, k)
-                if op.results[0].name_hint:
-                    new.results[0].name_hint = f"{op.results[0].name_hint}_mb{k}"
-                self.graph.body.block.insert_op_before(new, output)
-                copies[k][op.results[0]] = new.results[0]
+        segment: list[Operation] = []
+        per_micro_batch = {op.result for op in inputs}
+        """The values (of the whole-batch graph) that each micro-batch has its own copy of."""
+        whole_batch: dict[SSAValue, SSAValue] = {op.result: op.result for op in inputs}
+        """Such values as the whole batch (a join made once, or a join's result before its cut)."""
+
+        def repeat_segment() -> None:
+            """The ops since the last join, once per micro-batch, micro-batch after micro-batch."""
+            for k in range(self.count):
+                for op in segment:
+                    new = self.copy(op, {**shared, **copies[k]})
+                    new.attributes[MICRO_BATCH_ATTR] = IntegerAttr(k, i64)
+                    if isinstance(new, lg.DropoutOp):
+                        self.draw_as_in_the_batch(new, k)
+                    if op.results[0].name_hint:
+                        new.results[0].name_hint = f"{op.results[0].name_hint}_mb{k}"
+                    self.graph.body.block.insert_op_before(new, output)
+                    copies[k][op.results[0]] = new.results[0]
+            segment.clear()
+
+        for op in batch_ops:
+            if not per_micro_batch.intersection(op.operands):  # computed from whole-batch values alone
+                repeat_segment()
+                once = op.clone(value_mapper=dict(shared))
+                self.graph.body.block.insert_op_before(once, output)
+                shared.update(zip(op.results, once.results, strict=True))
+                continue
+            mixing = self.mixes(op)
+            if mixing is None:
+                self.rows[op.results[0]] = self.rows_per_example(op)  # what the ops after it look at
+                per_micro_batch.add(op.results[0])
+                segment.append(op)
+                continue
+            if self.schedule == "1f1b":
+                raise self.fail(op, "it mixes the examples of the batch, so it runs once on the whole batch after "
+                                "every micro-batch's forward up to it, which the 1f1b schedule (a backward before "
+                                "the last forward) cannot order; use gpipe")
+            repeat_segment()
+            placement = op.attributes.get(sbp.PLACEMENT_ATTR)
+            for operand in op.operands:
+                if operand in per_micro_batch and operand not in whole_batch:
+                    whole_batch[operand] = self.join([c[operand] for c in copies], self.rows[operand], output,
+                                                     placement)
+            once = op.clone(value_mapper={**shared, **whole_batch})
+            self.graph.body.block.insert_op_before(once, output)
+            if mixing == "rows":
+                rows = self.rows[op.operands[0]]
+                self.rows[op.results[0]] = rows
+                per_micro_batch.add(op.results[0])
+                whole_batch[op.results[0]] = once.results[0]
+                for k, piece in enumerate(self.cut(once.results[0], rows, output, placement,
+                                                   op.results[0].name_hint)):
+                    copies[k][op.results[0]] = piece
+                    self.rows[piece] = rows
+            else:
+                shared[op.results[0]] = once.results[0]
+        repeat_segment()
         values = list(output.values)
         for j, value in enumerate(values):
+            if value in shared:  # computed once, on the whole batch
+                values[j] = shared[value]
+                continue
             if value not in copies[0]:
                 continue
             name = output.names.data[j].data

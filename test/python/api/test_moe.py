@@ -93,10 +93,31 @@ def test_the_moe_gpt_drops_the_same_tokens_on_every_plan(plan):
     assert all(float(s["kept"]) < 1.0 for s in steps)  # tokens were dropped
 
 
-def test_micro_batches_of_a_capacity_counted_over_the_batch_are_refused_by_name():
-    # capacity couples every token of the batch; lg-micro-batch cuts it
-    with pytest.raises(Exception, match="lg-micro-batch.*must keep it as axis 0"):
-        gpt("pipeline", 2, len(corpus()[1]), **MOE_GPT)
+MICRO_BATCHED = {"2 micro-batches": ("ep", 1, 2), "expert parallel 2, 2 micro-batches": ("ep", 2, 2),
+                 "2 pipeline stages, 4 micro-batches": ("pipeline", 2, None)}
+
+
+@pytest.mark.parametrize("plan", [pytest.param(p, marks=[] if p == "2 micro-batches" else [pytest.mark.full])
+                                  for p in MICRO_BATCHED])
+def test_micro_batches_drop_the_tokens_the_whole_batch_drops(plan):
+    """lg-micro-batch runs the capacity's running count, the balance loss's
+    means over the tokens and the dispatch into the experts' buffers once,
+    on the whole batch joined from the micro-batches: the losses are those
+    of the batch in one piece."""
+    vocab = len(corpus()[1])
+    variant, ranks, micro_batches = MICRO_BATCHED[plan]
+    whole = reference_losses(gpt("ep", 1, vocab, **MOE_GPT), gpt_batches(8, 8), STEPS)
+    module = gpt(variant, ranks, vocab, micro_batches=micro_batches, **MOE_GPT)
+    exe = sbpc.compile(module, mode="interpret" if ranks == 1 else "auto")
+    data = gpt_batches(8, 8)
+    steps = [exe.train_step(next(data)) for _ in range(STEPS)]
+    np.testing.assert_allclose([float(s["loss"]) for s in steps], whole, rtol=1e-6)
+    assert all(float(s["kept"]) < 1.0 for s in steps)  # tokens were dropped
+
+
+def test_the_1f1b_schedule_refuses_an_op_that_needs_the_whole_batch_by_name():
+    with pytest.raises(Exception, match="lg.cumsum.*lg-micro-batch.*1f1b schedule"):
+        gpt("pipeline", 2, len(corpus()[1]), schedule="1f1b", **MOE_GPT)
 
 
 @pytest.mark.full
