@@ -78,6 +78,7 @@ for _op, _expr in (
     (lg.NegOp, "-{0}"),
     (lg.ReluOp, "{0} > (T)0 ? {0} : (T)0"),
     (lg.StepOp, "{0} > (T)0 ? (T)1 : (T)0"),
+    (lg.StopGradientOp, "{0}"),
     (lg.GeluOp, "(T)0.5 * {0} * ((T)1 + tanh((T)0.7978845608028654 * ({0} + (T)0.044715 * {0} * {0} * {0})))"),
     (lg.TanhOp, "tanh({0})"),
     (lg.ErfOp, "erf({0})"),

@@ -1107,6 +1107,7 @@ NUMPY.register(lg.ExpOp, _unary(lambda x, o: np.exp(x, out=o)))
 NUMPY.register(lg.SqrtOp, _unary(lambda x, o: np.sqrt(x, out=o)))
 NUMPY.register(lg.RsqrtOp, _unary(_rsqrt))
 NUMPY.register(lg.StepOp, _unary(lambda x, o: np.greater(x, 0, out=o)))
+NUMPY.register(lg.StopGradientOp, _unary(lambda x, o: np.copyto(o, x)))
 def _ufunc_kernel(ufunc: np.ufunc) -> Callable:
     return _unary(lambda x, o: ufunc(x, out=o))
 

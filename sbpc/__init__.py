@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 _FRONTEND = [
     "Graph", "Tensor", "Placement", "placement", "S", "B", "P", "zeros", "ones", "fill", "normal", "uniform",
     "neg", "relu", "gelu", "tanh", "erf", "exp", "sqrt", "rsqrt", "log", "sin", "cos", "atan", "floor", "ceil",
-    "round", "trunc", "add", "sub", "mul", "div", "floordiv", "matmul", "grouped_matmul", "conv2d",
+    "round", "trunc", "stop_gradient", "add", "sub", "mul", "div", "floordiv", "matmul", "grouped_matmul", "conv2d",
     "softmax",
     "log_softmax", "layernorm", "reduce_sum", "reduce_mean", "reduce_max", "argmax", "topk", "reshape", "transpose",
     "broadcast_to",

@@ -372,6 +372,8 @@ exp, sqrt, rsqrt = _UNARY["exp"], _UNARY["sqrt"], _UNARY["rsqrt"]
 log, sin, cos, atan = _UNARY["log"], _UNARY["sin"], _UNARY["cos"], _UNARY["atan"]
 # (`round` as torch.round: halves to even; this module does not use the builtin)
 floor, ceil, round, trunc = _UNARY["floor"], _UNARY["ceil"], _UNARY["round"], _UNARY["trunc"]
+stop_gradient = _unary(lg.StopGradientOp)
+"""`lg.stop_gradient`: the value, through which no gradient flows (PyTorch's `detach`)."""
 
 
 def _binary(cls):

@@ -136,6 +136,7 @@ REFERENCE.register(lg.ExpOp, lambda op, x: np.exp(x))
 REFERENCE.register(lg.SqrtOp, lambda op, x: np.sqrt(x))
 REFERENCE.register(lg.RsqrtOp, lambda op, x: 1.0 / np.sqrt(x))
 REFERENCE.register(lg.StepOp, lambda op, x: (x > 0).astype(x.dtype))
+REFERENCE.register(lg.StopGradientOp, lambda op, x: x.copy())
 for _op, _ufunc in ((lg.LogOp, np.log), (lg.SinOp, np.sin), (lg.CosOp, np.cos), (lg.AtanOp, np.arctan),
                     (lg.FloorOp, np.floor), (lg.CeilOp, np.ceil), (lg.RoundOp, np.rint), (lg.TruncOp, np.trunc)):
     REFERENCE.register(_op, lambda op, x, f=_ufunc: f(x))

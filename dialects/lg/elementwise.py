@@ -240,6 +240,20 @@ class StepOp(UnaryOp):
         return [None]  # zero almost everywhere
 
 
+@op_definition
+class StopGradientOp(UnaryOp):
+    """The operand itself, through which no gradient flows (PyTorch's
+    `detach`): what is computed from it is a constant to lg-autodiff.
+    The identity keeps every partial kind."""
+
+    name = "lg.stop_gradient"
+
+    PARTIALS: ClassVar[tuple[str, ...]] = ("P", "Pmax")
+
+    def gradient(self, g, e):
+        return [None]
+
+
 class BinaryOp(LgOp, ABC):
     """An elementwise op of two float tensors with numpy broadcasting."""
 

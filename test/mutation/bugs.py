@@ -179,6 +179,10 @@ BUGS = [
         "return _slice_axis(x, d, begin, max(begin, stop), step)",
         "return _slice_axis(x, d, begin, max(begin, stop), 1)",
         T + "api/test_torch_frontend.py", select="from_the_end"),
+    Bug("detach-passes-the-gradient", "importer", "sbpc/torch_import/aten/elementwise.py",
+        "return fe.stop_gradient(x) if lg.is_float(x.dtype) else x",
+        "return x",
+        T + "api/test_torch_frontend.py", select="detached"),
     # -- the planner's cost -----------------------------------------------------------------------
     Bug("all-reduce-priced-as-a-reduce-scatter", "cost", "planning/cost_model.py",
         "return 2 * (p - 1) / p, 1  # all_reduce",

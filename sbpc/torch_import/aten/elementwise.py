@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sbpc import frontend as fe
+from sbpc.dialects import lg
 from sbpc.frontend import Tensor
 from sbpc.torch_import.aten.registry import RULES, rule
 from sbpc.torch_import.precision import _HALVES
@@ -103,6 +104,14 @@ def _unary(fn: Callable[[Tensor], Tensor]):
 for _name, _fn in (("neg", fe.neg), ("relu", fe.relu), ("tanh", fe.tanh), ("exp", fe.exp), ("sqrt", fe.sqrt),
                    ("rsqrt", fe.rsqrt)):
     RULES[f"aten.{_name}"] = _unary(_fn)
+
+
+@rule("aten.detach")
+def _detach(im: _Importer, x):
+    """The value, through which no gradient flows (lg.stop_gradient); an
+    integer or boolean tensor has none to stop."""
+    x = im.lift(x)
+    return fe.stop_gradient(x) if lg.is_float(x.dtype) else x
 
 
 @rule("aten.abs")
@@ -339,8 +348,8 @@ def _acos(im: _Importer, x):
     return fe.atan(fe.sqrt((1.0 - x) / (1.0 + x))) * 2.0
 
 
-@rule("aten.atan2")
-def _atan2(im: _Importer, y, x):
+@rule("aten.atan2", "aten.atan2.out")
+def _atan2(im: _Importer, y, x, out=None):
     """The angle of (x, y) in (-pi, pi]: atan(y / x) moved by pi where x < 0."""
     dtype = _result_dtype(im)
     y, x = _operands(im, y, x, dtype)

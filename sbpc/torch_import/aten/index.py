@@ -196,3 +196,53 @@ def _embedding(im: _Importer, weight, indices, padding_idx=-1, scale_grad_by_fre
     weight = im.lift(weight)
     padding = None if padding_idx in (-1, None) else _axis(padding_idx, weight.shape[0])
     return fe.embedding(weight, im.lift(indices), padding_idx=padding)
+
+
+@rule("aten.masked_scatter")
+def _masked_scatter(im: _Importer, x, mask, source):
+    """x with the source's leading elements, in order, written where the
+    mask (broadcast to x) is true: the element at mask position i is the
+    source's element number (true positions up to i) - 1, a running count
+    of the mask; a gather of the flattened source, so the gradient reaches
+    the source elements used and x where the mask is false."""
+    x, mask = im.lift(x), im.lift(mask)
+    n = math.prod(x.shape)
+    if list(mask.shape) != list(x.shape):
+        mask = fe.broadcast_to(mask, list(x.shape))
+    chosen = fe.compare("ne", mask, im.lift(0, mask)) if str(mask.dtype) != "i1" else mask
+    flat = fe.reshape(chosen, [n])
+    ones = fe.cast(flat, "i64")
+    count = fe.cumsum(ones, 0) - ones  # the true positions before each
+    position = fe.where(flat, count, im.lift(0, count))  # false positions pick element 0, then discarded
+    source = im.lift(source, x)
+    picked = _take(fe.reshape(source, [math.prod(source.shape)]), 0, position)
+    return fe.where(chosen, fe.reshape(picked, list(x.shape)), x)
+
+
+@rule("aten.scatter_reduce.two")
+def _scatter_reduce(im: _Importer, x, dim, index, src, reduce, include_self=True):
+    """The source elements reduced into x where the index points along
+    `dim`: "sum" adds them (to x, or to 0 where `include_self` is false),
+    "mean" divides that sum by how many were added (x counting as one);
+    an element of x no index points to keeps its value. "prod", "amax" and
+    "amin" are refused by name."""
+    if reduce not in ("sum", "mean"):
+        raise ValueError(f"scatter_reduce with reduce='{reduce}' (supported: 'sum', 'mean')")
+    x, index = im.lift(x), im.lift(index)
+    if not lg.is_float(x.dtype):
+        raise ValueError(f"scatter_reduce of {x.dtype} values (supported: floats)")
+    axis = _axis(dim, len(x.shape))
+    _full_index("scatter_reduce", x, index, axis)
+    src = im.lift(src, x)
+    if list(src.shape) != list(index.shape):
+        src = fe.slice(src, [0] * len(index.shape), list(index.shape))
+    total = fe.scatter_add(src, index, axis, x.shape[axis])
+    hits = fe.scatter_add(fe.broadcast_to(im.lift(1.0, x), list(index.shape)), index, axis, x.shape[axis])
+    zero = im.lift(0.0, x)
+    reached = fe.compare("gt", hits, zero)
+    if include_self:
+        total = total + x
+        hits = hits + 1.0
+    if reduce == "mean":
+        total = total / fe.where(reached, hits, im.lift(1.0, x))
+    return fe.where(reached, total, x)

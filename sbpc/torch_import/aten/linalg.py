@@ -87,3 +87,58 @@ def _sdpa(im: _Importer, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False
         else:
             scores = scores + im.lift(attn_mask)
     return fe.matmul(fe.dropout(fe.softmax(scores, len(scores.shape) - 1), float(dropout_p)), v)
+
+
+def _distances(im: _Importer, a: Tensor, b: Tensor, p: float) -> Tensor:
+    """The p-norm distance between each row of `a` [..., P, M] and each row
+    of `b` [..., R, M]: [..., P, R], from the differences of every pair.
+    p = 0 counts the coordinates that differ, p = inf takes the largest;
+    a root is taken only of a positive sum, so a zero distance has the
+    gradient 0, as PyTorch's."""
+    *lead, rows, width = a.shape
+    other = b.shape[-2]
+    pairs = [*lead, rows, other, width]
+    diff = (fe.broadcast_to(fe.reshape(a, [*lead, rows, 1, width]), pairs)
+            - fe.broadcast_to(fe.reshape(b, [*lead, 1, other, width]), pairs))
+    size = fe.relu(diff) + fe.relu(-diff)
+    last = len(pairs) - 1
+    zero = im.lift(0.0, a)
+    if p == 0:
+        return fe.reduce_sum(fe.cast(fe.compare("ne", size, zero), str(a.dtype)), [last])
+    if math.isinf(p):
+        return fe.reduce_max(size, [last])
+    if p == 1:
+        return fe.reduce_sum(size, [last])
+    if p == 2:
+        powered = size * size
+    else:
+        positive = fe.compare("gt", size, zero)
+        powered = fe.where(positive, fe.exp(fe.log(fe.where(positive, size, im.lift(1.0, a))) * float(p)), zero)
+    total = fe.reduce_sum(powered, [last])
+    positive = fe.compare("gt", total, zero)
+    safe = fe.where(positive, total, im.lift(1.0, a))
+    root = fe.sqrt(safe) if p == 2 else fe.exp(fe.log(safe) * (1.0 / p))
+    return fe.where(positive, root, zero)
+
+
+@rule("aten._cdist_forward")
+def _cdist(im: _Importer, a, b, p, compute_mode=None):
+    """torch.cdist: the p-norm distances between the rows of two batches of
+    row sets (`_distances`)."""
+    a, b = im.lift(a), im.lift(b)
+    if p < 0:
+        raise ValueError(f"cdist with p={p} (p must be non-negative)")
+    return _distances(im, a, b, float(p))
+
+
+@rule("aten._pdist_forward")
+def _pdist(im: _Importer, x, p=2.0):
+    """torch.pdist: the p-norm distances between the rows of `x` [N, M], for
+    each pair i < j in row-major order: the upper triangle of `cdist(x, x)`."""
+    x = im.lift(x)
+    if p < 0:
+        raise ValueError(f"pdist with p={p} (p must be non-negative)")
+    n = x.shape[0]
+    upper = np.array([i * n + j for i in range(n) for j in range(i + 1, n)], dtype=np.int64)
+    flat = fe.reshape(_distances(im, x, x, float(p)), [n * n])
+    return fe.gather(flat, im.g.constant(upper), 0) if upper.size else fe.slice(flat, [0], [0])

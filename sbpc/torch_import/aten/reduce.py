@@ -155,3 +155,37 @@ def _any(im: _Importer, x, dim=None, keepdim=False):
     flags = fe.cast(x, "i1") if str(x.dtype) != "i1" else x
     counts = fe.reduce_max(fe.cast(flags, "i32"), _dims(dim, len(x.shape)), keepdim)
     return fe.cast(counts, "i1")
+
+
+def _product_along(im: _Importer, x: Tensor, axis: int) -> Tensor:
+    """The product along `axis` (kept, as 1): halves multiplied pairwise
+    until one row is left, an odd count padded with a row of ones. Only
+    multiplications, so a zero factor gives the gradient PyTorch's does
+    (the product of the others), not the NaN of a division or a logarithm."""
+    while x.shape[axis] > 1:
+        n = x.shape[axis]
+        if n % 2:
+            shape = [1 if d == axis else s for d, s in enumerate(x.shape)]
+            x = fe.concat([x, fe.broadcast_to(im.lift(1, x), shape)], axis)
+            n += 1
+        half = n // 2
+        x = fe.slice(x, [0] * len(x.shape), [half if d == axis else s for d, s in enumerate(x.shape)]) * fe.slice(
+            x, [half if d == axis else 0 for d in range(len(x.shape))], list(x.shape))
+    return x
+
+
+@rule("aten.prod", "aten.prod.dim_int")
+def _prod(im: _Importer, x, dim=None, keepdim=False, dtype=None):
+    """The product of every element, or along `dim` (a multiplication tree,
+    `_product_along`); booleans and integers multiply as int64, as PyTorch's."""
+    x = im.lift(x)
+    wanted = _result_dtype(im)
+    if str(x.dtype) != wanted:
+        x = fe.cast(x, wanted)
+    if isinstance(dim, int):
+        axis = _axis(dim, len(x.shape))
+        product = _product_along(im, x, axis)
+        return product if keepdim else fe.reshape(product, [s for d, s in enumerate(x.shape) if d != axis])
+    if not x.shape:
+        return x
+    return fe.reshape(_product_along(im, fe.reshape(x, [math.prod(x.shape)]), 0), [])

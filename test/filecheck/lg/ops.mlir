@@ -86,6 +86,7 @@ lg.graph @all_ops on @mesh {
   %ce = lg.cross_entropy %ln, %labels : (tensor<8x4xf32>, tensor<8xi64>) -> tensor<f32>
   %mse = lg.mse_loss %ln, %relu : (tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<f32>
   %step = lg.step %ln : tensor<8x4xf32>
+  %sg = lg.stop_gradient %ln : tensor<8x4xf32>
   %oh = lg.one_hot %labels classes 4 : tensor<8xi64> -> tensor<8x4xf32>
   %ohi = lg.one_hot %labels classes 4 ignore -100 : tensor<8xi64> -> tensor<8x4xf32>
   %eg = lg.embedding_grad %em, %ids rows 16 : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>
@@ -189,6 +190,7 @@ lg.graph @all_ops on @mesh {
 // CHECK-NEXT:   %ce = lg.cross_entropy %ln, %labels : (tensor<8x4xf32>, tensor<8xi64>) -> tensor<f32>
 // CHECK-NEXT:   %mse = lg.mse_loss %ln, %relu : (tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<f32>
 // CHECK-NEXT:   %step = lg.step %ln : tensor<8x4xf32>
+// CHECK-NEXT:   %sg = lg.stop_gradient %ln : tensor<8x4xf32>
 // CHECK-NEXT:   %oh = lg.one_hot %labels classes 4 : tensor<8xi64> -> tensor<8x4xf32>
 // CHECK-NEXT:   %ohi = lg.one_hot %labels classes 4 ignore -100 : tensor<8xi64> -> tensor<8x4xf32>
 // CHECK-NEXT:   %eg = lg.embedding_grad %em, %ids rows 16 : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>

@@ -47,6 +47,16 @@ SAMPLES = {
     "aten._softmax": ([A], lambda x: aten._softmax(x, 1, False)),
     "aten._to_copy": ([A], lambda x: aten._to_copy(x, dtype=torch.float64)),
     "aten.abs": ([A], aten.abs),
+    # (out= takes no gradient in PyTorch)
+    "aten.atan2.out": ([A, B], lambda y, x: aten.atan2.out(y.detach(), x.detach(), out=torch.empty(3, 4)) + 0 * y),
+    # p = 2, 1, 3 and inf; pdist's pairs i < j
+    "aten._cdist_forward": ([_floats(2, 3, 4), _floats(2, 5, 4, seed=1)],
+                            lambda a, b: aten._cdist_forward(a, b, 2.0, None) + aten._cdist_forward(a, b, 1.0, None)
+                            + aten._cdist_forward(a, b, 3.0, None) + aten._cdist_forward(a, b, float("inf"), None)),
+    "aten._pdist_forward": ([_floats(4, 3)], lambda x: aten._pdist_forward(x, 2.0) + aten._pdist_forward(x, 0.5)),
+    # a zero factor: its gradient is the product of the others; an odd count along axis 0
+    "aten.prod": ([torch.tensor([[1.5, 0.0, -2.0], [0.5, 3.0, 1.2]])], lambda x: aten.prod(x) + aten.prod(x * 2)),
+    "aten.prod.dim_int": ([A], lambda x: aten.prod.dim_int(x, 0) * aten.prod.dim_int(x, 1, True)),
     "aten.add.Scalar": ([A], lambda x: aten.add.Scalar(x, 1.5)),
     "aten.add.Tensor": ([A, B], lambda x, y: aten.add.Tensor(x, y, alpha=2)),
     "aten.addmm": ([_floats(4), A, SQ], lambda b, x, w: aten.addmm(b, x, w, beta=0.5, alpha=2.0)),
@@ -66,6 +76,12 @@ SAMPLES = {
                          lambda x, i, s: aten.scatter.src(x, 0, i, s)),
     "aten.scatter.value": ([A, torch.tensor([[0, 2], [1, 1], [3, 0]])], lambda x, i: aten.scatter.value(x, 1, i, 2.5)),
     # rows 2, 0 and -2 (the second last) of x replaced, and the same rows accumulated into
+    # the running count of the mask picks the source's elements in order
+    "aten.masked_scatter": ([A, MASK, _floats(7, seed=9)], lambda x, m, s: aten.masked_scatter(x, m, s)),
+    # sum into x, mean without x; an element no index points to keeps x's value
+    "aten.scatter_reduce.two": ([A, torch.tensor([[0, 2, 0, 0], [2, 2, 0, 0]]), _floats(2, 4, seed=4)],
+                                lambda x, i, s: aten.scatter_reduce.two(x, 0, i, s, "sum")
+                                + aten.scatter_reduce.two(x, 0, i, s, "mean", include_self=False) * 2),
     "aten.index_put": ([A, torch.tensor([2, 0, -2]), _floats(3, 4, seed=8)],
                        lambda x, i, v: aten.index_put(x, [i], v) + aten.index_put(x, [i], v * 2, True)),
     "aten.bitwise_and.Tensor": ([MASK, ~MASK], aten.bitwise_and.Tensor),

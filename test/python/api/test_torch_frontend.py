@@ -142,6 +142,26 @@ def test_a_regressor_trains_tensor_parallel_on_four_ranks_as_pytorch():
                    lambda m: torch.optim.Adam(m.parameters(), lr=1e-2), 4, sbp)
 
 
+class _DetachedTarget(nn.Module):
+    """A regressor whose target is partly its own detached prediction (as a
+    bootstrapped or straight-through target is): the gradient reaches the
+    weights through the prediction only, never through the target."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
+
+    def forward(self, x, y):
+        prediction = self.net(x)
+        return nn.functional.mse_loss(prediction, 0.5 * y + 0.5 * prediction.detach())
+
+
+def test_a_detached_value_passes_no_gradient_as_in_pytorch():
+    torch.manual_seed(0)
+    check_training(_DetachedTarget(), regression_batches(STEPS + 1), ["x", "y"], sbpc.optim.SGD(lr=0.1),
+                   lambda m: torch.optim.SGD(m.parameters(), lr=0.1), 2, {"x": S(0), "y": S(0)})
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_an_imported_float64_module_trains_as_pytorch_float64(optimizer):
     # float64 end to end through the importer: the first loss and the

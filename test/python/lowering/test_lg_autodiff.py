@@ -209,7 +209,13 @@ GRADIENT_SAMPLES = {
 }
 
 
-@pytest.mark.parametrize("op", [op for op in lg.COMPUTE_OPS if op.differentiable()], ids=lambda op: op.name)
+NOT_A_DERIVATIVE = {lg.StopGradientOp}
+"""Ops whose gradient is by definition not the derivative finite
+differences measure (each has its own test below)."""
+
+
+@pytest.mark.parametrize("op", [op for op in lg.COMPUTE_OPS if op.differentiable() and op not in NOT_A_DERIVATIVE],
+                         ids=lambda op: op.name)
 def test_every_differentiable_op_against_finite_differences(op):
     # walks lg's ops: an op with a gradient rule and no sample here fails
     assert op in GRADIENT_SAMPLES, f"{op.name} has a gradient rule but no finite-difference check: add a sample"
@@ -224,6 +230,24 @@ def test_every_differentiable_op_against_finite_differences(op):
     # a float32 round trip (lg.cast) needs a step float32 resolves, and gives float32's precision
     eps, rtol = (1e-2, 1e-3) if op is lg.CastOp else (1e-6, 1e-5)
     check_gradients(g, feeds, eps=eps, rtol=rtol, atol=1e-8 if op is not lg.CastOp else 1e-4)
+
+
+def test_a_stopped_value_is_a_constant_to_autodiff():
+    """loss = sum(stop_gradient(b) * b * a): b's gradient comes through the
+    second factor alone (b * a, not 2 b * a), a's is b * b; the forward
+    value is b's."""
+    g = sbpc.Graph("stopped")
+    a = g.param("a", (3, 4), init=sbpc.normal(0.0, 1.0), dtype="f64", seed=21)
+    b = g.param("b", (3, 4), init=sbpc.uniform(0.5, 1.5), dtype="f64", seed=22)
+    g.output(loss=(sbpc.stop_gradient(b) * b * a).sum())
+    module = g.module()
+    params = params_of(module)
+    LgAutodiffPass().apply(Context(), module)
+    out = evaluate(module, {}, params)
+    va, vb = params["a"], params["b"]
+    np.testing.assert_allclose(out["loss"], (vb * vb * va).sum(), rtol=1e-12)
+    np.testing.assert_allclose(out["grad.b"], vb * va, rtol=1e-12)
+    np.testing.assert_allclose(out["grad.a"], vb * vb, rtol=1e-12)
 
 
 def test_unused_parameters_get_zero_gradients_and_hints_pass_through():

@@ -118,8 +118,8 @@ def kernel_names(program) -> set[str]:
 
 ALL_KERNELS = {op.name for op in numpy_kernels.NUMPY.ops() if hasattr(op, "name") and isinstance(op.name, str)} - {
     "lg.neg", "lg.tanh", "lg.erf", "lg.exp", "lg.sqrt", "lg.rsqrt", "lg.gelu", "lg.relu", "lg.step", "lg.div",
-    "lg.log", "lg.sin", "lg.cos", "lg.atan", "lg.floor", "lg.ceil", "lg.round", "lg.trunc", "lg.floordiv",
-    "plan.fused"}
+    "lg.stop_gradient", "lg.log", "lg.sin", "lg.cos", "lg.atan", "lg.floor", "lg.ceil", "lg.round", "lg.trunc",
+    "lg.floordiv", "plan.fused"}
 """Kernels that must appear as actors (the elementwise ones may all be fused)."""
 
 
