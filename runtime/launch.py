@@ -245,6 +245,69 @@ class Leftovers:
         remove_hydra_topology_files(self.topology_files)
 
 
+JOB_FOLDER_PREFIX = "sbpc-pool-"
+"""A rank pool's job folder (its channel, the ranks' progress records and
+failure reports) in the temporary directory: `tempfile`'s, made by the
+driver (runtime/pool_client.py)."""
+DRIVER_FILE = "driver"
+"""In a job folder: its driver's `process_identity`, so that what a dead
+driver left can be told from a live job's."""
+
+
+def process_identity(pid: int) -> str | None:
+    """'pid start-time' of a live process (its start in clock ticks since
+    boot tells a reused pid apart), None once it is gone: ended, or a
+    zombie its parent has not reaped yet."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    if fields[0] in ("Z", "X"):  # field 3, the state
+        return None
+    return f"{pid} {fields[19]}"  # field 22 of proc(5), the 20th after the command's ")"
+
+
+def mark_job_folder(folder: str | os.PathLike) -> None:
+    """Records this process as the driver of the job folder `folder`."""
+    identity = process_identity(os.getpid())
+    if identity is not None:
+        (Path(folder) / DRIVER_FILE).write_text(identity)
+
+
+def driver_gone(folder: str | os.PathLike) -> bool:
+    """Whether the driver a job folder records has ended (a folder with no
+    record, or one that cannot be read, is not judged: False)."""
+    try:
+        recorded = (Path(folder) / DRIVER_FILE).read_text().strip()
+        pid = int(recorded.split()[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    return process_identity(pid) != recorded
+
+
+def remove_dead_jobs(directory: str | os.PathLike | None = None) -> list[str]:
+    """Removes this user's job folders in `directory` (the temporary
+    directory) whose driver has ended, and returns their names: a driver
+    killed by SIGKILL or SIGTERM (the OOM killer, a scheduler's preemption)
+    cleans up nothing, and a job whose ranks were killed with it cannot
+    either (its rank 0 removes the folder when it outlives the driver,
+    runtime/pool.py)."""
+    import tempfile
+
+    removed = []
+    for folder in Path(directory or tempfile.gettempdir()).glob(JOB_FOLDER_PREFIX + "*"):
+        try:
+            if folder.stat().st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        if driver_gone(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder.name)
+    return removed
+
+
 HYDRA_TOPOLOGY_DIR = Path("/tmp")
 HYDRA_TOPOLOGY_PREFIX = "hydra_hwloc_xmlfile_"
 """hydra's proxy writes the node's hwloc topology to

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import pickle
+import shutil
 import signal
 import sys
 import time
@@ -33,6 +34,7 @@ from .channel import connect, receive, send
 from .cuda_backend import make_executor
 from .executor import Executor, actor_names, give_way, inject, injected_fault, settle_heap
 from .hosts import on_driver_node
+from .launch import driver_gone
 from .program import find_program
 from .progress import Progress
 from .rank_auth import authenticate_messages
@@ -86,8 +88,12 @@ def serve(job: str) -> None:
     sock = connect(job) if world.rank == 0 else None
     executor = None
     shared = AttachedFeeds()
+    orphaned = False
     while True:
-        command = receive(sock) if sock is not None else None  # the socket is rank 0's
+        try:
+            command = ("stop",) if orphaned else receive(sock) if sock is not None else None  # rank 0's socket
+        except OSError:  # (ConnectionError) the driver closed the channel without a stop: it is gone
+            command, orphaned = ("stop",), True
         wait_idle(world)
         command = world.bcast(command, root=0)
         kind = command[0]
@@ -134,9 +140,17 @@ def serve(job: str) -> None:
             tell = (lambda m: _tell_driver(sock, m)) if world.rank == 0 else None
             fail(world, message, job if here else None, tell=tell)
         if sock is not None:  # rank 0
-            send(sock, ("ok", reply))
+            try:
+                send(sock, ("ok", reply))
+            except OSError:  # the driver went while the ranks worked: they stop next
+                orphaned = True
     if sock is not None:
         sock.close()
+        # A driver killed by a signal left its job folder; the ranks end as
+        # if told to stop (MPICH removes its segments as they finalize) and
+        # rank 0 removes the folder, once the driver is gone for sure.
+        if orphaned and driver_gone(job):
+            shutil.rmtree(job, ignore_errors=True)
 
 
 def _loaded(executor: Executor | None) -> Executor:

@@ -38,7 +38,15 @@ class RankPool:
 
     def __init__(self, ranks: int, hosts: Hosts | None = None):
         from .channel import Listener
-        from .launch import Leftovers, command, rank_environment
+        from .launch import (
+            JOB_FOLDER_PREFIX,
+            Leftovers,
+            command,
+            mark_job_folder,
+            rank_environment,
+            remove_dead_jobs,
+            remove_orphaned_segments,
+        )
         from .progress import DeathWatch
         from .shared_feeds import SharedFeeds
 
@@ -52,7 +60,12 @@ class RankPool:
         pickled; inline where ranks on other hosts cannot open the blocks)."""
         # The job's own folder (0700): the channel to rank 0 with the job's
         # secret, the ranks' progress records and failure reports.
-        self.errors = tempfile.TemporaryDirectory(prefix="sbpc-pool-")
+        # What killed jobs left (their folders, segments no process maps)
+        # goes before this one starts: nothing else would remove it.
+        remove_dead_jobs()
+        remove_orphaned_segments(wait=0)
+        self.errors = tempfile.TemporaryDirectory(prefix=JOB_FOLDER_PREFIX)
+        mark_job_folder(self.errors.name)
         listener = Listener(self.errors.name)
         # mpiexec reports a rank that died (its pid and exit code) on stdout:
         # kept in a file for the failure message, read only after a failure.

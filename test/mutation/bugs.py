@@ -101,6 +101,10 @@ BUGS = [
         "self._views[(param, 0)][...] = self.view(new, step)",
         "self._views[(param, 0)][...] = self.view(param, 0)",
         T + "runtime/test_mpi_runtime.py"),
+    Bug("a-killed-drivers-folder-stays", "executor", "runtime/launch.py",
+        "    if fields[0] in (\"Z\", \"X\"):  # field 3, the state\n        return None\n",
+        "",
+        T + "runtime/test_faults.py", select="killed_mid_training"),
     # -- the generated kernels ---------------------------------------------------------------------
     Bug("generated-gelu-constant-mistyped", "codegen", "codegen/generators.py",
         "(T)0.044715 * {0} * {0} * {0}",

@@ -337,6 +337,62 @@ def test_a_pool_whose_rank_hangs_at_stop_is_ended_at_exit_with_nothing_left(tmp_
     assert no_segment_left(before)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_a_driver_killed_mid_training_leaves_nothing_behind(tmp_path, sig):
+    """The driver alone is killed (the OOM killer's SIGKILL, a scheduler's
+    SIGTERM), mid-training: its ranks end as if told to stop, MPICH removes
+    its segment as they finalize, and rank 0 removes the job's folder."""
+    before = segments()
+    driver = run_script(tmp_path, """
+        exe = sbpc.compile(module)
+        exe.train_step(feeds)
+        print("READY", flush=True)
+        while True:
+            exe.train_step(feeds)
+    """)
+    assert driver.stdout is not None
+    assert driver.stdout.readline().strip() == "READY"
+    assert list(tmp_path.glob("sbpc-pool-*"))
+    os.kill(driver.pid, sig)
+    driver.wait(timeout=30)
+    assert no_rank_left(tmp_path)
+    assert no_segment_left(before)
+    deadline = time.monotonic() + 10
+    while list(tmp_path.glob("sbpc-pool-*")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not list(tmp_path.glob("sbpc-pool-*"))
+
+
+def test_a_new_pool_removes_the_folders_of_jobs_whose_driver_is_gone(tmp_path):
+    """A job killed with its ranks (a whole process group) leaves its folder;
+    a live driver's folder, and one with no record, are kept."""
+    from sbpc.runtime.launch import DRIVER_FILE, mark_job_folder, process_identity, remove_dead_jobs
+
+    ended = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    identity = process_identity(ended.pid)
+    ended.kill()
+    ended.wait()
+    dead, live, unknown = (tmp_path / f"sbpc-pool-{n}" for n in ("dead", "live", "unknown"))
+    for folder in (dead, live, unknown):
+        folder.mkdir()
+    (dead / DRIVER_FILE).write_text(str(identity))
+    mark_job_folder(live)
+    reused = tmp_path / "sbpc-pool-reused"  # this process's pid, another start time: a reused pid
+    reused.mkdir()
+    (reused / DRIVER_FILE).write_text(f"{os.getpid()} 1")
+    zombie = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])  # killed, not yet reaped
+    (tmp_path / "sbpc-pool-zombie").mkdir()
+    (tmp_path / "sbpc-pool-zombie" / DRIVER_FILE).write_text(str(process_identity(zombie.pid)))
+    zombie.kill()
+    while process_identity(zombie.pid) is not None:
+        time.sleep(0.01)
+    try:
+        assert sorted(remove_dead_jobs(tmp_path)) == ["sbpc-pool-dead", "sbpc-pool-reused", "sbpc-pool-zombie"]
+    finally:
+        zombie.wait()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sbpc-pool-live", "sbpc-pool-unknown"]
+
+
 def test_a_checkpoint_save_killed_half_way_leaves_the_previous_one_intact(tmp_path):
     driver = run_script(tmp_path, f"""
         exe = sbpc.compile(module, mode="interpret")
