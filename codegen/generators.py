@@ -709,34 +709,21 @@ def gen_topk(site: Site) -> Kernel:
     return Kernel(site.name, site.t, (f"const {in_type}* a0", "T* out"), math.prod(shape), body, restrict=True)
 
 
-@CUDA.impl(lg.DropoutOp)
-def gen_dropout(site: Site) -> Kernel:
-    # each element's index in the whole tensor, from where this piece starts
-    # (and, in a micro-batch copy, its row in the batch), then its word of
-    # the Philox block of four it falls in (semantics/philox.py). On the
-    # host the elements run in order, so four neighbours share one block.
-    rate = cast(FloatAttr, site.props["rate"]).value.data
-    stream = cast(IntegerAttr, site.props["stream"]).value.data
-    batch = site.props.get("micro_batch")
-    count, index, rows = tuple(cast(DenseArrayBase[IntegerType], batch).get_values()) if batch else (1, 0, 1)
-    local, shape = site.in_shapes[0] or (1,), site.global_in or (1,)
-    starts = site.in_starts[0] if site.in_starts and site.in_starts[0] else (0,) * len(local)
-    st = strides([shape[0] * count, *shape[1:]])
-
-    def at(d: int, c: str) -> str:
-        """The index along axis d of the whole tensor of local coordinate c."""
-        g = f"({c} + {starts[d]})"
-        return f"(({g} / {rows}) * {count} + {index}) * {rows} + {g} % {rows}" if d == 0 and count > 1 else g
-
-    key = "(uint32_t)a1[0], (uint32_t)((uint64_t)a1[0] >> 32)"
+def _draw_kernel(site: Site, local, st, at, seed: str, step: str, statement: str, params) -> Kernel:
+    """A kernel of Philox draws (lg.dropout, lg.uniform): each element's index
+    g in the whole tensor (`at(d, c)`: along axis d, of local coordinate c,
+    times the whole tensor's strides `st`), then its word of the Philox block
+    of four it falls in (semantics/philox.py), which `statement` reads as
+    `w[g & 3]` to write out[i]. On the host the elements run in order, so
+    four neighbours share one block, drawn once."""
+    key = f"(uint32_t){seed}[0], (uint32_t)((uint64_t){seed}[0] >> 32)"
     draw = f"sbpc_philox(w, {key});"
-    keep = f"out[i] = a0[i] * ((w[g & 3] >> {32 - lg.DROPOUT_BITS}) >= {lg.dropout_threshold(rate)}u ? " \
-           f"(T){1.0 / (1.0 - rate)!r} : (T)0);"
-    counter = f"w[0] = (uint32_t)group; w[1] = (uint32_t)(group >> 32); w[2] = {stream}u; w[3] = (uint32_t)a2[0];"
+    stream = cast(IntegerAttr, site.props["stream"]).value.data
+    counter = f"w[0] = (uint32_t)group; w[1] = (uint32_t)(group >> 32); w[2] = {stream}u; w[3] = (uint32_t){step}[0];"
     lines = ["long rem = i;", "long g = 0;"]
     for d in reversed(range(len(local))):
         lines.append(f"{{ long c = rem % {local[d]}; rem /= {local[d]}; g += ({at(d, 'c')}) * {st[d]}; }}")
-    body = "\n  ".join([*lines, "uint64_t group = (uint64_t)g >> 2;", "uint32_t w[4];", counter, draw, keep])
+    body = "\n  ".join([*lines, "uint64_t group = (uint64_t)g >> 2;", "uint32_t w[4];", counter, draw, statement])
     nest = ["  uint32_t w[4];", "  uint64_t cached = ~(uint64_t)0;  /* no block has this number */", "  long i = 0;"]
     for d, n in enumerate(local):
         pad = "  " * (d + 1)
@@ -745,10 +732,40 @@ def gen_dropout(site: Site) -> Kernel:
         nest.append(f"{pad}  long g{d} = {before}({at(d, f'c{d}')}) * {st[d]};")
     pad = "  " * (len(local) + 1)
     nest += [f"{pad}long g = g{len(local) - 1};", f"{pad}uint64_t group = (uint64_t)g >> 2;",
-             f"{pad}if (group != cached) {{ {counter} {draw} cached = group; }}", f"{pad}{keep}", f"{pad}++i;"]
+             f"{pad}if (group != cached) {{ {counter} {draw} cached = group; }}", f"{pad}{statement}", f"{pad}++i;"]
     nest += ["  " * (d + 1) + "}" for d in reversed(range(len(local)))]
-    params = ("const T* a0", "const int64_t* a1", "const int64_t* a2", "T* out")
     return Kernel(site.name, site.t, params, math.prod(local), body, restrict=True, host_body="\n".join(nest))
+
+
+@CUDA.impl(lg.DropoutOp)
+def gen_dropout(site: Site) -> Kernel:
+    # the input's piece numbered from where it starts (and, in a micro-batch
+    # copy, its row in the batch)
+    rate = cast(FloatAttr, site.props["rate"]).value.data
+    batch = site.props.get("micro_batch")
+    count, index, rows = tuple(cast(DenseArrayBase[IntegerType], batch).get_values()) if batch else (1, 0, 1)
+    local, shape = site.in_shapes[0] or (1,), site.global_in or (1,)
+    starts = site.in_starts[0] if site.in_starts and site.in_starts[0] else (0,) * len(local)
+
+    def at(d: int, c: str) -> str:
+        """The index along axis d of the whole tensor of local coordinate c."""
+        g = f"({c} + {starts[d]})"
+        return f"(({g} / {rows}) * {count} + {index}) * {rows} + {g} % {rows}" if d == 0 and count > 1 else g
+
+    keep = f"out[i] = a0[i] * ((w[g & 3] >> {32 - lg.DROPOUT_BITS}) >= {lg.dropout_threshold(rate)}u ? " \
+           f"(T){1.0 / (1.0 - rate)!r} : (T)0);"
+    return _draw_kernel(site, local, strides([shape[0] * count, *shape[1:]]), at, "a1", "a2", keep,
+                        ("const T* a0", "const int64_t* a1", "const int64_t* a2", "T* out"))
+
+
+@CUDA.impl(lg.UniformOp)
+def gen_uniform(site: Site) -> Kernel:
+    # the result's piece numbered from where it starts
+    local, shape = site.out_shape or (1,), site.global_out or (1,)
+    starts = site.out_starts or (0,) * len(local)
+    value = f"out[i] = (T)(w[g & 3] >> {32 - lg.DROPOUT_BITS}) * (T){2.0 ** -lg.DROPOUT_BITS!r};"
+    return _draw_kernel(site, local, strides(list(shape)), lambda d, c: f"{c} + {starts[d]}", "a0", "a1", value,
+                        ("const int64_t* a0", "const int64_t* a1", "T* out"))
 
 
 # -- masks: comparisons, casts, logical ops, select -----------------------------
@@ -957,6 +974,8 @@ class Site:
     logits holds."""
     out_starts: tuple[int, ...] = ()
     """Where the result's piece starts (empty: whole or partial)."""
+    global_out: tuple[int, ...] = ()
+    """The result's global shape (a draw numbers its elements in it)."""
 
 
 def generate(actor: plan.ComputeOp, registers: dict, rank: int | None = None) -> tuple[str, str, list[int]]:
@@ -1007,6 +1026,7 @@ def describe(actor: plan.ComputeOp, registers: dict, rank: int | None = None) ->
         in_elems=tuple(str(r.type.element_type) for r in ins),
         in_starts=tuple(_starts(device, r.value, rank) for r in ins),
         out_starts=_starts(device, out.value, rank),
+        global_out=tuple(out.value.get_shape()),
     )
     if kernel == plan.FUSED:
         steps = [(step.kernel, step.args) for step in plan.fused_steps(actor)]

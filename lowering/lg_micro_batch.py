@@ -308,7 +308,10 @@ class Unroller:
         # whole forward, then micro-batch 1's, ... The one schedule follows
         # program order among ready ops, so stage 0 sends micro-batch 0 on
         # while it computes micro-batch 1: the stages overlap.
-        dependent = {op.result for op in inputs}
+        # a random draw whose axis 0 is the batch (drop path's per-sample
+        # mask) is cut as an input is: each micro-batch's rows are the batch's
+        draws = batch_draws(body, global_shape(inputs[0].result.type)[0])
+        dependent = {op.result for op in inputs} | {op.result for op in draws}
         batch_ops = []
         for op in body:
             if not isinstance(op, lg.InputOp) and any(o in dependent for o in op.operands):
@@ -325,10 +328,15 @@ class Unroller:
             self.rows[op.result] = 1
             for k, piece in enumerate(self.split_input(op, output)):
                 copies[k][op.result] = piece
+        for op in draws:
+            self.rows[op.result] = 1
+            for k, piece in enumerate(self.cut(op.result, 1, output, op.attributes.get(sbp.PLACEMENT_ATTR),
+                                               op.result.name_hint)):
+                copies[k][op.result] = piece
         segment: list[Operation] = []
-        per_micro_batch = {op.result for op in inputs}
+        per_micro_batch = {op.result for op in inputs} | {op.result for op in draws}
         """The values (of the whole-batch graph) that each micro-batch has its own copy of."""
-        whole_batch: dict[SSAValue, SSAValue] = {op.result: op.result for op in inputs}
+        whole_batch: dict[SSAValue, SSAValue] = {v: v for v in per_micro_batch}
         """Such values as the whole batch (a join made once, or a join's result before its cut)."""
 
         def repeat_segment() -> None:
@@ -418,6 +426,11 @@ class Unroller:
         self.graph.attributes[SCHEDULE_ATTR] = StringAttr(self.schedule)
 
 
+def batch_draws(body, batch: int) -> list[lg.UniformOp]:
+    """The random draws whose axis 0 is the batch of `batch` examples."""
+    return [op for op in body if isinstance(op, lg.UniformOp) and global_shape(op.result.type)[:1] == (batch,)]
+
+
 def rebatch(graph: lg.GraphOp, size: int) -> None:
     """The same graph on `size` examples: every input of rank >= 1 gets
     `size` rows and every op that depends on the batch is retyped, its
@@ -438,7 +451,12 @@ def rebatch(graph: lg.GraphOp, size: int) -> None:
             raise unroller.fail(op, f"input \"{op.key.data}\" has {shape[0]} rows but the batch has {batch}")
         Rewriter.replace_value_with_new_type(op.result, _retyped(op.result.type, (size, *shape[1:])))
         unroller.rows[op.result] = 1
-    dependent: set[SSAValue] = {op.result for op in inputs}
+    draws = batch_draws(list(graph.body.ops), batch)
+    for draw in draws:
+        shape = global_shape(draw.result.type)
+        Rewriter.replace_value_with_new_type(draw.result, _retyped(draw.result.type, (size, *shape[1:])))
+        unroller.rows[draw.result] = 1
+    dependent: set[SSAValue] = {op.result for op in inputs} | {draw.result for draw in draws}
     for each in list(graph.body.ops):
         if isinstance(each, (lg.InputOp, lg.OutputOp)) or not any(o in dependent for o in each.operands):
             continue

@@ -32,7 +32,7 @@ from sbpc.dialects.backends import Backend
 from sbpc.dialects.dtypes import is_half, numpy_dtype
 from sbpc.dialects.sbp import element_type, global_shape
 from sbpc.semantics.local_eval import Fused, LocalContext
-from sbpc.semantics.philox import DropoutMask
+from sbpc.semantics.philox import DropoutMask, UniformDraws
 from sbpc.semantics.reference import (
     COMPARE,
     LOGICAL,
@@ -730,6 +730,17 @@ def _bind_dropout(op: lg.DropoutOp, local: LocalContext, ins, out) -> Fire:
     def fire(xs, o):
         mask.factors(int(xs[1]), int(xs[2]), o.dtype, factors, kept)
         np.multiply(xs[0], factors, out=o)
+
+    return fire
+
+
+@NUMPY.impl(lg.UniformOp)
+def _bind_uniform(op: lg.UniformOp, local: LocalContext, ins, out) -> Fire:
+    # the piece's counters found once; each firing draws them for its seed and step
+    draws = UniformDraws(local.out_shape, local.out_piece, op.params()["stream"])
+
+    def fire(xs, o):
+        draws.values(int(xs[0]), int(xs[1]), o.dtype, o)
 
     return fire
 

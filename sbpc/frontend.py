@@ -329,6 +329,12 @@ class Graph:
         self._streams += 1
         return self._streams
 
+    def rand(self, shape: Sequence[int], dtype: str = "f32") -> Tensor:
+        """Uniform random numbers in [0, 1) of `shape` (PyTorch's `rand`), a
+        new draw at every step, the same under every plan (lg.uniform)."""
+        seed, step = self.random_state()
+        return self.add(lg.UniformOp(seed.value, step.value, list(shape), element(dtype), self.new_stream()))
+
     @checked
     def output(self, **outputs: Tensor) -> None:
         if any(t.graph is not self for t in outputs.values()):

@@ -24,7 +24,7 @@ from sbpc.dialects.backends import Backend
 from sbpc.dialects.dtypes import is_float_dtype, is_half, numpy_dtype
 from sbpc.dialects.pieces import Coord, coords, mesh_coord, partial_kind, piece
 from sbpc.dialects.sbp import PlainNd, Sbp, element_type, nd_to_plain, plain_nd
-from sbpc.semantics.philox import dropout_piece
+from sbpc.semantics.philox import UniformDraws, dropout_piece
 from sbpc.semantics.reference import (
     REFERENCE,
     check_range,
@@ -240,6 +240,14 @@ def _dropout(op: lg.DropoutOp, ctx: LocalContext, x: np.ndarray, seed: np.ndarra
     # the piece's elements drawn by their indices in the whole tensor
     p = op.params()
     return dropout_piece(x, seed, step, ctx.in_shapes[0], ctx.in_pieces[0], p["rate"], p["stream"], p["micro_batch"])
+
+
+@LOCAL.impl(lg.UniformOp)
+def _uniform(op: lg.UniformOp, ctx: LocalContext, seed: np.ndarray, step: np.ndarray) -> np.ndarray:
+    # the piece's elements drawn by their indices in the whole tensor
+    p = op.params()
+    return UniformDraws(ctx.out_shape, ctx.out_piece, p["stream"]).values(int(seed), int(step),
+                                                                          numpy_dtype(p["elem"]))
 
 
 @LOCAL.impl(lg.GatherOp)

@@ -10,7 +10,8 @@ its value when
     philox((e / 4 as two 32-bit words, stream, step mod 2^32), seed)[e mod 4] >> 8
         >= round(rate * 2^24)
 
-so the mask depends on (seed, step, stream, e) and not on the plan. The
+so the mask depends on (seed, step, stream, e) and not on the plan.
+lg.uniform's element e is that same 24-bit draw times 2^-24. The
 numpy form here is the definition (the reference interpreter, the local
 kernels and the numpy backend use it); sbpc.codegen.render.PHILOX_C is the same
 function in C and CUDA, checked against it.
@@ -81,13 +82,14 @@ def global_indices(shape: Sequence[int], piece: Sequence[slice], micro_batch: Se
     return flat.reshape(-1)
 
 
-class DropoutMask:
-    """The keep decisions of one lg.dropout on one piece of its input, drawn
-    per call for a (seed, step): the piece's global indices are fixed, so
-    the distinct counters (four elements share one) and where each element
-    picks its word are found once."""
+class Draws:
+    """The 24-bit draws of one random op's piece (lg.dropout's keep
+    decisions, lg.uniform's values), drawn per call for a (seed, step): the
+    piece's global indices are fixed, so the distinct counters (four
+    elements share one) and where each element picks its word are found
+    once."""
 
-    def __init__(self, shape: Sequence[int], piece: Sequence[slice], rate: float, stream: int,
+    def __init__(self, shape: Sequence[int], piece: Sequence[slice], stream: int,
                  micro_batch: Sequence[int] = (1, 0, 1)):
         flat = global_indices(shape, piece, micro_batch)
         groups = flat >> 2
@@ -99,19 +101,33 @@ class DropoutMask:
         # the word of element i: row (i mod 4) of philox's (4, counters) output
         self.pick = (flat & 3) * counters.size + (np.cumsum(first) - 1)
         self.stream = stream
-        self.threshold = np.uint64(dropout_threshold(rate))
-        self.scale = 1.0 / (1.0 - rate)
         self._draws = np.empty(flat.size, np.uint64)
         self.shape = tuple(s.stop - s.start for s in piece)
 
-    def keep(self, seed: int, step: int, out: np.ndarray | None = None) -> np.ndarray:
-        """Whether each element of the piece is kept (bool, the piece's shape)."""
+    def draws(self, seed: int, step: int) -> np.ndarray:
+        """Each element's 24-bit draw (uint64, flat; overwritten by the next call)."""
         seed &= 0xFFFFFFFFFFFFFFFF
         words = self.philox((self.low, self.high, self.stream, step & 0xFFFFFFFF), (seed, seed >> 32))
-        np.take(words.reshape(-1), self.pick, out=self._draws)
+        # (mode="clip": the picks are in range, and "raise", the default, buffers the output)
+        np.take(words.reshape(-1), self.pick, out=self._draws, mode="clip")
         np.right_shift(self._draws, np.uint64(32 - DROPOUT_BITS), out=self._draws)
-        kept = np.empty(self._draws.size, bool) if out is None else out.reshape(-1)
-        np.greater_equal(self._draws, self.threshold, out=kept)
+        return self._draws
+
+
+class DropoutMask(Draws):
+    """The keep decisions of one lg.dropout on one piece of its input."""
+
+    def __init__(self, shape: Sequence[int], piece: Sequence[slice], rate: float, stream: int,
+                 micro_batch: Sequence[int] = (1, 0, 1)):
+        super().__init__(shape, piece, stream, micro_batch)
+        self.threshold = np.uint64(dropout_threshold(rate))
+        self.scale = 1.0 / (1.0 - rate)
+
+    def keep(self, seed: int, step: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Whether each element of the piece is kept (bool, the piece's shape)."""
+        draws = self.draws(seed, step)
+        kept = np.empty(draws.size, bool) if out is None else out.reshape(-1)
+        np.greater_equal(draws, self.threshold, out=kept)
         return kept.reshape(self.shape)
 
     def factors(self, seed: int, step: int, dtype, out: np.ndarray | None = None,
@@ -121,6 +137,18 @@ class DropoutMask:
         factors = np.empty(self.shape, dtype) if out is None else out
         np.multiply(keep, np.asarray(self.scale, dtype), out=factors)
         return factors
+
+
+class UniformDraws(Draws):
+    """The values of one lg.uniform on one piece of its result: each
+    element's 24-bit draw times 2^-24, in [0, 1) and exact in float32."""
+
+    def values(self, seed: int, step: int, dtype, out: np.ndarray | None = None) -> np.ndarray:
+        values = np.empty(self.shape, dtype) if out is None else out
+        # cast, then scale in place: one multiply of the integers by a float would buffer its casts
+        np.copyto(values, self.draws(seed, step).reshape(self.shape), casting="unsafe")
+        np.multiply(values, np.asarray(2.0 ** -DROPOUT_BITS, dtype), out=values)
+        return values
 
 
 def dropout_piece(x: np.ndarray, seed, step, shape: Sequence[int], piece: Sequence[slice], rate: float, stream: int,

@@ -342,6 +342,16 @@ def _dropout(op: lg.DropoutOp, x: np.ndarray, seed: np.ndarray, step: np.ndarray
                          p["micro_batch"])
 
 
+@REFERENCE.impl(lg.UniformOp)
+def _uniform(op: lg.UniformOp, seed: np.ndarray, step: np.ndarray) -> np.ndarray:
+    from sbpc.dialects.dtypes import numpy_dtype
+    from sbpc.semantics.philox import UniformDraws
+
+    p = op.params()
+    draws = UniformDraws(p["shape"], tuple(slice(0, d) for d in p["shape"]), p["stream"])
+    return draws.values(int(seed), int(step), numpy_dtype(p["elem"]))
+
+
 @REFERENCE.impl(lg.EmbeddingOp)
 def _embedding(op: lg.EmbeddingOp, table: np.ndarray, indices: np.ndarray) -> np.ndarray:
     check_range(op, "index", indices, table.shape[0])

@@ -115,7 +115,7 @@ from .linalg import GroupedMatmulGradWeightOp, GroupedMatmulOp, MatmulOp
 from .loss import CrossEntropyOp, MseLossOp, SumExpOp, TokenCrossEntropyGradOp, TokenCrossEntropyOp
 from .mask import COMPARE_KINDS, LOGICAL_KINDS, CastOp, CompareOp, LogicalOp, SelectOp
 from .norm import AxisOp, LayerNormOp, LogSoftmaxOp, SoftmaxOp
-from .random import DROPOUT_BITS, DropoutOp, dropout_threshold
+from .random import DROPOUT_BITS, DropoutOp, UniformOp, dropout_threshold
 from .reduce import ArgmaxOp, CumsumOp, ReduceMaxOp, ReduceMeanOp, ReduceOp, ReduceSumOp, TopkOp
 from .shape import BroadcastToOp, ConcatOp, PadOp, ReshapeOp, SliceOp, ToShapeOp, TransposeOp
 
@@ -169,6 +169,7 @@ LG = Dialect(
         PadOp,
         CumsumOp,
         DropoutOp,
+        UniformOp,
         EmbeddingOp,
         GatherOp,
         ScatterOp,

@@ -1,4 +1,4 @@
-"""Random numbers: dropout, whose keep decisions come from a counter-based
+"""Random numbers: dropout and uniform draws, whose keep decisions come from a counter-based
 generator keyed by the op's seed, the step and the element's global index,
 so every plan draws the same mask."""
 
@@ -7,13 +7,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar, cast
 
-from xdsl.dialects.builtin import I64, DenseArrayBase, Float64Type, FloatAttr, IntegerAttr, IntegerType, f64, i64
+from xdsl.dialects.builtin import (
+    I64,
+    DenseArrayBase,
+    Float64Type,
+    FloatAttr,
+    IntegerAttr,
+    IntegerType,
+    TensorType,
+    f32,
+    f64,
+    i64,
+)
 from xdsl.ir import Attribute, SSAValue
 from xdsl.irdl import operand_def, opt_prop_def, prop_def, result_def, traits_def
 from xdsl.traits import Pure
 
 from ..irdl_verify import op_definition
-from ..sbp import TensorLike
+from ..sbp import TensorLike, element_type, global_shape
 from .base import LgOp, ShapeError, fmt_type, is_float, split_ok
 
 DROPOUT_BITS = 24
@@ -111,3 +122,55 @@ class DropoutOp(LgOp):
     def gradient(self, g, e):
         p = self.params()
         return [e.emit(DropoutOp(g, self.seed, self.step, p["rate"], p["stream"], p["micro_batch"])), None, None]
+
+
+@op_definition
+class UniformOp(LgOp):
+    """Uniform random numbers in [0, 1) (PyTorch's `rand`), a new draw at
+    every step: element e (its index in the whole tensor) is its 24-bit
+    Philox draw, the same word lg.dropout compares (key = seed, counter =
+    (e / 4, stream, step)), times 2^-24, so every plan draws the same
+    values. `floor(keep + rand)`, drop path's per-sample mask, is 1 exactly
+    where lg.dropout at rate 1 - keep would keep. float32 or float64: a
+    24-bit fraction rounded to 16 bits could reach 1. No operand is a
+    tensor of the batch: lg-micro-batch cuts a draw whose axis 0 is the
+    batch as it cuts an input."""
+
+    name = "lg.uniform"
+
+    seed = operand_def(TensorLike)
+    step = operand_def(TensorLike)
+    stream = prop_def(IntegerAttr[I64])
+    result = result_def(TensorLike)
+
+    traits = traits_def(Pure())
+
+    FLOPS_PER_ELEMENT: ClassVar[float] = 16.0  # as lg.dropout's draw
+
+    assembly_format = "$seed `,` $step `stream` $stream attr-dict `:` functional-type(operands, results)"
+
+    def __init__(self, seed: SSAValue, step: SSAValue, shape: Sequence[int], elem: Attribute, stream: int):
+        super().__init__(operands=[seed, step], properties={"stream": IntegerAttr(stream, i64)},
+                         result_types=[TensorType(elem, list(shape))])
+
+    def params(self):
+        return {"shape": tuple(global_shape(self.result.type)), "elem": element_type(self.result.type),
+                "stream": self.stream.value.data}
+
+    @classmethod
+    def rule(cls, shapes, elems, shape, elem, stream):
+        for what, s, e in (("seed", shapes[0], elems[0]), ("step", shapes[1], elems[1])):
+            if s or e != i64:
+                raise ShapeError(f"{what} must be an i64 scalar, got {fmt_type(s, e)}")
+        if elem not in (f32, f64):
+            raise ShapeError(f"the draws must be f32 or f64, got {elem}")
+        if any(d < 0 for d in shape):
+            raise ShapeError(f"shape {list(shape)} has a negative size")
+        if not 0 <= stream < 1 << 32:
+            raise ShapeError(f"stream must be in [0, 2^32), got {stream}")
+        return tuple(shape), elem
+
+    @classmethod
+    def sbp_rule(cls, in_shapes, out_shape, p, **params):
+        sigs = [(("B", "B"), (f"S{i}",)) for i, d in enumerate(out_shape) if split_ok(d, p)]
+        return sigs + [(("B", "B"), ("B",))]

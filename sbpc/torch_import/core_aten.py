@@ -58,7 +58,8 @@ def coverage(rules) -> dict[str, list[str]]:
     own), "decomposition" (no rule, imported through PyTorch's
     decomposition), "computed at import" (no tensor operand: PyTorch
     computes the value, a constant), and refused by name: "data-dependent"
-    (the output's shape depends on the data), "random" (a draw per call)
+    (the output's shape depends on the data), "random" (a draw per call:
+    sbpc's own for `rand`, refused for the others)
     and "refused" (no rule and no decomposition yet)."""
     import torch
 
@@ -67,12 +68,15 @@ def coverage(rules) -> dict[str, list[str]]:
     for name in core_aten_ops():
         base, _, overload = name.removeprefix("aten.").partition(".")
         op = getattr(getattr(torch.ops.aten, base), overload or "default")
-        if name in rules:
+        if torch.Tag.nondeterministic_seeded in op.tags:
+            # a draw per call: sbpc's own for `rand` (lg.uniform), which no
+            # sample can compare with PyTorch's; refused for the others
+            # (folded it would be one draw for every step)
+            found["random"].append(name)
+        elif name in rules:
             found["rule"].append(name)
         elif name in DATA_DEPENDENT:
             found["data-dependent"].append(name)
-        elif torch.Tag.nondeterministic_seeded in op.tags:
-            found["random"].append(name)  # refused: folded it would be one draw for every step
         elif not any("Tensor" in str(a.type) for a in op._schema.arguments):
             found["computed at import"].append(name)  # no tensor operand: PyTorch computes it (`full`, `arange`)
         else:

@@ -197,14 +197,16 @@ class _Importer(_StateImporter):
         if name in ("aten.slice.Tensor", "aten.select.int") and hasattr(node.args[0], "op"):
             self.views[node] = (node.args[0], name, _view_place(name, node.args[1:]))
         if not any(isinstance(a, Tensor) for a in _flat([args, kwargs])):
-            if _draws_random_numbers(node.target):
+            if not _draws_random_numbers(node.target):
+                try:
+                    return self._fold(node, args, kwargs)
+                except Exception as error:  # noqa: BLE001 - PyTorch's own failure, reported with the op
+                    raise self._error(f"{name} ({node.name}) on constants failed in PyTorch: {error}") from None
+            if name not in RULES:
                 # folded at import it would be one draw, the same at every step
                 raise self._error(f"{name} ({node.name}) draws new random numbers at every call, which sbpc "
-                                  f"does not import (its random op is dropout, `lg.dropout`)")
-            try:
-                return self._fold(node, args, kwargs)
-            except Exception as error:  # noqa: BLE001 - PyTorch's own failure, reported with the op
-                raise self._error(f"{name} ({node.name}) on constants failed in PyTorch: {error}") from None
+                                  f"does not import (its random ops are dropout and rand: `lg.dropout`, "
+                                  f"`lg.uniform`)")
         rule = RULES.get(name)
         if rule is None:
             return self._decomposed(node, name, args, kwargs)

@@ -149,6 +149,11 @@ BUGS = [
         "if isinstance(op, lg.CumsumOp | lg.AxisOp) and op.params()[\"axis\"] == 0:",
         "if isinstance(op, lg.AxisOp) and op.params()[\"axis\"] == 0:",
         T + "api/test_moe.py", select="micro_batches_drop"),
+    Bug("uniform-draws-number-each-piece-from-zero", "rng", "runtime/numpy_kernels.py",
+        "draws = UniformDraws(local.out_shape, local.out_piece, op.params()[\"stream\"])",
+        "draws = UniformDraws(local.out_shape, tuple(slice(0, s.stop - s.start) for s in local.out_piece), "
+        "op.params()[\"stream\"])",
+        T + "semantics/test_dropout.py"),
     # -- the importer's ATen rules ----------------------------------------------------------------
     Bug("rsub-not-swapped", "importer", "sbpc/torch_import/aten/elementwise.py",
         'RULES["aten.rsub.Scalar"] = RULES["aten.rsub.Tensor"] = _binary(fe.sub, swap=True)',

@@ -69,6 +69,7 @@ lg.graph @all_ops on @mesh {
   %cs = lg.cumsum %ln axis 1 reverse : tensor<8x4xf32> -> tensor<8x4xf32>
   %csi = lg.cumsum %ci axis 0 : tensor<2xi64> -> tensor<2xi64>
   %drop = lg.dropout %ln, %seed, %rstep rate 1.000000e-01 stream 3 : (tensor<8x4xf32>, tensor<i64>, tensor<i64>) -> tensor<8x4xf32>
+  %rand = lg.uniform %seed, %rstep stream 5 : (tensor<i64>, tensor<i64>) -> tensor<8x1x1xf32>
   %amax = lg.argmax %ln axis 1 : tensor<8x4xf32> -> tensor<8xi64>
   %top = lg.topk %ln k 2 axis 1 : tensor<8x4xf32> -> tensor<8x2xi64>
   %order = lg.topk %ln k 8 axis 0 smallest : tensor<8x4xf32> -> tensor<8x4xi64>
@@ -173,6 +174,7 @@ lg.graph @all_ops on @mesh {
 // CHECK-NEXT:  %cs = lg.cumsum %ln axis 1 reverse : tensor<8x4xf32> -> tensor<8x4xf32>
 // CHECK-NEXT:  %csi = lg.cumsum %ci axis 0 : tensor<2xi64> -> tensor<2xi64>
 // CHECK-NEXT:  %drop = lg.dropout %ln, %seed, %rstep rate 1.000000e-01 stream 3 : (tensor<8x4xf32>, tensor<i64>, tensor<i64>) -> tensor<8x4xf32>
+// CHECK-NEXT:  %rand = lg.uniform %seed, %rstep stream 5 : (tensor<i64>, tensor<i64>) -> tensor<8x1x1xf32>
 // CHECK-NEXT:  %amax = lg.argmax %ln axis 1 : tensor<8x4xf32> -> tensor<8xi64>
 // CHECK-NEXT:  %top = lg.topk %ln k 2 axis 1 : tensor<8x4xf32> -> tensor<8x2xi64>
 // CHECK-NEXT:  %order = lg.topk %ln k 8 axis 0 smallest : tensor<8x4xf32> -> tensor<8x4xi64>

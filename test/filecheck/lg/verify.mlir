@@ -944,6 +944,25 @@ lg.graph @g {
 // -----
 
 lg.graph @g {
+  %s = lg.param "rng.seed" init #lg.zeros state : tensor<i64>
+  %y = lg.uniform %s, %s stream 1 : (tensor<i64>, tensor<i64>) -> tensor<8xf16>
+  lg.output ["y"] %y : tensor<8xf16>
+}
+// CHECK: 'lg.uniform': the draws must be f32 or f64, got f16
+
+// -----
+
+lg.graph @g {
+  %s = lg.param "rng.seed" init #lg.zeros state : tensor<i64>
+  %t = lg.param "t" init #lg.zeros state : tensor<2xi64>
+  %y = lg.uniform %s, %t stream 1 : (tensor<i64>, tensor<2xi64>) -> tensor<8xf32>
+  lg.output ["y"] %y : tensor<8xf32>
+}
+// CHECK: 'lg.uniform': step must be an i64 scalar, got 2xi64
+
+// -----
+
+lg.graph @g {
   %x = lg.input "x" : tensor<8x0xf32>
   %y = lg.argmax %x axis 1 : tensor<8x0xf32> -> tensor<8xi64>
   lg.output ["y"] %y : tensor<8xi64>

@@ -26,9 +26,10 @@ BACKENDS: list[Backend] = [REFERENCE, numpy_kernels.NUMPY, codegen.CUDA]
 
 NOT_DIFFERENTIABLE = {lg.ArgmaxOp, lg.TopkOp, lg.OneHotOp, lg.EmbeddingGradOp, lg.TokenCrossEntropyGradOp,
                       lg.Conv2dGradInputOp, lg.Conv2dGradWeightOp, lg.MaxPool2dGradOp,
-                      lg.GroupedMatmulGradWeightOp}
+                      lg.GroupedMatmulGradWeightOp, lg.UniformOp}
 """Ops lg-autodiff refuses to differentiate through (by design: they only
-appear in backward graphs, or have no useful gradient here)."""
+appear in backward graphs, or have no useful gradient here; a random draw
+reads no float to pass a gradient to)."""
 
 
 def test_every_lg_op_is_structure_or_a_kernel():

@@ -55,6 +55,8 @@ def every_op_module(ranks: int, device: str = "cpu", batch: int = 8):
     e = (sbpc.embedding(table, ids) + sbpc.embedding(table, ids, padding_idx=0)).sum(axes=(1,))
     h = sbpc.gelu(x + e) * sbpc.rsqrt(x * x + 1.0) - sbpc.tanh(sbpc.relu(x)) / sbpc.sqrt(sbpc.exp(-x) + 2.0)
     h = sbpc.dropout(h + sbpc.erf(x) * 0.5, 0.25)
+    # drop path's per-example mask, from a uniform draw split with the batch, and one whose gradient stops
+    h = h * sbpc.floor(g.rand((batch, 1)).to(S(0)) + 0.75) + sbpc.stop_gradient(h) * 0.1
     # the other unary ops (log of a positive value; the roundings pass no gradient)
     h = h + sbpc.log(x * x + 1.0) * sbpc.sin(x) + sbpc.cos(x) * sbpc.atan(x) * 0.5 + (
         sbpc.floor(x) + sbpc.ceil(x) + sbpc.round(x * 2.0) + sbpc.trunc(x)) * 0.1

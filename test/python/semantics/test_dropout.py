@@ -52,7 +52,7 @@ def dropped(ranks=1, sbp=None, mesh=None):
     g = sbpc.Graph("dropped", placement=sbpc.placement("cpu", ranks, mesh))
     x = g.input("x", (12, 10, 7), sbp=sbp)
     y = sbpc.dropout(x, 0.3)
-    g.output(y=y, z=sbpc.dropout(y.reshape(120, 7), 0.5))
+    g.output(y=y, z=sbpc.dropout(y.reshape(120, 7), 0.5), u=g.rand((12, 10, 7)) * x)
     return g
 
 
@@ -73,7 +73,7 @@ def one_device():
 def test_every_plan_draws_the_one_devices_mask(one_device, ranks, sbp, mesh):
     got = steps_of(sbpc.compile(dropped(ranks, sbp, mesh), seed=11))
     for step, (expected, actual) in enumerate(zip(one_device, got)):
-        for name in ("y", "z"):
+        for name in ("y", "z", "u"):
             np.testing.assert_array_equal(actual[name], expected[name], err_msg=f"{name}, step {step}")
     assert not np.array_equal(one_device[0]["y"], one_device[1]["y"])  # the step advanced
 
@@ -95,7 +95,7 @@ def test_micro_batches_draw_the_whole_batchs_mask(count):
     g = sbpc.Graph("micro")
     x = g.input("x", (8, 3, 5))
     w = g.param("w", (5,), init=sbpc.normal(0.0, 1.0), dtype="f32", seed=3)
-    h = sbpc.dropout(x * w, 0.4)
+    h = sbpc.dropout(x * w, 0.4) * sbpc.floor(g.rand((8, 1, 1)) + 0.7)  # and drop path's per-example draw
     rows = sbpc.dropout(h.reshape(24, 5), 0.25)
     g.output(loss=(rows * rows).mean() + (h * x).mean())
     whole, micro = g.module(), g.module()
@@ -108,6 +108,32 @@ def test_micro_batches_draw_the_whole_batchs_mask(count):
     expected, got = evaluate(whole, feeds, params), evaluate(micro, feeds, params)
     np.testing.assert_allclose(got["grad.w"], expected["grad.w"], rtol=1e-6)
     np.testing.assert_allclose(got["loss"], expected["loss"], rtol=1e-6)
+
+
+def test_uniform_draws_cover_the_unit_interval_and_drop_path_keeps_what_dropout_keeps():
+    """lg.uniform: values in [0, 1) with the uniform's mean and variance, a
+    new draw at each step; floor(keep + u) (drop path's mask) is 1 exactly
+    where lg.dropout of the same stream at rate 1 - keep keeps."""
+    from xdsl.dialects.builtin import f32
+
+    from sbpc.dialects import lg
+
+    g = sbpc.Graph("uniform", placement=sbpc.placement("cpu", 1))
+    ones = g.input("ones", (400, 250))
+    seed, step = g.random_state()
+    u = g.add(lg.UniformOp(seed.value, step.value, (400, 250), f32, 7))
+    kept = g.add(lg.DropoutOp(ones.value, seed.value, step.value, 0.3, 7))
+    g.output(u=u, path=sbpc.floor(u + 0.7), kept=kept)
+    exe = sbpc.compile(g, mode="interpret", seed=3)
+    draws = [exe.train_step({"ones": np.ones((400, 250), np.float32)}) for _ in range(2)]
+    for d in draws:
+        values = d["u"].ravel()
+        assert values.min() >= 0.0 and values.max() < 1.0
+        n = values.size
+        assert abs(values.mean() - 0.5) < 5 * np.sqrt(1 / 12 / n)
+        assert abs(values.var() - 1 / 12) < 0.01
+        np.testing.assert_array_equal(d["path"] > 0, d["kept"] > 0)
+    assert not np.array_equal(draws[0]["u"], draws[1]["u"])  # the step advanced
 
 
 def test_the_masks_look_like_independent_draws():

@@ -66,6 +66,8 @@ def kernels_graph(ranks: int, dtype: str, fuse: bool):
     # dropout of the batch split by rows, and of rows split along their last axis: each piece draws the
     # elements it holds by their indices in the whole tensor
     dropped, split_dropped = sbpc.dropout(x, 0.3), sbpc.dropout(rows, 0.5).to(S(1))
+    # uniform draws split by rows and along their last axis, numbered as in the whole tensor
+    dropped = dropped + g.rand(x.shape, dtype).to(S(0)) + g.rand(x.shape, dtype).to(S(2))
     # masks: a comparison in the inputs' type, casts both ways, a logical op and a select, broadcasting
     positive = sbpc.compare("gt", x, v)  # (6, 5, 13) i1
     counted = sbpc.cast(sbpc.logical("xor", positive, sbpc.compare("le", c, v)), dtype)
