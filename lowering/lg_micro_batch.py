@@ -216,14 +216,20 @@ class Unroller:
             f"after a reshape merges it with the axes after it) or be a scalar: {lost} gives shape {list(shape)}"
         )
 
-    def copy(self, op: Operation, mapping: dict[SSAValue, SSAValue]) -> Operation:
+    def copy(self, op: Operation, mapping: dict[SSAValue, SSAValue], mixing: str | None = None) -> Operation:
         """`op` on micro-batch operands, with its written shapes and result type
-        made per micro-batch."""
+        made per micro-batch. An op that `mixes` the examples is taken as
+        it comes only where the pass means to: in `rebatch`, which profiles
+        a smaller batch (a batch-norm's statistics over it are what a
+        replica's computes)."""
         new = op.clone(value_mapper=dict(mapping))
         assert self.batch is not None  # run splits the inputs, which sets it, before any copy
         old_shape = global_shape(op.results[0].type)
-        rows = self.rows_per_example(op)
-        shape = (old_shape[0] // self.count, *old_shape[1:]) if old_shape else ()
+        if mixing == "whole":  # no rows of examples: the shape stays
+            rows, shape = 0, tuple(old_shape)
+        else:
+            rows = self.rows[op.operands[0]] if mixing == "rows" else self.rows_per_example(op)
+            shape = (old_shape[0] // self.count, *old_shape[1:]) if old_shape else ()
         if isinstance(op, lg.SliceOp):
             starts, limits = list(op.starts.get_values()), list(op.limits.get_values())
             if starts[0] != 0 or limits[0] != old_shape[0] or op.strides.get_values()[0] != 1:
@@ -460,7 +466,11 @@ def rebatch(graph: lg.GraphOp, size: int) -> None:
     for each in list(graph.body.ops):
         if isinstance(each, (lg.InputOp, lg.OutputOp)) or not any(o in dependent for o in each.operands):
             continue
-        new = unroller.copy(each, {})
+        mixing = unroller.mixes(each)
+        if mixing is None and global_shape(each.results[0].type) and not any(unroller.rows.get(o)
+                                                                            for o in each.operands):
+            mixing = "whole"  # computed from such values alone (a batch-norm's statistics, reshaped)
+        new = unroller.copy(each, {}, mixing=mixing)
         graph.body.block.insert_op_before(new, each)
         for old, made in zip(each.results, new.results, strict=True):
             old.replace_all_uses_with(made)

@@ -83,8 +83,15 @@ from sbpc.dialects.sbp import (
 from sbpc.perf.cluster import Cluster, ClusterError, load_cluster
 from sbpc.perf.step_time import SimulationError, simulate_plan
 from sbpc.planning.autoplan import whole
-from sbpc.planning.autoplan.candidates import MEMORY_MODES, Candidate, Layout, check_memory_budget
+from sbpc.planning.autoplan.candidates import (
+    MEMORY_MODES,
+    Candidate,
+    Layout,
+    check_memory_budget,
+    fastest_fitting,
+)
 from sbpc.planning.autoplan.compose import notable, plan_layers
+from sbpc.planning.autoplan.layers import split_layers
 from sbpc.planning.autoplan.profiler import LayerPasses
 from sbpc.planning.autoplan.stages import FORWARD_SOURCES, batch_size, cut_into_stages
 from sbpc.planning.cost_model import PLANNED_FOR_ATTR
@@ -354,7 +361,26 @@ class SbpAutoplanPass(ModulePass):
         device = self.cluster
         best, estimates, profiler, layers = plan_layers(graph, self.loss, cluster, device, ranks, batch, budget,
                                                         modes, optimizer, layer_passes())
-        write_layout(op, best.layout, training, self.loss, ProfileHints(layers, best, profiler, ranks, batch))
+        # The layouts were priced from the layers' profiles, not lowered: one
+        # the whole graph refuses (1F1B micro-batches of a graph with an op
+        # that needs the whole batch, a batch-norm's statistics) gives way
+        # to the next fastest that fits.
+        before = op.clone()
+        while True:
+            try:
+                write_layout(op, best.layout, training, self.loss, ProfileHints(layers, best, profiler, ranks, batch))
+                break
+            except PassFailedException as e:
+                best.rejected = f"the whole graph refuses it: {e}"
+                for old in list(op.body.block.ops):
+                    old.detach()
+                    old.erase()
+                for again in list(before.clone().body.block.ops):
+                    again.detach()
+                    op.body.block.add_op(again)
+                graph = next(iter(lg.graphs(op)))
+                layers = split_layers(graph)  # the same cuts, of the graph as it was
+                best = fastest_fitting(estimates, budget, len(ranks))
         classes = len({layer.key for layer in layers})
         graph.attributes[PLANNED_FOR_ATTR] = StringAttr(self._cluster_spec())
         graph.attributes[AUTOPLAN_ATTR] = StringAttr(

@@ -240,3 +240,25 @@ def test_a_stages_gradient_reductions_in_its_last_backward_delay_every_stage_bef
     assert pipeline_period(*args, [1.5] * 4, 8, "1f1b") == pytest.approx(base + 1.0)
     assert pipeline_period(*args, [0.5] * 4, 8, "1f1b", [1.0] * 4) == pytest.approx(base + 4.0)
     assert pipeline_period(*args, [0.5] * 4, 8, "1f1b", [0.0, 0.0, 0.0, 1.0]) == pytest.approx(base + 1.0)
+
+
+def test_rebatch_takes_a_batch_norms_statistics_over_the_smaller_batch():
+    """The profiler's smaller batch: statistics over the batch axis (a
+    batch-norm's mean, kept as [1, C] and reshaped to [C]) stay the
+    channels' shape; what reads the batch gets the smaller batch. (The
+    micro-batch pass itself would join them: it means the whole batch.)"""
+    module = parse_module("""
+    lg.graph @step {
+      %x = lg.input "x" : tensor<8x4xf32>
+      %mean = lg.reduce_mean %x axes [0] keepdims : tensor<8x4xf32> -> tensor<1x4xf32>
+      %flat = lg.reshape %mean : tensor<1x4xf32> -> tensor<4xf32>
+      %y = lg.sub %x, %flat : (tensor<8x4xf32>, tensor<4xf32>) -> tensor<8x4xf32>
+      %loss = lg.reduce_mean %y axes [0, 1] : tensor<8x4xf32> -> tensor<f32>
+      lg.output ["loss"] %loss : tensor<f32>
+    }
+    """)
+    graph = next(iter(lg.graphs(module)))
+    rebatch(graph, 2)
+    module.verify()
+    shapes = {op.results[0].name_hint: tuple(op.results[0].type.get_shape()) for op in graph.body.ops if op.results}
+    assert shapes == {"x": (2, 4), "mean": (1, 4), "flat": (4,), "y": (2, 4), "loss": ()}
