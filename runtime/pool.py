@@ -148,9 +148,24 @@ def serve(job: str) -> None:
         sock.close()
         # A driver killed by a signal left its job folder; the ranks end as
         # if told to stop (MPICH removes its segments as they finalize) and
-        # rank 0 removes the folder, once the driver is gone for sure.
-        if orphaned and driver_gone(job):
+        # rank 0 removes the folder, once the driver is gone for sure: its
+        # channel closes while it exits, a moment before it is a zombie.
+        if orphaned and _ends(job, DRIVER_EXIT_S):
             shutil.rmtree(job, ignore_errors=True)
+
+
+DRIVER_EXIT_S = 5.0
+"""How long rank 0 waits for a driver whose channel closed to be gone."""
+
+
+def _ends(job: str, wait: float) -> bool:
+    """Whether the job's driver is gone within `wait` seconds."""
+    deadline = time.monotonic() + wait
+    while not driver_gone(job):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def _loaded(executor: Executor | None) -> Executor:
