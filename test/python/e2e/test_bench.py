@@ -54,7 +54,8 @@ if FULL:
                                             "moe.py")})
     IN_ONE_PROCESS.update({k: SLOW[k] for k in ("simulator_scale.py", "autoplan_scale.py")})
 TIMEOUT_S = 300
-"""Per script: the slowest, hf_gpt2.py, takes 14-28 s on the 2-core machine."""
+"""Per script: each took under 30 s on the 2-core machine (hf_gpt2.py, moe.py: 15-28 s beside a busy load); a
+hang is what runs past it (a PyTorch peer's teardown once did, one run in nine)."""
 SCRIPTS = {**WITH_RANKS, **IN_ONE_PROCESS, **SLOW}
 
 
