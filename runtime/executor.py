@@ -105,7 +105,8 @@ FAULT_VARIABLE = "SBPC_TEST_FAULT"
 (sleep for ever) on that rank when it reaches the actor of that index in
 that step, as a rank that dies or hangs mid-step. STEP -1: when the rank
 pool tells the rank to stop (runtime/pool.py), as a rank that hangs at the
-end of a job."""
+end of a job; STEP -2: once the rank has written its checkpoint pieces, as
+a rank that dies mid-save."""
 
 
 def injected_fault(rank: int) -> tuple[str, int, int] | None:
@@ -344,19 +345,41 @@ class Executor:
 
     def _write(self, name: str, value: np.ndarray) -> None:
         reg = self.registers[name]
-        local = np.asarray(value, numpy_dtype(reg.value.element_type))[self.piece_of(reg.value)]
-        for slot in range(reg.slots.value.data):
+        self.write_param_piece(name, np.asarray(value, numpy_dtype(reg.value.element_type))[self.piece_of(reg.value)])
+
+    def write_param_piece(self, name: str, local: np.ndarray) -> None:
+        """Writes this rank's piece of a register's value into every slot."""
+        for slot in range(self.registers[name].slots.value.data):
             self._views[(name, slot)][...] = local
             self._host_written(name, slot)
+
+    def param_registers(self) -> list[tuple[str, str]]:
+        """(parameter key, register name) of every parameter register of this rank."""
+        if self.device is None:
+            return []
+        return [(reg.param.data, name) for name, reg in self.registers.items() if reg.param is not None]
+
+    def held_params(self) -> list[tuple[str, str]]:
+        """(parameter key, register name): one register of each parameter
+        this rank holds (`param_piece` reads the same one)."""
+        first: dict[str, str] = {}
+        for key, name in self.param_registers():
+            first.setdefault(key, name)
+        return list(first.items())
+
+    def param_view(self, name: str) -> np.ndarray:
+        """A parameter register's current value on this rank, as a view."""
+        self._host_needed(name, 0)
+        return self.view(name, 0)
 
     def param_piece(self, key: str) -> tuple[DTensorType, tuple, np.ndarray] | None:
         if self.device is None:
             return None
-        for name, reg in self.registers.items():
-            if reg.param is not None and reg.param.data == key:
-                self._host_needed(name, 0)
-                return reg.value, self.piece_of(reg.value), self.view(name, 0).copy()
-        return None
+        name = dict(self.held_params()).get(key)
+        if name is None:
+            return None
+        t = self.registers[name].value
+        return t, self.piece_of(t), self.param_view(name).copy()
 
     # -- running -------------------------------------------------------------------
 

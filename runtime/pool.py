@@ -30,6 +30,7 @@ from mpi4py import MPI
 from sbpc.dialects import verify_module
 from sbpc.dialects.op_tree import build_module
 
+from . import checkpoint
 from .channel import connect, receive, send
 from .cuda_backend import make_executor
 from .executor import Executor, actor_names, give_way, inject, injected_fault, settle_heap
@@ -128,6 +129,15 @@ def serve(job: str) -> None:
                 fetched = loaded.run(command[2], outputs)
                 # the driver, which holds the whole program, assembles them
                 reply = gather_pieces(world, fetched, step=loaded.steps_run - 1)
+            elif kind == "save_checkpoint":  # (folder): this rank's pieces; the driver writes the index
+                written = checkpoint.save_rank(_loaded(executor), command[1])
+                fault = injected_fault(world.rank)
+                if fault is not None and fault[1] == SAVE_FAULT_STEP:  # tests: a rank that dies mid-save
+                    inject(fault[0])
+                reply = world.gather(written, root=0)
+            elif kind == "load_checkpoint":  # (folder, pieces of every array): each rank reads its own
+                checkpoint.load_rank(_loaded(executor), command[1], command[2])
+                reply = "loaded"
             elif kind == "get_param":
                 reply = world.gather(_loaded(executor).param_piece(command[1]), root=0)
             elif kind == "set_param":
@@ -153,6 +163,10 @@ def serve(job: str) -> None:
         if orphaned and _ends(job, DRIVER_EXIT_S):
             shutil.rmtree(job, ignore_errors=True)
 
+
+SAVE_FAULT_STEP = -2
+"""The step of an injected fault (`SBPC_TEST_FAULT`) that strikes a rank
+once it has written its checkpoint pieces, before the others are done."""
 
 DRIVER_EXIT_S = 5.0
 """How long rank 0 waits for a driver whose channel closed to be gone."""

@@ -54,7 +54,8 @@ class RankPool:
         self.hosts = hosts
         self.key = (ranks, hosts)
         self.loaded: Any = None
-        """The Executable whose plan the ranks hold."""
+        """A weak reference to the Executable whose plan the ranks hold
+        (None: none yet, or a load that failed)."""
         self.feeds = SharedFeeds(shared=hosts is None or not hosts.several)
         """Where a step's large feeds wait for the ranks (copied once, not
         pickled; inline where ranks on other hosts cannot open the blocks)."""

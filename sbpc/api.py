@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import tempfile
+import weakref
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, cast
 
@@ -249,6 +251,12 @@ class Executable:
         self.buffers: dict[str, np.ndarray] = {}
         self.default_feeds: dict[str, np.ndarray] = {}
         """Feeds a step gets unless the caller gives them (the optimizer's `lr`)."""
+        self._ranks_ahead = False
+        """Whether its pool's ranks hold state (trained parameters, optimizer
+        state, the RNG's step) that loading the plan again would lose."""
+        self._stash: tuple[RankPool, str] | None = None
+        """Where that state waits (a checkpoint in the pool's job folder)
+        while the pool runs another plan."""
 
     def explain(self, cluster: Any = None) -> str:
         """What sbp-autoplan chose and the alternatives it predicted (fastest
@@ -334,8 +342,14 @@ class Executable:
         self.params.ensure_loaded(pool)
         from sbpc.runtime.program import assemble_outputs
 
+        self._ranks_ahead |= self._updates_state
         pieces = pool.request("run", pool.feeds.put(feeds), steps, outputs)
         return assemble_outputs(self.program, pieces, outputs)
+
+    @functools.cached_property
+    def _updates_state(self) -> bool:
+        """Whether a step changes the parameters (a training graph's updates)."""
+        return any(name.startswith("new.") for name in self.output_names)
 
     def _run_inside(self, feeds, steps, outputs=None):
         from mpi4py import MPI
@@ -392,11 +406,33 @@ class Executable:
         return names
 
     def save(self, path: str | os.PathLike) -> None:
-        """Writes every parameter (optimizer state included) as global arrays
-        to an .npz checkpoint, atomically: into a temporary file next to it,
-        then renamed over `path`, so a crash never leaves a torn checkpoint."""
-
+        """Writes every parameter, the optimizer's state and the RNG's seed
+        and step. To a directory: a sharded checkpoint, each rank writing
+        its own pieces in parallel (nothing is gathered), that any plan of
+        the same graph loads bit for bit (runtime/checkpoint.py). To a path
+        ending in `.npz`: global arrays in one file, for small models. Both
+        are atomic: a crash, or a rank killed, mid-save leaves the previous
+        checkpoint whole."""
         path = os.fspath(path)
+        if path.endswith(".npz"):
+            self._save_npz(path)
+            return
+        from sbpc.runtime import checkpoint
+
+        where = self._where()
+        if where == "inside":
+            raise NotImplementedError("saving inside an mpiexec launch: run the plan on a rank pool (outside mpiexec)")
+        with checkpoint.writing(path) as folder:
+            if where == "interpret":
+                arrays = {key: self.params[key] for key in self.param_keys()}
+                written = [checkpoint.write_pieces(folder, 0, checkpoint.whole_pieces(arrays))]
+            else:
+                pool = RankPool.get(self.ranks, self.hosts)
+                self.params.ensure_loaded(pool)
+                written = pool.request("save_checkpoint", folder)
+            checkpoint.write_index(folder, self._param_types(), self._param_layouts(), written)
+
+    def _save_npz(self, path: str) -> None:
         arrays = {key: self.params[key] for key in self.param_keys()}
         directory = os.path.dirname(os.path.abspath(path))
         fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".npz", dir=directory)
@@ -413,12 +449,37 @@ class Executable:
             raise
 
     def load(self, path: str | os.PathLike) -> None:
-        """Reads a checkpoint written by `save`: every parameter of this plan
-        must be there, with its global shape and dtype."""
-        with np.load(os.fspath(path)) as data:
+        """Reads a checkpoint written by `save`, from any plan of the same
+        graph (another rank count, mesh, SBP, ZeRO, FSDP or pipeline): from
+        a directory each rank reads only the bytes of its own pieces; an
+        `.npz` file is read whole. A checkpoint of another graph, or a torn
+        one, is refused, naming what differs or is missing."""
+        from sbpc.runtime import checkpoint
+
+        path = os.path.abspath(os.fspath(path))
+        if not checkpoint.is_checkpoint_path(path):
+            self._load_npz(path)
+            return
+        pieces = checkpoint.read_index(path, self._param_types())
+        where = self._where()
+        if where == "inside":
+            raise NotImplementedError("loading inside an mpiexec launch: run the plan on a rank pool (outside mpiexec)")
+        if where == "interpret":
+            types = self._param_types()
+            wanted = [(key, tuple(slice(0, n) for n in shape), dtype) for key, (shape, dtype) in types.items()]
+            for key, value in checkpoint.read_pieces(path, pieces, wanted):
+                self._sim_params[key] = value
+            return
+        pool = RankPool.get(self.ranks, self.hosts)
+        self.params.ensure_loaded(pool)
+        self._ranks_ahead = True
+        pool.request("load_checkpoint", path, pieces)
+
+    def _load_npz(self, path: str) -> None:
+        with np.load(path) as data:
             missing = sorted(set(self.param_keys()) - set(data.files))
             if missing:
-                raise ValueError(f"checkpoint {os.fspath(path)!r} lacks parameters {missing}")
+                raise ValueError(f"checkpoint {path!r} lacks parameters {missing}")
             shapes = self._param_types()
             for key in self.param_keys():
                 value = data[key]
@@ -427,7 +488,7 @@ class Executable:
                     value = value.view(dtype)  # npz keeps ml_dtypes' bfloat16 as raw 2-byte records
                 if value.shape != shape or value.dtype != dtype:
                     raise ValueError(
-                        f"checkpoint {os.fspath(path)!r}: parameter {key!r} is {value.dtype}{list(value.shape)}, "
+                        f"checkpoint {path!r}: parameter {key!r} is {value.dtype}{list(value.shape)}, "
                         f"the plan wants {dtype}{list(shape)}"
                     )
                 self.params[key] = value
@@ -472,6 +533,18 @@ class Executable:
 
         return {r.param.data: (tuple(r.value.get_shape()), np.dtype(numpy_dtype(r.value.element_type)))
                 for d in self.program.devices() for r in d.registers() if r.param is not None}
+
+    def _param_layouts(self) -> dict[str, dict]:
+        """Each parameter's SBP and mesh in this plan (a checkpoint's index records them)."""
+        from sbpc.dialects.sbp import lookup_placement
+        from sbpc.runtime.checkpoint import layout_of
+
+        layouts: dict[str, dict] = {}
+        for d in self.program.devices():
+            for r in d.registers():
+                if r.param is not None and r.param.data not in layouts:
+                    layouts[r.param.data] = layout_of(r.value, lookup_placement(self.program, r.value.placement).mesh())
+        return layouts
 
     def param_keys(self) -> list[str]:
         return list(self._param_key_set)
@@ -559,11 +632,43 @@ class Params:
             raise NotImplementedError("writing parameters inside an mpiexec launch is not supported yet")
         pool = RankPool.get(exe.ranks, exe.hosts)
         self.ensure_loaded(pool)
+        exe._ranks_ahead = True
         pool.request("set_param", key, np.asarray(value))
 
     def ensure_loaded(self, pool: RankPool) -> None:
-        """The pool runs one plan at a time; load this one (parameters from
-        their initializers) if another was last."""
-        if pool.loaded is not self.exe:
-            pool.request("load", self.exe.rank_plan_pickles, self.exe.initial_values or None)
-            pool.loaded = self.exe
+        """The pool runs one plan at a time: load this one if another was
+        last. The other plan's state is kept first, as a checkpoint in the
+        job's folder, and this one's comes back from its own (else its
+        parameters start from their initializers): two executables on the
+        same ranks (a plan and the one its checkpoint is loaded into) each
+        go on from where they were."""
+        exe = self.exe
+        loaded = pool.loaded() if pool.loaded is not None else None
+        if loaded is exe:
+            return
+        if loaded is not None:
+            loaded.params._stash_state(pool)
+        pool.loaded = None  # (until this plan is there: a failed load leaves none)
+        pool.request("load", exe.rank_plan_pickles, exe.initial_values or None)
+        pool.loaded = weakref.ref(exe)
+        if exe._stash is not None and exe._stash[0] is pool:
+            from sbpc.runtime import checkpoint
+
+            path = exe._stash[1]
+            pool.request("load_checkpoint", path, checkpoint.read_index(path, exe._param_types()))
+
+    def _stash_state(self, pool: RankPool) -> None:
+        """Writes the state the ranks hold for this plan, if a step or a
+        write changed it since the plan was loaded, into the job's folder."""
+        exe = self.exe
+        if not exe._ranks_ahead:
+            return
+        from sbpc.runtime import checkpoint
+
+        path = os.path.join(pool.errors.name, f"state-{id(exe)}")
+        with checkpoint.writing(path) as folder:
+            written = pool.request("save_checkpoint", folder)
+            checkpoint.write_index(folder, exe._param_types(), exe._param_layouts(), written)
+        if exe._stash is None or exe._stash[1] != path:
+            weakref.finalize(exe, shutil.rmtree, path, True)
+        exe._stash, exe._ranks_ahead = (pool, path), False

@@ -424,6 +424,39 @@ def test_a_checkpoint_save_killed_half_way_leaves_the_previous_one_intact(tmp_pa
             np.testing.assert_array_equal(after[key], value)
 
 
+def test_a_rank_killed_mid_save_leaves_the_previous_sharded_checkpoint_loadable(tmp_path):
+    before = segments()
+    ckpt = tmp_path / "ckpt"
+    driver = run_script(tmp_path, f"""
+        exe = sbpc.compile(module)
+        exe.train_step(feeds)
+        exe.save({str(ckpt)!r})
+        first = {{key: exe.params[key] for key in exe.param_keys()}}
+        os.environ["SBPC_TEST_FAULT"] = "kill:1:-2:0"  # rank 1 dies once it has written its pieces
+        RankPool.pools[(2, None)].close()
+        exe = sbpc.compile(module)
+        exe.load({str(ckpt)!r})
+        exe.train_step(feeds)
+        try:
+            exe.save({str(ckpt)!r})
+        except RuntimeFailure as e:
+            print("FAILED:", e, flush=True)
+        del os.environ["SBPC_TEST_FAULT"]
+        again = sbpc.compile(module)
+        again.load({str(ckpt)!r})
+        same = all(np.array_equal(again.params[key], value) for key, value in first.items())
+        print("PREVIOUS:", same, flush=True)
+    """)
+    out, err = driver.communicate(timeout=120)
+    assert driver.returncode == 0, err
+    failed = next(ln for ln in out.splitlines() if ln.startswith("FAILED:"))
+    assert "rank 1 (pid " in failed and "SIGKILL" in failed, failed
+    assert "PREVIOUS: True" in out, out
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("sbpc-pool-")) == ["ckpt", "driver.py"]
+    assert no_rank_left(tmp_path)
+    assert no_segment_left(before)
+
+
 def test_the_api_reports_a_kernel_raising_on_one_rank_and_a_stuck_rank_then_runs_again(tmp_path):
     driver = run_script(tmp_path, """
         lookup = sbpc.parse_module('''
