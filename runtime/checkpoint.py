@@ -35,13 +35,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import hashlib
 import json
 import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -317,10 +318,14 @@ def _dtype_name(safetensors_dtype: str) -> str:
 
 
 def read_pieces(folder: str | os.PathLike, pieces: Mapping[str, list[Piece]],
-                wanted: Iterable[tuple[str, Region, np.dtype]]) -> Iterator[tuple[str, np.ndarray]]:
+                wanted: Iterable[tuple[str, Region, np.dtype]],
+                tensors: Mapping[str, str] | None = None) -> Iterator[tuple[str, np.ndarray]]:
     """Each wanted (name, region, dtype) filled from the saved pieces that
-    overlap it, reading only the overlaps; the checkpoint was checked by
-    `read_index`."""
+    overlap it, reading only the overlaps (cast to `dtype` where the file's
+    differs: a bfloat16 checkpoint into a float32 model, as `from_pretrained`
+    does); the checkpoint was checked by `read_index` or `hf_weights`. An
+    array is the file's tensor `tensors[name]` (default: its own name)."""
+    tensors = tensors or {}
     from safetensors import safe_open
 
     with contextlib.ExitStack() as files:
@@ -339,9 +344,10 @@ def read_pieces(folder: str | os.PathLike, pieces: Mapping[str, list[Piece]],
                 if overlap is None:
                     continue
                 f = open_file(file)
+                tensor = tensors.get(name, name)
                 # a whole piece at once; else only the overlap's bytes
-                local[relative(overlap, region)] = (f.get_tensor(name) if overlap == saved
-                                                    else f.get_slice(name)[relative(overlap, saved)])
+                local[relative(overlap, region)] = (f.get_tensor(tensor) if overlap == saved
+                                                    else f.get_slice(tensor)[relative(overlap, saved)])
             yield name, local
 
 
@@ -359,11 +365,14 @@ def save_rank(executor, folder: str) -> Written:
     return write_pieces(folder, executor.rank, pieces())
 
 
-def load_rank(executor, folder: str, pieces: Mapping[str, list[Piece]]) -> None:
-    """Reads this rank's piece of every array it holds (each register of it)."""
-    registers = [(key, name, executor.registers[name].value) for key, name in executor.param_registers()]
+def load_rank(executor, folder: str, pieces: Mapping[str, list[Piece]],
+              tensors: Mapping[str, str] | None = None) -> None:
+    """Reads this rank's piece of every array of `pieces` it holds (each
+    register of it): a checkpoint's every array, a model file's weights."""
+    registers = [(key, name, executor.registers[name].value) for key, name in executor.param_registers()
+                 if key in pieces]
     wanted = ((key, executor.piece_of(t), np.dtype(numpy_dtype(t.element_type))) for key, _, t in registers)
-    for (_, name, _), (_, local) in zip(registers, read_pieces(folder, pieces, wanted)):
+    for (_, name, _), (_, local) in zip(registers, read_pieces(folder, pieces, wanted, tensors)):
         executor.write_param_piece(name, local)
 
 
@@ -377,3 +386,111 @@ def is_checkpoint_path(path: str | os.PathLike) -> bool:
     """Whether `path` names a sharded checkpoint (a directory) rather than
     the single-file `.npz` one."""
     return not os.fspath(path).endswith(".npz") and not Path(path).is_file()
+
+
+# -- Hugging Face's layout -------------------------------------------------------
+
+HF_SINGLE = "model.safetensors"
+HF_INDEX = "model.safetensors.index.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Weights:
+    """A model's weights in safetensors files, whole tensors under
+    state_dict() names (Hugging Face's layout): what the ranks read their
+    pieces of, in place of a module's values."""
+
+    folder: str
+    pieces: dict[str, list[Piece]]
+    """Each parameter's one piece: the whole tensor in its file."""
+    tensors: dict[str, str]
+    """Each parameter's tensor name in its file."""
+    prefix: str = ""
+    """What the module's names have before the checkpoint's (a wrapper's `model.`)."""
+
+
+def hf_files(path: str | os.PathLike) -> tuple[str, dict[str, str]]:
+    """The folder and {tensor name: file} of a Hugging Face checkpoint: a
+    `.safetensors` file, a sharded one's index, or a directory holding
+    either (as `save_pretrained` writes it)."""
+    path = os.path.abspath(os.fspath(path))
+    if os.path.isdir(path):
+        index = os.path.join(path, HF_INDEX)
+        path = index if os.path.exists(index) else os.path.join(path, HF_SINGLE)
+    if not os.path.exists(path):
+        raise CheckpointError(f"weights {path!r}: no such file (a .safetensors file, {HF_INDEX}, or a directory "
+                              "holding either)")
+    folder = os.path.dirname(path)
+    if path.endswith(".json"):
+        try:
+            with open(path) as f:
+                weight_map = json.load(f)["weight_map"]
+            return folder, {str(name): str(file) for name, file in weight_map.items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"weights {path!r}: not a safetensors index with a weight_map ({e})") from None
+    from safetensors import safe_open
+
+    try:
+        with safe_open(path, framework="numpy") as f:
+            return folder, dict.fromkeys(f.keys(), os.path.basename(path))
+    except Exception as e:  # noqa: BLE001 - safetensors' own errors
+        raise CheckpointError(f"weights {path!r} cannot be read ({e})") from None
+
+
+def tensor_types(folder: str, files: Mapping[str, str], names: Iterable[str]) -> dict[str, tuple[tuple[int, ...], str]]:
+    """(shape, dtype name) of the named tensors, from their files' headers."""
+    from safetensors import safe_open
+
+    by_file: dict[str, list[str]] = {}
+    for name in names:
+        by_file.setdefault(files[name], []).append(name)
+    found = {}
+    for file, held in sorted(by_file.items()):
+        path = os.path.join(folder, file)
+        if os.path.basename(file) != file or not os.path.exists(path):
+            raise CheckpointError(f"weights in {folder!r}: {file!r}, which holds {held[0]!r}, is missing")
+        try:
+            with safe_open(path, framework="numpy") as f:
+                for name in held:
+                    piece = f.get_slice(name)
+                    found[name] = (tuple(piece.get_shape()), _dtype_name(piece.get_dtype()))
+        except Exception as e:  # noqa: BLE001 - safetensors' own errors
+            raise CheckpointError(f"weights in {folder!r}: {file} cannot be read ({e})") from None
+    return found
+
+
+def write_hf_shards(folder: str, names: Mapping[str, str], sizes: Mapping[str, int],
+                    value: Callable[[str], np.ndarray], max_shard_size: int) -> None:
+    """Writes tensors in Hugging Face's layout: {file name: our name} of
+    `sizes[our name]` bytes each, `value(our name)` fetched one shard at a
+    time; files of an earlier save that this one does not write are removed."""
+    from safetensors.numpy import save_file
+
+    shards: list[list[str]] = [[]]
+    filled = 0
+    for name in sorted(names):
+        size = sizes[names[name]]
+        if shards[-1] and filled + size > max_shard_size:
+            shards.append([])
+            filled = 0
+        shards[-1].append(name)
+        filled += size
+    count = len(shards)
+    files = [HF_SINGLE] if count == 1 else [f"model-{k + 1:05d}-of-{count:05d}.safetensors" for k in range(count)]
+    for file, shard in zip(files, shards):
+        path = os.path.join(folder, file)
+        tmp = os.path.join(folder, f".{file}.saving")
+        save_file({name: np.ascontiguousarray(value(names[name])) for name in shard}, tmp, metadata={"format": "pt"})
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    index = os.path.join(folder, HF_INDEX)
+    if count > 1:
+        weight_map = {name: file for file, shard in zip(files, shards) for name in shard}
+        with open(index + ".saving", "w") as f:
+            json.dump({"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}, f, indent=2)
+        os.replace(index + ".saving", index)
+    elif os.path.exists(index):
+        os.unlink(index)
+    for stale in os.listdir(folder):
+        if stale.endswith(".safetensors") and stale.startswith("model") and stale not in files:
+            os.unlink(os.path.join(folder, stale))

@@ -135,8 +135,8 @@ def serve(job: str) -> None:
                 if fault is not None and fault[1] == SAVE_FAULT_STEP:  # tests: a rank that dies mid-save
                     inject(fault[0])
                 reply = world.gather(written, root=0)
-            elif kind == "load_checkpoint":  # (folder, pieces of every array): each rank reads its own
-                checkpoint.load_rank(_loaded(executor), command[1], command[2])
+            elif kind == "load_checkpoint":  # (folder, pieces of each array, tensor names): each rank reads its own
+                checkpoint.load_rank(_loaded(executor), *command[1:])
                 reply = "loaded"
             elif kind == "get_param":
                 reply = world.gather(_loaded(executor).param_piece(command[1]), root=0)

@@ -17,12 +17,13 @@ Where it runs:
 from __future__ import annotations
 
 import functools
+import math
 import os
 import shutil
 import tempfile
 import weakref
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from xdsl.context import Context
@@ -39,6 +40,9 @@ from sbpc.optim import Optimizer
 from sbpc.planning.autoplan.candidates import check_memory_budget
 from sbpc.runtime.hosts import Hosts
 from sbpc.runtime.pool_client import RankPool
+
+if TYPE_CHECKING:
+    from sbpc.runtime.checkpoint import Weights
 
 MODES = ("auto", "mpi", "interpret")
 
@@ -199,6 +203,7 @@ def _fill_in(exe: Executable, graph: Graph | ModuleOp | str, optimizer: Optimize
         exe.initial_values = dict(graph.initial_values)
         exe.state_names = dict(graph.state_names)
         exe.buffers = dict(graph.buffers)
+        exe.weights = graph.weights
     if optimizer is not None:
         from sbpc.dialects.dtypes import numpy_dtype
         from sbpc.runtime.program import feed_types
@@ -251,9 +256,13 @@ class Executable:
         self.buffers: dict[str, np.ndarray] = {}
         self.default_feeds: dict[str, np.ndarray] = {}
         """Feeds a step gets unless the caller gives them (the optimizer's `lr`)."""
+        self.weights: Weights | None = None
+        """Where the parameters' starting values are read from, piece by
+        piece by each rank (`from_torch(weights=)`), instead of initializers."""
         self._ranks_ahead = False
         """Whether its pool's ranks hold state (trained parameters, optimizer
         state, the RNG's step) that loading the plan again would lose."""
+        self._weights_read = False
         self._stash: tuple[RankPool, str] | None = None
         """Where that state waits (a checkpoint in the pool's job folder)
         while the pool runs another plan."""
@@ -325,6 +334,7 @@ class Executable:
             from sbpc.semantics.plan_interpreter import run_plan
             from sbpc.semantics.reference import EvaluationError
 
+            self._read_weights()
             for step in range(steps):  # each step's updates (`new.<key>`) written back, as the ranks do
                 try:
                     everything = run_plan(self.module, feeds, {**self.initial_values, **self._sim_params})
@@ -345,6 +355,18 @@ class Executable:
         self._ranks_ahead |= self._updates_state
         pieces = pool.request("run", pool.feeds.put(feeds), steps, outputs)
         return assemble_outputs(self.program, pieces, outputs)
+
+    def _read_weights(self) -> None:
+        """The interpreter's parameters from `weights`, read once, whole."""
+        if self.weights is None or self._weights_read:
+            return
+        from sbpc.runtime.checkpoint import read_pieces
+
+        self._weights_read = True
+        types = self._param_types()
+        wanted = [(key, tuple(slice(0, n) for n in types[key][0]), types[key][1]) for key in self.weights.pieces]
+        for key, value in read_pieces(self.weights.folder, self.weights.pieces, wanted, self.weights.tensors):
+            self._sim_params.setdefault(key, value)
 
     @functools.cached_property
     def _updates_state(self) -> bool:
@@ -493,6 +515,42 @@ class Executable:
                     )
                 self.params[key] = value
 
+    def save_pretrained(self, folder: str | os.PathLike, config: Any = None, prefix: str | None = None,
+                        max_shard_size: int = 5 * 10**9) -> None:
+        """Writes the weights in Hugging Face's layout, which
+        `from_pretrained(folder)` and `from_torch(weights=folder)` read:
+        `model.safetensors`, or above `max_shard_size` bytes the shards
+        `model-0000k-of-0000n.safetensors` and `model.safetensors.index.json`.
+        Each tensor is under its `state_dict()` name less `prefix` (a
+        wrapper module's `model.`; by default the prefix `from_torch(weights=)`
+        found, else none), a tied weight once, buffers with them; the
+        optimizer's state is left out. With `config` (the model's
+        `PretrainedConfig`) its `config.json` is written too. The driver
+        holds one shard's tensors at a time."""
+        from sbpc.runtime.checkpoint import write_hf_shards
+
+        if not isinstance(max_shard_size, int) or max_shard_size < 1:
+            raise ValueError(f"max_shard_size must be a positive number of bytes, got {max_shard_size!r}")
+        if prefix is None:
+            prefix = self.weights.prefix if self.weights is not None else ""
+        keys = sorted(set(self.state_names.values())) if self.state_names else [
+            k for k in self.param_keys() if not k.startswith(OPTIMIZER_STATE_KEYS)]
+        unprefixed = [k for k in [*keys, *self.buffers] if not k.startswith(prefix)]
+        if unprefixed:
+            raise ValueError(f"save_pretrained: {unprefixed[0]!r} does not start with the prefix {prefix!r}")
+        types = self._param_types()
+        sizes = {key: math.prod(types[key][0]) * types[key][1].itemsize for key in keys}
+        sizes.update({name: value.nbytes for name, value in self.buffers.items()})
+
+        def value(name: str) -> np.ndarray:
+            return self.buffers[name] if name in self.buffers else self.params[name]
+
+        os.makedirs(folder, exist_ok=True)
+        write_hf_shards(os.fspath(folder), {name.removeprefix(prefix): name for name in sizes}, sizes, value,
+                        max_shard_size)
+        if config is not None:
+            config.save_pretrained(os.fspath(folder))
+
     def state_dict(self) -> dict[str, Any]:
         """The trained weights as `torch.Tensor`s under their `state_dict()`
         names and in PyTorch's layouts (an imported module's names, tied
@@ -600,6 +658,7 @@ class Params:
         exe = self.exe
         where = exe._where()
         if where == "interpret":
+            exe._read_weights()
             if key not in exe._sim_params and key in exe.initial_values:
                 exe._sim_params[key] = np.array(exe.initial_values[key])
             if key not in exe._sim_params:
@@ -656,6 +715,8 @@ class Params:
 
             path = exe._stash[1]
             pool.request("load_checkpoint", path, checkpoint.read_index(path, exe._param_types()))
+        elif exe.weights is not None:
+            pool.request("load_checkpoint", exe.weights.folder, exe.weights.pieces, exe.weights.tensors)
 
     def _stash_state(self, pool: RankPool) -> None:
         """Writes the state the ranks hold for this plan, if a step or a

@@ -35,6 +35,9 @@ from sbpc.dialects import lg, sbp
 from sbpc.dialects.sbp import PLACEMENT_ATTR, DTensorType, PlacementOp, element_type, global_shape
 from sbpc.graph_builder import GraphBuilder, check_shape, element, tensor_type
 
+if typing.TYPE_CHECKING:
+    from sbpc.runtime.checkpoint import Weights
+
 
 @checked
 def S(axis: int) -> sbp.SplitAttr:
@@ -236,6 +239,9 @@ class Graph:
         self.buffers: dict[str, np.ndarray] = {}
         """State that is not trained, returned by `Executable.state_dict()` as
         it came (PyTorch buffers)."""
+        self.weights: Weights | None = None
+        """Where the ranks read parameters' starting values instead
+        (`from_torch(weights=)`: a safetensors checkpoint)."""
         self._random: tuple[Tensor, Tensor] | None = None
         self._streams = 0
 

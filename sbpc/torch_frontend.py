@@ -46,6 +46,7 @@ entry: `from_torch`, and the names users import from here.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -58,19 +59,30 @@ from sbpc.torch_import.importer import _Importer
 from sbpc.torch_import.precision import AUTOCAST_LOWER as AUTOCAST_LOWER
 from sbpc.torch_import.values import TorchImportError as TorchImportError
 from sbpc.torch_import.values import to_numpy as to_numpy
+from sbpc.torch_import.weights import CheckpointFiles
 
 
 def from_torch(module, args, kwargs: Mapping[str, Any] | None = None, *, sbp: Mapping[str, Any] | None = None,
-               placement: Placement | None = None, name: str | None = None) -> Graph:
+               placement: Placement | None = None, name: str | None = None,
+               weights: str | os.PathLike | None = None) -> Graph:
     """`module` (a `torch.nn.Module`) as an `sbpc.Graph`, captured with
-    `torch.export` on the example `args` (and `kwargs`)."""
+    `torch.export` on the example `args` (and `kwargs`). With `weights` (a
+    Hugging Face safetensors checkpoint: a file, a sharded one's index, or
+    the directory `save_pretrained` wrote), the parameters' values come
+    from there, read by the ranks piece by piece, and never by this
+    process: the module may be built on the meta device
+    (`with torch.device("meta")`)."""
     import torch
 
     args = tuple(args) if isinstance(args, tuple | list) else (args,)
+    checkpoint = None
+    if weights is not None:
+        names = [n for n, _ in module.named_parameters(remove_duplicate=False)]
+        checkpoint = CheckpointFiles(weights, names + [n for n, _ in module.named_buffers()])
     _register_caches(module)
     try:
         with _quiet_torch():
             program = torch.export.export(module, args, kwargs=dict(kwargs or {}))
     except Exception as error:  # export's failures come in many classes; each becomes one message
         raise TorchImportError(_export_failure(module, error)) from None
-    return _Importer(program, module, dict(sbp or {}), placement, name or type(module).__name__).graph()
+    return _Importer(program, module, dict(sbp or {}), placement, name or type(module).__name__, checkpoint).graph()

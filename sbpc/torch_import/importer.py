@@ -20,11 +20,13 @@ from sbpc.torch_import.core_aten import DATA_DEPENDENT, trace_decomposition
 from sbpc.torch_import.precision import _FLOATS, _HALVES, _autocast_args, _widen
 from sbpc.torch_import.state import _StateImporter, _updated_buffers
 from sbpc.torch_import.values import _DTYPES, TorchImportError, _Const, _flat, _map, _op_name, _unwrap, to_numpy
+from sbpc.torch_import.weights import CheckpointFiles
 
 
 class _Importer(_StateImporter):
-    def __init__(self, program, module, sbp: dict[str, Any], placement: Placement | None, name: str):
-        super().__init__(module, sbp, Graph(re.sub(r"\W", "_", name), placement=placement))
+    def __init__(self, program, module, sbp: dict[str, Any], placement: Placement | None, name: str,
+                 checkpoint: CheckpointFiles | None = None):
+        super().__init__(module, sbp, Graph(re.sub(r"\W", "_", name), placement=placement), checkpoint)
         self.program = program
         self.env: dict[Any, Any] = {}
         self.node: Any = None
@@ -58,9 +60,11 @@ class _Importer(_StateImporter):
                 if spec.kind == InputKind.PARAMETER and not self.module.get_parameter(spec.target).requires_grad:
                     # a frozen parameter (Whisper's sinusoidal positions): no
                     # optimizer moves it, so it is a constant, as a buffer is
-                    self.env[node] = _Const(state[spec.target])
-                    for alias in names.get(id(self.module.get_parameter(spec.target)), [spec.target]):
-                        self.g.buffers[alias] = to_numpy(state[spec.target]).copy()
+                    aliases = names.get(id(self.module.get_parameter(spec.target)), [spec.target])
+                    value = self.materialized(state[spec.target], aliases, f"frozen parameter {spec.target!r}")
+                    self.env[node] = _Const(value)
+                    for alias in aliases:
+                        self.g.buffers[alias] = to_numpy(value).copy()
                 elif spec.kind == InputKind.PARAMETER:
                     self.state_inputs[node] = spec.target
                     self.env[node] = self._param(spec.target, state[spec.target], names)
@@ -72,17 +76,21 @@ class _Importer(_StateImporter):
                     if node in updated:  # a batch-norm's running statistics, its count: state the graph updates
                         self.env[node] = self._state(spec.target, value)
                         continue
+                    value = self.materialized(value, [spec.target], f"buffer {spec.target!r}")
                     self.env[node] = _Const(value)
                     if spec.persistent:
                         self.g.buffers[spec.target] = to_numpy(value).copy()
                 else:
-                    self.env[node] = _Const(self.program.constants[spec.target])
+                    self.env[node] = _Const(self.materialized(self.program.constants[spec.target], [spec.target],
+                                                              f"constant {spec.target!r}"))
             elif node.op == "get_attr":  # a higher-order op's region (a GraphModule)
                 self.env[node] = getattr(self.program.graph_module, node.target)
             elif node.op == "call_function":
                 self.env[node] = self._call(node)
             elif node.op == "output":
                 self._outputs(node)
+        if self.checkpoint is not None:
+            self.g.weights = self.checkpoint.weights(self.from_checkpoint)
         return self.g
 
     def inline(self, region, args) -> Any:
@@ -318,7 +326,11 @@ class _Importer(_StateImporter):
         return self.env[a] if hasattr(a, "op") and a in self.env else a
 
     def _fold(self, node, args, kwargs):
-        """Computes a node whose operands are all known, with PyTorch."""
+        """Computes a node whose operands are all known, with PyTorch. A
+        tensor made on the meta device (a module built there makes its
+        position ids on its weights' device) is made on the CPU: its value
+        is known, and sbpc folds it."""
+        kwargs = {k: ("cpu" if k == "device" and str(v) == "meta" else v) for k, v in kwargs.items()}
         result = node.target(*_map(args, _unwrap), **{k: _map(v, _unwrap) for k, v in kwargs.items()})
         return _map(result, lambda r: _Const(r) if hasattr(r, "shape") else r)
 

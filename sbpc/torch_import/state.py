@@ -6,10 +6,15 @@ hints matched to their names. `_Importer` builds on `_StateImporter`."""
 from __future__ import annotations
 
 import fnmatch
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from sbpc.frontend import Graph, Tensor
 from sbpc.torch_import.values import _DTYPES, TorchImportError, _op_name, to_numpy
+
+if TYPE_CHECKING:
+    from sbpc.torch_import.weights import CheckpointFiles
 
 
 def _updated_buffers(nodes) -> set:
@@ -29,8 +34,12 @@ def _updated_buffers(nodes) -> set:
 class _StateImporter:
     """The placeholders of export's graph, as lg inputs and parameters of `g`."""
 
-    def __init__(self, module, sbp: dict[str, Any], g: Graph):
+    def __init__(self, module, sbp: dict[str, Any], g: Graph, checkpoint: CheckpointFiles | None = None):
         self.module = module
+        self.checkpoint = checkpoint
+        """The weights' files (`from_torch(weights=)`): the parameters' values are read from them, not the module."""
+        self.from_checkpoint: dict[str, tuple[list[str], tuple[int, ...], str]] = {}
+        """The parameters read from the checkpoint: their names, shapes and dtypes."""
         self.sbp = sbp
         self.g = g
         self.matched: set[str] = set()
@@ -83,7 +92,7 @@ class _StateImporter:
             return self.params[key]
         hint = next((h for h in (self._hint(n) for n in aliases) if h is not None), None)
         t = self.g.param(key, tuple(value.shape), dtype=self._dtype(value, f"parameter {key!r}"), sbp=hint)
-        self.g.initial_values[key] = to_numpy(value).copy()
+        self._initial_value(key, aliases, value)
         for alias in aliases:
             self.g.state_names[alias] = key
         self.params[key] = t
@@ -94,9 +103,34 @@ class _StateImporter:
         its value lives across steps, `state_dict()` returns it, and the
         graph's `new.<name>` output is its next value."""
         t = self.g.param(name, tuple(value.shape), dtype=self._dtype(value, f"buffer {name!r}"), state=True)
-        self.g.initial_values[name] = to_numpy(value).copy()
+        self._initial_value(name, [name], value)
         self.g.state_names[name] = name
         return t
+
+    def _initial_value(self, key: str, names: list[str], value) -> None:
+        """The parameter's starting value: the module's, or where the
+        weights come from a checkpoint, the ranks read it from there."""
+        if self.checkpoint is not None:
+            self.from_checkpoint[key] = (names, tuple(value.shape), str(value.dtype).removeprefix("torch."))
+        elif value.device.type == "meta":
+            raise TorchImportError(f"parameter {key!r} is on the meta device: pass weights= (a safetensors "
+                                   "checkpoint, as save_pretrained writes it) for its values")
+        else:
+            self.g.initial_values[key] = to_numpy(value).copy()
+
+    def materialized(self, value, names: list[str], what: str):
+        """A buffer's value as sbpc folds it: from the checkpoint where the
+        module has it on the meta device."""
+        if getattr(value, "device", None) is None or value.device.type != "meta":
+            return value
+        import torch
+
+        if value.numel() == 0:  # (an empty tensor's value is known: a KV cache's start)
+            return torch.empty(value.shape, dtype=value.dtype)
+        if self.checkpoint is None:
+            raise TorchImportError(f"{what} is on the meta device: sbpc folds it into the plan, so it needs its "
+                                   "value (build it on the CPU, or pass weights= that hold it)")
+        return torch.from_numpy(np.ascontiguousarray(self.checkpoint.value(names, what)))
 
     def update(self, node, value: Tensor) -> None:
         """Records `value` as the next value of the state buffer `node`."""

@@ -226,20 +226,13 @@ GPT2_PLANS = {
 def gpt2_plan(name, batches):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-
-    class LossOf(torch.nn.Module):
-        def __init__(self, model):
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids, labels):
-            return self.model(input_ids=input_ids, labels=labels).loss
+    from support.torch_training import LanguageModelLoss
 
     ranks, sbp, mesh, options = GPT2_PLANS[name]
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2,
                                                                  n_head=4))
-    graph = sbpc.from_torch(LossOf(model), batches[0], sbp=sbp, placement=sbpc.placement("cpu", ranks, mesh))
+    graph = sbpc.from_torch(LanguageModelLoss(model), batches[0], sbp=sbp, placement=sbpc.placement("cpu", ranks, mesh))
     micro = options.get("micro_batches", 1)
     return graph, {"optimizer": sbpc.optim.Adam(lr=1e-3, zero=options.get("zero", False)),
                    "pipeline": f"lg-micro-batch{{count={micro}}},compile" if micro > 1 else "compile",

@@ -23,6 +23,18 @@ class ClassifierLoss(torch.nn.Module):
         return self.model(pixel_values=pixel_values, labels=labels).loss
 
 
+class LanguageModelLoss(torch.nn.Module):
+    """A language model (a Hugging Face model) called with its token ids and
+    labels by name, its own loss returned."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, labels):
+        return self.model(input_ids=input_ids, labels=labels).loss
+
+
 def loss_of(result):
     if isinstance(result, dict):
         return result["loss"]
