@@ -10,8 +10,8 @@ A checkpoint is a directory:
   the graph's fingerprint (its arrays' names, shapes and dtypes).
 
 Saving gathers nothing: a rank writes its own pieces, ZeRO's and FSDP's
-shards where they live. A replicated piece is written once, by the rank at
-coordinate 0 of every mesh axis the array is not split along. Loading is
+shards where they live. A replicated piece is written once, by one of the
+ranks that hold it, chosen by the array's name (`writes_piece`). Loading is
 boxing from the layout that saved to the one that loads, done by reading:
 each rank reads, from each saved piece that overlaps its own, only the
 overlap (safetensors reads a slice's bytes through a memory map). Bytes
@@ -42,6 +42,7 @@ import math
 import os
 import shutil
 import tempfile
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
@@ -78,19 +79,22 @@ def fingerprint(types: Types) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def writes_piece(t: DTensorType, mesh: Mesh, rank: int) -> bool:
-    """Whether `rank` is the one that writes its piece of an array of type
-    `t`: its piece is held alike by every rank that differs from it only
-    along the mesh axes the array is replicated on, and the one at
-    coordinate 0 of those writes it."""
+def writes_piece(t: DTensorType, mesh: Mesh, rank: int, name: str) -> bool:
+    """Whether `rank` is the one that writes its piece of array `name` (of
+    type `t`): the piece is held alike by every rank that differs from it
+    only along the mesh axes the array is replicated on, and one of those
+    replicas writes it, chosen by the array's name, so that replicated
+    arrays spread over the replicas' files (as DCP's planner spreads them)
+    and every replica chooses alike without a word."""
     coord = mesh_coord(mesh, rank)
+    replica, replicas = 0, 1
     for axis, text in enumerate(nd_to_plain(t.nd_sbp)):
         sbp = Sbp.of(text)
         if sbp.is_partial:  # not met: sbp-infer gives persistent registers no partial sums
             raise CheckpointError(f"an array of type {t} holds partial sums: its pieces cannot be saved as they are")
-        if not sbp.is_split and coord[axis] != 0:
-            return False
-    return True
+        if not sbp.is_split:
+            replica, replicas = replica * mesh.shape[axis] + coord[axis], replicas * mesh.shape[axis]
+    return replica == zlib.crc32(name.encode()) % replicas
 
 
 def layout_of(t: DTensorType, mesh: Mesh) -> dict:
@@ -359,7 +363,7 @@ def save_rank(executor, folder: str) -> Written:
     def pieces():
         for key, name in executor.held_params():
             t = executor.registers[name].value
-            if writes_piece(t, executor.mesh(t), executor.rank):
+            if writes_piece(t, executor.mesh(t), executor.rank, key):
                 yield key, executor.piece_of(t), executor.param_view(name)
 
     return write_pieces(folder, executor.rank, pieces())

@@ -48,11 +48,12 @@ SLOW = {
     "adam_drift.py": ["--quick"],
     "moe.py": ["--quick"],
     "meta_import.py": ["--quick"],
+    "checkpoint.py": ["--quick"],
 }
 if FULL:
     WITH_RANKS.update({k: SLOW[k] for k in ("communication.py", "train_throughput.py", "simulator_accuracy.py",
                                             "autoplan.py", "hf_gpt2.py", "hf_resnet.py", "adam_drift.py",
-                                            "moe.py", "meta_import.py")})
+                                            "moe.py", "meta_import.py", "checkpoint.py")})
     IN_ONE_PROCESS.update({k: SLOW[k] for k in ("simulator_scale.py", "autoplan_scale.py")})
 TIMEOUT_S = 300
 """Per script: each took under 30 s on the 2-core machine (hf_gpt2.py, moe.py: 15-28 s beside a busy load); a
