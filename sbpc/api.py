@@ -244,7 +244,6 @@ class Executable:
         """Where a rank pool runs the ranks (None: this machine)."""
         if hosts is not None:
             hosts.ranks_per_host(self.ranks)  # a list that cannot place the ranks is said now
-        self.params = Params(self)
         self._local = None  # (executor, world) inside mpiexec
         self._sim_params: dict[str, np.ndarray] = {}
         self.autoplan: dict[str, Any] = {}
@@ -266,6 +265,15 @@ class Executable:
         self._stash: tuple[RankPool, str] | None = None
         """Where that state waits (a checkpoint in the pool's job folder)
         while the pool runs another plan."""
+
+    @property
+    def params(self) -> Params:
+        """The parameters (optimizer state included) as global arrays, to
+        read and write. Made per use, not kept: a Params kept on the
+        executable would make a reference cycle, keeping a dropped plan
+        alive until the collector ran, and its pool would keep that plan's
+        state (stashing it, as for a live plan) when it loads another."""
+        return Params(self)
 
     def explain(self, cluster: Any = None) -> str:
         """What sbp-autoplan chose and the alternatives it predicted (fastest

@@ -111,8 +111,8 @@ BUGS = [
         T + "runtime/test_faults.py", select="new_pool"),
     # -- checkpoints ------------------------------------------------------------------------------
     Bug("resharding-reads-the-overlap-at-the-loading-pieces-offsets", "checkpoint", "runtime/checkpoint.py",
-        "else f.get_slice(name)[relative(overlap, saved)])",
-        "else f.get_slice(name)[relative(overlap, region)])",
+        "else f.get_slice(tensor)[relative(overlap, saved)])",
+        "else f.get_slice(tensor)[relative(overlap, region)])",
         T + "runtime/test_checkpoint.py", select="reshards"),
     Bug("every-rank-writes-its-replicated-pieces", "checkpoint", "runtime/checkpoint.py",
         "    return replica == zlib.crc32(name.encode()) % replicas\n",
