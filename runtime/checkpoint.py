@@ -106,8 +106,8 @@ def layout_of(t: DTensorType, mesh: Mesh) -> dict:
 
 def write_pieces(folder: str | os.PathLike, rank: int, pieces: Iterable[tuple[str, Region, np.ndarray]]) -> Written:
     """Writes (name, region, values) pieces as this rank's file (none when
-    there is nothing to write, as for a rank whose pieces are all held by a
-    lower one) and returns the file's name and (name, start, stop) of each."""
+    there is nothing to write: every piece it holds is another replica's to
+    write) and returns the file's name and (name, start, stop) of each."""
     from safetensors.numpy import save_file
 
     tensors, entries = {}, []
@@ -120,13 +120,13 @@ def write_pieces(folder: str | os.PathLike, rank: int, pieces: Iterable[tuple[st
     if tensors:
         path = os.path.join(folder, file)
         save_file(tensors, path)
-        os.chmod(path, 0o644)  # (safetensors creates it 0600; the index and the directory are readable)
+        os.chmod(path, 0o666 & ~_umask())  # (safetensors creates it 0600; the umask decides, as for the index)
         _fsync(path)
     return file, entries
 
 
 def write_index(folder: str | os.PathLike, types: Types, layouts: Mapping[str, dict],
-                written: Iterable[tuple[str, list[tuple[str, list[int], list[int]]]]]) -> None:
+                written: Iterable[Written]) -> None:
     """The index of what the ranks wrote (each rank's (file, entries)),
     after checking that the pieces tile every array."""
     pieces: dict[str, list[Piece]] = {name: [] for name in types}
@@ -159,12 +159,25 @@ def writing(target: str | os.PathLike) -> Iterator[str]:
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.saving-", dir=parent)
     try:
-        os.chmod(tmp, 0o755)  # (mkdtemp's 0700 would keep the checkpoint from the user's other processes)
+        os.chmod(tmp, 0o777 & ~_umask())  # (mkdtemp's 0700: the umask decides, as for a plain directory)
         yield tmp
         _fsync(tmp)
         _swap_in(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (os.umask sets it, for
+    a moment, for every thread): Linux reports it in /proc/self/status."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
 
 
 def _swap_in(tmp: str, target: str) -> None:
@@ -485,7 +498,7 @@ def write_hf_shards(folder: str, names: Mapping[str, str], sizes: Mapping[str, i
         path = os.path.join(folder, file)
         tmp = os.path.join(folder, f".{file}.saving")
         save_file({name: np.ascontiguousarray(value(names[name])) for name in shard}, tmp, metadata={"format": "pt"})
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     index = os.path.join(folder, HF_INDEX)
     if count > 1:
