@@ -393,10 +393,15 @@ def load_rank(executor, folder: str, pieces: Mapping[str, list[Piece]],
         executor.write_param_piece(name, local)
 
 
+def whole(shape: Iterable[int]) -> Region:
+    """The region of a whole array."""
+    return tuple(slice(0, n) for n in shape)
+
+
 def whole_pieces(arrays: Mapping[str, np.ndarray]) -> Iterator[tuple[str, Region, np.ndarray]]:
     """Global arrays as one piece each (the interpreter holds them so)."""
     for name, value in arrays.items():
-        yield name, tuple(slice(0, n) for n in value.shape), value
+        yield name, whole(value.shape), value
 
 
 def is_checkpoint_path(path: str | os.PathLike) -> bool:

@@ -368,13 +368,18 @@ class Executable:
         """The interpreter's parameters from `weights`, read once, whole."""
         if self.weights is None or self._weights_read:
             return
-        from sbpc.runtime.checkpoint import read_pieces
-
         self._weights_read = True
+        for key, value in self._read_whole(self.weights.folder, self.weights.pieces, self.weights.tensors):
+            self._sim_params.setdefault(key, value)  # (a value set or loaded before the first run stays)
+
+    def _read_whole(self, folder: str, pieces, tensors=None):
+        """(key, global value) of each array of `pieces`, read whole: the
+        interpreter's parameters, from a checkpoint or a model's weights."""
+        from sbpc.runtime.checkpoint import read_pieces, whole
+
         types = self._param_types()
-        wanted = [(key, tuple(slice(0, n) for n in types[key][0]), types[key][1]) for key in self.weights.pieces]
-        for key, value in read_pieces(self.weights.folder, self.weights.pieces, wanted, self.weights.tensors):
-            self._sim_params.setdefault(key, value)
+        wanted = [(key, whole(types[key][0]), types[key][1]) for key in pieces]
+        return read_pieces(folder, pieces, wanted, tensors)
 
     @functools.cached_property
     def _updates_state(self) -> bool:
@@ -495,10 +500,7 @@ class Executable:
         if where == "inside":
             raise NotImplementedError("loading inside an mpiexec launch: run the plan on a rank pool (outside mpiexec)")
         if where == "interpret":
-            types = self._param_types()
-            wanted = [(key, tuple(slice(0, n) for n in shape), dtype) for key, (shape, dtype) in types.items()]
-            for key, value in checkpoint.read_pieces(path, pieces, wanted):
-                self._sim_params[key] = value
+            self._sim_params.update(self._read_whole(path, pieces))
             return
         pool = RankPool.get(self.ranks, self.hosts)
         self.params.ensure_loaded(pool)
