@@ -69,6 +69,7 @@ from xdsl.utils.exceptions import PassFailedException, VerifyException
 
 from sbpc.dialects import lg
 from sbpc.dialects.lg_analysis import OPTIMIZER_STATE_PREFIXES
+from sbpc.dialects.op_tree import structure_key
 from sbpc.dialects.sbp import (
     AUTOPLAN_ALTERNATIVES_ATTR,
     AUTOPLAN_ATTR,
@@ -330,7 +331,7 @@ class SbpAutoplanPass(ModulePass):
             assert batch is not None
             self._plan_layers(op, graph, placement, ranks, cluster, budget, modes, batch, training)
             return
-        seen: dict[str, Candidate] = {}
+        seen: dict[tuple, Candidate] = {}
         experts = bool(_expert_weights(graph))
         tries = whole.layouts(len(ranks), modes, batch, forward, experts)
         best, candidates = whole.search(tries, lambda layout: self._try(op, layout, ranks, cluster, seen, training),
@@ -397,12 +398,13 @@ class SbpAutoplanPass(ModulePass):
         return any(n.data.startswith(("grad.", "new.")) for n in graph.output().names.data)
 
     def _try(self, module: ModuleOp, layout: Layout, ranks: list[int], cluster: Cluster,
-             seen: dict[str, Candidate], training: Sequence[ModulePass]) -> Candidate:
+             seen: dict[tuple, Candidate], training: Sequence[ModulePass]) -> Candidate:
         """Plans and predicts one layout (the whole-graph search's
         `evaluate`). Layouts whose inference gives the same sbp-level IR
         (say, inputs free and inputs replicated, where the search replicates
         them anyway) share one lowering and prediction: `seen` maps the IR
-        text to the candidate that predicted it."""
+        (its structure_key, which equal texts share) to the candidate that
+        predicted it."""
         trial = Candidate(layout)
         candidate = module.clone()
         ctx = Context()
@@ -413,11 +415,11 @@ class SbpAutoplanPass(ModulePass):
                 ops = sum(len(g.body.ops) for g in lg.graphs(candidate))
                 strategy = "ilp" if ops <= SHARE_ABOVE and len(layout.mesh) == 1 else "auto"
             SbpInferPass(strategy=strategy, device=self.cluster).apply(ctx, candidate)
-            text = str(candidate)
-            same = seen.get(text)
+            key = structure_key(candidate)
+            same = seen.get(key)
             if same is not None:
                 return dataclasses.replace(same, layout=layout)
-            seen[text] = trial
+            seen[key] = trial
             trial.module = candidate.clone()
             for p in lowering_passes(device=self.cluster, representatives=True):
                 p.apply(ctx, candidate)
