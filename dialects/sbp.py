@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 from abc import ABC
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -481,8 +482,10 @@ def lookup_placement(op: Operation, ref: SymbolRefAttr | str) -> PlacementOp:
             break
         root = region.parent
     known = _ROOT_PLACEMENTS.get((id(root), name))
-    if known is not None and known[0] is root and _in_table(known[1], root, name):
-        return known[1]
+    if known is not None and known[0]() is root:
+        placement = known[1]()
+        if placement is not None and _in_table(placement, root, name):
+            return placement
     tables = []
     anchor: Operation | None = op
     while anchor is not None:
@@ -500,14 +503,18 @@ def lookup_placement(op: Operation, ref: SymbolRefAttr | str) -> PlacementOp:
         what = "is not a placement" if found is not None else "does not exist"
         raise VerifyException(f"'{op.name}': placement @{name} {what}")
     if tables and tables[-1] is root and _in_table(found, root, name):
-        remember(_ROOT_PLACEMENTS, (id(root), name), (root, found))
+        remember(_ROOT_PLACEMENTS, (id(root), name), (weakref.ref(root), weakref.ref(found)))
     return found
 
 
-_ROOT_PLACEMENTS: dict[tuple[int, str], tuple[Operation, PlacementOp]] = {}
+_ROOT_PLACEMENTS: dict[tuple[int, str], tuple[weakref.ref[Operation], weakref.ref[PlacementOp]]] = {}
 """(id of an outermost symbol table, a name) -> (the table, the placement
-named so in it), as lookup_placement found it there; the entry keeps the
-table alive, so its id is not reused."""
+named so in it), as lookup_placement found it there. Both are held weakly:
+an op reaches its whole module through its parents, and holding them kept
+every module a process had verified alive (the planner's candidates, each
+test's plans: 2.5 million objects in a test process, walked by every full
+collection). An entry whose table died no longer matches, since the table
+of a reused id is another object."""
 
 
 def _in_table(placement: PlacementOp, table: Operation, name: str) -> bool:

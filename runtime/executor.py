@@ -79,9 +79,9 @@ def settle_heap() -> None:
     run) out of the garbage collector's walks. Otherwise a full collection
     walks them all, in the middle of some step: 45 ms inside one actor of
     the GPT benchmark's step 8 on every rank at once, a step of 30 ms. For
-    the rank processes of ours alone (sbp-run's worker, the rank pool),
-    which hold nothing else; the pool calls `gc.unfreeze` before it loads
-    the next plan, so that the last one can be collected."""
+    the rank processes of ours alone: sbp-run's worker, once its plan is
+    loaded, and the rank pool, once at its start (its plans come and go:
+    see runtime/pool.py)."""
     gc.collect()
     gc.freeze()
 
