@@ -51,7 +51,7 @@ def _targets(current: Sbp, rank: int) -> list[Sbp]:
     return [t for t in options if t != current and step_kind(current, t) is not None]
 
 
-@lru_cache(maxsize=512)
+@lru_cache(maxsize=4096)
 def _search(src: PlainNd, mesh: tuple[int, ...], rank: int):
     """Dijkstra from `src` over every reachable state: the best (volume,
     peak) label of each state and the step that reaches it. One search
@@ -85,7 +85,7 @@ def _search(src: PlainNd, mesh: tuple[int, ...], rank: int):
     return best, previous
 
 
-@lru_cache(maxsize=8192)
+@lru_cache(maxsize=65536)
 def plan(src: PlainNd, dst: PlainNd, mesh: tuple[int, ...], rank: int) -> tuple[tuple[Step, ...], float]:
     """The cheapest steps from `src` to `dst` (volume in units of the global
     tensor), or raises ValueError if `dst` cannot be reached."""
