@@ -92,6 +92,11 @@ BUGS = [
         "if not temporaries_disjoint(temporaries, in_place):",
         "if False:",
         "test/filecheck/passes/plan-verify/errors.mlir"),
+    Bug("a-placement-memo-keeps-its-module-alive", "memory", "dialects/sbp.py",
+        "remember(_ROOT_PLACEMENTS, (id(root), name), (weakref.ref(root), weakref.ref(found)))",
+        "remember(_ROOT_PLACEMENTS, (id(root), name), (weakref.ref(root), weakref.ref(found)))\n"
+        "        globals().setdefault(\"_KEPT\", []).append(root)",
+        T + "lowering/test_compile_speed.py", select="dropped"),
     # -- the executor's ordering ------------------------------------------------------------------
     Bug("reading-a-receive-in-flight-does-not-wait", "executor", "runtime/executor.py",
         "lo1 < hi2 and lo2 < hi1 and (w1 or w2)",

@@ -583,6 +583,31 @@ lg.graph @g on @dp {
         sbp.lookup_placement(graph, "dp")
 
 
+def test_a_compiled_module_dropped_is_freed():
+    """No memo of the verifiers or passes keeps a module alive once its
+    owner drops it: a process compiling plan after plan (the planner's
+    candidates, a notebook, the test suite) holds only the ones it uses."""
+    import gc
+    import weakref
+
+    import numpy as np
+
+    import sbpc
+    from sbpc.dialects import plan
+
+    g = sbpc.Graph("kept", placement=sbpc.placement("cpu", ranks=2))
+    x = g.input("x", (8, 4))
+    w = g.param("w", (4, 4), init=sbpc.normal(0.0, 0.1), seed=1)
+    g.output(loss=sbpc.reduce_mean(x @ w))
+    exe = sbpc.compile(g, optimizer=sbpc.optim.SGD(0.1), mode="interpret")
+    exe.train_step({"x": np.ones((8, 4), np.float32)})
+    module = weakref.ref(exe.module)
+    program = weakref.ref(plan.programs(exe.module)[0])
+    del exe
+    gc.collect()
+    assert module() is None and program() is None
+
+
 def test_ops_built_directly_are_what_the_irdl_builder_builds():
     """DirectInit's direct path builds every lg and sbp op of compiled models
     as IRDLOperation's builder does (same operands, result types, properties
