@@ -239,7 +239,9 @@ class OutputOp(IRDLOperation):
         if len(names) != len(self.values):
             raise VerifyException(f"'{self.name}': {len(names)} names for {len(self.values)} values")
         if len(set(names)) != len(names):
-            raise VerifyException(f"'{self.name}': output names must be distinct, got {names}")
+            repeated = sorted({n for n in names if names.count(n) > 1})
+            raise VerifyException(f"'{self.name}': output names must be distinct, got {', '.join(map(repr, repeated))} "
+                                  "more than once")
         for i, value in enumerate(self.values):
             verify_distribution(self, value.type, f"operand #{i}")
 

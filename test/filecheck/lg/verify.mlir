@@ -400,7 +400,7 @@ lg.graph @g {
   %x = lg.input "x" : tensor<4xf32>
   lg.output ["a", "a"] %x, %x : tensor<4xf32>, tensor<4xf32>
 }
-// CHECK: 'lg.output': output names must be distinct, got ['a', 'a']
+// CHECK: 'lg.output': output names must be distinct, got 'a' more than once
 
 // -----
 
