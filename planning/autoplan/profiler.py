@@ -17,7 +17,7 @@ from xdsl.rewriter import Rewriter
 from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import lg
-from sbpc.dialects.lg_analysis import forward_ops, saved_values
+from sbpc.dialects.lg_analysis import saved_values
 from sbpc.dialects.sbp import (
     PLACEMENT_ATTR,
     AnnotateOp,
@@ -139,8 +139,12 @@ class Profiler:
             for old, made in zip(op.results, new.results, strict=True):
                 Rewriter.replace_value_with_new_type(made, plain_type(old.type))
                 mapping[old] = new.results[old.index]
+        handed: list[SSAValue] = []
         if self.loss_value in mapping:
             loss = mapping[self.loss_value]
+            # what else the loss's layer hands on (the dropout's step count):
+            # outputs beside the loss, so that its ops are profiled too
+            handed = [mapping[v] for v in layer.outs if v is not self.loss_value]
         else:
             terms = []
             # the terms add up in the layer's float type (a float64 model's
@@ -161,7 +165,7 @@ class Profiler:
             loss = terms[0]
             for t in terms[1:]:
                 loss = add(lg.AddOp(loss, t)).results[0]
-        add(lg.OutputOp([loss], ["loss"]))
+        add(lg.OutputOp([loss, *handed], ["loss", *(f"{HANDED}{k}" for k in range(len(handed)))]))
         graph = lg.GraphOp("layer", Region(block), "mesh")
         module = ModuleOp([PlacementOp("mesh", self.kind, list(range(tensor)), (tensor,)), graph])
         self.passes.rebatch(graph, micro)
@@ -222,7 +226,7 @@ class Profiler:
         param_bytes = [local_bytes(p.result) for p in ordered]
         param_sbp = [nd_to_plain(p.result.type.nd_sbp)[0] if isinstance(p.result.type, DTensorType) else Sbp.B
                      for p in ordered]
-        forward_set = forward_ops(graph, "loss")
+        forward_set = _layer_forward(graph)
         computed = [op for op in graph.body.ops
                     if op in forward_set and not isinstance(op, (*SOURCES, AnnotateOp))][:len(layer.ops)]
         assert [op.name for op in computed] == [op.name for op in layer.ops]  # the layer's ops, in its order
@@ -244,21 +248,37 @@ class Profiler:
                        element_bytes(element_type(ordered[0].result.type)) if ordered else 4)
 
 
+HANDED = "handed."
+"""The profiled layer's outputs beside its loss, where it holds the loss: what else it hands on."""
+
+
+def _layer_outputs(graph: lg.GraphOp) -> list[tuple[str, SSAValue]]:
+    """The profiled layer's own outputs: its loss and what it hands on besides."""
+    output = graph.output()
+    return [(n.data, v) for n, v in zip(output.names.data, output.values)
+            if n.data == "loss" or n.data.startswith(HANDED)]
+
+
+def _layer_forward(graph: lg.GraphOp) -> set[Operation]:
+    """The forward pass of a profiled layer: what its own outputs depend on."""
+    return lg.ancestors([v for _, v in _layer_outputs(graph)])
+
+
 def _forward_only(train: ModuleOp) -> ModuleOp:
     """The inferred training step cut to its forward pass (the same
-    distributions): what the loss depends on."""
+    distributions): what the layer's own outputs depend on."""
     forward = train.clone()
     graph = lg.graphs(forward)[0]
+    kept = _layer_outputs(graph)
+    keep = _layer_forward(graph)
     output = graph.output()
-    loss = output.values[[n.data for n in output.names.data].index("loss")]
-    keep = forward_ops(graph, "loss")
     output.detach()
     output.erase()
     for op in reversed(list(graph.body.ops)):
         if op not in keep and not isinstance(op, SOURCES):
             op.detach()
             op.erase()
-    graph.body.block.add_op(lg.OutputOp([loss], ["loss"]))
+    graph.body.block.add_op(lg.OutputOp([v for _, v in kept], [n for n, _ in kept]))
     return forward
 
 

@@ -243,6 +243,10 @@ BUGS = [
         "self.memory = (device.arena.value.data if device.arena else 0) + (",
         "self.memory = (device.arena.value.data if device.arena else 0) + 0 * (",
         "test/filecheck/passes/sbp-autoplan/mlp.mlir"),
+    Bug("a-layer-profile-drops-what-the-loss-layer-hands-on", "cost", "planning/autoplan/profiler.py",
+        "            handed = [mapping[v] for v in layer.outs if v is not self.loss_value]",
+        "            handed = []",
+        T + "planning/test_autoplan_layers.py", select="hands_on"),
     # -- the weaknesses issue 57 found ------------------------------------------------------------
     Bug("compile-refuses-every-graph", "pipeline", "lowering/compile.py",  # WEAKNESS
         "        passes = self.passes()\n        with collector_paused():",

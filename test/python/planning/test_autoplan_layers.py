@@ -17,6 +17,7 @@ from xdsl.passes import PassPipeline
 from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import lg, parse_module, plan
+from sbpc.dialects.sbp import element_type
 from sbpc.lowering.autoplan_hints import ProfileHints, write_layout
 from sbpc.lowering.compile import CompilePass
 from sbpc.lowering.lg_micro_batch import rebatch
@@ -43,6 +44,19 @@ TRAIN = "lg-autodiff,lg-optimizer{algorithm=adam}"
 
 def forward_gpt(ranks: int = 4, **size):
     return models.gpt("none", ranks, VOCAB, training=False, **{**SIZE, **size})
+
+
+def test_the_layer_holding_the_loss_is_profiled_with_what_else_it_hands_on():
+    """With dropout, the last layer holds the loss and the random stream's
+    step count (`rng.step` + 1), an output the loss does not depend on. Its
+    profile is that whole layer: the search plans it, and the plan compiles."""
+    module = forward_gpt(2, dropout=0.1)
+    last = split_layers(lg.graphs(module)[0])[-1]
+    assert [str(element_type(v.type)) for v in last.outs] == ["f32", "i64"]
+    SbpAutoplanPass(search="layers", training=TRAIN).apply(Context(), module)
+    assert "by layers" in lg.graphs(module)[0].attributes["sbp.autoplan"].data
+    CompilePass().apply(Context(), module)
+    assert plan.programs(module)
 
 
 def test_a_gpt_is_cut_into_attention_and_mlp_layers_that_repeat():
