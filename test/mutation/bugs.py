@@ -247,6 +247,10 @@ BUGS = [
         "            handed = [mapping[v] for v in layer.outs if v is not self.loss_value]",
         "            handed = []",
         T + "planning/test_autoplan_layers.py", select="hands_on"),
+    Bug("the-layer-search-trusts-its-memory-sum", "cost", "lowering/sbp_autoplan.py",
+        "                if best.peak_memory > CHECKED_ABOVE * budget:",
+        "                if False:",
+        T + "planning/test_autoplan_layers.py", select="within_a_budget"),
     # -- the weaknesses issue 57 found ------------------------------------------------------------
     Bug("compile-refuses-every-graph", "pipeline", "lowering/compile.py",  # WEAKNESS
         "        passes = self.passes()\n        with collector_paused():",
