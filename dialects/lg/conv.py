@@ -14,8 +14,12 @@ from xdsl.irdl import operand_def, prop_def, result_def, traits_def
 from xdsl.traits import Pure
 
 from ..irdl_verify import op_definition
-from ..sbp import TensorLike, global_shape
+from ..sbp import TensorLike, element_type, global_shape
 from .base import LgOp, Shape, ShapeError, Signature, passthrough_signatures, require_float, same_element_type, split_ok
+from .elementwise import MulOp
+from .index import OneHotOp
+from .reduce import ArgmaxOp, ReduceSumOp
+from .shape import ConcatOp, PadOp, ReshapeOp, SliceOp
 
 
 def _conv_output_size(size: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
@@ -192,6 +196,14 @@ class Conv2dGradInputOp(_ConvGradOp):
     def flops(cls, in_shapes, out_shape, **params):
         return 2.0 * math.prod(in_shapes[0]) * math.prod(in_shapes[1][1:])
 
+    def gradient(self, g, e):
+        """Linear in both operands (a transposed convolution): the gradient's
+        gradient is the convolution of `g` by the weight, the weight's is
+        the weight gradient of a convolution of `g` giving this gradient."""
+        p = {k: v for k, v in self.params().items() if k != "size"}
+        kernel = global_shape(self.weight.type)[2:]
+        return [e.emit(Conv2dOp(g, self.weight, **p)), e.emit(Conv2dGradWeightOp(g, self.grad, kernel, **p))]
+
 
 @op_definition
 class Conv2dGradWeightOp(_ConvGradOp):
@@ -235,6 +247,14 @@ class Conv2dGradWeightOp(_ConvGradOp):
     @classmethod
     def flops(cls, in_shapes, out_shape, **params):
         return 2.0 * math.prod(in_shapes[1]) * math.prod(out_shape[1:])
+
+    def gradient(self, g, e):
+        """Linear in both operands: for the images, the transposed
+        convolution of the gradient by `g` (a weight's gradient);
+        for the gradient, the convolution of the images by `g`."""
+        p = {k: v for k, v in self.params().items() if k != "kernel"}
+        size = global_shape(self.input.type)[2:]
+        return [e.emit(Conv2dGradInputOp(self.grad, g, size, **p)), e.emit(Conv2dOp(self.input, g, **p))]
 
 
 class _PoolOp(LgOp, ABC):
@@ -355,3 +375,26 @@ class MaxPool2dGradOp(_PoolOp):
     @classmethod
     def flops(cls, in_shapes, out_shape, kernel, **params):
         return float(math.prod(in_shapes[1]) * math.prod(kernel))
+
+    def gradient(self, g, e):
+        """PyTorch's double backward: linear in the gradient, so its own
+        gradient is `g` read at each window's first maximum (the windows of
+        the images and of `g` stacked on a last axis, lg.argmax picking);
+        none for the images, which only choose."""
+        kernel = self.params()["kernel"]
+        first = e.emit(ArgmaxOp(self._windows(e, self.input, -math.inf), 4))
+        chosen = e.emit(OneHotOp(first, kernel[0] * kernel[1], element_type(g.type)))
+        return [None, e.emit(ReduceSumOp(e.emit(MulOp(chosen, self._windows(e, g, 0.0))), [4]))]
+
+    def _windows(self, e, images: SSAValue, fill: float) -> SSAValue:
+        """(N, C, Ho, Wo, kh * kw): each window's elements of `images`, in
+        row-major order, the padding `fill`."""
+        params = self.params()
+        (kh, kw), (sh, sw), (ph, pw) = params["kernel"], params["stride"], params["padding"]
+        n, c, _, _ = global_shape(images.type)
+        _, _, oh, ow = global_shape(self.grad.type)
+        padded = e.emit(PadOp(images, [0, 0, ph, pw], [0, 0, ph, pw], fill))
+        return e.emit(ConcatOp([
+            e.emit(ReshapeOp(e.emit(SliceOp(padded, [0, 0, i, j], [n, c, i + sh * (oh - 1) + 1, j + sw * (ow - 1) + 1],
+                                            [1, 1, sh, sw])), [n, c, oh, ow, 1]))
+            for i in range(kh) for j in range(kw)], 4))

@@ -14,9 +14,10 @@ from xdsl.utils.exceptions import VerifyException
 from ..irdl_verify import op_definition
 from ..sbp import TensorLike, element_type, global_shape
 from .base import LgOp, Shape, ShapeError, check_axis, is_float, is_index, require_float, require_value_type, split_ok
+from .elementwise import MulOp
 from .graph import ConstantOp
-from .mask import CompareOp, SelectOp
-from .shape import BroadcastToOp
+from .mask import CastOp, CompareOp, SelectOp
+from .shape import BroadcastToOp, ReshapeOp
 
 
 @op_definition
@@ -191,6 +192,19 @@ class EmbeddingGradOp(LgOp):
         if split_ok(grad[-1], p):
             sigs.append(((f"S{len(grad) - 1}", "B"), ("S1",)))
         return sigs + [(("B", "B"), ("B",)), (("P", "B"), ("P",))]
+
+    def gradient(self, g, e):
+        """PyTorch's double backward: linear in the gradient, so its own is
+        `g` looked up at the indices, zero where an index is the padding
+        row's (which took no gradient)."""
+        looked = e.emit(EmbeddingOp(g, self.indices))
+        if self.padding is None:
+            return [looked, None]
+        index_type = cast(IntegerType, element_type(self.indices.type))
+        padding = e.emit(ConstantOp(DenseIntOrFPElementsAttr.from_list(TensorType(index_type, []), [self.padding])))
+        kept = e.emit(CompareOp("ne", self.indices, padding))
+        column = e.emit(ReshapeOp(kept, [*global_shape(self.indices.type), 1]))
+        return [e.emit(MulOp(looked, e.emit(CastOp(column, element_type(g.type))))), None]
 
 
 def _gather_rule(what: str, data: Shape, indices: Shape, axis: int, index_elem: Attribute) -> None:

@@ -29,7 +29,7 @@ DATA_DEPENDENT = frozenset({
 })
 """ATen ops whose output shape depends on the values of their inputs."""
 
-DECOMPOSES_TO_REFUSED = frozenset({"aten.col2im", "aten.embedding_dense_backward"})
+DECOMPOSES_TO_REFUSED = frozenset({"aten.col2im"})
 """Core ATen ops PyTorch decomposes into ops sbpc refuses (`index_put`):
 refused in the end (the generated test checks that they are)."""
 

@@ -177,8 +177,7 @@ class _Importer(_StateImporter):
         return next((trace for trace in inner if trace), "")
 
     def _call(self, node):
-        written = node.args[0] if node.args and getattr(getattr(node.target, "_schema", None), "is_mutable",
-                                                          False) else None
+        written = _written(node)
         if hasattr(written, "op") and written in self.views and written not in self.state_inputs:
             return self._in_place_on_view(node, written)
         if hasattr(written, "op") and isinstance(self.env.get(written), Tensor) and written not in self.state_inputs:
@@ -361,6 +360,20 @@ class _Importer(_StateImporter):
 
 
 _TORCH_DTYPES = {lg: torch_name.removeprefix("torch.") for torch_name, lg in _DTYPES.items()}
+
+UPDATES_ITS_OWN_STATE = frozenset({"aten._native_batch_norm_legit"})
+"""Mutable ops whose rule updates what they write itself (the running
+statistics, as state where they are buffers) and returns other values."""
+
+
+def _written(node):
+    """The operand an in-place op writes (its schema's first written
+    argument, `Tensor(a!)`), or None."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None or not schema.is_mutable or _op_name(node.target) in UPDATES_ITS_OWN_STATE:
+        return None
+    writes = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+    return node.args[writes[0]] if writes and writes[0] < len(node.args) else None
 
 
 def _example(t: Tensor):

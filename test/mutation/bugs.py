@@ -251,6 +251,14 @@ BUGS = [
         "                if best.peak_memory > CHECKED_ABOVE * budget:",
         "                if False:",
         T + "planning/test_autoplan_layers.py", select="within_a_budget"),
+    Bug("pooling-indices-count-the-window-row-as-the-image-row", "importer", "sbpc/torch_import/aten/conv.py",
+        "return [values, im.g.constant(corner.astype(np.int64)) + row * (w - kw) + k]",
+        "return [values, im.g.constant(corner.astype(np.int64)) + row * w + k]",
+        T + "api/test_torch_frontend.py", select="max_pooling_with_indices"),
+    Bug("the-embedding-gradients-double-backward-feeds-the-padding-row", "lg", "dialects/lg/index.py",
+        "        if self.padding is None:\n            return [looked, None]",
+        "        if True:\n            return [looked, None]",
+        T + "lowering/test_lg_autodiff.py", select="embedding_grad"),
     # -- the weaknesses issue 57 found ------------------------------------------------------------
     Bug("compile-refuses-every-graph", "pipeline", "lowering/compile.py",  # WEAKNESS
         "        passes = self.passes()\n        with collector_paused():",

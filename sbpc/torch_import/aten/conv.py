@@ -58,6 +58,41 @@ def _max_pool2d(im: _Importer, x, kernel_size, stride=(), padding=0, dilation=1,
     return x.graph.add(lg.MaxPool2dOp(x.value, kernel, _pair(stride) if stride else kernel, _pair(padding)))
 
 
+@rule("aten.max_pool2d_with_indices")
+def _max_pool2d_with_indices(im: _Importer, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    """(the maxima, the index of each in its image's plane, h * W + w): the
+    maxima as max_pool2d; the index of the first largest element of each
+    window in row-major order (PyTorch's), from the window's elements
+    stacked on a last axis (lg.argmax) and its corner."""
+    values = _max_pool2d(im, x, kernel_size, stride, padding, dilation, ceil_mode)
+    x = _images(im, x, "max_pool2d_with_indices")
+    (kh, kw), (ph, pw) = _pair(kernel_size), _pair(padding)
+    sh, sw = _pair(stride) if stride else (kh, kw)
+    n, c, h, w = x.shape
+    oh, ow = values.shape[2], values.shape[3]
+    padded = fe.pad(x, [0, 0, ph, pw], [0, 0, ph, pw], -np.inf)
+    windows = [fe.reshape(fe.slice(padded, [0, 0, i, j], [n, c, i + sh * (oh - 1) + 1, j + sw * (ow - 1) + 1],
+                                   [1, 1, sh, sw]), [n, c, oh, ow, 1])
+               for i in range(kh) for j in range(kw)]
+    k = fe.argmax(fe.concat(windows, 4), 4)  # i = k // kw, j = k % kw
+    row = fe.floordiv(k, kw)
+    corner = np.add.outer(np.arange(oh) * sh - ph, np.zeros(ow, np.int64)) * w + (np.arange(ow) * sw - pw)
+    return [values, im.g.constant(corner.astype(np.int64)) + row * (w - kw) + k]
+
+
+@rule("aten.max_pool2d_with_indices_backward")
+def _max_pool2d_with_indices_backward(im: _Importer, grad, x, kernel_size, stride, padding, dilation, ceil_mode,
+                                      indices):
+    """Each window's gradient to its first largest element: where the
+    indices point, as they come from the same images (lg.max_pool2d_grad)."""
+    if _pair(dilation) != (1, 1) or ceil_mode:
+        raise ValueError("max_pool2d_with_indices_backward with dilation or ceil_mode")
+    x, grad = _images(im, x, "max_pool2d_with_indices_backward"), im.lift(grad)
+    kernel = _pair(kernel_size)
+    return x.graph.add(lg.MaxPool2dGradOp(x.value, grad.value, kernel, _pair(stride) if stride else kernel,
+                                          _pair(padding)))
+
+
 @rule("aten.avg_pool2d")
 def _avg_pool2d(im: _Importer, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
                 divisor_override=None):
@@ -74,6 +109,39 @@ def _average(im: _Importer, x: Tensor, kernel, stride, padding) -> Tensor:
     channels = x.shape[1]
     weights = np.full((channels, 1, *kernel), 1.0 / (kernel[0] * kernel[1]), fe._numpy_of(x.dtype))
     return fe.conv2d(x, im.g.constant(weights), stride, padding, 1, channels)
+
+
+def _average_gradient(im: _Importer, grad, x: Tensor, kernel, stride, padding) -> Tensor:
+    """The gradient of _average: its transposed convolution."""
+    channels = x.shape[1]
+    weights = im.g.constant(np.full((channels, 1, *kernel), 1.0 / (kernel[0] * kernel[1]), fe._numpy_of(x.dtype)))
+    grad = im.lift(grad)
+    return x.graph.add(lg.Conv2dGradInputOp(grad.value, weights.value, x.shape[2:], stride, padding, (1, 1),
+                                            channels))
+
+
+@rule("aten.avg_pool2d_backward")
+def _avg_pool2d_backward(im: _Importer, grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                         divisor_override):
+    """avg_pool2d's gradient (its depthwise convolution's, transposed)."""
+    if ceil_mode or divisor_override is not None or (not count_include_pad and _pair(padding) != (0, 0)):
+        raise ValueError("avg_pool2d_backward with ceil_mode, divisor_override or count_include_pad=False over "
+                         "padding")
+    x = _images(im, x, "avg_pool2d_backward")
+    kernel = _pair(kernel_size)
+    return _average_gradient(im, grad, x, kernel, _pair(stride) if stride else kernel, _pair(padding))
+
+
+@rule("aten._adaptive_avg_pool2d_backward")
+def _adaptive_avg_pool2d_backward(im: _Importer, grad, x):
+    """_adaptive_avg_pool2d's gradient, where its windows tile the image."""
+    x, grad = _images(im, x, "_adaptive_avg_pool2d_backward"), im.lift(grad)
+    out = tuple(grad.shape[2:])
+    if any(x.shape[2 + a] % out[a] for a in range(2)):
+        raise ValueError(f"_adaptive_avg_pool2d_backward from {list(out)} to {list(x.shape[2:])}, which is not a "
+                         "whole number of rows and columns per output")
+    kernel = (x.shape[2] // out[0], x.shape[3] // out[1])
+    return _average_gradient(im, grad, x, kernel, kernel, (0, 0))
 
 
 @rule("aten.adaptive_avg_pool2d", "aten._adaptive_avg_pool2d")
@@ -101,6 +169,24 @@ def _convolution(im: _Importer, x, weight, bias, stride, padding, dilation, tran
     if rank != 4:
         raise ValueError(f"a {rank - 2}-D convolution (supported: 1-D and 2-D)")
     return _conv2d(im, x, weight, bias, stride, padding, dilation, groups)
+
+
+@rule("aten.convolution_backward")
+def _convolution_backward(im: _Importer, grad, x, weight, bias_sizes, stride, padding, dilation, transposed,
+                          output_padding, groups, output_mask):
+    """(the images' gradient, the weight's, the bias's) of a 2-D convolution,
+    each where `output_mask` asks for it (None elsewhere): lg's gradients of
+    lg.conv2d, and the bias's a sum over the batch and the image."""
+    if transposed:
+        raise ValueError("convolution_backward of a transposed convolution")
+    x, weight, grad = im.lift(x), im.lift(weight), im.lift(grad)
+    if len(x.shape) != 4:
+        raise ValueError(f"convolution_backward of a {len(x.shape) - 2}-D convolution (supported: 2-D)")
+    conv = (_pair(stride), _pair(padding), _pair(dilation), int(groups))
+    wants = list(output_mask)
+    return [x.graph.add(lg.Conv2dGradInputOp(grad.value, weight.value, x.shape[2:], *conv)) if wants[0] else None,
+            x.graph.add(lg.Conv2dGradWeightOp(x.value, grad.value, weight.shape[2:], *conv)) if wants[1] else None,
+            fe.reduce_sum(grad, [0, 2, 3]) if wants[2] else None]
 
 
 def _single(value) -> int:

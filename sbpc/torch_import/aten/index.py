@@ -189,6 +189,18 @@ def _index_put(im: _Importer, x, indices, values, accumulate=False):
     return fe.scatter(x, lined, values, axis)
 
 
+@rule("aten.embedding_dense_backward")
+def _embedding_dense_backward(im: _Importer, grad, indices, num_weights, padding_idx, scale_grad_by_freq):
+    """The gradient of an embedding's table: each row the sum of the
+    gradients of its lookups, the padding row's zero (lg.embedding_grad)."""
+    if scale_grad_by_freq:
+        raise ValueError("embedding_dense_backward with scale_grad_by_freq")
+    grad, indices = im.lift(grad), im.lift(indices)
+    rows = int(num_weights)
+    padding = None if padding_idx in (-1, None) else _axis(padding_idx, rows)
+    return grad.graph.add(lg.EmbeddingGradOp(grad.value, indices.value, rows, padding))
+
+
 @rule("aten.embedding")
 def _embedding(im: _Importer, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     if scale_grad_by_freq:

@@ -68,22 +68,45 @@ def _batch_norm(im: _Importer, x, weight, bias, running_mean, running_var, train
         raise ValueError(f"batch_norm of a {rank}-D input")
     channels = x.shape[1]
     per_channel = [1, channels, *[1] * (rank - 2)]
-    axes = [0, *range(2, rank)]
     if training:
-        if momentum is None:
-            raise ValueError("batch_norm with momentum=None (a cumulative average)")
-        mean, centered, var = _batch_statistics(x)
-        count = math.prod(x.shape[a] for a in axes)
-        for node, stat, scale in ((im.node.args[3], mean, 1.0), (im.node.args[4], var, count / max(count - 1, 1))):
-            running = im.env.get(node) if getattr(node, "op", None) == "placeholder" else None
-            if isinstance(running, Tensor):  # track_running_stats=False has none
-                im.update(node, running * (1.0 - momentum) + fe.reshape(stat, [channels]) * (momentum * scale))
+        mean, centered, var = _training_statistics(im, x, momentum)
     else:
         if running_mean is None or running_var is None:
             raise ValueError("batch_norm in evaluation without running statistics")
         mean, var = (fe.reshape(im.lift(v, x), per_channel) for v in (running_mean, running_var))
         centered = x - mean
     return _per_channel(im, centered * fe.rsqrt(var + float(eps)), weight, bias)
+
+
+def _training_statistics(im: _Importer, x: Tensor, momentum) -> tuple[Tensor, Tensor, Tensor]:
+    """_batch_statistics of `x`, the running statistics (the call's operands
+    3 and 4, where they are the module's buffers) updated as state."""
+    if momentum is None:
+        raise ValueError("batch_norm with momentum=None (a cumulative average)")
+    mean, centered, var = _batch_statistics(x)
+    channels = x.shape[1]
+    count = math.prod(x.shape[a] for a in [0, *range(2, len(x.shape))])
+    for node, stat, scale in ((im.node.args[3], mean, 1.0), (im.node.args[4], var, count / max(count - 1, 1))):
+        running = im.env.get(node) if getattr(node, "op", None) == "placeholder" else None
+        if isinstance(running, Tensor):  # track_running_stats=False has none
+            im.update(node, running * (1.0 - momentum) + fe.reshape(stat, [channels]) * (momentum * scale))
+    return mean, centered, var
+
+
+@rule("aten._native_batch_norm_legit")
+def _batch_norm_legit(im: _Importer, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    """Batch-norm with running statistics, as aten.batch_norm: in training
+    (output, the batch mean, 1 / its standard deviation), the running
+    statistics updated as state; in evaluation, as
+    _native_batch_norm_legit_no_training. The two statistics are saved for
+    the backward and carry no gradient, as in PyTorch."""
+    if not training:
+        return _batch_norm_evaluation(im, x, weight, bias, running_mean, running_var, momentum, eps)
+    x = im.lift(x)
+    mean, centered, var = _training_statistics(im, x, momentum)
+    rstd = fe.rsqrt(var + float(eps))
+    y = _per_channel(im, centered * rstd, weight, bias)
+    return [y, *(fe.stop_gradient(fe.reshape(s, [x.shape[1]])) for s in (mean, rstd))]
 
 
 def _per_channel(im: _Importer, y: Tensor, weight, bias) -> Tensor:

@@ -38,6 +38,8 @@ MASK = torch.tensor([[True, False, True, False]] * 3)
 TINY = A * 1e-5  # where log1p and expm1 are not log(1 + x) and exp(x) - 1
 UNIT = torch.tanh(A) * 0.9  # inside (-1, 1)
 RUNNING = (_floats(2, seed=6), _floats(2, seed=7, positive=True))  # a batch-norm's mean and variance
+POOLED = torch.cat([_floats(1, 1, 5, 5, seed=8), -_floats(1, 1, 5, 5, seed=9, positive=True)], 1)
+POOLED[0, 0, 0, 1] = POOLED[0, 0, 0, 0] = POOLED[0, 0].max() + 1  # a tie in the first window
 
 # name -> (arguments, the call): tensors among the arguments are what the
 # op reads from the graph; everything else is a constant of the call
@@ -65,6 +67,30 @@ SAMPLES = {
                   lambda x: aten.amax(x, [1])),  # ties share the gradient, as in PyTorch
     "aten.argmax": ([A], lambda x: aten.argmax(x, 1)),
     "aten.avg_pool2d": ([IMG], lambda x: aten.avg_pool2d(x, [2, 2], [2, 2])),
+    # a strided, padded, grouped convolution's three gradients, each checked
+    # (their own gradients too, against PyTorch's double backward)
+    "aten.convolution_backward": (
+        [_floats(1, 4, 2, 2, seed=8), _floats(1, 2, 4, 4, seed=3), _floats(4, 1, 3, 3, seed=4)],
+        lambda g, x, w: (lambda dx, dw, db: dx.sum((0, 1)).reshape(1, 1, 4, 4) * dw.sum() + db.reshape(1, 4, 1, 1))(
+            *aten.convolution_backward(g, x, w, [4], [2, 2], [1, 1], [1, 1], False, [0, 0], 2, [True, True, True]))),
+    # a repeated index sums its rows; the padding row (0) takes nothing
+    "aten.embedding_dense_backward": ([_floats(4, 4), torch.tensor([2, 0, 2, 1])],
+                                      lambda g, i: aten.embedding_dense_backward(g, i, 5, 0, False)
+                                      + aten.embedding_dense_backward(g, i, 5, -1, False)),
+    "aten.avg_pool2d_backward": ([_floats(1, 2, 3, 3, seed=8), IMG],  # overlapping windows over padding
+                                 lambda g, x: aten.avg_pool2d_backward(g, x, [2, 2], [2, 2], [1, 1], False, True,
+                                                                       None)),
+    "aten._adaptive_avg_pool2d_backward": ([_floats(1, 2, 2, 2, seed=8), IMG],
+                                           lambda g, x: aten._adaptive_avg_pool2d_backward(g, x)),
+    # overlapping windows over padding, a tie (the first in row-major order
+    # wins), and a window whose elements are all negative: the maxima times
+    # their indices + 1, both outputs checked, the maxima's gradient too
+    "aten.max_pool2d_with_indices": (
+        [POOLED], lambda x: (lambda v, i: v * (i + 1))(*aten.max_pool2d_with_indices(x, [3, 3], [2, 2], [1, 1]))),
+    "aten.max_pool2d_with_indices_backward": (
+        [_floats(1, 2, 3, 3, seed=8), POOLED],
+        lambda g, x: aten.max_pool2d_with_indices_backward(
+            g, x, [3, 3], [2, 2], [1, 1], [1, 1], False, aten.max_pool2d_with_indices(x, [3, 3], [2, 2], [1, 1])[1])),
     # the values times their indices + 1: both outputs checked, the values' gradient too
     "aten.topk": ([A], lambda x: (lambda v, i: v * (i + 1))(*aten.topk(x, 2, 1))),
     "aten.sort": ([A], lambda x: (lambda v, i: v * (i + 1))(*aten.sort(x, 0, True))),
@@ -231,6 +257,13 @@ SAMPLES = {
     "aten._native_batch_norm_legit.no_stats": (
         [IMG, _floats(2, seed=4), _floats(2, seed=5)],
         lambda x, w, b: aten._native_batch_norm_legit.no_stats(x, w, b, True, 0.1, 1e-5)[0]),
+    # training with running statistics: the outputs of the batch's own (the
+    # running ones, made in the call here, are updated as state where they
+    # are buffers: test_hf_models' ResNet)
+    "aten._native_batch_norm_legit": (
+        [IMG, _floats(2, seed=4), _floats(2, seed=5)],
+        lambda x, w, b: (lambda y, mean, rstd: y * 2 + mean.reshape(1, 2, 1, 1) * rstd.reshape(1, 2, 1, 1))(
+            *aten._native_batch_norm_legit(x, w, b, torch.zeros(2), torch.ones(2), True, 0.1, 1e-5))),
     "aten._native_batch_norm_legit_no_training": (  # the running statistics: constants, not trained
         [IMG, _floats(2, seed=4), _floats(2, seed=5)],
         lambda x, w, b: aten._native_batch_norm_legit_no_training(x, w, b, *RUNNING, 0.1, 1e-5)[0]),
@@ -256,8 +289,6 @@ SAMPLES = {
 
 REFUSED_SAMPLES = {
     "aten.col2im": ([_floats(1, 8, 9)], lambda x: aten.col2im(x, [4, 4], [2, 2], [1, 1], [0, 0], [1, 1])),
-    "aten.embedding_dense_backward": ([_floats(3, 4), IDX],
-                                      lambda g, i: aten.embedding_dense_backward(g, i, 5, -1, False)),
 }
 """Ops whose decomposition sbpc cannot import (`DECOMPOSES_TO_REFUSED`)."""
 

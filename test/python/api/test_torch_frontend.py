@@ -162,6 +162,33 @@ def test_a_detached_value_passes_no_gradient_as_in_pytorch():
                    lambda m: torch.optim.SGD(m.parameters(), lr=0.1), 2, {"x": S(0), "y": S(0)})
 
 
+class _PoolWithIndices(nn.Module):
+    """Max pooling that returns where each maximum was (`return_indices`),
+    as a max-unpooling decoder reads them; the loss weighs the maxima by
+    their indices, so a wrong index shows in the loss and its gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, padding=1)
+
+    def forward(self, x):
+        values, indices = nn.functional.max_pool2d(self.conv(x), 3, 2, 1, return_indices=True)
+        return (values * (indices + 1).to(values.dtype)).mean()
+
+
+def test_max_pooling_with_indices_gives_pytorchs_indices_and_gradients():
+    torch.manual_seed(0)
+    model = _PoolWithIndices()
+    x = torch.randn(2, 2, 6, 5)
+    graph = sbpc.from_torch(model, (x,), placement=sbpc.placement("cpu", 1))
+    got = sbpc.compile(graph, pipeline="lg-autodiff,compile", mode="interpret").run({"x": x.numpy()})
+    loss = model(x)
+    loss.backward()
+    assert float(got["loss"]) == pytest.approx(loss.item(), rel=1e-5)
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(got[f"grad.{name}"], p.grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_an_imported_float64_module_trains_as_pytorch_float64(optimizer):
     # float64 end to end through the importer: the first loss and the

@@ -24,8 +24,7 @@ STRUCTURE = {lg.GraphOp, lg.OutputOp, lg.InputOp, lg.ParamOp, lg.ConstantOp}
 
 BACKENDS: list[Backend] = [REFERENCE, numpy_kernels.NUMPY, codegen.CUDA]
 
-NOT_DIFFERENTIABLE = {lg.ArgmaxOp, lg.TopkOp, lg.OneHotOp, lg.EmbeddingGradOp, lg.TokenCrossEntropyGradOp,
-                      lg.Conv2dGradInputOp, lg.Conv2dGradWeightOp, lg.MaxPool2dGradOp,
+NOT_DIFFERENTIABLE = {lg.ArgmaxOp, lg.TopkOp, lg.OneHotOp, lg.TokenCrossEntropyGradOp,
                       lg.GroupedMatmulGradWeightOp, lg.UniformOp}
 """Ops lg-autodiff refuses to differentiate through (by design: they only
 appear in backward graphs, or have no useful gradient here; a random draw

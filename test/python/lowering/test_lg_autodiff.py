@@ -162,6 +162,19 @@ GRADIENT_SAMPLES = {
     lg.Conv2dOp: lambda g, a, b: (sbpc.conv2d(_square(a), sbpc.slice(b, [0, 0], [2, 2]).reshape(1, 1, 2, 2),
                                               padding=(1, 0)), {}),
     lg.MaxPool2dOp: lambda g, a, b: (g.add(lg.MaxPool2dOp(_square(a).value, (2, 2), (1, 1), (0, 0))), {}),
+    # the gradients of the above, each differentiated again (PyTorch's double
+    # backward): linear in their gradient, the max-pooling's also choosing by a
+    # (overlapping windows over padding), the weight's and the images' both
+    lg.Conv2dGradInputOp: lambda g, a, b: (g.add(lg.Conv2dGradInputOp(
+        a.reshape(1, 1, 4, 3).value, sbpc.slice(b, [0, 0], [2, 2]).reshape(1, 1, 2, 2).value, (3, 4), (1, 1),
+        (1, 0))), {}),
+    lg.Conv2dGradWeightOp: lambda g, a, b: (g.add(lg.Conv2dGradWeightOp(
+        _square(a).value, sbpc.slice(b, [0, 0], [2, 3]).reshape(1, 1, 2, 3).value, (2, 2), (1, 1), (0, 0))), {}),
+    lg.MaxPool2dGradOp: lambda g, a, b: (g.add(lg.MaxPool2dGradOp(
+        _square(a).value, sbpc.slice(b, [0, 0], [2, 2]).reshape(1, 1, 2, 2).value, (2, 2), (2, 2), (1, 0))), {}),
+    # a repeated index sums its gradients; row 0, the padding, takes none
+    lg.EmbeddingGradOp: lambda g, a, b: (lambda ids: (
+        g.add(lg.EmbeddingGradOp((a * b).value, ids[0].value, 5, 0)), ids[1]))(_ids(g, "ids", (3,), 5)),
     lg.SoftmaxOp: lambda g, a, b: (sbpc.softmax(a, axis=1), {}),
     lg.LogSoftmaxOp: lambda g, a, b: (sbpc.log_softmax(a, axis=0), {}),
     lg.LayerNormOp: lambda g, a, b: (sbpc.layernorm(a, b.sum(axes=(0,)), b.mean(axes=(0,)), axis=1), {}),
@@ -276,13 +289,15 @@ def test_diagnostics():
     # an op only a backward graph holds, on the path from a parameter to the loss
     module = parse_module("""
     lg.graph @backward_op {
-      %w = lg.param "w" init #lg.normal<0.0, 1.0> : tensor<2x3x4xf32>
-      %ids = lg.input "ids" : tensor<2x3xi32>
-      %table = lg.embedding_grad %w, %ids rows 16 : (tensor<2x3x4xf32>, tensor<2x3xi32>) -> tensor<16x4xf32>
-      %loss = lg.reduce_sum %table axes [0, 1] : tensor<16x4xf32> -> tensor<f32>
+      %w = lg.param "w" init #lg.normal<0.0, 1.0> : tensor<8x4xf32>
+      %x = lg.input "x" : tensor<8x2xf32>
+      %e = lg.input "e" : tensor<3xi64>
+      %dw = lg.grouped_matmul_grad_weight %w, %x, %e
+          : (tensor<8x4xf32>, tensor<8x2xf32>, tensor<3xi64>) -> tensor<3x4x2xf32>
+      %loss = lg.reduce_sum %dw axes [0, 1, 2] : tensor<3x4x2xf32> -> tensor<f32>
       lg.output ["loss"] %loss : tensor<f32>
     }""", "backward_op")
-    with pytest.raises(Exception, match="'lg.embedding_grad': lg-autodiff cannot differentiate this op"):
+    with pytest.raises(Exception, match="'lg.grouped_matmul_grad_weight': lg-autodiff cannot differentiate this op"):
         LgAutodiffPass().apply(Context(), module)
 
 
