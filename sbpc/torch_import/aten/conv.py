@@ -1,7 +1,10 @@
-"""2-D convolution and pooling of batched NCHW images."""
+"""2-D convolution and pooling of batched NCHW images, 3-D pooling of NCDHW volumes."""
 
 from __future__ import annotations
 
+import itertools
+import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -61,23 +64,101 @@ def _max_pool2d(im: _Importer, x, kernel_size, stride=(), padding=0, dilation=1,
 @rule("aten.max_pool2d_with_indices")
 def _max_pool2d_with_indices(im: _Importer, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     """(the maxima, the index of each in its image's plane, h * W + w): the
-    maxima as max_pool2d; the index of the first largest element of each
-    window in row-major order (PyTorch's), from the window's elements
-    stacked on a last axis (lg.argmax) and its corner."""
+    maxima as max_pool2d, the indices as _first_maxima finds them."""
     values = _max_pool2d(im, x, kernel_size, stride, padding, dilation, ceil_mode)
     x = _images(im, x, "max_pool2d_with_indices")
-    (kh, kw), (ph, pw) = _pair(kernel_size), _pair(padding)
-    sh, sw = _pair(stride) if stride else (kh, kw)
-    n, c, h, w = x.shape
-    oh, ow = values.shape[2], values.shape[3]
-    padded = fe.pad(x, [0, 0, ph, pw], [0, 0, ph, pw], -np.inf)
-    windows = [fe.reshape(fe.slice(padded, [0, 0, i, j], [n, c, i + sh * (oh - 1) + 1, j + sw * (ow - 1) + 1],
-                                   [1, 1, sh, sw]), [n, c, oh, ow, 1])
-               for i in range(kh) for j in range(kw)]
-    k = fe.argmax(fe.concat(windows, 4), 4)  # i = k // kw, j = k % kw
-    row = fe.floordiv(k, kw)
-    corner = np.add.outer(np.arange(oh) * sh - ph, np.zeros(ow, np.int64)) * w + (np.arange(ow) * sw - pw)
-    return [values, im.g.constant(corner.astype(np.int64)) + row * (w - kw) + k]
+    kernel = _pair(kernel_size)
+    _, indices = _first_maxima(im, x, kernel, _pair(stride) if stride else kernel, _pair(padding))
+    return [values, indices]
+
+
+def _triple(v) -> tuple[int, int, int]:
+    """PyTorch's int-or-triple argument of 3-D pooling."""
+    if isinstance(v, int):
+        return v, v, v
+    return (int(v[0]),) * 3 if len(v) == 1 else (int(v[0]), int(v[1]), int(v[2]))
+
+
+def _volumes(im: _Importer, x, what: str) -> Tensor:
+    x = im.lift(x)
+    if len(x.shape) != 5:
+        raise ValueError(f"{what} of a {len(x.shape)}-D input (takes batched NCDHW volumes)")
+    return x
+
+
+def _windows(x: Tensor, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
+             fill: float) -> Tensor:
+    """(N, C, *out, K): each pooling window's K elements of `x` (N, C, *spatial)
+    on a last axis, in row-major order of the window, the padding `fill`:
+    one strided slice per place in the window."""
+    n, c, *spatial = x.shape
+    out = [(size + 2 * p - k) // s + 1 for size, k, s, p in zip(spatial, kernel, stride, padding)]
+    padded = fe.pad(x, [0, 0, *padding], [0, 0, *padding], fill)
+    def at(place):  # the window's element at `place`, for every window
+        limits = [n, c, *(o + s * (m - 1) + 1 for o, s, m in zip(place, stride, out))]
+        return fe.reshape(fe.slice(padded, [0, 0, *place], limits, [1, 1, *stride]), [n, c, *out, 1])
+
+    return fe.concat([at(place) for place in itertools.product(*(range(k) for k in kernel))], len(x.shape))
+
+
+def _first_maxima(im: _Importer, x: Tensor, kernel, stride, padding) -> tuple[Tensor, Tensor]:
+    """(each window's maximum, its index in the flattened image, h * W + w
+    or d * H * W + h * W + w): the first largest element in row-major order
+    of the window (PyTorch's), lg.argmax over _windows; the maximum picked
+    by that index, so its gradient goes there alone, as PyTorch routes it."""
+    windows = _windows(x, kernel, stride, padding, -np.inf)
+    last = len(windows.shape) - 1
+    first = fe.argmax(windows, last)
+    picked = fe.compare("eq", fe.reshape(first, [*first.shape, 1]),
+                        im.g.constant(np.arange(windows.shape[last], dtype=np.int64)))
+    values = fe.reduce_sum(fe.where(picked, windows, im.g.constant(np.zeros((), fe._numpy_of(x.dtype)))), [last])
+    spatial, out = x.shape[2:], first.shape[2:]
+    strides = [math.prod(spatial[a + 1:]) for a in range(len(spatial))]  # of the flattened image
+    corner = sum(np.reshape((np.arange(o) * s - p) * step, [o if b == a else 1 for b in range(len(out))])
+                 for a, (o, s, p, step) in enumerate(zip(out, stride, padding, strides)))
+    index = im.g.constant(np.asarray(corner, np.int64))
+    rest = first
+    for a in range(len(kernel)):  # the place in the window, axis by axis
+        inner = math.prod(kernel[a + 1:])
+        place = fe.floordiv(rest, inner)
+        rest = rest - place * inner
+        index = index + place * strides[a]
+    return values, index
+
+
+@rule("aten.max_pool3d_with_indices")
+def _max_pool3d_with_indices(im: _Importer, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    """(the maxima, the index of each in its volume, d * H * W + h * W + w)."""
+    if _triple(dilation) != (1, 1, 1) or ceil_mode:
+        raise ValueError("max_pool3d_with_indices with dilation or ceil_mode")
+    x = _volumes(im, x, "max_pool3d_with_indices")
+    kernel = _triple(kernel_size)
+    return list(_first_maxima(im, x, kernel, _triple(stride) if stride else kernel, _triple(padding)))
+
+
+@rule("aten.avg_pool3d")
+def _avg_pool3d(im: _Importer, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+                divisor_override=None):
+    """The mean of each window, the padding counted (PyTorch's default)."""
+    if ceil_mode or divisor_override is not None or (not count_include_pad and _triple(padding) != (0, 0, 0)):
+        raise ValueError("avg_pool3d with ceil_mode, divisor_override or count_include_pad=False over padding")
+    x = _volumes(im, x, "avg_pool3d")
+    kernel = _triple(kernel_size)
+    windows = _windows(x, kernel, _triple(stride) if stride else kernel, _triple(padding), 0.0)
+    return fe.reduce_mean(windows, [len(windows.shape) - 1])
+
+
+@rule("aten._adaptive_avg_pool3d")
+def _adaptive_avg_pool3d(im: _Importer, x, output_size):
+    """The mean of each of the windows that tile the volume."""
+    x = _volumes(im, x, "_adaptive_avg_pool3d")
+    out = tuple(x.shape[2 + a] if s is None else int(s) for a, s in enumerate(output_size))
+    if any(x.shape[2 + a] % out[a] for a in range(3)):
+        raise ValueError(f"_adaptive_avg_pool3d from {list(x.shape[2:])} to {list(out)}, which is not a whole "
+                         "number of planes, rows and columns per output")
+    kernel = tuple(x.shape[2 + a] // out[a] for a in range(3))
+    windows = _windows(x, kernel, kernel, (0, 0, 0), 0.0)
+    return fe.reduce_mean(windows, [len(windows.shape) - 1])
 
 
 @rule("aten.max_pool2d_with_indices_backward")

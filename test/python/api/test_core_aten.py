@@ -38,6 +38,8 @@ MASK = torch.tensor([[True, False, True, False]] * 3)
 TINY = A * 1e-5  # where log1p and expm1 are not log(1 + x) and exp(x) - 1
 UNIT = torch.tanh(A) * 0.9  # inside (-1, 1)
 RUNNING = (_floats(2, seed=6), _floats(2, seed=7, positive=True))  # a batch-norm's mean and variance
+VOLUME = _floats(1, 2, 3, 4, 4, seed=10)
+VOLUME[0, 1, 0, 0, 1] = VOLUME[0, 1, 0, 0, 0] = VOLUME[0, 1].max() + 1  # a tie in a window
 POOLED = torch.cat([_floats(1, 1, 5, 5, seed=8), -_floats(1, 1, 5, 5, seed=9, positive=True)], 1)
 POOLED[0, 0, 0, 1] = POOLED[0, 0, 0, 0] = POOLED[0, 0].max() + 1  # a tie in the first window
 
@@ -67,6 +69,11 @@ SAMPLES = {
                   lambda x: aten.amax(x, [1])),  # ties share the gradient, as in PyTorch
     "aten.argmax": ([A], lambda x: aten.argmax(x, 1)),
     "aten.avg_pool2d": ([IMG], lambda x: aten.avg_pool2d(x, [2, 2], [2, 2])),
+    # overlapping windows over padding, uneven along the three axes
+    "aten.avg_pool3d": ([VOLUME], lambda x: aten.avg_pool3d(x, [2, 3, 2], [1, 2, 2], [1, 1, 0])),
+    "aten._adaptive_avg_pool3d": ([VOLUME], lambda x: aten._adaptive_avg_pool3d(x, [3, 2, 1])),
+    "aten.max_pool3d_with_indices": ([VOLUME], lambda x: (lambda v, i: v * (i + 1))(
+        *aten.max_pool3d_with_indices(x, [2, 3, 2], [2, 1, 2], [1, 1, 0]))),
     # a strided, padded, grouped convolution's three gradients, each checked
     # (their own gradients too, against PyTorch's double backward)
     "aten.convolution_backward": (
