@@ -29,11 +29,6 @@ DATA_DEPENDENT = frozenset({
 })
 """ATen ops whose output shape depends on the values of their inputs."""
 
-DECOMPOSES_TO_REFUSED = frozenset({"aten.col2im"})
-"""Core ATen ops PyTorch decomposes into ops sbpc refuses (`index_put`):
-refused in the end (the generated test checks that they are)."""
-
-
 def core_aten_ops() -> list[str]:
     """The names (as the rules spell them: `aten.<op>.<overload>`, the
     overload dropped when `default`) of every operator overload PyTorch
@@ -80,8 +75,7 @@ def coverage(rules) -> dict[str, list[str]]:
         elif not any("Tensor" in str(a.type) for a in op._schema.arguments):
             found["computed at import"].append(name)  # no tensor operand: PyTorch computes it (`full`, `arange`)
         else:
-            decomposes = decomposition(op) is not None and name not in DECOMPOSES_TO_REFUSED
-            found["decomposition" if decomposes else "refused"].append(name)
+            found["decomposition" if decomposition(op) is not None else "refused"].append(name)
     return found
 
 

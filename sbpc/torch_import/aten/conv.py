@@ -252,6 +252,33 @@ def _convolution(im: _Importer, x, weight, bias, stride, padding, dilation, tran
     return _conv2d(im, x, weight, bias, stride, padding, dilation, groups)
 
 
+@rule("aten.col2im")
+def _col2im(im: _Importer, x, output_size, kernel_size, dilation, padding, stride):
+    """Each column's patch summed back into its image (`fold`, the inverse
+    of `unfold`): the transposed convolution, in C groups, of the columns
+    (N, C * kh * kw, L) by a weight that puts each of a patch's kh * kw
+    elements in its place."""
+    x = im.lift(x)
+    if len(x.shape) != 3:
+        raise ValueError(f"col2im of a {len(x.shape)}-D input (takes (N, C * kh * kw, L) columns)")
+    (kh, kw), size = _pair(kernel_size), _pair(output_size)
+    dilation, padding, stride = _pair(dilation), _pair(padding), _pair(stride)
+    n, rows, length = x.shape
+    if rows % (kh * kw):
+        raise ValueError(f"col2im of {rows} rows, not a whole number of {kh}x{kw} patches")
+    channels = rows // (kh * kw)
+    out = [(size[a] + 2 * padding[a] - dilation[a] * ((kh, kw)[a] - 1) - 1) // stride[a] + 1 for a in range(2)]
+    if out[0] * out[1] != length:
+        raise ValueError(f"col2im of {length} columns into {list(size)}: the patches make {out[0]}x{out[1]}")
+    weight = np.zeros((rows, 1, kh, kw), fe._numpy_of(x.dtype))
+    for c in range(channels):
+        for k in range(kh * kw):
+            weight[c * kh * kw + k, 0, k // kw, k % kw] = 1.0
+    cols = fe.reshape(x, [n, rows, *out])
+    return x.graph.add(lg.Conv2dGradInputOp(cols.value, im.g.constant(weight).value, size, stride, padding, dilation,
+                                            channels))
+
+
 @rule("aten.convolution_backward")
 def _convolution_backward(im: _Importer, grad, x, weight, bias_sizes, stride, padding, dilation, transposed,
                           output_padding, groups, output_mask):

@@ -19,7 +19,7 @@ from torch import nn
 
 import sbpc
 from sbpc.torch_frontend import RULES
-from sbpc.torch_import.core_aten import DECOMPOSES_TO_REFUSED, coverage
+from sbpc.torch_import.core_aten import coverage
 
 aten = torch.ops.aten
 
@@ -69,6 +69,8 @@ SAMPLES = {
                   lambda x: aten.amax(x, [1])),  # ties share the gradient, as in PyTorch
     "aten.argmax": ([A], lambda x: aten.argmax(x, 1)),
     "aten.avg_pool2d": ([IMG], lambda x: aten.avg_pool2d(x, [2, 2], [2, 2])),
+    # two channels of overlapping 2x2 patches, strided, dilated and padded, folded back
+    "aten.col2im": ([_floats(1, 8, 9)], lambda x: aten.col2im(x, [4, 5], [2, 2], [1, 2], [1, 0], [2, 1])),
     # overlapping windows over padding, uneven along the three axes
     "aten.avg_pool3d": ([VOLUME], lambda x: aten.avg_pool3d(x, [2, 3, 2], [1, 2, 2], [1, 1, 0])),
     "aten._adaptive_avg_pool3d": ([VOLUME], lambda x: aten._adaptive_avg_pool3d(x, [3, 2, 1])),
@@ -294,11 +296,6 @@ SAMPLES = {
     "aten.empty_strided": ([A], lambda x: x + aten.empty_strided([3, 4], [4, 1]) * 0),
 }
 
-REFUSED_SAMPLES = {
-    "aten.col2im": ([_floats(1, 8, 9)], lambda x: aten.col2im(x, [4, 4], [2, 2], [1, 1], [0, 0], [1, 1])),
-}
-"""Ops whose decomposition sbpc cannot import (`DECOMPOSES_TO_REFUSED`)."""
-
 COVERAGE = coverage(RULES)
 RULED = [n for kind in ("rule", "decomposition", "computed at import") for n in COVERAGE[kind]]
 """The Core ATen ops sbpc imports: by its own rule, through PyTorch's
@@ -361,14 +358,3 @@ def test_a_core_aten_op_computes_and_differentiates_as_pytorch(name):
     for (key, value), grad in zip(((k, v) for k, v in before.items()), grads):
         want = value - (grad if grad is not None else torch.zeros_like(value))
         np.testing.assert_allclose(state[key].detach().numpy(), want.numpy(), rtol=1e-5, atol=1e-5, err_msg=key)
-
-
-@pytest.mark.parametrize("name", sorted(DECOMPOSES_TO_REFUSED))
-def test_an_op_whose_decomposition_sbpc_cannot_import_is_refused_by_name(name):
-    args, call = REFUSED_SAMPLES[name]
-    model = OneOp(args, call)
-    inputs = [a for a in args if not a.is_floating_point()]
-    with torch.no_grad():
-        out = model(torch.ones(()), *inputs)["y"]
-    with pytest.raises(sbpc.TorchImportError, match=name.replace(".", r"\.")):
-        sbpc.from_torch(model, (torch.ones(out.shape), *inputs), placement=sbpc.placement("cpu", 1))
