@@ -210,6 +210,43 @@ def _embedding(im: _Importer, weight, indices, padding_idx=-1, scale_grad_by_fre
     return fe.embedding(weight, im.lift(indices), padding_idx=padding)
 
 
+@rule("aten._embedding_bag")
+def _embedding_bag(im: _Importer, weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    """Each bag's rows summed (mode 0) or averaged (mode 1), a bag being the
+    indices from its offset to the next: (the bags, each index's bag, each
+    bag's size, the sizes again where PyTorch puts the maxima's indices of
+    mode 2). An index's bag is how many offsets are at or before it, less
+    one; its row, weighted where per-sample weights are given, is added
+    into its bag (lg.scatter_add); the padding row counts in no bag. An
+    empty bag is zero."""
+    if scale_grad_by_freq:
+        raise ValueError("_embedding_bag with scale_grad_by_freq")
+    if int(mode) not in (0, 1):
+        raise ValueError(f"_embedding_bag mode {mode} ('max': sum and mean are imported)")
+    weight, indices, offsets = im.lift(weight), im.lift(indices), im.lift(offsets)
+    if len(indices.shape) != 1 or len(offsets.shape) != 1:
+        raise ValueError("_embedding_bag of indices or offsets that are not 1-D (PyTorch flattens 2-D bags first)")
+    length, bags = indices.shape[0], offsets.shape[0] - (1 if include_last_offset else 0)
+    positions = im.g.constant(np.arange(length, dtype=fe._numpy_of(offsets.dtype)).reshape(length, 1))
+    started = fe.compare("le", fe.reshape(offsets, [1, offsets.shape[0]]), positions)  # (L, offsets)
+    bag = fe.reduce_sum(fe.cast(started, "i64"), [1]) - im.g.constant(np.ones((), np.int64))
+    rows = fe.embedding(weight, indices)
+    padding = im.g.constant(np.asarray(int(padding_idx), fe._numpy_of(indices.dtype)))
+    counted = fe.cast(fe.compare("ne", indices, padding) if padding_idx not in (-1, None)
+                      else fe.compare("eq", indices, indices), str(weight.dtype))
+    scale = counted if per_sample_weights is None else counted * im.lift(per_sample_weights, weight)
+    dim = weight.shape[1]
+    spread = fe.broadcast_to(fe.reshape(bag, [length, 1]), [length, dim])
+    total = fe.scatter_add(rows * fe.reshape(scale, [length, 1]), spread, 0, bags)
+    sizes = fe.scatter_add(counted, bag, 0, bags)
+    if int(mode) == 1:
+        one = im.g.constant(np.ones((), fe._numpy_of(weight.dtype)))
+        total = total / fe.reshape(fe.where(fe.compare("gt", sizes, one * 0.5), sizes, one), [bags, 1])
+    size_counts = fe.cast(sizes, "i64")
+    return [total, bag, size_counts, size_counts]
+
+
 @rule("aten.masked_scatter")
 def _masked_scatter(im: _Importer, x, mask, source):
     """x with the source's leading elements, in order, written where the

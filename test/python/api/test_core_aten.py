@@ -69,6 +69,13 @@ SAMPLES = {
                   lambda x: aten.amax(x, [1])),  # ties share the gradient, as in PyTorch
     "aten.argmax": ([A], lambda x: aten.argmax(x, 1)),
     "aten.avg_pool2d": ([IMG], lambda x: aten.avg_pool2d(x, [2, 2], [2, 2])),
+    # four bags of a 6-row table, the third empty, an index repeated: summed
+    # (with per-sample weights, the padding row 4 in no bag) and averaged
+    "aten._embedding_bag": (
+        [_floats(6, 3, seed=11), torch.tensor([1, 4, 1, 5, 0, 2]), torch.tensor([0, 2, 4, 4]),
+         _floats(6, seed=12)],
+        lambda w, i, o, p: aten._embedding_bag(w, i, o, False, 0, False, p, False, 4)[0]
+        + aten._embedding_bag(w, i, o, False, 1)[0] * 2),
     # two channels of overlapping 2x2 patches, strided, dilated and padded, folded back
     "aten.col2im": ([_floats(1, 8, 9)], lambda x: aten.col2im(x, [4, 5], [2, 2], [1, 2], [1, 0], [2, 1])),
     # overlapping windows over padding, uneven along the three axes
