@@ -263,6 +263,10 @@ BUGS = [
         'started = fe.compare("le", fe.reshape(offsets, [1, offsets.shape[0]]), positions)',
         'started = fe.compare("lt", fe.reshape(offsets, [1, offsets.shape[0]]), positions)',
         T + "api/test_core_aten.py", select="_embedding_bag"),
+    Bug("grid-sampling-aligns-the-corners-always", "importer", "sbpc/torch_import/aten/conv.py",
+        "v = (v + 1.0) * ((size - 1) / 2.0) if align_corners else ((v + 1.0) * size - 1.0) * 0.5",
+        "v = (v + 1.0) * ((size - 1) / 2.0)",
+        T + "api/test_torch_frontend.py", select="grid_sampling"),
     # -- the weaknesses issue 57 found ------------------------------------------------------------
     Bug("compile-refuses-every-graph", "pipeline", "lowering/compile.py",  # WEAKNESS
         "        passes = self.passes()\n        with collector_paused():",

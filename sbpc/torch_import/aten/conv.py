@@ -279,6 +279,64 @@ def _col2im(im: _Importer, x, output_size, kernel_size, dilation, padding, strid
                                             channels))
 
 
+@rule("aten.grid_sampler_2d")
+def _grid_sampler_2d(im: _Importer, x, grid, interpolation_mode, padding_mode, align_corners):
+    """Images sampled at the grid's points (`F.grid_sample`): (N, C, H, W)
+    at (N, Ho, Wo, 2) points (x, y) in [-1, 1] -> (N, C, Ho, Wo), bilinear
+    (mode 0) or nearest (mode 1), outside the image zero (padding 0) or its
+    border (padding 1). Each corner a point reads is gathered from the
+    flattened image by its computed index; bilinear weights are the
+    point's distances to the corners, so the grid takes a gradient too."""
+    mode, padding = int(interpolation_mode), int(padding_mode)
+    if mode not in (0, 1) or padding not in (0, 1):
+        raise ValueError(f"grid_sampler_2d with interpolation mode {mode} and padding mode {padding} (bilinear and "
+                         "nearest, with zeros and border padding, are imported)")
+    x, grid = _images(im, x, "grid_sampler_2d"), im.lift(grid)
+    n, c, h, w = x.shape
+    _, oh, ow, _ = grid.shape
+    points = oh * ow
+
+    def pixel(axis: int, size: int) -> Tensor:  # the grid's coordinate on `axis` in pixels, (N, Ho * Wo)
+        v = fe.reshape(fe.slice(grid, [0, 0, 0, axis], [n, oh, ow, axis + 1]), [n, points])
+        v = (v + 1.0) * ((size - 1) / 2.0) if align_corners else ((v + 1.0) * size - 1.0) * 0.5
+        if padding == 1:  # clamped to the border
+            low, high = im.lift(0.0, v), im.lift(float(size - 1), v)
+            v = fe.where(fe.compare("lt", v, low), low, v)
+            v = fe.where(fe.compare("gt", v, high), high, v)
+        return v
+
+    px, py = pixel(0, w), pixel(1, h)
+    flat = fe.reshape(x, [n, c, h * w])
+
+    def read(cx: Tensor, cy: Tensor) -> tuple[Tensor, Tensor]:
+        """(the images at whole pixel coordinates, (N, C, Ho * Wo); 1 where
+        the pixel is inside the image, else 0, (N, 1, Ho * Wo))."""
+        zero = im.lift(0.0, cx)
+
+        def within(v: Tensor, size: int) -> Tensor:
+            return fe.logical("and", fe.compare("ge", v, zero), fe.compare("le", v, im.lift(float(size - 1), v)))
+
+        inside = fe.logical("and", within(cx, w), within(cy, h))
+        safe_x, safe_y = fe.where(inside, cx, zero), fe.where(inside, cy, zero)
+        index = fe.cast(safe_y * float(w) + safe_x, "i64")
+        picked = fe.gather(flat, fe.broadcast_to(fe.reshape(index, [n, 1, points]), [n, c, points]), 2)
+        return picked, fe.reshape(fe.cast(inside, str(x.dtype)), [n, 1, points])
+
+    if mode == 1:  # nearest: the pixel the point rounds to (half to even, as PyTorch)
+        picked, inside = read(fe.round(px), fe.round(py))
+        return fe.reshape(picked * inside, [n, c, oh, ow])
+    x0, y0 = fe.floor(px), fe.floor(py)
+    fx, fy = px - x0, py - y0
+    total = None
+    for dx, dy, weight in ((0, 0, (1.0 - fx) * (1.0 - fy)), (1, 0, fx * (1.0 - fy)),
+                           (0, 1, (1.0 - fx) * fy), (1, 1, fx * fy)):
+        picked, inside = read(x0 + float(dx), y0 + float(dy))
+        term = picked * (inside * fe.reshape(weight, [n, 1, points]))
+        total = term if total is None else total + term
+    assert total is not None
+    return fe.reshape(total, [n, c, oh, ow])
+
+
 @rule("aten.convolution_backward")
 def _convolution_backward(im: _Importer, grad, x, weight, bias_sizes, stride, padding, dilation, transposed,
                           output_padding, groups, output_mask):

@@ -69,6 +69,12 @@ SAMPLES = {
                   lambda x: aten.amax(x, [1])),  # ties share the gradient, as in PyTorch
     "aten.argmax": ([A], lambda x: aten.argmax(x, 1)),
     "aten.avg_pool2d": ([IMG], lambda x: aten.avg_pool2d(x, [2, 2], [2, 2])),
+    # points inside, on the edge and outside the image (x, y in [-1.3, 1.3]):
+    # bilinear with zeros, with corners aligned and the border, and nearest
+    "aten.grid_sampler_2d": (
+        [IMG, torch.tanh(_floats(1, 3, 5, 2, seed=13)) * 1.3],
+        lambda x, g: aten.grid_sampler_2d(x, g, 0, 0, False) + aten.grid_sampler_2d(x, g, 0, 1, True)
+        + aten.grid_sampler_2d(x, g.detach(), 1, 0, False)),
     # four bags of a 6-row table, the third empty, an index repeated: summed
     # (with per-sample weights, the padding row 4 in no bag) and averaged
     "aten._embedding_bag": (

@@ -189,6 +189,32 @@ def test_max_pooling_with_indices_gives_pytorchs_indices_and_gradients():
         np.testing.assert_allclose(got[f"grad.{name}"], p.grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
 
 
+class _Warp(nn.Module):
+    """A spatial transformer's sampling: features read at a grid of points,
+    inside and outside the image, bilinear (`F.grid_sample`, its defaults)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, padding=1)
+
+    def forward(self, x, grid):
+        return nn.functional.grid_sample(self.conv(x), grid, align_corners=False).square().mean()
+
+
+def test_grid_sampling_gives_pytorchs_values_and_gradients():
+    torch.manual_seed(0)
+    model = _Warp()
+    x, grid = torch.randn(2, 2, 5, 6), torch.tanh(torch.randn(2, 4, 3, 2)) * 1.2
+    graph = sbpc.from_torch(model, (x, grid), placement=sbpc.placement("cpu", 1))
+    got = sbpc.compile(graph, pipeline="lg-autodiff,compile", mode="interpret").run(
+        {"x": x.numpy(), "grid": grid.numpy()})
+    loss = model(x, grid)
+    loss.backward()
+    assert float(got["loss"]) == pytest.approx(loss.item(), rel=1e-5)
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(got[f"grad.{name}"], p.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_an_imported_float64_module_trains_as_pytorch_float64(optimizer):
     # float64 end to end through the importer: the first loss and the
