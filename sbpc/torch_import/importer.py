@@ -287,7 +287,7 @@ class _Importer(_StateImporter):
             functional = f"{base}.{overload}"
         else:  # aten.relu_ -> aten.relu
             functional = name.removesuffix("_")
-        rule = RULES.get(functional) if functional != name else RULES.get(name)
+        rule = RULES.get(functional) or RULES.get(name)  # resize_ has no functional form: a rule of its own
         if rule is None:
             raise self._error(f"the in-place ATen op {name} ({node.name}) has no lg lowering in sbpc yet")
         args = _map(node.args, self._value)

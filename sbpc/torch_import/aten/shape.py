@@ -306,3 +306,16 @@ def _as_strided(im: _Importer, x, size, stride, storage_offset=None):
     if where.size and (where.min() < 0 or where.max() >= math.prod(x.shape)):
         raise ValueError(f"as_strided of size {size}, stride {stride} outside a tensor of {math.prod(x.shape)}")
     return gather_positions(im, x, where)
+
+
+@rule("aten.resize_")
+def _resize(im: _Importer, x, size, memory_format=None):
+    """The tensor's first elements in row-major order, in the new shape:
+    shrinking keeps them, as PyTorch does; growing would add elements whose
+    values PyTorch leaves undefined, and is refused."""
+    x = im.lift(x)
+    size = [int(d) for d in size]
+    have, want = math.prod(x.shape), math.prod(size)
+    if want > have:
+        raise ValueError(f"resize_ from {list(x.shape)} to {size}: the {want - have} new elements are undefined")
+    return fe.reshape(fe.slice(fe.reshape(x, [have]), [0], [want]), size)

@@ -69,6 +69,9 @@ SAMPLES = {
                   lambda x: aten.amax(x, [1])),  # ties share the gradient, as in PyTorch
     "aten.argmax": ([A], lambda x: aten.argmax(x, 1)),
     "aten.avg_pool2d": ([IMG], lambda x: aten.avg_pool2d(x, [2, 2], [2, 2])),
+    # shrunk in place: the first 10 of 12 elements, in a new shape (PyTorch
+    # resizes nothing that takes a gradient)
+    "aten.resize_": ([A], lambda x: aten.resize_(x.detach() * 1.0, [2, 5]) * 2.0 + (x * 0.0).sum()),
     # points inside, on the edge and outside the image (x, y in [-1.3, 1.3]):
     # bilinear with zeros, with corners aligned and the border, and nearest
     "aten.grid_sampler_2d": (
