@@ -29,6 +29,10 @@ DATA_DEPENDENT = frozenset({
 })
 """ATen ops whose output shape depends on the values of their inputs."""
 
+COMPLEX = frozenset({"aten._fft_r2c", "aten._fft_c2r", "aten._fft_c2c", "aten.view_as_complex", "aten.complex",
+                     "aten.polar"})
+"""ATen ops that make or read complex tensors: sbpc's tensors are real."""
+
 def core_aten_ops() -> list[str]:
     """The names (as the rules spell them: `aten.<op>.<overload>`, the
     overload dropped when `default`) of every operator overload PyTorch

@@ -16,7 +16,7 @@ from sbpc.frontend import Graph, Placement, Tensor
 # sbpc.torch_import.aten imports: importing its registry runs it first
 from sbpc.torch_import.aten.registry import RULES
 from sbpc.torch_import.capture import _user_line
-from sbpc.torch_import.core_aten import DATA_DEPENDENT, trace_decomposition
+from sbpc.torch_import.core_aten import COMPLEX, DATA_DEPENDENT, trace_decomposition
 from sbpc.torch_import.precision import _FLOATS, _HALVES, _autocast_args, _widen
 from sbpc.torch_import.state import _StateImporter, _updated_buffers
 from sbpc.torch_import.values import _DTYPES, TorchImportError, _Const, _flat, _map, _op_name, _unwrap, to_numpy
@@ -248,6 +248,9 @@ class _Importer(_StateImporter):
         if name in DATA_DEPENDENT:
             raise self._error(f"the ATen op {name} ({node.name}) gives an output whose shape depends on the values "
                               f"of its inputs; sbpc plans every tensor's shape ahead of the data")
+        if name in COMPLEX:
+            raise self._error(f"the ATen op {name} ({node.name}) makes or reads complex numbers; sbpc's tensors are "
+                              f"real (floats, integers, booleans)")
         try:
             traced = trace_decomposition(node.target, args, kwargs, lambda a: isinstance(a, Tensor), _example)
         except Exception as error:  # noqa: BLE001 - PyTorch's decomposition failed on these arguments

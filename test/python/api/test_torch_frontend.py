@@ -936,6 +936,15 @@ class WritesIntoABufferSlice(nn.Module):
         return y.sum()
 
 
+class Spectrum(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.fft.rfft(self.proj(x)).abs().sum()
+
+
 class ConstantOutput(nn.Module):
     def __init__(self):
         super().__init__()
@@ -949,6 +958,8 @@ REFUSALS = [  # (module, example input, keyword arguments of from_torch, what th
     (Cumulative, torch.randn(2, 4), {}, "the ATen op aten.cummax (cummax) has no lg lowering", True),
     (CountsNonzero, torch.randn(2, 4), {}, "the ATen op aten.nonzero (nonzero) gives an output whose shape depends "
      "on the values of its inputs", True),
+    (Spectrum, torch.randn(2, 4), {}, "the ATen op aten._fft_r2c (_fft_r2c) makes or reads complex numbers; "
+     "sbpc's tensors are real", True),
     (AddsNoise, torch.randn(2, 4), {}, "aten.randn (randn) draws new random numbers at every call, which sbpc "
      "does not import", True),
     (WritesIntoABufferSlice, torch.randn(2, 4), {}, "forward writes to buffer 'last' through a view", True),
