@@ -122,6 +122,10 @@ overlap of their lifetimes): it has been seen 14% under the compiled plan,
 an error that cannot cross the budget from below half of it."""
 
 
+class _OverBudget(PassFailedException):
+    """A layout the layer search chose that holds more than the budget once compiled."""
+
+
 def _is_state(key: str) -> bool:
     return key.startswith(OPTIMIZER_STATE_PREFIXES)
 
@@ -383,11 +387,11 @@ class SbpAutoplanPass(ModulePass):
                     held = self._compiled_memory(op, cluster)
                     if held > budget:
                         best.peak_memory = held
-                        raise PassFailedException(f"compiled, it holds {gib(held)} per device, over the budget "
-                                                  f"of {gib(budget)} (its layers' sum was under it)")
+                        raise _OverBudget(f"compiled, it holds {gib(held)} per device, over the budget "
+                                          f"of {gib(budget)} (its layers' sum was under it)")
                 break
             except PassFailedException as e:
-                best.rejected = str(e) if str(e).startswith("compiled,") else f"the whole graph refuses it: {e}"
+                best.rejected = str(e) if isinstance(e, _OverBudget) else f"the whole graph refuses it: {e}"
                 for old in list(op.body.block.ops):
                     old.detach()
                     old.erase()
