@@ -39,18 +39,26 @@ def _export_failure(module, error: Exception) -> str:
     dependent = "data-dependent" in text or "data dependent" in text
     kind = "data-dependent control flow (a Python branch on a tensor's value)" if dependent else "torch.export failed"
     return f"cannot capture {type(module).__name__} with torch.export: {kind}: {first}" + (
-        f"\n  at {where}" if where else "") + (_config_hint(module) if dependent else "")
+        f"\n  at {where}" if where else "") + (_config_hint(module, where or "") if dependent else "")
 
 
-def _config_hint(module) -> str:
+def _config_hint(module, where: str) -> str:
     """The configuration option of a Hugging Face model that chose a form
-    torch.export cannot capture, and the value that it can."""
-    for sub in module.modules():
-        config = getattr(sub, "config", None)
-        if getattr(config, "_experts_implementation", None) == "eager":
-            return ("\n  the model's experts run as config._experts_implementation = 'eager' (a Python loop over "
-                    "the experts the batch routes to): set it to 'grouped_mm' (transformers' default) or "
-                    "'batched_mm'")
+    torch.export cannot capture, and the value that it can, judged by the
+    line that branched (`where`) and the model's modules."""
+    configs = [c for c in (getattr(sub, "config", None) for sub in module.modules()) if c is not None]
+    if "layerdrop" in where:
+        options = sorted({f"{k} = {v}" for c in configs for k, v in vars(c).items()
+                       if "layerdrop" in k and isinstance(v, float) and v > 0})
+        if options:
+            return (f"\n  the model's config sets {', '.join(options)} (LayerDrop: a layer is skipped when a random "
+                    "draw falls below it, a branch on a tensor's value): set it to 0 to train it with sbpc, "
+                    "whose plans fix the step's layers ahead")
+    has_experts = any(type(sub).__name__.endswith("Experts") for sub in module.modules())
+    if has_experts and any(getattr(c, "_experts_implementation", None) == "eager" for c in configs):
+        return ("\n  the model's experts run as config._experts_implementation = 'eager' (a Python loop over "
+                "the experts the batch routes to): set it to 'grouped_mm' (transformers' default) or "
+                "'batched_mm'")
     return ""
 
 

@@ -272,6 +272,22 @@ def test_experts_as_a_python_loop_are_refused_naming_the_option_that_captures_th
         sbpc.from_torch(Text(mixtral("eager")), tokens(1)[0], placement=sbpc.placement("cpu", 1))
 
 
+def test_layerdrop_is_refused_naming_the_options_that_set_it_and_nothing_else():
+    """LayerDrop skips a layer on a random draw (a branch on a tensor's
+    value): the refusal names the config's rates that set it, and not the
+    experts' implementation, which a model without experts also carries."""
+    model = _built(T.BartForConditionalGeneration, T.BartConfig(
+        vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=16,
+        encoder_layerdrop=0.1, decoder_layerdrop=0.1), True)
+    with pytest.raises(sbpc.TorchImportError) as info:
+        sbpc.from_torch(Text(model), tokens(1)[0], placement=sbpc.placement("cpu", 1))
+    message = str(info.value)
+    assert "data-dependent" in message and "layerdrop" in message, message
+    assert "decoder_layerdrop = 0.1, encoder_layerdrop = 0.1" in message and "set it to 0" in message, message
+    assert "_experts_implementation" not in message, message
+
+
 EXPERTS = ("gate_up_proj", "down_proj")
 
 
