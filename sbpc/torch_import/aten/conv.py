@@ -94,6 +94,7 @@ def _windows(x: Tensor, kernel: Sequence[int], stride: Sequence[int], padding: S
     n, c, *spatial = x.shape
     out = [(size + 2 * p - k) // s + 1 for size, k, s, p in zip(spatial, kernel, stride, padding)]
     padded = fe.pad(x, [0, 0, *padding], [0, 0, *padding], fill)
+
     def at(place):  # the window's element at `place`, for every window
         limits = [n, c, *(o + s * (m - 1) + 1 for o, s, m in zip(place, stride, out))]
         return fe.reshape(fe.slice(padded, [0, 0, *place], limits, [1, 1, *stride]), [n, c, *out, 1])
