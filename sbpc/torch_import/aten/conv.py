@@ -68,7 +68,7 @@ def _max_pool2d_with_indices(im: _Importer, x, kernel_size, stride=(), padding=0
     values = _max_pool2d(im, x, kernel_size, stride, padding, dilation, ceil_mode)
     x = _images(im, x, "max_pool2d_with_indices")
     kernel = _pair(kernel_size)
-    _, indices = _first_maxima(im, x, kernel, _pair(stride) if stride else kernel, _pair(padding))
+    _, _, indices = _first_maxima(im, x, kernel, _pair(stride) if stride else kernel, _pair(padding))
     return [values, indices]
 
 
@@ -102,17 +102,12 @@ def _windows(x: Tensor, kernel: Sequence[int], stride: Sequence[int], padding: S
     return fe.concat([at(place) for place in itertools.product(*(range(k) for k in kernel))], len(x.shape))
 
 
-def _first_maxima(im: _Importer, x: Tensor, kernel, stride, padding) -> tuple[Tensor, Tensor]:
-    """(each window's maximum, its index in the flattened image, h * W + w
-    or d * H * W + h * W + w): the first largest element in row-major order
-    of the window (PyTorch's), lg.argmax over _windows; the maximum picked
-    by that index, so its gradient goes there alone, as PyTorch routes it."""
+def _first_maxima(im: _Importer, x: Tensor, kernel, stride, padding) -> tuple[Tensor, Tensor, Tensor]:
+    """(_windows of `x`, the place in each of its first largest element in
+    row-major order (PyTorch's choice, lg.argmax), and that element's index
+    in the flattened image: h * W + w, or d * H * W + h * W + w)."""
     windows = _windows(x, kernel, stride, padding, -np.inf)
-    last = len(windows.shape) - 1
-    first = fe.argmax(windows, last)
-    picked = fe.compare("eq", fe.reshape(first, [*first.shape, 1]),
-                        im.g.constant(np.arange(windows.shape[last], dtype=np.int64)))
-    values = fe.reduce_sum(fe.where(picked, windows, im.g.constant(np.zeros((), fe._numpy_of(x.dtype)))), [last])
+    first = fe.argmax(windows, len(windows.shape) - 1)
     spatial, out = x.shape[2:], first.shape[2:]
     strides = [math.prod(spatial[a + 1:]) for a in range(len(spatial))]  # of the flattened image
     corner = sum(np.reshape((np.arange(o) * s - p) * step, [o if b == a else 1 for b in range(len(out))])
@@ -124,17 +119,24 @@ def _first_maxima(im: _Importer, x: Tensor, kernel, stride, padding) -> tuple[Te
         place = fe.floordiv(rest, inner)
         rest = rest - place * inner
         index = index + place * strides[a]
-    return values, index
+    return windows, first, index
 
 
 @rule("aten.max_pool3d_with_indices")
 def _max_pool3d_with_indices(im: _Importer, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    """(the maxima, the index of each in its volume, d * H * W + h * W + w)."""
+    """(the maxima, the index of each in its volume, d * H * W + h * W + w):
+    each maximum is the element _first_maxima picks, so its gradient goes
+    there alone, as PyTorch routes it."""
     if _triple(dilation) != (1, 1, 1) or ceil_mode:
         raise ValueError("max_pool3d_with_indices with dilation or ceil_mode")
     x = _volumes(im, x, "max_pool3d_with_indices")
     kernel = _triple(kernel_size)
-    return list(_first_maxima(im, x, kernel, _triple(stride) if stride else kernel, _triple(padding)))
+    windows, first, indices = _first_maxima(im, x, kernel, _triple(stride) if stride else kernel, _triple(padding))
+    last = len(windows.shape) - 1
+    picked = fe.compare("eq", fe.reshape(first, [*first.shape, 1]),
+                        im.g.constant(np.arange(windows.shape[last], dtype=np.int64)))
+    values = fe.reduce_sum(fe.where(picked, windows, im.g.constant(np.zeros((), fe._numpy_of(x.dtype)))), [last])
+    return [values, indices]
 
 
 @rule("aten.avg_pool3d")
@@ -187,19 +189,20 @@ def _avg_pool2d(im: _Importer, x, kernel_size, stride=(), padding=0, ceil_mode=F
     return _average(im, x, kernel, _pair(stride) if stride else kernel, _pair(padding))
 
 
+def _averaging(im: _Importer, x: Tensor, kernel) -> Tensor:
+    """The depthwise weight that averages a window: 1 / (kh * kw) per channel."""
+    return im.g.constant(np.full((x.shape[1], 1, *kernel), 1.0 / (kernel[0] * kernel[1]), fe._numpy_of(x.dtype)))
+
+
 def _average(im: _Importer, x: Tensor, kernel, stride, padding) -> Tensor:
-    channels = x.shape[1]
-    weights = np.full((channels, 1, *kernel), 1.0 / (kernel[0] * kernel[1]), fe._numpy_of(x.dtype))
-    return fe.conv2d(x, im.g.constant(weights), stride, padding, 1, channels)
+    return fe.conv2d(x, _averaging(im, x, kernel), stride, padding, 1, x.shape[1])
 
 
 def _average_gradient(im: _Importer, grad, x: Tensor, kernel, stride, padding) -> Tensor:
     """The gradient of _average: its transposed convolution."""
-    channels = x.shape[1]
-    weights = im.g.constant(np.full((channels, 1, *kernel), 1.0 / (kernel[0] * kernel[1]), fe._numpy_of(x.dtype)))
     grad = im.lift(grad)
-    return x.graph.add(lg.Conv2dGradInputOp(grad.value, weights.value, x.shape[2:], stride, padding, (1, 1),
-                                            channels))
+    return x.graph.add(lg.Conv2dGradInputOp(grad.value, _averaging(im, x, kernel).value, x.shape[2:], stride,
+                                            padding, (1, 1), x.shape[1]))
 
 
 @rule("aten.avg_pool2d_backward")
@@ -272,9 +275,8 @@ def _col2im(im: _Importer, x, output_size, kernel_size, dilation, padding, strid
     if out[0] * out[1] != length:
         raise ValueError(f"col2im of {length} columns into {list(size)}: the patches make {out[0]}x{out[1]}")
     weight = np.zeros((rows, 1, kh, kw), fe._numpy_of(x.dtype))
-    for c in range(channels):
-        for k in range(kh * kw):
-            weight[c * kh * kw + k, 0, k // kw, k % kw] = 1.0
+    place = np.arange(rows) % (kh * kw)  # row c * kh * kw + k holds element k of channel c's patch
+    weight[np.arange(rows), 0, place // kw, place % kw] = 1.0
     cols = fe.reshape(x, [n, rows, *out])
     return x.graph.add(lg.Conv2dGradInputOp(cols.value, im.g.constant(weight).value, size, stride, padding, dilation,
                                             channels))
