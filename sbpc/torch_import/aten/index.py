@@ -232,9 +232,11 @@ def _embedding_bag(im: _Importer, weight, indices, offsets, scale_grad_by_freq=F
     started = fe.compare("le", fe.reshape(offsets, [1, offsets.shape[0]]), positions)  # (L, offsets)
     bag = fe.reduce_sum(fe.cast(started, "i64"), [1]) - im.g.constant(np.ones((), np.int64))
     rows = fe.embedding(weight, indices)
-    padding = im.g.constant(np.asarray(int(padding_idx), fe._numpy_of(indices.dtype)))
-    counted = fe.cast(fe.compare("ne", indices, padding) if padding_idx not in (-1, None)
-                      else fe.compare("eq", indices, indices), str(weight.dtype))
+    if padding_idx in (-1, None):  # every index counts in its bag
+        counted = im.g.constant(np.ones(length, fe._numpy_of(weight.dtype)))
+    else:
+        padding = im.g.constant(np.asarray(int(padding_idx), fe._numpy_of(indices.dtype)))
+        counted = fe.cast(fe.compare("ne", indices, padding), str(weight.dtype))
     scale = counted if per_sample_weights is None else counted * im.lift(per_sample_weights, weight)
     dim = weight.shape[1]
     spread = fe.broadcast_to(fe.reshape(bag, [length, 1]), [length, dim])
