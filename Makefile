@@ -27,7 +27,7 @@ BIN := $(VENV)/bin
 export PYTHONDONTWRITEBYTECODE :=
 NOT_COMPILED := /tests?/|/testing/|/transformers/models/|/torch/_inductor/|/sympy/physics/|/scipy/(stats|signal|interpolate|integrate|ndimage|io)/|/(pip|setuptools|mypy|mypyc|pygments|pydantic|rich)/
 
-.PHONY: run test test-all mutation lint typecheck lit pytest setup clean
+.PHONY: run test test-all mutation lint typecheck lit pytest setup clean cpu-preset
 
 setup: $(VENV)/.installed
 
@@ -66,6 +66,12 @@ test-all: setup
 # not part of `make test`.
 mutation: setup
 	$(BIN)/python test/mutation/run.py
+
+# The cpu preset (perf/cpu.json), measured again on this machine: 2 ranks,
+# and a collective's cost where 4 ranks share its 2 cores. Seconds; on an
+# idle machine of the kind the preset describes (2 cores).
+cpu-preset: setup
+	$(BIN)/sbp-calibrate -n 2 --shared-ranks 4 --name cpu -o perf/cpu.json
 
 lint: setup
 	$(BIN)/ruff check .

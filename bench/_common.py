@@ -48,39 +48,6 @@ def missing_peers(peers: dict[str, str]) -> list[str]:
     return missing
 
 
-OPENBLAS_CORENAME_SYMBOLS = ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename",
-                             "openblas_get_corename64_", "openblas_get_corename")
-"""`openblas_get_corename` as the builds numpy ships name it (the
-scipy-openblas wheels prefix and suffix their symbols)."""
-
-
-def openblas_core() -> str | None:
-    """The kernel set of the OpenBLAS numpy loaded into this process (every
-    process the benchmarks start inherits this environment, so theirs too);
-    None where numpy uses another BLAS or it cannot be asked."""
-    import ctypes
-
-    import numpy  # noqa: F401  (loads its BLAS)
-
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = sorted({line.split()[-1] for line in maps if "openblas" in line.lower() and ".so" in line})
-    except OSError:
-        return None
-    for path in paths:
-        try:
-            library = ctypes.CDLL(path)  # loaded already: this only looks its symbols up
-        except OSError:
-            continue
-        for symbol in OPENBLAS_CORENAME_SYMBOLS:
-            corename = getattr(library, symbol, None)
-            if corename is not None:
-                corename.restype = ctypes.c_char_p
-                name = corename()
-                return name.decode() if name else None
-    return None
-
-
 def blas_kernels() -> str:
     """One line on the BLAS kernels every process here runs: the GEMM
     speed of a step depends on them more than on anything else. numpy's
@@ -91,6 +58,8 @@ def blas_kernels() -> str:
     is not affected."""
     import subprocess
 
+    from sbpc.runtime.machine import openblas_core
+
     core = openblas_core()
     if core is None:
         return "BLAS: not an OpenBLAS that names its kernels"
@@ -98,8 +67,8 @@ def blas_kernels() -> str:
     if pinned is None:
         return f"BLAS: OpenBLAS kernels {core} (OpenBLAS's choice for this CPU)"
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
-    done = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(BENCH)!r}); import _common; "
-                           "print(_common.openblas_core())"], env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", "from sbpc.runtime.machine import openblas_core; "
+                           "print(openblas_core())"], env=env, capture_output=True, text=True)
     own = done.stdout.strip() or "unknown"
     return (f"BLAS: OpenBLAS kernels {core}, pinned by OPENBLAS_CORETYPE={pinned} "
             f"(OpenBLAS's own choice for this CPU: {own}; PyTorch uses its MKL either way)")

@@ -25,11 +25,15 @@ Compute follows the roofline with a launch floor: a GEMM takes
 `overhead + max(flops / vector_flops, bytes / bandwidth)`, where the
 bandwidth is the cache's for kernels that touch at most `cache_bytes`
 (CPUs stream several times faster from their last-level cache) and the
-memory's otherwise. A calibrated device also carries, per kernel name, a
-fixed cost (`kernel_overheads`) and a factor on the rate-bound time
-(`kernel_scales`): what the kernel costs inside a training step, where
-operands arrive cold and ranks share caches, against the isolated timings
-the rates come from.
+memory's otherwise; a GEMM is any kernel of the GEMM kind (matmuls, and
+convolutions, which run as im2col and a GEMM). A calibrated device also
+carries, per kernel name, a fixed cost (`kernel_overheads`) and a factor on
+the rate-bound time (`kernel_scales`): what the kernel costs inside a
+training step, where operands arrive cold and ranks share caches, against
+the isolated timings the rates come from. The same per kernel kind
+(`kind_overheads`, `kind_scales`; `lg.KERNEL_KINDS`, and `fused` for the
+generated elementwise chains) prices every kernel the calibration did not
+time by name.
 
 The file format is JSON with exactly the fields of `Cluster`,
 `DeviceModel`, `Level`, `Links` and `CollectiveFit` below (`docs/CLUSTER.md`
@@ -38,11 +42,15 @@ shows one); `load_cluster` validates it and names the field at fault.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
+
+from sbpc.dialects import lg
 
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "transfer")
 """What the runtime sends over the network (the COLLECTIVES rows that
@@ -53,6 +61,24 @@ DTYPES = ("f64", "f32", "tf32", "bf16", "f16")
 
 class ClusterError(ValueError):
     """A cluster file or preset that cannot describe a cluster; the message names the field."""
+
+
+FUSED_KIND = "fused"
+"""The kind of the generated elementwise chains (`plan.fused`)."""
+
+
+@functools.cache
+def kernel_kind(kernel: str) -> str | None:
+    """How kernel `kernel` spends its time: an lg op's `KERNEL_KIND`,
+    `fused` for a generated elementwise chain; None for any other name (the
+    runtime's copies, which the device prices by their bytes)."""
+    if kernel == Cluster.FUSED_KERNEL:
+        return FUSED_KIND
+    try:
+        op = lg.op_class(kernel)
+    except KeyError:
+        return None
+    return op.KERNEL_KIND if issubclass(op, lg.SbpRules) else None
 
 
 def latency_steps(kind: str, p: int) -> float:
@@ -139,6 +165,12 @@ class DeviceModel:
     `plan.fused`, the generated chains' speed against the fused roofline.
     `sbp-calibrate` reads both this and `kernel_overheads` off traced
     probe steps."""
+    kind_overheads: Mapping[str, float] = field(default_factory=dict)
+    """Per kernel kind (`kernel_kind`), the fixed cost of a kernel with none
+    of its own in `kernel_overheads`: the median of its kind's there."""
+    kind_scales: Mapping[str, float] = field(default_factory=dict)
+    """Per kernel kind, the scale of a kernel with none of its own in
+    `kernel_scales`: the median of its kind's there."""
     cache_bytes: float = 0.0
     """Bytes a kernel may touch and still stream at `cache_bandwidth` (0: no cache tier)."""
     cache_bandwidth: float = 0.0
@@ -297,7 +329,24 @@ class Cluster:
     # -- compute ----------------------------------------------------------------
 
     GEMM_KERNELS = ("lg.matmul",)
+    """The kernels the runtime runs in column blocks, calling MPI between them."""
     FUSED_KERNEL = "plan.fused"
+
+    def kernel_overhead(self, kernel: str) -> float:
+        """The fixed seconds of one call of `kernel`: its own, its kind's, or the device's."""
+        d = self.device
+        own = d.kernel_overheads.get(kernel)
+        if own is None:
+            own = d.kind_overheads.get(kernel_kind(kernel) or "", d.kernel_overhead)
+        return own
+
+    def kernel_scale(self, kernel: str) -> float:
+        """The in-step factor on `kernel`'s rate-bound time: its own, its kind's, or 1."""
+        d = self.device
+        own = d.kernel_scales.get(kernel)
+        if own is None:
+            own = d.kind_scales.get(kernel_kind(kernel) or "", 1.0)
+        return own
 
     def work_time(self, kernel: str, flops: float, nbytes: float, dtype: str = "f32", calls: int = 1) -> float:
         """Seconds of kernel `kernel` doing `flops` over `nbytes`; a fused chain of `calls` steps is `calls`
@@ -305,18 +354,17 @@ class Cluster:
         d = self.device
         core = self.core_time(kernel, flops, nbytes, dtype)
         if d.launch_ahead:  # a fused chain is one generated kernel: one launch
-            return max(d.kernel_overheads.get(kernel, d.kernel_overhead), core)
-        return d.kernel_overheads.get(kernel, d.kernel_overhead) * calls + core
+            return max(self.kernel_overhead(kernel), core)
+        return self.kernel_overhead(kernel) * calls + core
 
     def core_time(self, kernel: str, flops: float, nbytes: float, dtype: str = "f32") -> float:
         """The rate-bound part of a kernel's time (no fixed cost)."""
-        d = self.device
-        return self.roofline(kernel, flops, nbytes, dtype) * d.kernel_scales.get(kernel, 1.0)
+        return self.roofline(kernel, flops, nbytes, dtype) * self.kernel_scale(kernel)
 
     def roofline(self, kernel: str, flops: float, nbytes: float, dtype: str = "f32") -> float:
         """A kernel's time at the device's rates, before its in-step scale."""
         d = self.device
-        if kernel in self.GEMM_KERNELS:
+        if kernel_kind(kernel) == "gemm":
             return flops / d.gemm_rate(dtype)
         bandwidth = d.cache_bandwidth if 0 < nbytes <= d.cache_bytes and d.cache_bandwidth else d.memory_bandwidth
         rate = d.vector_flops
@@ -387,6 +435,15 @@ def _positive(where: str, value: Any, zero_ok: bool = False) -> None:
         raise ClusterError(f"{where}: must be a {'non-negative' if zero_ok else 'positive'} number, got {value!r}")
 
 
+KINDS = (*lg.KERNEL_KINDS, FUSED_KIND)
+"""The kernel kinds a device may price."""
+
+
+def _kernel_kind_name(where: str, kind: str) -> None:
+    if kind not in KINDS:
+        raise ClusterError(f"{where}: not a kernel kind (the kinds are {', '.join(KINDS)})")
+
+
 def validate(c: Cluster) -> None:
     if not isinstance(c.count, int) or isinstance(c.count, bool) or c.count < 1:
         raise ClusterError(f"count: must be a positive integer, got {c.count!r}")
@@ -412,6 +469,12 @@ def validate(c: Cluster) -> None:
         _positive(f"device.kernel_overheads.{kernel}", seconds, zero_ok=True)
     for kernel, scale in d.kernel_scales.items():
         _positive(f"device.kernel_scales.{kernel}", scale)
+    for kind, seconds in d.kind_overheads.items():
+        _kernel_kind_name(f"device.kind_overheads.{kind}", kind)
+        _positive(f"device.kind_overheads.{kind}", seconds, zero_ok=True)
+    for kind, scale in d.kind_scales.items():
+        _kernel_kind_name(f"device.kind_scales.{kind}", kind)
+        _positive(f"device.kind_scales.{kind}", scale)
     _positive("device.cache_bytes", d.cache_bytes, zero_ok=True)
     _positive("device.cache_bandwidth", d.cache_bandwidth, zero_ok=True)
     for flag in ("launch_ahead", "stream_per_group"):
@@ -502,7 +565,9 @@ def _device(data: Any, where: str) -> DeviceModel:
 
     return _build(DeviceModel, data, where, {"peak_flops": mapping("element type -> flop/s"),
                                             "kernel_overheads": mapping("kernel name -> seconds"),
-                                            "kernel_scales": mapping("kernel name -> factor")})
+                                            "kernel_scales": mapping("kernel name -> factor"),
+                                            "kind_overheads": mapping("kernel kind -> seconds"),
+                                            "kind_scales": mapping("kernel kind -> factor")})
 
 
 def _links(data: Any, where: str) -> Links | None:
@@ -548,27 +613,23 @@ def load_cluster(spec: str | Cluster, devices: int | None = None) -> Cluster:
 
 # -- presets ------------------------------------------------------------------------------
 
-# This project's CPU machines, one rank per core. The GEMM rate, bandwidth and
-# latency are the cost model's former constants (single-threaded OpenBLAS SGEMM
-# about 100 GFLOP/s; MPICH shared-memory all_reduce of 64 MB on 2 ranks in
-# 36 ms, about 3.5 GB/s of bus bandwidth: ../shared/MPI-NOTES.md); memory is the
-# machine's 24 GiB shared by its 2 ranks; the rest is typical of numpy on one
-# core (a few microseconds per call). `sbp-calibrate` measures all of it; two
-# figures follow its measurements (2026-11-26, 2 ranks, four runs): memory
-# streamed at 26-50 GB/s, and no collective progresses while its rank
-# computes (comm overlap 0 in every run: MPI moves the bytes on the rank's
-# own core, inside its MPI calls). With the former 5 GB/s and 0.5, the
-# gradient buckets came out 19-37 all-reduces for the GPT where one is 11-13%
-# faster on 4 ranks (the GPT of bench/train_throughput.py, data parallel).
-CPU = Cluster(
-    name="cpu",
-    count=2,
-    device=DeviceModel(kind="cpu", memory=12 * 2**30, peak_flops={"f32": 1.0e11, "f64": 5.0e10},
-                      efficiency=1.0, vector_flops=2.0e9, memory_bandwidth=2.5e10, kernel_overhead=3e-6,
-                      actor_overhead=1.1e-6, comm_overlap=0.0),
-    levels=(Level("machine", 2, bandwidth=3.5e9, latency=2e-5),),
-    source="the cost model's former constants; ../shared/MPI-NOTES.md",
-)
+CPU_PRESET_FILE = Path(__file__).with_name("cpu.json")
+"""The `cpu` preset: this project's CPU machines (2 cores, one rank on each),
+as `sbp-calibrate` measured one of them, its collectives' cost on more
+ranks than cores included (`make cpu-preset` measures it again; the file's
+`source` names the date, the CPU, its cores and the BLAS kernels). Plans
+that the default device prices are priced with what the machine does,
+per kernel and per kernel kind, rather than with round constants."""
+
+
+def _cpu_preset() -> Cluster:
+    try:
+        return cluster_from_json(json.loads(CPU_PRESET_FILE.read_text()), str(CPU_PRESET_FILE))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ClusterError(f"the cpu preset {CPU_PRESET_FILE} cannot be read: {e}") from None
+
+
+CPU = _cpu_preset()
 
 # One NVIDIA H100 SXM5 80GB (NVIDIA H100 Tensor Core GPU datasheet, 2023):
 # dense tensor-core peaks FP64 67 TFLOP/s, TF32 495, BF16/FP16 989; FP32 (CUDA

@@ -16,7 +16,9 @@ coefficients (a fixed cost plus a rate) to the timed runs:
   (what it adds to a step beyond its lock-step time: large where ranks
   share cores);
 - each kernel inside a training step: seconds = calls * fixed + scale *
-  roofline, over the actors of traced probe steps at two sizes.
+  roofline, over the actors of traced probe steps at two sizes; and per
+  kernel kind, the median of its probed kernels' figures, which prices
+  every kernel of that kind the probe does not run.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from .cluster import COLLECTIVE_KINDS, Cluster, CollectiveFit, DeviceModel, Level, latency_steps
+from .cluster import COLLECTIVE_KINDS, Cluster, CollectiveFit, DeviceModel, Level, kernel_kind, latency_steps
 
 
 def fit_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
@@ -112,6 +114,18 @@ def fit_kernel_costs(probe: Sequence[Sequence[Any]], rates: Cluster,
     return overheads, scales
 
 
+def by_kind(per_kernel: Mapping[str, float]) -> dict[str, float]:
+    """Per kernel kind (`kernel_kind`), the median of the figures of its
+    kernels in `per_kernel`: what a kernel of that kind with no figure of its
+    own is priced with."""
+    kinds: dict[str, list[float]] = {}
+    for kernel, value in per_kernel.items():
+        kind = kernel_kind(kernel)
+        if kind is not None:
+            kinds.setdefault(kind, []).append(value)
+    return {kind: float(np.median(values)) for kind, values in sorted(kinds.items())}
+
+
 def sync_excess(block: Mapping[str, float]) -> float:
     """What a collective met in a plan adds beyond its lock-step time, from
     one measurement of the calibration's `sync` (runtime.calibrate.measure_sync)."""
@@ -183,6 +197,11 @@ def fit_cluster(raw: Mapping[str, Any], name: str | None = None) -> Fitted:
         figures[f"overhead {k} us"] = v * 1e6
     for k, v in kernel_scales.items():
         figures[f"in-step scale {k}"] = v
+    kind_overheads, kind_scales = by_kind(kernel_overheads), by_kind(kernel_scales)
+    for k, v in kind_overheads.items():
+        figures[f"overhead of kind {k} us"] = v * 1e6
+    for k, v in kind_scales.items():
+        figures[f"in-step scale of kind {k}"] = v
 
     actor = max(0.0, float(raw.get("actor", 0.0)))
     figures["actor overhead us"] = actor * 1e6
@@ -214,13 +233,22 @@ def fit_cluster(raw: Mapping[str, Any], name: str | None = None) -> Fitted:
     apart = raw.get("sync")
     if apart:
         sync = max(0.0, sync_excess(apart))
-    figures["collective sync us"] = sync * 1e6
+    # Where these ranks had a core each, sync is only paid where members
+    # share one (Level.cores): its figure is measured on more ranks than cores.
+    crowded = raw.get("shared_sync")
+    if crowded and ranks <= int(raw.get("cores", ranks)):
+        sync = max(0.0, sync_excess(crowded["sync"]))
+        figures["collective sync us"] = f"{sync * 1e6:.4g} (measured on {crowded['ranks']} ranks sharing " \
+                                        f"{crowded['cores']} cores)"
+    else:
+        figures["collective sync us"] = sync * 1e6
 
     memory = float(raw.get("memory", 8 * 2**30))
     device = DeviceModel(
         kind="cpu", memory=memory, peak_flops={"f32": gemm_rate, "bf16": gemm_rate}, efficiency=1.0,
         vector_flops=vector_flops, memory_bandwidth=bandwidth, kernel_overhead=kernel_overhead,
         actor_overhead=actor, comm_overlap=overlap, kernel_overheads=kernel_overheads, kernel_scales=kernel_scales,
+        kind_overheads=kind_overheads, kind_scales=kind_scales,
         cache_bytes=cache_bytes if cache_bandwidth else 0.0, cache_bandwidth=cache_bandwidth,
     )
     # Ranks that outnumber a host's cores are bound to them round robin
@@ -230,13 +258,17 @@ def fit_cluster(raw: Mapping[str, Any], name: str | None = None) -> Fitted:
     figures["cores per host"] = cores
     levels: tuple[Level, ...] = (Level("machine", ranks, bandwidth=base.bandwidth, latency=base.latency,
                                        collectives=fits, sync=sync, cores=cores),)
-    source = f"sbp-calibrate on {raw.get('host', 'this machine')}, {ranks} ranks"
+    machine = raw.get("cpu") or raw.get("host", "this machine")
+    if raw.get("cpu"):
+        machine += f", {cores} cores, {raw.get('blas') or 'BLAS kernels unknown'}"
+    when = f" on {raw['date']}" if raw.get("date") else ""
+    source = f"sbp-calibrate{when}: {ranks} ranks of {machine}"
     if hosts > 1:
         levels = (Level("host", per_host, bandwidth=host_base.bandwidth, latency=host_base.latency,
                         collectives=host_fits, sync=sync, cores=cores),
                   Level("network", hosts, bandwidth=base.bandwidth, latency=base.latency, collectives=fits,
                         sync=sync))
-        source = f"sbp-calibrate on {hosts} hosts from {raw.get('host', 'this machine')}, {per_host} ranks each"
+        source = f"sbp-calibrate{when}: {hosts} hosts of {per_host} ranks, the first {machine}"
     cluster = Cluster(name=name or f"calibrated-cpu-{ranks}", count=ranks, device=device, levels=levels,
                       source=source)
     return Fitted(cluster, figures)

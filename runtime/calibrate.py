@@ -31,6 +31,7 @@ from sbpc.semantics.local_eval import LocalContext
 
 from . import host_kernels, numpy_kernels
 from .launch import usable_cpus
+from .machine import blas_kernels_named, cpu_model
 from .rank_auth import authenticate_messages
 
 GEMM_SHAPES = [(64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512), (128, 1024, 1024),
@@ -381,10 +382,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--probe", nargs=2, action="append", default=[], metavar=("PLAN", "FEEDS"),
                         help="a training plan on one device and its feeds (repeatable)")
+    parser.add_argument("--sync-only", action="store_true",
+                        help="measure only what a collective adds as a plan meets it (the sync figure)")
     options = parser.parse_args(argv)
     world = MPI.COMM_WORLD
     authenticate_messages(world)
-    raw: dict = {"ranks": world.size, "host": platform.node(), "quick": options.quick}
+    if options.sync_only:
+        least = min(measure_sync(world, options.quick), measure_sync(world, options.quick), key=sync_excess)
+        node = world.Split_type(MPI.COMM_TYPE_SHARED)
+        cores = len(set().union(*node.allgather(usable_cpus())))
+        if world.rank == 0:
+            with open(options.output, "w") as f:
+                json.dump({"ranks": world.size, "cores": cores, "sync": least}, f, indent=1)
+        return 0
+    raw: dict = {"ranks": world.size, "host": platform.node(), "cpu": cpu_model(), "blas": blas_kernels_named(),
+                 "date": time.strftime("%Y-%m-%d"), "quick": options.quick}
     # On several hosts the collectives are measured twice: among the ranks
     # of each host (every host at once, as a plan's groups inside hosts run)
     # and across all ranks, which is what crosses the network; the fit makes

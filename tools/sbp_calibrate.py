@@ -102,23 +102,38 @@ def calibrate(ranks: int, quick: bool = False, timeout: float = 600.0, hosts: Ho
                 feeds["lr"] = np.asarray(1e-3, feeds["lr"].dtype)
             np.savez(feeds_path, **feeds)  # type: ignore[arg-type]
             args += ["--probe", str(probe_path), str(feeds_path)]
-        before = Leftovers.now()
-        process = subprocess.Popen(command(ranks, "sbpc.runtime.calibrate", *args, hosts=hosts),
-                                   env=rank_environment(hosts), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                   text=True)
-        try:
-            _, stderr = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:  # mpiexec ends the ranks on SIGTERM
-            stop(process, before)
-            process.communicate()
-            raise RuntimeError(f"the calibration did not finish in {timeout:.0f} s") from None
-        except BaseException:  # Ctrl-C
-            stop(process, before)
-            raise
-        if process.returncode != 0 or not raw_path.exists():
-            before.remove_new()  # a failed rank cannot remove MPICH's segments and files
-            raise RuntimeError(f"the calibration ranks failed (exit code {process.returncode}): {stderr[-2000:]}")
-        return json.loads(raw_path.read_text())
+        return _run_ranks(ranks, args, raw_path, timeout, hosts)
+
+
+def shared_sync(ranks: int, quick: bool = False, timeout: float = 600.0) -> dict:
+    """What a collective adds as a plan meets it on `ranks` ranks of this
+    host: measured where they outnumber its cores, what the simulator
+    charges a collective whose members share one."""
+    with tempfile.TemporaryDirectory(prefix="sbp-calibrate-") as tmp:
+        raw_path = Path(tmp) / "sync.json"
+        return _run_ranks(ranks, [str(raw_path), "--sync-only", *(["--quick"] if quick else [])], raw_path, timeout,
+                          None)
+
+
+def _run_ranks(ranks: int, args: list[str], raw_path: Path, timeout: float, hosts: Hosts | None) -> dict:
+    """runtime/calibrate.py with `args` on `ranks` ranks; what it wrote to `raw_path`."""
+    before = Leftovers.now()
+    process = subprocess.Popen(command(ranks, "sbpc.runtime.calibrate", *args, hosts=hosts),
+                               env=rank_environment(hosts), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True)
+    try:
+        _, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:  # mpiexec ends the ranks on SIGTERM
+        stop(process, before)
+        process.communicate()
+        raise RuntimeError(f"the calibration did not finish in {timeout:.0f} s") from None
+    except BaseException:  # Ctrl-C
+        stop(process, before)
+        raise
+    if process.returncode != 0 or not raw_path.exists():
+        before.remove_new()  # a failed rank cannot remove MPICH's segments and files
+        raise RuntimeError(f"the calibration ranks failed (exit code {process.returncode}): {stderr[-2000:]}")
+    return json.loads(raw_path.read_text())
 
 
 def main(args: list[str] | None = None) -> int:
@@ -129,6 +144,10 @@ def main(args: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats (seconds; rougher figures)")
     parser.add_argument("--raw", help="also write the raw timings here (JSON)")
     parser.add_argument("--from-raw", help="fit raw timings written earlier instead of measuring")
+    parser.add_argument("--shared-ranks", type=int, metavar="M",
+                        help="where the N ranks have a core each, also measure what a collective adds on M ranks "
+                             "of this host sharing its cores (the cluster's sync, which the simulator charges where "
+                             "a collective's members share a core: the cluster resized past the cores)")
     add_host_options(parser)
     options = parser.parse_args(args)
     if options.ranks < 1:
@@ -141,6 +160,10 @@ def main(args: list[str] | None = None) -> int:
             raw = json.loads(Path(options.from_raw).read_text())
         else:
             raw = calibrate(options.ranks, options.quick, hosts=hosts)
+            if options.shared_ranks:
+                if hosts is not None:
+                    raise ValueError("--shared-ranks measures this host: give it without --hosts")
+                raw["shared_sync"] = shared_sync(options.shared_ranks, options.quick)
         if options.raw:
             Path(options.raw).write_text(json.dumps(raw, indent=1) + "\n")
         fitted = fit_cluster(raw, options.name)

@@ -236,12 +236,24 @@ def passthrough_signatures(count: int, kinds: Sequence[str]) -> list[Signature]:
     return sigs + [((k,) * count, (k,)) for k in kinds]
 
 
+KERNEL_KINDS = ("gemm", "elementwise", "row", "layout", "gather")
+"""How an op's kernel spends its time, for the device model's rates
+(`perf.cluster`): GEMMs (matmuls; convolutions as im2col and GEMM) at the
+GEMM rate; elementwise arithmetic; row kernels, which reduce along an axis
+(reductions, softmax, layernorm, the losses, pooling); layout kernels,
+which only move bytes (reshape, transpose, concat, slice, pad); gathers and
+scatters by index. A calibrated device measures a few kernels of each kind
+by name, and prices every other kernel as its kind."""
+
+
 class SbpRules:
     """How an op may be distributed: its valid 1-D SBP signatures and its
     work, as plain data next to the op's shape rule. sbp-infer builds N-D
     signatures from these, one mesh axis at a time."""
 
     FLOPS_PER_ELEMENT: ClassVar[float] = 1.0
+    KERNEL_KIND: ClassVar[str] = "elementwise"
+    """One of KERNEL_KINDS: how the op's kernel spends its time."""
     SBP_NOTE: ClassVar[str] = ""
     """Why a distribution one might expect is missing, for diagnostics."""
 

@@ -31,6 +31,8 @@ class _ConvOp(LgOp, ABC):
     dilation (height, width) and the number of groups, as PyTorch's
     `conv2d` takes them; images are NCHW and weights (O, C/groups, kh, kw)."""
 
+    KERNEL_KIND: ClassVar[str] = "gemm"
+
     stride = prop_def(DenseArrayBase.constr(i64))
     padding = prop_def(DenseArrayBase.constr(i64))
     dilation = prop_def(DenseArrayBase.constr(i64))
@@ -261,6 +263,8 @@ class _PoolOp(LgOp, ABC):
     """What max pooling and its gradient share: the window (kh, kw), stride
     and padding (height, width) over NCHW images; padding counts as minus
     infinity (PyTorch's max_pool2d), so it is never the maximum."""
+
+    KERNEL_KIND: ClassVar[str] = "row"
 
     kernel = prop_def(DenseArrayBase.constr(i64))
     stride = prop_def(DenseArrayBase.constr(i64))

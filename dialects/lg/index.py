@@ -3,7 +3,7 @@ axis, and the scatter-adds their gradients need."""
 
 from __future__ import annotations
 
-from typing import cast
+from typing import ClassVar, cast
 
 from xdsl.dialects.builtin import I64, DenseIntOrFPElementsAttr, IntegerAttr, IntegerType, TensorType, i64
 from xdsl.ir import Attribute, Operation, SSAValue
@@ -25,6 +25,8 @@ class EmbeddingOp(LgOp):
     """Row gather: result[..., :] = table[indices[...], :]. With `padding`,
     the table's row of that index gets no gradient (PyTorch's `padding_idx`:
     BERT's padding token); the gather itself is unchanged."""
+
+    KERNEL_KIND: ClassVar[str] = "gather"
 
     name = "lg.embedding"
 
@@ -91,6 +93,8 @@ class OneHotOp(LgOp):
     label. A label equal to `ignore_index` gives a row of zeros: PyTorch's
     ignored cross-entropy targets (`ignore_index=-100`, nanoGPT's -1)."""
 
+    KERNEL_KIND: ClassVar[str] = "gather"
+
     name = "lg.one_hot"
 
     labels = operand_def(TensorLike)
@@ -139,6 +143,8 @@ class EmbeddingGradOp(LgOp):
     """The gradient of lg.embedding for its table: rows [rows, D] where row r
     is the sum of the gradient rows whose index is r (a scatter-add); the
     row `padding`, if given, stays zero."""
+
+    KERNEL_KIND: ClassVar[str] = "gather"
 
     name = "lg.embedding_grad"
 
@@ -223,6 +229,8 @@ class GatherOp(LgOp):
     input split on `axis` each device picks the elements it holds and zeros
     the others: a partial sum, as a vocabulary-split embedding."""
 
+    KERNEL_KIND: ClassVar[str] = "gather"
+
     name = "lg.gather"
 
     input = operand_def(TensorLike)
@@ -270,6 +278,8 @@ class ScatterAddOp(LgOp):
     points (PyTorch's `scatter_add` into zeros): the gradient of lg.gather
     for its input, and PyTorch's `scatter_add` itself; its own gradient
     gathers at the same indices."""
+
+    KERNEL_KIND: ClassVar[str] = "gather"
 
     name = "lg.scatter_add"
 
@@ -333,6 +343,8 @@ class ScatterOp(LgOp):
     split on `axis` takes, on each device, the updates aimed at its rows.
     Gradients as PyTorch's: the input's where nothing was written, each
     update's read back where it was aimed."""
+
+    KERNEL_KIND: ClassVar[str] = "gather"
 
     name = "lg.scatter"
 

@@ -7,6 +7,7 @@ its weight gradient."""
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 from xdsl.dialects.builtin import UnitAttr
 from xdsl.ir import Attribute, SSAValue
@@ -24,6 +25,8 @@ class MatmulOp(LgOp):
     """Matrix product of the last two axes; leading (batch) axes broadcast as
     in numpy.matmul. `transpose_lhs`/`transpose_rhs` swap an operand's last two
     axes first."""
+
+    KERNEL_KIND: ClassVar[str] = "gemm"
 
     name = "lg.matmul"
 
@@ -143,6 +146,8 @@ class GroupedMatmulOp(LgOp):
     (S(0) of rhs: each device computes the rows of its own experts, zeros
     elsewhere, so the results add up: expert parallelism)."""
 
+    KERNEL_KIND: ClassVar[str] = "gemm"
+
     name = "lg.grouped_matmul"
 
     lhs = operand_def(TensorLike)
@@ -212,6 +217,8 @@ class GroupedMatmulGradWeightOp(LgOp):
     grouped matmul (lhs its input rows, rhs its result's gradient). Split
     rows give partial sums; a result split by experts (S(0)) is computed
     by each device for its own experts from whole rows."""
+
+    KERNEL_KIND: ClassVar[str] = "gemm"
 
     name = "lg.grouped_matmul_grad_weight"
 

@@ -45,6 +45,8 @@ def _logits_and_labels_rule(shapes: Sequence[Shape], elems: Sequence[Attribute])
 class CrossEntropyOp(LgOp):
     """Mean softmax cross-entropy: logits [..., C], integer labels [...]."""
 
+    KERNEL_KIND: ClassVar[str] = "row"
+
     name = "lg.cross_entropy"
 
     logits = operand_def(TensorLike)
@@ -93,6 +95,8 @@ class CrossEntropyOp(LgOp):
 @op_definition
 class MseLossOp(LgOp):
     """Mean squared error of two tensors of one shape."""
+
+    KERNEL_KIND: ClassVar[str] = "row"
 
     name = "lg.mse_loss"
 
@@ -156,6 +160,8 @@ class SumExpOp(LgOp):
     term overflows) -> [...]. With x split over its last axis each device
     sums the classes it holds: a partial sum."""
 
+    KERNEL_KIND: ClassVar[str] = "row"
+
     name = "lg.sum_exp"
 
     input = operand_def(TensorLike)
@@ -199,6 +205,8 @@ class _TokenCrossEntropyBase(LgOp, ABC):
     """What the per-token cross-entropy and its gradient share. Each
     declares its operands itself (logits, labels, row_max, sum_exp, and the
     gradient's grad last): IRDL orders a subclass's fields first."""
+
+    KERNEL_KIND: ClassVar[str] = "row"
 
     @property
     def ignored(self) -> int | None:

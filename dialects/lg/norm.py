@@ -38,6 +38,8 @@ from .reduce import ReduceMeanOp, ReduceSumOp
 class AxisOp(LgOp, ABC):
     """softmax-like: normalizes along one axis; the result has the operand's type."""
 
+    KERNEL_KIND: ClassVar[str] = "row"
+
     T: ClassVar = VarConstraint("T", TensorLike)
     input = operand_def(T)
     axis = prop_def(IntegerAttr[I64])
@@ -91,6 +93,8 @@ class LayerNormOp(LgOp):
     """Normalizes over the axes `axis..rank-1` (ONNX LayerNormalization); with
     `weight` and `bias` (affine) it then scales and shifts, both shaped like
     the normalized axes."""
+
+    KERNEL_KIND: ClassVar[str] = "row"
 
     name = "lg.layernorm"
 

@@ -39,6 +39,8 @@ def _axes_prop(axes: Sequence[int], rank: int) -> DenseArrayBase[IntegerType]:
 class ReduceOp(LgOp, ABC):
     """Reduces the listed axes (sorted, distinct); `keepdims` keeps them as 1."""
 
+    KERNEL_KIND: ClassVar[str] = "row"
+
     input = operand_def(TensorLike)
     axes = prop_def(DenseArrayBase.constr(i64))
     keepdims = opt_prop_def(UnitAttr)
@@ -158,6 +160,8 @@ class ArgmaxOp(LgOp):
     through; the reduced axis must be whole (a piece's index and its maximum
     would have to travel together). No gradient flows through an index."""
 
+    KERNEL_KIND: ClassVar[str] = "row"
+
     name = "lg.argmax"
 
     input = operand_def(TensorLike)
@@ -200,6 +204,8 @@ class TopkOp(LgOp):
     these indices (`lg.gather`), so their gradient reaches the elements
     picked and no gradient flows through the indices. As for argmax, splits
     along the other axes pass through and the searched axis must be whole."""
+
+    KERNEL_KIND: ClassVar[str] = "row"
 
     name = "lg.topk"
 
@@ -247,6 +253,8 @@ class CumsumOp(LgOp):
     elements add to every position of the whole axis (0 before them, their
     running sum along them, their total after them): a partial sum, so the
     scan needs no exchange of running totals between devices."""
+
+    KERNEL_KIND: ClassVar[str] = "row"
 
     name = "lg.cumsum"
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from abc import ABC
 from collections.abc import Sequence
+from typing import ClassVar
 
 from xdsl.dialects.builtin import I64, DenseArrayBase, Float64Type, FloatAttr, IntegerAttr, f64, i64
 from xdsl.ir import SSAValue
@@ -31,6 +32,8 @@ from .base import (
 
 class ToShapeOp(LgOp, ABC):
     """An op whose target shape is its result type's shape."""
+
+    KERNEL_KIND: ClassVar[str] = "layout"
 
     input = operand_def(TensorLike)
     result = result_def(TensorLike)
@@ -110,6 +113,8 @@ class BroadcastToOp(ToShapeOp):
 class TransposeOp(LgOp):
     """Permutes axes: result axis i is operand axis perm[i]."""
 
+    KERNEL_KIND: ClassVar[str] = "layout"
+
     name = "lg.transpose"
 
     input = operand_def(TensorLike)
@@ -149,6 +154,8 @@ class TransposeOp(LgOp):
 @op_definition
 class ConcatOp(LgOp):
     """Joins tensors along `axis`; all other axes must agree."""
+
+    KERNEL_KIND: ClassVar[str] = "layout"
 
     name = "lg.concat"
 
@@ -204,6 +211,8 @@ class ConcatOp(LgOp):
 @op_definition
 class SliceOp(LgOp):
     """Strided slice: per axis, elements start, start+stride, ... below limit."""
+
+    KERNEL_KIND: ClassVar[str] = "layout"
 
     name = "lg.slice"
 
@@ -304,6 +313,8 @@ class PadOp(LgOp):
     """Constant padding: `low[i]` elements of `value` before axis i and
     `high[i]` after it (PyTorch's `constant_pad_nd`, `F.pad` in constant
     mode, with widths of at least 0). Axes without padding may be split."""
+
+    KERNEL_KIND: ClassVar[str] = "layout"
 
     name = "lg.pad"
 

@@ -12,6 +12,7 @@ import pytest
 from sbpc.perf.cluster import (
     CPU,
     INFINIBAND,
+    KINDS,
     NVLINK,
     PRESETS,
     Cluster,
@@ -144,6 +145,10 @@ MALFORMED = [
     ("fit-missing", _fit({"latency": 0.0}), "levels[1].collectives.all_reduce.bandwidth: missing"),
     ("fit-bandwidth", _fit({"latency": 0.0, "bandwidth": 0}), "levels[1].collectives.all_reduce.bandwidth:"),
     ("fits-not-object", _set("levels.1.collectives", []), "levels[1].collectives: must be an object"),
+    ("kind-unknown", _set("device.kind_scales", {"vector": 1.0}), "device.kind_scales.vector: not a kernel kind"),
+    ("kind-scale", _set("device.kind_scales", {"row": 0.0}), "device.kind_scales.row:"),
+    ("kind-overhead", _set("device.kind_overheads", {"gemm": -1.0}), "device.kind_overheads.gemm:"),
+    ("kinds-not-object", _set("device.kind_overheads", [1.0]), "device.kind_overheads: must be an object"),
 ]
 
 
@@ -232,6 +237,11 @@ def test_to_json_reads_back_without_a_file(name):
 def test_presets():
     assert set(PRESETS) | {"h100"} == set(presets())
     assert preset("cpu").count == 2
+    # the cpu preset is a measurement of this kind of machine, and says which
+    cpu = preset("cpu")
+    assert cpu.source.startswith("sbp-calibrate on 20") and " cores, " in cpu.source and "BLAS" in cpu.source
+    assert cpu.levels[0].cores == 2 and cpu.levels[0].sync > 0  # where 4 ranks share the 2 cores
+    assert set(cpu.device.kind_scales) == set(KINDS)  # every kernel kind priced as measured
     assert load_cluster("h100").name == "h100-node"
     big = load_cluster("h100", 64)
     assert big.count == 64 and [lv.size for lv in big.levels] == [8, 8]
@@ -337,7 +347,10 @@ def test_resized():
 
 def test_compute_roofline():
     # a CPU dispatches each kernel before its arithmetic: the fixed cost adds
+    # (the roofline alone: without the preset's measured costs per kernel)
     cpu = preset("cpu")
+    cpu = replace(cpu, device=replace(cpu.device, kernel_overheads={}, kernel_scales={}, kind_overheads={},
+                                      kind_scales={}))
     d = cpu.device
     assert not d.launch_ahead
     assert cpu.gemm_time(1e12, "f32") == pytest.approx(d.kernel_overhead + 1e12 / (d.peak_flops["f32"] * d.efficiency))

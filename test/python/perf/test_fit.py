@@ -118,6 +118,50 @@ def test_probe_steps_at_two_sizes_give_a_kernels_fixed_cost_and_its_in_step_scal
     assert shared.kernel_scales == {} and shared.kernel_overheads["lg.matmul"] > 0
 
 
+def test_a_kernel_the_probe_does_not_run_is_priced_as_its_kind():
+    # The probe times add and mul (elementwise) and softmax (a row kernel)
+    # at sizes apart; tanh, exp and a layernorm it never runs take their
+    # kind's median, a convolution the GEMM rate and the matmul's figures.
+    raw = synthetic(2)
+
+    def core(flops: float, nbytes: float) -> float:
+        bandwidth = TRUE["cache_bandwidth"] if nbytes <= TRUE["cache_bytes"] else TRUE["bandwidth"]
+        return max(flops / TRUE["vector"], nbytes / bandwidth)
+
+    timed = {"lg.add": (1e-6, 0.5), "lg.mul": (3e-6, 0.9), "lg.sub": (2e-6, 0.7), "lg.softmax": (4e-6, 1.5)}
+    raw["probe"] = [[k, f, 12 * f, "f32", 1, fixed + scale * core(f, 12 * f)]
+                    for k, (fixed, scale) in timed.items() for f in (1e3, 1e6, 1e7)]
+    raw["probe"] += [["lg.matmul", f, 0.0, "f32", 1, 5e-6 + 1.3 * f / TRUE["gemm_rate"]] for f in (2e3, 2e7, 6e7)]
+    cluster = fit_cluster(raw).cluster
+    d = cluster.device
+    assert d.kind_scales["elementwise"] == pytest.approx(0.7, rel=1e-3)  # the median of 0.5, 0.7, 0.9
+    assert d.kind_overheads["elementwise"] == pytest.approx(2e-6, rel=1e-3)
+    assert d.kind_scales["row"] == pytest.approx(1.5, rel=1e-3)
+    assert "tanh" not in str(d.kernel_scales)
+    for kernel in ("lg.tanh", "lg.exp"):
+        assert cluster.work_time(kernel, 1e6, 12e6) == pytest.approx(2e-6 + 0.7 * core(1e6, 12e6), rel=1e-3)
+    assert cluster.work_time("lg.layernorm", 1e6, 12e6) == pytest.approx(4e-6 + 1.5 * core(1e6, 12e6), rel=1e-3)
+    assert cluster.work_time("lg.add", 1e6, 12e6) == pytest.approx(1e-6 + 0.5 * core(1e6, 12e6), rel=1e-3)
+    conv = cluster.work_time("lg.conv2d", 6e7, 1e6)
+    assert conv == pytest.approx(5e-6 + 1.3 * 6e7 / TRUE["gemm_rate"], rel=1e-3)
+    # a kind no probed kernel has: the device's own fixed cost and scale 1
+    assert "gather" not in d.kind_scales
+    assert cluster.work_time("lg.gather", 1e3, 1e4) == pytest.approx(d.kernel_overhead + core(1e3, 1e4), rel=1e-3)
+
+
+def test_a_shared_core_sync_measured_apart_prices_the_cluster_grown_past_its_cores():
+    # Two ranks with a core each meet no sync; four on their two cores did.
+    raw = {**synthetic(2), "cores": 2, "sync": {"compute": 1.2e-3, "both": 1.3e-3, "lockstep": 0.1e-3},
+           "shared_sync": {"ranks": 4, "cores": 2,
+                           "sync": {"compute": 1.2e-3, "both": 1.45e-3, "lockstep": 0.1e-3}}}
+    cluster = fit_cluster(raw).cluster
+    assert cluster.levels[0].sync == pytest.approx(0.15e-3)
+    alone = cluster.collective_time("all_reduce", [0, 1], 1e5)
+    grown = cluster.resized(4)
+    assert grown.collective_time("all_reduce", [0, 1], 1e5) == pytest.approx(alone)  # cores 0 and 1
+    assert grown.collective_time("all_reduce", [0, 2], 1e5) == pytest.approx(alone + 0.15e-3)  # both on core 0
+
+
 def test_memory_bandwidth_is_the_median_past_the_cache():
     # one slow outlier past the cache does not move it
     raw = synthetic(2)
@@ -179,3 +223,27 @@ def test_sbp_calibrate_fits_raw_timings_from_a_file(tmp_path, capsys):
     raw.write_text("{}")
     assert main(["--from-raw", str(raw), "-o", str(out)]) == 1
     assert "sbp-calibrate: error:" in capsys.readouterr().err
+
+
+def test_a_quick_calibration_of_this_machine_names_it_and_measures_ranks_sharing_its_cores(tmp_path, capsys):
+    # The whole path `make cpu-preset` takes, at the quick sizes: the ranks
+    # time this machine, the fit writes a cluster that names the CPU, its
+    # cores and BLAS kernels and the date, and the cost of collectives among
+    # ranks that share a core comes from a run on more ranks than cores.
+    import os
+
+    from sbpc.tools.sbp_calibrate import main
+
+    cores = len(os.sched_getaffinity(0))
+    if cores > 4:
+        pytest.skip(f"{2 * cores} ranks to share {cores} cores: this test is for small machines")
+    out = tmp_path / "cpu.json"
+    assert main(["-n", "2", "--quick", "--shared-ranks", str(2 * cores), "--name", "cpu", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"measured on {2 * cores} ranks sharing" in printed
+    cluster = load_cluster(str(out))
+    assert cluster.name == "cpu" and cluster.count == 2
+    assert cluster.source.startswith("sbp-calibrate on 20") and " cores, " in cluster.source
+    assert "BLAS" in cluster.source or "OpenBLAS" in cluster.source
+    assert cluster.levels[0].sync > 0
+    assert {"gemm", "elementwise", "row", "fused"} <= set(cluster.device.kind_scales)

@@ -46,9 +46,14 @@ lg.graph @res on @m {
 // CHECK-NEXT:   sbp.annotate %h0 {sbp.placement = @m, sbp.autoplan.request} : tensor<32x32xf32> -> !sbp.dtensor<32x32xf32, @m,
 // CHECK:        lg.output ["loss", {{.*}}"new.w1"
 
-// Under 60000 bytes per device, two stages of two devices (ZeRO), lowered to a plan.
-// PLAN:       sbp.placement @stage0 cpu ranks [0, 1] mesh [2]
-// PLAN-NEXT:  sbp.placement @stage1 cpu ranks [2, 3] mesh [2]
+// Within 60000 bytes per device, lowered to a plan. On the cpu preset (2
+// cores, so 4 ranks share them), four stages of one device: their transfers
+// go between ranks on different cores, while a collective among ranks that
+// share a core pays the sync the preset measured (143 us).
+// PLAN:       sbp.placement @stage0 cpu ranks [0] mesh [1]
+// PLAN-NEXT:  sbp.placement @stage1 cpu ranks [1] mesh [1]
+// PLAN-NEXT:  sbp.placement @stage2 cpu ranks [2] mesh [1]
+// PLAN-NEXT:  sbp.placement @stage3 cpu ranks [3] mesh [1]
 // PLAN-NEXT:  plan.program @res
 
 // NOTRAIN: sbp-autoplan: search=layers plans a forward graph with a batch: give `training` with lg-autodiff
