@@ -16,6 +16,7 @@ of the prediction.
 
     python bench/simulator_accuracy.py [--steps 5] [--repeats 3]
     python bench/simulator_accuracy.py --quick     # tiny sizes, two configurations, seconds
+    python bench/simulator_accuracy.py --cluster cpu   # predicted with the cpu preset, not a calibration
 
 Goal (issue 16): median error within 10%, worst within 25%.
 """
@@ -70,6 +71,9 @@ def main() -> int:
     parser.add_argument("--calibrate", choices=["each", "once"], default="each",
                         help="calibrate right before each configuration is measured (default: this machine's "
                              "speed drifts by up to 20%% within a run), or once per rank count at the start")
+    parser.add_argument("--cluster", metavar="PRESET_OR_FILE",
+                        help="predict with this cluster (a preset such as cpu, or a cluster file) instead of "
+                             "calibrating: how well it describes this machine")
     parser.add_argument("--only", nargs="+", metavar="CONFIG",
                         help="run only these configurations, by the table's names ('mlp dp', 'gpt pipeline mb2')")
     args = parser.parse_args()
@@ -77,6 +81,7 @@ def main() -> int:
     repeats = args.repeats or (1 if args.quick else 3)
     passes = args.passes or (1 if args.quick else 2)
     import sbpc
+    from sbpc.perf.cluster import load_cluster
     from sbpc.perf.fit import fit_cluster
     from sbpc.perf.step_time import simulate_plan
     from sbpc.tools.sbp_calibrate import calibrate
@@ -91,12 +96,15 @@ def main() -> int:
     sizes = SIZES["quick" if args.quick else "full"]
 
     def calibrated(ranks: int):
+        if args.cluster:
+            return load_cluster(args.cluster, ranks)
         start = time.perf_counter()
         cluster = fit_cluster(calibrate(ranks, quick=args.quick)).cluster
         print(f"calibrated {ranks} rank(s) in {time.perf_counter() - start:.1f} s", flush=True)
         return cluster
 
-    once = args.calibrate == "once"
+    print(_common.blas_kernels(), flush=True)
+    once = args.calibrate == "once" or bool(args.cluster)
     clusters = {ranks: calibrated(ranks) for ranks in sorted({c[2] for c in configs})} if once else {}
     plans = {}
     for config in configs:
