@@ -185,6 +185,12 @@ class DeviceModel:
     Megatron-LM's tensor- and data-parallel groups). False: one collective
     at a time per device, in issue order (the MPI runtime on CPU, whose
     rank progresses them on its one thread)."""
+    timed_ranks_per_cpu: int = 0
+    """How many ranks shared each CPU while the rates above were timed
+    (`sbp-calibrate`: its ranks over the host's cores, at least 1); 0: as
+    many as the cluster binds to one. Where a plan puts more ranks on a CPU
+    than that, the simulator slows each rank's kernels by the others that
+    compute on its CPU meanwhile (step_time._shared_processors)."""
     launch_ahead: bool = False
     """The host queues kernels ahead of the device (a GPU stream): a kernel
     costs max(its fixed cost, its roofline), the fixed cost being the floor
@@ -214,6 +220,14 @@ class Rates:
     the roofline of GEMMs, vector arithmetic and memory streams, with the
     in-step scales): sbp-infer prices each op's local work as the step-time
     simulator does. None: every op at the GEMM rate."""
+    collective_sync: Callable[[Sequence[int]], float] | None = field(default=None, compare=False, repr=False)
+    """What one collective among the given ranks adds where two of them
+    share a core (`Cluster.collective_sync`), as the simulator charges it;
+    None: nothing."""
+
+    def sync(self, ranks: Sequence[int]) -> float:
+        """Seconds one collective among `ranks` adds for members that share a core."""
+        return self.collective_sync(ranks) if self.collective_sync is not None else 0.0
 
     def op_time(self, kernel: str, flops: float, nbytes: float, dtype: str = "f32") -> float:
         """Seconds of an op's rate-bound work on one device."""
@@ -266,7 +280,7 @@ class Cluster:
         group = list(ranks) or list(range(min(2, self.count)))
         latency, bandwidth = self.figures("all_reduce", group)
         return Rates(self.name, flops=self.device.gemm_rate("f32"), bandwidth=bandwidth, latency=latency,
-                     core_time=self.core_time)
+                     core_time=self.core_time, collective_sync=self.collective_sync)
 
     def figures(self, kind: str, ranks: Sequence[int]) -> tuple[float, float]:
         """(latency per step, bandwidth) of collective `kind` over `ranks`."""
@@ -291,8 +305,15 @@ class Cluster:
         latency, bandwidth = self.figures(kind, ranks)
         if p <= 1:  # still a call into the collective library
             return latency
-        sync = self.levels[self.level_of(ranks)].sync if self.links is None and self.share_a_core(ranks) else 0.0
-        return latency_steps(kind, p) * latency + nbytes / bandwidth + sync
+        return latency_steps(kind, p) * latency + nbytes / bandwidth + self.collective_sync(ranks)
+
+    def collective_sync(self, ranks: Sequence[int]) -> float:
+        """What a collective among `ranks` adds to a step beyond its
+        lock-step time where two of them share a core (the level's `sync`):
+        the OS must run every member before it completes."""
+        if len(ranks) <= 1 or self.links is not None or not self.share_a_core(ranks):
+            return 0.0
+        return self.levels[self.level_of(ranks)].sync
 
     def _bound_host(self) -> Level | None:
         """The host level where its ranks outnumber its cores and are bound
@@ -309,6 +330,20 @@ class Cluster:
         if host is None:
             return None
         return rank // host.size, (rank % host.size) % host.cores
+
+    def crowding(self, ranks: int) -> float:
+        """How many times its timed time a kernel takes on each of ranks
+        0..`ranks`-1 when all of them compute at once, as the simulator
+        prices ranks sharing a CPU (step_time._shared_processors): 1 where
+        no two share one; else the ranks on a CPU over those the rates were
+        timed with."""
+        host = self._bound_host()
+        if host is None:
+            return 1.0
+        per_cpu = -(-min(ranks, host.size) // host.cores)
+        if per_cpu <= 1:
+            return 1.0
+        return per_cpu / (self.device.timed_ranks_per_cpu or self.ranks_per_cpu())
 
     def ranks_per_cpu(self) -> int:
         """How many bound ranks share a CPU (1 where ranks are not bound):
@@ -464,6 +499,8 @@ def validate(c: Cluster) -> None:
     _positive("device.memory_bandwidth", d.memory_bandwidth)
     _positive("device.kernel_overhead", d.kernel_overhead, zero_ok=True)
     _positive("device.actor_overhead", d.actor_overhead, zero_ok=True)
+    if not isinstance(d.timed_ranks_per_cpu, int) or d.timed_ranks_per_cpu < 0:
+        raise ClusterError(f"device.timed_ranks_per_cpu: a whole number, 0 or more, got {d.timed_ranks_per_cpu!r}")
     _positive("device.comm_overlap", d.comm_overlap, zero_ok=True)
     for kernel, seconds in d.kernel_overheads.items():
         _positive(f"device.kernel_overheads.{kernel}", seconds, zero_ok=True)

@@ -250,6 +250,7 @@ def fit_cluster(raw: Mapping[str, Any], name: str | None = None) -> Fitted:
         actor_overhead=actor, comm_overlap=overlap, kernel_overheads=kernel_overheads, kernel_scales=kernel_scales,
         kind_overheads=kind_overheads, kind_scales=kind_scales,
         cache_bytes=cache_bytes if cache_bandwidth else 0.0, cache_bandwidth=cache_bandwidth,
+        timed_ranks_per_cpu=max(1, -(-per_host // int(raw["cores"]))) if raw.get("cores") else 0,
     )
     # Ranks that outnumber a host's cores are bound to them round robin
     # (runtime/launch.py): the simulator then knows which collectives have

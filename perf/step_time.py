@@ -794,8 +794,11 @@ def _shared_processors(prog: plan.ProgramOp, cluster: Cluster, placements: Seque
     199 steps/s, priced at 122 as if both always computed). Each thread
     task takes its calibrated time times (1 + the other ranks of its CPU
     computing meanwhile, on average) / ranks per CPU, read off the last
-    replay; a few replays, each step halfway to the next estimate, settle it."""
-    share = cluster.ranks_per_cpu()
+    replay; a few replays, each step halfway to the next estimate, settle it.
+    Rates timed with fewer ranks on a CPU (`DeviceModel.timed_ranks_per_cpu`:
+    the cpu preset, one rank per core) slow a task by the same measure: a
+    rank whose CPU mate computes beside it runs at half the rate timed."""
+    share = cluster.device.timed_ranks_per_cpu or cluster.ranks_per_cpu()
     mates: dict[int, list[int]] = {}
     for rank in replay.devices:
         cpu = cluster.cpu_of(rank)

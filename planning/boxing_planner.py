@@ -108,7 +108,13 @@ def plan_volume(src: PlainNd, dst: PlainNd, mesh: Sequence[int], rank: int) -> t
     return volume, sum(1 for s in steps if COLLECTIVES[s.kind].communicates)
 
 
-def boxing_cost(src: PlainNd, dst: PlainNd, mesh: Sequence[int], rank: int, nbytes: float, device: Rates) -> float:
-    """Seconds the best plan takes under the cost model (what sbp-infer charges)."""
-    volume, collectives = plan_volume(src, dst, mesh, rank)
-    return volume * nbytes / device.bandwidth + collectives * device.latency
+def boxing_cost(src: PlainNd, dst: PlainNd, mesh: Sequence[int], rank: int, nbytes: float, device: Rates,
+                axis_sync: Sequence[float] = ()) -> float:
+    """Seconds the best plan takes under the cost model (what sbp-infer
+    charges): its bytes over the bandwidth, and per collective the latency
+    and, on a mesh axis whose groups have members sharing a core,
+    `axis_sync` of that axis (what the simulator charges such a collective)."""
+    steps, volume = plan(tuple(src), tuple(dst), tuple(mesh), rank)
+    fixed = sum(device.latency + (axis_sync[s.mesh_axis] if axis_sync else 0.0)
+                for s in steps if COLLECTIVES[s.kind].communicates)
+    return volume * nbytes / device.bandwidth + fixed

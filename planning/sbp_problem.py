@@ -26,6 +26,7 @@ from xdsl.ir import Operation, SSAValue
 from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import lg
+from sbpc.dialects.pieces import rank_group
 from sbpc.dialects.sbp import (
     COLLECTIVE_OPS,
     PLACEMENT_ATTR,
@@ -135,6 +136,7 @@ class Problem:
     sizes: list[tuple[float, int]] = field(default_factory=list)
     """Per node: bytes and rank of its result (what every use of it moves)."""
     _boxing: dict[tuple, float] = field(default_factory=dict)
+    _axis_sync: dict[str, tuple[float, ...]] = field(default_factory=dict)
     _exact: ExactCost | None = None
 
     def exact(self) -> ExactCost:
@@ -144,15 +146,25 @@ class Problem:
             self._exact = ExactCost(self)
         return self._exact
 
-    def boxing(self, src: PlainNd, dst: PlainNd, mesh_shape: tuple[int, ...], rank: int, nbytes: float) -> float:
+    def boxing(self, src: PlainNd, dst: PlainNd, mesh: Mesh, rank: int, nbytes: float) -> float:
         """boxing_cost on this problem's device, memoized by its arguments: a
         deep graph repeats the same few (size, distribution) pairs on
         thousands of edges."""
-        key = (src, dst, mesh_shape, rank, nbytes)
+        sync = self.axis_sync(mesh)
+        key = (src, dst, mesh.shape, sync, rank, nbytes)
         cost = self._boxing.get(key)
         if cost is None:
-            cost = self._boxing[key] = boxing_cost(src, dst, mesh_shape, rank, nbytes, self.device)
+            cost = self._boxing[key] = boxing_cost(src, dst, mesh.shape, rank, nbytes, self.device, sync)
         return cost
+
+    def axis_sync(self, mesh: Mesh) -> tuple[float, ...]:
+        """Per mesh axis of `mesh`, what a collective along it adds where its
+        members share a core (Rates.sync, of the group of the mesh's first rank)."""
+        found = self._axis_sync.get(mesh.name)
+        if found is None:
+            found = self._axis_sync[mesh.name] = tuple(
+                self.device.sync(rank_group(mesh, mesh.ranks[0], [a])) for a in range(len(mesh.shape)))
+        return found
 
     def total(self, choice: Sequence[int]) -> float:
         cost = sum(float(node.cost[choice[i]]) for i, node in enumerate(self.nodes))
@@ -361,7 +373,7 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
                 pairs = tables.get(table_key)
                 if pairs is None:
                     pairs = tables[table_key] = np.array(
-                        [[problem.boxing(s, d, node.mesh.shape, rank, nbytes) for d in ins] for s in outs])
+                        [[problem.boxing(s, d, node.mesh, rank, nbytes) for d in ins] for s in outs])
                 matrix = pairs[np.ix_([outs[pc[1]] for pc in producer.candidates],
                                      [ins[nc[0][j]] for nc in node.candidates])]
                 spread_tables[(id(producer.candidates), id(node.candidates), j, node.mesh.shape, rank, nbytes)] = matrix
@@ -383,7 +395,7 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
                     continue
                 pair = (uc[1], pc[1])
                 if pair not in unit:
-                    unit[pair] = problem.boxing(pair[0], pair[1], param.mesh.shape, rank, nbytes)
+                    unit[pair] = problem.boxing(pair[0], pair[1], param.mesh, rank, nbytes)
                 matrix[kp, ku] = unit[pair]
         key = (param_node, producer_node)
         problem.edges[key] = problem.edges[key] + matrix if key in problem.edges else matrix
@@ -534,7 +546,7 @@ class ExactCost:
         nbytes, rank = self.problem.sizes[u]  # operand j of v is u's result
         if not same_mesh:
             return transfer_cost(nbytes, self.problem.device)
-        return self.problem.boxing(src, dst, self.problem.nodes[v].mesh.shape, rank, nbytes)
+        return self.problem.boxing(src, dst, self.problem.nodes[v].mesh, rank, nbytes)
 
     def producer_cost(self, u: int, choice: Sequence[int]) -> float:
         """Boxing of u's result for all its uses."""

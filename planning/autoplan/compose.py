@@ -16,7 +16,7 @@ from sbpc.dialects import lg
 from sbpc.dialects.lg_analysis import one_f_one_b
 from sbpc.dialects.sbp import lookup_placement
 from sbpc.perf.cluster import Cluster
-from sbpc.perf.step_time import SimulationError
+from sbpc.perf.step_time import SimulationError, copy_time
 
 from .candidates import RECOMPUTE_POLICIES, Candidate, Layout, by_layers, fastest_fitting
 from .layers import Layer, split_layers
@@ -81,8 +81,12 @@ class Composer:
         est.stage_layers = partition(per_layer, layout.stages)
         p, m, dp, t = layout.stages, layout.micro_batches, layout.data, layout.tensor
         per_stage = dp * t
-        fwd = [sum(profiles[j].forward for j in s) for s in est.stage_layers]
-        bwd = [sum(profiles[j].backward for j in s) for s in est.stage_layers]
+        # A layer is profiled on the t devices of one tensor group; the
+        # layout's ranks all compute at once, so where they crowd more of
+        # them on a CPU than its group did, each computes that much slower.
+        crowding = self.cluster.crowding(len(self.ranks)) / self.cluster.crowding(t)
+        fwd = [crowding * sum(profiles[j].forward for j in s) for s in est.stage_layers]
+        bwd = [crowding * sum(profiles[j].backward for j in s) for s in est.stage_layers]
         work = [f + b for f, b in zip(fwd, bwd, strict=True)]
         hop = [self.cluster.collective_time("transfer", [self.ranks[s * per_stage], self.ranks[(s + 1) * per_stage]],
                                             profiles[est.stage_layers[s][-1]].outs) for s in range(p - 1)]
@@ -102,19 +106,32 @@ class Composer:
             # first collective waits for everything queued before it, and
             # its compute behind that, so the backward stretches (`drag`),
             # which delays the gradient the stage hands the stage before it.
-            queued, comm_total, gathers, drag = 0.0, 0.0, 0.0, 0.0
+            queued, comm_total, gathers, drag, reduced = 0.0, 0.0, 0.0, 0.0, 0.0
+            kind = "reduce_scatter" if sharded else "all_reduce"
             for j in reversed(run):
                 if profiles[j].backward_comm > 0 and not per_group:
                     drag += queued
                     queued = 0.0
-                queued = max(0.0, queued - profiles[j].backward)
+                queued = max(0.0, queued - crowding * profiles[j].backward)
                 if dp > 1:
-                    kind = "reduce_scatter" if sharded else "all_reduce"
                     sent = sum(self.cluster.collective_time(kind, group, _volume(kind, dp, g))
                                for g in profiles[j].params)
                     queued += sent
                     comm_total += sent
+                    reduced += sum(_volume(kind, dp, g) for g in profiles[j].params)
             exposed = queued + (1 - overlap) * comm_total
+            if dp > 1 and t == 1 and self.cluster.collective_sync(group) > 0:
+                # Where the data group's members share a core, each collective
+                # also pays the shared-core sync (about 140 us on this
+                # project's machines, against microseconds of latency):
+                # sbp-bucket-collectives then joins the gradients into one
+                # bucket, reduced once the backward ends, its gradients
+                # copied in and out. (With a core each, a gradient's own
+                # collective as priced above agrees with the simulator; a
+                # gradient split over the tensor axis joins no bucket.)
+                grads = sum(sum(profiles[j].params) for j in run)
+                one = self.cluster.collective_time(kind, group, reduced) + 2 * copy_time(grads, self.cluster)
+                exposed = min(exposed, one)
             drags.append(drag)
             params = sum(sum(profiles[j].params) for j in run)
             if layout.memory == "fsdp" and dp > 1:
@@ -128,9 +145,9 @@ class Composer:
                 exposed += sum(self.cluster.collective_time("all_gather", group, _volume("all_gather", dp, g))
                                for j in run for g in profiles[j].params)
             shard = dp if sharded else 1
-            optimizer = sum(self.cluster.work_time("plan.fused", ADAM_STEPS * g / profiles[j].itemsize / shard,
-                                                   7 * g / shard, "f32", ADAM_STEPS)
-                            for j in run for g in profiles[j].params)
+            optimizer = crowding * sum(
+                self.cluster.work_time("plan.fused", ADAM_STEPS * g / profiles[j].itemsize / shard, 7 * g / shard,
+                                       "f32", ADAM_STEPS) for j in run for g in profiles[j].params)
             tail.append(exposed + optimizer)
             in_flight = m if layout.schedule == "gpipe" else min(m, p - s)
             activations = in_flight * sum(profiles[j].saved for j in run) + max(profiles[j].working for j in run)

@@ -625,6 +625,7 @@ def test_ranks_bound_to_shared_cpus_compute_faster_while_their_cpu_mates_wait():
     module = parse_module(STAGES.replace("16x8", "1024x256").replace("8x8", "256x256"))  # compute-bound
     CompilePass().apply(Context(), module)
     cpu = preset("cpu").resized(8)
+    cpu = replace(cpu, device=replace(cpu.device, timed_ranks_per_cpu=2))  # timed with 2 ranks on each CPU
     unbound = replace(cpu, levels=(replace(cpu.levels[0], cores=0),))
     bound = replace(cpu, levels=(replace(cpu.levels[0], cores=4),))
     assert bound.ranks_per_cpu() == 2 and bound.cpu_of(0) == bound.cpu_of(4) == (0, 0)
@@ -634,3 +635,27 @@ def test_ranks_bound_to_shared_cpus_compute_faster_while_their_cpu_mates_wait():
     # each kernel runs alone on its CPU, at twice the calibrated rate; the
     # transfer between them does not shrink (0.71 of the time when written)
     assert 0.5 < shared.step_time / alone.step_time < 0.8
+    # Rates timed with a rank on each CPU (the cpu preset): a kernel running
+    # alone on its CPU takes its timed time, so the stages taking turns cost
+    # what they cost unbound.
+    one_each = replace(bound, device=replace(bound.device, timed_ranks_per_cpu=1))
+    assert simulate_plan(module, one_each).step_time == pytest.approx(alone.step_time, rel=0.02)
+
+
+def test_ranks_that_outnumber_the_cores_the_rates_were_timed_on_compute_at_their_share():
+    """The cpu preset's rates were timed with one rank on each of its 2
+    cores. A data-parallel plan on 4 ranks puts two on each core, both
+    computing the same kernels at once: each at half the rate timed."""
+    from dataclasses import replace
+
+    from sbpc.perf.cluster import preset
+
+    module = parse_module(DATA_PARALLEL.replace("ranks [0, 1] mesh [2]", "ranks [0, 1, 2, 3] mesh [4]")
+                          .replace("8x4", "1024x256").replace("4x4", "256x256").replace("tensor<4x", "tensor<256x")
+                          .replace("<4xf32", "<256xf32"))
+    CompilePass().apply(Context(), module)
+    cpu = preset("cpu").resized(4)
+    assert cpu.device.timed_ranks_per_cpu == 1 and cpu.levels[0].cores == 2 and cpu.ranks_per_cpu() == 2
+    own_cores = replace(cpu, levels=(replace(cpu.levels[0], cores=4),))
+    compute = [simulate_plan(module, c).devices[0].compute for c in (own_cores, cpu)]
+    assert compute[1] / compute[0] == pytest.approx(2.0, rel=0.05)

@@ -49,7 +49,7 @@ lg.graph @res on @m {
 // Within 60000 bytes per device, lowered to a plan. On the cpu preset (2
 // cores, so 4 ranks share them), four stages of one device: their transfers
 // go between ranks on different cores, while a collective among ranks that
-// share a core pays the sync the preset measured (143 us).
+// share a core pays the sync the preset measured (about 140 us).
 // PLAN:       sbp.placement @stage0 cpu ranks [0] mesh [1]
 // PLAN-NEXT:  sbp.placement @stage1 cpu ranks [1] mesh [1]
 // PLAN-NEXT:  sbp.placement @stage2 cpu ranks [2] mesh [1]

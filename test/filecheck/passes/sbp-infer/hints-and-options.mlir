@@ -25,7 +25,7 @@ lg.graph @kept on @m {
 // EXPLAIN-SAME:   "(B, B) -> (B): compute [[WHOLE:[0-9.e+-]+]] boxing 0 memory [[ALL:[0-9.e+-]+]] total {{[0-9.e+-]+}}",
 // EXPLAIN-SAME:   "(P, B) -> (P): compute [[WHOLE]] boxing 0 memory [[ALL]] total {{[0-9.e+-]+}}",
 // EXPLAIN-SAME:   "(B, P) -> (P): compute [[WHOLE]] boxing 0 memory [[ALL]] total {{[0-9.e+-]+}}"]}
-// (On the cpu preset of 2026-11-29: compute 1.71e-09 a half, 3.43e-09 the whole.)
+// (On the cpu preset of 2026-11-29: compute about 1.7e-09 a half, 3.4e-09 the whole.)
 
 // CUDA: sbp.strategy = "auto", sbp.total_cost = {{[0-9.e-]+}} : f64
 // FILE: sbp.strategy = "auto", sbp.total_cost = {{[0-9.e-]+}} : f64
