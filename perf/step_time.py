@@ -774,8 +774,17 @@ def simulate_plan(module: ModuleOp, cluster: Cluster, steps: int = 4, program: s
     placements = [op for op in module.ops if isinstance(op, PlacementOp)]
     replay = Replay(prog, cluster, placements, max(1, steps), exact)
     replay.run()
-    if cluster.ranks_per_cpu() > 1 and all(r == d for r, d in replay.rep.items()):
-        replay = _shared_processors(prog, cluster, placements, max(1, steps), exact, replay)
+    if cluster.ranks_per_cpu() > 1:
+        if all(r == d for r, d in replay.rep.items()):
+            replay = _shared_processors(prog, cluster, placements, max(1, steps), exact, replay)
+        elif (crowding := cluster.crowding(replay.total)) != 1.0:
+            # One device per class of ranks that do the same work: they
+            # compute at once, so each computes at the share of its CPU
+            # that the others on it leave (Cluster.crowding).
+            scales = {(rank, pc): crowding for rank, dev in replay.devices.items() for pc in range(len(dev.tasks))
+                      if dev.tasks[pc][1].comm is None}
+            replay = Replay(prog, cluster, placements, max(1, steps), exact, scales)
+            replay.run()
     return _report(prog, cluster, replay, placements)
 
 

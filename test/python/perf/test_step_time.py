@@ -659,3 +659,6 @@ def test_ranks_that_outnumber_the_cores_the_rates_were_timed_on_compute_at_their
     own_cores = replace(cpu, levels=(replace(cpu.levels[0], cores=4),))
     compute = [simulate_plan(module, c).devices[0].compute for c in (own_cores, cpu)]
     assert compute[1] / compute[0] == pytest.approx(2.0, rel=0.05)
+    # one device per class of ranks (the search's plans): the same share
+    reps = simulate_plan(module, cpu, exact=False)
+    assert reps.simulated == 1 and reps.devices[0].compute == pytest.approx(compute[1], rel=0.05)
