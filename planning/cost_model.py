@@ -8,8 +8,8 @@
 - memory: bytes a device holds for a result, times a small weight, so that
   of two otherwise equal plans the leaner one wins.
 
-Rates come from a cluster (`sbpc.perf.cluster`): a preset (`cpu`, the former
-constants; `h100-node`, `h100-16nodes`, ...) or a cluster file written by
+Rates come from a cluster (`sbpc.perf.cluster`): a preset (`cpu`, a
+measurement of this project's machines; `h100-node`, `h100-16nodes`, ...) or a cluster file written by
 `sbp-calibrate`, chosen by `sbp-infer{device=...}`. A collective is priced
 with the figures of the level its placement spans (the slowest link among
 the placement's devices), so a plan across nodes pays for InfiniBand. `cuda`
