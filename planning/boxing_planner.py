@@ -102,12 +102,6 @@ def plan(src: PlainNd, dst: PlainNd, mesh: tuple[int, ...], rank: int) -> tuple[
     return tuple(reversed(steps)), best[dst][0]
 
 
-def plan_volume(src: PlainNd, dst: PlainNd, mesh: Sequence[int], rank: int) -> tuple[float, int]:
-    """Units of |T| moved per device, and the number of collectives, of the best plan."""
-    steps, volume = plan(tuple(src), tuple(dst), tuple(mesh), rank)
-    return volume, sum(1 for s in steps if COLLECTIVES[s.kind].communicates)
-
-
 def boxing_cost(src: PlainNd, dst: PlainNd, mesh: Sequence[int], rank: int, nbytes: float, device: Rates,
                 axis_sync: Sequence[float] = ()) -> float:
     """Seconds the best plan takes under the cost model (what sbp-infer

@@ -355,10 +355,12 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
                 continue
             producer = nodes[u]
             nbytes, rank = sizes[u]
+            # meshes alike in shape and in which axes' members share a core price alike
+            where = (node.mesh.shape, problem.axis_sync(node.mesh))
             if producer.mesh is not node.mesh and producer.mesh != node.mesh:
                 matrix = np.full((len(producer.candidates), len(node.candidates)), transfer_cost(nbytes, device))
             elif (spread := spread_tables.get(
-                    (id(producer.candidates), id(node.candidates), j, node.mesh.shape, rank, nbytes))) is not None:
+                    (id(producer.candidates), id(node.candidates), j, where, rank, nbytes))) is not None:
                 # ops alike share their candidate lists (above), so an edge
                 # between two such ops has the matrix of the last one alike
                 matrix = spread
@@ -369,14 +371,14 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
                 outs = {s: i for i, s in enumerate(sorted({c[1] for c in producer.candidates}))}
                 ins = {d: i for i, d in enumerate(sorted({c[0][j] for c in node.candidates}))}
                 # repeated layers and micro-batches repeat the same table
-                table_key = (tuple(outs), tuple(ins), node.mesh.shape, rank, nbytes)
+                table_key = (tuple(outs), tuple(ins), where, rank, nbytes)
                 pairs = tables.get(table_key)
                 if pairs is None:
                     pairs = tables[table_key] = np.array(
                         [[problem.boxing(s, d, node.mesh, rank, nbytes) for d in ins] for s in outs])
                 matrix = pairs[np.ix_([outs[pc[1]] for pc in producer.candidates],
                                      [ins[nc[0][j]] for nc in node.candidates])]
-                spread_tables[(id(producer.candidates), id(node.candidates), j, node.mesh.shape, rank, nbytes)] = matrix
+                spread_tables[(id(producer.candidates), id(node.candidates), j, where, rank, nbytes)] = matrix
             key = (u, v)
             problem.edges[key] = problem.edges[key] + matrix if key in problem.edges else matrix
     # An updated parameter (output `new.<key>`, from lg-optimizer) is written

@@ -376,6 +376,12 @@ def last_level_cache() -> float:
     return float(max(sizes, default=0))
 
 
+def host_cores(node: MPI.Comm) -> int:
+    """The cores this host's ranks (`node`) run on: each rank's own is one
+    where the launcher bound them (runtime/launch.py), so their union."""
+    return len(set().union(*node.allgather(usable_cpus())))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sbpc.runtime.calibrate")
     parser.add_argument("output")
@@ -389,8 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     authenticate_messages(world)
     if options.sync_only:
         least = min(measure_sync(world, options.quick), measure_sync(world, options.quick), key=sync_excess)
-        node = world.Split_type(MPI.COMM_TYPE_SHARED)
-        cores = len(set().union(*node.allgather(usable_cpus())))
+        cores = host_cores(world.Split_type(MPI.COMM_TYPE_SHARED))
         if world.rank == 0:
             with open(options.output, "w") as f:
                 json.dump({"ranks": world.size, "cores": cores, "sync": least}, f, indent=1)
@@ -429,9 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError, AttributeError):
         raw["memory"] = 8 * 2**30
     raw["cache_bytes"] = last_level_cache() / world.size
-    # The cores this host's ranks run on: each rank's own is one where the
-    # launcher bound them (runtime/launch.py), so their union.
-    raw["cores"] = len(set().union(*node.allgather(usable_cpus())))
+    raw["cores"] = host_cores(node)
     if world.rank == 0:
         with open(options.output, "w") as f:
             json.dump(raw, f, indent=1)

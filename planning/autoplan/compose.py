@@ -120,6 +120,7 @@ class Composer:
                     comm_total += sent
                     reduced += sum(_volume(kind, dp, g) for g in profiles[j].params)
             exposed = queued + (1 - overlap) * comm_total
+            params = sum(sum(profiles[j].params) for j in run)
             if dp > 1 and t == 1 and self.cluster.collective_sync(group) > 0:
                 # Where the data group's members share a core, each collective
                 # also pays the shared-core sync (about 140 us on this
@@ -129,11 +130,9 @@ class Composer:
                 # copied in and out. (With a core each, a gradient's own
                 # collective as priced above agrees with the simulator; a
                 # gradient split over the tensor axis joins no bucket.)
-                grads = sum(sum(profiles[j].params) for j in run)
-                one = self.cluster.collective_time(kind, group, reduced) + 2 * copy_time(grads, self.cluster)
+                one = self.cluster.collective_time(kind, group, reduced) + 2 * copy_time(params, self.cluster)
                 exposed = min(exposed, one)
             drags.append(drag)
-            params = sum(sum(profiles[j].params) for j in run)
             if layout.memory == "fsdp" and dp > 1:
                 # gathered before each use, forward and backward, per micro-batch
                 gathers = 2 * m * sum(self.cluster.collective_time("all_gather", group, _volume("all_gather", dp, g))
