@@ -3,7 +3,9 @@
 Walks the graph from the loss output backwards, applying each op's gradient
 rule (its `gradient` method, defined with the op in dialects/lg/), adding up the contributions where a
 value has several uses, and appends an output `grad.<param>` for every
-parameter (zeros where the loss does not depend on it). On a graph that
+parameter the loss is computed from (zeros where its derivative is zero);
+one outside the loss has none, as a PyTorch parameter's .grad stays None,
+and no optimizer moves it. On a graph that
 lg-micro-batch unrolled for 1F1B, what the micro-batches share (a weight)
 has its gradient summed in micro-batch order, the order a stage's
 backward passes make the parts. SBP hints pass
@@ -129,6 +131,16 @@ def differentiate(graph: lg.GraphOp, loss: str) -> None:
         if (isinstance(op, lg.ParamOp) and op.trained) or any(o in trained for o in op.operands):
             trained.update(r for r in op.results if lg.is_float(element_type(r.type)))
 
+    # What the loss is computed from through float values: a parameter
+    # outside it has no gradient, as in PyTorch (its .grad stays None, and
+    # no optimizer moves it, not even by weight decay: a pooler a masked-LM
+    # loss never reads); one inside it whose derivative is zero (through
+    # trunc, or a product with zero) has a zero gradient, as in PyTorch.
+    reaches: set[SSAValue] = {loss_value}
+    for op in reversed(forward):
+        if any(r in reaches for r in op.results) and not isinstance(op, lg.StopGradientOp):
+            reaches.update(o for o in op.operands if o in trained)
+
     for op in reversed(forward):
         if op.results:
             settle(op.results[0])  # shared ops come before every micro-batch's: all parts are in
@@ -160,7 +172,7 @@ def differentiate(graph: lg.GraphOp, loss: str) -> None:
         settle(value)  # the parameters (sources are not walked)
     values, out_names = list(output.values), list(names)
     for op in forward:
-        if isinstance(op, lg.ParamOp) and op.trained:
+        if isinstance(op, lg.ParamOp) and op.trained and op.result in reaches:
             grad = grads.get(op.result)
             if grad is None:
                 e.place_like(op)

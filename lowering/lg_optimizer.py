@@ -117,7 +117,8 @@ class LgOptimizerPass(ModulePass):
         grads = {n.removeprefix("grad."): v for n, v in zip(names, output.values) if n.startswith("grad.")}
         if not grads:
             raise PassFailedException(
-                f"'lg.graph' @{graph.sym_name.data}: no grad.<param> outputs; run lg-autodiff first"
+                f"'lg.graph' @{graph.sym_name.data}: no grad.<param> outputs: run lg-autodiff first, on a loss "
+                f"computed from a trained parameter"
             )
         first_param = next(iter(params.values()))
         first = first_param.result

@@ -29,10 +29,6 @@ DATA_DEPENDENT = frozenset({
 })
 """ATen ops whose output shape depends on the values of their inputs."""
 
-COMPLEX = frozenset({"aten._fft_r2c", "aten._fft_c2r", "aten._fft_c2c", "aten.view_as_complex", "aten.complex",
-                     "aten.polar"})
-"""ATen ops that make or read complex tensors: sbpc's tensors are real."""
-
 def core_aten_ops() -> list[str]:
     """The names (as the rules spell them: `aten.<op>.<overload>`, the
     overload dropped when `default`) of every operator overload PyTorch
@@ -52,15 +48,22 @@ def core_aten_ops() -> list[str]:
     return sorted(names)
 
 
-def coverage(rules) -> dict[str, list[str]]:
+def coverage(rules=None) -> dict[str, list[str]]:
     """Core ATen ops by how the importer takes them: "rule" (a rule of its
     own), "decomposition" (no rule, imported through PyTorch's
     decomposition), "computed at import" (no tensor operand: PyTorch
     computes the value, a constant), and refused by name: "data-dependent"
     (the output's shape depends on the data), "random" (a draw per call:
     sbpc's own for `rand`, refused for the others)
-    and "refused" (no rule and no decomposition yet)."""
+    and "refused" (no rule and no decomposition yet). `rules`: the names of
+    the ops with a rule; by default the importer's, for real operands and
+    for complex ones."""
     import torch
+
+    if rules is None:
+        from sbpc.torch_import.aten.registry import COMPLEX_RULES, RULES
+
+        rules = RULES.keys() | COMPLEX_RULES.keys()
 
     found: dict[str, list[str]] = {"rule": [], "decomposition": [], "computed at import": [],
                                    "data-dependent": [], "random": [], "refused": []}

@@ -14,12 +14,24 @@ from sbpc.frontend import Graph, Placement, Tensor
 
 # RULES is filled by the op-family modules, which the package
 # sbpc.torch_import.aten imports: importing its registry runs it first
-from sbpc.torch_import.aten.registry import RULES
+from sbpc.torch_import.aten.registry import COMPLEX_RULES, RULES
 from sbpc.torch_import.capture import _user_line
-from sbpc.torch_import.core_aten import COMPLEX, DATA_DEPENDENT, trace_decomposition
+from sbpc.torch_import.core_aten import DATA_DEPENDENT, trace_decomposition
 from sbpc.torch_import.precision import _FLOATS, _HALVES, _autocast_args, _widen
 from sbpc.torch_import.state import _StateImporter, _updated_buffers
-from sbpc.torch_import.values import _DTYPES, TorchImportError, _Const, _flat, _map, _op_name, _unwrap, to_numpy
+from sbpc.torch_import.values import (
+    _DTYPES,
+    PART_DTYPES,
+    Complex,
+    TorchImportError,
+    _Const,
+    _flat,
+    _map,
+    _op_name,
+    _unwrap,
+    is_complex_constant,
+    to_numpy,
+)
 from sbpc.torch_import.weights import CheckpointFiles
 
 
@@ -126,6 +138,9 @@ class _Importer(_StateImporter):
         keys = self._output_keys(len(flat))
         outputs = {}
         for key, value in zip(keys, flat):
+            if isinstance(value, Complex):
+                raise self._error(f"{type(self.module).__name__}.forward returns a complex tensor ({key}); sbpc's "
+                                  f"outputs are real: return torch.view_as_real of it, or its .real, .imag or .abs()")
             if key is None or not isinstance(value, Tensor):
                 # a cache (a decoder's keys and values, returned with
                 # `use_cache`) or a constant output (None, a folded tensor)
@@ -203,7 +218,11 @@ class _Importer(_StateImporter):
         name = _op_name(node.target)
         if name in ("aten.slice.Tensor", "aten.select.int") and hasattr(node.args[0], "op"):
             self.views[node] = (node.args[0], name, _view_place(name, node.args[1:]))
-        if not any(isinstance(a, Tensor) for a in _flat([args, kwargs])):
+        flat = _flat([args, kwargs])
+        if any(isinstance(a, Tensor | Complex) for a in flat) and (
+                any(isinstance(a, Complex) or is_complex_constant(a) for a in flat) or _makes_complex(node)):
+            return self._complex(node, name, args, kwargs)
+        if not any(isinstance(a, Tensor) for a in flat):
             if not _draws_random_numbers(node.target):
                 try:
                     return self._fold(node, args, kwargs)
@@ -241,22 +260,43 @@ class _Importer(_StateImporter):
         except Exception as error:  # noqa: BLE001 - a lowering bug is still reported with the op and the line
             raise self._error(f"{name} ({node.name}) could not be lowered: {type(error).__name__}: {error}") from None
 
-    def _decomposed(self, node, name: str, args, kwargs):
+    def _complex(self, node, name: str, args, kwargs):
+        """An op with a complex operand or result (`aten/complex_numbers.py`):
+        its complex rule (for views and sums, its real rule once per part),
+        or PyTorch's decomposition of it into ops that have one."""
+        rule = COMPLEX_RULES.get(name)
+        if rule is None:
+            return self._decomposed(node, name, args, kwargs, on_complex=True)
+        try:
+            return rule(self, *args, **kwargs)
+        except TorchImportError:
+            raise
+        except (ValueError, TypeError) as error:
+            raise self._error(f"{name} ({node.name}) on complex numbers: {error}") from None
+        except Exception as error:  # noqa: BLE001 - a lowering bug is still reported with the op and the line
+            raise self._error(f"{name} ({node.name}) on complex numbers could not be lowered: "
+                              f"{type(error).__name__}: {error}") from None
+
+    def _decomposed(self, node, name: str, args, kwargs, on_complex: bool = False):
         """An op with no rule of its own, through PyTorch's decomposition of
         it (`core_aten`): the ops it decomposes into are imported in its
         place, each by its rule (or decomposed in turn)."""
         if name in DATA_DEPENDENT:
             raise self._error(f"the ATen op {name} ({node.name}) gives an output whose shape depends on the values "
                               f"of its inputs; sbpc plans every tensor's shape ahead of the data")
-        if name in COMPLEX:
-            raise self._error(f"the ATen op {name} ({node.name}) makes or reads complex numbers; sbpc's tensors are "
-                              f"real (floats, integers, booleans)")
         try:
-            traced = trace_decomposition(node.target, args, kwargs, lambda a: isinstance(a, Tensor), _example)
+            traced = trace_decomposition(node.target, args, kwargs, lambda a: isinstance(a, Tensor | Complex),
+                                         _example)
         except Exception as error:  # noqa: BLE001 - PyTorch's decomposition failed on these arguments
             first = next((line for line in str(error).splitlines() if line.strip()), "")
             raise self._error(f"{name} ({node.name}): PyTorch's decomposition of it failed on these arguments "
                               f"({type(error).__name__}: {first})") from None
+        if traced is None and on_complex:
+            raise self._error(
+                f"the ATen op {name} ({node.name}) on complex numbers has no lowering in sbpc, and PyTorch has no "
+                f"decomposition of it into ops that have one (sbpc takes complex values through the FFTs, "
+                f"view_as_real/view_as_complex, real/imag/abs/angle, conj, +, -, *, /, exp, matmul, and views, "
+                f"sums and copies: sbpc.torch_import.aten.complex_numbers)")
         if traced is None:
             raise self._error(
                 f"the ATen op {name} ({node.name}) has no lg lowering in sbpc yet, and PyTorch has no "
@@ -379,10 +419,19 @@ def _written(node):
     return node.args[writes[0]] if writes and writes[0] < len(node.args) else None
 
 
-def _example(t: Tensor):
+def _makes_complex(node) -> bool:
+    """Whether PyTorch traced a complex result for the node."""
+    traced = node.meta.get("val")
+    return any(str(getattr(t, "dtype", "")) in PART_DTYPES for t in (traced if isinstance(traced, list | tuple)
+                                                                      else [traced]))
+
+
+def _example(t: Tensor | Complex):
     """A PyTorch tensor of `t`'s shape and dtype, to trace a decomposition on."""
     import torch
 
+    if isinstance(t, Complex):
+        return torch.zeros(t.shape, dtype=torch.complex128 if t.part_dtype == "f64" else torch.complex64)
     return torch.zeros(t.shape, dtype=getattr(torch, _TORCH_DTYPES[str(t.dtype)]))
 
 

@@ -25,6 +25,38 @@ class _Const:
         self.value = value
 
 
+PART_DTYPES = {"torch.complex64": "f32", "torch.complex128": "f64"}
+"""The lg dtype of each part of PyTorch's complex dtypes."""
+
+
+class Complex:
+    """A complex tensor, which lg does not hold, as the importer carries it:
+    its real and imaginary parts, two real lg values of one shape and
+    dtype (f32 for PyTorch's complex64, f64 for complex128). Only the
+    importer sees it: every op on it lowers to real ops on the parts
+    (`aten/complex.py`), and a forward's outputs must be real."""
+
+    def __init__(self, re, im):
+        if tuple(re.shape) != tuple(im.shape) or str(re.dtype) != str(im.dtype):
+            raise ValueError(f"complex parts of {list(re.shape)} {re.dtype} and {list(im.shape)} {im.dtype}")
+        self.re, self.im = re, im
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.re.shape)
+
+    @property
+    def part_dtype(self) -> str:
+        return str(self.re.dtype)
+
+
+def is_complex_constant(value) -> bool:
+    """Whether a value known at import time is a complex tensor or number."""
+    if isinstance(value, complex):
+        return True
+    return isinstance(value, _Const) and bool(getattr(value.value, "is_complex", lambda: False)())
+
+
 def to_numpy(tensor) -> np.ndarray:
     """A CPU torch tensor as a numpy array; bfloat16 (which numpy lacks) as
     ml_dtypes' bfloat16, exactly (every bfloat16 is a float32)."""

@@ -8,7 +8,8 @@ the array, `im.lift(x)` an lg.constant) and returns a `Tensor`, or a list
 for ops with several results; it raises ValueError for an argument it does
 not take.
 
-    registry     RULES, rule, and the axis arguments every family normalizes
+    registry     RULES, rule; COMPLEX_RULES, complex_rule (ops on complex operands); the axis arguments
+                 every family normalizes
     elementwise  arithmetic with PyTorch's promotion (add, mul, div...), unary ops, activations, pow
     mask         casts, logical and comparison ops, masked_fill, where, constant masks as additions
     shape        views and reshapes, transpose, permute, expand, slicing, split, cat, pad
@@ -19,6 +20,7 @@ not take.
     index        advanced indexing, index_select, gather, embedding
     loss         cross_entropy_loss, mse_loss
     random       dropout
+    complex_numbers  complex values as their two real parts: the FFTs, view_as_real/complex, complex arithmetic
     graph        export's own nodes: getitem, metadata asserts, grad-mode and autocast regions
 
 Importing this package registers every family's rules.
@@ -27,6 +29,7 @@ Importing this package registers every family's rules.
 from __future__ import annotations
 
 from sbpc.torch_import.aten import (  # noqa: F401 - imported for their @rule registrations
+    complex_numbers,
     conv,
     elementwise,
     graph,

@@ -18,7 +18,6 @@ import torch
 from torch import nn
 
 import sbpc
-from sbpc.torch_frontend import RULES
 from sbpc.torch_import.core_aten import coverage
 
 aten = torch.ops.aten
@@ -292,6 +291,18 @@ SAMPLES = {
     "aten._native_batch_norm_legit_no_training": (  # the running statistics: constants, not trained
         [IMG, _floats(2, seed=4), _floats(2, seed=5)],
         lambda x, w, b: aten._native_batch_norm_legit_no_training(x, w, b, *RUNNING, 0.1, 1e-5)[0]),
+    # complex results as their parts (view_as_real): one-sided and full,
+    # over one axis and two, each normalization; the inverse to an even and
+    # an odd length (the Nyquist frequency's weight, and its imaginary part
+    # dropped as PyTorch drops it)
+    "aten._fft_r2c": ([A], lambda x: torch.cat([
+        aten.view_as_real(aten._fft_r2c(x, [1], 0, True)).flatten(),
+        aten.view_as_real(aten._fft_r2c(x, [0, 1], 1, False)).flatten(),
+        aten.view_as_real(aten._fft_r2c(x, [1, 0], 2, True)).flatten()])),
+    "aten._fft_c2r": ([_floats(3, 3, 2, seed=11)], lambda z: torch.cat([
+        aten._fft_c2r(aten.view_as_complex(z), [1], 0, 4).flatten(),
+        aten._fft_c2r(aten.view_as_complex(z), [0, 1], 1, 5).flatten(),
+        aten._fft_c2r(aten.view_as_complex(z), [1], 2, 5).flatten()])),
     # no rule: imported through PyTorch's decomposition
     "aten.upsample_bilinear2d.vec": ([IMG], lambda x: aten.upsample_bilinear2d.vec(x, [6, 7], False, None)),
     "aten.native_layer_norm_backward": (
@@ -312,7 +323,7 @@ SAMPLES = {
     "aten.empty_strided": ([A], lambda x: x + aten.empty_strided([3, 4], [4, 1]) * 0),
 }
 
-COVERAGE = coverage(RULES)
+COVERAGE = coverage()
 RULED = [n for kind in ("rule", "decomposition", "computed at import") for n in COVERAGE[kind]]
 """The Core ATen ops sbpc imports: by its own rule, through PyTorch's
 decomposition, or computed by PyTorch at import (no tensor operand)."""

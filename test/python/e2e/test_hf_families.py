@@ -5,17 +5,19 @@ BART, Whisper with its convolution front end over audio features), vision
 (MobileNetV2: depthwise convolutions, relu6, batch-norm; Swin: windows and
 the relative position bias table gathered by known indices; SegFormer:
 overlapping patch merging, bilinear upsampling of the logits and a loss per
-pixel) and decoders (GPT-J: interleaved rotary embeddings through
-`stack`/`unbind`, decomposed; BLOOM: ALiBi through `baddbmm`, decomposed).
+pixel), decoders (GPT-J: interleaved rotary embeddings through
+`stack`/`unbind`, decomposed; BLOOM: ALiBi through `baddbmm`, decomposed)
+and FNet (its tokens mixed by the real part of a 2-D FFT: complex values as
+their parts, the transforms as DFT products).
 
 Each trains 10 AdamW steps as PyTorch does (dropout 0 for that comparison
 only) on 1 rank, data parallel on 2 and with `plan="auto"` on 4; the
 decoders also with Megatron's split on 4. With dropout at its configured
-rate (T5, BART, MobileNetV2, Swin, SegFormer set one; GPT-J, BLOOM and
+rate (T5, BART, MobileNetV2, Swin, SegFormer and FNet set one; GPT-J, BLOOM and
 Whisper default to 0), data parallel on 2 and `plan="auto"` on 4 give
 sbpc's own 1-rank losses (sbpc's masks are the same under every plan, not
 PyTorch's; drop path's `torch.rand` is sbpc's own draw, `lg.uniform`).
-`make test` runs BART, Swin and BLOOM data parallel on 2 and T5's dropout
+`make test` runs BART, Swin, BLOOM and FNet data parallel on 2 and T5's dropout
 case; `make test-all` runs the rest."""
 
 import inspect
@@ -119,6 +121,11 @@ FAMILIES = {
         vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=2, n_head=4, rotary_dim=4), d), tokens, Text),
     "bloom": (lambda d: _built(T.BloomForCausalLM, T.BloomConfig(
         vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4), d), tokens, Text),
+    # (its pooler, which the masked-LM loss never reads, takes no gradient
+    # and no weight decay, as in PyTorch)
+    "fnet": (lambda d: _built(T.FNetForMaskedLM, T.FNetConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, intermediate_size=64, max_position_embeddings=16),
+        d), tokens, Text),
 }
 
 MEGATRON = {
@@ -156,9 +163,10 @@ def _case(family, dropout=False):
 PLANS = {"1 rank": (1, None, False), "data parallel 2": (2, None, True), "auto 4": (4, "auto", False)}
 
 
-QUICK = {"bart", "swin", "bloom"}
+QUICK = {"bart", "swin", "bloom", "fnet"}
 """The families `make test` trains against PyTorch (an encoder-decoder, a
-vision model, a decoder: 2-4 s each), with T5's dropout case; `make
+vision model, a decoder, FNet's Fourier mixing: 1-4 s each), with T5's
+dropout case; `make
 test-all` runs every family on every plan (MobileNetV2's 17 blocks in
 float64 take 12-16 s a run)."""
 
@@ -201,7 +209,7 @@ def _dropout_rates(family) -> dict[str, float]:
             if isinstance(v, float) and ("dropout" in k or k.endswith("pdrop") or k == "drop_path_rate") and v}
 
 
-DROPOUT_FAMILIES = ("t5", "bart", "mobilenetv2", "swin", "segformer")
+DROPOUT_FAMILIES = ("t5", "bart", "mobilenetv2", "swin", "segformer", "fnet")
 """The families whose configs set a dropout rate; the others' defaults are 0 (checked below)."""
 
 

@@ -34,6 +34,9 @@ def check_gradients(g: sbpc.Graph, feeds, eps=1e-6, rtol=1e-5, atol=1e-8):
                 shifted[key] = value.copy()
                 shifted[key][index] += sign * eps
                 numeric[index] += sign * evaluate(module, feeds, shifted)["loss"] / (2 * eps)
+        if f"grad.{key}" not in out:  # outside the loss: no gradient (PyTorch's None), and none measured
+            np.testing.assert_array_equal(numeric, 0.0, err_msg=f"d loss / d {key}, which autodiff left out")
+            continue
         np.testing.assert_allclose(out[f"grad.{key}"], numeric, rtol=rtol, atol=atol, err_msg=f"d loss / d {key}")
 
 
@@ -263,18 +266,28 @@ def test_a_stopped_value_is_a_constant_to_autodiff():
     np.testing.assert_allclose(out["grad.a"], vb * vb, rtol=1e-12)
 
 
-def test_unused_parameters_get_zero_gradients_and_hints_pass_through():
+def test_parameters_outside_the_loss_get_no_gradient_flat_ones_zero_and_hints_pass_through():
+    """As in PyTorch: a parameter the loss is not computed from (only
+    another output reads it, or only through a stopped value or an
+    integer) has no gradient (.grad None), one the loss is computed from
+    with a zero derivative (through trunc) has zeros."""
     where = sbpc.placement("cpu", ranks=2)
     g = sbpc.Graph("hinted", placement=where)
     x = g.input("x", (4, 3), sbp=sbpc.S(0), dtype="f64")
     w = g.param("w", (3, 2), init=sbpc.ones(), dtype="f64")
     unused = g.param("unused", (2,), dtype="f64")
-    g.output(loss=sbpc.reduce_sum(x @ w.to(sbpc.B)), other=unused)
+    stopped = g.param("stopped", (2,), dtype="f64")
+    counted = g.param("counted", (2,), dtype="f64")
+    flat = g.param("flat", (2,), dtype="f64")
+    y = x @ w.to(sbpc.B)
+    g.output(loss=sbpc.reduce_sum(y * sbpc.stop_gradient(stopped) + sbpc.cast(sbpc.cast(counted, "i64"), "f64")
+                                  + sbpc.trunc(flat)), other=unused)
     module = g.module()
     LgAutodiffPass().apply(Context(), module)
     out = evaluate(module, {"x": np.ones((4, 3))})
-    np.testing.assert_array_equal(out["grad.w"], np.full((3, 2), 4.0))
-    np.testing.assert_array_equal(out["grad.unused"], np.zeros(2))
+    np.testing.assert_array_equal(out["grad.w"], np.zeros((3, 2)))  # (the stopped factor is 0)
+    np.testing.assert_array_equal(out["grad.flat"], np.zeros(2))
+    assert not {"grad.unused", "grad.stopped", "grad.counted"} & set(out)
 
 
 def test_diagnostics():

@@ -102,7 +102,7 @@ def test_training_on_real_ranks_follows_the_reference():
 
 
 def test_missing_gradients_are_diagnosed():
-    with pytest.raises(Exception, match="no grad.<param> outputs; run lg-autodiff first"):
+    with pytest.raises(Exception, match="no grad.<param> outputs: run lg-autodiff first"):
         LgOptimizerPass().apply(Context(), model().module())
     with pytest.raises(Exception, match="unknown algorithm 'lion'"):
         LgOptimizerPass(algorithm="lion").apply(Context(), model().module())

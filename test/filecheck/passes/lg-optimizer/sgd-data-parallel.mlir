@@ -35,4 +35,4 @@ lg.graph @step on @dp {
 // ONLY:   = sbp.all_reduce %{{[0-9a-z_]+}} over [0] bytes 2048
 // ONE:    {{^1$}}
 
-// NOGRAD: 'lg.graph' @step: no grad.<param> outputs; run lg-autodiff first
+// NOGRAD: 'lg.graph' @step: no grad.<param> outputs: run lg-autodiff first, on a loss computed from a trained parameter
