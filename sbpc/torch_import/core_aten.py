@@ -52,10 +52,10 @@ def coverage(rules=None) -> dict[str, list[str]]:
     """Core ATen ops by how the importer takes them: "rule" (a rule of its
     own), "decomposition" (no rule, imported through PyTorch's
     decomposition), "computed at import" (no tensor operand: PyTorch
-    computes the value, a constant), and refused by name: "data-dependent"
-    (the output's shape depends on the data), "random" (a draw per call:
-    sbpc's own for `rand`, refused for the others)
-    and "refused" (no rule and no decomposition yet). `rules`: the names of
+    computes the value, a constant), "random" (a rule drawing sbpc's own
+    random numbers, new at every call), and refused by name:
+    "data-dependent" (the output's shape depends on the data) and
+    "refused" (no rule and no decomposition yet). `rules`: the names of
     the ops with a rule; by default the importer's, for real operands and
     for complex ones."""
     import torch
@@ -71,10 +71,11 @@ def coverage(rules=None) -> dict[str, list[str]]:
         base, _, overload = name.removeprefix("aten.").partition(".")
         op = getattr(getattr(torch.ops.aten, base), overload or "default")
         if torch.Tag.nondeterministic_seeded in op.tags:
-            # a draw per call: sbpc's own for `rand` (lg.uniform), which no
-            # sample can compare with PyTorch's; refused for the others
-            # (folded it would be one draw for every step)
-            found["random"].append(name)
+            # a draw per call, sbpc's own (lg.uniform and what is computed
+            # from it), which no sample can compare with PyTorch's draw;
+            # without a rule refused (folded it would be one draw for
+            # every step)
+            found["random" if name in rules else "refused"].append(name)
         elif name in rules:
             found["rule"].append(name)
         elif name in DATA_DEPENDENT:

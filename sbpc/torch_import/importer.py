@@ -231,8 +231,8 @@ class _Importer(_StateImporter):
             if name not in RULES:
                 # folded at import it would be one draw, the same at every step
                 raise self._error(f"{name} ({node.name}) draws new random numbers at every call, which sbpc "
-                                  f"does not import (its random ops are dropout and rand: `lg.dropout`, "
-                                  f"`lg.uniform`)")
+                                  f"does not import (its own draws: dropout, native_dropout, rand, randn, "
+                                  f"randperm, rand_like and randn_like, from `lg.dropout` and `lg.uniform`)")
         rule = RULES.get(name)
         if rule is None:
             return self._decomposed(node, name, args, kwargs)

@@ -299,6 +299,14 @@ BUGS = [
         "if isinstance(op, lg.ParamOp) and op.trained and op.result in reaches:",
         "if isinstance(op, lg.ParamOp) and op.trained:",
         T + "lowering/test_lg_autodiff.py", select="outside_the_loss"),
+    Bug("randn-draws-its-angle-from-its-radius-draw", "importer", "sbpc/torch_import/aten/random.py",
+        "u, v = im.g.rand(shape, wanted), im.g.rand(shape, wanted)",
+        "u = v = im.g.rand(shape, wanted)",
+        T + "api/test_torch_random.py", select="normal"),
+    Bug("native-dropout-leaves-the-kept-unscaled", "importer", "sbpc/torch_import/aten/random.py",
+        "scale = 0.0 if p == 1 else 1.0 / (1.0 - p)",
+        "scale = 0.0 if p == 1 else 1.0",
+        T + "api/test_torch_random.py", select="native_dropout"),
     # -- the weaknesses issue 57 found ------------------------------------------------------------
     Bug("compile-refuses-every-graph", "pipeline", "lowering/compile.py",  # WEAKNESS
         "        passes = self.passes()\n        with collector_paused():",

@@ -1,11 +1,15 @@
-"""Random ops: dropout and uniform draws."""
+"""Random ops: dropout, and uniform and normal draws and permutations, each
+sbpc's own draw (from `compile(seed=...)`): new at every step, the same
+under every plan, not PyTorch's generator's."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from sbpc import frontend as fe
-from sbpc.torch_import.aten.registry import rule
+from sbpc.dialects import lg
+from sbpc.torch_import.aten.registry import RULES, rule
 from sbpc.torch_import.values import _DTYPES
 
 if TYPE_CHECKING:
@@ -23,14 +27,82 @@ def _dropout(im: _Importer, x, p, train):
     return fe.dropout(im.lift(x), float(p))
 
 
+@rule("aten.native_dropout")
+def _native_dropout(im: _Importer, x, p, train):
+    """The dropped values and the mask kept (True where kept): an element is
+    kept where sbpc's uniform draw is at least p, as lg.dropout of that
+    draw keeps it, and scaled by 1 / (1 - p); out of training, or at p =
+    0, the values and a mask of every element."""
+    x = im.lift(x)
+    if not lg.is_float(x.dtype):
+        raise ValueError(f"native_dropout of {x.dtype} values")
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability {p} (it must be in [0, 1])")
+    if not train or p == 0:
+        zero = im.lift(0.0, x)
+        return [x, fe.broadcast_to(fe.compare("eq", zero, zero), list(x.shape))]
+    draw = im.g.rand(list(x.shape), str(x.dtype) if str(x.dtype) in ("f32", "f64") else "f32")
+    kept = fe.compare("ge", draw, im.lift(float(p), draw))
+    scale = 0.0 if p == 1 else 1.0 / (1.0 - p)
+    return [x * fe.cast(kept, str(x.dtype)) * scale, kept]
+
+
+_TORCH_DTYPE = {lg_dtype: torch_dtype for torch_dtype, lg_dtype in _DTYPES.items()}
+
+
+def _draw_dtype(op: str, dtype, generator) -> str:
+    if generator is not None:
+        raise ValueError(f"{op} with a generator of its own (sbpc draws from compile(seed=...))")
+    wanted = _DTYPES.get(str(dtype)) if dtype is not None else "f32"
+    if wanted not in ("f32", "f64"):
+        raise ValueError(f"{op} of dtype {dtype} (sbpc draws float32 and float64)")
+    return wanted
+
+
 @rule("aten.rand")
 def _rand(im: _Importer, size, dtype=None, layout=None, device=None, pin_memory=None, generator=None):
     """lg.uniform: sbpc's own draw in [0, 1), new at every step and the same
     under every plan (drop path's `floor(keep + rand)` keeps a sample exactly
     where lg.dropout at rate 1 - keep would)."""
+    return im.g.rand([int(d) for d in size], _draw_dtype("rand", dtype, generator))
+
+
+@rule("aten.randn")
+def _randn(im: _Importer, size, dtype=None, layout=None, device=None, pin_memory=None, generator=None):
+    """Standard normal numbers by Box and Muller's transform of two of sbpc's
+    uniform draws u, v: sqrt(-2 ln(1 - u)) cos(2 pi v). The draws' 24-bit
+    steps (1 - u is at least 2^-24) bound |x| by 5.77: the normal's tail
+    beyond it (a chance of 8e-9) is never drawn."""
+    wanted = _draw_dtype("randn", dtype, generator)
+    shape = [int(d) for d in size]
+    u, v = im.g.rand(shape, wanted), im.g.rand(shape, wanted)
+    radius = fe.sqrt(fe.log(1.0 - u) * -2.0)
+    return radius * fe.cos(v * (2.0 * math.pi))
+
+
+@rule("aten.randperm")
+def _randperm(im: _Importer, n, dtype=None, layout=None, device=None, pin_memory=None, generator=None):
+    """A random permutation of 0..n-1: the order that sorts n of sbpc's
+    uniform draws (the lower index first among equal draws)."""
     if generator is not None:
-        raise ValueError("rand with a generator of its own (sbpc draws from compile(seed=...))")
-    wanted = _DTYPES.get(str(dtype)) if dtype is not None else "f32"
-    if wanted not in ("f32", "f64"):
-        raise ValueError(f"rand of dtype {dtype} (sbpc draws float32 and float64)")
-    return im.g.rand([int(d) for d in size], wanted)
+        raise ValueError("randperm with a generator of its own (sbpc draws from compile(seed=...))")
+    wanted = _DTYPES.get(str(dtype)) if dtype is not None else "i64"
+    if wanted not in ("i64", "i32"):
+        raise ValueError(f"randperm of dtype {dtype} (sbpc makes int64 and int32 permutations)")
+    _, order = fe.topk(im.g.rand([int(n)], "f32"), int(n), 0, largest=False)
+    return order if wanted == "i64" else fe.cast(order, wanted)
+
+
+def _like(draw):
+    def lower(im: _Importer, x, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None,
+              generator=None):
+        """`torch.rand_like` / `randn_like` (a diffusion model's noise): the
+        draw of `x`'s shape, in its dtype unless another is given."""
+        x = im.lift(x)
+        return draw(im, list(x.shape), dtype if dtype is not None else _TORCH_DTYPE.get(str(x.dtype)),
+                    generator=generator)
+
+    return lower
+
+
+RULES["aten.rand_like"], RULES["aten.randn_like"] = _like(_rand), _like(_randn)
