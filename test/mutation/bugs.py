@@ -307,6 +307,14 @@ BUGS = [
         "scale = 0.0 if p == 1 else 1.0 / (1.0 - p)",
         "scale = 0.0 if p == 1 else 1.0",
         T + "api/test_torch_random.py", select="native_dropout"),
+    Bug("the-gradient-convolution-forgets-to-flip-the-filters", "runtime", "runtime/numpy_kernels.py",
+        ".transpose(0, 2, 1, 3, 4)[..., ::-1, ::-1])",
+        ".transpose(0, 2, 1, 3, 4))",
+        T + "runtime/test_numpy_kernels.py", select="reference_computes"),
+    Bug("the-weight-gradient-reads-the-windows-in-another-order", "runtime", "runtime/numpy_kernels.py",
+        "np.copyto(cols, at.view.transpose(1, 2, 5, 6, 0, 3, 4))",
+        "np.copyto(cols, at.view.transpose(1, 2, 6, 5, 0, 3, 4))",
+        T + "runtime/test_numpy_kernels.py", select="reference_computes"),
     # -- the weaknesses issue 57 found ------------------------------------------------------------
     Bug("compile-refuses-every-graph", "pipeline", "lowering/compile.py",  # WEAKNESS
         "        passes = self.passes()\n        with collector_paused():",

@@ -386,3 +386,40 @@ def test_topk_in_blocks_writes_what_one_sort_writes(monkeypatch, shape, axis):
         out = np.full(out_shape, -1, np.int64)
         numpy_kernels.bind(op, local, [x], out)([x], out)
         np.testing.assert_array_equal(out, topk_indices(x, k, axis, smallest))
+
+
+CONVOLUTIONS = [  # (kernel, stride, padding, dilation, groups): the gradient for the input as a forward
+    ((3, 3), (1, 1), (1, 1), (1, 1), 1),  # convolution (stride 1, padding within the kernel's reach)
+    ((3, 3), (1, 1), (0, 0), (1, 1), 2),
+    ((3, 2), (1, 1), (2, 1), (1, 1), 1),
+    ((1, 1), (1, 1), (0, 0), (1, 1), 1),
+    ((3, 3), (1, 1), (1, 1), (1, 1), 4),  # depthwise
+    ((3, 3), (1, 1), (3, 3), (1, 1), 1),  # and by the windows' shares added back: padding past the reach,
+    ((3, 3), (2, 2), (1, 1), (1, 1), 1),  # stride, dilation
+    ((3, 3), (1, 1), (1, 1), (2, 1), 2),
+]
+
+
+@pytest.mark.parametrize("kernel, stride, padding, dilation, groups", CONVOLUTIONS)
+def test_convolution_kernels_compute_what_the_reference_computes(kernel, stride, padding, dilation, groups):
+    from xdsl.dialects.builtin import TensorType
+    from xdsl.ir import Block
+
+    from sbpc.semantics.reference import REFERENCE
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 4, 7, 6), dtype=np.float32)
+    w = rng.standard_normal((4, 4 // groups, *kernel), dtype=np.float32)
+    conv = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
+    block = Block(arg_types=[TensorType(f32, x.shape), TensorType(f32, w.shape)])
+    forward = lg.Conv2dOp(block.args[0], block.args[1], **conv)
+    g = rng.standard_normal(forward.result.type.get_shape(), dtype=np.float32)
+    grads = Block(arg_types=[TensorType(f32, g.shape), TensorType(f32, w.shape), TensorType(f32, x.shape)])
+    for op, ins, shape in ((forward, [x, w], g.shape),
+                           (lg.Conv2dGradInputOp(grads.args[0], grads.args[1], x.shape[2:], **conv), [g, w], x.shape),
+                           (lg.Conv2dGradWeightOp(grads.args[2], grads.args[0], kernel, **conv), [x, g], w.shape)):
+        out = np.full(shape, np.nan, np.float32)
+        fire = numpy_kernels.NUMPY[type(op)](op, None, ins, out)
+        for _ in range(2):  # scratch kept from the first firing must not leak into the second
+            fire(ins, out)
+            np.testing.assert_allclose(out, REFERENCE[type(op)](op, *ins), rtol=1e-5, atol=1e-5, err_msg=op.name)
