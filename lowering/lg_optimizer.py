@@ -115,6 +115,14 @@ class LgOptimizerPass(ModulePass):
         names = [n.data for n in output.names.data]
         params = {o.key.data: o for o in graph.body.ops if isinstance(o, lg.ParamOp) and o.trained}
         grads = {n.removeprefix("grad."): v for n, v in zip(names, output.values) if n.startswith("grad.")}
+        updated = sorted((n.removeprefix("new.") for n in names if n.startswith("new.") and n[4:] in params),
+                         key=lambda key: (key.startswith(STATE_PREFIXES), key))  # a parameter's name first
+        if updated:
+            raise PassFailedException(
+                f"'lg.graph' @{graph.sym_name.data} is a training step already: it updates {updated[0]!r} "
+                f"(output new.{updated[0]}); an optimizer runs once (a graph built for training needs no "
+                f"optimizer= in compile)"
+            )
         if not grads:
             raise PassFailedException(
                 f"'lg.graph' @{graph.sym_name.data}: no grad.<param> outputs: run lg-autodiff first, on a loss "

@@ -210,3 +210,12 @@ def test_a_16_bit_weight_is_updated_in_float32_and_rounded_once():
         assert losses[-1] < losses[0]
         assert {trained.params[k].dtype for k in trained.param_keys() if k.endswith("w1")} == {
             np.dtype(ml_dtypes.bfloat16)}
+
+
+def test_a_second_optimizer_on_a_training_step_is_refused_by_name():
+    module = model().module()
+    LgAutodiffPass().apply(Context(), module)
+    LgOptimizerPass().apply(Context(), module)
+    LgAutodiffPass().apply(Context(), module)
+    with pytest.raises(Exception, match=r"@\w+ is a training step already: it updates '[\w.]+' \(output new\."):
+        LgOptimizerPass(algorithm="adam").apply(Context(), module)
