@@ -14,7 +14,9 @@ it, so a few seconds of a slowed machine do not count as a model error.
 Prints a table and a summary line with the median and worst relative error
 of the prediction, and each configuration's measured spread over its passes
 (slowest over fastest, less 1) beside its error: an error within the spread
-is within what the machine itself varies.
+is within what the machine itself varies. Then the decision the predictions
+would make: in each group of plans of one graph on one rank count, the plan
+predicted fastest against the plan measured fastest (goal: within 5%).
 
     python bench/simulator_accuracy.py [--steps 5] [--repeats 3]
     python bench/simulator_accuracy.py --quick     # tiny sizes, two configurations, seconds
@@ -143,10 +145,37 @@ def main() -> int:
                    "exposed comm ms", "bubble ms"], rows)
     median = float(np.median(errors))
     beyond = sum(1 for e, s in zip(errors, spreads, strict=True) if e > s)
+    decisions = decision_costs(configs, best)
+    if decisions:
+        print()
+        _common.table(["graph", "ranks", "plans", "predicted fastest", "measured fastest", "its cost"],
+                      [[model, ranks, count, chosen, fastest, f"{cost:+.1%}"]
+                       for (model, ranks), (count, chosen, fastest, cost) in decisions.items()])
+    worst_decision = max((cost for *_, cost in decisions.values()), default=0.0)
     print(f"summary: {len(rows)} configurations, median |error| {median:.1%}, worst {max(errors):.1%} "
           f"(goal: median <= 10%, worst <= 25%); measured spread over {passes} pass(es) median "
-          f"{float(np.median(spreads)):.1%}, worst {max(spreads):.1%}; {beyond} errors beyond their spread")
+          f"{float(np.median(spreads)):.1%}, worst {max(spreads):.1%}; {beyond} errors beyond their spread; "
+          f"the plan predicted fastest costs at most {worst_decision:+.1%} over the measured fastest in "
+          f"{len(decisions)} group(s) of one graph on one rank count (goal: <= 5%)")
     return 0
+
+
+def decision_costs(configs: list[tuple], best: dict[tuple, tuple]) -> dict[tuple, tuple]:
+    """The planner's decision, judged by measurement: for each graph and rank
+    count with more than one plan, (how many plans, the one the simulator
+    predicts fastest, the one measured fastest, how much slower the first
+    measured than the second)."""
+    groups: dict[tuple, list[tuple]] = {}
+    for config in configs:
+        groups.setdefault((config[0], config[2]), []).append(config)
+    out = {}
+    for key, members in groups.items():
+        if len(members) < 2:
+            continue
+        chosen = min(members, key=lambda c: best[c][1].step_time)
+        fastest = min(members, key=lambda c: best[c][0])
+        out[key] = (len(members), name_of(chosen), name_of(fastest), best[chosen][0] / best[fastest][0] - 1.0)
+    return out
 
 
 if __name__ == "__main__":
