@@ -195,7 +195,8 @@ class _Importer(_StateImporter):
         written = _written(node)
         if hasattr(written, "op") and written in self.views and written not in self.state_inputs:
             return self._in_place_on_view(node, written)
-        if hasattr(written, "op") and isinstance(self.env.get(written), Tensor) and written not in self.state_inputs:
+        if hasattr(written, "op") and isinstance(self.env.get(written), Tensor | Complex) and (
+                written not in self.state_inputs):
             return self._in_place(node, written)
         if hasattr(written, "op") and isinstance(self.env.get(written), _Const) and written not in self.state_inputs \
                 and any(isinstance(a, Tensor) for a in _flat([_map(node.args, self._value),
@@ -330,11 +331,14 @@ class _Importer(_StateImporter):
             functional = f"{base}.{overload}"
         else:  # aten.relu_ -> aten.relu
             functional = name.removesuffix("_")
-        rule = RULES.get(functional) or RULES.get(name)  # resize_ has no functional form: a rule of its own
-        if rule is None:
-            raise self._error(f"the in-place ATen op {name} ({node.name}) has no lg lowering in sbpc yet")
         args = _map(node.args, self._value)
         kwargs = {k: _map(v, self._value) for k, v in node.kwargs.items()}
+        table = COMPLEX_RULES if any(isinstance(a, Complex) or is_complex_constant(a)
+                                     for a in _flat([args, kwargs])) else RULES
+        rule = table.get(functional) or table.get(name)  # resize_ has no functional form: a rule of its own
+        if rule is None:
+            raise self._error(f"the in-place ATen op {name} ({node.name}) has no lg lowering in sbpc yet"
+                              + (" on complex numbers" if table is COMPLEX_RULES else ""))
         try:
             result = rule(self, *args, **kwargs)
         except (ValueError, TypeError) as error:

@@ -34,7 +34,7 @@ class Complex:
     its real and imaginary parts, two real lg values of one shape and
     dtype (f32 for PyTorch's complex64, f64 for complex128). Only the
     importer sees it: every op on it lowers to real ops on the parts
-    (`aten/complex.py`), and a forward's outputs must be real."""
+    (`aten/complex_numbers.py`), and a forward's outputs must be real."""
 
     def __init__(self, re, im):
         if tuple(re.shape) != tuple(im.shape) or str(re.dtype) != str(im.dtype):

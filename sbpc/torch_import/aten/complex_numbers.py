@@ -78,17 +78,23 @@ def _parts(im: _Importer, value, dtype: str) -> tuple[Tensor, Tensor | None]:
     return _real(im, value, dtype), None
 
 
+def _zeros_like(x: Tensor) -> Tensor:
+    """Zeros of `x`'s shape and dtype (not x * 0, which is NaN where x is infinite)."""
+    zero = x.graph.constant(np.zeros((), fe._numpy_of(fe.element(str(x.dtype)))))
+    return fe.broadcast_to(zero, list(x.shape)) if x.shape else zero
+
+
 def _both(im: _Importer, z) -> tuple[Tensor, Tensor]:
     """A complex operand's two parts, in the dtype of the node's result."""
     re, imag = _parts(im, z, _part_dtype(im))
-    return re, imag if imag is not None else re * 0.0
+    return re, imag if imag is not None else _zeros_like(re)
 
 
 def _joined(re: Tensor, imag: Tensor | None) -> Complex:
     """A complex value from parts that may differ in shape by broadcasting
     (a real operand's missing imaginary part is zero)."""
     if imag is None:
-        imag = re * 0.0
+        imag = _zeros_like(re)
     shape = tuple(np.broadcast_shapes(re.shape, imag.shape))
     return Complex(re if re.shape == shape else fe.broadcast_to(re, list(shape)),
                    imag if imag.shape == shape else fe.broadcast_to(imag, list(shape)))
@@ -395,7 +401,7 @@ def _partwise(im: _Importer, name: str, args, kwargs):
             if isinstance(value, Complex) or is_complex_constant(value):
                 return _parts(im, value, dtype)[index]
             if isinstance(value, Tensor) and str(value.dtype) in ("f32", "f64", "f16", "bf16"):
-                return value if index == 0 else value * 0.0
+                return value if index == 0 else _zeros_like(value)
             return value
 
         return pick

@@ -55,6 +55,21 @@ class FFTConvolution(nn.Module):
         return (y.transpose(1, 2) - t).pow(2).mean() + torch.fft.rfft(u, norm="ortho").abs().mean() * 0.1
 
 
+class InPlaceSpectrum(nn.Module):
+    """A spectrum changed in place (`mul_`, `+=`): the complex value written
+    is the one later ops read."""
+
+    def __init__(self, d=4):
+        super().__init__()
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x, t):
+        z = torch.fft.rfft(self.proj(x), dim=1)
+        z.mul_(0.5)
+        z += torch.fft.rfft(x, dim=1) * 0.25
+        return (torch.fft.irfft(z, n=x.shape[1], dim=1) - t).pow(2).mean() + z.abs().mean()
+
+
 def rotary_frequencies(dim: int, end: int, theta: float = 10000.0) -> torch.Tensor:
     """Meta's LLaMA `precompute_freqs_cis`: unit complex numbers by `torch.polar`."""
     freqs = 1.0 / (theta ** (torch.arange(0, dim, 2)[: (dim // 2)].float() / dim))
@@ -96,6 +111,7 @@ CASES = {
     "fnet mixing": (SpectralMixer, [(4, 6, 4), (4, 6)]),
     "fft convolution": (FFTConvolution, [(4, 6, 4), (4, 6, 4)]),
     "llama complex rotary": (ComplexRotaryAttention, [(4, 8, 16), (4, 8, 16)]),
+    "in-place spectrum": (InPlaceSpectrum, [(4, 6, 4), (4, 6, 4)]),
 }
 
 
