@@ -83,7 +83,10 @@ def _randn(im: _Importer, size, dtype=None, layout=None, device=None, pin_memory
 @rule("aten.randperm")
 def _randperm(im: _Importer, n, dtype=None, layout=None, device=None, pin_memory=None, generator=None):
     """A random permutation of 0..n-1: the order that sorts n of sbpc's
-    uniform draws (the lower index first among equal draws)."""
+    uniform draws (the lower index first among equal draws). The draws
+    have 24 bits, so from about n = 4,000 on two of them are likely equal,
+    and such a pair keeps its order: a slight bias PyTorch's randperm has
+    not."""
     if generator is not None:
         raise ValueError("randperm with a generator of its own (sbpc draws from compile(seed=...))")
     wanted = _DTYPES.get(str(dtype)) if dtype is not None else "i64"
