@@ -407,38 +407,11 @@ def _partwise(im: _Importer, name: str, args, kwargs):
         return pick
 
     rule_of = RULES[name]
-    node = im.node
-    im.node = _AsParts(node, dtype)  # real rules read the traced dtype (a sum's): the parts'
-    try:
-        re = rule_of(im, *_map(args, part(0)), **{k: _map(v, part(0)) for k, v in kwargs.items()})
-        imag = rule_of(im, *_map(args, part(1)), **{k: _map(v, part(1)) for k, v in kwargs.items()})
-    finally:
-        im.node = node
+    re = rule_of(im, *_map(args, part(0)), **{k: _map(v, part(0)) for k, v in kwargs.items()})
+    imag = rule_of(im, *_map(args, part(1)), **{k: _map(v, part(1)) for k, v in kwargs.items()})
     if isinstance(re, list | tuple):
         return type(re)(Complex(r, i) for r, i in zip(re, imag, strict=True))
     return Complex(re, imag)
-
-
-class _AsParts:
-    """A node on complex values as a real rule sees it in `partwise`: the
-    value PyTorch traced for it has the parts' dtype."""
-
-    def __init__(self, node, dtype: str):
-        import torch
-
-        self._node = node
-        traced = node.meta.get("val")
-        if hasattr(traced, "dtype"):
-            traced = _Traced(torch.float64 if dtype == "f64" else torch.float32, tuple(traced.shape))
-        self.meta = {**node.meta, "val": traced}
-
-    def __getattr__(self, name: str):
-        return getattr(self._node, name)
-
-
-class _Traced:
-    def __init__(self, dtype, shape: tuple[int, ...]):
-        self.dtype, self.shape = dtype, shape
 
 
 COMPLEX_RULES["getitem"] = _getitem  # one of an op's several results (a split's pieces)

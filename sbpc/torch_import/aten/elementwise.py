@@ -15,7 +15,7 @@ from sbpc.dialects import lg
 from sbpc.frontend import Tensor
 from sbpc.torch_import.aten.registry import RULES, rule
 from sbpc.torch_import.precision import _HALVES
-from sbpc.torch_import.values import _DTYPES, _Const
+from sbpc.torch_import.values import _DTYPES, PART_DTYPES, _Const
 
 if TYPE_CHECKING:
     # for the annotations only: the importer loads the rules (through their
@@ -43,9 +43,12 @@ def _binary(fn: Callable[[Tensor, Tensor], Tensor], swap: bool = False):
 
 
 def _result_dtype(im: _Importer) -> str:
-    """The dtype of the node being lowered, as PyTorch traced it."""
+    """The dtype of the node being lowered, as PyTorch traced it; of a
+    complex node (a view or a sum run part by part, complex_numbers.PARTWISE)
+    its parts'."""
     value = im.node.meta.get("val")
-    dtype = _DTYPES.get(str(getattr(value, "dtype", None)))
+    traced = str(getattr(value, "dtype", None))
+    dtype = _DTYPES.get(traced) or PART_DTYPES.get(traced)
     if dtype is None:
         raise ValueError(f"a result of dtype {getattr(value, 'dtype', 'unknown')}")
     return dtype

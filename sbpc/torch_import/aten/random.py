@@ -47,13 +47,11 @@ def _native_dropout(im: _Importer, x, p, train):
     return [x * fe.cast(kept, str(x.dtype)) * scale, kept]
 
 
-_TORCH_DTYPE = {lg_dtype: torch_dtype for torch_dtype, lg_dtype in _DTYPES.items()}
-
-
-def _draw_dtype(op: str, dtype, generator) -> str:
+def _draw_dtype(op: str, dtype, generator, default: str = "f32") -> str:
+    """The lg dtype of a draw given PyTorch's `dtype` (else `default`)."""
     if generator is not None:
         raise ValueError(f"{op} with a generator of its own (sbpc draws from compile(seed=...))")
-    wanted = _DTYPES.get(str(dtype)) if dtype is not None else "f32"
+    wanted = _DTYPES.get(str(dtype)) if dtype is not None else default
     if wanted not in ("f32", "f64"):
         raise ValueError(f"{op} of dtype {dtype} (sbpc draws float32 and float64)")
     return wanted
@@ -73,9 +71,11 @@ def _randn(im: _Importer, size, dtype=None, layout=None, device=None, pin_memory
     uniform draws u, v: sqrt(-2 ln(1 - u)) cos(2 pi v). The draws' 24-bit
     steps (1 - u is at least 2^-24) bound |x| by 5.77: the normal's tail
     beyond it (a chance of 8e-9) is never drawn."""
-    wanted = _draw_dtype("randn", dtype, generator)
-    shape = [int(d) for d in size]
-    u, v = im.g.rand(shape, wanted), im.g.rand(shape, wanted)
+    return _normal(im, [int(d) for d in size], _draw_dtype("randn", dtype, generator))
+
+
+def _normal(im: _Importer, shape: list[int], dtype: str):
+    u, v = im.g.rand(shape, dtype), im.g.rand(shape, dtype)
     radius = fe.sqrt(fe.log(1.0 - u) * -2.0)
     return radius * fe.cos(v * (2.0 * math.pi))
 
@@ -96,16 +96,16 @@ def _randperm(im: _Importer, n, dtype=None, layout=None, device=None, pin_memory
     return order if wanted == "i64" else fe.cast(order, wanted)
 
 
-def _like(draw):
+def _like(op: str, draw):
     def lower(im: _Importer, x, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None,
               generator=None):
         """`torch.rand_like` / `randn_like` (a diffusion model's noise): the
         draw of `x`'s shape, in its dtype unless another is given."""
         x = im.lift(x)
-        return draw(im, list(x.shape), dtype if dtype is not None else _TORCH_DTYPE.get(str(x.dtype)),
-                    generator=generator)
+        return draw(im, list(x.shape), _draw_dtype(op, dtype, generator, default=str(x.dtype)))
 
     return lower
 
 
-RULES["aten.rand_like"], RULES["aten.randn_like"] = _like(_rand), _like(_randn)
+RULES["aten.rand_like"] = _like("rand_like", lambda im, shape, dtype: im.g.rand(shape, dtype))
+RULES["aten.randn_like"] = _like("randn_like", lambda im, shape, dtype: _normal(im, shape, dtype))

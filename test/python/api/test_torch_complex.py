@@ -147,6 +147,7 @@ class Transforms(nn.Module):
             torch.fft.fft(x).angle().flatten(),
             (torch.fft.rfft(x) / torch.fft.rfft(x + 2.0)).imag.flatten(),
             torch.exp(torch.view_as_complex(x.reshape(3, 5, 4, 2))).real.flatten(),
+            torch.view_as_real(torch.fft.fft(x).mean(dim=1) + torch.fft.fft(x).sum(dim=(0, 1))[None]).flatten(),
         ])
 
 
