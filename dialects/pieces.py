@@ -18,8 +18,12 @@ import functools
 import itertools
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .sbp import DTensorType, Mesh, PlainNd, Sbp, nd_to_plain
+
+if TYPE_CHECKING:  # sbp-opt reads IR without numpy
+    import numpy as np
 
 Coord = tuple[int, ...]
 Region = tuple[slice, ...]
@@ -30,6 +34,22 @@ def balanced(n: int, parts: int, index: int) -> tuple[int, int]:
     base, extra = divmod(n, parts)
     start = index * base + min(index, extra)
     return start, start + base + (1 if index < extra else 0)
+
+
+def grouped_rows(ends: Sequence[int] | np.ndarray, rows: int, parts: int, index: int) -> tuple[int, int]:
+    """The [start, stop) of the rows that device `index` of `parts` owns
+    where rows are grouped by expert (G): the rows of its experts (the
+    experts cut as `balanced` cuts them), from the end of the group before
+    them; the first device's start at row 0 and the last one's run to the
+    last row (rows past the last end are in no group: the last device owns
+    them). The ends are read at run time, so they are clamped into range."""
+    def end(expert: int) -> int:
+        return 0 if expert == 0 else min(max(int(ends[expert - 1]), 0), rows)
+
+    first, last = balanced(len(ends), parts, index)
+    start = end(first)
+    stop = rows if index == parts - 1 else end(last)
+    return start, max(start, stop)
 
 
 def piece(shape: Sequence[int], nd: PlainNd, mesh_shape: Sequence[int], coord: Coord) -> Region:

@@ -70,6 +70,8 @@ from .sbp import (
     PlacementOp,
     element_bytes,
     format_nd,
+    nd_to_plain,
+    reads_group_ends,
     verify_distribution,
 )
 
@@ -611,10 +613,18 @@ class CommOp(ActorOp):
         device = self.parent_op()
         if isinstance(device, DeviceOp) and device.rank.value.data not in group:
             raise VerifyException(f"{where}: rank {device.rank.value.data} is not in its own group {group}")
-        if self.kind.data != "transfer" and (len(self.ins.data), len(self.outs.data)) != (1, 1):
-            raise VerifyException(f"{where}: a {self.kind.data} reads one register and writes one")
+        if self.kind.data != "transfer" and (len(self.ins.data), len(self.outs.data)) != (1 + self._grouped(), 1):
+            raise VerifyException(f"{where}: a {self.kind.data} reads one register and writes one"
+                                  + (", and reads the group ends" if self._grouped() else ""))
         if self.kind.data == "transfer" and not (self.ins.data or self.outs.data):
             raise VerifyException(f"{where}: a transfer actor sends, receives, or both")
+
+
+    def _grouped(self) -> bool:
+        """Whether it goes into or out of rows grouped by expert (G) on its
+        mesh axes, so it reads the group ends (its second input) too."""
+        src, dst = nd_to_plain(self.source.nd_sbp), nd_to_plain(self.dest.nd_sbp)
+        return any(reads_group_ends(src[a], dst[a]) for a in self.mesh_axes.get_values() if a < len(src))
 
 
 MATMUL_BLOCK_FLOPS = 400e6

@@ -33,6 +33,7 @@ from xdsl.dialects.builtin import (
     DenseArrayBase,
     IntAttr,
     IntegerAttr,
+    IntegerType,
     StringAttr,
     SymbolNameConstraint,
     SymbolRefAttr,
@@ -54,6 +55,7 @@ from xdsl.irdl import (
     base,
     irdl_attr_definition,
     operand_def,
+    opt_operand_def,
     opt_prop_def,
     prop_def,
     result_def,
@@ -128,6 +130,22 @@ class BroadcastAttr(SbpAttr):
     name = "sbp.B"
 
 
+@irdl_attr_definition
+class GroupedAttr(SbpAttr):
+    """`G`: rows grouped by expert at run time. The tensor's rows are sorted
+    by expert and a vector of cumulative group ends (a router's counts,
+    computed at run time: lg.grouped_matmul's `ends`) says where each
+    expert's rows stop. With the experts split over the mesh axis as S(0)
+    splits the experts' weights, the device owning experts [e0, e1) owns
+    the rows from `ends[e0 - 1]` (0 for the first) up to `ends[e1 - 1]`: a
+    split of the rows whose boundaries are known only at run time. Each device stores the tensor whole, its own
+    rows at their places (the bound: one expert may get every row); the
+    other rows are not its to read. Collectives into or out of G read the
+    ends to size what they move (MPI's v-collectives)."""
+
+    name = "sbp.G"
+
+
 class ReduceKind(StrEnum):
     SUM = auto()
     MAX = auto()
@@ -167,12 +185,13 @@ class PartialAttr(SbpAttr):
             )
 
 
-_SBP_BY_KEYWORD: dict[str, type[SbpAttr]] = {"S": SplitAttr, "B": BroadcastAttr, "P": PartialAttr}
+_SBP_BY_KEYWORD: dict[str, type[SbpAttr]] = {"S": SplitAttr, "B": BroadcastAttr, "P": PartialAttr,
+                                             "G": GroupedAttr}
 
 
 def parse_sbp(parser: AttrParser) -> SbpAttr:
-    """Parses the short form `S<0>`, `B`, `P` or `P<max>`."""
-    keyword = parser.parse_keyword_in(_SBP_BY_KEYWORD, " for an SBP (S<axis>, B or P)")
+    """Parses the short form `S<0>`, `B`, `P`, `P<max>` or `G`."""
+    keyword = parser.parse_keyword_in(_SBP_BY_KEYWORD, " for an SBP (S<axis>, B, P or G)")
     cls = _SBP_BY_KEYWORD[keyword]
     return cls.new(cls.parse_parameters(parser))
 
@@ -223,6 +242,12 @@ class NdSbpAttr(ParametrizedAttribute):
     def verify(self) -> None:
         if not self.entries.data:
             raise VerifyException("an nd-SBP needs at least one entry (one per mesh axis)")
+        grouped = sum(isinstance(e, GroupedAttr) for e in self.entries.data)
+        if grouped and (grouped > 1 or any(isinstance(e, SplitAttr) and e.axis.data == 0 for e in self.entries.data)):
+            raise VerifyException(
+                "rows grouped by expert (G) are on one mesh axis and not split (S<0>) by another: "
+                f"got {format_nd(self)}"
+            )
 
 
 def _parse_nd_list(parser: AttrParser) -> ArrayAttr[NdSbpAttr]:
@@ -576,6 +601,8 @@ def verify_distribution(op: Operation, type: Attribute, what: str,
             raise VerifyException(
                 f"'{op.name}': {what} is split on axis {entry.axis.data} but has rank {rank}"
             )
+    if any(isinstance(e, GroupedAttr) for e in type.nd_sbp) and rank == 0:
+        raise VerifyException(f"'{op.name}': {what} is grouped by rows (G) but is a scalar")
     remember(_CHECKED_ON, id(type), (type, mesh))
     return mesh
 
@@ -595,22 +622,25 @@ and meshes are immutable, so the verdict holds for the same objects."""
 
 class Sbp(str):
     """One mesh axis' distribution as plain data: "S0", "S1", ... (split),
-    "B", "P" (partial sum) or "Pmax" (partial max). It is a str, so it
+    "B", "P" (partial sum), "Pmax" (partial max) or "G" (rows grouped by
+    expert at run time: GroupedAttr). It is a str, so it
     hashes, compares, sorts and prints as that text at str speed (sbp-infer
     handles millions); it is built only by `Sbp.of`, `Sbp.S` and the
     constants, and read through its attributes (kind, axis, is_split,
     is_partial), so no other code parses the text."""
 
     kind: str
-    """"S", "B" or "P" (either partial)."""
+    """"S", "B", "P" (either partial) or "G"."""
     axis: int | None
-    """The tensor axis of a split, else None."""
+    """The tensor axis of a split, else None (a grouped tensor is stored whole)."""
     is_split: bool
     is_partial: bool
+    is_grouped: bool
 
     B: ClassVar[Sbp]
     P: ClassVar[Sbp]
     PMAX: ClassVar[Sbp]
+    G: ClassVar[Sbp]
 
     def __new__(cls, text: str) -> Sbp:
         # The properties are plain attributes, set once per (interned)
@@ -619,6 +649,7 @@ class Sbp(str):
         self.kind = text[0]
         self.is_split = text[0] == "S"
         self.is_partial = text[0] == "P"
+        self.is_grouped = text == "G"
         self.axis = int(text[1:]) if self.is_split else None
         return self
 
@@ -626,12 +657,12 @@ class Sbp(str):
     @functools.cache
     def of(text: str) -> Sbp:
         """The (shared) value of a text form; a ValueError if it is none."""
-        if text in ("B", "P", "Pmax"):
+        if text in ("B", "P", "Pmax", "G"):
             return Sbp(text)
         if text[:1] == "S" and text[1:].isdigit():
             canonical = f"S{int(text[1:])}"  # one spelling per axis: S01 is S1
             return Sbp(text) if canonical == text else Sbp.of(canonical)
-        raise ValueError(f"'{text}' is not an SBP (S<axis> as S0, S1, ..., B, P or Pmax)")
+        raise ValueError(f"'{text}' is not an SBP (S<axis> as S0, S1, ..., B, P, Pmax or G)")
 
     @staticmethod
     def S(axis: int) -> Sbp:
@@ -639,7 +670,7 @@ class Sbp(str):
         return Sbp.of(f"S{axis}")
 
 
-Sbp.B, Sbp.P, Sbp.PMAX = Sbp.of("B"), Sbp.of("P"), Sbp.of("Pmax")
+Sbp.B, Sbp.P, Sbp.PMAX, Sbp.G = Sbp.of("B"), Sbp.of("P"), Sbp.of("Pmax"), Sbp.of("G")
 
 PlainSbp = Sbp
 PlainNd = tuple[Sbp, ...]
@@ -655,6 +686,8 @@ def to_plain(attr: SbpAttr) -> Sbp:
         return Sbp.S(attr.axis.data)
     if isinstance(attr, BroadcastAttr):
         return Sbp.B
+    if isinstance(attr, GroupedAttr):
+        return Sbp.G
     assert isinstance(attr, PartialAttr)
     return Sbp.P if attr.reduce_kind is ReduceKind.SUM else Sbp.PMAX
 
@@ -665,6 +698,8 @@ def from_plain(sbp: Sbp | str) -> SbpAttr:
         return SplitAttr(sbp.axis)
     if sbp == Sbp.B:
         return BroadcastAttr()
+    if sbp == Sbp.G:
+        return GroupedAttr()
     return PartialAttr(ReduceKind.MAX if sbp == Sbp.PMAX else ReduceKind.SUM)
 
 
@@ -828,8 +863,8 @@ def _format_plain(nd: PlainNd) -> str:
 @dataclass(frozen=True)
 class CollectiveRule:
     """One redistribution on one mesh axis: which (source, destination) SBP
-    kinds it connects ("S", "B" or "P", the first letter of a plain SBP),
-    whether devices exchange data, and its text for diagnostics."""
+    kinds it connects ("S", "B", "P" or "G", the first letter of a plain
+    SBP), whether devices exchange data, and its text for diagnostics."""
 
     kind: str
     steps: frozenset[tuple[str, str]]
@@ -839,8 +874,20 @@ class CollectiveRule:
 
     def performs(self, source: PlainSbp, dest: PlainSbp) -> bool:
         """Whether it takes a mesh axis from `source` to `dest` (two splits
-        must split different tensor axes)."""
-        return (source.kind, dest.kind) in self.steps and source != dest
+        must split different tensor axes; grouped rows trade with a split of
+        the rows only)."""
+        if (source.kind, dest.kind) not in self.steps or source == dest:
+            return False
+        if source.is_grouped and dest.is_split or dest.is_grouped and source.is_split:
+            return (source.axis if source.is_split else dest.axis) == 0
+        return True
+
+
+def reads_group_ends(source: PlainSbp, dest: PlainSbp) -> bool:
+    """Whether the step from `source` to `dest` on one mesh axis needs the
+    group ends, to know each device's rows at run time: every step into or
+    out of rows grouped by expert (G) but B -> G, which keeps the whole."""
+    return source != dest and (source.is_grouped or dest.is_grouped) and source != Sbp.B
 
 
 COLLECTIVES: dict[str, CollectiveRule] = {
@@ -848,18 +895,24 @@ COLLECTIVES: dict[str, CollectiveRule] = {
     for c in (
         CollectiveRule("all_reduce", frozenset({("P", "B")}), True, "P -> B",
                    "P -> B: every device gets the reduction of all pieces."),
-        CollectiveRule("all_gather", frozenset({("S", "B")}), True, "S<i> -> B",
-                   "S(i) -> B: every device gets the concatenation of all slices."),
-        CollectiveRule("reduce_scatter", frozenset({("P", "S")}), True, "P -> S<i>",
-                   "P -> S(i): every device gets its slice of the reduction."),
-        CollectiveRule("all_to_all", frozenset({("S", "S")}), True, "S<i> -> S<j> with i != j",
-                   "S(i) -> S(j), i != j: every device trades slices with every other."),
-        CollectiveRule("slice", frozenset({("B", "S")}), False, "B -> S<i> (a local slice)",
-                   "B -> S(i) with no communication: every device keeps its own slice."),
-        CollectiveRule("make_partial", frozenset({("B", "P"), ("S", "P")}), False, "B or S<i> -> P (local)",
-                   "B or S<i> -> P (or P<max>) with no communication: a B value stays on the group's first "
-                   "device and the others hold zeros (-inf for max); a split value is embedded in zeros "
-                   "(-inf) at its place."),
+        CollectiveRule("all_gather", frozenset({("S", "B"), ("G", "B")}), True, "S<i> or G -> B",
+                   "S(i) or G -> B: every device gets the concatenation of all slices (of every device's "
+                   "grouped rows, as many as the group ends give it)."),
+        CollectiveRule("reduce_scatter", frozenset({("P", "S"), ("P", "G")}), True, "P -> S<i> or G",
+                   "P -> S(i) or G: every device gets its slice of the reduction (its grouped rows)."),
+        CollectiveRule("all_to_all", frozenset({("S", "S"), ("S", "G"), ("G", "S")}), True,
+                   "S<i> -> S<j> with i != j, S<0> -> G, G -> S<0>",
+                   "S(i) -> S(j), i != j: every device trades slices with every other; between even rows "
+                   "(S(0)) and rows grouped by expert (G), each device sends each row to its new owner, "
+                   "the counts read from the group ends at run time."),
+        CollectiveRule("slice", frozenset({("B", "S"), ("B", "G")}), False, "B -> S<i> or G (local)",
+                   "B -> S(i) with no communication: every device keeps its own slice (B -> G keeps the "
+                   "whole, its own rows among them)."),
+        CollectiveRule("make_partial", frozenset({("B", "P"), ("S", "P"), ("G", "P")}), False,
+                   "B, S<i> or G -> P (local)",
+                   "B, S<i> or G -> P (or P<max>) with no communication: a B value stays on the group's first "
+                   "device and the others hold zeros (-inf for max); a split value (grouped rows) is "
+                   "embedded in zeros (-inf) at its place."),
     )
 }
 """The collectives by kind (`sbp.<kind>` is the op, `plan.comm` names the kind)."""
@@ -871,7 +924,10 @@ it moves pieces between meshes rather than changing one mesh axis."""
 
 def step_collective(source: PlainSbp, dest: PlainSbp) -> CollectiveRule | None:
     """The collective that changes one mesh axis from `source` to `dest`, if one does."""
-    return _STEP_COLLECTIVE.get((source.kind, dest.kind))
+    collective = _STEP_COLLECTIVE.get((source.kind, dest.kind))
+    if collective is not None and (source.is_grouped or dest.is_grouped) and not collective.performs(source, dest):
+        return None  # grouped rows trade with a split of the rows only
+    return collective
 
 
 _STEP_COLLECTIVE = {step: c for c in COLLECTIVES.values() for step in c.steps}
@@ -922,6 +978,10 @@ class CollectiveOp(DirectInit, ABC):
     and the placement stay the same."""
 
     input = operand_def(DTensorType)
+    ends = opt_operand_def(DTensorType)
+    """The group ends (a vector of cumulative row counts, one per expert,
+    whole on every device) where the collective goes into or out of rows
+    grouped by expert (G): who holds which rows is known only at run time."""
     result = result_def(DTensorType)
     mesh_axes = prop_def(DenseArrayBase.constr(i64))
     bytes = opt_prop_def(IntegerAttr[I64])
@@ -930,14 +990,17 @@ class CollectiveOp(DirectInit, ABC):
     traits = traits_def(Pure())
 
     assembly_format = (
-        "$input `over` $mesh_axes (`bytes` $bytes^)? attr-dict `:` type($input) `->` type($result)"
+        "$input (`grouped` `by` $ends^ `:` type($ends))? `over` $mesh_axes (`bytes` $bytes^)? attr-dict "
+        "`:` type($input) `->` type($result)"
     )
 
-    def __init__(self, input, mesh_axes: Sequence[int], result_type: DTensorType, bytes: int | None = None):
+    def __init__(self, input, mesh_axes: Sequence[int], result_type: DTensorType, bytes: int | None = None,
+                 ends: SSAValue | None = None):
         props: dict[str, Attribute] = {"mesh_axes": i64_array(mesh_axes)}
         if bytes is not None:
             props["bytes"] = i64_attr(bytes)
-        super().__init__(operands=[input], result_types=[result_type], properties=props)
+        super().__init__(operands=[input, [ends] if ends is not None else []], result_types=[result_type],
+                         properties=props)
 
     def verify_(self) -> None:
         source, dest = self.input.type, self.result.type
@@ -969,6 +1032,7 @@ class CollectiveOp(DirectInit, ABC):
                     f"'{self.name}': mesh axis {a} is not in mesh_axes {axes} but changes from "
                     f"{format_nd(NdSbpAttr([s]))} to {format_nd(NdSbpAttr([d]))}"
                 )
+        self._verify_group_ends(source, dest, axes, mesh)
         inner = hierarchy_violation(nd_to_plain(source.nd_sbp), nd_to_plain(dest.nd_sbp), axes)
         if inner is not None:
             a, k, b = inner
@@ -976,6 +1040,28 @@ class CollectiveOp(DirectInit, ABC):
                 f"'{self.name}': mesh axis {a} changes the split of tensor axis {k}, which inner mesh axis {b} "
                 f"still splits; pieces are nested outer axis first, so change mesh axis {b} first"
             )
+
+
+    def _verify_group_ends(self, source: DTensorType, dest: DTensorType, axes: list[int], mesh: Mesh) -> None:
+        src_nd, dst_nd = nd_to_plain(source.nd_sbp), nd_to_plain(dest.nd_sbp)
+        grouped = [a for a in axes if reads_group_ends(src_nd[a], dst_nd[a])]
+        if not grouped:
+            if self.ends is not None:
+                raise VerifyException(f"'{self.name}': group ends are given but no mesh axis goes into or out of "
+                                      "rows grouped by expert (G)")
+            return
+        if self.ends is None:
+            raise VerifyException(f"'{self.name}': mesh axis {grouped[0]} goes into or out of rows grouped by expert "
+                                  "(G): it needs the group ends (`grouped by %ends`)")
+        ends = self.ends.type
+        assert isinstance(ends, DTensorType)  # the operand's constraint
+        shape = ends.get_shape()
+        if len(shape) != 1 or not isinstance(ends.element_type, IntegerType):
+            raise VerifyException(f"'{self.name}': the group ends must be a vector of integers, got "
+                                  f"{list(shape)}x{ends.element_type}")
+        if ends.placement != source.placement or any(not s == Sbp.B for s in nd_to_plain(ends.nd_sbp)):
+            raise VerifyException(f"'{self.name}': the group ends must be whole (B) on every device of "
+                                  f"@{source.placement_name}, got {format_nd(ends.nd_sbp)} on @{ends.placement_name}")
 
 
 def _collective_op(c: CollectiveRule) -> type[CollectiveOp]:
@@ -1050,5 +1136,5 @@ def communicates(op_class: type[Operation]) -> bool:
 SBP = Dialect(
     "sbp",
     [PlacementOp, AnnotateOp, *COLLECTIVE_OPS],
-    [SplitAttr, BroadcastAttr, PartialAttr, NdSbpAttr, SignatureAttr, DeviceKindAttr, DTensorType],
+    [SplitAttr, BroadcastAttr, PartialAttr, GroupedAttr, NdSbpAttr, SignatureAttr, DeviceKindAttr, DTensorType],
 )

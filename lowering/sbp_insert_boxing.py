@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from xdsl.context import Context
@@ -25,6 +26,7 @@ from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import lg, sbp
 from sbpc.dialects.pieces import coords, piece
+from sbpc.dialects.row_groups import row_groups
 from sbpc.dialects.sbp import (
     DTensorType,
     Mesh,
@@ -72,10 +74,13 @@ def transfer_bytes(shape, src_nd: PlainNd, src_mesh: Mesh, dst_nd: PlainNd, dst_
 
 
 class BoxingBuilder:
-    """Emits collectives after an anchor op, in order."""
+    """Emits collectives after an anchor op, in order. A step into or out of
+    rows grouped by expert (G) reads the group ends: `group_ends` gives
+    them, whole on the mesh, for a value (GroupEnds.whole)."""
 
-    def __init__(self, anchor: Operation):
+    def __init__(self, anchor: Operation, group_ends: Callable[[SSAValue, Mesh], SSAValue] | None = None):
         self.anchor = anchor
+        self.group_ends = group_ends
 
     def emit(self, op: Operation) -> SSAValue:
         block = self.anchor.parent_block()
@@ -92,9 +97,61 @@ class BoxingBuilder:
             result_type = t.with_distribution(mesh.name, nd_from_plain(step.dst))
             op_cls = sbp.COLLECTIVE_OP_OF_KIND[step.kind]
             moved = step_bytes(step, shape, itemsize(t), mesh.shape)
-            value = self.emit(op_cls(value, [step.mesh_axis], result_type, bytes=moved))
+            ends = None
+            if sbp.reads_group_ends(step.src[step.mesh_axis], step.dst[step.mesh_axis]):
+                assert self.group_ends is not None  # box() passes them where a step is grouped
+                ends = self.group_ends(value, mesh)
+                self._after(ends)
+            value = self.emit(op_cls(value, [step.mesh_axis], result_type, bytes=moved, ends=ends))
             t = result_type
         return value
+
+    def _after(self, value: SSAValue) -> None:
+        """Moves the anchor after `value`'s op if that comes later: the
+        annotation sits after its producer, and the group ends a grouped
+        step reads may be computed after that (never after its users,
+        which sbp-infer grouped only after the ends)."""
+        owner = value.owner
+        block = self.anchor.parent_block()
+        if not isinstance(owner, Operation) or block is None or owner.parent_block() is not block:
+            return
+        if block.get_operation_index(owner) > block.get_operation_index(self.anchor):
+            self.anchor = owner
+
+
+class GroupEnds:
+    """The group ends of a graph's grouped values, whole (B) on a mesh: the
+    ends value itself where sbp-infer made it B there, else one boxed copy
+    made after it and shared by every grouped step."""
+
+    def __init__(self, graph: lg.GraphOp):
+        self.groups = row_groups(graph.body.ops)
+        self.whole_on: dict[tuple[int, str], SSAValue] = {}
+
+    def whole(self, value: SSAValue, mesh: Mesh) -> SSAValue:
+        ends = self.groups.ends_of(value) if self.groups is not None else None
+        if ends is None:
+            raise PassFailedException(f"no group ends say whose rows of {value.name_hint or 'a value'} are whose: "
+                                      "it cannot be grouped by expert (G)")
+        key = (id(ends), mesh.name)
+        found = self.whole_on.get(key)
+        if found is not None:
+            return found
+        t = ends.type
+        assert isinstance(t, DTensorType)  # after sbp-infer every value is distributed
+        whole_nd = tuple(Sbp.B for _ in mesh.shape)
+        if nd_to_plain(t.nd_sbp) == whole_nd and t.placement_name == mesh.name:
+            found = ends
+        else:
+            owner = ends.owner
+            anchor = owner if isinstance(owner, Operation) else None
+            if anchor is None or lookup_placement(anchor, t.placement).mesh() != mesh:
+                raise PassFailedException(f"the group ends {ends.name_hint or ''} are not on @{mesh.name}, where "
+                                          "rows are grouped by them")
+            steps, _ = plan(nd_to_plain(t.nd_sbp), whole_nd, mesh.shape, len(global_shape(t)))
+            found = BoxingBuilder(anchor).steps(ends, steps, mesh)
+        self.whole_on[key] = found
+        return found
 
 
 def _unpartial(nd: PlainNd, mesh: tuple[int, ...], rank: int) -> tuple[PlainNd, tuple[Step, ...]]:
@@ -131,8 +188,10 @@ def _unpartial_options(nd: PlainNd, rank: int) -> list[PlainNd]:
     return options
 
 
-def box(annotate: sbp.AnnotateOp) -> SSAValue:
-    """Emits the collectives for one redistribution; returns the new value."""
+def box(annotate: sbp.AnnotateOp, group_ends: Callable[[SSAValue, Mesh], SSAValue] | None = None) -> SSAValue:
+    """Emits the collectives for one redistribution; returns the new value.
+    `group_ends` gives the group ends a step into or out of grouped rows
+    (G) reads."""
     source = annotate.input
     src_t, dst_t = source.type, annotate.result.type
     assert isinstance(src_t, DTensorType) and isinstance(dst_t, DTensorType)
@@ -140,7 +199,7 @@ def box(annotate: sbp.AnnotateOp) -> SSAValue:
     dst_mesh = lookup_placement(annotate, dst_t.placement).mesh()
     rank = len(global_shape(src_t))
     src_nd, dst_nd = nd_to_plain(src_t.nd_sbp), nd_to_plain(dst_t.nd_sbp)
-    builder = BoxingBuilder(annotate)
+    builder = BoxingBuilder(annotate, group_ends)
     try:
         if src_mesh == dst_mesh:
             steps, _ = plan(src_nd, dst_nd, src_mesh.shape, rank)
@@ -169,13 +228,14 @@ class SbpInsertBoxingPass(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for graph in lg.graphs(op):
+            ends = GroupEnds(graph)
             for annotate in [a for a in graph.body.ops if isinstance(a, sbp.AnnotateOp)]:
                 if not isinstance(annotate.input.type, DTensorType):
                     continue  # a hint on a logical value: sbp-infer's input, not ours
                 if annotate.input.type == annotate.result.type:
                     value = annotate.input
                 else:
-                    value = box(annotate)
+                    value = box(annotate, ends.whole)
                     if annotate.result.name_hint:
                         value.name_hint = annotate.result.name_hint
                 annotate.result.replace_all_uses_with(value)

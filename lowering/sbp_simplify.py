@@ -31,7 +31,7 @@ from xdsl.pattern_rewriter import (
 from xdsl.transforms.dead_code_elimination import is_trivially_dead
 
 from sbpc.dialects import lg, sbp
-from sbpc.dialects.sbp import DTensorType, lookup_placement, nd_to_plain
+from sbpc.dialects.sbp import DTensorType, Sbp, lookup_placement, nd_to_plain
 from sbpc.planning.boxing_planner import Step
 
 from .sbp_insert_boxing import itemsize, step_bytes
@@ -72,6 +72,8 @@ class AllReduceThenSlice(RewritePattern):
             return
         src, dst = reduce.input.type, op.result.type
         assert isinstance(src, DTensorType) and isinstance(dst, DTensorType)
+        if Sbp.G in nd_to_plain(dst.nd_sbp):
+            return  # B -> G keeps the whole: nothing to scatter
         moved = None
         if len(axes) == 1:
             mesh = lookup_placement(op, src.placement).mesh()
@@ -82,7 +84,8 @@ class AllReduceThenSlice(RewritePattern):
 
 
 def _key(op: Operation):
-    return (type(op), op.results[0].type, tuple(sorted((k, str(v)) for k, v in op.properties.items())))
+    return (type(op), op.results[0].type, tuple(sorted((k, str(v)) for k, v in op.properties.items())),
+            tuple(id(o) for o in op.operands[1:]))
 
 
 class ShareRepeatedBoxing(RewritePattern):

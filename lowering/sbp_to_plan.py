@@ -384,7 +384,8 @@ class Lowering:
                 "sym_name": StringAttr(name),
                 "group": i64_array(rank_group(src_mesh, rank, axes)),
                 "mesh_axes": op.mesh_axes,
-                "ins": self.refs([source]),
+                # the group ends, where the collective goes into or out of grouped rows
+                "ins": self.refs([source] if op.ends is None else [source, op.ends]),
                 "outs": self.refs([out]),
             }))
 

@@ -27,6 +27,7 @@ from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import lg
 from sbpc.dialects.pieces import rank_group
+from sbpc.dialects.row_groups import row_groups
 from sbpc.dialects.sbp import (
     COLLECTIVE_OPS,
     PLACEMENT_ATTR,
@@ -45,7 +46,7 @@ from sbpc.dialects.sbp import (
 )
 from sbpc.perf.cluster import Rates
 
-from .boxing_planner import boxing_cost
+from .boxing_planner import boxing_cost, grouping_ok
 from .cost_model import local_fraction, transfer_cost
 
 NdSignature = tuple[tuple[PlainNd, ...], PlainNd]
@@ -81,7 +82,7 @@ def nd_signatures(op_cls, in_shapes, out_shape, mesh: tuple[int, ...], params: d
 
 def _nested_splits_ok(op_cls, in_shapes, out_shape, mesh, params_key, combo, nds) -> bool:
     for nd in nds:
-        if Sbp.P in nd and Sbp.PMAX in nd:
+        if Sbp.P in nd and Sbp.PMAX in nd or not grouping_ok(nd):
             return False
         by_axis: dict[int, list[int]] = {}
         for mesh_axis, sbp in enumerate(nd):
@@ -214,6 +215,9 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
     # (dtensor_of, tensor_type), which the graph keeps alive meanwhile
     shapes_of: dict[tuple, tuple[tuple[int, ...], list[tuple[int, ...]], float]] = {}
     params_by_key: dict[str, SSAValue] = {}  # the parameters, by key (tied_updates)
+    groups = row_groups(graph.body.ops)  # where rows may be grouped by expert (G)
+    # an output is fetched whole from its pieces: no group ends go with it
+    outputs = {id(v) for op in graph.body.ops if isinstance(op, lg.OutputOp) for v in op.operands}
     op: Operation
     for op in graph.body.ops:
         role = _role(type(op))
@@ -277,8 +281,9 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
             # Repeated layers repeat ops alike in everything the candidates
             # and their costs read: those are computed once per kind.
             want_key = nd_to_plain(hinted.nd_sbp) if hinted is not None else None
+            grouped = groups is not None and id(result) not in outputs and groups.grouping(op) is not None
             like_key = (type(op), tuple(in_shapes), out_shape, mesh.shape, tuple(sorted(params.items())),
-                        want_key, nbytes)
+                        want_key, nbytes, grouped)
             try:
                 alike = same_kind.get(like_key)
             except TypeError:  # a property without a hash: no sharing
@@ -290,6 +295,8 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
                 sizes.append((nbytes, len(out_shape)))
                 continue
             candidates = nd_signatures(type(op), in_shapes, out_shape, mesh.shape, params)
+            if not grouped:  # no one routing's ends say whose rows are whose here
+                candidates = [c for c in candidates if not any(Sbp.G in nd for nd in (*c[0], c[1]))]
             if hinted is not None:
                 want = nd_to_plain(hinted.nd_sbp)
                 allowed = [c for c in candidates if c[1] == want]

@@ -21,6 +21,7 @@ from mpi4py.util.dtlib import from_numpy_dtype
 from sbpc.dialects import plan
 from sbpc.dialects.dtypes import is_half
 from sbpc.dialects.pieces import (
+    grouped_rows,
     intersect,
     lies_in_order,
     mesh_coord,
@@ -44,6 +45,8 @@ class Pending:
     finish: Callable[[], None] | None = None
     ranges: list[tuple[int, int, int, bool]] = field(default_factory=list)  # (buffer id, lo, hi, writes)
     start: float = 0.0
+    moved: int | None = None
+    """Bytes this rank received, where only the issue knew it (grouped rows)."""
     phase: tuple[int, int] | None = None
     """(actor index, slot phase) when issued from the schedule: its ranges
     are then those of every issue at that phase, so the hazards between it
@@ -64,6 +67,8 @@ class CommActor:
         self.src_regions = regions_of(src_t, self.src_mesh)
         self.dst_regions = regions_of(dst_t, self.dst_mesh)
         self.in_name = actor.ins.data[0].string_value() if actor.ins.data else None
+        # into or out of rows grouped by expert (G): the group ends, read at each issue
+        self.ends_name = actor.ins.data[1].string_value() if len(actor.ins.data) > 1 else None
         self.out_name = actor.outs.data[0].string_value() if actor.outs.data else None
         self.views = views
         kind = partial_kind(nd_to_plain(src_t.nd_sbp))
@@ -85,7 +90,9 @@ class CommActor:
     def _prepare(self) -> None:
         k = self.kind
         me = self.rank
-        if k == "all_gather":
+        if self.ends_name is not None:
+            self._prepare_grouped()
+        elif k == "all_gather":
             self.counts = [region_size(self.src_regions[r]) for r in self.group]
             self.displs = list(np.cumsum([0, *self.counts[:-1]]))
             # Pieces that lie back to back in the result (a split along the
@@ -107,6 +114,23 @@ class CommActor:
             self.recv = np.empty(max(sum(self.rcounts), 1), self.dtype)
         elif k == "transfer":
             self._prepare_transfer()
+
+    def _prepare_grouped(self) -> None:
+        """Rows grouped by expert: which mesh axis, how many rows and how
+        many elements a row holds here, and where the even pieces' rows lie
+        (an all_to_all's other side). Who owns which grouped rows is read
+        from the group ends at each issue; the pieces are sent and received
+        in place (rows are contiguous), so nothing is allocated."""
+        src_nd = nd_to_plain(self.actor.source.nd_sbp)
+        axes = list(self.actor.mesh_axes.get_values())
+        if len(axes) != 1:
+            raise ValueError(f"a {self.kind} into or out of grouped rows acts on one mesh axis, got {axes}")
+        self.grouped_source = src_nd[axes[0]] == Sbp.G
+        whole = self.src_regions[self.rank] if self.grouped_source else self.dst_regions[self.rank]
+        self.rows = whole[0].stop - whole[0].start
+        self.row = region_size(whole[1:])
+        even = self.dst_regions if self.grouped_source else self.src_regions
+        self.even_rows = [(even[r][0].start, even[r][0].stop) for r in self.group]
 
     def _prepare_transfer(self) -> None:
         """Who sends which piece to whom (layout.transfer_routes), and the
@@ -143,7 +167,11 @@ class CommActor:
         elif self.half and k in MOVING:
             src = src.view(np.uint16) if src is not None else src
             dst = dst.view(np.uint16) if dst is not None else dst
-        pending = self._issue(k, src, dst, comm, pending, me)
+        if self.ends_name is not None:
+            ends = self.views(self.ends_name, slot_in)
+            pending = self._issue_grouped(k, src, dst, comm, pending, ends)
+        else:
+            pending = self._issue(k, src, dst, comm, pending, me)
         if narrow is not None:
             inner = pending.finish
 
@@ -161,6 +189,61 @@ class CommActor:
         if buf is None or buf.shape != like.shape:
             buf = self._wide[which] = np.empty(like.shape, np.float32)
         return buf
+
+    def _issue_grouped(self, k: str, src, dst, comm, pending: Pending, ends: np.ndarray) -> Pending:
+        """A collective into or out of rows grouped by expert: each member's
+        rows (pieces.grouped_rows of this step's ends) move in place, with
+        MPI's v-collectives counted at this issue. A grouped destination
+        keeps zeros in the rows it stores but does not own."""
+        p, i, row = len(self.group), self.group.index(self.rank), self.row
+        owned = [grouped_rows(ends, self.rows, p, j) for j in range(p)]
+        lo, hi = owned[i]
+        pending.moved = 0
+        if k == "slice":  # B -> G: the whole stays, its own rows among them
+            dst[...] = src
+        elif k == "make_partial":  # G -> P: its own rows in the reduction's identity
+            kept = src[lo:hi].copy() if np.shares_memory(src, dst) else src[lo:hi]
+            dst.fill(self.fill)
+            dst[lo:hi] = kept
+        elif k == "all_gather":  # G -> B
+            counts = [(b - a) * row for a, b in owned]
+            displs = [a * row for a, _ in owned]
+            mine = src[lo:hi] if hi > lo else np.empty(0, src.dtype)
+            pending.requests.append(comm.Iallgatherv(mine, [dst.reshape(-1), counts, displs, self.mpi_type]))
+            pending.moved = (sum(counts) - counts[i]) * self.dtype.itemsize
+        elif k == "reduce_scatter":  # P -> G: rows are in member order, so each block is a member's
+            dst[:lo] = 0
+            dst[hi:] = 0
+            mine = dst[lo:hi].reshape(-1) if hi > lo else np.empty(0, dst.dtype)
+            counts = [(b - a) * row for a, b in owned]
+            pending.requests.append(comm.Ireduce_scatter(src.reshape(-1), mine, counts, self.op))
+            pending.moved = (p - 1) * counts[i] * self.dtype.itemsize
+        elif k == "all_to_all":
+            def meet(x: tuple[int, int], y: tuple[int, int]) -> tuple[int, int]:
+                start = max(x[0], y[0])
+                return start, max(start, min(x[1], y[1]))
+
+            even = self.even_rows
+            if self.grouped_source:  # G -> S(0): own grouped rows to their even owners
+                sends = [meet(owned[i], even[j]) for j in range(p)]
+                recvs = [meet(owned[j], even[i]) for j in range(p)]
+                sdispl = [a * row for a, _ in sends]
+                rdispl = [(a - even[i][0]) * row for a, _ in recvs]
+            else:  # S(0) -> G: even rows to their grouped owners
+                sends = [meet(even[i], owned[j]) for j in range(p)]
+                recvs = [meet(even[j], owned[i]) for j in range(p)]
+                sdispl = [(a - even[i][0]) * row for a, _ in sends]
+                rdispl = [a * row for a, _ in recvs]
+                dst[:lo] = 0
+                dst[hi:] = 0
+            scounts = [(b - a) * row for a, b in sends]
+            rcounts = [(b - a) * row for a, b in recvs]
+            pending.requests.append(comm.Ialltoallv([src.reshape(-1), scounts, sdispl, self.mpi_type],
+                                                    [dst.reshape(-1), rcounts, rdispl, self.mpi_type]))
+            pending.moved = (sum(rcounts) - rcounts[i]) * self.dtype.itemsize
+        else:
+            raise ValueError(f"no {k} into or out of grouped rows")
+        return pending
 
     def _issue(self, k: str, src, dst, comm, pending: Pending, me: int) -> Pending:
         if k == "all_reduce":

@@ -469,7 +469,7 @@ class Executor:
         """A collective completed: unpack its results and record it."""
         if p.finish:
             p.finish()
-        self._record(p.actor, "comm", p.start, time.perf_counter())
+        self._record(p.actor, "comm", p.start, time.perf_counter(), p.moved)
 
     def _write_back(self, pending: list[Pending], step: int) -> None:
         """After a step, updated parameters and optimizer state replace the
@@ -584,7 +584,7 @@ class Executor:
         while pending and MPI.Request.Testall(pending[0].requests):
             self._retire(pending.pop(0))
 
-    def _record(self, actor, stream: str, start: float, end: float) -> None:
+    def _record(self, actor, stream: str, start: float, end: float, moved: int | None = None) -> None:
         if not self.trace_on:
             return
         event = {
@@ -596,7 +596,9 @@ class Executor:
             "dur": (end - start) * 1e6,
         }
         if isinstance(actor, plan.CommOp):
-            event["args"] = {"kind": actor.kind.data, "bytes": actor.bytes.value.data if actor.bytes else 0,
+            # (grouped rows: what this issue moved, known only at run time)
+            event["args"] = {"kind": actor.kind.data,
+                             "bytes": moved if moved is not None else actor.bytes.value.data if actor.bytes else 0,
                              "group": list(actor.group.get_values())}
         else:
             event["args"] = {"kernel": actor.kernel.data}

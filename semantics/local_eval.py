@@ -22,7 +22,7 @@ from xdsl.ir import Operation
 from sbpc.dialects import lg
 from sbpc.dialects.backends import Backend
 from sbpc.dialects.dtypes import is_float_dtype, is_half, numpy_dtype
-from sbpc.dialects.pieces import Coord, coords, mesh_coord, partial_kind, piece
+from sbpc.dialects.pieces import Coord, coords, grouped_rows, mesh_coord, partial_kind, piece
 from sbpc.dialects.sbp import PlainNd, Sbp, element_type, nd_to_plain, plain_nd
 from sbpc.semantics.philox import UniformDraws, dropout_piece
 from sbpc.semantics.reference import (
@@ -41,11 +41,14 @@ from sbpc.semantics.reference import (
 
 
 def distribute(
-    value: np.ndarray, nd: PlainNd, mesh: Sequence[int], rng: np.random.Generator
+    value: np.ndarray, nd: PlainNd, mesh: Sequence[int], rng: np.random.Generator, ends: np.ndarray | None = None
 ) -> dict[Coord, np.ndarray]:
     """Every device's local piece of `value`. Partial pieces are random: P
     summands that add up to the value, Pmax candidates at most the value with
-    one device holding it exactly. B axes hold identical copies."""
+    one device holding it exactly. B axes hold identical copies. Rows
+    grouped by expert (G, by the group `ends`) are stored whole with other
+    rows' values in the rows a device does not own: a kernel that read them
+    would show."""
     nd = plain_nd(nd)
     kind = partial_kind(nd)
     partial_axes = [a for a, s in enumerate(nd) if s.is_partial]
@@ -83,15 +86,35 @@ def distribute(
     for c in coords(mesh):
         if c not in out:
             out[c] = out[tuple(0 if a in broadcast_axes else x for a, x in enumerate(c))].copy()
+    for c, (lo, hi) in _owned_rows(nd, mesh, ends, value.shape).items():
+        # other rows' values where a device does not own the rows: in the
+        # op's domain (an index in range), but not the rows' own
+        shifted = np.roll(out[c], int(rng.integers(1, max(2, len(out[c])))), axis=0)
+        shifted[lo:hi] = out[c][lo:hi]
+        out[c] = shifted
     return out
 
 
+def _owned_rows(nd: PlainNd, mesh: Sequence[int], ends: np.ndarray | None, shape: Sequence[int]
+                ) -> dict[Coord, tuple[int, int]]:
+    """Where rows are grouped by expert (G): each device's own rows."""
+    if Sbp.G not in nd:
+        return {}
+    if ends is None:
+        raise ValueError(f"rows grouped by expert ({nd}) need the group ends")
+    a = nd.index(Sbp.G)
+    return {c: grouped_rows(ends, shape[0], mesh[a], c[a]) for c in coords(mesh)}
+
+
 def combine(
-    pieces: dict[Coord, np.ndarray], nd: PlainNd, mesh: Sequence[int], shape: Sequence[int], dtype
+    pieces: dict[Coord, np.ndarray], nd: PlainNd, mesh: Sequence[int], shape: Sequence[int], dtype,
+    ends: np.ndarray | None = None,
 ) -> np.ndarray:
     """The global tensor that local `pieces` stand for under `nd`. Copies on B
-    axes must agree (checked); P pieces are summed, Pmax pieces maxed."""
+    axes must agree (checked); P pieces are summed, Pmax pieces maxed; of
+    rows grouped by expert (G, by the group `ends`), each device's own."""
     nd = plain_nd(nd)
+    owned = _owned_rows(nd, mesh, ends, shape)
     kind = partial_kind(nd)
     broadcast_axes = [a for a, s in enumerate(nd) if s == Sbp.B]
     result_dtype = np.dtype(np.float64 if is_float_dtype(dtype) else dtype)
@@ -107,6 +130,9 @@ def combine(
             twin = tuple(0 if a in broadcast_axes else x for a, x in enumerate(c))
             np.testing.assert_allclose(local, pieces[twin], rtol=1e-5, atol=1e-6, err_msg=f"B copies differ at {c}")
             continue
+        if c in owned:  # its own grouped rows of the whole it stores
+            lo, hi = owned[c]
+            region, local = (slice(lo, hi), *region[1:]), local[lo:hi]
         if kind == Sbp.P:
             result[region] += local
         elif kind == Sbp.PMAX:
@@ -335,12 +361,23 @@ def run_distributed(
     out_shape: Sequence[int],
     out_dtype,
     rng: np.random.Generator,
+    ends: np.ndarray | None = None,
 ) -> np.ndarray:
     """Evaluates `op` on every device of `mesh` under the signature
-    (in_nds -> out_nd) and returns the combined global result."""
+    (in_nds -> out_nd) and returns the combined global result. Rows grouped
+    by expert (G) are grouped by `ends`: by default a grouped matmul's own,
+    or for any other op random ones (an op that may group its rows computes
+    each row from the same rows, whoever owns them)."""
     in_nds, out_nd = [plain_nd(nd) for nd in in_nds], plain_nd(out_nd)
     in_shapes = tuple(tuple(x.shape) for x in global_inputs)
-    per_input = [distribute(x, nd, mesh, rng) for x, nd in zip(global_inputs, in_nds)]
+    if ends is None and any(Sbp.G in nd for nd in (*in_nds, out_nd)):
+        if isinstance(op, lg.GroupedMatmulOp | lg.GroupedMatmulGradWeightOp):
+            ends = global_inputs[2]
+        else:
+            grouped = next(i for i, nd in enumerate(in_nds) if Sbp.G in nd) if Sbp.G not in out_nd else None
+            rows = out_shape[0] if grouped is None else in_shapes[grouped][0]
+            ends = np.sort(rng.integers(0, rows + 1, size=2 * max(mesh)))
+    per_input = [distribute(x, nd, mesh, rng, ends) for x, nd in zip(global_inputs, in_nds)]
     results = {}
     for c in coords(mesh):
         ctx = LocalContext(
@@ -351,7 +388,7 @@ def run_distributed(
             tuple(out_nd),
         )
         results[c] = local_kernel(op, ctx, *(pieces[c] for pieces in per_input)).astype(out_dtype)
-    return combine(results, out_nd, mesh, out_shape, out_dtype)
+    return combine(results, out_nd, mesh, out_shape, out_dtype, ends)
 
 
 def assemble(t, mesh, pieces_by_rank: dict[int, np.ndarray], dtype) -> np.ndarray:

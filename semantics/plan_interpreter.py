@@ -286,6 +286,9 @@ def _communicate(states, actors: list[plan.CommOp], ranks: list[int]) -> None:
         target = _distributed(states, dest, {})
         pieces, _ = run_transfer(value, target)
     else:
-        pieces, _ = run_collective(actor.kind.data, value, nd_to_plain(dest.nd_sbp), list(actor.mesh_axes.get_values()))
+        # a collective into or out of grouped rows reads the group ends, whole on every member
+        ends = states[ranks[0]].views[actor.ins.data[1].string_value()] if len(actor.ins.data) > 1 else None
+        pieces, _ = run_collective(actor.kind.data, value, nd_to_plain(dest.nd_sbp),
+                                   list(actor.mesh_axes.get_values()), ends)
     for r, name in outs.items():
         states[r].views[name][...] = pieces[states[r].coord(dest)]

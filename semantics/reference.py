@@ -621,8 +621,10 @@ def _embedding_grad(op: lg.EmbeddingGradOp, grad: np.ndarray, indices: np.ndarra
 
 
 @REFERENCE.impl(sbp.AnnotateOp, *sbp.COLLECTIVE_OPS)
-def _identity(op: Operation, x: np.ndarray) -> np.ndarray:
-    """Distributions and boxing change how a value lies, not its global value."""
+def _identity(op: Operation, x: np.ndarray, *group_ends: np.ndarray) -> np.ndarray:
+    """Distributions and boxing change how a value lies, not its global value
+    (the group ends a collective of grouped rows reads say only who holds
+    which rows)."""
     return x
 
 

@@ -22,7 +22,7 @@ from xdsl.ir import Operation, SSAValue
 
 from sbpc.dialects import lg, sbp
 from sbpc.dialects.dtypes import numpy_dtype
-from sbpc.dialects.pieces import Coord, balanced, coords, partial_kind, piece
+from sbpc.dialects.pieces import Coord, balanced, coords, grouped_rows, partial_kind, piece, relative
 from sbpc.dialects.sbp import DTensorType, Mesh, PlainNd, Sbp, global_shape, lookup_placement, nd_to_plain
 from sbpc.semantics.local_eval import LocalContext, combine, distribute, local_kernel
 from sbpc.semantics.reference import EvaluationError, evaluate, find_graph
@@ -96,12 +96,36 @@ def _groups(mesh_shape, axes) -> list[list[Coord]]:
     return list(groups.values())
 
 
-def run_collective(kind: str, value: Distributed, dst_nd: PlainNd, axes: list[int]) -> tuple[Pieces, float]:
+def _owned(regions, nd: PlainNd, mesh_shape, ends: np.ndarray | None, rows: int):
+    """The regions whose values each device owns: its piece, but where the
+    rows are grouped by expert (G), only its own rows of the whole it
+    stores (pieces.grouped_rows)."""
+    if Sbp.G not in nd or ends is None:
+        return regions
+    a = nd.index(Sbp.G)
+    owned = {}
+    for c, region in regions.items():
+        lo, hi = grouped_rows(ends, rows, mesh_shape[a], c[a])
+        owned[c] = (slice(lo, hi), *region[1:])
+    return owned
+
+
+def run_collective(kind: str, value: Distributed, dst_nd: PlainNd, axes: list[int],
+                   ends: np.ndarray | None = None) -> tuple[Pieces, float]:
     """New pieces after the collective `kind` (all_reduce, all_gather, ...)
-    over mesh `axes`, and the average bytes a device receives."""
+    over mesh `axes`, and the average bytes a device receives. Into or out
+    of rows grouped by expert (G), `ends` are the group ends: a device
+    sends its own rows only, and keeps zeros in the rows it stores but
+    does not own (but from B, which keeps the whole)."""
     mesh_shape = value.mesh.shape
-    src_regions = _regions(value.shape, value.nd, mesh_shape)
+    stored = _regions(value.shape, value.nd, mesh_shape)
+    src_regions = _owned(stored, value.nd, mesh_shape, ends, value.shape[0] if value.shape else 0)
+    if src_regions is not stored:
+        value = Distributed(value.mesh, value.nd, value.shape, value.dtype,
+                            {c: p[relative(src_regions[c], stored[c])] for c, p in value.pieces.items()})
     dst_regions = _regions(value.shape, dst_nd, mesh_shape)
+    owned = _owned(dst_regions, dst_nd, mesh_shape, None if kind == "slice" else ends,
+                   value.shape[0] if value.shape else 0)
     src_kind, dst_kind = partial_kind(value.nd), partial_kind(dst_nd)
     itemsize = value.dtype.itemsize
     out: Pieces = {}
@@ -140,16 +164,20 @@ def run_collective(kind: str, value: Distributed, dst_nd: PlainNd, axes: list[in
         g = len(group)
         for i, c in enumerate(group):
             out[c] = np.array(whole[rel(dst_regions[c])])
+            if owned is not dst_regions:  # grouped rows: the others stored as zeros
+                kept = np.zeros_like(out[c])
+                kept[relative(owned[c], dst_regions[c])] = out[c][relative(owned[c], dst_regions[c])]
+                out[c] = kept
             mine = value.pieces[c].size
             if kind == "all_reduce":
                 chunks = [b - a for a, b in (balanced(whole.size, g, j) for j in range(g))]
                 got = (g - 1) * chunks[i] + (whole.size - chunks[i])
             elif kind == "reduce_scatter":
-                got = (g - 1) * out[c].size
+                got = (g - 1) * _size(owned[c])
             elif kind == "all_gather":
                 got = out[c].size - mine
             elif kind == "all_to_all":
-                got = sum(_intersect(src_regions[o], dst_regions[c]) for o in group if o != c)
+                got = sum(_intersect(src_regions[o], owned[c]) for o in group if o != c)
             elif kind == "slice":
                 got = 0
             else:
@@ -228,8 +256,12 @@ def evaluate_distributed(
                 target.pieces, result.bytes_moved[op] = run_transfer(source, target)
         elif isinstance(op, sbp.CollectiveOp):
             source = values[op.operands[0]]
+            ends = None
+            if op.ends is not None:
+                e = values[op.ends]
+                ends = combine(e.pieces, e.nd, e.mesh.shape, e.shape, e.dtype)
             target.pieces, result.bytes_moved[op] = run_collective(
-                op.name.removeprefix("sbp."), source, target.nd, list(op.mesh_axes.get_values())
+                op.name.removeprefix("sbp."), source, target.nd, list(op.mesh_axes.get_values()), ends
             )
         elif isinstance(op, lg.LgOp):
             inputs = [values[o] for o in op.operands]

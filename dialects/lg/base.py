@@ -33,6 +33,7 @@ from ..sbp import (
     DTensorType,
     PlacementOp,
     PlainNd,
+    Sbp,
     element_type,
     global_shape,
     lookup_placement,
@@ -280,16 +281,35 @@ class SbpRules:
         """sbp_rule's signatures as Sbp values, computed once per distinct
         (shapes, mesh axis size, properties): graphs repeat a few layer
         shapes many times. The list is shared: do not change it."""
-        return [
+        sigs = [
             (plain_nd(ins), plain_nd(outs))
             for ins, outs in cls.sbp_rule(list(in_shapes), out_shape, p, **dict(params))
         ]
+        return sigs + [twin for sig in sigs if (twin := grouped_twin(sig, in_shapes, out_shape)) not in sigs
+                       and twin is not None]
 
     @classmethod
     def flops(cls, *args: Any, **params: Any) -> float:
         """flops(in_shapes, out_shape, **properties): arithmetic of the whole (global) op."""
         out_shape: Shape = args[1]
         return cls.FLOPS_PER_ELEMENT * math.prod(out_shape)
+
+
+def grouped_twin(sig: tuple[PlainNd, PlainNd], in_shapes: Sequence[Shape], out_shape: Shape
+                 ) -> tuple[PlainNd, PlainNd] | None:
+    """A signature on rows grouped by expert (G) from one on rows split
+    evenly: where the result is S(0) and so is every operand with the
+    result's rows (at least one), each row of the result is computed from
+    the same rows of those operands alone (the rule holds for every even
+    split), so it is computed from grouped rows the same way. A grouped
+    tensor is stored whole, so the kernel is the one that runs on B."""
+    (ins, outs) = sig
+    if outs[0] != Sbp.S(0) or not out_shape:
+        return None
+    rows = [i for i, s in enumerate(ins) if s == Sbp.S(0)]
+    if not rows or any(in_shapes[i][0] != out_shape[0] for i in rows):
+        return None
+    return (tuple(Sbp.G if i in rows else s for i, s in enumerate(ins)), (Sbp.G,))
 
 
 class GradientEmitter(Protocol):

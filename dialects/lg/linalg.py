@@ -144,7 +144,8 @@ class GroupedMatmulOp(LgOp):
     Splits: rows (S(0), each device finds its rows' groups from the global
     ends), the contraction (partial sums), the columns, and the experts
     (S(0) of rhs: each device computes the rows of its own experts, zeros
-    elsewhere, so the results add up: expert parallelism)."""
+    elsewhere, so the results add up, or only those rows, grouped by the
+    ends (G) in and out: expert parallelism)."""
 
     KERNEL_KIND: ClassVar[str] = "gemm"
 
@@ -194,7 +195,10 @@ class GroupedMatmulOp(LgOp):
         if split_ok(w[n_axis], p):
             sigs.append((("B", f"S{n_axis}", "B"), ("S1",)))
         if split_ok(w[0], p):
-            sigs.append((("B", "S0", "B"), ("P",)))
+            # expert parallel: each device computes the rows of its own
+            # experts, from the whole rows (zeros elsewhere: the results add
+            # up) or from those rows alone (grouped by the ends: G)
+            sigs += [(("B", "S0", "B"), ("P",)), (("G", "S0", "B"), ("G",))]
         return sigs + [(("B", "B", "B"), ("B",)), (("P", "B", "B"), ("P",)), (("B", "P", "B"), ("P",))]
 
     @classmethod
@@ -255,7 +259,9 @@ class GroupedMatmulGradWeightOp(LgOp):
         if split_ok(b[1], p):
             sigs.append((("B", "S1", "B"), ("S2",)))
         if split_ok(out_shape[0], p):
-            sigs.append((("B", "B", "B"), ("S0",)))
+            # each device its own experts' gradients, from the whole rows or
+            # from its own rows alone (grouped by the ends: G)
+            sigs += [(("B", "B", "B"), ("S0",)), (("G", "G", "B"), ("S0",))]
         return sigs + [(("B", "B", "B"), ("B",)), (("P", "B", "B"), ("P",)), (("B", "P", "B"), ("P",))]
 
     @classmethod

@@ -34,6 +34,9 @@ from sbpc.torch_import.values import (
 )
 from sbpc.torch_import.weights import CheckpointFiles
 
+UNINITIALIZED = ("empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided")
+"""ATen ops whose values PyTorch leaves unset: folded as zeros."""
+
 
 class _Importer(_StateImporter):
     def __init__(self, program, module, sbp: dict[str, Any], placement: Placement | None, name: str,
@@ -378,6 +381,10 @@ class _Importer(_StateImporter):
         is known, and sbpc folds it."""
         kwargs = {k: ("cpu" if k == "device" and str(v) == "meta" else v) for k, v in kwargs.items()}
         result = node.target(*_map(args, _unwrap), **{k: _map(v, _unwrap) for k, v in kwargs.items()})
+        if _op_name(node.target).split(".")[1:2] in [[n] for n in UNINITIALIZED] and hasattr(result, "zero_"):
+            # whatever the allocator left there: folded as it is, the
+            # compiled IR would differ from run to run (and 0 * inf is nan)
+            result = result.zero_()
         return _map(result, lambda r: _Const(r) if hasattr(r, "shape") else r)
 
     def lift(self, value, like: Tensor | None = None) -> Tensor:

@@ -65,3 +65,34 @@ sbp.placement @other cpu ranks [4, 5] mesh [2]
 // GENERIC-NEXT: %mps = "sbp.make_partial"(%sl) <{mesh_axes = array<i64: 0, 1>}>
 // GENERIC-NEXT: %by = "sbp.all_gather"(%ar) <{mesh_axes = array<i64: 1>, bytes = 256 : i64}>
 // GENERIC-NEXT: %tb = "sbp.transfer"(%rs) <{bytes = 512 : i64}>
+
+// -----
+
+// Rows grouped by expert (G): the collectives into and out of them read the
+// group ends; B -> G keeps the whole and reads nothing.
+sbp.placement @m cpu ranks [0, 1, 2, 3] mesh [4]
+sbp.placement @g cpu ranks [0, 1, 2, 3] mesh [2, 2]
+
+%ends = "test.op"() : () -> !sbp.dtensor<8xi32, @m, B>
+%rows = "test.op"() : () -> !sbp.dtensor<16x4xf32, @m, B>
+%sum = "test.op"() : () -> !sbp.dtensor<16x4xf32, @m, P>
+%even = "test.op"() : () -> !sbp.dtensor<16x4xf32, @m, S<0>>
+%g = sbp.slice %rows over [0] : !sbp.dtensor<16x4xf32, @m, B> -> !sbp.dtensor<16x4xf32, @m, G>
+%whole = sbp.all_gather %g grouped by %ends : !sbp.dtensor<8xi32, @m, B> over [0] : !sbp.dtensor<16x4xf32, @m, G> -> !sbp.dtensor<16x4xf32, @m, B>
+%rs = sbp.reduce_scatter %sum grouped by %ends : !sbp.dtensor<8xi32, @m, B> over [0] : !sbp.dtensor<16x4xf32, @m, P> -> !sbp.dtensor<16x4xf32, @m, G>
+%to = sbp.all_to_all %even grouped by %ends : !sbp.dtensor<8xi32, @m, B> over [0] : !sbp.dtensor<16x4xf32, @m, S<0>> -> !sbp.dtensor<16x4xf32, @m, G>
+%back = sbp.all_to_all %to grouped by %ends : !sbp.dtensor<8xi32, @m, B> over [0] bytes 64 : !sbp.dtensor<16x4xf32, @m, G> -> !sbp.dtensor<16x4xf32, @m, S<0>>
+%zeros = sbp.make_partial %g grouped by %ends : !sbp.dtensor<8xi32, @m, B> over [0] : !sbp.dtensor<16x4xf32, @m, G> -> !sbp.dtensor<16x4xf32, @m, P>
+%ends2 = "test.op"() : () -> !sbp.dtensor<8xi32, @g, [B, B]>
+%cols = "test.op"() : () -> !sbp.dtensor<16x4xf32, @g, [G, S<1>]>
+%cg = sbp.all_gather %cols grouped by %ends2 : !sbp.dtensor<8xi32, @g, [B, B]> over [0] : !sbp.dtensor<16x4xf32, @g, [G, S<1>]> -> !sbp.dtensor<16x4xf32, @g, [B, S<1>]>
+
+// CHECK:      %g = sbp.slice %rows over [0] : !sbp.dtensor<16x4xf32, @m, B> -> !sbp.dtensor<16x4xf32, @m, G>
+// CHECK-NEXT: %whole = sbp.all_gather %g grouped by %ends : !sbp.dtensor<8xi32, @m, B> over [0] : !sbp.dtensor<16x4xf32, @m, G> -> !sbp.dtensor<16x4xf32, @m, B>
+// CHECK-NEXT: %rs = sbp.reduce_scatter %sum grouped by %ends : !sbp.dtensor<8xi32, @m, B> over [0] : !sbp.dtensor<16x4xf32, @m, P> -> !sbp.dtensor<16x4xf32, @m, G>
+// CHECK-NEXT: %to = sbp.all_to_all %even grouped by %ends : !sbp.dtensor<8xi32, @m, B> over [0] : !sbp.dtensor<16x4xf32, @m, S<0>> -> !sbp.dtensor<16x4xf32, @m, G>
+// CHECK-NEXT: %back = sbp.all_to_all %to grouped by %ends : !sbp.dtensor<8xi32, @m, B> over [0] bytes 64 : !sbp.dtensor<16x4xf32, @m, G> -> !sbp.dtensor<16x4xf32, @m, S<0>>
+// CHECK-NEXT: %zeros = sbp.make_partial %g grouped by %ends : !sbp.dtensor<8xi32, @m, B> over [0] : !sbp.dtensor<16x4xf32, @m, G> -> !sbp.dtensor<16x4xf32, @m, P>
+// CHECK:      %cg = sbp.all_gather %cols grouped by %ends2 : !sbp.dtensor<8xi32, @g, [B, B]> over [0] : !sbp.dtensor<16x4xf32, @g, [G, S<1>]> -> !sbp.dtensor<16x4xf32, @g, [B, S<1>]>
+
+// GENERIC: %whole = "sbp.all_gather"(%g, %ends) <{mesh_axes = array<i64: 0>}> : (!sbp.dtensor<16x4xf32, @m, G>, !sbp.dtensor<8xi32, @m, B>) -> !sbp.dtensor<16x4xf32, @m, B>

@@ -13,7 +13,7 @@
 // -----
 
 "test.op"() {a = #sbp.nd<[S<0>, Q]>} : () -> ()
-// CHECK: Expected one of {{.*}} for an SBP (S<axis>, B or P)
+// CHECK: Expected one of {{.*}} for an SBP (S<axis>, B, P or G)
 
 // -----
 
@@ -30,3 +30,8 @@ sbp.placement @m cpu ranks [0, 1] mesh [2]
 
 sbp.placement @m tpu ranks [0, 1] mesh [2]
 // CHECK: Expected `cpu`, or `cuda`.
+
+// -----
+
+"test.op"() {a = #sbp.nd<[G, S<0>]>} : () -> ()
+// CHECK: rows grouped by expert (G) are on one mesh axis and not split (S<0>) by another: got [G, S<0>]

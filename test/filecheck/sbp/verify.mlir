@@ -83,14 +83,14 @@ sbp.placement @m cpu ranks [0, 1] mesh [2]
 sbp.placement @m cpu ranks [0, 1] mesh [2]
 %t = "test.op"() : () -> !sbp.dtensor<8xf32, @m, P>
 %a = sbp.all_gather %t over [0] : !sbp.dtensor<8xf32, @m, P> -> !sbp.dtensor<8xf32, @m, B>
-// CHECK: 'sbp.all_gather': mesh axis 0 goes from P to B, but sbp.all_gather performs S<i> -> B
+// CHECK: 'sbp.all_gather': mesh axis 0 goes from P to B, but sbp.all_gather performs S<i> or G -> B
 
 // -----
 
 sbp.placement @m cpu ranks [0, 1] mesh [2]
 %t = "test.op"() : () -> !sbp.dtensor<8xf32, @m, B>
 %a = sbp.reduce_scatter %t over [0] : !sbp.dtensor<8xf32, @m, B> -> !sbp.dtensor<8xf32, @m, S<0>>
-// CHECK: 'sbp.reduce_scatter': mesh axis 0 goes from B to S<0>, but sbp.reduce_scatter performs P -> S<i>
+// CHECK: 'sbp.reduce_scatter': mesh axis 0 goes from B to S<0>, but sbp.reduce_scatter performs P -> S<i> or G
 
 // -----
 
@@ -104,7 +104,7 @@ sbp.placement @m cpu ranks [0, 1] mesh [2]
 sbp.placement @m cpu ranks [0, 1] mesh [2]
 %t = "test.op"() : () -> !sbp.dtensor<8xf32, @m, P>
 %a = sbp.slice %t over [0] : !sbp.dtensor<8xf32, @m, P> -> !sbp.dtensor<8xf32, @m, S<0>>
-// CHECK: 'sbp.slice': mesh axis 0 goes from P to S<0>, but sbp.slice performs B -> S<i> (a local slice)
+// CHECK: 'sbp.slice': mesh axis 0 goes from P to S<0>, but sbp.slice performs B -> S<i> or G (local)
 
 // -----
 
@@ -178,7 +178,7 @@ sbp.placement @n cpu ranks [2, 3, 4, 5] mesh [2, 2]
 sbp.placement @m cpu ranks [0, 1] mesh [2]
 %t = "test.op"() : () -> !sbp.dtensor<8xf32, @m, P>
 %a = sbp.make_partial %t over [0] : !sbp.dtensor<8xf32, @m, P> -> !sbp.dtensor<8xf32, @m, P<max>>
-// CHECK: 'sbp.make_partial': mesh axis 0 goes from P to P<max>, but sbp.make_partial performs B or S<i> -> P (local)
+// CHECK: 'sbp.make_partial': mesh axis 0 goes from P to P<max>, but sbp.make_partial performs B, S<i> or G -> P (local)
 
 // -----
 
@@ -218,3 +218,34 @@ lg.graph @g on @s0 {
   lg.output ["x"] %x : tensor<4xf32>
 }
 // CHECK: 'lg.input': attribute 'sbp.placement' must be a placement symbol (@name)
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+%x = "test.op"() : () -> !sbp.dtensor<8x4xf32, @m, G>
+%y = sbp.all_gather %x over [0] : !sbp.dtensor<8x4xf32, @m, G> -> !sbp.dtensor<8x4xf32, @m, B>
+// CHECK: 'sbp.all_gather': mesh axis 0 goes into or out of rows grouped by expert (G): it needs the group ends (`grouped by %ends`)
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+%e = "test.op"() : () -> !sbp.dtensor<4xi32, @m, S<0>>
+%x = "test.op"() : () -> !sbp.dtensor<8x4xf32, @m, P>
+%y = sbp.reduce_scatter %x grouped by %e : !sbp.dtensor<4xi32, @m, S<0>> over [0] : !sbp.dtensor<8x4xf32, @m, P> -> !sbp.dtensor<8x4xf32, @m, G>
+// CHECK: 'sbp.reduce_scatter': the group ends must be whole (B) on every device of @m, got S<0> on @m
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+%e = "test.op"() : () -> !sbp.dtensor<4xi32, @m, B>
+%x = "test.op"() : () -> !sbp.dtensor<8x4xf32, @m, B>
+%y = sbp.slice %x grouped by %e : !sbp.dtensor<4xi32, @m, B> over [0] : !sbp.dtensor<8x4xf32, @m, B> -> !sbp.dtensor<8x4xf32, @m, S<0>>
+// CHECK: 'sbp.slice': group ends are given but no mesh axis goes into or out of rows grouped by expert (G)
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+%e = "test.op"() : () -> !sbp.dtensor<4xi32, @m, B>
+%x = "test.op"() : () -> !sbp.dtensor<8x4xf32, @m, S<1>>
+%y = sbp.all_to_all %x grouped by %e : !sbp.dtensor<4xi32, @m, B> over [0] : !sbp.dtensor<8x4xf32, @m, S<1>> -> !sbp.dtensor<8x4xf32, @m, G>
+// CHECK: 'sbp.all_to_all': mesh axis 0 goes from S<1> to G, but sbp.all_to_all performs S<i> -> S<j> with i != j, S<0> -> G, G -> S<0>
