@@ -3,6 +3,10 @@ them, sized from group ends computed at run time, gives what the reference
 interpreter computes, on 2 and 4 ranks, with the experts' load even, lopsided
 and with rows in no group; the plan and sbp interpreters agree."""
 
+import json
+import subprocess
+from pathlib import Path
+
 import numpy as np
 import pytest
 from xdsl.context import Context
@@ -11,41 +15,43 @@ import sbpc
 from sbpc.dialects import plan as plan_dialect
 from sbpc.lowering.sbp_infer import SbpInferPass
 from sbpc.lowering.sbp_insert_boxing import SbpInsertBoxingPass
+from sbpc.runtime.launch import rank_environment, script_command
 from sbpc.semantics.reference import evaluate
 from sbpc.semantics.sbp_interpreter import evaluate_distributed
 
 ROWS, DIM, EXPERTS = 16, 8, 4
+SUPPORT = Path(__file__).resolve().parents[1] / "support"
 
 
-def graph(ranks: int, x_sbp: str, out_sbp: str, partial_input: bool = False) -> str:
+def graph(ranks: int, x_sbp: str, out_sbp: str, partial_input: bool = False, rows: int = ROWS, dim: int = DIM) -> str:
     """Two experts' layers between rows distributed as `x_sbp` and a result
     asked for as `out_sbp`: sbp-infer groups the rows between the layers and
     insert-boxing moves them in and out. With `partial_input` the rows are a
     matmul's partial sums (S(1) times S(0))."""
-    rows = f'%x = lg.input "x" : !sbp.dtensor<{ROWS}x{DIM}xf32, @m, {x_sbp}>'
+    first = f'%x = lg.input "x" : !sbp.dtensor<{rows}x{dim}xf32, @m, {x_sbp}>'
     if partial_input:
-        rows = (f'%a = lg.input "a" : !sbp.dtensor<{ROWS}x{DIM}xf32, @m, S<1>>\n'
-                f'  %b = lg.input "b" : !sbp.dtensor<{DIM}x{DIM}xf32, @m, S<0>>\n'
-                f'  %x = lg.matmul %a, %b : (!sbp.dtensor<{ROWS}x{DIM}xf32, @m, S<1>>, '
-                f'!sbp.dtensor<{DIM}x{DIM}xf32, @m, S<0>>) -> !sbp.dtensor<{ROWS}x{DIM}xf32, @m, P>')
-    x_type = f"!sbp.dtensor<{ROWS}x{DIM}xf32, @m, {'P' if partial_input else x_sbp}>"
-    w = f"!sbp.dtensor<{EXPERTS}x{DIM}x{DIM}xf32, @m, S<0>>"
+        first = (f'%a = lg.input "a" : !sbp.dtensor<{rows}x{dim}xf32, @m, S<1>>\n'
+                 f'  %b = lg.input "b" : !sbp.dtensor<{dim}x{dim}xf32, @m, S<0>>\n'
+                 f'  %x = lg.matmul %a, %b : (!sbp.dtensor<{rows}x{dim}xf32, @m, S<1>>, '
+                 f'!sbp.dtensor<{dim}x{dim}xf32, @m, S<0>>) -> !sbp.dtensor<{rows}x{dim}xf32, @m, P>')
+    x_type = f"!sbp.dtensor<{rows}x{dim}xf32, @m, {'P' if partial_input else x_sbp}>"
+    w = f"!sbp.dtensor<{EXPERTS}x{dim}x{dim}xf32, @m, S<0>>"
     ends = f"tensor<{EXPERTS}xi32>"
-    rows_type = f"tensor<{ROWS}x{DIM}xf32>"
+    rows_type = f"tensor<{rows}x{dim}xf32>"
     return f"""
 sbp.placement @m cpu ranks [{", ".join(map(str, range(ranks)))}] mesh [{ranks}]
 lg.graph @experts on @m {{
-  {rows}
+  {first}
   %counts = lg.input "counts" : tensor<{EXPERTS}xi32>
   %ends = lg.cumsum %counts axis 0 : tensor<{EXPERTS}xi32> -> tensor<{EXPERTS}xi32>
   %w1 = lg.param "w1" init #lg.normal<0.0, 0.5> seed 1 : {w}
   %w2 = lg.param "w2" init #lg.normal<0.0, 0.5> seed 2 : {w}
-  %h = lg.grouped_matmul %x, %w1, %ends : ({x_type}, {w}, {ends}) -> tensor<{ROWS}x{DIM}xf32>
-  %g = lg.tanh %h : tensor<{ROWS}x{DIM}xf32>
+  %h = lg.grouped_matmul %x, %w1, %ends : ({x_type}, {w}, {ends}) -> {rows_type}
+  %g = lg.tanh %h : {rows_type}
   %y = lg.grouped_matmul %g, %w2, %ends : ({rows_type}, {w}, {ends}) -> {rows_type}
-  %z = lg.mul %y, %y : (tensor<{ROWS}x{DIM}xf32>, tensor<{ROWS}x{DIM}xf32>) -> tensor<{ROWS}x{DIM}xf32>
-  %out = sbp.annotate %z : tensor<{ROWS}x{DIM}xf32> -> !sbp.dtensor<{ROWS}x{DIM}xf32, @m, {out_sbp}>
-  lg.output ["z"] %out : !sbp.dtensor<{ROWS}x{DIM}xf32, @m, {out_sbp}>
+  %z = lg.mul %y, %y : ({rows_type}, {rows_type}) -> {rows_type}
+  %out = sbp.annotate %z : {rows_type} -> !sbp.dtensor<{rows}x{dim}xf32, @m, {out_sbp}>
+  lg.output ["z"] %out : !sbp.dtensor<{rows}x{dim}xf32, @m, {out_sbp}>
 }}
 """
 
@@ -112,3 +118,19 @@ def test_the_interpreters_move_grouped_rows_as_the_reference(load):
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
     exe = sbpc.compile(sbpc.parse_module(text), mode="interpret")
     np.testing.assert_allclose(exe.run(feeds)["z"], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_grouped_collective_allocates_nothing_the_rows_would_need(tmp_path):
+    """Grouped rows move in place, sized at each issue: in a steady-state
+    step no collective into or out of them allocates more than a few
+    counts, against 128 KiB of rows (the bound each rank stores)."""
+    path = tmp_path / "experts.mlir"
+    path.write_text(graph(2, "B", "B", partial_input=True, rows=1024, dim=32))
+    done = subprocess.run(script_command(2, str(SUPPORT / "alloc_probe.py"), str(path)), capture_output=True,
+                          text=True, timeout=180, env=rank_environment())
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    grouped = {name: rise for name, rise in report["per_comm"].items() if name.endswith(" grouped)")}
+    assert {name.split("(")[1].split()[0] for name in grouped} >= {"all_gather", "reduce_scatter"}, report["per_comm"]
+    worst = max(grouped.items(), key=lambda kv: kv[1])
+    assert worst[1] <= 4096, f"{worst[0]} allocated {worst[1]} bytes in a steady-state issue"

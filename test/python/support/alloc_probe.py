@@ -1,8 +1,9 @@
-"""Run by runtime/test_numpy_kernels.py under mpiexec -n 1: compiles the plan in argv[1],
+"""Run by runtime/test_numpy_kernels.py under mpiexec -n 1 (and by
+runtime/test_grouped_rows.py on 2 ranks): compiles the plan in argv[1],
 warms the executor up, then measures with tracemalloc how far memory rises
-during each kernel firing of a steady-state step and during a firing of the
-allocating path (local kernel, then a copy), and prints the numbers as
-JSON."""
+during each kernel firing and each collective's issue of a steady-state
+step and during a firing of the allocating path (local kernel, then a
+copy), and prints rank 0's numbers as JSON."""
 
 import json
 import sys
@@ -42,6 +43,16 @@ def main() -> None:
             per_kernel[name] = max(per_kernel.get(name, 0), rise(lambda: fire(xs, o)))
 
         ex.kernels[actor] = probe
+    per_comm: dict[str, int] = {}
+    for actor, comm in ex.comm_actors.items():
+        grouped = " grouped" if len(actor.ins.data) == 2 else ""  # it reads the group ends too
+        def probe_issue(slot_in, slot_out, issue=comm.issue,
+                        name=f"@{actor.sym_name.data} ({actor.kind.data}{grouped})"):
+            issued = []
+            per_comm[name] = max(per_comm.get(name, 0), rise(lambda: issued.append(issue(slot_in, slot_out))))
+            return issued[0]
+
+        comm.issue = probe_issue
     tracemalloc.start()
     ex.run(1)
     # the allocating path, measured the same way, on the biggest output
@@ -54,7 +65,9 @@ def main() -> None:
         out[...] = local_kernel(op, local, *xs)
 
     allocating_kernel = rise(allocating)
-    print(json.dumps({"per_kernel": per_kernel, "allocating_kernel": allocating_kernel, "biggest_output": out.nbytes}))
+    if MPI.COMM_WORLD.rank == 0:
+        print(json.dumps({"per_kernel": per_kernel, "per_comm": per_comm, "allocating_kernel": allocating_kernel,
+                          "biggest_output": out.nbytes}))
 
 
 main()

@@ -58,3 +58,4 @@ lg.graph @two_routings on @m {
 // CHECK-LABEL: lg.graph @two_routings
 // CHECK-NOT:   G>
 // CHECK:       lg.output
+
