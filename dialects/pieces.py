@@ -52,6 +52,31 @@ def grouped_rows(ends: Sequence[int] | np.ndarray, rows: int, parts: int, index:
     return start, max(start, stop)
 
 
+def indexed_rows(index: np.ndarray, parts: int, part: int, table_rows: int) -> np.ndarray:
+    """Which rows device `part` of `parts` owns where rows were gathered by
+    `index` from a table of `table_rows` rows split evenly (I): those whose
+    table row it holds (a boolean mask over the rows)."""
+    lo, hi = balanced(table_rows, parts, part)
+    return (index >= lo) & (index < hi)
+
+
+def owned_rows(nd: PlainNd, mesh_shape: Sequence[int], coord: Coord, rows: int, ends=None, index=None):
+    """The rows the device at `coord` owns of a tensor stored whole but owned
+    by rows (G or I on one mesh axis): a slice for grouped rows, a mask for
+    gathered ones; None where no mesh axis owns rows so."""
+    for a, s in enumerate(nd):
+        if s.is_grouped:
+            if ends is None:
+                raise ValueError("rows grouped by expert (G) need the group ends")
+            return slice(*grouped_rows(ends, rows, mesh_shape[a], coord[a]))
+        if s.is_indexed:
+            if index is None:
+                raise ValueError("rows gathered by an index (I) need the index")
+            assert s.rows is not None  # every I names its table's rows
+            return indexed_rows(index, mesh_shape[a], coord[a], s.rows)
+    return None
+
+
 def piece(shape: Sequence[int], nd: PlainNd, mesh_shape: Sequence[int], coord: Coord) -> Region:
     """The global index ranges of the piece held at mesh coordinate `coord`."""
     ranges = [(0, d) for d in shape]

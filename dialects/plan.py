@@ -72,6 +72,7 @@ from .sbp import (
     format_nd,
     nd_to_plain,
     reads_group_ends,
+    reads_index,
     verify_distribution,
 )
 
@@ -613,18 +614,26 @@ class CommOp(ActorOp):
         device = self.parent_op()
         if isinstance(device, DeviceOp) and device.rank.value.data not in group:
             raise VerifyException(f"{where}: rank {device.rank.value.data} is not in its own group {group}")
-        if self.kind.data != "transfer" and (len(self.ins.data), len(self.outs.data)) != (1 + self._grouped(), 1):
+        grouped, indexed = self.reads_group_ends(), self.reads_index()
+        if self.kind.data != "transfer" and (len(self.ins.data), len(self.outs.data)) != (1 + grouped + indexed, 1):
             raise VerifyException(f"{where}: a {self.kind.data} reads one register and writes one"
-                                  + (", and reads the group ends" if self._grouped() else ""))
+                                  + (", and reads the group ends" if grouped else "")
+                                  + (", and reads the index" if indexed else ""))
         if self.kind.data == "transfer" and not (self.ins.data or self.outs.data):
             raise VerifyException(f"{where}: a transfer actor sends, receives, or both")
 
 
-    def _grouped(self) -> bool:
+    def reads_group_ends(self) -> bool:
         """Whether it goes into or out of rows grouped by expert (G) on its
-        mesh axes, so it reads the group ends (its second input) too."""
+        mesh axes, so it reads the group ends too (its second input)."""
         src, dst = nd_to_plain(self.source.nd_sbp), nd_to_plain(self.dest.nd_sbp)
         return any(reads_group_ends(src[a], dst[a]) for a in self.mesh_axes.get_values() if a < len(src))
+
+    def reads_index(self) -> bool:
+        """Whether it goes into or out of rows gathered by an index (I), so
+        it reads the index too (its last input)."""
+        src, dst = nd_to_plain(self.source.nd_sbp), nd_to_plain(self.dest.nd_sbp)
+        return any(reads_index(src[a], dst[a]) for a in self.mesh_axes.get_values() if a < len(src))
 
 
 MATMUL_BLOCK_FLOPS = 400e6

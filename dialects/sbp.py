@@ -51,6 +51,7 @@ from xdsl.ir import (
     TypeAttribute,
 )
 from xdsl.irdl import (
+    AttrSizedOperandSegments,
     IRDLOperation,
     base,
     irdl_attr_definition,
@@ -185,13 +186,48 @@ class PartialAttr(SbpAttr):
             )
 
 
+@irdl_attr_definition
+class IndexedAttr(SbpAttr):
+    """`I<n>`: rows gathered from a table of n rows split evenly (S(0)) over
+    the mesh axis, each row held by the device that holds the table row it
+    was gathered from: row j by the holder of table row `index[j]`, for an
+    index computed at run time (the tokens a router sorts by expert). A
+    gather from a split table computes exactly those rows, with no
+    communication; an all_to_all then sends each row where its expert is
+    (into rows grouped by expert, G), and back. Each device stores the
+    tensor whole (the bound: it may hold every row); the other rows are not
+    its to read. Collectives into or out of I read the index."""
+
+    name = "sbp.I"
+    rows: IntAttr
+
+    def __init__(self, rows: int | IntAttr):
+        super().__init__(IntAttr(rows) if isinstance(rows, int) else rows)
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        def parse():
+            with parser.in_angle_brackets():
+                return (IntAttr(parser.parse_integer(allow_boolean=False)),)
+
+        return parse_verified(cls, parser, parse)
+
+    def print_parameters(self, printer: Printer) -> None:
+        with printer.in_angle_brackets():
+            printer.print_int(self.rows.data)
+
+    def verify(self) -> None:
+        if self.rows.data < 1:
+            raise VerifyException(f"the table of rows gathered by an index has at least one row, got {self.rows.data}")
+
+
 _SBP_BY_KEYWORD: dict[str, type[SbpAttr]] = {"S": SplitAttr, "B": BroadcastAttr, "P": PartialAttr,
-                                             "G": GroupedAttr}
+                                             "G": GroupedAttr, "I": IndexedAttr}
 
 
 def parse_sbp(parser: AttrParser) -> SbpAttr:
-    """Parses the short form `S<0>`, `B`, `P`, `P<max>` or `G`."""
-    keyword = parser.parse_keyword_in(_SBP_BY_KEYWORD, " for an SBP (S<axis>, B, P or G)")
+    """Parses the short form `S<0>`, `B`, `P`, `P<max>`, `G` or `I<rows>`."""
+    keyword = parser.parse_keyword_in(_SBP_BY_KEYWORD, " for an SBP (S<axis>, B, P, G or I<rows>)")
     cls = _SBP_BY_KEYWORD[keyword]
     return cls.new(cls.parse_parameters(parser))
 
@@ -242,11 +278,11 @@ class NdSbpAttr(ParametrizedAttribute):
     def verify(self) -> None:
         if not self.entries.data:
             raise VerifyException("an nd-SBP needs at least one entry (one per mesh axis)")
-        grouped = sum(isinstance(e, GroupedAttr) for e in self.entries.data)
-        if grouped and (grouped > 1 or any(isinstance(e, SplitAttr) and e.axis.data == 0 for e in self.entries.data)):
+        owned = sum(isinstance(e, GroupedAttr | IndexedAttr) for e in self.entries.data)
+        if owned and (owned > 1 or any(isinstance(e, SplitAttr) and e.axis.data == 0 for e in self.entries.data)):
             raise VerifyException(
-                "rows grouped by expert (G) are on one mesh axis and not split (S<0>) by another: "
-                f"got {format_nd(self)}"
+                "rows grouped by expert (G) or gathered by an index (I) are on one mesh axis and not split (S<0>) "
+                f"by another: got {format_nd(self)}"
             )
 
 
@@ -601,8 +637,8 @@ def verify_distribution(op: Operation, type: Attribute, what: str,
             raise VerifyException(
                 f"'{op.name}': {what} is split on axis {entry.axis.data} but has rank {rank}"
             )
-    if any(isinstance(e, GroupedAttr) for e in type.nd_sbp) and rank == 0:
-        raise VerifyException(f"'{op.name}': {what} is grouped by rows (G) but is a scalar")
+    if any(isinstance(e, GroupedAttr | IndexedAttr) for e in type.nd_sbp) and rank == 0:
+        raise VerifyException(f"'{op.name}': {what} is split by rows (G or I) but is a scalar")
     remember(_CHECKED_ON, id(type), (type, mesh))
     return mesh
 
@@ -622,20 +658,24 @@ and meshes are immutable, so the verdict holds for the same objects."""
 
 class Sbp(str):
     """One mesh axis' distribution as plain data: "S0", "S1", ... (split),
-    "B", "P" (partial sum), "Pmax" (partial max) or "G" (rows grouped by
-    expert at run time: GroupedAttr). It is a str, so it
+    "B", "P" (partial sum), "Pmax" (partial max), "G" (rows grouped by
+    expert at run time: GroupedAttr) or "I16", ... (rows gathered from a
+    split table of 16 rows by an index: IndexedAttr). It is a str, so it
     hashes, compares, sorts and prints as that text at str speed (sbp-infer
     handles millions); it is built only by `Sbp.of`, `Sbp.S` and the
     constants, and read through its attributes (kind, axis, is_split,
     is_partial), so no other code parses the text."""
 
     kind: str
-    """"S", "B", "P" (either partial) or "G"."""
+    """"S", "B", "P" (either partial), "G" or "I"."""
     axis: int | None
-    """The tensor axis of a split, else None (a grouped tensor is stored whole)."""
+    """The tensor axis of a split, else None (grouped or indexed rows are stored whole)."""
     is_split: bool
     is_partial: bool
     is_grouped: bool
+    is_indexed: bool
+    rows: int | None
+    """The table rows of indexed rows (I), else None."""
 
     B: ClassVar[Sbp]
     P: ClassVar[Sbp]
@@ -650,6 +690,8 @@ class Sbp(str):
         self.is_split = text[0] == "S"
         self.is_partial = text[0] == "P"
         self.is_grouped = text == "G"
+        self.is_indexed = text[0] == "I"
+        self.rows = int(text[1:]) if self.is_indexed else None
         self.axis = int(text[1:]) if self.is_split else None
         return self
 
@@ -659,10 +701,10 @@ class Sbp(str):
         """The (shared) value of a text form; a ValueError if it is none."""
         if text in ("B", "P", "Pmax", "G"):
             return Sbp(text)
-        if text[:1] == "S" and text[1:].isdigit():
-            canonical = f"S{int(text[1:])}"  # one spelling per axis: S01 is S1
+        if text[:1] in "SI" and text[1:].isdigit():
+            canonical = f"{text[0]}{int(text[1:])}"  # one spelling per axis: S01 is S1
             return Sbp(text) if canonical == text else Sbp.of(canonical)
-        raise ValueError(f"'{text}' is not an SBP (S<axis> as S0, S1, ..., B, P, Pmax or G)")
+        raise ValueError(f"'{text}' is not an SBP (S<axis> as S0, S1, ..., B, P, Pmax, G or I<rows> as I16)")
 
     @staticmethod
     def S(axis: int) -> Sbp:
@@ -688,6 +730,8 @@ def to_plain(attr: SbpAttr) -> Sbp:
         return Sbp.B
     if isinstance(attr, GroupedAttr):
         return Sbp.G
+    if isinstance(attr, IndexedAttr):
+        return Sbp.of(f"I{attr.rows.data}")
     assert isinstance(attr, PartialAttr)
     return Sbp.P if attr.reduce_kind is ReduceKind.SUM else Sbp.PMAX
 
@@ -700,6 +744,9 @@ def from_plain(sbp: Sbp | str) -> SbpAttr:
         return BroadcastAttr()
     if sbp == Sbp.G:
         return GroupedAttr()
+    if sbp.is_indexed:
+        assert sbp.rows is not None  # every I names its table's rows
+        return IndexedAttr(sbp.rows)
     return PartialAttr(ReduceKind.MAX if sbp == Sbp.PMAX else ReduceKind.SUM)
 
 
@@ -848,6 +895,8 @@ def _format_plain(nd: PlainNd) -> str:
     def one(s: Sbp) -> str:
         if s.is_split:
             return f"S<{s.axis}>"
+        if s.is_indexed:
+            return f"I<{s.rows}>"
         return "P<max>" if s == Sbp.PMAX else str(s)
 
     return one(nd[0]) if len(nd) == 1 else "[" + ", ".join(one(s) for s in nd) + "]"
@@ -890,29 +939,37 @@ def reads_group_ends(source: PlainSbp, dest: PlainSbp) -> bool:
     return source != dest and (source.is_grouped or dest.is_grouped) and source != Sbp.B
 
 
+def reads_index(source: PlainSbp, dest: PlainSbp) -> bool:
+    """Whether the step needs the index that gathered rows (I), to know each
+    device's rows at run time: every step into or out of I but B -> I."""
+    return source != dest and (source.is_indexed or dest.is_indexed) and source != Sbp.B
+
+
 COLLECTIVES: dict[str, CollectiveRule] = {
     c.kind: c
     for c in (
         CollectiveRule("all_reduce", frozenset({("P", "B")}), True, "P -> B",
                    "P -> B: every device gets the reduction of all pieces."),
-        CollectiveRule("all_gather", frozenset({("S", "B"), ("G", "B")}), True, "S<i> or G -> B",
-                   "S(i) or G -> B: every device gets the concatenation of all slices (of every device's "
-                   "grouped rows, as many as the group ends give it)."),
+        CollectiveRule("all_gather", frozenset({("S", "B"), ("G", "B"), ("I", "B")}), True, "S<i>, G or I -> B",
+                   "S(i), G or I -> B: every device gets the concatenation of all slices (of every device's "
+                   "grouped or gathered rows, as many as the group ends or the index give it)."),
         CollectiveRule("reduce_scatter", frozenset({("P", "S"), ("P", "G")}), True, "P -> S<i> or G",
                    "P -> S(i) or G: every device gets its slice of the reduction (its grouped rows)."),
-        CollectiveRule("all_to_all", frozenset({("S", "S"), ("S", "G"), ("G", "S")}), True,
-                   "S<i> -> S<j> with i != j, S<0> -> G, G -> S<0>",
+        CollectiveRule("all_to_all", frozenset({("S", "S"), ("S", "G"), ("G", "S"), ("I", "G"), ("G", "I")}), True,
+                   "S<i> -> S<j> with i != j, S<0> or I -> G, G -> S<0> or I",
                    "S(i) -> S(j), i != j: every device trades slices with every other; between even rows "
-                   "(S(0)) and rows grouped by expert (G), each device sends each row to its new owner, "
-                   "the counts read from the group ends at run time."),
-        CollectiveRule("slice", frozenset({("B", "S"), ("B", "G")}), False, "B -> S<i> or G (local)",
-                   "B -> S(i) with no communication: every device keeps its own slice (B -> G keeps the "
-                   "whole, its own rows among them)."),
-        CollectiveRule("make_partial", frozenset({("B", "P"), ("S", "P"), ("G", "P")}), False,
-                   "B, S<i> or G -> P (local)",
-                   "B, S<i> or G -> P (or P<max>) with no communication: a B value stays on the group's first "
-                   "device and the others hold zeros (-inf for max); a split value (grouped rows) is "
-                   "embedded in zeros (-inf) at its place."),
+                   "(S(0)) or rows gathered by an index (I) and rows grouped by expert (G), each device "
+                   "sends each row to its new owner, the counts read from the group ends and the index at "
+                   "run time."),
+        CollectiveRule("slice", frozenset({("B", "S"), ("B", "G"), ("B", "I")}), False,
+                   "B -> S<i>, G or I (local)",
+                   "B -> S(i) with no communication: every device keeps its own slice (B -> G or I keeps "
+                   "the whole, its own rows among them)."),
+        CollectiveRule("make_partial", frozenset({("B", "P"), ("S", "P"), ("G", "P"), ("I", "P")}), False,
+                   "B, S<i>, G or I -> P (local)",
+                   "B, S<i>, G or I -> P (or P<max>) with no communication: a B value stays on the group's "
+                   "first device and the others hold zeros (-inf for max); a split value (grouped or gathered "
+                   "rows) is embedded in zeros (-inf) at its place."),
     )
 }
 """The collectives by kind (`sbp.<kind>` is the op, `plan.comm` names the kind)."""
@@ -927,6 +984,8 @@ def step_collective(source: PlainSbp, dest: PlainSbp) -> CollectiveRule | None:
     collective = _STEP_COLLECTIVE.get((source.kind, dest.kind))
     if collective is not None and (source.is_grouped or dest.is_grouped) and not collective.performs(source, dest):
         return None  # grouped rows trade with a split of the rows only
+    if collective is not None and source.is_indexed and dest.is_indexed and source != dest:
+        return None  # rows gathered from one table are not another table's
     return collective
 
 
@@ -982,25 +1041,29 @@ class CollectiveOp(DirectInit, ABC):
     """The group ends (a vector of cumulative row counts, one per expert,
     whole on every device) where the collective goes into or out of rows
     grouped by expert (G): who holds which rows is known only at run time."""
+    index = opt_operand_def(DTensorType)
+    """The index that gathered the rows (whole on every device), where the
+    collective goes into or out of rows gathered by an index (I)."""
     result = result_def(DTensorType)
     mesh_axes = prop_def(DenseArrayBase.constr(i64))
     bytes = opt_prop_def(IntegerAttr[I64])
     """Bytes a device of the group receives, on average (recorded by sbp-insert-boxing)."""
 
     traits = traits_def(Pure())
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
 
     assembly_format = (
-        "$input (`grouped` `by` $ends^ `:` type($ends))? `over` $mesh_axes (`bytes` $bytes^)? attr-dict "
-        "`:` type($input) `->` type($result)"
+        "$input (`grouped` `by` $ends^ `:` type($ends))? (`indexed` `by` $index^ `:` type($index))? "
+        "`over` $mesh_axes (`bytes` $bytes^)? attr-dict `:` type($input) `->` type($result)"
     )
 
     def __init__(self, input, mesh_axes: Sequence[int], result_type: DTensorType, bytes: int | None = None,
-                 ends: SSAValue | None = None):
+                 ends: SSAValue | None = None, index: SSAValue | None = None):
         props: dict[str, Attribute] = {"mesh_axes": i64_array(mesh_axes)}
         if bytes is not None:
             props["bytes"] = i64_attr(bytes)
-        super().__init__(operands=[input, [ends] if ends is not None else []], result_types=[result_type],
-                         properties=props)
+        super().__init__(operands=[input, [ends] if ends is not None else [], [index] if index is not None else []],
+                         result_types=[result_type], properties=props)
 
     def verify_(self) -> None:
         source, dest = self.input.type, self.result.type
@@ -1033,6 +1096,7 @@ class CollectiveOp(DirectInit, ABC):
                     f"{format_nd(NdSbpAttr([s]))} to {format_nd(NdSbpAttr([d]))}"
                 )
         self._verify_group_ends(source, dest, axes, mesh)
+        self._verify_index(source, dest, axes)
         inner = hierarchy_violation(nd_to_plain(source.nd_sbp), nd_to_plain(dest.nd_sbp), axes)
         if inner is not None:
             a, k, b = inner
@@ -1062,6 +1126,28 @@ class CollectiveOp(DirectInit, ABC):
         if ends.placement != source.placement or any(not s == Sbp.B for s in nd_to_plain(ends.nd_sbp)):
             raise VerifyException(f"'{self.name}': the group ends must be whole (B) on every device of "
                                   f"@{source.placement_name}, got {format_nd(ends.nd_sbp)} on @{ends.placement_name}")
+
+
+    def _verify_index(self, source: DTensorType, dest: DTensorType, axes: list[int]) -> None:
+        src_nd, dst_nd = nd_to_plain(source.nd_sbp), nd_to_plain(dest.nd_sbp)
+        indexed = [a for a in axes if reads_index(src_nd[a], dst_nd[a])]
+        if not indexed:
+            if self.index is not None:
+                raise VerifyException(f"'{self.name}': an index is given but no mesh axis goes into or out of rows "
+                                      "gathered by an index (I)")
+            return
+        if self.index is None:
+            raise VerifyException(f"'{self.name}': mesh axis {indexed[0]} goes into or out of rows gathered by an "
+                                  "index (I): it needs the index (`indexed by %index`)")
+        index = self.index.type
+        assert isinstance(index, DTensorType)  # the operand's constraint
+        if list(index.get_shape()) != list(source.get_shape()[:1]) or not isinstance(index.element_type,
+                                                                                       IntegerType):
+            raise VerifyException(f"'{self.name}': the index must be a vector of integers, one per row "
+                                  f"({source.get_shape()[0]}), got {list(index.get_shape())}x{index.element_type}")
+        if index.placement != source.placement or any(s != Sbp.B for s in nd_to_plain(index.nd_sbp)):
+            raise VerifyException(f"'{self.name}': the index must be whole (B) on every device of "
+                                  f"@{source.placement_name}, got {format_nd(index.nd_sbp)} on @{index.placement_name}")
 
 
 def _collective_op(c: CollectiveRule) -> type[CollectiveOp]:
@@ -1136,5 +1222,6 @@ def communicates(op_class: type[Operation]) -> bool:
 SBP = Dialect(
     "sbp",
     [PlacementOp, AnnotateOp, *COLLECTIVE_OPS],
-    [SplitAttr, BroadcastAttr, PartialAttr, GroupedAttr, NdSbpAttr, SignatureAttr, DeviceKindAttr, DTensorType],
+    [SplitAttr, BroadcastAttr, PartialAttr, GroupedAttr, IndexedAttr, NdSbpAttr, SignatureAttr, DeviceKindAttr,
+     DTensorType],
 )

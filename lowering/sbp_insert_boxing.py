@@ -33,6 +33,7 @@ from sbpc.dialects.sbp import (
     PlainNd,
     Sbp,
     element_bytes,
+    format_nd,
     global_shape,
     hierarchy_violation,
     lookup_placement,
@@ -78,9 +79,12 @@ class BoxingBuilder:
     rows grouped by expert (G) reads the group ends: `group_ends` gives
     them, whole on the mesh, for a value (GroupEnds.whole)."""
 
-    def __init__(self, anchor: Operation, group_ends: Callable[[SSAValue, Mesh], SSAValue] | None = None):
+    def __init__(self, anchor: Operation, group_ends: Callable[[SSAValue, Mesh], SSAValue] | None = None,
+                 index: Callable[[Sbp, Sbp], SSAValue] | None = None):
         self.anchor = anchor
         self.group_ends = group_ends
+        self.index = index
+        """The index that gathered rows (I) a step into or out of them reads."""
 
     def emit(self, op: Operation) -> SSAValue:
         block = self.anchor.parent_block()
@@ -97,12 +101,17 @@ class BoxingBuilder:
             result_type = t.with_distribution(mesh.name, nd_from_plain(step.dst))
             op_cls = sbp.COLLECTIVE_OP_OF_KIND[step.kind]
             moved = step_bytes(step, shape, itemsize(t), mesh.shape)
-            ends = None
-            if sbp.reads_group_ends(step.src[step.mesh_axis], step.dst[step.mesh_axis]):
+            ends = index = None
+            before, after = step.src[step.mesh_axis], step.dst[step.mesh_axis]
+            if sbp.reads_group_ends(before, after):
                 assert self.group_ends is not None  # box() passes them where a step is grouped
                 ends = self.group_ends(value, mesh)
                 self._after(ends)
-            value = self.emit(op_cls(value, [step.mesh_axis], result_type, bytes=moved, ends=ends))
+            if sbp.reads_index(before, after):
+                assert self.index is not None  # box() passes it where a step gathers
+                index = self.index(before, after)
+                self._after(index)
+            value = self.emit(op_cls(value, [step.mesh_axis], result_type, bytes=moved, ends=ends, index=index))
             t = result_type
         return value
 
@@ -188,10 +197,32 @@ def _unpartial_options(nd: PlainNd, rank: int) -> list[PlainNd]:
     return options
 
 
+def gathering_index(source: SSAValue, result: SSAValue, before: Sbp, after: Sbp) -> SSAValue:
+    """The index a step into or out of rows gathered by an index (I) reads:
+    out of them, that of the gather that made them (`source`'s, through
+    boxing); into them, that of the gradient of a gather that reads them
+    (`result`'s users, which must agree)."""
+    if before.is_indexed:
+        value = source
+        while isinstance(value.owner, sbp.AnnotateOp | sbp.CollectiveOp):
+            value = value.owner.operands[0]
+        owner = value.owner
+        if isinstance(owner, lg.EmbeddingOp):
+            return owner.indices
+        raise PassFailedException(f"rows distributed as {format_nd((before,))} come from no gather by an index")
+    found = {id(u.operation.indices): u.operation.indices for u in result.uses
+             if isinstance(u.operation, lg.EmbeddingGradOp) and u.index == 0}
+    if len(found) != 1:
+        raise PassFailedException(f"rows asked for as {format_nd((after,))} go to {len(found)} gradients of a gather "
+                                  "by an index: one index must say whose rows are whose")
+    return next(iter(found.values()))
+
+
 def box(annotate: sbp.AnnotateOp, group_ends: Callable[[SSAValue, Mesh], SSAValue] | None = None) -> SSAValue:
     """Emits the collectives for one redistribution; returns the new value.
     `group_ends` gives the group ends a step into or out of grouped rows
-    (G) reads."""
+    (G) reads; the index a step into or out of gathered rows (I) reads is
+    found from the gathers around (`gathering_index`)."""
     source = annotate.input
     src_t, dst_t = source.type, annotate.result.type
     assert isinstance(src_t, DTensorType) and isinstance(dst_t, DTensorType)
@@ -199,7 +230,8 @@ def box(annotate: sbp.AnnotateOp, group_ends: Callable[[SSAValue, Mesh], SSAValu
     dst_mesh = lookup_placement(annotate, dst_t.placement).mesh()
     rank = len(global_shape(src_t))
     src_nd, dst_nd = nd_to_plain(src_t.nd_sbp), nd_to_plain(dst_t.nd_sbp)
-    builder = BoxingBuilder(annotate, group_ends)
+    builder = BoxingBuilder(annotate, group_ends,
+                            lambda before, after: gathering_index(source, annotate.result, before, after))
     try:
         if src_mesh == dst_mesh:
             steps, _ = plan(src_nd, dst_nd, src_mesh.shape, rank)

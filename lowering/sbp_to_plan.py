@@ -384,8 +384,8 @@ class Lowering:
                 "sym_name": StringAttr(name),
                 "group": i64_array(rank_group(src_mesh, rank, axes)),
                 "mesh_axes": op.mesh_axes,
-                # the group ends, where the collective goes into or out of grouped rows
-                "ins": self.refs([source] if op.ends is None else [source, op.ends]),
+                # the group ends and the index, where it goes into or out of grouped or gathered rows
+                "ins": self.refs([source, *(v for v in (op.ends, op.index) if v is not None)]),
                 "outs": self.refs([out]),
             }))
 

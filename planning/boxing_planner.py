@@ -12,11 +12,13 @@ A step acts on one mesh axis of p devices:
     B, S<i> -> P  make_partial      local
 
 and, for rows grouped by expert (G: a split of the rows whose boundaries
-the group ends give at run time), G -> B (all_gather), P -> G
-(reduce_scatter) and S<0> <-> G (all_to_all) move what their even
-counterparts move when the experts' load is even; B -> G and G -> P are
-local. A plan passes through G only where its source or destination is
-grouped: elsewhere no group ends say whose rows are whose.
+the group ends give at run time) and rows gathered by an index (I: each
+row owned by the holder of the table row it was gathered from), G or I ->
+B (all_gather), P -> G (reduce_scatter) and S<0> or I <-> G (all_to_all)
+move what their even counterparts move when the load is even; B -> G or I
+and G or I -> P are local. A plan passes through G or I only where its
+source or destination is one: elsewhere no ends or index say whose rows
+are whose.
 
 (P<max> reduces by max the same way.) Pieces nest outer mesh axis first, so
 a step may add or remove a split of tensor axis k only while no inner mesh
@@ -53,25 +55,30 @@ class Step:
     dst: PlainNd
 
 
-def _targets(current: Sbp, rank: int, grouped: bool) -> list[Sbp]:
+def _targets(current: Sbp, rank: int, owned: tuple[Sbp, ...]) -> list[Sbp]:
     options = [Sbp.B, Sbp.P, Sbp.PMAX, *(Sbp.S(i) for i in range(rank))]
-    if grouped and rank:
-        options.append(Sbp.G)
+    if rank:
+        options += owned
     return [t for t in options if t != current and step_kind(current, t) is not None]
 
 
+def _owned(s: Sbp) -> bool:
+    return s.is_grouped or s.is_indexed
+
+
 def grouping_ok(nd: PlainNd) -> bool:
-    """Rows grouped by expert (G) lie on at most one mesh axis, and no other
-    mesh axis splits the rows (NdSbpAttr's rule)."""
-    return Sbp.G not in nd or (nd.count(Sbp.G) == 1 and Sbp.S(0) not in nd)
+    """Rows grouped by expert (G) or gathered by an index (I) lie on at most
+    one mesh axis, and no other mesh axis splits the rows (NdSbpAttr's rule)."""
+    owned = sum(_owned(s) for s in nd)
+    return not owned or (owned == 1 and Sbp.S(0) not in nd)
 
 
 @lru_cache(maxsize=4096)
-def _search(src: PlainNd, mesh: tuple[int, ...], rank: int, grouped: bool = False):
+def _search(src: PlainNd, mesh: tuple[int, ...], rank: int, owned: tuple[Sbp, ...] = ()):
     """Dijkstra from `src` over every reachable state: the best (volume,
     peak) label of each state and the step that reaches it. One search
-    serves every destination (sbp-infer asks for many). `grouped`: states
-    with rows grouped by expert (G) are reachable too."""
+    serves every destination (sbp-infer asks for many). `owned`: the
+    distributions of rows owned at run time (G, I<n>) reachable too."""
     start = (0.0, local_fraction(src, mesh), 0)
     best: dict[PlainNd, tuple[float, float, int]] = {src: start}
     previous: dict[PlainNd, tuple[PlainNd, Step]] = {}
@@ -82,11 +89,11 @@ def _search(src: PlainNd, mesh: tuple[int, ...], rank: int, grouped: bool = Fals
         if (volume, peak) > best[state][:2]:
             continue
         for a, current in enumerate(state):
-            for target in _targets(current, rank, grouped):
+            for target in _targets(current, rank, owned):
                 nxt = (*state[:a], target, *state[a + 1 :])
                 if (Sbp.P in nxt and Sbp.PMAX in nxt) or hierarchy_violation(state, nxt, [a]) is not None:
                     continue
-                if grouped and not grouping_ok(nxt):
+                if owned and not grouping_ok(nxt):
                     continue
                 units, _ = axis_volume(current, target, mesh[a])
                 # the piece a step moves: the tensor over the other axes that split it
@@ -109,7 +116,7 @@ def plan(src: PlainNd, dst: PlainNd, mesh: tuple[int, ...], rank: int) -> tuple[
     tensor), or raises ValueError if `dst` cannot be reached."""
     if src == dst:
         return (), 0.0
-    best, previous = _search(src, mesh, rank, Sbp.G in src or Sbp.G in dst)
+    best, previous = _search(src, mesh, rank, tuple(sorted({s for s in (*src, *dst) if _owned(s)})))
     if dst not in best:
         raise ValueError(f"no boxing from {src} to {dst} on mesh {list(mesh)}")
     steps = []

@@ -81,13 +81,14 @@ def axis_volume(src: PlainSbp, dst: PlainSbp, p: int) -> tuple[float, int]:
     `dst` on one mesh axis of p devices, and the number of collectives."""
     if src == dst or p == 1:
         return 0.0, 0
-    if src.is_grouped or dst.is_grouped:
-        # rows grouped by expert at run time, priced as their even split
-        # (the experts' load even): G <-> S(0) moves what an all_to_all of
-        # the rows moves; B -> G and G -> P are local
-        src, dst = (Sbp.S(0) if s.is_grouped else s for s in (src, dst))
+    if src.is_grouped or dst.is_grouped or src.is_indexed or dst.is_indexed:
+        # rows owned at run time (grouped by expert, gathered by an index),
+        # priced as their even split (the load even): G <-> S(0) or I moves
+        # what an all_to_all of the rows moves; B -> G or I and G or I -> P
+        # are local
+        src, dst = (Sbp.S(0) if s.is_grouped or s.is_indexed else s for s in (src, dst))
         if src == dst:
-            return (1 - 1 / p) / p, 1  # S(0) <-> G: each row to its owner, a (p-1)/p^2 share
+            return (1 - 1 / p) / p, 1  # S(0) or I <-> G: each row to its owner, a (p-1)/p^2 share
     s_split, d_split = src.is_split, dst.is_split
     s_partial, d_partial = src.is_partial, dst.is_partial
     if src == Sbp.B or (s_split and d_partial) or (not s_partial and dst == Sbp.PMAX):

@@ -281,9 +281,10 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
             # Repeated layers repeat ops alike in everything the candidates
             # and their costs read: those are computed once per kind.
             want_key = nd_to_plain(hinted.nd_sbp) if hinted is not None else None
-            grouped = groups is not None and id(result) not in outputs and groups.grouping(op) is not None
+            fetched = id(result) in outputs
+            grouped = groups is not None and not fetched and groups.grouping(op) is not None
             like_key = (type(op), tuple(in_shapes), out_shape, mesh.shape, tuple(sorted(params.items())),
-                        want_key, nbytes, grouped)
+                        want_key, nbytes, grouped, fetched)
             try:
                 alike = same_kind.get(like_key)
             except TypeError:  # a property without a hash: no sharing
@@ -297,6 +298,8 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
             candidates = nd_signatures(type(op), in_shapes, out_shape, mesh.shape, params)
             if not grouped:  # no one routing's ends say whose rows are whose here
                 candidates = [c for c in candidates if not any(Sbp.G in nd for nd in (*c[0], c[1]))]
+            if fetched:  # rows gathered by an index are owned by rows: not fetched so
+                candidates = [c for c in candidates if not any(s.is_indexed for s in c[1])]
             if hinted is not None:
                 want = nd_to_plain(hinted.nd_sbp)
                 allowed = [c for c in candidates if c[1] == want]

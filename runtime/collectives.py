@@ -22,6 +22,7 @@ from sbpc.dialects import plan
 from sbpc.dialects.dtypes import is_half
 from sbpc.dialects.pieces import (
     grouped_rows,
+    indexed_rows,
     intersect,
     lies_in_order,
     mesh_coord,
@@ -67,8 +68,11 @@ class CommActor:
         self.src_regions = regions_of(src_t, self.src_mesh)
         self.dst_regions = regions_of(dst_t, self.dst_mesh)
         self.in_name = actor.ins.data[0].string_value() if actor.ins.data else None
-        # into or out of rows grouped by expert (G): the group ends, read at each issue
-        self.ends_name = actor.ins.data[1].string_value() if len(actor.ins.data) > 1 else None
+        # into or out of rows grouped by expert (G) or gathered by an index
+        # (I): the group ends and the index, read at each issue
+        extra = [r.string_value() for r in actor.ins.data[1:]]
+        self.ends_name = extra.pop(0) if actor.reads_group_ends() else None
+        self.index_name = extra.pop(0) if actor.reads_index() else None
         self.out_name = actor.outs.data[0].string_value() if actor.outs.data else None
         self.views = views
         kind = partial_kind(nd_to_plain(src_t.nd_sbp))
@@ -90,8 +94,8 @@ class CommActor:
     def _prepare(self) -> None:
         k = self.kind
         me = self.rank
-        if self.ends_name is not None:
-            self._prepare_grouped()
+        if self.ends_name is not None or self.index_name is not None:
+            self._prepare_owned()
         elif k == "all_gather":
             self.counts = [region_size(self.src_regions[r]) for r in self.group]
             self.displs = list(np.cumsum([0, *self.counts[:-1]]))
@@ -115,22 +119,44 @@ class CommActor:
         elif k == "transfer":
             self._prepare_transfer()
 
-    def _prepare_grouped(self) -> None:
-        """Rows grouped by expert: which mesh axis, how many rows and how
-        many elements a row holds here, and where the even pieces' rows lie
-        (an all_to_all's other side). Who owns which grouped rows is read
-        from the group ends at each issue; the pieces are sent and received
-        in place (rows are contiguous), so nothing is allocated."""
+    def _prepare_owned(self) -> None:
+        """Rows owned at run time (grouped by expert, G, or gathered by an
+        index, I): the mesh axis, how many rows and how many elements a row
+        holds here, and where the even pieces' rows lie (an all_to_all's
+        other side). Who owns which rows is read from the group ends and the
+        index at each issue. Grouped rows are contiguous and move in place;
+        gathered ones travel in buffers of the bound (every row), made here,
+        so a step allocates no rows."""
         src_nd = nd_to_plain(self.actor.source.nd_sbp)
+        dst_nd = nd_to_plain(self.actor.dest.nd_sbp)
         axes = list(self.actor.mesh_axes.get_values())
         if len(axes) != 1:
-            raise ValueError(f"a {self.kind} into or out of grouped rows acts on one mesh axis, got {axes}")
-        self.grouped_source = src_nd[axes[0]] == Sbp.G
-        whole = self.src_regions[self.rank] if self.grouped_source else self.dst_regions[self.rank]
+            raise ValueError(f"a {self.kind} into or out of rows owned at run time acts on one mesh axis, got {axes}")
+        self.src_sbp, self.dst_sbp = src_nd[axes[0]], dst_nd[axes[0]]
+        self.grouped_source = self.src_sbp == Sbp.G
+        owned_source = self.src_sbp.is_grouped or self.src_sbp.is_indexed
+        whole = self.src_regions[self.rank] if owned_source else self.dst_regions[self.rank]
         self.rows = whole[0].stop - whole[0].start
         self.row = region_size(whole[1:])
-        even = self.dst_regions if self.grouped_source else self.src_regions
+        even = self.dst_regions if owned_source else self.src_regions
         self.even_rows = [(even[r][0].start, even[r][0].stop) for r in self.group]
+        if self.index_name is not None:
+            self.packed_out = np.empty(self.rows * self.row, self.dtype)
+            self.packed_in = np.empty(self.rows * self.row, self.dtype)
+            self.row_ids = np.arange(self.rows)
+
+    def _rows_of(self, sbp: Sbp, member: int, ends, index):
+        """The rows member `member` (its place in the group) owns under `sbp`
+        on the collective's axis: a slice, or a mask for gathered rows."""
+        p = len(self.group)
+        if sbp.is_grouped:
+            return slice(*grouped_rows(ends, self.rows, p, member))
+        if sbp.is_indexed:
+            assert sbp.rows is not None  # every I names its table's rows
+            return indexed_rows(index, p, member, sbp.rows)
+        if sbp.is_split:
+            return slice(*self.even_rows[member])
+        return slice(0, self.rows)
 
     def _prepare_transfer(self) -> None:
         """Who sends which piece to whom (layout.transfer_routes), and the
@@ -167,7 +193,11 @@ class CommActor:
         elif self.half and k in MOVING:
             src = src.view(np.uint16) if src is not None else src
             dst = dst.view(np.uint16) if dst is not None else dst
-        if self.ends_name is not None:
+        if self.index_name is not None:
+            ends = self.views(self.ends_name, slot_in) if self.ends_name is not None else None
+            pending = self._issue_indexed(k, src, dst, comm, pending, ends,
+                                          self.views(self.index_name, slot_in).reshape(-1))
+        elif self.ends_name is not None:
             ends = self.views(self.ends_name, slot_in)
             pending = self._issue_grouped(k, src, dst, comm, pending, ends)
         else:
@@ -244,6 +274,75 @@ class CommActor:
         else:
             raise ValueError(f"no {k} into or out of grouped rows")
         return pending
+
+    def _issue_indexed(self, k: str, src, dst, comm, pending: Pending, ends, index: np.ndarray) -> Pending:
+        """A collective into or out of rows gathered by an index (I): each
+        member's rows are those whose table row it holds, scattered among
+        the rows, so they travel packed in the buffers of the bound and land
+        at their places once received. A destination owned by rows keeps
+        zeros in the rows it stores but does not own."""
+        p, i, row = len(self.group), self.group.index(self.rank), self.row
+        dst_sbp = self.dst_sbp
+        own = self._rows_of(self.src_sbp, i, ends, index)
+        pending.moved = 0
+        if k == "slice":  # B -> I: the whole stays, its own rows among them
+            dst[...] = src
+            return pending
+        flat_src, flat_dst = src.reshape(len(src), -1), dst.reshape(len(dst), -1)
+        if k == "make_partial":  # I -> P: its own rows in the reduction's identity
+            if np.shares_memory(src, dst):
+                flat_dst[~own] = self.fill
+            else:
+                dst.fill(self.fill)
+                np.copyto(flat_dst, flat_src, where=own[:, None])
+            return pending
+        rows = self.row_ids
+
+        def pack(ids: np.ndarray, at: int) -> None:
+            """Rows `ids` of the source into the send buffer from `at`, with no copy between."""
+            np.take(flat_src, ids, axis=0, mode="clip",  # (unbuffered: "raise" copies through a temporary)
+                    out=self.packed_out[at : at + len(ids) * row].reshape(len(ids), row))
+
+        if k == "all_gather":  # I -> B: every member's gathered rows, packed in member order
+            senders = [rows[self._rows_of(self.src_sbp, j, ends, index)] for j in range(p)]
+            counts = [len(r) * row for r in senders]
+            displs = list(np.cumsum([0, *counts[:-1]]))
+            pack(senders[i], 0)
+            pending.requests.append(comm.Iallgatherv(self.packed_out[: counts[i]],
+                                                     [self.packed_in, counts, displs, self.mpi_type]))
+            receivers = [(r, displ, count) for r, displ, count in zip(senders, displs, counts)]
+            pending.moved = (sum(counts) - counts[i]) * self.dtype.itemsize
+        elif k == "all_to_all":  # I <-> G: each row from the member that owns it to the one that will
+            sends = [rows[own][self._take(self.dst_sbp, j, ends, index, rows[own])] for j in range(p)]
+            mine_after = self._rows_of(dst_sbp, i, ends, index)
+            recvs = [rows[mine_after][self._take(self.src_sbp, j, ends, index, rows[mine_after])] for j in range(p)]
+            scounts, rcounts = [len(r) * row for r in sends], [len(r) * row for r in recvs]
+            sdispl, rdispl = list(np.cumsum([0, *scounts[:-1]])), list(np.cumsum([0, *rcounts[:-1]]))
+            for r, at in zip(sends, sdispl):
+                pack(r, at)
+            if dst_sbp.is_grouped or dst_sbp.is_indexed:
+                dst.fill(0)
+            pending.requests.append(comm.Ialltoallv([self.packed_out, scounts, sdispl, self.mpi_type],
+                                                    [self.packed_in, rcounts, rdispl, self.mpi_type]))
+            receivers = list(zip(recvs, rdispl, rcounts))
+            pending.moved = (sum(rcounts) - rcounts[i]) * self.dtype.itemsize
+        else:
+            raise ValueError(f"no {k} into or out of rows gathered by an index")
+
+        def finish():
+            for r, displ, count in receivers:
+                if count:
+                    flat_dst[r] = self.packed_in[displ : displ + count].reshape(len(r), -1)
+
+        pending.finish = finish
+        return pending
+
+    def _take(self, sbp: Sbp, member: int, ends, index, rows: np.ndarray):
+        """Which of `rows` member `member` owns under `sbp` (a mask over them)."""
+        owned = self._rows_of(sbp, member, ends, index)
+        if isinstance(owned, slice):
+            return (rows >= owned.start) & (rows < owned.stop)
+        return owned[rows]
 
     def _issue(self, k: str, src, dst, comm, pending: Pending, me: int) -> Pending:
         if k == "all_reduce":

@@ -876,6 +876,24 @@ def _bind_scatter_add(op: lg.ScatterAddOp, local: LocalContext, ins, out) -> Fir
     return fire
 
 
+def _bind_embedding_grad_rows(op: lg.EmbeddingGradOp, piece: slice, rows: int, padding) -> Fire:
+    """The table rows [lo, hi) of an embedding's gradient (S(0), from rows
+    gathered by the index, I): the gradient rows whose index falls there."""
+    lo, hi = piece.start, piece.stop
+
+    def fire(xs, o):
+        grad, ind = xs
+        ind = ind.reshape(-1)
+        check_range(op, "index", ind, rows)
+        here = (ind >= lo) & (ind < hi)
+        o.fill(0)
+        np.add.at(o, ind[here] - lo, grad.reshape(len(ind), -1)[here])
+        if padding is not None and lo <= padding < hi:
+            o[padding - lo] = 0
+
+    return fire
+
+
 @NUMPY.impl(lg.EmbeddingOp)
 def _bind_embedding(op: lg.EmbeddingOp, local: LocalContext, ins, out) -> Fire:
     # A table split by rows holds rows [lo, hi): gather those, zero the rest
@@ -976,6 +994,9 @@ needs no scratch."""
 def _bind_embedding_grad(op: lg.EmbeddingGradOp, local, ins, out) -> Fire:
     rows, padding = op.rows.value.data, op.padding
     count = ins[1].size
+    piece = local.out_piece[0]
+    if (piece.start, piece.stop) != (0, rows):
+        return _bind_embedding_grad_rows(op, piece, rows, padding)
     if rows * count <= ONE_HOT_ELEMENTS:
         hot = _scratch((count, rows), out.dtype)
         positions = np.arange(count)

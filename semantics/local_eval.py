@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from xdsl.ir import Operation
@@ -22,7 +23,7 @@ from xdsl.ir import Operation
 from sbpc.dialects import lg
 from sbpc.dialects.backends import Backend
 from sbpc.dialects.dtypes import is_float_dtype, is_half, numpy_dtype
-from sbpc.dialects.pieces import Coord, coords, grouped_rows, mesh_coord, partial_kind, piece
+from sbpc.dialects.pieces import Coord, coords, mesh_coord, owned_rows, partial_kind, piece
 from sbpc.dialects.sbp import PlainNd, Sbp, element_type, nd_to_plain, plain_nd
 from sbpc.semantics.philox import UniformDraws, dropout_piece
 from sbpc.semantics.reference import (
@@ -41,14 +42,15 @@ from sbpc.semantics.reference import (
 
 
 def distribute(
-    value: np.ndarray, nd: PlainNd, mesh: Sequence[int], rng: np.random.Generator, ends: np.ndarray | None = None
+    value: np.ndarray, nd: PlainNd, mesh: Sequence[int], rng: np.random.Generator, ends: np.ndarray | None = None,
+    index: np.ndarray | None = None,
 ) -> dict[Coord, np.ndarray]:
     """Every device's local piece of `value`. Partial pieces are random: P
     summands that add up to the value, Pmax candidates at most the value with
     one device holding it exactly. B axes hold identical copies. Rows
-    grouped by expert (G, by the group `ends`) are stored whole with other
-    rows' values in the rows a device does not own: a kernel that read them
-    would show."""
+    grouped by expert (G, by the group `ends`) or gathered by an index (I,
+    by `index`) are stored whole with other rows' values in the rows a
+    device does not own: a kernel that read them would show."""
     nd = plain_nd(nd)
     kind = partial_kind(nd)
     partial_axes = [a for a, s in enumerate(nd) if s.is_partial]
@@ -86,35 +88,33 @@ def distribute(
     for c in coords(mesh):
         if c not in out:
             out[c] = out[tuple(0 if a in broadcast_axes else x for a, x in enumerate(c))].copy()
-    for c, (lo, hi) in _owned_rows(nd, mesh, ends, value.shape).items():
+    for c, own in _owned_rows(nd, mesh, value.shape, ends, index).items():
         # other rows' values where a device does not own the rows: in the
         # op's domain (an index in range), but not the rows' own
         shifted = np.roll(out[c], int(rng.integers(1, max(2, len(out[c])))), axis=0)
-        shifted[lo:hi] = out[c][lo:hi]
+        shifted[own] = out[c][own]
         out[c] = shifted
     return out
 
 
-def _owned_rows(nd: PlainNd, mesh: Sequence[int], ends: np.ndarray | None, shape: Sequence[int]
-                ) -> dict[Coord, tuple[int, int]]:
-    """Where rows are grouped by expert (G): each device's own rows."""
-    if Sbp.G not in nd:
+def _owned_rows(nd: PlainNd, mesh: Sequence[int], shape: Sequence[int], ends: np.ndarray | None,
+                index: np.ndarray | None) -> dict[Coord, Any]:
+    """Where rows are owned at run time (G or I): each device's own rows."""
+    if not any(s.is_grouped or s.is_indexed for s in nd):
         return {}
-    if ends is None:
-        raise ValueError(f"rows grouped by expert ({nd}) need the group ends")
-    a = nd.index(Sbp.G)
-    return {c: grouped_rows(ends, shape[0], mesh[a], c[a]) for c in coords(mesh)}
+    return {c: owned_rows(nd, mesh, c, shape[0], ends, index) for c in coords(mesh)}
 
 
 def combine(
     pieces: dict[Coord, np.ndarray], nd: PlainNd, mesh: Sequence[int], shape: Sequence[int], dtype,
-    ends: np.ndarray | None = None,
+    ends: np.ndarray | None = None, index: np.ndarray | None = None,
 ) -> np.ndarray:
     """The global tensor that local `pieces` stand for under `nd`. Copies on B
     axes must agree (checked); P pieces are summed, Pmax pieces maxed; of
-    rows grouped by expert (G, by the group `ends`), each device's own."""
+    rows grouped by expert (G, by the group `ends`) or gathered by an index
+    (I, by `index`), each device's own."""
     nd = plain_nd(nd)
-    owned = _owned_rows(nd, mesh, ends, shape)
+    owned = _owned_rows(nd, mesh, shape, ends, index)
     kind = partial_kind(nd)
     broadcast_axes = [a for a, s in enumerate(nd) if s == Sbp.B]
     result_dtype = np.dtype(np.float64 if is_float_dtype(dtype) else dtype)
@@ -130,9 +130,8 @@ def combine(
             twin = tuple(0 if a in broadcast_axes else x for a, x in enumerate(c))
             np.testing.assert_allclose(local, pieces[twin], rtol=1e-5, atol=1e-6, err_msg=f"B copies differ at {c}")
             continue
-        if c in owned:  # its own grouped rows of the whole it stores
-            lo, hi = owned[c]
-            region, local = (slice(lo, hi), *region[1:]), local[lo:hi]
+        if c in owned:  # its own rows of the whole it stores
+            region, local = (owned[c], *region[1:]), local[owned[c]]
         if kind == Sbp.P:
             result[region] += local
         elif kind == Sbp.PMAX:
@@ -235,6 +234,13 @@ def _embedding(op: lg.EmbeddingOp, ctx: LocalContext, table: np.ndarray, indices
         (*indices.shape, table.shape[1]), table.dtype
     )
     return np.where(inside[..., None], gathered, 0)
+
+
+@LOCAL.impl(lg.EmbeddingGradOp)
+def _embedding_grad(op: lg.EmbeddingGradOp, ctx: LocalContext, grad: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    # a table split by rows (from rows gathered by the index, I) adds up
+    # only its own rows: the rows whose index falls elsewhere land there
+    return REFERENCE[lg.EmbeddingGradOp](op, grad, indices)[ctx.out_piece[0]]
 
 
 @LOCAL.impl(lg.TokenCrossEntropyOp)
@@ -367,9 +373,11 @@ def run_distributed(
     (in_nds -> out_nd) and returns the combined global result. Rows grouped
     by expert (G) are grouped by `ends`: by default a grouped matmul's own,
     or for any other op random ones (an op that may group its rows computes
-    each row from the same rows, whoever owns them)."""
+    each row from the same rows, whoever owns them). Rows gathered by an
+    index (I) are an embedding's (or its gradient's) by its indices."""
     in_nds, out_nd = [plain_nd(nd) for nd in in_nds], plain_nd(out_nd)
     in_shapes = tuple(tuple(x.shape) for x in global_inputs)
+    index = global_inputs[1].reshape(-1) if isinstance(op, lg.EmbeddingOp | lg.EmbeddingGradOp) else None
     if ends is None and any(Sbp.G in nd for nd in (*in_nds, out_nd)):
         if isinstance(op, lg.GroupedMatmulOp | lg.GroupedMatmulGradWeightOp):
             ends = global_inputs[2]
@@ -377,7 +385,7 @@ def run_distributed(
             grouped = next(i for i, nd in enumerate(in_nds) if Sbp.G in nd) if Sbp.G not in out_nd else None
             rows = out_shape[0] if grouped is None else in_shapes[grouped][0]
             ends = np.sort(rng.integers(0, rows + 1, size=2 * max(mesh)))
-    per_input = [distribute(x, nd, mesh, rng, ends) for x, nd in zip(global_inputs, in_nds)]
+    per_input = [distribute(x, nd, mesh, rng, ends, index) for x, nd in zip(global_inputs, in_nds)]
     results = {}
     for c in coords(mesh):
         ctx = LocalContext(
@@ -388,7 +396,7 @@ def run_distributed(
             tuple(out_nd),
         )
         results[c] = local_kernel(op, ctx, *(pieces[c] for pieces in per_input)).astype(out_dtype)
-    return combine(results, out_nd, mesh, out_shape, out_dtype, ends)
+    return combine(results, out_nd, mesh, out_shape, out_dtype, ends, index)
 
 
 def assemble(t, mesh, pieces_by_rank: dict[int, np.ndarray], dtype) -> np.ndarray:

@@ -286,9 +286,13 @@ def _communicate(states, actors: list[plan.CommOp], ranks: list[int]) -> None:
         target = _distributed(states, dest, {})
         pieces, _ = run_transfer(value, target)
     else:
-        # a collective into or out of grouped rows reads the group ends, whole on every member
-        ends = states[ranks[0]].views[actor.ins.data[1].string_value()] if len(actor.ins.data) > 1 else None
+        # a collective into or out of grouped or gathered rows reads the group
+        # ends or the index, whole on every member (after its input)
+        views = states[ranks[0]].views
+        extra = [views[r.string_value()] for r in actor.ins.data[1:]]
+        ends = extra.pop(0) if actor.reads_group_ends() else None
+        index = extra.pop(0) if actor.reads_index() else None
         pieces, _ = run_collective(actor.kind.data, value, nd_to_plain(dest.nd_sbp),
-                                   list(actor.mesh_axes.get_values()), ends)
+                                   list(actor.mesh_axes.get_values()), ends, index)
     for r, name in outs.items():
         states[r].views[name][...] = pieces[states[r].coord(dest)]

@@ -22,7 +22,7 @@ from xdsl.ir import Operation, SSAValue
 
 from sbpc.dialects import lg, sbp
 from sbpc.dialects.dtypes import numpy_dtype
-from sbpc.dialects.pieces import Coord, balanced, coords, grouped_rows, partial_kind, piece, relative
+from sbpc.dialects.pieces import Coord, balanced, coords, owned_rows, partial_kind, piece
 from sbpc.dialects.sbp import DTensorType, Mesh, PlainNd, Sbp, global_shape, lookup_placement, nd_to_plain
 from sbpc.semantics.local_eval import LocalContext, combine, distribute, local_kernel
 from sbpc.semantics.reference import EvaluationError, evaluate, find_graph
@@ -96,36 +96,17 @@ def _groups(mesh_shape, axes) -> list[list[Coord]]:
     return list(groups.values())
 
 
-def _owned(regions, nd: PlainNd, mesh_shape, ends: np.ndarray | None, rows: int):
-    """The regions whose values each device owns: its piece, but where the
-    rows are grouped by expert (G), only its own rows of the whole it
-    stores (pieces.grouped_rows)."""
-    if Sbp.G not in nd or ends is None:
-        return regions
-    a = nd.index(Sbp.G)
-    owned = {}
-    for c, region in regions.items():
-        lo, hi = grouped_rows(ends, rows, mesh_shape[a], c[a])
-        owned[c] = (slice(lo, hi), *region[1:])
-    return owned
-
-
 def run_collective(kind: str, value: Distributed, dst_nd: PlainNd, axes: list[int],
-                   ends: np.ndarray | None = None) -> tuple[Pieces, float]:
+                   ends: np.ndarray | None = None, index: np.ndarray | None = None) -> tuple[Pieces, float]:
     """New pieces after the collective `kind` (all_reduce, all_gather, ...)
     over mesh `axes`, and the average bytes a device receives. Into or out
-    of rows grouped by expert (G), `ends` are the group ends: a device
-    sends its own rows only, and keeps zeros in the rows it stores but
-    does not own (but from B, which keeps the whole)."""
+    of rows owned by rows at run time (G or I), `ends` are the group ends
+    and `index` the index: `_run_owned_rows`."""
+    if any(s.is_grouped or s.is_indexed for s in (*value.nd, *dst_nd)):
+        return _run_owned_rows(kind, value, dst_nd, axes, ends, index)
     mesh_shape = value.mesh.shape
-    stored = _regions(value.shape, value.nd, mesh_shape)
-    src_regions = _owned(stored, value.nd, mesh_shape, ends, value.shape[0] if value.shape else 0)
-    if src_regions is not stored:
-        value = Distributed(value.mesh, value.nd, value.shape, value.dtype,
-                            {c: p[relative(src_regions[c], stored[c])] for c, p in value.pieces.items()})
+    src_regions = _regions(value.shape, value.nd, mesh_shape)
     dst_regions = _regions(value.shape, dst_nd, mesh_shape)
-    owned = _owned(dst_regions, dst_nd, mesh_shape, None if kind == "slice" else ends,
-                   value.shape[0] if value.shape else 0)
     src_kind, dst_kind = partial_kind(value.nd), partial_kind(dst_nd)
     itemsize = value.dtype.itemsize
     out: Pieces = {}
@@ -164,25 +145,79 @@ def run_collective(kind: str, value: Distributed, dst_nd: PlainNd, axes: list[in
         g = len(group)
         for i, c in enumerate(group):
             out[c] = np.array(whole[rel(dst_regions[c])])
-            if owned is not dst_regions:  # grouped rows: the others stored as zeros
-                kept = np.zeros_like(out[c])
-                kept[relative(owned[c], dst_regions[c])] = out[c][relative(owned[c], dst_regions[c])]
-                out[c] = kept
             mine = value.pieces[c].size
             if kind == "all_reduce":
                 chunks = [b - a for a, b in (balanced(whole.size, g, j) for j in range(g))]
                 got = (g - 1) * chunks[i] + (whole.size - chunks[i])
             elif kind == "reduce_scatter":
-                got = (g - 1) * _size(owned[c])
+                got = (g - 1) * out[c].size
             elif kind == "all_gather":
                 got = out[c].size - mine
             elif kind == "all_to_all":
-                got = sum(_intersect(src_regions[o], owned[c]) for o in group if o != c)
+                got = sum(_intersect(src_regions[o], dst_regions[c]) for o in group if o != c)
             elif kind == "slice":
                 got = 0
             else:
                 raise EvaluationError(f"the sbp interpreter has no collective '{kind}'")
             received += got * itemsize
+    return out, received / len(coords(mesh_shape))
+
+
+def _run_owned_rows(kind: str, value: Distributed, dst_nd: PlainNd, axes: list[int],
+                    ends: np.ndarray | None, index: np.ndarray | None) -> tuple[Pieces, float]:
+    """A collective into or out of rows owned at run time (G: grouped by the
+    ends, I: gathered by the index), on the mesh axis that owns them. Such a
+    tensor is stored whole and each device's own rows are its values
+    (pieces.owned_rows); a device sends only those, and keeps zeros in the
+    rows it stores but does not own (but from B, which keeps the whole)."""
+    mesh_shape = value.mesh.shape
+    rows = value.shape[0]
+    src_regions = _regions(value.shape, value.nd, mesh_shape)
+    dst_regions = _regions(value.shape, dst_nd, mesh_shape)
+    src_kind, dst_kind = partial_kind(value.nd), partial_kind(dst_nd)
+    fill = _fill(dst_kind)
+    out: Pieces = {}
+    received = 0.0
+    for group in _groups(mesh_shape, axes):
+        # the group's tensor in local coordinates: its rows whole, the other
+        # axes as the (shared) pieces of the axes outside the collective
+        first = src_regions[group[0]]
+        whole = np.zeros([rows, *(s.stop - s.start for s in first[1:])], value.dtype)
+        partial_source = any(value.nd[a].is_partial for a in axes)
+        if partial_source:
+            stack = np.stack([value.pieces[c] for c in group])
+            whole = stack.max(axis=0) if src_kind == Sbp.PMAX else stack.sum(axis=0)
+        else:
+            for c in group:
+                own = owned_rows(value.nd, mesh_shape, c, rows, ends, index)
+                if own is None:  # B (whole) or S(0) (its rows)
+                    whole[src_regions[c][0]] = value.pieces[c]
+                else:
+                    whole[own] = value.pieces[c][own]
+        for c in group:
+            if kind == "slice":  # B -> G or I keeps the whole (and reads neither ends nor index)
+                out[c] = np.array(value.pieces[c])
+                continue
+            src_own = owned_rows(value.nd, mesh_shape, c, rows, ends, index)
+            if kind == "make_partial":  # own rows in the reduction's identity
+                local = np.full(value.pieces[c].shape, fill, value.dtype)
+                local[src_own] = value.pieces[c][src_own]
+                out[c] = local
+                continue
+            own = owned_rows(dst_nd, mesh_shape, c, rows, ends, index)
+            if own is None:  # to B or S(0): the rows
+                local = np.array(whole[dst_regions[c][0]])
+            else:
+                local = np.zeros_like(whole)
+                local[own] = whole[own]
+            out[c] = local
+            mine = np.zeros(rows, bool)
+            mine[src_own if src_own is not None else src_regions[c][0]] = True
+            wanted = np.zeros(rows, bool)
+            wanted[own if own is not None else dst_regions[c][0]] = True
+            row_bytes = value.dtype.itemsize * (whole.size // max(rows, 1))
+            received += float((wanted & ~mine).sum() * row_bytes) if not partial_source else \
+                float(wanted.sum() * row_bytes * (len(group) - 1))
     return out, received / len(coords(mesh_shape))
 
 
@@ -256,12 +291,11 @@ def evaluate_distributed(
                 target.pieces, result.bytes_moved[op] = run_transfer(source, target)
         elif isinstance(op, sbp.CollectiveOp):
             source = values[op.operands[0]]
-            ends = None
-            if op.ends is not None:
-                e = values[op.ends]
-                ends = combine(e.pieces, e.nd, e.mesh.shape, e.shape, e.dtype)
+            ends, index = (None if v is None else combine(values[v].pieces, values[v].nd, values[v].mesh.shape,
+                                                           values[v].shape, values[v].dtype)
+                           for v in (op.ends, op.index))
             target.pieces, result.bytes_moved[op] = run_collective(
-                op.name.removeprefix("sbp."), source, target.nd, list(op.mesh_axes.get_values()), ends
+                op.name.removeprefix("sbp."), source, target.nd, list(op.mesh_axes.get_values()), ends, index
             )
         elif isinstance(op, lg.LgOp):
             inputs = [values[o] for o in op.operands]

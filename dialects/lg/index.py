@@ -67,13 +67,17 @@ class EmbeddingOp(LgOp):
     @classmethod
     def sbp_rule(cls, in_shapes, out_shape, p, **params):
         """Table S<0>: each device gathers the rows it holds and zeros the
-        others, a partial sum. Table S<1>: the embedding dim splits. Split
-        indices split the result alike. Gathering is linear in the table."""
+        others, a partial sum, or, the index being a vector, the rows it
+        gathered owned by it (I: rows gathered by an index). Table S<1>: the
+        embedding dim splits. Split indices split the result alike.
+        Gathering is linear in the table."""
         table, indices = in_shapes
         last = len(out_shape) - 1
         sigs = [(("B", f"S{i}"), (f"S{i}",)) for i, d in enumerate(indices) if split_ok(d, p)]
         if split_ok(table[0], p):
             sigs.append((("S0", "B"), ("P",)))
+            if len(indices) == 1:  # the same rows, each owned by the device that gathered it
+                sigs.append((("S0", "B"), (f"I{table[0]}",)))
         if split_ok(table[1], p):
             sigs.append((("S1", "B"), (f"S{last}",)))
         return sigs + [(("B", "B"), ("B",)), (("P", "B"), ("P",))]
@@ -192,11 +196,17 @@ class EmbeddingGradOp(LgOp):
     @classmethod
     def sbp_rule(cls, in_shapes, out_shape, p, rows):
         """Split index positions give partial tables (each device adds its
-        rows); a split embedding dim stays split; linear in the gradient."""
+        rows); a split embedding dim stays split; rows gathered by the index
+        (I) give each device its own table rows (S<0>); linear in the
+        gradient."""
         grad, indices = in_shapes
         sigs = [((f"S{i}", f"S{i}"), ("P",)) for i, d in enumerate(indices) if split_ok(d, p)]
         if split_ok(grad[-1], p):
             sigs.append(((f"S{len(grad) - 1}", "B"), ("S1",)))
+        if split_ok(rows, p) and len(indices) == 1:
+            # each device adds up its table rows from the rows it owns: those
+            # whose index falls in them (I)
+            sigs.append(((f"I{rows}", "B"), ("S0",)))
         return sigs + [(("B", "B"), ("B",)), (("P", "B"), ("P",))]
 
     def gradient(self, g, e):

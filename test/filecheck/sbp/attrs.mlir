@@ -12,6 +12,7 @@
   partial_max = #sbp.P<max>,
   grouped = #sbp.G,
   nd_grouped = #sbp.nd<[G, S<1>]>,
+  indexed = #sbp.I<16>,
   nd1 = #sbp.nd<S<1>>,
   nd1_bracketed = #sbp.nd<[B]>,
   nd2 = #sbp.nd<[S<0>, P<max>]>,
@@ -23,7 +24,7 @@
 } : () -> ()
 
 // CHECK:      "test.op"() {split = #sbp.S<0>, split3 = #sbp.S<3>, broadcast = #sbp.B, partial = #sbp.P, partial_sum = #sbp.P,
-// CHECK-SAME:   partial_max = #sbp.P<max>, grouped = #sbp.G, nd_grouped = #sbp.nd<[G, S<1>]>, nd1 = #sbp.nd<S<1>>, nd1_bracketed = #sbp.nd<B>, nd2 = #sbp.nd<[S<0>, P<max>]>,
+// CHECK-SAME:   partial_max = #sbp.P<max>, grouped = #sbp.G, nd_grouped = #sbp.nd<[G, S<1>]>, indexed = #sbp.I<16>, nd1 = #sbp.nd<S<1>>, nd1_bracketed = #sbp.nd<B>, nd2 = #sbp.nd<[S<0>, P<max>]>,
 // CHECK-SAME:   nd3 = #sbp.nd<[B, P, S<2>]>, sig1 = #sbp.sig<(S<0>, B) -> (S<0>)>,
 // CHECK-SAME:   sig2 = #sbp.sig<([S<0>, B], [B, S<1>]) -> ([S<0>, S<1>])>, sig_no_inputs = #sbp.sig<() -> (B)>,
 // CHECK-SAME:   device = #sbp<device cuda>} : () -> ()

@@ -55,15 +55,15 @@ sbp.placement @other cpu ranks [4, 5] mesh [2]
 // CHECK-NEXT: %tb = sbp.transfer %rs bytes 512 : !sbp.dtensor<8x16xf32, @m, [S<0>, S<1>]> -> !sbp.dtensor<8x16xf32, @other, B>
 
 // GENERIC:      %a = "sbp.annotate"(%t) : (tensor<8x16xf32>) -> !sbp.dtensor<8x16xf32, @m, [P, S<1>]>
-// GENERIC:      %ar = "sbp.all_reduce"(%a) <{mesh_axes = array<i64: 0>}> : (!sbp.dtensor<8x16xf32, @m, [P, S<1>]>) -> !sbp.dtensor<8x16xf32, @m, [B, S<1>]>
-// GENERIC-NEXT: %ag = "sbp.all_gather"(%ar) <{mesh_axes = array<i64: 1>}>
-// GENERIC-NEXT: %sl = "sbp.slice"(%ag) <{mesh_axes = array<i64: 0, 1>}>
-// GENERIC-NEXT: %a2a = "sbp.all_to_all"(%sl) <{mesh_axes = array<i64: 1>}>
-// GENERIC-NEXT: %rs = "sbp.reduce_scatter"(%a) <{mesh_axes = array<i64: 0>}>
+// GENERIC:      %ar = "sbp.all_reduce"(%a) <{mesh_axes = array<i64: 0>, operandSegmentSizes = array<i32: 1, 0, 0>}> : (!sbp.dtensor<8x16xf32, @m, [P, S<1>]>) -> !sbp.dtensor<8x16xf32, @m, [B, S<1>]>
+// GENERIC-NEXT: %ag = "sbp.all_gather"(%ar) <{mesh_axes = array<i64: 1>, operandSegmentSizes = array<i32: 1, 0, 0>}>
+// GENERIC-NEXT: %sl = "sbp.slice"(%ag) <{mesh_axes = array<i64: 0, 1>, operandSegmentSizes = array<i32: 1, 0, 0>}>
+// GENERIC-NEXT: %a2a = "sbp.all_to_all"(%sl) <{mesh_axes = array<i64: 1>, operandSegmentSizes = array<i32: 1, 0, 0>}>
+// GENERIC-NEXT: %rs = "sbp.reduce_scatter"(%a) <{mesh_axes = array<i64: 0>, operandSegmentSizes = array<i32: 1, 0, 0>}>
 // GENERIC:      %tr = "sbp.transfer"(%rs) : (!sbp.dtensor<8x16xf32, @m, [S<0>, S<1>]>) -> !sbp.dtensor<8x16xf32, @other, S<1>>
-// GENERIC-NEXT: %mp = "sbp.make_partial"(%ag) <{mesh_axes = array<i64: 1>}>
-// GENERIC-NEXT: %mps = "sbp.make_partial"(%sl) <{mesh_axes = array<i64: 0, 1>}>
-// GENERIC-NEXT: %by = "sbp.all_gather"(%ar) <{mesh_axes = array<i64: 1>, bytes = 256 : i64}>
+// GENERIC-NEXT: %mp = "sbp.make_partial"(%ag) <{mesh_axes = array<i64: 1>, operandSegmentSizes = array<i32: 1, 0, 0>}>
+// GENERIC-NEXT: %mps = "sbp.make_partial"(%sl) <{mesh_axes = array<i64: 0, 1>, operandSegmentSizes = array<i32: 1, 0, 0>}>
+// GENERIC-NEXT: %by = "sbp.all_gather"(%ar) <{mesh_axes = array<i64: 1>, bytes = 256 : i64, operandSegmentSizes = array<i32: 1, 0, 0>}>
 // GENERIC-NEXT: %tb = "sbp.transfer"(%rs) <{bytes = 512 : i64}>
 
 // -----
@@ -95,4 +95,28 @@ sbp.placement @g cpu ranks [0, 1, 2, 3] mesh [2, 2]
 // CHECK-NEXT: %zeros = sbp.make_partial %g grouped by %ends : !sbp.dtensor<8xi32, @m, B> over [0] : !sbp.dtensor<16x4xf32, @m, G> -> !sbp.dtensor<16x4xf32, @m, P>
 // CHECK:      %cg = sbp.all_gather %cols grouped by %ends2 : !sbp.dtensor<8xi32, @g, [B, B]> over [0] : !sbp.dtensor<16x4xf32, @g, [G, S<1>]> -> !sbp.dtensor<16x4xf32, @g, [B, S<1>]>
 
-// GENERIC: %whole = "sbp.all_gather"(%g, %ends) <{mesh_axes = array<i64: 0>}> : (!sbp.dtensor<16x4xf32, @m, G>, !sbp.dtensor<8xi32, @m, B>) -> !sbp.dtensor<16x4xf32, @m, B>
+// GENERIC: %whole = "sbp.all_gather"(%g, %ends) <{mesh_axes = array<i64: 0>, operandSegmentSizes = array<i32: 1, 1, 0>}> : (!sbp.dtensor<16x4xf32, @m, G>, !sbp.dtensor<8xi32, @m, B>) -> !sbp.dtensor<16x4xf32, @m, B>
+
+// -----
+
+// Rows gathered by an index (I<n>: from a table of n rows split evenly):
+// the collectives into and out of them read the index, and those to or
+// from rows grouped by expert the group ends too.
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+
+%ends = "test.op"() : () -> !sbp.dtensor<4xi32, @m, B>
+%ids = "test.op"() : () -> !sbp.dtensor<16xi32, @m, B>
+%rows = "test.op"() : () -> !sbp.dtensor<16x4xf32, @m, I<8>>
+%g = sbp.all_to_all %rows grouped by %ends : !sbp.dtensor<4xi32, @m, B> indexed by %ids : !sbp.dtensor<16xi32, @m, B> over [0] : !sbp.dtensor<16x4xf32, @m, I<8>> -> !sbp.dtensor<16x4xf32, @m, G>
+%back = sbp.all_to_all %g grouped by %ends : !sbp.dtensor<4xi32, @m, B> indexed by %ids : !sbp.dtensor<16xi32, @m, B> over [0] : !sbp.dtensor<16x4xf32, @m, G> -> !sbp.dtensor<16x4xf32, @m, I<8>>
+%whole = sbp.all_gather %rows indexed by %ids : !sbp.dtensor<16xi32, @m, B> over [0] : !sbp.dtensor<16x4xf32, @m, I<8>> -> !sbp.dtensor<16x4xf32, @m, B>
+%kept = sbp.slice %whole over [0] : !sbp.dtensor<16x4xf32, @m, B> -> !sbp.dtensor<16x4xf32, @m, I<8>>
+%sum = sbp.make_partial %rows indexed by %ids : !sbp.dtensor<16xi32, @m, B> over [0] : !sbp.dtensor<16x4xf32, @m, I<8>> -> !sbp.dtensor<16x4xf32, @m, P>
+
+// CHECK:      %g = sbp.all_to_all %rows grouped by %ends : !sbp.dtensor<4xi32, @m, B> indexed by %ids : !sbp.dtensor<16xi32, @m, B> over [0] : !sbp.dtensor<16x4xf32, @m, I<8>> -> !sbp.dtensor<16x4xf32, @m, G>
+// CHECK-NEXT: %back = sbp.all_to_all %g grouped by %ends : !sbp.dtensor<4xi32, @m, B> indexed by %ids : !sbp.dtensor<16xi32, @m, B> over [0] : !sbp.dtensor<16x4xf32, @m, G> -> !sbp.dtensor<16x4xf32, @m, I<8>>
+// CHECK-NEXT: %whole = sbp.all_gather %rows indexed by %ids : !sbp.dtensor<16xi32, @m, B> over [0] : !sbp.dtensor<16x4xf32, @m, I<8>> -> !sbp.dtensor<16x4xf32, @m, B>
+// CHECK-NEXT: %kept = sbp.slice %whole over [0] : !sbp.dtensor<16x4xf32, @m, B> -> !sbp.dtensor<16x4xf32, @m, I<8>>
+// CHECK-NEXT: %sum = sbp.make_partial %rows indexed by %ids : !sbp.dtensor<16xi32, @m, B> over [0] : !sbp.dtensor<16x4xf32, @m, I<8>> -> !sbp.dtensor<16x4xf32, @m, P>
+
+// GENERIC: %g = "sbp.all_to_all"(%rows, %ends, %ids) <{mesh_axes = array<i64: 0>, operandSegmentSizes = array<i32: 1, 1, 1>}>

@@ -13,7 +13,7 @@
 // -----
 
 "test.op"() {a = #sbp.nd<[S<0>, Q]>} : () -> ()
-// CHECK: Expected one of {{.*}} for an SBP (S<axis>, B, P or G)
+// CHECK: Expected one of {{.*}} for an SBP (S<axis>, B, P, G or I<rows>)
 
 // -----
 
@@ -34,4 +34,4 @@ sbp.placement @m tpu ranks [0, 1] mesh [2]
 // -----
 
 "test.op"() {a = #sbp.nd<[G, S<0>]>} : () -> ()
-// CHECK: rows grouped by expert (G) are on one mesh axis and not split (S<0>) by another: got [G, S<0>]
+// CHECK: rows grouped by expert (G) or gathered by an index (I) are on one mesh axis and not split (S<0>) by another: got [G, S<0>]

@@ -83,7 +83,7 @@ sbp.placement @m cpu ranks [0, 1] mesh [2]
 sbp.placement @m cpu ranks [0, 1] mesh [2]
 %t = "test.op"() : () -> !sbp.dtensor<8xf32, @m, P>
 %a = sbp.all_gather %t over [0] : !sbp.dtensor<8xf32, @m, P> -> !sbp.dtensor<8xf32, @m, B>
-// CHECK: 'sbp.all_gather': mesh axis 0 goes from P to B, but sbp.all_gather performs S<i> or G -> B
+// CHECK: 'sbp.all_gather': mesh axis 0 goes from P to B, but sbp.all_gather performs S<i>, G or I -> B
 
 // -----
 
@@ -104,7 +104,7 @@ sbp.placement @m cpu ranks [0, 1] mesh [2]
 sbp.placement @m cpu ranks [0, 1] mesh [2]
 %t = "test.op"() : () -> !sbp.dtensor<8xf32, @m, P>
 %a = sbp.slice %t over [0] : !sbp.dtensor<8xf32, @m, P> -> !sbp.dtensor<8xf32, @m, S<0>>
-// CHECK: 'sbp.slice': mesh axis 0 goes from P to S<0>, but sbp.slice performs B -> S<i> or G (local)
+// CHECK: 'sbp.slice': mesh axis 0 goes from P to S<0>, but sbp.slice performs B -> S<i>, G or I (local)
 
 // -----
 
@@ -169,7 +169,7 @@ sbp.placement @n cpu ranks [2, 3, 4, 5] mesh [2, 2]
 
 // The collectives take dtensors only.
 %t = "test.op"() : () -> tensor<8xf32>
-%a = "sbp.all_gather"(%t) <{mesh_axes = array<i64: 0>}> : (tensor<8xf32>) -> tensor<8xf32>
+%a = "sbp.all_gather"(%t) <{mesh_axes = array<i64: 0>, operandSegmentSizes = array<i32: 1, 0, 0>}> : (tensor<8xf32>) -> tensor<8xf32>
 // CHECK: Operation does not verify: operand 'input' at position 0 does not verify:
 // CHECK-NEXT: tensor<8xf32> should be of base attribute sbp.dtensor
 
@@ -178,7 +178,7 @@ sbp.placement @n cpu ranks [2, 3, 4, 5] mesh [2, 2]
 sbp.placement @m cpu ranks [0, 1] mesh [2]
 %t = "test.op"() : () -> !sbp.dtensor<8xf32, @m, P>
 %a = sbp.make_partial %t over [0] : !sbp.dtensor<8xf32, @m, P> -> !sbp.dtensor<8xf32, @m, P<max>>
-// CHECK: 'sbp.make_partial': mesh axis 0 goes from P to P<max>, but sbp.make_partial performs B, S<i> or G -> P (local)
+// CHECK: 'sbp.make_partial': mesh axis 0 goes from P to P<max>, but sbp.make_partial performs B, S<i>, G or I -> P (local)
 
 // -----
 
@@ -248,4 +248,42 @@ sbp.placement @m cpu ranks [0, 1] mesh [2]
 %e = "test.op"() : () -> !sbp.dtensor<4xi32, @m, B>
 %x = "test.op"() : () -> !sbp.dtensor<8x4xf32, @m, S<1>>
 %y = sbp.all_to_all %x grouped by %e : !sbp.dtensor<4xi32, @m, B> over [0] : !sbp.dtensor<8x4xf32, @m, S<1>> -> !sbp.dtensor<8x4xf32, @m, G>
-// CHECK: 'sbp.all_to_all': mesh axis 0 goes from S<1> to G, but sbp.all_to_all performs S<i> -> S<j> with i != j, S<0> -> G, G -> S<0>
+// CHECK: 'sbp.all_to_all': mesh axis 0 goes from S<1> to G, but sbp.all_to_all performs S<i> -> S<j> with i != j, S<0> or I -> G, G -> S<0> or I
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+%x = "test.op"() : () -> !sbp.dtensor<8x4xf32, @m, I<4>>
+%y = sbp.all_gather %x over [0] : !sbp.dtensor<8x4xf32, @m, I<4>> -> !sbp.dtensor<8x4xf32, @m, B>
+// CHECK: 'sbp.all_gather': mesh axis 0 goes into or out of rows gathered by an index (I): it needs the index (`indexed by %index`)
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+%i = "test.op"() : () -> !sbp.dtensor<6xi32, @m, B>
+%x = "test.op"() : () -> !sbp.dtensor<8x4xf32, @m, I<4>>
+%y = sbp.all_gather %x indexed by %i : !sbp.dtensor<6xi32, @m, B> over [0] : !sbp.dtensor<8x4xf32, @m, I<4>> -> !sbp.dtensor<8x4xf32, @m, B>
+// CHECK: 'sbp.all_gather': the index must be a vector of integers, one per row (8), got [6]xi32
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+%i = "test.op"() : () -> !sbp.dtensor<8xi32, @m, S<0>>
+%x = "test.op"() : () -> !sbp.dtensor<8x4xf32, @m, I<4>>
+%y = sbp.all_gather %x indexed by %i : !sbp.dtensor<8xi32, @m, S<0>> over [0] : !sbp.dtensor<8x4xf32, @m, I<4>> -> !sbp.dtensor<8x4xf32, @m, B>
+// CHECK: 'sbp.all_gather': the index must be whole (B) on every device of @m, got S<0> on @m
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+%i = "test.op"() : () -> !sbp.dtensor<8xi32, @m, B>
+%x = "test.op"() : () -> !sbp.dtensor<8x4xf32, @m, B>
+%y = sbp.slice %x indexed by %i : !sbp.dtensor<8xi32, @m, B> over [0] : !sbp.dtensor<8x4xf32, @m, B> -> !sbp.dtensor<8x4xf32, @m, S<0>>
+// CHECK: 'sbp.slice': an index is given but no mesh axis goes into or out of rows gathered by an index (I)
+
+// -----
+
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+%x = "test.op"() : () -> !sbp.dtensor<8x4xf32, @m, I<4>>
+%y = sbp.all_to_all %x over [0] : !sbp.dtensor<8x4xf32, @m, I<4>> -> !sbp.dtensor<8x4xf32, @m, S<0>>
+// CHECK: 'sbp.all_to_all': mesh axis 0 goes from I<4> to S<0>, but sbp.all_to_all performs S<i> -> S<j> with i != j, S<0> or I -> G, G -> S<0> or I

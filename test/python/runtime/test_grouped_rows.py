@@ -120,17 +120,88 @@ def test_the_interpreters_move_grouped_rows_as_the_reference(load):
     np.testing.assert_allclose(exe.run(feeds)["z"], expected, rtol=1e-5, atol=1e-6)
 
 
-def test_a_grouped_collective_allocates_nothing_the_rows_would_need(tmp_path):
-    """Grouped rows move in place, sized at each issue: in a steady-state
-    step no collective into or out of them allocates more than a few
-    counts, against 128 KiB of rows (the bound each rank stores)."""
+def _probe(tmp_path, text: str) -> dict[str, int]:
+    """What each collective into or out of rows owned at run time allocated
+    at its steady-state issue (support/alloc_probe.py on 2 ranks)."""
     path = tmp_path / "experts.mlir"
-    path.write_text(graph(2, "B", "B", partial_input=True, rows=1024, dim=32))
+    path.write_text(text)
     done = subprocess.run(script_command(2, str(SUPPORT / "alloc_probe.py"), str(path)), capture_output=True,
                           text=True, timeout=180, env=rank_environment())
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    grouped = {name: rise for name, rise in report["per_comm"].items() if name.endswith(" grouped)")}
-    assert {name.split("(")[1].split()[0] for name in grouped} >= {"all_gather", "reduce_scatter"}, report["per_comm"]
+    return {name: rise for name, rise in report["per_comm"].items() if name.endswith(" grouped)")}
+
+
+def test_a_grouped_collective_allocates_nothing_the_rows_would_need(tmp_path):
+    """Grouped rows move in place, sized at each issue: in a steady-state
+    step no collective into or out of them allocates more than a few
+    counts, against 128 KiB of rows (the bound each rank stores)."""
+    grouped = _probe(tmp_path, graph(2, "B", "B", partial_input=True, rows=1024, dim=32))
+    assert {name.split("(")[1].split()[0] for name in grouped} >= {"all_gather", "reduce_scatter"}, grouped
     worst = max(grouped.items(), key=lambda kv: kv[1])
     assert worst[1] <= 4096, f"{worst[0]} allocated {worst[1]} bytes in a steady-state issue"
+
+
+def test_gathered_rows_travel_in_buffers_made_at_load(tmp_path):
+    """Rows gathered by an index move packed in buffers of the bound made
+    when the plan loads: an issue allocates the lists of which rows go where
+    (integers, two per row at most), never the rows (128 KiB here)."""
+    rows = 1024
+    moved = _probe(tmp_path, str(dispatch_graph(2, tokens=rows // 2, dim=32, hidden=32).module()))
+    assert any("all_to_all" in name for name in moved), moved
+    worst = max(moved.items(), key=lambda kv: kv[1])
+    assert worst[1] <= 2 * 8 * rows + 4096, f"{worst[0]} allocated {worst[1]} bytes in a steady-state issue"
+
+
+def dispatch_graph(ranks: int, tokens: int = 8, dim: int = 16, hidden: int = 32, experts: int = 4, k: int = 2):
+    """A mixture's experts as transformers runs them, its tokens split over
+    the ranks (S(0)): each routed copy of a token gathered by the sorted
+    copies' token ids (`embedding`), its expert's two layers, and a loss.
+    The tokens are a parameter here, so training reaches them back through
+    the gather's gradient."""
+    from sbpc import frontend as fe
+
+    g = fe.Graph("dispatch", sbpc.placement("cpu", ranks))
+    table = g.param("tokens", (tokens, dim), sbpc.normal(0, 1.0), seed=1, sbp=sbpc.S(0))
+    ids = g.input("ids", (tokens * k,), "i32")
+    ends = fe.cumsum(g.input("counts", (experts,), "i32"), 0)
+    w1 = g.param("w1", (experts, dim, hidden), sbpc.normal(0, 0.3), seed=2, sbp=sbpc.S(0))
+    w2 = g.param("w2", (experts, hidden, dim), sbpc.normal(0, 0.3), seed=3, sbp=sbpc.S(0))
+    rows = fe.embedding(fe.tanh(table), ids)
+    y = fe.grouped_matmul(fe.gelu(fe.grouped_matmul(rows, w1, ends)), w2, ends)
+    g.output(loss=(y * y).mean())
+    return g
+
+
+def indexed_kinds(exe) -> set[str]:
+    """The collectives into or out of rows gathered by an index (I)."""
+    program = next(op for op in exe.module.ops if isinstance(op, plan_dialect.ProgramOp))
+    return {a.kind.data for d in program.devices() for a in d.actors()
+            if isinstance(a, plan_dialect.CommOp) and a.reads_index()}
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_tokens_go_to_their_experts_by_an_all_to_all_and_train_as_on_one_device(ranks):
+    """Tokens split over the ranks reach their experts' ranks by an
+    all_to_all whose counts the gather's index and the group ends give at
+    run time (I -> G), and their gradients come back the same way (G -> I),
+    each rank adding up its own tokens' rows: 3 SGD steps on MPI ranks give
+    the one-device run's losses and parameters, under loads that change
+    from step to step (an expert with no rows among them)."""
+    rng = np.random.default_rng(0)
+    batches = [{"ids": rng.integers(0, 8, 16).astype(np.int32),
+                "counts": rng.multinomial(16, p).astype(np.int32)}
+               for p in ([0.1, 0.5, 0.1, 0.3], [0.25] * 4, [0.0, 0.6, 0.4, 0.0])]
+
+    def train(exe):
+        losses = [float(exe.train_step(b)["loss"]) for b in batches]
+        return losses, {key: exe.params[key] for key in exe.params.keys()}  # noqa: SIM118 - no dict
+
+    one = train(sbpc.compile(dispatch_graph(1), optimizer=sbpc.optim.SGD(lr=0.1), mode="interpret"))
+    for mode in ("auto", "interpret"):  # the MPI ranks, and the plan interpreter
+        exe = sbpc.compile(dispatch_graph(ranks), optimizer=sbpc.optim.SGD(lr=0.1), mode=mode)
+        assert indexed_kinds(exe) == {"all_to_all"}, exe.plan_text
+        losses, params = train(exe)
+        np.testing.assert_allclose(losses, one[0], rtol=1e-5, err_msg=mode)
+        for key, value in one[1].items():
+            np.testing.assert_allclose(params[key], value, rtol=1e-5, atol=1e-6, err_msg=f"{mode}: {key}")

@@ -45,7 +45,8 @@ def main() -> None:
         ex.kernels[actor] = probe
     per_comm: dict[str, int] = {}
     for actor, comm in ex.comm_actors.items():
-        grouped = " grouped" if len(actor.ins.data) == 2 else ""  # it reads the group ends too
+        # into or out of rows owned at run time: it reads the group ends or the index too
+        grouped = " grouped" if actor.reads_group_ends() or actor.reads_index() else ""
         def probe_issue(slot_in, slot_out, issue=comm.issue,
                         name=f"@{actor.sym_name.data} ({actor.kind.data}{grouped})"):
             issued = []

@@ -59,3 +59,36 @@ lg.graph @two_routings on @m {
 // CHECK-NOT:   G>
 // CHECK:       lg.output
 
+
+// -----
+
+// Tokens split over the devices (S(0)): each routed copy is gathered where
+// its token lies, owned there by rows (I<256>: gathered from 256 rows split
+// evenly), and goes to its expert's device by an all_to_all that reads the
+// index and the group ends at run time, not by gathering every token.
+
+sbp.placement @m cpu ranks [0, 1, 2, 3] mesh [4]
+lg.graph @dispatch on @m {
+  %tokens = lg.input "tokens" : !sbp.dtensor<256x64xf32, @m, S<0>>
+  %ids = lg.input "ids" : tensor<512xi32>
+  %counts = lg.input "counts" : tensor<4xi32>
+  %ends = lg.cumsum %counts axis 0 : tensor<4xi32> -> tensor<4xi32>
+  %w1 = lg.param "w1" init #lg.normal<0.0, 0.1> : !sbp.dtensor<4x64x16xf32, @m, S<0>>
+  %w2 = lg.param "w2" init #lg.normal<0.0, 0.1> : !sbp.dtensor<4x16x64xf32, @m, S<0>>
+  %rows = lg.embedding %tokens, %ids : (!sbp.dtensor<256x64xf32, @m, S<0>>, tensor<512xi32>) -> tensor<512x64xf32>
+  %h = lg.grouped_matmul %rows, %w1, %ends : (tensor<512x64xf32>, !sbp.dtensor<4x64x16xf32, @m, S<0>>, tensor<4xi32>) -> tensor<512x16xf32>
+  %a = lg.gelu %h : tensor<512x16xf32>
+  %y = lg.grouped_matmul %a, %w2, %ends : (tensor<512x16xf32>, !sbp.dtensor<4x16x64xf32, @m, S<0>>, tensor<4xi32>) -> tensor<512x64xf32>
+  %z = lg.mul %y, %y : (tensor<512x64xf32>, tensor<512x64xf32>) -> tensor<512x64xf32>
+  lg.output ["z"] %z : tensor<512x64xf32>
+}
+
+// CHECK-LABEL: lg.graph @dispatch
+// CHECK:       %rows = lg.embedding %tokens, %ids {sbp.signature = #sbp.sig<(S<0>, B) -> (I<256>)>}
+// CHECK:       %h = lg.grouped_matmul %{{.*}}, %w1, %ends {sbp.signature = #sbp.sig<(G, S<0>, B) -> (G)>}
+
+// BOXED-LABEL: lg.graph @dispatch
+// BOXED:       %rows = lg.embedding %tokens, %ids
+// BOXED:       sbp.all_to_all %rows grouped by %ends : !sbp.dtensor<4xi32, @m, B> indexed by %ids : !sbp.dtensor<512xi32, @m, B> over [0]
+// BOXED-SAME:  !sbp.dtensor<512x64xf32, @m, I<256>> -> !sbp.dtensor<512x64xf32, @m, G>
+// BOXED-NEXT:  %h = lg.grouped_matmul
