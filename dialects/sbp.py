@@ -97,15 +97,8 @@ class SbpAttr(ParametrizedAttribute, ABC):
         printer.print_string(format_nd((to_plain(self),)))
 
 
-@irdl_attr_definition
-class SplitAttr(SbpAttr):
-    """`S<axis>`: each device of the mesh axis holds one slice along `axis`."""
-
-    name = "sbp.S"
-    axis: IntAttr
-
-    def __init__(self, axis: int | IntAttr):
-        super().__init__(IntAttr(axis) if isinstance(axis, int) else axis)
+class _OneInteger(SbpAttr):
+    """An SBP with one integer parameter, written in angle brackets (`S<0>`, `I<16>`)."""
 
     @classmethod
     def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
@@ -116,8 +109,21 @@ class SplitAttr(SbpAttr):
         return parse_verified(cls, parser, parse)
 
     def print_parameters(self, printer: Printer) -> None:
+        value = self.parameters[0]
+        assert isinstance(value, IntAttr)  # the one parameter each subclass declares
         with printer.in_angle_brackets():
-            printer.print_int(self.axis.data)
+            printer.print_int(value.data)
+
+
+@irdl_attr_definition
+class SplitAttr(_OneInteger):
+    """`S<axis>`: each device of the mesh axis holds one slice along `axis`."""
+
+    name = "sbp.S"
+    axis: IntAttr
+
+    def __init__(self, axis: int | IntAttr):
+        super().__init__(IntAttr(axis) if isinstance(axis, int) else axis)
 
     def verify(self) -> None:
         if self.axis.data < 0:
@@ -187,7 +193,7 @@ class PartialAttr(SbpAttr):
 
 
 @irdl_attr_definition
-class IndexedAttr(SbpAttr):
+class IndexedAttr(_OneInteger):
     """`I<n>`: rows gathered from a table of n rows split evenly (S(0)) over
     the mesh axis, each row held by the device that holds the table row it
     was gathered from: row j by the holder of table row `index[j]`, for an
@@ -203,18 +209,6 @@ class IndexedAttr(SbpAttr):
 
     def __init__(self, rows: int | IntAttr):
         super().__init__(IntAttr(rows) if isinstance(rows, int) else rows)
-
-    @classmethod
-    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
-        def parse():
-            with parser.in_angle_brackets():
-                return (IntAttr(parser.parse_integer(allow_boolean=False)),)
-
-        return parse_verified(cls, parser, parse)
-
-    def print_parameters(self, printer: Printer) -> None:
-        with printer.in_angle_brackets():
-            printer.print_int(self.rows.data)
 
     def verify(self) -> None:
         if self.rows.data < 1:
