@@ -132,8 +132,7 @@ def run_collective(kind: str, value: Distributed, dst_nd: PlainNd, axes: list[in
                 out[c] = local
             continue
         if partial_source:
-            stack = np.stack([value.pieces[c] for c in group])
-            whole = stack.max(axis=0) if src_kind == Sbp.PMAX else stack.sum(axis=0)
+            whole = _reduced([value.pieces[c] for c in group], src_kind)
         else:
             whole = np.zeros([b - a for a, b in zip(lo, hi)], value.dtype)
             covered = np.zeros(whole.shape, bool)
@@ -163,6 +162,12 @@ def run_collective(kind: str, value: Distributed, dst_nd: PlainNd, axes: list[in
     return out, received / len(coords(mesh_shape))
 
 
+def _reduced(pieces: list[np.ndarray], kind: Sbp | None) -> np.ndarray:
+    """The value partial pieces stand for: their sum, or their max (P<max>)."""
+    stack = np.stack(pieces)
+    return stack.max(axis=0) if kind == Sbp.PMAX else stack.sum(axis=0)
+
+
 def _run_owned_rows(kind: str, value: Distributed, dst_nd: PlainNd, axes: list[int],
                     ends: np.ndarray | None, index: np.ndarray | None) -> tuple[Pieces, float]:
     """A collective into or out of rows owned at run time (G: grouped by the
@@ -185,8 +190,7 @@ def _run_owned_rows(kind: str, value: Distributed, dst_nd: PlainNd, axes: list[i
         whole = np.zeros([rows, *(s.stop - s.start for s in first[1:])], value.dtype)
         partial_source = any(value.nd[a].is_partial for a in axes)
         if partial_source:
-            stack = np.stack([value.pieces[c] for c in group])
-            whole = stack.max(axis=0) if src_kind == Sbp.PMAX else stack.sum(axis=0)
+            whole = _reduced([value.pieces[c] for c in group], src_kind)
         else:
             for c in group:
                 own = owned_rows(value.nd, mesh_shape, c, rows, ends, index)
