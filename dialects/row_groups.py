@@ -50,10 +50,12 @@ class RowGroups:
     # -- union-find over value ids ----------------------------------------------
 
     def _find(self, key: int) -> int:
-        parent = self._parent.setdefault(key, key)
-        if parent != key:
-            parent = self._parent[key] = self._find(parent)
-        return parent
+        root = key
+        while (parent := self._parent.setdefault(root, root)) != root:
+            root = parent
+        while key != root:  # path compression, iteratively: graphs run to tens of thousands of ops
+            self._parent[key], key = root, self._parent[key]
+        return root
 
     def _union(self, a: SSAValue, b: SSAValue) -> None:
         ra, rb = self._find(id(a)), self._find(id(b))

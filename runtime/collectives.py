@@ -229,9 +229,8 @@ class CommActor:
         owned = [grouped_rows(ends, self.rows, p, j) for j in range(p)]
         lo, hi = owned[i]
         pending.moved = 0
-        if k == "slice":  # B -> G: the whole stays, its own rows among them
-            dst[...] = src
-        elif k == "make_partial":  # G -> P: its own rows in the reduction's identity
+        # (B -> G, a local slice that keeps the whole, reads no ends: _issue copies it)
+        if k == "make_partial":  # G -> P: its own rows in the reduction's identity
             kept = src[lo:hi].copy() if np.shares_memory(src, dst) else src[lo:hi]
             dst.fill(self.fill)
             dst[lo:hi] = kept
@@ -285,9 +284,7 @@ class CommActor:
         dst_sbp = self.dst_sbp
         own = self._rows_of(self.src_sbp, i, ends, index)
         pending.moved = 0
-        if k == "slice":  # B -> I: the whole stays, its own rows among them
-            dst[...] = src
-            return pending
+        # (B -> I, a local slice that keeps the whole, reads no index: _issue copies it)
         flat_src, flat_dst = src.reshape(len(src), -1), dst.reshape(len(dst), -1)
         if k == "make_partial":  # I -> P: its own rows in the reduction's identity
             if np.shares_memory(src, dst):
