@@ -26,7 +26,7 @@ is all the runtime loads.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -68,9 +68,11 @@ from .sbp import (
     DTensorType,
     Mesh,
     PlacementOp,
+    Sbp,
     element_bytes,
     format_nd,
     nd_to_plain,
+    owns_rows,
     reads_group_ends,
     reads_index,
     verify_distribution,
@@ -626,14 +628,18 @@ class CommOp(ActorOp):
     def reads_group_ends(self) -> bool:
         """Whether it goes into or out of rows grouped by expert (G) on its
         mesh axes, so it reads the group ends too (its second input)."""
-        src, dst = nd_to_plain(self.source.nd_sbp), nd_to_plain(self.dest.nd_sbp)
-        return any(reads_group_ends(src[a], dst[a]) for a in self.mesh_axes.get_values() if a < len(src))
+        return self._reads(reads_group_ends)
 
     def reads_index(self) -> bool:
         """Whether it goes into or out of rows gathered by an index (I), so
         it reads the index too (its last input)."""
+        return self._reads(reads_index)
+
+    def _reads(self, step_reads: Callable[[Sbp, Sbp], bool]) -> bool:
+        if not (owns_rows(self.source) or owns_rows(self.dest)):
+            return False  # every collective but those of rows owned at run time: verified often
         src, dst = nd_to_plain(self.source.nd_sbp), nd_to_plain(self.dest.nd_sbp)
-        return any(reads_index(src[a], dst[a]) for a in self.mesh_axes.get_values() if a < len(src))
+        return any(step_reads(src[a], dst[a]) for a in self.mesh_axes.get_values() if a < len(src))
 
 
 MATMUL_BLOCK_FLOPS = 400e6

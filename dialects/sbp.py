@@ -22,7 +22,7 @@ import functools
 import math
 import weakref
 from abc import ABC
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import auto
 from typing import ClassVar
@@ -926,6 +926,12 @@ class CollectiveRule:
         return True
 
 
+def owns_rows(t: DTensorType) -> bool:
+    """Whether some mesh axis of `t` owns its rows at run time (G or I): the
+    one question the verifiers of every collective ask first, cheaply."""
+    return any(isinstance(e, GroupedAttr | IndexedAttr) for e in t.nd_sbp)
+
+
 def reads_group_ends(source: PlainSbp, dest: PlainSbp) -> bool:
     """Whether the step from `source` to `dest` on one mesh axis needs the
     group ends, to know each device's rows at run time: every step into or
@@ -1089,8 +1095,9 @@ class CollectiveOp(DirectInit, ABC):
                     f"'{self.name}': mesh axis {a} is not in mesh_axes {axes} but changes from "
                     f"{format_nd(NdSbpAttr([s]))} to {format_nd(NdSbpAttr([d]))}"
                 )
-        self._verify_group_ends(source, dest, axes, mesh)
-        self._verify_index(source, dest, axes)
+        if self.ends is not None or self.index is not None or owns_rows(source) or owns_rows(dest):
+            self._verify_group_ends(source, dest, axes)
+            self._verify_index(source, dest, axes)
         inner = hierarchy_violation(nd_to_plain(source.nd_sbp), nd_to_plain(dest.nd_sbp), axes)
         if inner is not None:
             a, k, b = inner
@@ -1100,48 +1107,41 @@ class CollectiveOp(DirectInit, ABC):
             )
 
 
-    def _verify_group_ends(self, source: DTensorType, dest: DTensorType, axes: list[int], mesh: Mesh) -> None:
-        src_nd, dst_nd = nd_to_plain(source.nd_sbp), nd_to_plain(dest.nd_sbp)
-        grouped = [a for a in axes if reads_group_ends(src_nd[a], dst_nd[a])]
-        if not grouped:
-            if self.ends is not None:
-                raise VerifyException(f"'{self.name}': group ends are given but no mesh axis goes into or out of "
-                                      "rows grouped by expert (G)")
-            return
-        if self.ends is None:
-            raise VerifyException(f"'{self.name}': mesh axis {grouped[0]} goes into or out of rows grouped by expert "
-                                  "(G): it needs the group ends (`grouped by %ends`)")
-        ends = self.ends.type
-        assert isinstance(ends, DTensorType)  # the operand's constraint
-        shape = ends.get_shape()
-        if len(shape) != 1 or not isinstance(ends.element_type, IntegerType):
-            raise VerifyException(f"'{self.name}': the group ends must be a vector of integers, got "
-                                  f"{list(shape)}x{ends.element_type}")
-        if ends.placement != source.placement or any(not s == Sbp.B for s in nd_to_plain(ends.nd_sbp)):
-            raise VerifyException(f"'{self.name}': the group ends must be whole (B) on every device of "
-                                  f"@{source.placement_name}, got {format_nd(ends.nd_sbp)} on @{ends.placement_name}")
-
+    def _verify_group_ends(self, source: DTensorType, dest: DTensorType, axes: list[int]) -> None:
+        self._verify_read(self.ends, source, dest, axes, reads_group_ends, "group ends", "group ends are",
+                          "rows grouped by expert (G)", "`grouped by %ends`", None)
 
     def _verify_index(self, source: DTensorType, dest: DTensorType, axes: list[int]) -> None:
+        self._verify_read(self.index, source, dest, axes, reads_index, "index", "an index is",
+                          "rows gathered by an index (I)", "`indexed by %index`", source.get_shape()[0])
+
+    def _verify_read(self, value: SSAValue | None, source: DTensorType, dest: DTensorType, axes: list[int],
+                     reads: Callable[[Sbp, Sbp], bool], what: str, given: str, rows: str, syntax: str,
+                     length: int | None) -> None:
+        """A vector the collective reads at run time (the group ends, the
+        index): given exactly where a mesh axis goes into or out of the rows
+        it says the owners of, a vector of integers (`length` of them, where
+        fixed) held whole on the collective's placement."""
         src_nd, dst_nd = nd_to_plain(source.nd_sbp), nd_to_plain(dest.nd_sbp)
-        indexed = [a for a in axes if reads_index(src_nd[a], dst_nd[a])]
-        if not indexed:
-            if self.index is not None:
-                raise VerifyException(f"'{self.name}': an index is given but no mesh axis goes into or out of rows "
-                                      "gathered by an index (I)")
+        needed = [a for a in axes if reads(src_nd[a], dst_nd[a])]
+        if not needed:
+            if value is not None:
+                raise VerifyException(f"'{self.name}': {given} given but no mesh axis goes into or out of {rows}")
             return
-        if self.index is None:
-            raise VerifyException(f"'{self.name}': mesh axis {indexed[0]} goes into or out of rows gathered by an "
-                                  "index (I): it needs the index (`indexed by %index`)")
-        index = self.index.type
-        assert isinstance(index, DTensorType)  # the operand's constraint
-        if list(index.get_shape()) != list(source.get_shape()[:1]) or not isinstance(index.element_type,
-                                                                                       IntegerType):
-            raise VerifyException(f"'{self.name}': the index must be a vector of integers, one per row "
-                                  f"({source.get_shape()[0]}), got {list(index.get_shape())}x{index.element_type}")
-        if index.placement != source.placement or any(s != Sbp.B for s in nd_to_plain(index.nd_sbp)):
-            raise VerifyException(f"'{self.name}': the index must be whole (B) on every device of "
-                                  f"@{source.placement_name}, got {format_nd(index.nd_sbp)} on @{index.placement_name}")
+        if value is None:
+            raise VerifyException(f"'{self.name}': mesh axis {needed[0]} goes into or out of {rows}: it needs the "
+                                  f"{what} ({syntax})")
+        t = value.type
+        assert isinstance(t, DTensorType)  # the operand's constraint
+        shape = t.get_shape()
+        if len(shape) != 1 or (length is not None and shape[0] != length) or not isinstance(t.element_type,
+                                                                                            IntegerType):
+            per_row = f", one per row ({length})" if length is not None else ""
+            raise VerifyException(f"'{self.name}': the {what} must be a vector of integers{per_row}, got "
+                                  f"{list(shape)}x{t.element_type}")
+        if t.placement != source.placement or any(s != Sbp.B for s in nd_to_plain(t.nd_sbp)):
+            raise VerifyException(f"'{self.name}': the {what} must be whole (B) on every device of "
+                                  f"@{source.placement_name}, got {format_nd(t.nd_sbp)} on @{t.placement_name}")
 
 
 def _collective_op(c: CollectiveRule) -> type[CollectiveOp]:

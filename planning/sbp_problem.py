@@ -56,18 +56,21 @@ NdSignature = tuple[tuple[PlainNd, ...], PlainNd]
 # N-D signatures from 1-D rules
 # --------------------------------------------------------------------------
 
-def _rule(op_cls, in_shapes, out_shape, p, params_key) -> list:
-    return op_cls.signatures(in_shapes, out_shape, p, params_key)
+def _rule(op_cls, in_shapes, out_shape, p, params_key, grouped: bool = False) -> list:
+    rule = op_cls.grouped_signatures if grouped else op_cls.signatures
+    return rule(in_shapes, out_shape, p, params_key)
 
 
-def nd_signatures(op_cls, in_shapes, out_shape, mesh: tuple[int, ...], params: dict) -> list[NdSignature]:
+def nd_signatures(op_cls, in_shapes, out_shape, mesh: tuple[int, ...], params: dict,
+                  grouped: bool = False) -> list[NdSignature]:
     """Products of per-mesh-axis 1-D signatures. Where several mesh axes split
     one tensor axis, they must all use the same 1-D signature and the rule
     must accept it for the product of their sizes; one nd-SBP never mixes P
-    with Pmax."""
+    with Pmax. `grouped`: the op may group its rows by expert (G), so the
+    signatures' twins on grouped rows are candidates too."""
     params_key = tuple(sorted(params.items()))
     in_shapes = tuple(in_shapes)
-    per_axis = [_rule(op_cls, in_shapes, out_shape, p, params_key) for p in mesh]
+    per_axis = [_rule(op_cls, in_shapes, out_shape, p, params_key, grouped) for p in mesh]
     if len(mesh) == 1:
         return [(tuple((s,) for s in ins), (outs[0],)) for ins, outs in per_axis[0]]
     result = []
@@ -75,12 +78,12 @@ def nd_signatures(op_cls, in_shapes, out_shape, mesh: tuple[int, ...], params: d
     for combo in itertools.product(*per_axis):
         ins = tuple(tuple(sig[0][j] for sig in combo) for j in range(n_in))
         out = tuple(sig[1][0] for sig in combo)
-        if _nested_splits_ok(op_cls, in_shapes, out_shape, mesh, params_key, combo, (*ins, out)):
+        if _nested_splits_ok(op_cls, in_shapes, out_shape, mesh, params_key, combo, (*ins, out), grouped):
             result.append((ins, out))
     return result
 
 
-def _nested_splits_ok(op_cls, in_shapes, out_shape, mesh, params_key, combo, nds) -> bool:
+def _nested_splits_ok(op_cls, in_shapes, out_shape, mesh, params_key, combo, nds, grouped: bool) -> bool:
     for nd in nds:
         if Sbp.P in nd and Sbp.PMAX in nd or not grouping_ok(nd):
             return False
@@ -96,7 +99,7 @@ def _nested_splits_ok(op_cls, in_shapes, out_shape, mesh, params_key, combo, nds
             if len(sigs) != 1:
                 return False
             p = math.prod(mesh[a] for a in mesh_axes)
-            if sigs.pop() not in _rule(op_cls, in_shapes, out_shape, p, params_key):
+            if sigs.pop() not in _rule(op_cls, in_shapes, out_shape, p, params_key, grouped):
                 return False
     return True
 
@@ -295,8 +298,8 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
                 nodes.append(Node(op, mesh, candidates, compute, memory, producers, False))
                 sizes.append((nbytes, len(out_shape)))
                 continue
-            candidates = nd_signatures(type(op), in_shapes, out_shape, mesh.shape, params)
-            if not grouped:  # no one routing's ends say whose rows are whose here
+            candidates = nd_signatures(type(op), in_shapes, out_shape, mesh.shape, params, grouped)
+            if not grouped:  # no one routing's ends say whose rows are whose here (a rule's own G)
                 candidates = [c for c in candidates if not any(Sbp.G in nd for nd in (*c[0], c[1]))]
             if fetched:  # rows gathered by an index are owned by rows: not fetched so
                 candidates = [c for c in candidates if not any(s.is_indexed for s in c[1])]

@@ -281,10 +281,21 @@ class SbpRules:
         """sbp_rule's signatures as Sbp values, computed once per distinct
         (shapes, mesh axis size, properties): graphs repeat a few layer
         shapes many times. The list is shared: do not change it."""
-        sigs = [
+        return [
             (plain_nd(ins), plain_nd(outs))
             for ins, outs in cls.sbp_rule(list(in_shapes), out_shape, p, **dict(params))
         ]
+
+    @classmethod
+    @functools.lru_cache(maxsize=1 << 12)
+    def grouped_signatures(
+        cls, in_shapes: tuple[Shape, ...], out_shape: Shape, p: int, params: tuple[tuple[str, Any], ...] = ()
+    ) -> list[tuple[PlainNd, PlainNd]]:
+        """`signatures` and their twins on rows grouped by expert
+        (`grouped_twin`): what an op may take where one routing's ends say
+        whose rows are whose (dialects/row_groups.py). Asked for only there:
+        elsewhere the twins would be candidates for sbp-infer to drop."""
+        sigs = cls.signatures(in_shapes, out_shape, p, params)
         return sigs + [twin for sig in sigs if (twin := grouped_twin(sig, in_shapes, out_shape)) not in sigs
                        and twin is not None]
 

@@ -41,7 +41,8 @@ def check_every_signature(graph: lg.GraphOp, feeds, p: int, rng) -> dict[type, i
             continue
         shapes = [global_shape(o.type) for o in op.operands]
         out_shape = global_shape(op.results[0].type)
-        for ins, outs in type(op).signatures(tuple(shapes), out_shape, p, tuple(sorted(op.params().items()))):
+        # every signature, those on rows grouped by expert included
+        for ins, outs in type(op).grouped_signatures(tuple(shapes), out_shape, p, tuple(sorted(op.params().items()))):
             check_op(op, [(s,) for s in ins], (outs[0],), (p,), trace, rng)
             checked[type(op)] = checked.get(type(op), 0) + 1
     return checked
