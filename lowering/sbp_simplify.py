@@ -31,7 +31,7 @@ from xdsl.pattern_rewriter import (
 from xdsl.transforms.dead_code_elimination import is_trivially_dead
 
 from sbpc.dialects import lg, sbp
-from sbpc.dialects.sbp import DTensorType, Sbp, lookup_placement, nd_to_plain
+from sbpc.dialects.sbp import DTensorType, lookup_placement, nd_to_plain
 from sbpc.planning.boxing_planner import Step
 
 from .sbp_insert_boxing import itemsize, step_bytes
@@ -72,8 +72,8 @@ class AllReduceThenSlice(RewritePattern):
             return
         src, dst = reduce.input.type, op.result.type
         assert isinstance(src, DTensorType) and isinstance(dst, DTensorType)
-        if Sbp.G in nd_to_plain(dst.nd_sbp):
-            return  # B -> G keeps the whole: nothing to scatter
+        if not all(nd_to_plain(dst.nd_sbp)[a].is_split for a in axes):
+            return  # a slice into rows owned at run time (G, I) keeps the whole: nothing to scatter
         moved = None
         if len(axes) == 1:
             mesh = lookup_placement(op, src.placement).mesh()
