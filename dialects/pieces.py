@@ -188,7 +188,9 @@ def staged_elements(kind: str, src: dict[int, Region], dst: dict[int, Region], g
     piece it keeps) and out of its receive buffers after it (unpacking).
     MPI needs each member's block contiguous: an all_gather along an inner
     axis unpacks, a reduce_scatter along one packs, all_to_all and transfers
-    always stage both ways (runtime/collectives.py)."""
+    always stage both ways (runtime/collectives.py): the others' parts
+    through its buffers, its own part straight from its piece to its result
+    at the call."""
     if kind == "all_gather":
         gathered = sum(region_size(src[r]) for r in group)
         return 0, 0 if lies_in_order([src[r] for r in group], dst[me]) else gathered
@@ -196,7 +198,7 @@ def staged_elements(kind: str, src: dict[int, Region], dst: dict[int, Region], g
         return (0 if lies_in_order([dst[r] for r in group], src[me]) else region_size(src[me])), 0
     if kind == "all_to_all":
         sent = sum(region_size(p) for r in group if (p := intersect(src[me], dst[r])) is not None)
-        received = sum(region_size(p) for r in group if (p := intersect(src[r], dst[me])) is not None)
+        received = sum(region_size(p) for r in group if r != me and (p := intersect(src[r], dst[me])) is not None)
         return sent, received
     if kind == "transfer":
         sends, recvs, local = transfer_routes(src, dst, me)

@@ -109,13 +109,15 @@ def main(argv: list[str] | None = None) -> None:
         gathered = gather_pieces(world, fetched, step=executor.steps_run - 1)
         if args.trace:
             events = world.gather(executor.events, root=0)
+            origins = world.gather((MPI.Get_processor_name(), executor.t0), root=0)
         if world.rank == 0:
             assert gathered is not None  # gathered on rank 0
             pieces = {f"rank{rank}/{name}": piece for rank, got in gathered for name, (_, piece) in got.items()}
             np.savez(args.out, **pieces)
             if args.trace:
-                assert events is not None  # gathered on rank 0
-                write_trace(args.trace, [e for rank_events in events for e in rank_events], world.size)
+                assert events is not None and origins is not None  # gathered on rank 0
+                write_trace(args.trace, [e for rank_events in on_host_clocks(events, origins) for e in rank_events],
+                            world.size)
     except Exception as e:  # noqa: BLE001 - every failure ends the whole job, with its place
         message = str(e) if str(e).startswith("rank ") else f"rank {world.rank}: {type(e).__name__}: {e}"
         fail(world, message, errors)
@@ -142,6 +144,21 @@ def _inputs(world: MPI.Comm, args, several: bool) -> tuple[str, dict, dict | Non
     feeds = world.bcast(arrays(args.feeds) if root else None, root=0)
     params = world.bcast(arrays(args.params) if root else None, root=0)
     return plan_text, feeds or {}, params
+
+
+def on_host_clocks(events: list[list[dict]], origins: list[tuple[str, float]]) -> list[list[dict]]:
+    """Each rank's events (times from its own executor's start) on the
+    clock of its host's earliest rank: ranks on one host read one monotonic
+    clock (perf_counter), so their slices line up in the trace, and a rank
+    waiting on a collective shows beside the peer it waits for (each rank
+    at its own origin, a late-started rank looked milliseconds ahead).
+    Hosts' clocks are not one another's: ranks of each host keep that
+    host's origin."""
+    first: dict[str, float] = {}
+    for host, t0 in origins:
+        first[host] = min(t0, first.get(host, t0))
+    return [[{**e, "ts": e["ts"] + (t0 - first[host]) * 1e6} for e in mine]
+            for mine, (host, t0) in zip(events, origins, strict=True)]
 
 
 def write_trace(path: str, events: list[dict], ranks: int) -> None:

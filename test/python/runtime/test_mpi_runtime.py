@@ -96,6 +96,14 @@ def test_trace_is_chrome_json_and_shows_overlap(tmp_path):
         if c["pid"] == k["pid"] and k["ts"] < c["ts"] + c["dur"] and c["ts"] < k["ts"] + k["dur"]
     ]
     assert overlapping, "no compute slice ran while a collective was in flight"
+    # the ranks share their host's clock: no rank completes an all_reduce
+    # before every rank has issued it
+    for name in {c["name"] for c in comm if c["args"]["kind"] == "all_reduce"}:
+        per_rank = [sorted((c for c in comm if c["name"] == name and c["pid"] == r), key=lambda c: c["ts"])
+                    for r in range(4)]
+        for together in zip(*per_rank, strict=True):
+            last_issue = max(c["ts"] for c in together)
+            assert all(c["ts"] + c["dur"] >= last_issue for c in together), (name, together)
 
 
 RESHAPE_IN_PLACE = """
