@@ -238,7 +238,9 @@ def test_staged_elements_count_what_the_runtime_packs_and_unpacks():
     assert staged_elements("all_gather", columns, whole, group, 1) == (0, 48)  # unpacked into columns
     assert staged_elements("reduce_scatter", whole, rows, group, 0) == (0, 0)
     assert staged_elements("reduce_scatter", whole, columns, group, 0) == (48, 0)  # packed by columns
-    assert staged_elements("all_to_all", rows, columns, group, 0) == (24, 24)
+    # its own quarter straight from its piece to its result, the other's
+    # quarter packed; unpacked: only what the other sent
+    assert staged_elements("all_to_all", rows, columns, group, 0) == (24, 12)
     assert staged_elements("all_reduce", whole, whole, group, 0) == (0, 0)
     # a transfer: rank 0 keeps its rows and sends nothing; rank 1 sends its rows to 0
     assert staged_elements("transfer", rows, {0: whole[0]}, group, 0) == (24, 24)
