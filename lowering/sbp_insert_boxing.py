@@ -97,6 +97,7 @@ class BoxingBuilder:
         t = value.type
         assert isinstance(t, DTensorType)
         shape = t.get_shape()
+        boxed = value  # the value row_groups knows: each step's result is a new one
         for step in steps:
             result_type = t.with_distribution(mesh.name, nd_from_plain(step.dst))
             op_cls = sbp.COLLECTIVE_OP_OF_KIND[step.kind]
@@ -105,7 +106,7 @@ class BoxingBuilder:
             before, after = step.src[step.mesh_axis], step.dst[step.mesh_axis]
             if sbp.reads_group_ends(before, after):
                 assert self.group_ends is not None  # box() passes them where a step is grouped
-                ends = self.group_ends(value, mesh)
+                ends = self.group_ends(boxed, mesh)
                 self._after(ends)
             if sbp.reads_index(before, after):
                 assert self.index is not None  # box() passes it where a step gathers

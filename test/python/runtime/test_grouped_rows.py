@@ -78,7 +78,10 @@ def grouped_kinds(exe) -> set[str]:
             if isinstance(a, plan_dialect.CommOp) and len(a.ins.data) == 2}
 
 
-CASES = [(2, "B", "B", False), (2, "S<0>", "S<0>", False), (2, "B", "B", True), (4, "S<0>", "B", False)]
+# (S<1>: rows reach their groups in two steps, through S<0>, each reading
+# the ends of the value boxed)
+CASES = [(2, "B", "B", False), (2, "S<0>", "S<0>", False), (2, "B", "B", True), (4, "S<0>", "B", False),
+         (2, "S<1>", "B", False)]
 
 
 @pytest.mark.parametrize("ranks, x_sbp, out_sbp, partial", CASES)
