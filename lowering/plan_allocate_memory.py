@@ -7,8 +7,12 @@ collective that reads it, as it is in flight),
 taking `bytes x slots`. Registers whose lifetimes overlap never share bytes; dead
 ones are reused. An elementwise compute actor writes in place into an input
 that dies there when type and slots match (the two registers become one
-buffer), and so does a reshape (same bytes, same order). Parameters and
-constants go to the device's persistent region.
+buffer). A reshape's result is its input's bytes (same bytes, same
+order), whether or not the input lives on (`view_groups`): the registers
+of a chain of reshapes share one buffer, live from the first one's write
+to the last read of any of them, and an actor may write in place over one
+of them only where the whole group dies. Parameters and constants go to
+the device's persistent region.
 An updated parameter or optimizer state (lg-optimizer's `new.<key>`) with
 the parameter's own type takes the parameter's persistent bytes when every
 read of the old value comes before the update is written (or is the
@@ -35,19 +39,67 @@ from sbpc.dialects.plan_analysis import lifetimes, register_names
 from sbpc.planning.first_fit import Buffer, aligned, live_bound, place
 
 
+def _plain_temporary(reg: plan.RegisterOp) -> bool:
+    """Neither persistent nor fed nor fetched: bytes only the step's actors touch."""
+    return reg.is_persistent is None and reg.fetch is None and reg.feed is None
+
+
+def view_groups(registers: dict[str, plan.RegisterOp],
+                actors: list[plan.ComputeOp | plan.CommOp]) -> dict[str, str]:
+    """register -> the first register of its group, for the registers that
+    are views of one buffer: a reshape's (any reinterpreting kernel's)
+    result and its input, with the same bytes, element type and slots, both
+    plain temporaries. A reshape's kernel then has nothing to do. Registers
+    are written once a step (by their producer), so the group's bytes are
+    read-only from the first member's write until the last member's read,
+    as long as no actor writes in place over a member before then
+    (in_place_pairs, given the groups' lifetimes)."""
+    group: dict[str, str] = {}
+    for actor in actors:
+        if not isinstance(actor, plan.ComputeOp) or actor.kernel.data not in plan.REINTERPRETING_KERNELS:
+            continue
+        src = registers[actor.ins.data[0].string_value()]
+        out = registers[actor.outs.data[0].string_value()]
+        if (src.bytes == out.bytes and src.type.element_type == out.type.element_type and src.slots == out.slots
+                and _plain_temporary(src) and _plain_temporary(out)):
+            src_name = src.sym_name.data
+            group[out.sym_name.data] = group.get(src_name, src_name)  # (a reshape's input precedes it)
+    for name in set(group.values()):
+        group.setdefault(name, name)
+    return group
+
+
+def group_lifetimes(life: dict[str, tuple[int, int]], group: dict[str, str]) -> dict[str, tuple[int, int]]:
+    """Each register's lifetime, a view group's member's being the whole group's."""
+    span: dict[str, tuple[int, int]] = {}
+    for name, root in group.items():
+        start, end = life[name]
+        s, e = span.get(root, (start, end))
+        span[root] = (min(s, start), max(e, end))
+    if not span:
+        return life
+    return {name: span[group[name]] if name in group else lived for name, lived in life.items()}
+
+
 def in_place_pairs(device: plan.DeviceOp, life: dict[str, tuple[int, int]],
                    registers: dict[str, plan.RegisterOp] | None = None,
-                   actors: list[plan.ComputeOp | plan.CommOp] | None = None) -> dict[str, str]:
+                   actors: list[plan.ComputeOp | plan.CommOp] | None = None,
+                   group: dict[str, str] | None = None) -> dict[str, str]:
     """output register -> input register it may overwrite (`registers` by
-    name and `actors`: the device's, where the caller has them)."""
+    name and `actors`: the device's, where the caller has them; `life`
+    with a view group's lifetime for each of its members, and `group`
+    the view groups, whose members are not overwritten twice)."""
     pairs = {}
-    overwritten = set()  # the values of `pairs`, as a set: each input is overwritten at most once
+    overwritten = set()  # the values of `pairs` (their groups), as a set: each is overwritten at most once
+    group = group or {}
     if registers is None:
         registers = {r.sym_name.data: r for r in device.registers()}
     for pos, actor in enumerate(device.actors() if actors is None else actors):
         if (
             not isinstance(actor, plan.ComputeOp)
             or actor.kernel.data not in plan.OVERWRITING_KERNELS
+            or (actor.kernel.data in plan.REINTERPRETING_KERNELS
+                and actor.outs.data[0].string_value() in group)  # a view of its input
         ):
             continue
         out = registers[actor.outs.data[0].string_value()]
@@ -57,7 +109,7 @@ def in_place_pairs(device: plan.DeviceOp, life: dict[str, tuple[int, int]],
             src = registers[name]
             if (
                 life[name][1] == pos  # it dies here (the most selective test first)
-                and name not in overwritten
+                and group.get(name, name) not in overwritten
                 and (src.type is out.type or src.type == out.type
                      or (reinterprets and src.bytes == out.bytes and src.type.element_type == out.type.element_type))
                 and src.slots == out.slots
@@ -66,7 +118,7 @@ def in_place_pairs(device: plan.DeviceOp, life: dict[str, tuple[int, int]],
                 and src.feed is None
             ):
                 pairs[out.sym_name.data] = name
-                overwritten.add(name)
+                overwritten.add(group.get(name, name))
                 break
     return pairs
 
@@ -130,14 +182,20 @@ def allocate_device(device: plan.DeviceOp, in_place: bool = True, memo: dict | N
     life = lifetimes(device, (register_list, actors), names)
     registers = {r.sym_name.data: r for r in register_list}
     aliases, alias_writers = update_aliases(device, life, registers, actors, names[0]) if in_place else ({}, set())
-    pairs = {out: src for out, src in (in_place_pairs(device, life, registers, actors) if in_place else {}).items()
+    group = {name: root for name, root in view_groups(registers, actors).items()
+             if name not in aliases and root not in aliases} if in_place else {}
+    group = {name: root for name, root in group.items() if root in group}
+    life = group_lifetimes(life, group)
+    pairs = {out: src for out, src in (in_place_pairs(device, life, registers, actors, group)
+                                       if in_place else {}).items()
              if out not in aliases}
-    # registers written in place join the buffer of the input they overwrite
+    # registers written in place join the buffer of the input they
+    # overwrite, and the members of a view group its first member's
     root = {}
     for name in registers:
         r = name
-        while r in pairs:
-            r = pairs[r]
+        while r in pairs or (r in group and group[r] != r):
+            r = pairs[r] if r in pairs else group[r]
         root[name] = r
     buffers: dict[str, Buffer] = {}
     # one (immutable) attribute per distinct offset, shared by its registers
@@ -175,6 +233,7 @@ def allocate_device(device: plan.DeviceOp, in_place: bool = True, memo: dict | N
     for actor in actors:
         if isinstance(actor, plan.ComputeOp) and (
             actor.outs.data[0].string_value() in pairs or actor.sym_name.data in alias_writers
+            or (actor.kernel.data in plan.REINTERPRETING_KERNELS and actor.outs.data[0].string_value() in group)
         ):
             actor.in_place = UnitAttr()
     device.arena = IntegerAttr(arena, i64)

@@ -4,9 +4,14 @@
 - every register has an offset, and lies inside its region (the arena, or
   the persistent region), with the regions' sizes recorded;
 - no two registers live at the same time share bytes, except an input and
-  the output an in-place actor writes over it, and a register that aliases
+  the output an in-place actor writes over it, a register that aliases
   another (an in-place parameter update), which is only written once every
-  read of the other is done;
+  read of the other is done, and the views of one buffer (a reshape in
+  place whose input lives on): a view group counts as one register, live
+  from its first member's write to the last read of any member, so no
+  other register's bytes meet its bytes meanwhile and nothing writes them
+  but the first member's producer (an in-place actor only where the whole
+  group dies);
 - every collective's group is the same ordered list of ranks on each member,
   every member takes part, with the same kind;
 - any two devices issue the collectives they share in the same order (so no
@@ -76,15 +81,34 @@ def verify_memory(device: plan.DeviceOp, contents: Contents | None = None) -> No
     # An in-place actor may share bytes with an input only where its kernel
     # can run in place and the two start at the same offset.
     offsets = {name: offset for name, offset, _, _ in facts}
+    sizes = {name: size for name, _, size, _ in facts}
+    # The views of one buffer: an in-place reshape's result at its input's
+    # offset, with its size, both temporaries (its input may live on).
+    group: dict[str, str] = {}
+    for pos, actor in enumerate(actors):
+        if (isinstance(actor, plan.ComputeOp) and actor.in_place is not None
+                and actor.kernel.data in plan.REINTERPRETING_KERNELS):
+            src, out = reads[pos][0], writes[pos][0]
+            if (offsets[src] == offsets[out] and sizes[src] == sizes[out]
+                    and by_name[src].is_persistent is None and by_name[out].is_persistent is None):
+                group[out] = group.get(src, src)
+    span: dict[str, tuple[int, int]] = {}
+    for member, root in (*group.items(), *((r, r) for r in set(group.values()))):
+        start, end = life[member]
+        s0, e0 = span.get(root, (start, end))
+        span[root] = (min(s0, start), max(e0, end))
     in_place: set[tuple[str, str]] = set()
     for pos, actor in enumerate(actors):
         if (isinstance(actor, plan.ComputeOp) and actor.in_place is not None
                 and actor.kernel.data in plan.OVERWRITING_KERNELS):
             out = writes[pos][0]
-            in_place.update((name, out) for name in reads[pos] if offsets[name] == offsets[out])
-    # (start, end, offset, size, name) of every temporary, swept by start
+            in_place.update((group.get(name, name), group.get(out, out)) for name in reads[pos]
+                            if offsets[name] == offsets[out] and group.get(name, name) != group.get(out, out))
+    # (start, end, offset, size, name) of every temporary (a view group: its
+    # first member, live for the whole group), swept by start
     temporaries = sorted(
-        (*life[name], offset, size, name) for name, offset, size, persistent in facts if not persistent
+        (*span.get(name, life[name]), offset, size, name) for name, offset, size, persistent in facts
+        if not persistent and name not in group
     )
     # The sweeps prove a plan sound in O(n log n); only where one finds a
     # suspect pair does the exhaustive pairwise check run, to decide and to
@@ -114,15 +138,16 @@ def verify_memory(device: plan.DeviceOp, contents: Contents | None = None) -> No
 def first_shared_bytes(temporaries: list[tuple[int, int, int, int, str]],
                        in_place: set[tuple[str, str]]) -> tuple[tuple[int, int, int, int, str], ...] | None:
     """The first two registers live together that share bytes (not an
-    in-place pair), by checking every pair live together: quadratic in the
-    live set. `temporaries` as for temporaries_disjoint."""
+    in-place pair at the position where its input dies), by checking every
+    pair live together: quadratic in the live set. `temporaries` as for
+    temporaries_disjoint."""
     for i, (_s1, e1, lo1, n1, na) in enumerate(temporaries):
         for s2, e2, lo2, n2, nb in temporaries[i + 1 :]:
             if s2 > e1:
                 break  # sorted by start: nothing later is live with this one
             if lo1 < lo2 + n2 and lo2 < lo1 + n1:
-                if (na, nb) in in_place or (nb, na) in in_place:
-                    continue
+                if ((na, nb) in in_place or (nb, na) in in_place) and e1 == s2:
+                    continue  # written over its input where the input dies (as the sweep allows)
                 return temporaries[i], (s2, e2, lo2, n2, nb)
     return None
 

@@ -170,6 +170,67 @@ plan.program @p {
 
 // -----
 
+// An in-place actor writes over its input only where the input dies: the
+// tanh may not write over @y while the neg still reads it.
+sbp.placement @one cpu ranks [0] mesh [1]
+plan.program @p {
+  plan.device @rank0 rank 0 arena 384 persistent 0 {
+    plan.register @x : tensor<4x6xf32> bytes 96 offset 128 feed "x" of !sbp.dtensor<4x6xf32, @one, B>
+    plan.register @y : tensor<4x6xf32> bytes 96 offset 0 of !sbp.dtensor<4x6xf32, @one, B>
+    plan.register @a : tensor<4x6xf32> bytes 96 offset 0 fetch "a" of !sbp.dtensor<4x6xf32, @one, B>
+    plan.register @b : tensor<4x6xf32> bytes 96 offset 256 fetch "b" of !sbp.dtensor<4x6xf32, @one, B>
+    plan.compute @y.exp "lg.exp" [@x] -> [@y]
+    plan.compute @a.tanh "lg.tanh" [@y] -> [@a] in_place
+    plan.compute @b.neg "lg.neg" [@y] -> [@b]
+  }
+}
+// CHECK: 'plan.device' @rank0: registers @a and @y are live together (positions 1..2) but overlap in the arena
+
+// -----
+
+// A reshape in place makes its result a view of its input's bytes (@r of
+// @y): the two are one group, read-only while either lives. Writing over
+// @r in place (the tanh) while @y is still read (the neg) is refused.
+sbp.placement @one cpu ranks [0] mesh [1]
+plan.program @p {
+  plan.device @rank0 rank 0 arena 384 persistent 0 {
+    plan.register @x : tensor<4x6xf32> bytes 96 offset 128 feed "x" of !sbp.dtensor<4x6xf32, @one, B>
+    plan.register @y : tensor<4x6xf32> bytes 96 offset 0 of !sbp.dtensor<4x6xf32, @one, B>
+    plan.register @r : tensor<24xf32> bytes 96 offset 0 of !sbp.dtensor<24xf32, @one, B>
+    plan.register @a : tensor<24xf32> bytes 96 offset 0 of !sbp.dtensor<24xf32, @one, B>
+    plan.register @b : tensor<4x6xf32> bytes 96 offset 128 fetch "b" of !sbp.dtensor<4x6xf32, @one, B>
+    plan.register @z : tensor<24xf32> bytes 96 offset 256 fetch "z" of !sbp.dtensor<24xf32, @one, B>
+    plan.compute @y.exp "lg.exp" [@x] -> [@y]
+    plan.compute @r.reshape "lg.reshape" [@y] -> [@r] in_place
+    plan.compute @a.tanh "lg.tanh" [@r] -> [@a] in_place
+    plan.compute @b.neg "lg.neg" [@y] -> [@b]
+    plan.compute @z.tanh "lg.tanh" [@a] -> [@z]
+  }
+}
+// CHECK: 'plan.device' @rank0: registers @a and @y are live together (positions 2..3) but overlap in the arena
+
+// -----
+
+// A view lives as long as its group: @y is dead after the reshape, but
+// its bytes are @r's until @r's last read, so @q may not take them before.
+sbp.placement @one cpu ranks [0] mesh [1]
+plan.program @p {
+  plan.device @rank0 rank 0 arena 384 persistent 0 {
+    plan.register @x : tensor<4x6xf32> bytes 96 offset 128 feed "x" of !sbp.dtensor<4x6xf32, @one, B>
+    plan.register @y : tensor<4x6xf32> bytes 96 offset 0 of !sbp.dtensor<4x6xf32, @one, B>
+    plan.register @r : tensor<24xf32> bytes 96 offset 0 of !sbp.dtensor<24xf32, @one, B>
+    plan.register @q : tensor<4x6xf32> bytes 96 offset 0 fetch "q" of !sbp.dtensor<4x6xf32, @one, B>
+    plan.register @z : tensor<24xf32> bytes 96 offset 256 fetch "z" of !sbp.dtensor<24xf32, @one, B>
+    plan.compute @y.exp "lg.exp" [@x] -> [@y]
+    plan.compute @r.reshape "lg.reshape" [@y] -> [@r] in_place
+    plan.compute @q.tanh "lg.tanh" [@x] -> [@q]
+    plan.compute @z.tanh "lg.tanh" [@r] -> [@z]
+  }
+}
+// CHECK: 'plan.device' @rank0: registers @q and @y are live together (positions 2..3) but overlap in the arena
+
+// -----
+
 // A correct plan passes unchanged.
 sbp.placement @dp cpu ranks [0, 1] mesh [2]
 plan.program @p {

@@ -1,0 +1,32 @@
+// RUN: sbp-opt %s -p 'compile{to_plan=false}',sbp-to-plan,plan-allocate-memory,plan-verify | filecheck %s
+// RUN: sbp-opt %s -p 'compile{to_plan=false}',sbp-to-plan,'plan-allocate-memory{in_place=false}',plan-verify | filecheck %s --check-prefix=NOINPLACE
+
+// A reshape's result is a view of its input's bytes even where the input
+// lives on (%y is read again by the neg): %r takes %y's offset and the
+// reshape has nothing to do. The group {%y, %r} is read-only until both
+// are dead, so the tanh of %r may not write over it (it goes elsewhere),
+// and only the neg, where %y's last read is, writes over the group; its
+// own reshape %c is a view of %b in turn.
+sbp.placement @one cpu ranks [0] mesh [1]
+lg.graph @views on @one {
+  %x = lg.input "x" : tensor<4x6xf32>
+  %y = lg.exp %x : tensor<4x6xf32>
+  %r = lg.reshape %y : tensor<4x6xf32> -> tensor<24xf32>
+  %a = lg.tanh %r : tensor<24xf32>
+  %b = lg.neg %y : tensor<4x6xf32>
+  %c = lg.reshape %b : tensor<4x6xf32> -> tensor<24xf32>
+  %d = lg.add %a, %c : (tensor<24xf32>, tensor<24xf32>) -> tensor<24xf32>
+  lg.output ["d"] %d : tensor<24xf32>
+}
+// CHECK:      plan.device @rank0 rank 0 arena 256
+// CHECK:      plan.register @y : tensor<4x6xf32> bytes 96 offset [[Y:[0-9]+]]
+// CHECK-NEXT: plan.register @r : tensor<24xf32> bytes 96 offset [[Y]]
+// CHECK-NEXT: plan.register @a : tensor<24xf32> bytes 96 offset [[A:[0-9]+]]
+// CHECK-NEXT: plan.register @b : tensor<4x6xf32> bytes 96 offset [[Y]]
+// CHECK-NEXT: plan.register @c : tensor<24xf32> bytes 96 offset [[Y]]
+// CHECK:      plan.compute @r.reshape "lg.reshape" [@y] -> [@r] in_place
+// CHECK-NEXT: plan.compute @a.tanh "lg.tanh" [@r] -> [@a]{{$}}
+// CHECK-NEXT: plan.compute @b.neg "lg.neg" [@y] -> [@b] in_place
+// CHECK-NEXT: plan.compute @c.reshape "lg.reshape" [@b] -> [@c] in_place
+// NOINPLACE:      plan.compute @r.reshape "lg.reshape" [@y] -> [@r]{{$}}
+// NOINPLACE:      plan.compute @c.reshape "lg.reshape" [@b] -> [@c]{{$}}
