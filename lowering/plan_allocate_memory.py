@@ -98,8 +98,8 @@ def in_place_pairs(device: plan.DeviceOp, life: dict[str, tuple[int, int]],
         if (
             not isinstance(actor, plan.ComputeOp)
             or actor.kernel.data not in plan.OVERWRITING_KERNELS
-            or (actor.kernel.data in plan.REINTERPRETING_KERNELS
-                and actor.outs.data[0].string_value() in group)  # a view of its input
+            # a view (not its group's first register): the group places it
+            or group.get(actor.outs.data[0].string_value()) not in (None, actor.outs.data[0].string_value())
         ):
             continue
         out = registers[actor.outs.data[0].string_value()]
@@ -233,7 +233,8 @@ def allocate_device(device: plan.DeviceOp, in_place: bool = True, memo: dict | N
     for actor in actors:
         if isinstance(actor, plan.ComputeOp) and (
             actor.outs.data[0].string_value() in pairs or actor.sym_name.data in alias_writers
-            or (actor.kernel.data in plan.REINTERPRETING_KERNELS and actor.outs.data[0].string_value() in group)
+            # a reshape whose result is a view of its input (not the group's first register)
+            or group.get(actor.outs.data[0].string_value()) not in (None, actor.outs.data[0].string_value())
         ):
             actor.in_place = UnitAttr()
     device.arena = IntegerAttr(arena, i64)

@@ -89,8 +89,13 @@ def verify_memory(device: plan.DeviceOp, contents: Contents | None = None) -> No
         if (isinstance(actor, plan.ComputeOp) and actor.in_place is not None
                 and actor.kernel.data in plan.REINTERPRETING_KERNELS):
             src, out = reads[pos][0], writes[pos][0]
-            if (offsets[src] == offsets[out] and sizes[src] == sizes[out]
-                    and by_name[src].is_persistent is None and by_name[out].is_persistent is None):
+            # it runs nothing (plan.does_nothing): its result must be its input's bytes
+            if (offsets[src] != offsets[out] or sizes[src] != sizes[out]
+                    or by_name[src].slots != by_name[out].slots
+                    or (by_name[src].is_persistent is None) != (by_name[out].is_persistent is None)):
+                _fail(device, f"'plan.compute' @{actor.sym_name.data} runs nothing in place, but @{out} does not "
+                              f"lie on @{src}'s bytes (offset, size, slots and region alike)")
+            if by_name[src].is_persistent is None:
                 group[out] = group.get(src, src)
     span: dict[str, tuple[int, int]] = {}
     for member, root in (*group.items(), *((r, r) for r in set(group.values()))):

@@ -1,5 +1,5 @@
-// RUN: sbp-opt %s -p 'compile{to_plan=false}',sbp-to-plan,plan-allocate-memory,plan-verify | filecheck %s
-// RUN: sbp-opt %s -p 'compile{to_plan=false}',sbp-to-plan,'plan-allocate-memory{in_place=false}',plan-verify | filecheck %s --check-prefix=NOINPLACE
+// RUN: sbp-opt %s --split-input-file -p 'compile{to_plan=false}',sbp-to-plan,plan-allocate-memory,plan-verify | filecheck %s
+// RUN: sbp-opt %s --split-input-file -p 'compile{to_plan=false}',sbp-to-plan,'plan-allocate-memory{in_place=false}',plan-verify | filecheck %s --check-prefix=NOINPLACE
 
 // A reshape's result is a view of its input's bytes even where the input
 // lives on (%y is read again by the neg): %r takes %y's offset and the
@@ -30,3 +30,25 @@ lg.graph @views on @one {
 // CHECK-NEXT: plan.compute @c.reshape "lg.reshape" [@b] -> [@c] in_place
 // NOINPLACE:      plan.compute @r.reshape "lg.reshape" [@y] -> [@r]{{$}}
 // NOINPLACE:      plan.compute @c.reshape "lg.reshape" [@b] -> [@c]{{$}}
+
+// -----
+
+// A reshape of a feed is no view (the feed's bytes are written by the
+// caller, not by the step): it copies, and its result starts a view group
+// of its own, whose reshape does nothing.
+sbp.placement @one cpu ranks [0] mesh [1]
+lg.graph @fed on @one {
+  %x = lg.input "x" : tensor<4x6xf32>
+  %f = lg.reshape %x : tensor<4x6xf32> -> tensor<24xf32>
+  %g = lg.reshape %f : tensor<24xf32> -> tensor<6x4xf32>
+  %a = lg.exp %g : tensor<6x4xf32>
+  %b = lg.tanh %f : tensor<24xf32>
+  %c = lg.reshape %a : tensor<6x4xf32> -> tensor<24xf32>
+  %d = lg.add %b, %c : (tensor<24xf32>, tensor<24xf32>) -> tensor<24xf32>
+  lg.output ["d"] %d : tensor<24xf32>
+}
+// CHECK-LABEL: plan.program @fed
+// CHECK:       plan.register @f : tensor<24xf32> bytes 96 offset [[F:[0-9]+]]
+// CHECK-NEXT:  plan.register @g : tensor<6x4xf32> bytes 96 offset [[F]]
+// CHECK:       plan.compute @f.reshape "lg.reshape" [@x] -> [@f]{{$}}
+// CHECK-NEXT:  plan.compute @g.reshape "lg.reshape" [@f] -> [@g] in_place

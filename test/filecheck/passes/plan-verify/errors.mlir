@@ -231,6 +231,20 @@ plan.program @p {
 
 // -----
 
+// A reshape in place runs nothing, so its result must lie on its input's
+// bytes: here @r has an offset of its own (and the input two slots).
+sbp.placement @one cpu ranks [0] mesh [1]
+plan.program @p {
+  plan.device @rank0 rank 0 arena 384 persistent 0 {
+    plan.register @x : tensor<4x6xf32> bytes 96 slots 2 offset 0 feed "x" of !sbp.dtensor<4x6xf32, @one, B>
+    plan.register @r : tensor<24xf32> bytes 96 offset 256 fetch "r" of !sbp.dtensor<24xf32, @one, B>
+    plan.compute @r.reshape "lg.reshape" [@x] -> [@r] in_place
+  }
+}
+// CHECK: 'plan.device' @rank0: 'plan.compute' @r.reshape runs nothing in place, but @r does not lie on @x's bytes (offset, size, slots and region alike)
+
+// -----
+
 // A correct plan passes unchanged.
 sbp.placement @dp cpu ranks [0, 1] mesh [2]
 plan.program @p {
