@@ -73,3 +73,23 @@ def lifetimes(device: plan.DeviceOp,
         first = -1 if first is None else first
         out[name] = (first, max(first, last if last is not None else first))
     return out
+
+
+def group_lifetimes(life: dict[str, tuple[int, int]], group: dict[str, str]) -> dict[str, tuple[int, int]]:
+    """Each register's lifetime, a view group's member's (`group`: member ->
+    the group's first register) being the whole group's: from the first
+    member's write to the last read of any member."""
+    span: dict[str, tuple[int, int]] = {}
+    for name, root in (*group.items(), *((r, r) for r in set(group.values()))):
+        start, end = life[name]
+        s, e = span.get(root, (start, end))
+        span[root] = (min(s, start), max(e, end))
+    if not span:
+        return life
+    return {name: span.get(group.get(name, name), lived) for name, lived in life.items()}
+
+
+def is_view(group: dict[str, str], name: str) -> bool:
+    """`name` is a view in `group` (not its group's first register): its
+    reshape does nothing, and the group places its bytes."""
+    return group.get(name, name) != name

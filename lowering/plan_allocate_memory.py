@@ -35,7 +35,7 @@ from xdsl.passes import ModulePass
 
 from sbpc.dialects import plan
 from sbpc.dialects.builders import flat_symbol_ref, i64_attr
-from sbpc.dialects.plan_analysis import lifetimes, register_names
+from sbpc.dialects.plan_analysis import group_lifetimes, is_view, lifetimes, register_names
 from sbpc.planning.first_fit import Buffer, aligned, live_bound, place
 
 
@@ -46,8 +46,8 @@ def _plain_temporary(reg: plan.RegisterOp) -> bool:
 
 def view_groups(registers: dict[str, plan.RegisterOp],
                 actors: list[plan.ComputeOp | plan.CommOp]) -> dict[str, str]:
-    """register -> the first register of its group, for the registers that
-    are views of one buffer: a reshape's (any reinterpreting kernel's)
+    """view -> the first register of its group, for the registers that
+    are views of another's buffer: a reshape's (any reinterpreting kernel's)
     result and its input, with the same bytes, element type and slots, both
     plain temporaries. A reshape's kernel then has nothing to do. Registers
     are written once a step (by their producer), so the group's bytes are
@@ -64,21 +64,7 @@ def view_groups(registers: dict[str, plan.RegisterOp],
                 and _plain_temporary(src) and _plain_temporary(out)):
             src_name = src.sym_name.data
             group[out.sym_name.data] = group.get(src_name, src_name)  # (a reshape's input precedes it)
-    for name in set(group.values()):
-        group.setdefault(name, name)
     return group
-
-
-def group_lifetimes(life: dict[str, tuple[int, int]], group: dict[str, str]) -> dict[str, tuple[int, int]]:
-    """Each register's lifetime, a view group's member's being the whole group's."""
-    span: dict[str, tuple[int, int]] = {}
-    for name, root in group.items():
-        start, end = life[name]
-        s, e = span.get(root, (start, end))
-        span[root] = (min(s, start), max(e, end))
-    if not span:
-        return life
-    return {name: span[group[name]] if name in group else lived for name, lived in life.items()}
 
 
 def in_place_pairs(device: plan.DeviceOp, life: dict[str, tuple[int, int]],
@@ -98,8 +84,7 @@ def in_place_pairs(device: plan.DeviceOp, life: dict[str, tuple[int, int]],
         if (
             not isinstance(actor, plan.ComputeOp)
             or actor.kernel.data not in plan.OVERWRITING_KERNELS
-            # a view (not its group's first register): the group places it
-            or group.get(actor.outs.data[0].string_value()) not in (None, actor.outs.data[0].string_value())
+            or is_view(group, actor.outs.data[0].string_value())  # the group places it
         ):
             continue
         out = registers[actor.outs.data[0].string_value()]
@@ -182,9 +167,7 @@ def allocate_device(device: plan.DeviceOp, in_place: bool = True, memo: dict | N
     life = lifetimes(device, (register_list, actors), names)
     registers = {r.sym_name.data: r for r in register_list}
     aliases, alias_writers = update_aliases(device, life, registers, actors, names[0]) if in_place else ({}, set())
-    group = {name: root for name, root in view_groups(registers, actors).items()
-             if name not in aliases and root not in aliases} if in_place else {}
-    group = {name: root for name, root in group.items() if root in group}
+    group = view_groups(registers, actors) if in_place else {}
     life = group_lifetimes(life, group)
     pairs = {out: src for out, src in (in_place_pairs(device, life, registers, actors, group)
                                        if in_place else {}).items()
@@ -194,7 +177,7 @@ def allocate_device(device: plan.DeviceOp, in_place: bool = True, memo: dict | N
     root = {}
     for name in registers:
         r = name
-        while r in pairs or (r in group and group[r] != r):
+        while r in pairs or is_view(group, r):
             r = pairs[r] if r in pairs else group[r]
         root[name] = r
     buffers: dict[str, Buffer] = {}
@@ -233,8 +216,7 @@ def allocate_device(device: plan.DeviceOp, in_place: bool = True, memo: dict | N
     for actor in actors:
         if isinstance(actor, plan.ComputeOp) and (
             actor.outs.data[0].string_value() in pairs or actor.sym_name.data in alias_writers
-            # a reshape whose result is a view of its input (not the group's first register)
-            or group.get(actor.outs.data[0].string_value()) not in (None, actor.outs.data[0].string_value())
+            or is_view(group, actor.outs.data[0].string_value())  # a reshape that does nothing
         ):
             actor.in_place = UnitAttr()
     device.arena = IntegerAttr(arena, i64)

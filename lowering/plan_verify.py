@@ -39,7 +39,7 @@ from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import plan
-from sbpc.dialects.plan_analysis import lifetimes, register_names
+from sbpc.dialects.plan_analysis import group_lifetimes, lifetimes, register_names
 
 
 def _fail(device: plan.DeviceOp, what: str) -> NoReturn:
@@ -97,11 +97,7 @@ def verify_memory(device: plan.DeviceOp, contents: Contents | None = None) -> No
                               f"lie on @{src}'s bytes (offset, size, slots and region alike)")
             if by_name[src].is_persistent is None:
                 group[out] = group.get(src, src)
-    span: dict[str, tuple[int, int]] = {}
-    for member, root in (*group.items(), *((r, r) for r in set(group.values()))):
-        start, end = life[member]
-        s0, e0 = span.get(root, (start, end))
-        span[root] = (min(s0, start), max(e0, end))
+    span = group_lifetimes(life, group)
     in_place: set[tuple[str, str]] = set()
     for pos, actor in enumerate(actors):
         if (isinstance(actor, plan.ComputeOp) and actor.in_place is not None
@@ -112,7 +108,7 @@ def verify_memory(device: plan.DeviceOp, contents: Contents | None = None) -> No
     # (start, end, offset, size, name) of every temporary (a view group: its
     # first member, live for the whole group), swept by start
     temporaries = sorted(
-        (*span.get(name, life[name]), offset, size, name) for name, offset, size, persistent in facts
+        (*span[name], offset, size, name) for name, offset, size, persistent in facts
         if not persistent and name not in group
     )
     # The sweeps prove a plan sound in O(n log n); only where one finds a
