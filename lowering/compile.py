@@ -89,7 +89,7 @@ def lowering_passes(*, device: str = DEFAULT_DEVICE, bucket: bool = True, bucket
     if bucket:
         passes.append(SbpBucketCollectivesPass(device=device, bucket_bytes=bucket_bytes))
     if to_plan:
-        passes.append(SbpToPlanPass(representatives=representatives))
+        passes.append(SbpToPlanPass(representatives=representatives, device=device))
         if fuse:
             passes.append(PlanFuseElementwisePass())
         passes.append(PlanAllocateMemoryPass(in_place=in_place))

@@ -96,7 +96,7 @@ from sbpc.planning.autoplan.compose import notable, plan_layers
 from sbpc.planning.autoplan.layers import split_layers
 from sbpc.planning.autoplan.profiler import LayerPasses
 from sbpc.planning.autoplan.stages import FORWARD_SOURCES, batch_size, cut_into_stages
-from sbpc.planning.cost_model import PLANNED_FOR_ATTR
+from sbpc.planning.cost_model import DEFAULT_DEVICE, PLANNED_FOR_ATTR
 from sbpc.planning.sbp_ilp import SHARE_ABOVE
 
 from .autoplan_hints import ProfileHints, write_layout
@@ -237,8 +237,10 @@ class WholeGraphHints:
                     _split_first_axis(p, where.string_value(), layout.mesh)
 
 
-def layer_passes() -> LayerPasses:
-    """The passes the layer search's profiler runs on a layer."""
+def layer_passes(optimizer: ModulePass | None = None, device: str = DEFAULT_DEVICE) -> LayerPasses:
+    """The passes the layer search's profiler runs on a layer; `optimizer`:
+    the training step's (lg-optimizer as configured; none: plain SGD);
+    `device`: the cluster it lowers for (as compile's)."""
 
     def train(module: ModuleOp, recompute: str) -> None:
         ctx = Context()
@@ -255,10 +257,18 @@ def layer_passes() -> LayerPasses:
         ctx = Context()
         # a layer's own gradients are not bucketed: the composition prices
         # the whole step's buckets
-        for p in lowering_passes(bucket=False, representatives=True):
+        for p in lowering_passes(device=device, bucket=False, representatives=True):
             p.apply(ctx, module)
 
-    return LayerPasses(rebatch, train, lower)
+    def update(module: ModuleOp, which: str) -> None:
+        ctx = Context()
+        LgAutodiffPass(loss="loss").apply(ctx, module)
+        if which == "step" and optimizer is not None:
+            optimizer.apply(ctx, module)
+        elif which != "none":
+            LgOptimizerPass(algorithm="sgd").apply(ctx, module)
+
+    return LayerPasses(rebatch, train, lower, update)
 
 
 @dataclass(frozen=True)
@@ -371,10 +381,11 @@ class SbpAutoplanPass(ModulePass):
     def _plan_layers(self, op: ModuleOp, graph: lg.GraphOp, placement: PlacementOp, ranks: list[int],
                      cluster: Cluster, budget: int, modes: Sequence[str], batch: int,
                      training: Sequence[ModulePass]) -> None:
-        optimizer = next((p.algorithm for p in training if isinstance(p, LgOptimizerPass)), "sgd")
+        update = next((p for p in training if isinstance(p, LgOptimizerPass)), None)
+        optimizer = update.algorithm if update is not None else "sgd"
         device = self.cluster
         best, estimates, profiler, layers = plan_layers(graph, self.loss, cluster, device, ranks, batch, budget,
-                                                        modes, optimizer, layer_passes())
+                                                        modes, optimizer, layer_passes(update, device))
         # The layouts were priced from the layers' profiles, not lowered: one
         # the whole graph refuses (1F1B micro-batches of a graph with an op
         # that needs the whole batch, a batch-norm's statistics) gives way

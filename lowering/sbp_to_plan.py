@@ -52,6 +52,8 @@ from sbpc.dialects.irdl_verify import bare_op
 from sbpc.dialects.lg_analysis import one_f_one_b
 from sbpc.dialects.pieces import piece_of, rank_group
 from sbpc.dialects.sbp import DTensorType, Mesh, lookup_placement
+from sbpc.planning.bucketing import pricing_cluster
+from sbpc.planning.cost_model import DEFAULT_DEVICE, device_for
 from sbpc.planning.list_schedule import schedule, source_kind
 
 from .lg_micro_batch import MICRO_BATCH_ATTR, SCHEDULE_ATTR
@@ -91,6 +93,8 @@ class Lowering:
     share_bodies: bool = True
     """Give a rank whose registers and actors equal an earlier rank's no body
     of its own, but `like` that rank (see SbpToPlanPass.share_bodies)."""
+    stream_per_group: bool = False
+    """The device runs each group's collectives on a stream of its own (the schedule's waits)."""
 
     def __post_init__(self) -> None:
         # Per value by its id (an SSAValue hashes in Python; every value
@@ -296,7 +300,7 @@ class Lowering:
         actors: dict[int, list[Spec]] = {rank: [] for rank in registers}
         stages = self.stage_orders(body)
         if stages is None:
-            for op in schedule(body):
+            for op in schedule(body, stream_per_group=self.stream_per_group):
                 self.lower_op(op, actors)
         else:
             for ranks, order in stages:
@@ -409,13 +413,23 @@ class SbpToPlanPass(ModulePass):
     the plan passes, the verifier and the runtime's loader handle each
     distinct body once. False gives every rank its own copy."""
 
+    device: str = DEFAULT_DEVICE
+    """The cluster the plan runs on (as sbp-infer's `device`): whether it
+    runs each group's collectives on a stream of its own decides which of
+    the ops waiting for collectives the schedule runs first."""
+
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         only = None
+        placements = [p for p in op.ops if isinstance(p, sbp.PlacementOp)]
         if self.representatives:
-            placements = [p for p in op.ops if isinstance(p, sbp.PlacementOp)]
             only = set(plan.equivalence_classes(placements).values())
+        devices = 1 + max((r for p in placements for r in p.mesh().ranks), default=0)
         for graph in lg.graphs(op):
-            program = Lowering(graph, self.pipeline_slots, only, self.share_bodies).lower()
+            try:
+                streams = pricing_cluster(device_for(graph, self.device), devices).device.stream_per_group
+            except ValueError as e:
+                raise PassFailedException(f"sbp-to-plan: {e}") from None
+            program = Lowering(graph, self.pipeline_slots, only, self.share_bodies, streams).lower()
             if only is not None:
                 program.attributes[plan.REPRESENTATIVES] = UnitAttr()
             op.body.block.insert_op_before(program, graph)

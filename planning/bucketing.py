@@ -143,7 +143,7 @@ def ready_times(ops: list[Operation], timing: Timing) -> dict[int, float]:
     input is ready."""
     ready: dict[int, float] = {}
     compute = comm = 0.0
-    for op in schedule(ops):
+    for op in schedule(ops, stream_per_group=timing.cluster.device.stream_per_group):
         # an operand made outside `ops` (a block argument) is ready at 0
         inputs = max([ready.get(id(o.owner), 0.0) for o in op.operands], default=0.0)
         t = timing.op_time(op)

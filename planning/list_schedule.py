@@ -16,7 +16,8 @@ from sbpc.dialects import lg, sbp
 from sbpc.dialects.lg_analysis import RECOMPUTE_ATTR
 
 
-def schedule(ops: list[Operation], slot: Callable[[Operation], int] | None = None) -> list[Operation]:
+def schedule(ops: list[Operation], slot: Callable[[Operation], int] | None = None,
+             stream_per_group: bool = False) -> list[Operation]:
     """Topological order by list scheduling. Operands made by ops outside
     `ops` count as ready (a pipeline stage's inputs from another stage).
     With `slot`, a ready op of a lower slot always goes first (a pipeline
@@ -26,8 +27,19 @@ def schedule(ops: list[Operation], slot: Callable[[Operation], int] | None = Non
     the collective has work to overlap with; a local slice is no
     collective, so an optimizer update that reads the slice of its
     parameter runs as soon as its gradient is ready, and the communication
-    of its result overlaps the rest of the backward pass); ties in program
-    order."""
+    of its result overlaps the rest of the backward pass). Where the
+    device runs each group's collectives on a stream of its own
+    (`stream_per_group`, NCCL), one issued later may finish first (a
+    tensor-parallel all-reduce beside a queue of gradient reductions): of
+    the last, the one with the longer chain of ops behind it goes first
+    (the backward pass before the updates behind the gradients'
+    reductions), then the one whose collective was issued first; a leaf
+    (the loss) before them all, as it is the last read of what the
+    backward reads too. On one lane (the MPI runtime) they finish in the
+    order they are issued, and program order keeps to it. Other ties in
+    program order. Gates hold back what would be ready too soon and stay
+    live: compute made from parameters and constants alone (a parameter's
+    cast for its update), FSDP's parameter gathers and recomputed ops."""
     # by id: ops hash in Python, ints in C (every op is alive during the call)
     index = {id(op): i for i, op in enumerate(ops)}
     comm = [sbp.is_collective(type(op)) for op in ops]
@@ -53,7 +65,18 @@ def schedule(ops: list[Operation], slot: Callable[[Operation], int] | None = Non
             return 1
         return 2
 
+    # The longest chain of ops behind each op (HLFET's level; program order
+    # is topological, and so far `user_indices` holds the data flow only).
+    level = [0] * len(ops)
+    if stream_per_group:
+        for i in reversed(range(len(ops))):
+            level[i] = 1 + max((level[u] for u in user_indices[i]), default=0)
+
     waiting = [len(made_by) for made_by in producers]
+    # A pipeline's stages keep their phases' order (the rules below are for
+    # one stage's step: its waits for collectives and its parameters' copies).
+    staged = slot is not None or any(isinstance(op, sbp.TransferOp) for op in ops)
+    gated = {} if staged else _made_from_state(ops, comm, producers, user_indices)
     has_gathers = any(is_comm and isinstance(op.operands[0].owner, lg.ParamOp) for op, is_comm in zip(ops, comm))
     has_recomputations = any(RECOMPUTE_ATTR in op.attributes for op in ops)
     if has_gathers or has_recomputations:  # (rare: the gates read the graph by op)
@@ -64,18 +87,30 @@ def schedule(ops: list[Operation], slot: Callable[[Operation], int] | None = Non
         if has_recomputations:
             gates.update(_recomputations(ops, op_index, is_comm, users))
         for head, gate in gates.items():
-            for op in gate:
-                user_indices[op_index[op]].append(op_index[head])
-            waiting[op_index[head]] += len(gate)
+            gated[op_index[head]] = {op_index[op] for op in gate}
+    for head_index, gate_indices in gated.items():
+        for g in gate_indices:
+            user_indices[g].append(head_index)
+        waiting[head_index] += len(gate_indices)
 
-    def key(i: int) -> tuple[int, int, int]:  # ties in program order: the index is unique
-        return (slot(ops[i]) if slot is not None else 0, priority(i), i)
+    position = [0] * len(ops)
+    """Each op's place in the order, once placed (its producers are, when it is ready)."""
+
+    def key(i: int) -> tuple[int, int, int, int, int]:  # ties in program order: the index is unique
+        p = priority(i)
+        if staged or p != 3 or not stream_per_group:
+            return (slot(ops[i]) if slot is not None else 0, p, 0, 0, i)
+        issued = max(position[q] for q in producers[i] if comm[q] and sbp.communicates(type(ops[q])))
+        if level[i] == 1:  # a leaf (the loss): the last read of what it waits for, which the backward reads too
+            return (0, p, -len(ops).bit_length() - 1, issued, i)
+        return (0, p, -level[i].bit_length(), issued, i)
 
     ready = [key(i) for i in range(len(ops)) if not waiting[i]]
     heapq.heapify(ready)
-    order = []
+    order: list[Operation] = []
     while ready:
         i = heapq.heappop(ready)[-1]
+        position[i] = len(order)
         order.append(ops[i])
         for user in user_indices[i]:
             waiting[user] -= 1
@@ -201,3 +236,58 @@ def _from_chain_or_source(value, chain: set[Operation], passed: set[Operation], 
     owner = value.owner
     return owner in chain or owner in passed or not isinstance(owner, Operation) or owner not in index or isinstance(
         owner, (lg.InputOp, lg.ParamOp, lg.ConstantOp))
+
+
+def _made_from_state(ops: list[Operation], comm: list[bool], producers: list[list[int]],
+                     user_indices: list[list[int]]) -> dict[int, set[int]]:
+    """For compute made from parameters and constants alone (a parameter's
+    cast for its update, a weight's transpose), by index: the ops it waits
+    for. Ready from the start, it would run first and its result stay live
+    until its use (an f32 copy of every bf16 weight held through the step).
+    It waits instead for the producers of the other operands of its first
+    user outside such chains; a producer later in program order than it
+    (which may depend on it) is replaced by its own producers."""
+    state = [source_kind(op.__class__) in (lg.ParamOp, lg.ConstantOp) for op in ops]
+    chain = [False] * len(ops)
+    heads = []
+    for i, op in enumerate(ops):  # program order is topological
+        made_by = producers[i]
+        if state[i] or not made_by or len(made_by) != len(op.operands):
+            continue  # (an operand made outside `ops` is no parameter of this stage)
+        if all(state[p] or chain[p] for p in made_by):
+            if not any(chain[p] for p in made_by):
+                if comm[i]:
+                    continue  # a parameter's own redistribution: _parameter_gathers
+                heads.append(i)
+            chain[i] = True
+    gates: dict[int, set[int]] = {}
+    for head in heads:
+        first = len(ops)
+        todo = [head]
+        seen = {head}
+        while todo:
+            for user in user_indices[todo.pop()]:
+                if user not in seen:
+                    seen.add(user)
+                    if chain[user]:
+                        todo.append(user)
+                    else:
+                        first = min(first, user)
+        if first == len(ops):
+            continue
+        # ready for its first user: a chain many use (an update's step
+        # count) waits for the first of them, not the last
+        gate: set[int] = set()
+        more = list(producers[first])
+        while more:
+            p = more.pop()
+            if p in seen or chain[p] or state[p]:
+                continue
+            seen.add(p)
+            if p < head:
+                gate.add(p)
+            else:
+                more.extend(producers[p])
+        if gate:
+            gates[head] = gate
+    return gates

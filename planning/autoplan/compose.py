@@ -14,7 +14,7 @@ from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import lg
 from sbpc.dialects.lg_analysis import one_f_one_b
-from sbpc.dialects.sbp import lookup_placement
+from sbpc.dialects.sbp import element_bytes, lookup_placement
 from sbpc.perf.cluster import Cluster
 from sbpc.perf.step_time import SimulationError, copy_time
 
@@ -24,8 +24,6 @@ from .profiler import LayerPasses, Profiler
 
 STATE_COPIES = {"adam": 2, "adamw": 2, "momentum": 1}
 """Optimizer state per parameter (Adam's m and v; the momentum buffer)."""
-ADAM_STEPS = 12
-"""Elementwise steps of one fused optimizer update (lg-optimizer's Adam chain)."""
 
 
 def _volume(kind: str, p: int, nbytes: float) -> float:
@@ -144,9 +142,14 @@ class Composer:
                 exposed += sum(self.cluster.collective_time("all_gather", group, _volume("all_gather", dp, g))
                                for j in run for g in profiles[j].params)
             shard = dp if sharded else 1
-            optimizer = crowding * sum(
-                self.cluster.work_time("plan.fused", ADAM_STEPS * g / profiles[j].itemsize / shard, 7 * g / shard,
-                                       "f32", ADAM_STEPS) for j in run for g in profiles[j].params)
+            # the step's own optimizer, priced per parameter as lowered and
+            # simulated on one device (crowded as the layout's ranks are)
+            alone = self.cluster.crowding(len(self.ranks)) / self.cluster.crowding(1)
+            updated = [(g, e) for j in run for g, e in zip(profiles[j].params, profiles[j].param_types, strict=True)
+                       if lg.is_float(e)]
+            prices = {e: self.profiler.update_price("step", e) for _, e in updated}
+            optimizer = alone * (max((price.per_step for price in prices.values()), default=0.0) + sum(
+                prices[e].seconds(g / element_bytes(e) / shard) for g, e in updated))
             tail.append(exposed + optimizer)
             in_flight = m if layout.schedule == "gpipe" else min(m, p - s)
             activations = in_flight * sum(profiles[j].saved for j in run) + max(profiles[j].working for j in run)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from xdsl.dialects.builtin import ModuleOp, TensorType, f32
-from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.rewriter import Rewriter
 from xdsl.utils.exceptions import PassFailedException
 
@@ -57,6 +57,37 @@ class LayerPasses:
     lower: Callable[[ModuleOp], None]
     """Lowers an inferred sbp-level module to an allocated plan (one
     device per equivalence class) for the simulator."""
+    update: Callable[[ModuleOp, str], None]
+    """lg-autodiff on a graph (output `loss`), then `sgd` (the plain update
+    `train` makes), `step` (the training step's own optimizer, as
+    configured) or `none` (no update): what an update is priced by."""
+
+
+UPDATE_PROBE_BYTES = 1 << 23
+"""Bytes of the parameters an update is timed on (and twice that): above a
+device's cache, where the parameters that take most of an update's time are."""
+
+
+@dataclass(frozen=True)
+class UpdatePrice:
+    """Seconds an optimizer's update of the parameters takes on a device,
+    from simulating it lowered (its casts, fused chains and kernels' fixed
+    costs, as the whole step runs them)."""
+
+    per_step: float
+    """Once a step (a step count, bias corrections)."""
+    least: float
+    """A parameter's update, at the least (a small one's kernels' fixed costs)."""
+    per_param: float
+    per_element: float
+    """A large parameter's: per_param + per_element x its elements."""
+
+    def seconds(self, elements: float) -> float:
+        """One parameter's update (of `elements` on the device). A device
+        that launches ahead hides a kernel's fixed cost behind a long one, so
+        a small parameter costs its kernels' fixed costs (`least`) and a
+        large one its bytes; a CPU pays both, and the two agree."""
+        return max(self.least, self.per_param + self.per_element * elements)
 
 
 @dataclass
@@ -80,8 +111,8 @@ class Profile:
     """The distribution over the tensor axis of each of the layer's ops' result (None: a scalar)."""
     backward_comm: float = 0.0
     """Seconds its backward keeps the communication stream busy (tensor-parallel collectives)."""
-    itemsize: int = 4
-    """Bytes per element of its parameters."""
+    param_types: list[Attribute] = field(default_factory=list)
+    """The element type of each parameter (the order of `params`)."""
 
 
 class Profiler:
@@ -102,6 +133,7 @@ class Profiler:
             raise PassFailedException(f"sbp-autoplan: the graph has no output named \"{loss}\"")
         self.loss_value = graph.output().values[names.index(loss)]
         self.cache: dict[tuple, Profile] = {}
+        self.updates: dict[tuple[str, Attribute], UpdatePrice] = {}
         self.compiles = 0
         self.references: dict[tuple, list] = {}
         """(layer class, tensor degree, recomputation) -> the signatures chosen
@@ -181,6 +213,58 @@ class Profiler:
                 Rewriter.replace_value_with_new_type(op.result, _replicated(op.result.type))
         return module
 
+    def update_price(self, which: str, element: Attribute) -> UpdatePrice:
+        """The price of `which` update (LayerPasses.update) of parameters of
+        `element` type, on one device. Each timing is the step with the
+        update less the step without it: of one and of two parameters of one
+        element (the fixed costs), and of one parameter of n and of 2n
+        elements (the cost per element, above the device's cache)."""
+        key = (which, element)
+        if key not in self.updates:
+            n = max(1, UPDATE_PROBE_BYTES // element_bytes(element))
+
+            def timed(sizes: list[int]) -> float:
+                return self.update_time(sizes, element, which)
+
+            one, two = timed([1]), timed([1, 1])
+            large, larger = timed([n]), timed([2 * n])
+            least = max(0.0, two - one)
+            per_step = max(0.0, one - least)
+            per_element = max(0.0, (larger - large) / n)
+            self.updates[key] = UpdatePrice(per_step, least, max(0.0, large - per_step - n * per_element),
+                                            per_element)
+        return self.updates[key]
+
+    def update_time(self, sizes: Sequence[int], element: Attribute, which: str) -> float:
+        """Seconds `which` update of parameters of `sizes` elements takes on
+        one device, simulated: the step with it less the step without."""
+        updated = self._simulate(self._update_probe(sizes, element, which))[0]
+        bare = self._simulate(self._update_probe(sizes, element, "none"))[0]
+        return max(0.0, updated - bare)
+
+    def _update_probe(self, sizes: Sequence[int], element: Attribute, which: str) -> ModuleOp:
+        """A graph of parameters of `sizes` elements, its loss the sum of
+        their means, made a training step by `which` update and inferred on
+        one device."""
+        block = Block()
+        loss: SSAValue | None = None
+        for k, elements in enumerate(sizes):
+            param = lg.ParamOp(f"p{k}", TensorType(element, [elements]), lg.NormalInitAttr(0.0, 0.02))
+            mean = lg.ReduceMeanOp(param.result, [0])
+            block.add_ops([param, mean])
+            if loss is None:
+                loss = mean.results[0]
+            else:
+                total = lg.AddOp(loss, mean.results[0])
+                block.add_op(total)
+                loss = total.results[0]
+        assert loss is not None
+        block.add_op(lg.OutputOp([loss], ["loss"]))
+        module = ModuleOp([PlacementOp("mesh", self.kind, [0], (1,)), lg.GraphOp("update", Region(block), "mesh")])
+        self.passes.update(module, which)
+        self._infer(module, 1, None)
+        return module
+
     def _simulate(self, module: ModuleOp) -> tuple[float, int, float]:
         """Step time, peak memory and seconds of collectives in flight."""
         self.compiles += 1
@@ -224,6 +308,9 @@ class Profiler:
         by_key = {p.key.data: p for p in weights}
         ordered = [by_key[k] for k in keys]
         param_bytes = [local_bytes(p.result) for p in ordered]
+        # what the plain update `train` made updates: the weights and the incoming activations
+        updated = [(local_bytes(p.result), element_type(p.result.type)) for p in params
+                   if lg.is_float(element_type(p.result.type))]
         param_sbp = [nd_to_plain(p.result.type.nd_sbp)[0] if isinstance(p.result.type, DTensorType) else Sbp.B
                      for p in ordered]
         forward_set = _layer_forward(graph)
@@ -241,11 +328,12 @@ class Profiler:
         train_time, peak, train_comm = self._simulate(train)
         persistent = 2 * (sum(param_bytes) + in_bytes)
         working = max(0, peak - persistent - saved)
-        updates = sum(self.cluster.work_time("plan.fused", 2 * n / 2, 3 * n, "f32", 2)
-                      for n in [*param_bytes, in_bytes])
+        updates = sum(self.update_price("sgd", e).seconds(n / element_bytes(e)) for n, e in updated)
+        if updated:
+            updates += self.update_price("sgd", updated[0][1]).per_step
         return Profile(fwd_time, max(0.0, train_time - fwd_time - updates), param_bytes, param_sbp,
                        saved + in_bytes, working, out_bytes, value_sbp, max(0.0, train_comm - fwd_comm),
-                       element_bytes(element_type(ordered[0].result.type)) if ordered else 4)
+                       [element_type(p.result.type) for p in ordered])
 
 
 HANDED = "handed."
