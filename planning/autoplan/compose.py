@@ -142,14 +142,18 @@ class Composer:
                 exposed += sum(self.cluster.collective_time("all_gather", group, _volume("all_gather", dp, g))
                                for j in run for g in profiles[j].params)
             shard = dp if sharded else 1
-            # the step's own optimizer, priced per parameter as lowered and
-            # simulated on one device (crowded as the layout's ranks are)
+            # The step's own optimizer, priced per parameter as lowered and
+            # simulated on one device (crowded as the layout's ranks are), on
+            # each data-parallel device's share in every memory mode: sbp-infer
+            # computes the elementwise update of a parameter replicated over
+            # the data axis on each device's share and gathers it (1.3B GPT,
+            # 8 H100s: replicated simulates at 107.0 ms, ZeRO at 105.2).
             alone = self.cluster.crowding(len(self.ranks)) / self.cluster.crowding(1)
             updated = [(g, e) for j in run for g, e in zip(profiles[j].params, profiles[j].param_types, strict=True)
                        if lg.is_float(e)]
             prices = {e: self.profiler.update_price("step", e) for _, e in updated}
             optimizer = alone * (max((price.per_step for price in prices.values()), default=0.0) + sum(
-                prices[e].seconds(g / element_bytes(e) / shard) for g, e in updated))
+                prices[e].seconds(g / element_bytes(e) / dp) for g, e in updated))
             tail.append(exposed + optimizer)
             in_flight = m if layout.schedule == "gpipe" else min(m, p - s)
             activations = in_flight * sum(profiles[j].saved for j in run) + max(profiles[j].working for j in run)

@@ -308,9 +308,12 @@ class Profiler:
         by_key = {p.key.data: p for p in weights}
         ordered = [by_key[k] for k in keys]
         param_bytes = [local_bytes(p.result) for p in ordered]
-        # what the plain update `train` made updates: the weights and the incoming activations
-        updated = [(local_bytes(p.result), element_type(p.result.type)) for p in params
-                   if lg.is_float(element_type(p.result.type))]
+        # What the plain update `train` made updates: the weights and the
+        # incoming activations, each on a device's share of it (sbp-infer
+        # computes the elementwise update of a parameter replicated over the
+        # mesh on each device's share, as the composer prices the step's).
+        updated = [(local_bytes(p.result) / (1 if _split(p.result.type) else tensor), element_type(p.result.type))
+                   for p in params if lg.is_float(element_type(p.result.type))]
         param_sbp = [nd_to_plain(p.result.type.nd_sbp)[0] if isinstance(p.result.type, DTensorType) else Sbp.B
                      for p in ordered]
         forward_set = _layer_forward(graph)
@@ -368,6 +371,11 @@ def _forward_only(train: ModuleOp) -> ModuleOp:
             op.erase()
     graph.body.block.add_op(lg.OutputOp([v for _, v in kept], [n for n, _ in kept]))
     return forward
+
+
+def _split(t) -> bool:
+    """Whether a value of type `t` is split (not replicated) over its mesh."""
+    return isinstance(t, DTensorType) and any(s != Sbp.B for s in nd_to_plain(t.nd_sbp))
 
 
 def _rows(shape: Sequence[int], batch: int, micro: int) -> tuple[int, ...]:
