@@ -147,6 +147,8 @@ class Task:
     blocks: int = 1
     """Parts the runtime runs it in with an MPI call between them (a long
     matmul's column blocks, plan.matmul_blocks); 1: no MPI call inside."""
+    kernel: str = ""
+    """What `DeviceReport.kernels` counts it under: its kernel, `copy`, or `issue` (a collective's)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -210,7 +212,9 @@ class DeviceReport:
     """Peak bytes: the persistent region plus the arena."""
     fits: bool
     kernels: dict[str, float] = field(default_factory=dict)
-    """Seconds per step of each kernel (feeds and write-backs as 'copy'), overhead included: where compute goes."""
+    """Seconds per step of each kernel (feeds and write-backs as 'copy', a
+    collective's packing and call as 'issue'), overhead and shared CPUs
+    included: where `compute` goes (they add up to it)."""
 
 
 @dataclass
@@ -356,7 +360,8 @@ class _Device:
         self.actors: list[tuple[str, str, float, list[str], int, CommSpec | None, int]] = []
         """(name, what, seconds, registers read then written, how many are written, spec, index);
         for a matmul, `what` is its column blocks (plan.matmul_blocks) as 'gemm:N'."""
-        self.kernels: dict[str, float] = {}
+        self.labels: dict[str, str] = {}
+        """Each actor's kernel (compute), or its kind (a copy's)."""
         for index, actor in enumerate(device.actors()):
             names = [r.string_value() for r in (*actor.ins.data, *actor.outs.data)]
             written = len(actor.outs.data)
@@ -369,7 +374,7 @@ class _Device:
                     columns = out.type.get_shape()[-1] if out.type.get_shape() else 1
                     what = f"gemm:{plan.matmul_blocks(actor_work(actor, registers).flops, columns)}"
                 self.actors.append((actor.sym_name.data, what, seconds, names, written, None, index))
-                self.kernels[actor.kernel.data] = self.kernels.get(actor.kernel.data, 0.0) + seconds
+                self.labels[actor.sym_name.data] = actor.kernel.data
                 continue
             kind = actor.kind.data
             nbytes = actor.bytes.value.data if actor.bytes is not None else 0
@@ -377,7 +382,7 @@ class _Device:
                 out = registers[actor.outs.data[0].string_value()]
                 seconds = copy_time(out.bytes.value.data, cluster) + overhead
                 self.actors.append((actor.sym_name.data, "copy", seconds, names, written, None, index))
-                self.kernels[kind] = self.kernels.get(kind, 0.0) + seconds
+                self.labels[actor.sym_name.data] = kind
                 continue
             group = tuple(actor.group.get_values())
             # The runtime packs what MPI needs contiguous before the call (on
@@ -391,10 +396,6 @@ class _Device:
             self.actors.append((actor.sym_name.data, kind, issue, names, written, spec, index))
         self.feeds = [n for n, r in registers.items() if r.feed is not None]
         self.updates = plan.update_pairs(device)
-        copies = [registers[n] for n in self.feeds] + [registers[p] for _, p in self.updates]
-        if copies:
-            self.kernels["copy"] = self.kernels.get("copy", 0.0) + sum(
-                copy_time(r.bytes.value.data, cluster) for r in copies)
         self.ranges = ranges
         self.tasks = self._tasks(steps, cluster, registers)
         self.pc = 0
@@ -408,6 +409,8 @@ class _Device:
         self.step_end: list[float] = []
         self.run_end = 0.0
         self.busy = [0.0] * steps
+        self.spent: list[dict[str, float]] = [{} for _ in range(steps)]
+        """Per step, the thread's seconds by what it ran (Task.kernel)."""
         self.waited_comm = [0.0] * steps
         self.waited_transfer = [0.0] * steps
         self.in_flight = [0.0] * steps
@@ -433,19 +436,21 @@ class _Device:
             for name in self.feeds:
                 nbytes = registers[name].bytes.value.data
                 tasks.append((step, Task(f"{name}.feed", "copy", copy_time(nbytes, cluster),
-                                         self.ranges([name], step, 1))))
+                                         self.ranges([name], step, 1), kernel="copy")))
             for name, what, seconds, names, written, spec, index in self.actors:
                 ranges = self.ranges(names, step, written)
                 if spec is not None:
                     ranges.append((2 + index, 0, 1, True))  # its own pack buffers: waits for its previous issue
+                label = self.labels.get(name, "issue")
                 if what.startswith("gemm:"):
-                    tasks.append((step, Task(name, "compute", seconds, ranges, blocks=int(what[5:]))))
+                    tasks.append((step, Task(name, "compute", seconds, ranges, blocks=int(what[5:]), kernel=label)))
                     continue
-                tasks.append((step, Task(name, what, seconds, ranges, spec)))
+                tasks.append((step, Task(name, what, seconds, ranges, spec, kernel=label)))
             for new, param in self.updates:
                 nbytes = registers[param].bytes.value.data
+                # as the runtime: any access waits
                 tasks.append((step, Task(f"{param}.write_back", "copy", copy_time(nbytes, cluster),
-                                         self.ranges([new], step, 1))))  # as the runtime: any access waits
+                                         self.ranges([new], step, 1), kernel="copy")))
             tasks.append((step, Task("", "end", 0.0, [])))
         return tasks
 
@@ -630,6 +635,7 @@ class Replay:
             if task.comm is None:
                 event = Event(dev.rank, step, task.name, task.what, start, start + task.duration, dev.last)
                 dev.busy[step] += task.duration
+                dev.spent[step][task.kernel] = dev.spent[step].get(task.kernel, 0.0) + task.duration
                 dev.t = event.end
                 dev.last = event
                 self.events.append(event)
@@ -646,6 +652,7 @@ class Replay:
                 cost = task.duration + (1.0 - self.overlap) * spec.duration
                 issued = Event(dev.rank, step, task.name, "issue", start, start + cost, dev.last)
                 dev.busy[step] += task.duration
+                dev.spent[step][task.kernel] = dev.spent[step].get(task.kernel, 0.0) + task.duration
                 dev.waited_comm[step] += cost - task.duration
                 dev.t = issued.end
                 dev.last = issued
@@ -833,6 +840,18 @@ def _shared_processors(prog: plan.ProgramOp, cluster: Cluster, placements: Seque
     return replay
 
 
+def _by_kernel(dev: _Device, counted: range) -> dict[str, float]:
+    """Seconds per step the device's thread ran each kernel (and copies, and
+    collectives' issues), as replayed: slowed where ranks share a CPU, so
+    they add up to `DeviceReport.compute`."""
+    total: dict[str, float] = {}
+    for step in counted:
+        for kernel, seconds in dev.spent[step].items():
+            if seconds > 0:
+                total[kernel] = total.get(kernel, 0.0) + seconds / len(counted)
+    return dict(sorted(total.items(), key=lambda kv: -kv[1]))
+
+
 def _overlap(spans: list[tuple[float, float]], starts: list[float], lo: float, hi: float) -> float:
     """Seconds of [lo, hi) that the sorted, disjoint `spans` cover."""
     total = 0.0
@@ -867,7 +886,7 @@ def _report(prog: plan.ProgramOp, cluster: Cluster, replay: Replay, placements: 
             rank=r, represents=replay.represents[r], placements=tuple(on.get(r, ())), compute=compute,
             exposed_comm=exposed, bubble=bubble, idle=max(0.0, step_time - compute - exposed - bubble),
             comm=sum(d.in_flight[s] for s in counted) / n, memory=d.memory, fits=d.memory <= cluster.device.memory,
-            kernels=dict(sorted(d.kernels.items(), key=lambda kv: -kv[1]))))
+            kernels=_by_kernel(d, counted)))
     # the critical path of the last step: back from the event that ended last
     last = max((d.last for d in replay.devices.values() if d.last is not None), key=lambda e: e.end, default=None)
     path = []

@@ -657,8 +657,16 @@ def test_ranks_that_outnumber_the_cores_the_rates_were_timed_on_compute_at_their
     cpu = preset("cpu").resized(4)
     assert cpu.device.timed_ranks_per_cpu == 1 and cpu.levels[0].cores == 2 and cpu.ranks_per_cpu() == 2
     own_cores = replace(cpu, levels=(replace(cpu.levels[0], cores=4),))
-    compute = [simulate_plan(module, c).devices[0].compute for c in (own_cores, cpu)]
+    predictions = [simulate_plan(module, c) for c in (own_cores, cpu)]
+    compute = [p.devices[0].compute for p in predictions]
     assert compute[1] / compute[0] == pytest.approx(2.0, rel=0.05)
+    # where the compute goes, as replayed: at the share too (explain's
+    # per-kernel line once listed the time timed alone, half the compute)
+    for p in predictions:
+        kernels = p.devices[0].kernels
+        assert sum(kernels.values()) == pytest.approx(p.devices[0].compute, rel=1e-9)
+    assert predictions[1].devices[0].kernels["lg.matmul"] == pytest.approx(
+        2 * predictions[0].devices[0].kernels["lg.matmul"], rel=0.05)
     # one device per class of ranks (the search's plans): the same share
     reps = simulate_plan(module, cpu, exact=False)
     assert reps.simulated == 1 and reps.devices[0].compute == pytest.approx(compute[1], rel=0.05)
