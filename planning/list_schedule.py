@@ -65,17 +65,17 @@ def schedule(ops: list[Operation], slot: Callable[[Operation], int] | None = Non
             return 1
         return 2
 
-    # The longest chain of ops behind each op (HLFET's level; program order
-    # is topological, and so far `user_indices` holds the data flow only).
-    level = [0] * len(ops)
-    if stream_per_group:
-        for i in reversed(range(len(ops))):
-            level[i] = 1 + max((level[u] for u in user_indices[i]), default=0)
-
     waiting = [len(made_by) for made_by in producers]
     # A pipeline's stages keep their phases' order (the rules below are for
     # one stage's step: its waits for collectives and its parameters' copies).
     staged = slot is not None or any(isinstance(op, sbp.TransferOp) for op in ops)
+    by_level = stream_per_group and not staged
+    # The longest chain of ops behind each op (HLFET's level; program order
+    # is topological, and so far `user_indices` holds the data flow only).
+    level = [0] * len(ops)
+    if by_level:
+        for i in reversed(range(len(ops))):
+            level[i] = 1 + max((level[u] for u in user_indices[i]), default=0)
     gated = {} if staged else _made_from_state(ops, comm, producers, user_indices)
     has_gathers = any(is_comm and isinstance(op.operands[0].owner, lg.ParamOp) for op, is_comm in zip(ops, comm))
     has_recomputations = any(RECOMPUTE_ATTR in op.attributes for op in ops)
@@ -98,7 +98,7 @@ def schedule(ops: list[Operation], slot: Callable[[Operation], int] | None = Non
 
     def key(i: int) -> tuple[int, int, int, int, int]:  # ties in program order: the index is unique
         p = priority(i)
-        if staged or p != 3 or not stream_per_group:
+        if p != 3 or not by_level:
             return (slot(ops[i]) if slot is not None else 0, p, 0, 0, i)
         issued = max(position[q] for q in producers[i] if comm[q] and sbp.communicates(type(ops[q])))
         if level[i] == 1:  # a leaf (the loss): the last read of what it waits for, which the backward reads too

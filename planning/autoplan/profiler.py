@@ -134,6 +134,8 @@ class Profiler:
         self.loss_value = graph.output().values[names.index(loss)]
         self.cache: dict[tuple, Profile] = {}
         self.updates: dict[tuple[str, Attribute], UpdatePrice] = {}
+        self.bare: dict[tuple[tuple[int, ...], Attribute], float] = {}
+        """The step time of parameters of these sizes differentiated, not updated."""
         self.compiles = 0
         self.references: dict[tuple, list] = {}
         """(layer class, tensor degree, recomputation) -> the signatures chosen
@@ -239,8 +241,10 @@ class Profiler:
         """Seconds `which` update of parameters of `sizes` elements takes on
         one device, simulated: the step with it less the step without."""
         updated = self._simulate(self._update_probe(sizes, element, which))[0]
-        bare = self._simulate(self._update_probe(sizes, element, "none"))[0]
-        return max(0.0, updated - bare)
+        key = (tuple(sizes), element)
+        if key not in self.bare:  # (the same for every update priced)
+            self.bare[key] = self._simulate(self._update_probe(sizes, element, "none"))[0]
+        return max(0.0, updated - self.bare[key])
 
     def _update_probe(self, sizes: Sequence[int], element: Attribute, which: str) -> ModuleOp:
         """A graph of parameters of `sizes` elements, its loss the sum of
