@@ -384,6 +384,14 @@ BUGS = [
         "np.copyto(cols, at.view.transpose(1, 2, 5, 6, 0, 3, 4))",
         "np.copyto(cols, at.view.transpose(1, 2, 6, 5, 0, 3, 4))",
         T + "runtime/test_numpy_kernels.py", select="reference_computes"),
+    Bug("the-one-gemm-convolution-puts-the-images-in-each-others-places", "runtime", "runtime/numpy_kernels.py",
+        "np.copyto(o.reshape(n, g, rows, positions), product.transpose(2, 0, 1, 3))",
+        "np.copyto(o.reshape(n, g, rows, positions), product.reshape(g, rows, positions, n).transpose(3, 0, 1, 2))",
+        T + "runtime/test_numpy_kernels.py", select="reference_computes"),
+    Bug("max-pooling-gives-every-tied-maximum-the-gradient", "runtime", "runtime/numpy_kernels.py",
+        "            np.greater(hit, taken, out=hit)  # not an earlier tap's\n",
+        "",
+        T + "runtime/test_numpy_kernels.py", select="pooling"),
     # -- the weaknesses issue 57 found ------------------------------------------------------------
     Bug("compile-refuses-every-graph", "pipeline", "lowering/compile.py",  # WEAKNESS
         "        passes = self.passes()\n        with collector_paused():",

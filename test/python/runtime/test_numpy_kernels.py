@@ -400,13 +400,16 @@ CONVOLUTIONS = [  # (kernel, stride, padding, dilation, groups): the gradient fo
 ]
 
 
+@pytest.mark.parametrize("gemm", ["per image", "over every image"])
 @pytest.mark.parametrize("kernel, stride, padding, dilation, groups", CONVOLUTIONS)
-def test_convolution_kernels_compute_what_the_reference_computes(kernel, stride, padding, dilation, groups):
+def test_convolution_kernels_compute_what_the_reference_computes(kernel, stride, padding, dilation, groups, gemm,
+                                                                 monkeypatch):
     from xdsl.dialects.builtin import TensorType
     from xdsl.ir import Block
 
     from sbpc.semantics.reference import REFERENCE
 
+    monkeypatch.setattr(numpy_kernels, "ONE_GEMM_BELOW", 0 if gemm == "per image" else 10**9)
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 4, 7, 6), dtype=np.float32)
     w = rng.standard_normal((4, 4 // groups, *kernel), dtype=np.float32)
@@ -423,3 +426,37 @@ def test_convolution_kernels_compute_what_the_reference_computes(kernel, stride,
         for _ in range(2):  # scratch kept from the first firing must not leak into the second
             fire(ins, out)
             np.testing.assert_allclose(out, REFERENCE[type(op)](op, *ins), rtol=1e-5, atol=1e-5, err_msg=op.name)
+
+
+POOLINGS = [  # (kernel, stride, padding)
+    ((3, 3), (2, 2), (1, 1)),  # ResNet's
+    ((2, 2), (2, 2), (0, 0)),
+    ((3, 2), (1, 1), (1, 1)),  # overlapping windows: a position in several
+    ((2, 3), (1, 2), (1, 0)),
+]
+
+
+@pytest.mark.parametrize("kernel, stride, padding", POOLINGS)
+def test_max_pooling_kernels_compute_what_the_reference_computes(kernel, stride, padding):
+    """Forward and backward against the reference, with ties (the first
+    maximum of a window takes its gradient), a NaN (the first NaN does) and
+    an infinite gradient (to its window's maximum, nowhere else)."""
+    from xdsl.dialects.builtin import TensorType
+    from xdsl.ir import Block
+
+    from sbpc.semantics.reference import REFERENCE
+
+    x = np.round(np.random.default_rng(4).standard_normal((2, 3, 7, 6)), 0).astype(np.float32)  # ties
+    x[1, 2, 3, 4] = np.nan
+    block = Block(arg_types=[TensorType(f32, x.shape)])
+    forward = lg.MaxPool2dOp(block.args[0], kernel, stride, padding)
+    g = np.random.default_rng(5).standard_normal(forward.result.type.get_shape()).astype(np.float32)
+    g[0, 1, 1, 1] = np.inf  # to its window's first maximum alone
+    grads = Block(arg_types=[TensorType(f32, x.shape), TensorType(f32, g.shape)])
+    backward = lg.MaxPool2dGradOp(grads.args[0], grads.args[1], kernel, stride, padding)
+    for op, ins, shape in ((forward, [x], g.shape), (backward, [x, g], x.shape)):
+        out = np.full(shape, -7, np.float32)
+        fire = numpy_kernels.NUMPY[type(op)](op, None, ins, out)
+        for _ in range(2):  # scratch kept from the first firing must not leak into the second
+            fire(ins, out)
+            np.testing.assert_allclose(out, REFERENCE[type(op)](op, *ins), rtol=1e-6, atol=1e-6, err_msg=op.name)
