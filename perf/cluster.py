@@ -399,7 +399,7 @@ class Cluster:
     def roofline(self, kernel: str, flops: float, nbytes: float, dtype: str = "f32") -> float:
         """A kernel's time at the device's rates, before its in-step scale."""
         d = self.device
-        if kernel_kind(kernel) == "gemm":
+        if kernel_kind(kernel) in lg.GEMM_RATE_KINDS:
             return flops / d.gemm_rate(dtype)
         bandwidth = d.cache_bandwidth if 0 < nbytes <= d.cache_bytes and d.cache_bandwidth else d.memory_bandwidth
         rate = d.vector_flops

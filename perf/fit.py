@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -292,3 +292,45 @@ def _fit_collectives(measured: Mapping[str, Any], ranks: int, figures: dict[str,
         figures[f"{label}{kind} latency us"] = latency * 1e6
         figures[f"{label}{kind} GB/s"] = fits[kind].bandwidth / 1e9
     return fits
+
+
+def add_kernel_costs(cluster: Cluster, raw: Mapping[str, Any]) -> Fitted:
+    """`cluster` with figures for the kernels of raw['probe'] (the traced
+    probe steps of `sbp-calibrate --add-kernels-to`) that it has none of its
+    own for, and for the kinds it has none for (the median of its new
+    kernels of that kind), fitted against its own rates: every figure it
+    has stays as it is, so the plans it prices stay as they were except
+    where the new kernels run. What a calibration that predates a probe
+    (a convolutional network's, say) lacks is measured without measuring
+    the rest again."""
+    d = cluster.device
+    unit = replace(d, kernel_overhead=0.0, kernel_overheads={}, kernel_scales={}, kind_overheads={}, kind_scales={})
+    isolated = Cluster(name="rates", count=1, device=unit, levels=(Level("one", 1, 1.0, 0.0),))
+    ranks = int(raw["ranks"])
+    overheads, scales = fit_kernel_costs(raw.get("probe", []), isolated,
+                                         fit_scales=ranks <= int(raw.get("cores", ranks)))
+    new = sorted(k for k in overheads if k not in d.kernel_overheads and k not in d.kernel_scales)
+    new_overheads = {k: overheads[k] for k in new}
+    new_scales = {k: scales[k] for k in new if k in scales}
+    kind_overheads = {k: v for k, v in by_kind(new_overheads).items() if k not in d.kind_overheads}
+    kind_scales = {k: v for k, v in by_kind(new_scales).items() if k not in d.kind_scales}
+    figures: dict[str, Any] = {"ranks": ranks}
+    for k in new:
+        figures[f"overhead {k} us"] = new_overheads[k] * 1e6
+        if k in new_scales:
+            figures[f"in-step scale {k}"] = new_scales[k]
+    for k, v in kind_overheads.items():
+        figures[f"overhead of kind {k} us"] = v * 1e6
+    for k, v in kind_scales.items():
+        figures[f"in-step scale of kind {k}"] = v
+    device = replace(d, kernel_overheads=dict(sorted({**d.kernel_overheads, **new_overheads}.items())),
+                     kernel_scales=dict(sorted({**d.kernel_scales, **new_scales}.items())),
+                     kind_overheads=dict(sorted({**d.kind_overheads, **kind_overheads}.items())),
+                     kind_scales=dict(sorted({**d.kind_scales, **kind_scales}.items())))
+    machine = raw.get("cpu") or raw.get("host", "this machine")
+    if raw.get("cpu"):
+        machine += f", {raw.get('blas') or 'BLAS kernels unknown'}"
+    when = f" on {raw['date']}" if raw.get("date") else ""
+    added = f"{', '.join(new)} added by sbp-calibrate --add-kernels-to{when} ({ranks} ranks of {machine})"
+    source = f"{cluster.source}; {added}" if cluster.source else added
+    return Fitted(replace(cluster, device=device, source=source if new else cluster.source), figures)

@@ -390,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="a training plan on one device and its feeds (repeatable)")
     parser.add_argument("--sync-only", action="store_true",
                         help="measure only what a collective adds as a plan meets it (the sync figure)")
+    parser.add_argument("--probes-only", action="store_true",
+                        help="measure only the probe steps' kernels (sbp-calibrate --add-kernels-to)")
     options = parser.parse_args(argv)
     world = MPI.COMM_WORLD
     authenticate_messages(world)
@@ -402,6 +404,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     raw: dict = {"ranks": world.size, "host": platform.node(), "cpu": cpu_model(), "blas": blas_kernels_named(),
                  "date": time.strftime("%Y-%m-%d"), "quick": options.quick}
+    if options.probes_only:
+        raw["probe"] = [row for plan_path, feeds_path in options.probe
+                        for row in measure_probe(world, plan_path, feeds_path, options.quick)]
+        raw["cores"] = host_cores(world.Split_type(MPI.COMM_TYPE_SHARED))
+        if world.rank == 0:
+            with open(options.output, "w") as f:
+                json.dump(raw, f, indent=1)
+        return 0
     # On several hosts the collectives are measured twice: among the ranks
     # of each host (every host at once, as a plan's groups inside hosts run)
     # and across all ranks, which is what crosses the network; the fit makes

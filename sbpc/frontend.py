@@ -454,12 +454,24 @@ def conv2d(x: Tensor, weight: Tensor, stride: int | Sequence[int] = 1, padding: 
     """2-D convolution of NCHW images by (O, C/groups, kh, kw) weights, as
     PyTorch's `conv2d` without bias; stride, padding and dilation are ints
     or (height, width) pairs."""
-    def pair(v: int | Sequence[int]) -> tuple[int, int]:
-        if not isinstance(v, int | np.integer) and len(v) != 2:
-            raise ValueError(f"stride, padding and dilation are an int or a (height, width) pair, got {v!r}")
-        return (int(v), int(v)) if isinstance(v, int | np.integer) else (int(v[0]), int(v[1]))
+    return x.graph.add(lg.Conv2dOp(x.value, weight.value, _pair(stride), _pair(padding), _pair(dilation), groups))
 
-    return x.graph.add(lg.Conv2dOp(x.value, weight.value, pair(stride), pair(padding), pair(dilation), groups))
+
+def _pair(v: int | Sequence[int]) -> tuple[int, int]:
+    """An image op's (height, width) option from an int or a pair."""
+    if not isinstance(v, int | np.integer) and len(v) != 2:
+        raise ValueError(f"a kernel, stride, padding or dilation is an int or a (height, width) pair, got {v!r}")
+    return (int(v), int(v)) if isinstance(v, int | np.integer) else (int(v[0]), int(v[1]))
+
+
+@checked
+def max_pool2d(x: Tensor, kernel: int | Sequence[int], stride: int | Sequence[int] | None = None,
+               padding: int | Sequence[int] = 0) -> Tensor:
+    """Max pooling of NCHW images, as PyTorch's `max_pool2d` (the stride
+    defaults to the kernel); kernel, stride and padding are ints or
+    (height, width) pairs. The gradient goes to each window's first maximum."""
+    return x.graph.add(lg.MaxPool2dOp(x.value, _pair(kernel), _pair(kernel if stride is None else stride),
+                                      _pair(padding)))
 
 
 @checked

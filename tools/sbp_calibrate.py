@@ -12,6 +12,14 @@ prints the fitted figures.
 On several hosts the collectives are measured among each host's ranks and
 across all of them, and the cluster gets a level for each (hosts, then the
 network), which the simulator and sbp-autoplan read.
+
+Each kernel's cost inside a step is read off traced probe steps: a
+transformer block's and a convolutional network's, each at a small and a
+large size. `--add-kernels-to FILE` runs only those and adds figures for
+the kernels FILE has none for (and their kinds), fitted against FILE's
+own rates, leaving the rest of FILE as it is:
+
+    sbp-calibrate -n 2 --add-kernels-to perf/cpu.json -o perf/cpu.json
 """
 
 from __future__ import annotations
@@ -22,19 +30,44 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
-from sbpc.perf.cluster import ClusterError
-from sbpc.perf.fit import fit_cluster
+from xdsl.dialects.builtin import ModuleOp
+
+from sbpc.perf.cluster import ClusterError, load_cluster
+from sbpc.perf.fit import add_kernel_costs, fit_cluster
 from sbpc.runtime.hosts import Hosts
 from sbpc.runtime.launch import Leftovers, command, rank_environment, stop
 
 from .host_options import add_host_options, hosts_from
 
-PROBE_SIZES = {"small": (4, 8, 16, 2, 32), "large": (8, 64, 128, 4, 256)}
-"""(batch, seq, dim, heads, vocab) of the probe steps: the small one's
-kernels are all fixed cost, the large one's mostly arithmetic, so the two
-separate a kernel's fixed cost from its in-step rate."""
+PROBE_SIZES: dict[str, tuple[int, ...]] = {"small": (4, 8, 16, 2, 32), "large": (8, 64, 128, 4, 256)}
+"""(batch, seq, dim, heads, vocab) of the transformer probe steps: the small
+one's kernels are all fixed cost, the large one's mostly arithmetic, so the
+two separate a kernel's fixed cost from its in-step rate."""
+
+CNN_PROBE_SIZES: dict[str, tuple[int, ...]] = {"small": (2, 4, 8), "large": (8, 32, 32)}
+"""(batch, channels, image side) of the convolutional probe steps, small
+and large as the transformer's."""
+
+CNN_CLASSES = 10
+
+
+def _compiled(g, optimizer: str):
+    """A probe graph's training step on one device, compiled."""
+    from xdsl.context import Context
+
+    from sbpc.lowering.compile import CompilePass
+    from sbpc.lowering.lg_autodiff import LgAutodiffPass
+    from sbpc.lowering.lg_optimizer import LgOptimizerPass
+
+    module = g.module()
+    LgAutodiffPass().apply(Context(), module)
+    LgOptimizerPass(algorithm=optimizer).apply(Context(), module)
+    CompilePass().apply(Context(), module)
+    return module
 
 
 def probe_module(size: str = "small"):
@@ -43,12 +76,8 @@ def probe_module(size: str = "small"):
     actors are the kernels whose fixed costs and in-step rates calibration
     measures."""
     import numpy as np
-    from xdsl.context import Context
 
     import sbpc
-    from sbpc.lowering.compile import CompilePass
-    from sbpc.lowering.lg_autodiff import LgAutodiffPass
-    from sbpc.lowering.lg_optimizer import LgOptimizerPass
 
     batch, seq, dim, heads, vocab = PROBE_SIZES[size]
     hd = dim // heads
@@ -73,15 +102,47 @@ def probe_module(size: str = "small"):
     h = h + up @ g.param("w2", (4 * dim, dim), init=sbpc.normal(0.0, 0.02), seed=8)
     logits = h @ g.param("head", (dim, vocab), init=sbpc.normal(0.0, 0.02), seed=9)
     g.output(loss=sbpc.cross_entropy(logits, targets))
-    module = g.module()
-    LgAutodiffPass().apply(Context(), module)
-    LgOptimizerPass(algorithm="adam").apply(Context(), module)
-    CompilePass().apply(Context(), module)
-    return module
+    return _compiled(g, "adam")
 
 
-def calibrate(ranks: int, quick: bool = False, timeout: float = 600.0, hosts: Hosts | None = None) -> dict:
-    """The raw timings of runtime/calibrate.py on `ranks` ranks (placed on `hosts`)."""
+def cnn_probe_module(size: str = "small"):
+    """A residual convolutional network's training step on one device (3x3
+    convolutions at strides 1 and 2, batch normalization by the batch's
+    statistics, ReLU, max pooling, global average pooling, cross-entropy,
+    SGD), compiled: the image kernels, which the transformer probe lacks."""
+    import sbpc
+
+    batch, channels, side = CNN_PROBE_SIZES[size]
+    g = sbpc.Graph("cnn_probe", placement=sbpc.placement("cpu", ranks=1))
+    images = g.input("images", (batch, 3, side, side))
+    labels = g.input("labels", (batch,), dtype="i64")
+
+    def conv_norm(x, name: str, shape: tuple[int, int], stride: int = 1):
+        out, inp = shape
+        w = g.param(f"{name}.w", (out, inp, 3, 3), init=sbpc.normal(0.0, (2.0 / (9 * inp)) ** 0.5), seed=len(name))
+        y = sbpc.conv2d(x, w, stride, 1)
+        centered = y - sbpc.reduce_mean(y, [0, 2, 3], keepdims=True)
+        scale = sbpc.rsqrt(sbpc.reduce_mean(centered * centered, [0, 2, 3], keepdims=True) + 1e-5)
+        return (centered * scale * g.param(f"{name}.gamma", (1, out, 1, 1), init=sbpc.ones())
+                + g.param(f"{name}.beta", (1, out, 1, 1)))
+
+    h = sbpc.max_pool2d(sbpc.relu(conv_norm(images, "stem", (channels, 3))), 3, 2, 1)
+    h = sbpc.relu(conv_norm(h, "block", (channels, channels)) + h)
+    h = sbpc.relu(conv_norm(h, "down", (2 * channels, channels), stride=2))
+    head = g.param("head", (2 * channels, CNN_CLASSES), init=sbpc.normal(0.0, 0.1), seed=9)
+    g.output(loss=sbpc.cross_entropy(sbpc.reduce_mean(h, [2, 3]) @ head, labels))
+    return _compiled(g, "sgd")
+
+
+PROBES: dict[str, tuple[Callable[[str], ModuleOp], dict[str, tuple[int, ...]]]] = {
+    "transformer": (probe_module, PROBE_SIZES), "cnn": (cnn_probe_module, CNN_PROBE_SIZES)}
+"""The training steps whose traced kernels give the per-kernel costs, each at its sizes."""
+
+
+def calibrate(ranks: int, quick: bool = False, timeout: float = 600.0, hosts: Hosts | None = None,
+              probes_only: bool = False) -> dict:
+    """The raw timings of runtime/calibrate.py on `ranks` ranks (placed on
+    `hosts`); with `probes_only`, of the probe steps' kernels alone."""
     import numpy as np
     from xdsl.printer import Printer
 
@@ -91,17 +152,20 @@ def calibrate(ranks: int, quick: bool = False, timeout: float = 600.0, hosts: Ho
 
     with tempfile.TemporaryDirectory(prefix="sbp-calibrate-") as tmp:
         raw_path = Path(tmp) / "raw.json"
-        args = [str(raw_path), *(["--quick"] if quick else [])]
-        for size in PROBE_SIZES:
-            probe = probe_module(size)
-            probe_path, feeds_path = Path(tmp) / f"probe-{size}.mlir", Path(tmp) / f"feeds-{size}.npz"
-            with open(probe_path, "w") as f:
-                Printer(stream=f).print_op(probe)
-            feeds = generated_feeds(plan.programs(probe)[0], 0)
-            if "lr" in feeds:  # a rate that keeps the weights finite over the timed steps
-                feeds["lr"] = np.asarray(1e-3, feeds["lr"].dtype)
-            np.savez(feeds_path, **feeds)  # type: ignore[arg-type]
-            args += ["--probe", str(probe_path), str(feeds_path)]
+        args = [str(raw_path), *(["--quick"] if quick else []), *(["--probes-only"] if probes_only else [])]
+        for name, (build, sizes) in PROBES.items():
+            for size in sizes:
+                probe = build(size)
+                probe_path, feeds_path = Path(tmp) / f"{name}-{size}.mlir", Path(tmp) / f"feeds-{name}-{size}.npz"
+                with open(probe_path, "w") as f:
+                    Printer(stream=f).print_op(probe)
+                feeds = generated_feeds(plan.programs(probe)[0], 0)
+                if "lr" in feeds:  # a rate that keeps the weights finite over the timed steps
+                    feeds["lr"] = np.asarray(1e-3, feeds["lr"].dtype)
+                if "labels" in feeds:  # classes in range
+                    feeds["labels"] = np.arange(feeds["labels"].size, dtype=feeds["labels"].dtype) % CNN_CLASSES
+                np.savez(feeds_path, **feeds)  # type: ignore[arg-type]
+                args += ["--probe", str(probe_path), str(feeds_path)]
         return _run_ranks(ranks, args, raw_path, timeout, hosts)
 
 
@@ -144,6 +208,10 @@ def main(args: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats (seconds; rougher figures)")
     parser.add_argument("--raw", help="also write the raw timings here (JSON)")
     parser.add_argument("--from-raw", help="fit raw timings written earlier instead of measuring")
+    parser.add_argument("--add-kernels-to", metavar="FILE",
+                        help="measure only the probe steps' kernels and write FILE's cluster (to -o) with figures "
+                             "for those it has none for, and their kinds, fitted against its own rates; its other "
+                             "figures stay as they are")
     parser.add_argument("--shared-ranks", type=int, metavar="M",
                         help="where the N ranks have a core each, also measure what a collective adds on M ranks "
                              "of this host sharing its cores (the cluster's sync, which the simulator charges where "
@@ -159,14 +227,19 @@ def main(args: list[str] | None = None) -> int:
         if options.from_raw:
             raw = json.loads(Path(options.from_raw).read_text())
         else:
-            raw = calibrate(options.ranks, options.quick, hosts=hosts)
-            if options.shared_ranks:
+            raw = calibrate(options.ranks, options.quick, hosts=hosts, probes_only=bool(options.add_kernels_to))
+            if options.shared_ranks and not options.add_kernels_to:
                 if hosts is not None:
                     raise ValueError("--shared-ranks measures this host: give it without --hosts")
                 raw["shared_sync"] = shared_sync(options.shared_ranks, options.quick)
         if options.raw:
             Path(options.raw).write_text(json.dumps(raw, indent=1) + "\n")
-        fitted = fit_cluster(raw, options.name)
+        if options.add_kernels_to:
+            fitted = add_kernel_costs(load_cluster(options.add_kernels_to), raw)
+            if options.name:
+                fitted = replace(fitted, cluster=replace(fitted.cluster, name=options.name))
+        else:
+            fitted = fit_cluster(raw, options.name)
         fitted.cluster.save(options.output)
     except (RuntimeError, OSError, ValueError, KeyError, TypeError, ClusterError) as e:
         print(f"sbp-calibrate: error: {e}", file=sys.stderr)

@@ -40,6 +40,7 @@ from xdsl.ir import Dialect, Operation
 
 from .base import (
     FLOAT_TYPES,
+    GEMM_RATE_KINDS,
     KERNEL_KINDS,
     MAX_ELEMENTS,
     Elementwise,

@@ -237,14 +237,19 @@ def passthrough_signatures(count: int, kinds: Sequence[str]) -> list[Signature]:
     return sigs + [((k,) * count, (k,)) for k in kinds]
 
 
-KERNEL_KINDS = ("gemm", "elementwise", "row", "layout", "gather")
+KERNEL_KINDS = ("gemm", "window", "elementwise", "row", "layout", "gather")
 """How an op's kernel spends its time, for the device model's rates
-(`perf.cluster`): GEMMs (matmuls; convolutions as im2col and GEMM) at the
-GEMM rate; elementwise arithmetic; row kernels, which reduce along an axis
+(`perf.cluster`): GEMMs (matmuls) at the GEMM rate; window kernels
+(convolutions: the windows they read copied, then GEMMs), priced by their
+arithmetic at the GEMM rate too but scaled apart, as their copies and
+narrow GEMMs cost them about twice a matmul's time per flop on a CPU;
+elementwise arithmetic; row kernels, which reduce along an axis
 (reductions, softmax, layernorm, the losses, pooling); layout kernels,
 which only move bytes (reshape, transpose, concat, slice, pad); gathers and
 scatters by index. A calibrated device measures a few kernels of each kind
 by name, and prices every other kernel as its kind."""
+GEMM_RATE_KINDS = ("gemm", "window")
+"""The kinds whose arithmetic runs at the GEMM rate."""
 
 
 class SbpRules:

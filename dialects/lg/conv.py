@@ -31,7 +31,7 @@ class _ConvOp(LgOp, ABC):
     dilation (height, width) and the number of groups, as PyTorch's
     `conv2d` takes them; images are NCHW and weights (O, C/groups, kh, kw)."""
 
-    KERNEL_KIND: ClassVar[str] = "gemm"
+    KERNEL_KIND: ClassVar[str] = "window"
 
     stride = prop_def(DenseArrayBase.constr(i64))
     padding = prop_def(DenseArrayBase.constr(i64))
@@ -378,7 +378,12 @@ class MaxPool2dGradOp(_PoolOp):
 
     @classmethod
     def flops(cls, in_shapes, out_shape, kernel, **params):
-        return float(math.prod(in_shapes[1]) * math.prod(kernel))
+        # per window and tap: whether it holds the maximum, whether an
+        # earlier tap did, the gradient taken or not, and its sum where the
+        # windows overlap (a fifth of this was the count: the rate-bound
+        # time then hid under the fixed cost, and calibration could not
+        # tell the two apart)
+        return 5.0 * math.prod(in_shapes[1]) * math.prod(kernel)
 
     def gradient(self, g, e):
         """PyTorch's double backward: linear in the gradient, so its own

@@ -388,6 +388,11 @@ BUGS = [
         "np.copyto(o.reshape(n, g, rows, positions), product.transpose(2, 0, 1, 3))",
         "np.copyto(o.reshape(n, g, rows, positions), product.reshape(g, rows, positions, n).transpose(3, 0, 1, 2))",
         T + "runtime/test_numpy_kernels.py", select="reference_computes"),
+    Bug("a-sum-over-leading-and-trailing-axes-keeps-the-first-leading-row", "runtime", "runtime/numpy_kernels.py",
+        "np.sum(left, axis=leading, keepdims=True, out=o.reshape(kept))",
+        "np.copyto(o.reshape(kept), left[tuple(slice(0, 1) if a in leading else slice(None)\n"
+        "                                          for a in range(left.ndim))])",
+        T + "runtime/test_numpy_kernels.py", select="leading_axes"),
     Bug("max-pooling-gives-every-tied-maximum-the-gradient", "runtime", "runtime/numpy_kernels.py",
         "            np.greater(hit, taken, out=hit)  # not an earlier tap's\n",
         "",

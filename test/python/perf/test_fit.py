@@ -121,7 +121,8 @@ def test_probe_steps_at_two_sizes_give_a_kernels_fixed_cost_and_its_in_step_scal
 def test_a_kernel_the_probe_does_not_run_is_priced_as_its_kind():
     # The probe times add and mul (elementwise) and softmax (a row kernel)
     # at sizes apart; tanh, exp and a layernorm it never runs take their
-    # kind's median, a convolution the GEMM rate and the matmul's figures.
+    # kind's median, a grouped matmul the GEMM rate and the matmul's
+    # figures, a convolution (a window kernel: none probed) the GEMM rate alone.
     raw = synthetic(2)
 
     def core(flops: float, nbytes: float) -> float:
@@ -142,8 +143,10 @@ def test_a_kernel_the_probe_does_not_run_is_priced_as_its_kind():
         assert cluster.work_time(kernel, 1e6, 12e6) == pytest.approx(2e-6 + 0.7 * core(1e6, 12e6), rel=1e-3)
     assert cluster.work_time("lg.layernorm", 1e6, 12e6) == pytest.approx(4e-6 + 1.5 * core(1e6, 12e6), rel=1e-3)
     assert cluster.work_time("lg.add", 1e6, 12e6) == pytest.approx(1e-6 + 0.5 * core(1e6, 12e6), rel=1e-3)
+    grouped = cluster.work_time("lg.grouped_matmul", 6e7, 1e6)
+    assert grouped == pytest.approx(5e-6 + 1.3 * 6e7 / TRUE["gemm_rate"], rel=1e-3)
     conv = cluster.work_time("lg.conv2d", 6e7, 1e6)
-    assert conv == pytest.approx(5e-6 + 1.3 * 6e7 / TRUE["gemm_rate"], rel=1e-3)
+    assert conv == pytest.approx(d.kernel_overhead + 6e7 / TRUE["gemm_rate"], rel=1e-3)
     # a kind no probed kernel has: the device's own fixed cost and scale 1
     assert "gather" not in d.kind_scales
     assert cluster.work_time("lg.gather", 1e3, 1e4) == pytest.approx(d.kernel_overhead + core(1e3, 1e4), rel=1e-3)
@@ -249,3 +252,40 @@ def test_a_quick_calibration_of_this_machine_names_it_and_measures_ranks_sharing
     # fit's use of it is test_a_shared_core_sync_measured_apart_...)
     assert cluster.levels[0].sync >= 0 and cluster.levels[0].cores == cores
     assert {"gemm", "elementwise", "row", "fused"} <= set(cluster.device.kind_scales)
+
+
+def test_kernels_added_to_a_calibrated_cluster_leave_its_figures_as_they_were():
+    """sbp-calibrate --add-kernels-to: the probe's kernels the cluster has no
+    figures for (a convolution and its input's gradient, a window kind) are
+    fitted against the cluster's own rates; what it had (the matmul's
+    figures, the elementwise kind) stays, even where the new probe times
+    those kernels otherwise."""
+    from sbpc.perf.fit import add_kernel_costs
+
+    raw = synthetic(2)
+    raw["probe"] = [["lg.matmul", f, 0.0, "f32", 1, 5e-6 + 1.3 * f / TRUE["gemm_rate"]] for f in (2e3, 2e7, 6e7)]
+    raw["probe"] += [["lg.add", f, 12 * f, "f32", 1, 1e-6 + 0.5 * f / TRUE["vector"]] for f in (1e3, 1e6, 1e7)]
+    cluster = fit_cluster(raw).cluster
+    probe = [["lg.matmul", f, 0.0, "f32", 1, 9e-6 + 3.0 * f / TRUE["gemm_rate"]] for f in (2e3, 2e7, 6e7)]
+    probe += [["lg.conv2d", f, 0.0, "f32", 1, 6e-6 + 2.0 * f / TRUE["gemm_rate"]] for f in (2e4, 2e7, 6e7)]
+    probe += [["lg.conv2d_grad_input", f, 0.0, "f32", 1, 8e-6 + 2.4 * f / TRUE["gemm_rate"]] for f in (2e4, 6e7)]
+    added = add_kernel_costs(cluster, {"ranks": 2, "cores": 2, "date": "2026-11-30", "probe": probe}).cluster
+    d, before = added.device, cluster.device
+    assert d.kernel_scales["lg.conv2d"] == pytest.approx(2.0, rel=1e-3)
+    assert d.kernel_overheads["lg.conv2d"] == pytest.approx(6e-6, rel=1e-3)
+    assert d.kind_scales["window"] == pytest.approx(2.2, rel=1e-3)  # the median of 2.0 and 2.4
+    for kernel in ("lg.matmul", "lg.add"):
+        assert d.kernel_scales[kernel] == before.kernel_scales[kernel]
+        assert d.kernel_overheads[kernel] == before.kernel_overheads[kernel]
+    assert {k: v for k, v in d.kind_scales.items() if k != "window"} == before.kind_scales
+    assert (d.gemm_rate("f32"), d.vector_flops, d.memory_bandwidth) == (
+        before.gemm_rate("f32"), before.vector_flops, before.memory_bandwidth)
+    assert added.levels == cluster.levels
+    assert added.work_time("lg.matmul", 6e7, 0.0) == cluster.work_time("lg.matmul", 6e7, 0.0)
+    assert added.work_time("lg.conv2d", 6e7, 0.0) == pytest.approx(6e-6 + 2.0 * 6e7 / TRUE["gemm_rate"], rel=1e-3)
+    assert added.work_time("lg.conv2d_grad_weight", 6e7, 0.0) == pytest.approx(  # priced as its kind
+        d.kind_overheads["window"] + 2.2 * 6e7 / TRUE["gemm_rate"], rel=1e-3)
+    assert "lg.conv2d, lg.conv2d_grad_input added by sbp-calibrate --add-kernels-to on 2026-11-30" in added.source
+    assert added.source.startswith(cluster.source)
+    # a probe with nothing new leaves the cluster as it was
+    assert add_kernel_costs(cluster, {"ranks": 2, "probe": probe[:3]}).cluster == cluster

@@ -460,3 +460,29 @@ def test_max_pooling_kernels_compute_what_the_reference_computes(kernel, stride,
         for _ in range(2):  # scratch kept from the first firing must not leak into the second
             fire(ins, out)
             np.testing.assert_allclose(out, REFERENCE[type(op)](op, *ins), rtol=1e-6, atol=1e-6, err_msg=op.name)
+
+
+@pytest.mark.parametrize("shape, axes", [((4, 3, 5, 6), (0, 2, 3)), ((4, 3, 5, 6), (0, 1, 3)), ((3, 4, 20), (0, 2)),
+                                         ((4, 3, 5, 6), (1, 2, 3)), ((4, 3, 5, 6), (0, 2)),
+                                         ((4, 3, 5, 6), (0, 1, 2, 3))])
+@pytest.mark.parametrize("keepdims", [True, False])
+def test_sums_and_means_over_trailing_and_leading_axes_compute_numpys(shape, axes, keepdims):
+    """A GEMV over the trailing axes, then np.sum over the leading ones
+    (batch normalization's statistics over N, H and W); numpy's own sum
+    where no trailing axis is reduced."""
+    from xdsl.dialects.builtin import TensorType
+    from xdsl.ir import Block
+
+    from sbpc.semantics.local_eval import LocalContext
+
+    x = np.random.default_rng(6).standard_normal(shape).astype(np.float32)
+    block = Block(arg_types=[TensorType(f32, shape)])
+    for op, want in ((lg.ReduceSumOp(block.args[0], axes, keepdims), np.sum(x, axis=axes, keepdims=keepdims)),
+                     (lg.ReduceMeanOp(block.args[0], axes, keepdims), np.mean(x, axis=axes, keepdims=keepdims))):
+        out = np.full(want.shape, np.nan, np.float32)
+        local = LocalContext((shape,), want.shape, (tuple(slice(0, d) for d in shape),),
+                             tuple(slice(0, d) for d in want.shape), ())
+        fire = numpy_kernels.NUMPY[type(op)](op, local, [x], out)
+        for _ in range(2):
+            fire([x], out)
+            np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5, err_msg=op.name)
