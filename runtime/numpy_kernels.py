@@ -434,8 +434,12 @@ every image's windows at once. Per image it is a GEMM of Ho*Wo columns, and
 one of a few columns runs at a fraction of the rate: ResNet's 3x3 layer of
 256 channels on 2x2 images, batch 8, took 0.85 ms as 8 GEMMs of 4 columns
 against 0.38 ms as one of 32 (one core, 2026-11-30, AMD EPYC Zen 5,
-OpenBLAS SkylakeX). From 16x16 images up the GEMMs per image win (the one
-GEMM pays a transposing copy of its product)."""
+OpenBLAS SkylakeX). From 16x16 images up the GEMMs per image win: each
+image's windows are copied and multiplied while they are in cache, where
+the whole batch's windows (58 MB for ResNet-50's first 3x3 layer, batch 8)
+went to memory and back (that layer: 13.7 -> 11.1 ms forward, 18.2 -> 14.8
+ms for the weight's gradient), and the one GEMM also pays a transposing
+copy of its product."""
 
 
 def _columns(at: _Windows, dtype) -> tuple[np.ndarray, Callable[[], None]]:
@@ -446,27 +450,37 @@ def _columns(at: _Windows, dtype) -> tuple[np.ndarray, Callable[[], None]]:
     return cols.reshape(g, cg * kh * kw, n * ho * wo), lambda: np.copyto(cols, at.view.transpose(1, 2, 5, 6, 0, 3, 4))
 
 
+def _image_columns(at: _Windows, dtype) -> tuple[np.ndarray, Callable[[int], None]]:
+    """Scratch for one image's windows laid out (G, K, Ho*Wo), and the copy
+    that fills it with image i's from `at`'s padded images."""
+    n, g, cg, ho, wo, kh, kw = at.view.shape
+    cols = _scratch((g, cg, kh, kw, ho, wo), dtype)
+    return (cols.reshape(g, cg * kh * kw, ho * wo),
+            lambda i: np.copyto(cols, at.view[i].transpose(0, 1, 4, 5, 2, 3)))
+
+
 def _window_gemm(at: _Windows, rows: int, dtype) -> Callable[[np.ndarray, np.ndarray, np.ndarray], None]:
     """o (N, G*rows, Ho, Wo) = filters (G, rows, K) times each window (K)
-    of the images copied into `at`: as a GEMM per image where an image has
+    of the images copied into `at`: image by image where an image has
     ONE_GEMM_BELOW output positions or more, else as one GEMM over every
     image's windows and its product transposed into place."""
     n, g, cg, ho, wo, kh, kw = at.view.shape
-    k, positions = cg * kh * kw, ho * wo
+    positions = ho * wo
     if positions >= ONE_GEMM_BELOW:
-        per_image = _scratch((n, g, cg, kh, kw, ho, wo), dtype)  # (N, G, K, Ho*Wo)
+        image_cols, copy_image = _image_columns(at, dtype)
 
-        def fire(image, filters, o):
-            np.copyto(at.inside, image)
-            np.copyto(per_image, at.view.transpose(0, 1, 2, 5, 6, 3, 4))
-            np.matmul(filters, per_image.reshape(n, g, k, positions), out=o.reshape(n, g, rows, positions))
+        def fire(images, filters, o):
+            np.copyto(at.inside, images)
+            for i in range(n):
+                copy_image(i)
+                np.matmul(filters, image_cols, out=o[i].reshape(g, rows, positions))
 
         return fire
     cols, copy_windows = _columns(at, dtype)
     product = _scratch((g, rows, n, positions), dtype)
 
-    def fire_once(image, filters, o):
-        np.copyto(at.inside, image)
+    def fire_once(images, filters, o):
+        np.copyto(at.inside, images)
         copy_windows()
         np.matmul(filters, cols, out=product.reshape(g, rows, n * positions))
         np.copyto(o.reshape(n, g, rows, positions), product.transpose(2, 0, 1, 3))
@@ -493,22 +507,39 @@ def _bind_conv2d_grad_weight(op: lg.Conv2dGradWeightOp, local, ins, out) -> Fire
     g, kernel = op.params()["groups"], op.params()["kernel"]
     at = _Windows.of_conv(op, x.shape, kernel, out.dtype)
     n, o_channels, ho, wo = grad.shape
-    k = math.prod(out.shape[1:])
-    # (G, K, N*Ho*Wo): the windows copied with each output row contiguous
-    # (as the forward copies them), the GEMM reading them transposed; laid
-    # out (G, N*Ho*Wo, K) the copy gathers K at the image's strides, 2-3x
-    # the GEMM's own time on ResNet's 3x3 layers
-    cols, copy_windows = _columns(at, out.dtype)
-    grads = _scratch((g, o_channels // g, n, ho * wo), out.dtype)  # (G, O/G, N*Ho*Wo)
+    og, k, positions = o_channels // g, math.prod(out.shape[1:]), ho * wo
+    # The windows copied with each output row contiguous (as the forward
+    # copies them); laid out with K last the copy gathers K at the image's
+    # strides, 2-3x the GEMM's own time on ResNet's 3x3 layers. The product
+    # is formed transposed, windows (K, Ho*Wo) times gradients (Ho*Wo, O),
+    # and transposed into place once: OpenBLAS runs that product at 220
+    # GFLOP/s where the gradients times the windows transposed ran at 153
+    # (ResNet-50's first 3x3 layer). Image by image (the products summed),
+    # or all at once, as the forward (ONE_GEMM_BELOW).
+    if positions >= ONE_GEMM_BELOW:
+        image_cols, copy_image = _image_columns(at, out.dtype)
+        total, share = _scratch((g, k, og), out.dtype), _scratch((g, k, og), out.dtype)  # (the gradient transposed)
 
-    def fire(xs, o):
+        def fire(xs, o):
+            total.fill(0)  # (a piece of no images has no share)
+            np.copyto(at.inside, xs[0])
+            for i in range(n):
+                copy_image(i)
+                np.matmul(image_cols, xs[1][i].reshape(g, og, positions).swapaxes(1, 2), out=share)
+                np.add(total, share, out=total)
+            np.copyto(o.reshape(g, og, k), total.swapaxes(1, 2))
+
+        return fire
+    cols, copy_windows = _columns(at, out.dtype)
+    grads = _scratch((g, og, n, positions), out.dtype)  # (G, O/G, N*Ho*Wo)
+
+    def fire_once(xs, o):  # (the gradients times the windows transposed: faster on these small images)
         np.copyto(at.inside, xs[0])
         copy_windows()
-        np.copyto(grads, xs[1].reshape(n, g, o_channels // g, ho * wo).transpose(1, 2, 0, 3))
-        np.matmul(grads.reshape(g, o_channels // g, n * ho * wo), cols.swapaxes(1, 2),
-                  out=o.reshape(g, o_channels // g, k))
+        np.copyto(grads, xs[1].reshape(n, g, og, positions).transpose(1, 2, 0, 3))
+        np.matmul(grads.reshape(g, og, n * positions), cols.swapaxes(1, 2), out=o.reshape(g, og, k))
 
-    return fire
+    return fire_once
 
 
 def _grad_input_as_convolution(op: lg.Conv2dGradInputOp, grad_shape, w_shape, out) -> Fire | None:

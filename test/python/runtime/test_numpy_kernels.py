@@ -428,6 +428,22 @@ def test_convolution_kernels_compute_what_the_reference_computes(kernel, stride,
             np.testing.assert_allclose(out, REFERENCE[type(op)](op, *ins), rtol=1e-5, atol=1e-5, err_msg=op.name)
 
 
+@pytest.mark.parametrize("gemm", ["per image", "over every image"])
+def test_a_piece_of_no_images_has_no_share_of_the_weights_gradient(gemm, monkeypatch):
+    """A batch split unevenly leaves a device no images: its partial sum of
+    the weight's gradient is zero, whatever its output held before."""
+    from xdsl.dialects.builtin import TensorType
+    from xdsl.ir import Block
+
+    monkeypatch.setattr(numpy_kernels, "ONE_GEMM_BELOW", 0 if gemm == "per image" else 10**9)
+    x, g = np.zeros((0, 4, 7, 6), np.float32), np.zeros((0, 4, 7, 6), np.float32)
+    block = Block(arg_types=[TensorType(f32, x.shape), TensorType(f32, g.shape)])
+    op = lg.Conv2dGradWeightOp(block.args[0], block.args[1], (3, 3), (1, 1), (1, 1))
+    out = np.full((4, 4, 3, 3), np.nan, np.float32)
+    numpy_kernels.NUMPY[type(op)](op, None, [x, g], out)([x, g], out)
+    np.testing.assert_array_equal(out, 0)
+
+
 POOLINGS = [  # (kernel, stride, padding)
     ((3, 3), (2, 2), (1, 1)),  # ResNet's
     ((2, 2), (2, 2), (0, 0)),
