@@ -5,6 +5,7 @@ valid cluster file that prices what it measured."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -252,6 +253,25 @@ def test_a_quick_calibration_of_this_machine_names_it_and_measures_ranks_sharing
     # fit's use of it is test_a_shared_core_sync_measured_apart_...)
     assert cluster.levels[0].sync >= 0 and cluster.levels[0].cores == cores
     assert {"gemm", "elementwise", "row", "fused"} <= set(cluster.device.kind_scales)
+    assert "lg.conv2d" in cluster.device.kernel_overheads and "window" in cluster.device.kind_overheads  # (the CNN)
+    # --add-kernels-to: the file without the convolutions' figures gets
+    # them back, measured again; every figure it kept stays as it was
+    d = cluster.device
+    image = ("lg.conv2d", "lg.conv2d_grad_input", "lg.conv2d_grad_weight")
+    lacking = replace(cluster, device=replace(
+        d, kernel_overheads={k: v for k, v in d.kernel_overheads.items() if k not in image},
+        kernel_scales={k: v for k, v in d.kernel_scales.items() if k not in image},
+        kind_overheads={k: v for k, v in d.kind_overheads.items() if k != "window"},
+        kind_scales={k: v for k, v in d.kind_scales.items() if k != "window"}))
+    lacking.save(str(tmp_path / "lacking.json"))
+    added_path = tmp_path / "added.json"
+    assert main(["-n", "2", "--quick", "--add-kernels-to", str(tmp_path / "lacking.json"), "-o", str(added_path)]) == 0
+    added = load_cluster(str(added_path))
+    assert set(image) <= set(added.device.kernel_overheads) and "window" in added.device.kind_overheads
+    for kernel, seconds in lacking.device.kernel_overheads.items():
+        assert added.device.kernel_overheads[kernel] == seconds
+    assert added.levels == lacking.levels and added.device.peak_flops == lacking.device.peak_flops
+    assert "added by sbp-calibrate --add-kernels-to on 20" in added.source
 
 
 def test_kernels_added_to_a_calibrated_cluster_leave_its_figures_as_they_were():
