@@ -185,23 +185,9 @@ def fit_cluster(raw: Mapping[str, Any], name: str | None = None) -> Fitted:
     unit = DeviceModel(kind="cpu", memory=1.0, peak_flops={"f32": gemm_rate}, efficiency=1.0,
                        vector_flops=vector_flops, memory_bandwidth=bandwidth, kernel_overhead=0.0,
                        cache_bytes=cache_bytes if cache_bandwidth else 0.0, cache_bandwidth=cache_bandwidth)
-    isolated = Cluster(name="rates", count=1, device=unit, levels=(Level("one", 1, 1.0, 0.0),))
-    # Where ranks outnumber cores, the OS switches ranks out between actors
-    # (the executor yields there): the probe's actors then time as if each
-    # rank had a core, while the rates above were timed sharing them. Their
-    # ratio is no in-step scale, so those kernels keep scale 1 there.
-    shared = ranks > int(raw.get("cores", ranks))
-    kernel_overheads, kernel_scales = fit_kernel_costs(raw.get("probe", []), isolated,
-                                                       fit_scales=not shared)
-    for k, v in kernel_overheads.items():
-        figures[f"overhead {k} us"] = v * 1e6
-    for k, v in kernel_scales.items():
-        figures[f"in-step scale {k}"] = v
+    kernel_overheads, kernel_scales = _probe_costs(raw, unit)
     kind_overheads, kind_scales = by_kind(kernel_overheads), by_kind(kernel_scales)
-    for k, v in kind_overheads.items():
-        figures[f"overhead of kind {k} us"] = v * 1e6
-    for k, v in kind_scales.items():
-        figures[f"in-step scale of kind {k}"] = v
+    _kernel_figures(figures, kernel_overheads, kernel_scales, kind_overheads, kind_scales)
 
     actor = max(0.0, float(raw.get("actor", 0.0)))
     figures["actor overhead us"] = actor * 1e6
@@ -259,10 +245,7 @@ def fit_cluster(raw: Mapping[str, Any], name: str | None = None) -> Fitted:
     figures["cores per host"] = cores
     levels: tuple[Level, ...] = (Level("machine", ranks, bandwidth=base.bandwidth, latency=base.latency,
                                        collectives=fits, sync=sync, cores=cores),)
-    machine = raw.get("cpu") or raw.get("host", "this machine")
-    if raw.get("cpu"):
-        machine += f", {cores} cores, {raw.get('blas') or 'BLAS kernels unknown'}"
-    when = f" on {raw['date']}" if raw.get("date") else ""
+    machine, when = _machine(raw, cores), _when(raw)
     source = f"sbp-calibrate{when}: {ranks} ranks of {machine}"
     if hosts > 1:
         levels = (Level("host", per_host, bandwidth=host_base.bandwidth, latency=host_base.latency,
@@ -294,6 +277,44 @@ def _fit_collectives(measured: Mapping[str, Any], ranks: int, figures: dict[str,
     return fits
 
 
+def _probe_costs(raw: Mapping[str, Any], rates: DeviceModel) -> tuple[dict[str, float], dict[str, float]]:
+    """fit_kernel_costs of raw['probe'] against the rates of `rates` (a
+    device without kernel costs). Where ranks outnumber cores, the OS
+    switches ranks out between actors (the executor yields there): the
+    probe's actors then time as if each rank had a core, while the rates
+    were timed sharing them. Their ratio is no in-step scale, so those
+    kernels keep scale 1 there."""
+    isolated = Cluster(name="rates", count=1, device=rates, levels=(Level("one", 1, 1.0, 0.0),))
+    ranks = int(raw["ranks"])
+    return fit_kernel_costs(raw.get("probe", []), isolated, fit_scales=ranks <= int(raw.get("cores", ranks)))
+
+
+def _kernel_figures(figures: dict[str, Any], overheads: Mapping[str, float], scales: Mapping[str, float],
+                    kind_overheads: Mapping[str, float], kind_scales: Mapping[str, float]) -> None:
+    """The per-kernel and per-kind figures into `figures`, for printing."""
+    for k, v in overheads.items():
+        figures[f"overhead {k} us"] = v * 1e6
+    for k, v in scales.items():
+        figures[f"in-step scale {k}"] = v
+    for k, v in kind_overheads.items():
+        figures[f"overhead of kind {k} us"] = v * 1e6
+    for k, v in kind_scales.items():
+        figures[f"in-step scale of kind {k}"] = v
+
+
+def _machine(raw: Mapping[str, Any], cores: int | None = None) -> str:
+    """The measured machine, as a cluster's source names it: the CPU, its
+    cores where given, the BLAS kernels (or the host's name)."""
+    machine = raw.get("cpu") or raw.get("host", "this machine")
+    if raw.get("cpu"):
+        machine += (f", {cores} cores" if cores is not None else "") + f", {raw.get('blas') or 'BLAS kernels unknown'}"
+    return machine
+
+
+def _when(raw: Mapping[str, Any]) -> str:
+    return f" on {raw['date']}" if raw.get("date") else ""
+
+
 def add_kernel_costs(cluster: Cluster, raw: Mapping[str, Any]) -> Fitted:
     """`cluster` with figures for the kernels of raw['probe'] (the traced
     probe steps of `sbp-calibrate --add-kernels-to`) that it has none of its
@@ -304,33 +325,22 @@ def add_kernel_costs(cluster: Cluster, raw: Mapping[str, Any]) -> Fitted:
     (a convolutional network's, say) lacks is measured without measuring
     the rest again."""
     d = cluster.device
-    unit = replace(d, kernel_overhead=0.0, kernel_overheads={}, kernel_scales={}, kind_overheads={}, kind_scales={})
-    isolated = Cluster(name="rates", count=1, device=unit, levels=(Level("one", 1, 1.0, 0.0),))
-    ranks = int(raw["ranks"])
-    overheads, scales = fit_kernel_costs(raw.get("probe", []), isolated,
-                                         fit_scales=ranks <= int(raw.get("cores", ranks)))
+    overheads, scales = _probe_costs(raw, replace(d, kernel_overhead=0.0, kernel_overheads={}, kernel_scales={},
+                                                  kind_overheads={}, kind_scales={}))
     new = sorted(k for k in overheads if k not in d.kernel_overheads and k not in d.kernel_scales)
     new_overheads = {k: overheads[k] for k in new}
     new_scales = {k: scales[k] for k in new if k in scales}
     kind_overheads = {k: v for k, v in by_kind(new_overheads).items() if k not in d.kind_overheads}
     kind_scales = {k: v for k, v in by_kind(new_scales).items() if k not in d.kind_scales}
-    figures: dict[str, Any] = {"ranks": ranks}
-    for k in new:
-        figures[f"overhead {k} us"] = new_overheads[k] * 1e6
-        if k in new_scales:
-            figures[f"in-step scale {k}"] = new_scales[k]
-    for k, v in kind_overheads.items():
-        figures[f"overhead of kind {k} us"] = v * 1e6
-    for k, v in kind_scales.items():
-        figures[f"in-step scale of kind {k}"] = v
+    figures: dict[str, Any] = {"ranks": int(raw["ranks"])}
+    _kernel_figures(figures, new_overheads, new_scales, kind_overheads, kind_scales)
+    if not new:
+        return Fitted(cluster, figures)
     device = replace(d, kernel_overheads=dict(sorted({**d.kernel_overheads, **new_overheads}.items())),
                      kernel_scales=dict(sorted({**d.kernel_scales, **new_scales}.items())),
                      kind_overheads=dict(sorted({**d.kind_overheads, **kind_overheads}.items())),
                      kind_scales=dict(sorted({**d.kind_scales, **kind_scales}.items())))
-    machine = raw.get("cpu") or raw.get("host", "this machine")
-    if raw.get("cpu"):
-        machine += f", {raw.get('blas') or 'BLAS kernels unknown'}"
-    when = f" on {raw['date']}" if raw.get("date") else ""
-    added = f"{', '.join(new)} added by sbp-calibrate --add-kernels-to{when} ({ranks} ranks of {machine})"
-    source = f"{cluster.source}; {added}" if cluster.source else added
-    return Fitted(replace(cluster, device=device, source=source if new else cluster.source), figures)
+    added = (f"{', '.join(new)} added by sbp-calibrate --add-kernels-to{_when(raw)} "
+             f"({raw['ranks']} ranks of {_machine(raw)})")
+    return Fitted(replace(cluster, device=device, source=f"{cluster.source}; {added}" if cluster.source else added),
+                  figures)

@@ -159,9 +159,10 @@ def solve_auto(problem: Problem) -> list[int]:
     (sbp-infer's own cost 37.8 -> 37.3 ms; measured 49-51 -> 46-47 ms a
     step)."""
     greedy = solve_greedy(problem)
-    reduced = eliminate(problem)
+    eliminated = eliminate(problem)
     exact = problem.exact()
-    winner = min((reduced.descend(greedy), reduced.descend(reduced.own_cheapest(greedy)), greedy), key=exact.total)
+    winner = min((eliminated.descend(greedy), eliminated.descend(eliminated.own_cheapest(greedy)), greedy),
+                 key=exact.total)
     return exact.refine(list(winner))
 
 
