@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -45,7 +46,8 @@ class _Importer(_StateImporter):
         self.program = program
         self.env: dict[Any, Any] = {}
         self.node: Any = None
-        self.lifted: dict[tuple, Tensor] = {}
+        self.lifted: dict[tuple, tuple[_Const, Tensor]] = {}
+        """The constants made of known values (`constant_of`), by the value's id and use, each with its value."""
         self.autocast: str | None = None
         """The lower precision of the `torch.autocast` region being imported ("bf16", "f16"), if one is on."""
         self.views: dict[Any, tuple[Any, str, tuple]] = {}
@@ -392,17 +394,22 @@ class _Importer(_StateImporter):
         if isinstance(value, Tensor):
             return value
         if isinstance(value, _Const):
-            key = (id(value),)
-            if key not in self.lifted:
-                array = to_numpy(value.value)
-                if array.dtype == np.bool_:
-                    array = array.astype(np.float32)
-                self.lifted[key] = self.g.constant(array)
-            return self.lifted[key]
+            return self.constant_of(value, lambda: self.g.constant(_array_of(value)))
         if isinstance(value, bool | int | float):
             dtype = fe._numpy_of(like.dtype) if like is not None else np.float32
             return self.g.constant(np.asarray(value, dtype=dtype))
         raise TypeError(f"expected a tensor or a number, got {type(value).__name__}")
+
+    def constant_of(self, value: _Const, make: Callable[[], Tensor], *use) -> Tensor:
+        """The lg constant `make` gives for a known value (per `use`: a part, a
+        shape and dtype), made once. The value is held beside it: held, its
+        id cannot name another value. A known value the import drops (a
+        buffer a write-through replaced, as T5's `_shift_right` does) frees
+        its id for the next, which took the dropped one's constant."""
+        key = (id(value), *use)
+        if key not in self.lifted:
+            self.lifted[key] = (value, make())
+        return self.lifted[key][1]
 
     def known(self, value) -> np.ndarray | None:
         """The value as an array when it is known at import time."""
@@ -411,6 +418,12 @@ class _Importer(_StateImporter):
         if isinstance(value, bool | int | float):
             return np.asarray(value)
         return None
+
+
+def _array_of(value: _Const) -> np.ndarray:
+    """A known value as an lg constant's array (booleans as 0.0 and 1.0)."""
+    array = to_numpy(value.value)
+    return array.astype(np.float32) if array.dtype == np.bool_ else array
 
 
 _TORCH_DTYPES = {lg: torch_name.removeprefix("torch.") for torch_name, lg in _DTYPES.items()}

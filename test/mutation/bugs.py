@@ -291,6 +291,10 @@ BUGS = [
         "return fe.stop_gradient(x) if lg.is_float(x.dtype) else x",
         "return x",
         T + "api/test_torch_frontend.py", select="detached"),
+    Bug("a-dropped-known-value-lends-its-id-to-the-next", "importer", "sbpc/torch_import/importer.py",
+        "self.lifted[key] = (value, make())",
+        "self.lifted[key] = (None, make())",
+        T + "api/test_torch_frontend.py", select="lend"),
     # -- the planner's cost -----------------------------------------------------------------------
     Bug("all-reduce-priced-as-a-reduce-scatter", "cost", "planning/cost_model.py",
         "return 2 * (p - 1) / p, 1  # all_reduce",

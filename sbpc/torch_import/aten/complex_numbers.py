@@ -68,13 +68,11 @@ def _parts(im: _Importer, value, dtype: str) -> tuple[Tensor, Tensor | None]:
     if is_complex_constant(value):
         import torch
 
-        parts = []
-        for index, part in enumerate(("re", "im")):
-            key = (part, id(value))
-            if key not in im.lifted:
-                im.lifted[key] = im.g.constant(to_numpy(torch.view_as_real(value.value.resolve_conj())[..., index]))
-            parts.append(_real(im, im.lifted[key], dtype))
-        return parts[0], parts[1]
+        def part(index: int) -> Tensor:
+            return im.constant_of(value, lambda: im.g.constant(
+                to_numpy(torch.view_as_real(value.value.resolve_conj())[..., index])), index)
+
+        return _real(im, part(0), dtype), _real(im, part(1), dtype)
     return _real(im, value, dtype), None
 
 

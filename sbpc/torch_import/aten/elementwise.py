@@ -68,14 +68,11 @@ def _operands(im: _Importer, a, b, dtype: str) -> tuple[Tensor, Tensor]:
         known = im.known(v)
         if known is None:
             raise TypeError(f"expected a tensor or a number, got {type(v).__name__}")
-        key = (id(v), tuple(like.shape), dtype)
-        if not isinstance(v, _Const) or key not in im.lifted:  # a buffer's constant is made once per use shape
-            value = im.g.constant(_compact(np.asarray(known).astype(fe._numpy_of(fe.element(dtype))), like))
-            if not isinstance(v, _Const):
-                out.append(value)
-                continue
-            im.lifted[key] = value
-        out.append(im.lifted[key])
+        def make(known=known) -> Tensor:
+            return im.g.constant(_compact(np.asarray(known).astype(fe._numpy_of(fe.element(dtype))), like))
+
+        # a buffer's constant is made once per use's shape and dtype
+        out.append(im.constant_of(v, make, tuple(like.shape), dtype) if isinstance(v, _Const) else make())
     return out[0], out[1]
 
 

@@ -1032,3 +1032,17 @@ def test_the_readme_gives_the_core_aten_counts_of_this_tree():
     assert f"**{imported} of {total}** import" in readme
     for kind, names in found.items():
         assert f"{len(names)} {kind}" in readme, kind
+
+
+def test_a_known_value_the_import_drops_does_not_lend_its_constant_to_the_next():
+    """The importer lifts a value known at import time into a constant once.
+    A known value it drops (a buffer an in-place write replaced, as T5's
+    `_shift_right` does) frees its id for the next one: that one must get a
+    constant of its own (T5's attention once took a [4, 7] constant as its
+    [4, 4, 8, 8] mask)."""
+    from sbpc.torch_import.importer import _Importer
+    from sbpc.torch_import.values import _Const
+
+    importer = _Importer(None, nn.Module(), {}, None, "known_values")
+    lifted = [importer.lift(_Const(torch.full((2, n), float(n)))) for n in range(1, 33)]  # each dropped once lifted
+    assert [t.shape for t in lifted] == [(2, n) for n in range(1, 33)]

@@ -50,9 +50,7 @@ def _no_dropout(config, dropout: bool):
 
 def _built(cls, config, dropout):
     torch.manual_seed(0)
-    model = cls(_no_dropout(config, dropout))
-    model.config._attn_implementation = "eager"
-    return model.train()
+    return cls(_no_dropout(config, dropout)).train()
 
 
 class Text(torch.nn.Module):
