@@ -42,10 +42,10 @@ import time
 import _common  # noqa: F401  (first: one BLAS thread per process)
 
 SCRIPT = os.path.abspath(__file__)
-STAGES = ["build", "autodiff", "optimizer", "infer greedy", "infer auto", "boxing", "simplify", "bucket", "to-plan",
-          "fuse", "allocate", "plan-verify", "verify"]
+STAGES = ["build", "autodiff", "optimizer", "infer greedy", "infer auto", "boxing", "simplify", "fuse norms", "bucket",
+          "to-plan", "fuse", "allocate", "plan-verify", "verify"]
 STAGE_OF_PASS = {"sbp-infer": "infer auto", "sbp-insert-boxing": "boxing", "sbp-simplify": "simplify",
-                 "sbp-bucket-collectives": "bucket", "sbp-to-plan": "to-plan",
+                 "sbp-fuse-norms": "fuse norms", "sbp-bucket-collectives": "bucket", "sbp-to-plan": "to-plan",
                  "plan-fuse-elementwise": "fuse", "plan-allocate-memory": "allocate",
                  "plan-verify": "plan-verify"}
 """Column of each pass of `compile`, which this times pass by pass."""

@@ -30,6 +30,12 @@ def _sbp_simplify() -> type[ModulePass]:
     return SbpSimplifyPass
 
 
+def _sbp_fuse_norms() -> type[ModulePass]:
+    from .sbp_fuse_norms import SbpFuseNormsPass
+
+    return SbpFuseNormsPass
+
+
 def _sbp_bucket_collectives() -> type[ModulePass]:
     from .sbp_bucket_collectives import SbpBucketCollectivesPass
 
@@ -118,6 +124,7 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "sbp-infer": _sbp_infer,
     "sbp-insert-boxing": _sbp_insert_boxing,
     "sbp-simplify": _sbp_simplify,
+    "sbp-fuse-norms": _sbp_fuse_norms,
     "sbp-bucket-collectives": _sbp_bucket_collectives,
     "sbp-comm-summary": _sbp_comm_summary,
     "sbp-to-plan": _sbp_to_plan,

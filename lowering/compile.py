@@ -1,7 +1,8 @@
 """`compile`: the named pipeline: sbp-infer, sbp-insert-boxing,
-sbp-simplify, sbp-bucket-collectives (with `bucket`, the default), and with
-`to_plan` (the default) sbp-to-plan, plan-fuse-elementwise (with `fuse`,
-the default), plan-allocate-memory and plan-verify.
+sbp-simplify, sbp-fuse-norms (with `fuse`, the default),
+sbp-bucket-collectives (with `bucket`, the default), and with `to_plan`
+(the default) sbp-to-plan, plan-fuse-elementwise (with `fuse`),
+plan-allocate-memory and plan-verify.
 
 The module is verified once after the sbp-level passes (before sbp-to-plan
 reads them) and by plan-verify at the end, which verifies the module first
@@ -29,6 +30,7 @@ from .plan_allocate_memory import PlanAllocateMemoryPass
 from .plan_fuse_elementwise import PlanFuseElementwisePass
 from .plan_verify import PlanVerifyPass
 from .sbp_bucket_collectives import SbpBucketCollectivesPass
+from .sbp_fuse_norms import SbpFuseNormsPass
 from .sbp_infer import SbpInferOptions, SbpInferPass
 from .sbp_insert_boxing import SbpInsertBoxingPass
 from .sbp_simplify import SbpSimplifyPass
@@ -47,7 +49,9 @@ class CompilePass(SbpInferOptions, ModulePass):
     bucket_bytes: int = 0
     """sbp-bucket-collectives' fixed bucket size; 0: the cost model chooses."""
     fuse: bool = True
-    """Fuse elementwise chains in the plan (plan-fuse-elementwise)."""
+    """Fuse what the layout allows: layernorm's gradient into row kernels
+    (sbp-fuse-norms) and elementwise chains in the plan
+    (plan-fuse-elementwise)."""
     in_place: bool = True
     """Let the memory plan write an update over its parameter and an
     elementwise result over an input that dies there (plan-allocate-memory);
@@ -86,6 +90,8 @@ def lowering_passes(*, device: str = DEFAULT_DEVICE, bucket: bool = True, bucket
     device took most of the planning time; such a plan is not verified by
     plan-verify, which needs every device). The options are compile's."""
     passes: list[ModulePass] = [SbpInsertBoxingPass(), SbpSimplifyPass()]
+    if fuse:
+        passes.append(SbpFuseNormsPass())
     if bucket:
         passes.append(SbpBucketCollectivesPass(device=device, bucket_bytes=bucket_bytes))
     if to_plan:

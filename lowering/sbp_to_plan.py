@@ -80,6 +80,31 @@ def micro_batch_labels(body: list[Operation]) -> dict[Operation, int]:
     return labels
 
 
+def _tail(ops: list[Operation], labels: dict[Operation, int]) -> set[Operation]:
+    """A stage's updates: the ops of no one micro-batch that read a value
+    reduced over the stage's own ranks (a gradient, summed over the
+    micro-batches and reduced over the data axis) and that no micro-batch's
+    work reads, even through other ops. They run after the stage's last
+    backward (its last slot), whose gradient the stage before is waiting
+    for: run as soon as the reduction was ready, they held that send back
+    by the whole optimizer (GPT on 2 H100 stages of 2, 4 micro-batches: 6.3
+    ms a step simulated, where the stages' work composes to 5.5). What else
+    combines micro-batches (a gradient's sum, so that its reduction
+    overlaps the backward; a gathered parameter's reshape that each
+    micro-batch reads) runs as soon as it is ready."""
+    inside = set(ops)
+    needed: set[Operation] = set()  # what a micro-batch's op reads, through any chain
+    for op in reversed(ops):
+        for result in op.results:
+            if any(use.operation in inside and (labels.get(use.operation, SHARED) != SHARED
+                                                or use.operation in needed) for use in result.uses):
+                needed.add(op)
+                break
+    return {op for op in ops if labels.get(op, SHARED) == SHARED and op not in needed and any(
+        isinstance(v.owner, Operation) and v.owner in inside and sbp.communicates(type(v.owner))
+        and not isinstance(v.owner, sbp.TransferOp) for v in op.operands)}
+
+
 Spec = tuple[type[plan.RegisterOp | plan.ComputeOp | plan.CommOp], dict[str, Attribute]]
 """A register or actor to build: its class and properties."""
 
@@ -248,10 +273,13 @@ class Lowering:
             ops = stage_ops[name]
             place = one_f_one_b(s, len(stage_ops), micro)
 
-            def slot(op: Operation, place=place, name=name) -> int:
+            tail = _tail(ops, labels)
+            after_every_phase = 1 + max(place.values(), default=0)
+
+            def slot(op: Operation, place=place, name=name, tail=tail, after=after_every_phase) -> int:
                 k = labels.get(op, SHARED)
                 if k == SHARED:
-                    return SHARED
+                    return after if op in tail else SHARED
                 # A stage sends a forward activation in its forward slot, even
                 # when a backward op reads it (a recomputed op on the next
                 # stage): in the backward slot the send would wait for the

@@ -52,14 +52,15 @@ row sums that may be reordered (render.py's SBPC_SUM)."""
 
 REDUCTIONS = frozenset({"lg.reduce_sum", "lg.reduce_mean", "lg.reduce_max"})
 HOST_KERNELS = frozenset({plan.FUSED, *plan.FUSABLE_KERNELS, "lg.softmax", "lg.log_softmax", "lg.layernorm",
-                          "lg.transpose", "lg.dropout", *REDUCTIONS})
+                          "lg.layernorm_grad", "lg.transpose", "lg.dropout", *REDUCTIONS})
 """Kernels whose generated C beats numpy's on this backend, measured by
 bench/host_kernels.py on the GPT step: fused chains 3x (one pass, the
 intermediates in registers), lone elementwise ops 1.3-2.5x, GELU 2.6x,
-softmax 3.4x and layernorm 4.3x (their row sums vectorized: SBPC_SUM),
-sums over adjacent axes 3x and means 1.3x, transposes 1.8x (a loop nest
-over the output). Not a reduction over axes that are not adjacent (one
-strided loop per output: numpy's pairwise sums are 3-4x faster)."""
+softmax 3.4x, layernorm 4.3x and its input gradient 5.0x (their row sums
+vectorized: SBPC_SUM), sums over adjacent axes 3x and means 1.3x,
+transposes 1.8x (a loop nest over the output). Not a reduction over axes
+that are not adjacent (one strided loop per output: numpy's pairwise sums
+are 3-4x faster)."""
 
 Fire = Callable[[Sequence[np.ndarray], np.ndarray], None]
 

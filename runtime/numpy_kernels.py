@@ -301,6 +301,18 @@ def _mean_into(x: np.ndarray, o: np.ndarray, factor: float | None = None, summer
         np.multiply(o, factor, out=o)
 
 
+def _deviations_into(x, centred, squares, std, eps: float, summer) -> None:
+    """Layernorm's statistics of x's rows: `centred` = x - mean, `std` =
+    sqrt(variance + eps) (the variance two-pass, as the reference's);
+    `squares` is scratch of x's shape."""
+    _mean_into(x, std, summer=summer)
+    np.subtract(x, std, out=centred)
+    np.multiply(centred, centred, out=squares)
+    _mean_into(squares, std, summer=summer)
+    np.add(std, eps, out=std)
+    np.sqrt(std, out=std)
+
+
 @NUMPY.impl(lg.LayerNormOp)
 def _bind_layernorm(op: lg.LayerNormOp, local, ins, out) -> Fire:
     axes = tuple(range(op.axis.value.data, out.ndim))
@@ -310,17 +322,36 @@ def _bind_layernorm(op: lg.LayerNormOp, local, ins, out) -> Fire:
     summer = _summer(out.shape, axes, True, out.dtype)
 
     def fire(xs, o):
-        x = xs[0]
-        _mean_into(x, stat, summer=summer)
-        np.subtract(x, stat, out=o)  # centred
-        np.multiply(o, o, out=sq)
-        _mean_into(sq, stat, summer=summer)
-        np.add(stat, eps, out=stat)
-        np.sqrt(stat, out=stat)
+        _deviations_into(xs[0], o, sq, stat, eps, summer)
         np.divide(o, stat, out=o)
         if len(xs) == 3:
             np.multiply(o, xs[1], out=o)
             np.add(o, xs[2], out=o)
+
+    return fire
+
+
+@NUMPY.impl(lg.LayerNormGradOp)
+def _bind_layernorm_grad(op: lg.LayerNormGradOp, local, ins, out) -> Fire:
+    axes = tuple(range(op.axis.value.data, out.ndim))
+    eps = op.epsilon.value.data
+    kept = _kept(out.shape, set(axes))
+    rstd, m1, m2 = (_scratch(kept, out.dtype) for _ in range(3))
+    xhat = _scratch(out.shape, out.dtype)
+    summer = _summer(out.shape, axes, True, out.dtype)
+
+    def fire(xs, o):  # o (never an input's bytes: not an in-place kernel) holds the products
+        x, g = xs
+        _deviations_into(x, xhat, o, rstd, eps, summer)
+        np.divide(1, rstd, out=rstd)
+        np.multiply(xhat, rstd, out=xhat)
+        _mean_into(g, m1, summer=summer)
+        np.multiply(g, xhat, out=o)
+        _mean_into(o, m2, summer=summer)
+        np.multiply(xhat, m2, out=xhat)
+        np.subtract(g, m1, out=o)
+        np.subtract(o, xhat, out=o)
+        np.multiply(o, rstd, out=o)
 
     return fire
 

@@ -232,6 +232,15 @@ def _grouped_matmul_grad_weight(op, a: np.ndarray, b: np.ndarray, ends: np.ndarr
                                                                   np.result_type(a, b)))
 
 
+@REFERENCE.impl(lg.LayerNormGradOp)
+def _layernorm_grad(op: lg.LayerNormGradOp, x: np.ndarray, g: np.ndarray) -> np.ndarray:
+    axes = tuple(range(op.axis.value.data, x.ndim))
+    xc = x - np.mean(x, axis=axes, keepdims=True)
+    rstd = 1 / np.sqrt(np.mean(xc * xc, axis=axes, keepdims=True) + op.epsilon.value.data)
+    xhat = xc * rstd
+    return rstd * ((g - np.mean(g, axis=axes, keepdims=True)) - xhat * np.mean(g * xhat, axis=axes, keepdims=True))
+
+
 @REFERENCE.impl(lg.MatmulOp)
 def _matmul(op: lg.MatmulOp, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if op.transpose_lhs is not None:

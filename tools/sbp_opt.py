@@ -9,7 +9,13 @@ import sys
 import warnings
 
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.utils.exceptions import DiagnosticException, ParseError, PassFailedException, VerifyException
+from xdsl.utils.exceptions import (
+    ArgSpecParseError,
+    DiagnosticException,
+    ParseError,
+    PassFailedException,
+    VerifyException,
+)
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from sbpc.dialects import collector_paused, locate, parse_text
@@ -65,9 +71,10 @@ def main(args: list[str] | None = None) -> int:
         warnings.filterwarnings("default", category=DeprecationWarning)
     try:
         opt = SbpOptMain(description="sbpc's modular optimizer driver", args=args)
-    except (ValueError, PassFailedException) as error:
-        # An unknown pass or option, or an option value of the wrong kind:
-        # xDSL raises these while it reads the pipeline.
+    except (ValueError, PassFailedException, ArgSpecParseError) as error:
+        # An unknown pass or option, an option value of the wrong kind, or a
+        # pipeline that does not parse (`compile{a=1,b=2}`: options are
+        # separated by spaces): xDSL raises these while it reads the pipeline.
         print(f"sbp-opt: error: {error}", file=sys.stderr)
         return 1
     try:

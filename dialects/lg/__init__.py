@@ -24,7 +24,7 @@ One module per op family; each op holds its IRDL definition, shape rule
     shape        reshape, broadcast_to, transpose, concat, slice, pad
     reduce       reductions over axes, argmax, topk, cumsum
     linalg       matmul
-    norm         softmax, log_softmax, layernorm
+    norm         softmax, log_softmax, layernorm and its input gradient
     random       dropout
     conv         2-D convolution, max pooling and their gradients
     index        embedding, one_hot, gather, scatter_add and their gradients
@@ -116,7 +116,16 @@ from .index import EmbeddingGradOp, EmbeddingOp, GatherOp, OneHotOp, ScatterAddO
 from .linalg import GroupedMatmulGradWeightOp, GroupedMatmulOp, MatmulOp
 from .loss import CrossEntropyOp, MseLossOp, SumExpOp, TokenCrossEntropyGradOp, TokenCrossEntropyOp
 from .mask import COMPARE_KINDS, LOGICAL_KINDS, CastOp, CompareOp, LogicalOp, SelectOp
-from .norm import AxisOp, LayerNormOp, LogSoftmaxOp, SoftmaxOp
+from .norm import (
+    AxisOp,
+    LayerNormGradOp,
+    LayerNormOp,
+    LogSoftmaxOp,
+    Recognized,
+    SoftmaxOp,
+    input_gradient_of,
+    normalization_of,
+)
 from .random import DROPOUT_BITS, DropoutOp, UniformOp, dropout_threshold
 from .reduce import ArgmaxOp, CumsumOp, ReduceMaxOp, ReduceMeanOp, ReduceOp, ReduceSumOp, TopkOp
 from .shape import BroadcastToOp, ConcatOp, PadOp, ReshapeOp, SliceOp, ToShapeOp, TransposeOp
@@ -132,7 +141,7 @@ REDUCE_OPS = (ReduceSumOp, ReduceMeanOp, ReduceMaxOp)
 
 
 GRADIENT_OPS = (StepOp, OneHotOp, EmbeddingGradOp, TokenCrossEntropyGradOp, ScatterAddOp, Conv2dGradInputOp,
-                Conv2dGradWeightOp, MaxPool2dGradOp, GroupedMatmulGradWeightOp)
+                Conv2dGradWeightOp, MaxPool2dGradOp, GroupedMatmulGradWeightOp, LayerNormGradOp)
 
 
 MASK_OPS = (CastOp, LogicalOp, CompareOp, SelectOp)

@@ -58,6 +58,7 @@ lg.graph @all_ops on @mesh {
   %lsm = lg.log_softmax %sm axis 0 : tensor<8x4xf32>
   %ln = lg.layernorm %lsm weight %g : tensor<4xf32> bias %b : tensor<4xf32> axis 1 eps 1.0e-05 : tensor<8x4xf32>
   %ln0 = lg.layernorm %x3 axis 1 eps 1.0e-06 : tensor<2x4x16xf32>
+  %lng = lg.layernorm_grad %lsm, %rsqrt axis 1 eps 1.0e-05 : (tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<8x4xf32>
   %rs = lg.reduce_sum %ln axes [1] keepdims : tensor<8x4xf32> -> tensor<8x1xf32>
   %rm = lg.reduce_mean %ln axes [0] : tensor<8x4xf32> -> tensor<4xf32>
   %rx = lg.reduce_max %ln axes [0, 1] : tensor<8x4xf32> -> tensor<f32>
@@ -166,6 +167,7 @@ lg.graph @all_ops on @mesh {
 // CHECK-NEXT:   %lsm = lg.log_softmax %sm axis 0 : tensor<8x4xf32>
 // CHECK-NEXT:   %ln = lg.layernorm %lsm weight %g : tensor<4xf32> bias %b : tensor<4xf32> axis 1 eps 1.000000e-05 : tensor<8x4xf32>
 // CHECK-NEXT:   %ln0 = lg.layernorm %x3 axis 1 eps 1.000000e-06 : tensor<2x4x16xf32>
+// CHECK-NEXT:   %lng = lg.layernorm_grad %lsm, %rsqrt axis 1 eps 1.000000e-05 : (tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<8x4xf32>
 // CHECK-NEXT:   %rs = lg.reduce_sum %ln axes [1] keepdims : tensor<8x4xf32> -> tensor<8x1xf32>
 // CHECK-NEXT:   %rm = lg.reduce_mean %ln axes [0] : tensor<8x4xf32> -> tensor<4xf32>
 // CHECK-NEXT:   %rx = lg.reduce_max %ln axes [0, 1] : tensor<8x4xf32> -> tensor<f32>
@@ -238,6 +240,7 @@ lg.graph @all_ops on @mesh {
 // GENERIC:        %sm = "lg.softmax"(%rsqrt) <{axis = 1 : i64}> : (tensor<8x4xf32>) -> tensor<8x4xf32>
 // GENERIC:        %ln = "lg.layernorm"(%lsm, %g, %b) <{axis = 1 : i64, epsilon = 1.000000e-05 : f64, operandSegmentSizes = array<i32: 1, 1, 1>}> : (tensor<8x4xf32>, tensor<4xf32>, tensor<4xf32>) -> tensor<8x4xf32>
 // GENERIC-NEXT:   %ln0 = "lg.layernorm"(%x3) <{axis = 1 : i64, epsilon = 1.000000e-06 : f64, operandSegmentSizes = array<i32: 1, 0, 0>}> : (tensor<2x4x16xf32>) -> tensor<2x4x16xf32>
+// GENERIC-NEXT:   %lng = "lg.layernorm_grad"(%lsm, %rsqrt) <{axis = 1 : i64, epsilon = 1.000000e-05 : f64}> : (tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<8x4xf32>
 // GENERIC-NEXT:   %rs = "lg.reduce_sum"(%ln) <{axes = array<i64: 1>, keepdims}> : (tensor<8x4xf32>) -> tensor<8x1xf32>
 // GENERIC:        %tr = "lg.transpose"(%bt) <{perm = array<i64: 2, 0, 1>}> : (tensor<3x8x4xf32>) -> tensor<4x3x8xf32>
 // GENERIC-NEXT:   %cc = "lg.concat"(%ln, %relu, %mm) <{axis = 1 : i64}> : (tensor<8x4xf32>, tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<8x12xf32>

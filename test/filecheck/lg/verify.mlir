@@ -119,6 +119,46 @@ lg.graph @g {
 
 lg.graph @g {
   %x = lg.input "x" : tensor<8x4xf32>
+  %dy = lg.input "dy" : tensor<8x4xf32>
+  %y = lg.layernorm_grad %x, %dy axis 1 eps 0.0 : (tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<8x4xf32>
+  lg.output ["y"] %y : tensor<8x4xf32>
+}
+// CHECK: 'lg.layernorm_grad': eps must be positive, got 0.0
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %dy = lg.input "dy" : tensor<8x4xf32>
+  %y = lg.layernorm_grad %x, %dy axis 2 eps 1.0e-05 : (tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<8x4xf32>
+  lg.output ["y"] %y : tensor<8x4xf32>
+}
+// CHECK: 'lg.layernorm_grad': axis 2 is out of range for rank 2
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xi64>
+  %dy = lg.input "dy" : tensor<8x4xi64>
+  %y = lg.layernorm_grad %x, %dy axis 1 eps 1.0e-05 : (tensor<8x4xi64>, tensor<8x4xi64>) -> tensor<8x4xi64>
+  lg.output ["y"] %y : tensor<8x4xi64>
+}
+// CHECK: 'lg.layernorm_grad': input must have a float element type, got i64
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
+  %dy = lg.input "dy" : tensor<8x3xf32>
+  %y = lg.layernorm_grad %x, %dy axis 1 eps 1.0e-05 : (tensor<8x4xf32>, tensor<8x3xf32>) -> tensor<8x4xf32>
+  lg.output ["y"] %y : tensor<8x4xf32>
+}
+// CHECK: 'lg.layernorm_grad': grad shape [8, 3] must equal the input's [8, 4]
+
+// -----
+
+lg.graph @g {
+  %x = lg.input "x" : tensor<8x4xf32>
   %y = lg.reduce_sum %x axes [1, 0] : tensor<8x4xf32> -> tensor<f32>
   lg.output ["y"] %y : tensor<f32>
 }

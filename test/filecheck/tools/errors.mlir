@@ -7,6 +7,7 @@
 // RUN: not sbp-opt %S/Inputs/split-axis.mlir 2>&1 | filecheck %s --check-prefix=AXIS
 // RUN: not sbp-opt %S/Inputs/mesh-ranks.mlir 2>&1 | filecheck %s --check-prefix=MESH
 // RUN: not sbp-opt %S/Inputs/shape.mlir -p no-such-pass 2>&1 | filecheck %s --check-prefix=PASS
+// RUN: not sbp-opt %S/Inputs/shape.mlir -p 'compile{to_plan=false,fuse=false}' 2>&1 | filecheck %s --check-prefix=PIPELINE
 // RUN: not sbp-opt %S/Inputs/no-such-file.mlir 2>&1 | filecheck %s --check-prefix=FILE
 // RUN: not sbp-opt < %S/Inputs/not-utf8.bin 2>&1 | filecheck %s --check-prefix=UTF8
 // RUN: not sbp-opt -p compile < %S/Inputs/not-utf8.bin 2>&1 | filecheck %s --check-prefix=UTF8
@@ -33,6 +34,11 @@
 
 // PASS-NOT:    Traceback
 // PASS:        sbp-opt: error: {{.*}}no-such-pass
+
+// PIPELINE-NOT:  Traceback
+// PIPELINE:      sbp-opt: error: Error parsing pass pipeline specification:
+// PIPELINE:      compile{to_plan=false,fuse=false}
+// PIPELINE:      Malformed pass arguments, expected either a space or `}` here
 
 // FILE-NOT:    Traceback
 // FILE:        sbp-opt: error: {{.*}}No such file or directory

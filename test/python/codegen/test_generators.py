@@ -161,6 +161,7 @@ def cuda_kernels_graph():
     s = sbpc.softmax(y, axis=2) + sbpc.log_softmax(y, axis=1)
     ln = sbpc.layernorm(e, g.param("g", (16,), init=sbpc.ones()), g.param("b", (16,)), axis=2)
     ln0 = sbpc.layernorm(r, axis=1)
+    ln_back = g.add(lg.LayerNormGradOp(e.value, r.value, 2, 1e-5))  # layernorm's input gradient
     red = e.sum(axes=(1, 2)) + ln0.mean(axes=(1, 2)) + ln.max(axes=(1, 2), keepdims=False)
     t = x.transpose(0, 2, 1).reshape(8, 96)
     scans = sbpc.cumsum(x, 0) + sbpc.cumsum(x, 2, reverse=True)
@@ -209,7 +210,7 @@ def cuda_kernels_graph():
     expert_grad = g.add(lg.GroupedMatmulGradWeightOp(rows.to(B).value, grouped.to(B).value, ends.value)).to(S(0))
     g.output(yt=yt, b=b, s=s, red=red, t=t, scans=scans, padded=padded, scattered=scattered, dropped=dropped,
              masked=masked, counts=counts, overwritten=overwritten, by_expert=by_expert.to(sbpc.P),
-             expert_grad=expert_grad,
+             expert_grad=expert_grad, ln_back=ln_back,
              tokens=tokens.to(sbpc.P), grad=grad.to(S(1)), conv=convs[0], conv_input=convs[1], conv_weight=convs[2],
              pool_back=convs[3])
     module = g.module()

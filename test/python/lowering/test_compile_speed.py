@@ -171,9 +171,11 @@ def test_compile_verifies_the_plan_once():
     def verified_after(passes, each=False):
         return [type(p).__name__ for i, p in enumerate(passes) if not skips_verify(p, passes[i + 1:], each)]
 
-    every_sbp_pass = ["SbpInferPass", "SbpInsertBoxingPass", "SbpSimplifyPass", "SbpBucketCollectivesPass"]
+    every_sbp_pass = ["SbpInferPass", "SbpInsertBoxingPass", "SbpSimplifyPass", "SbpFuseNormsPass",
+                      "SbpBucketCollectivesPass"]
     assert verified_after(CompilePass().passes()) == ["SbpBucketCollectivesPass"]
-    assert verified_after(CompilePass(bucket=False).passes()) == ["SbpSimplifyPass"]
+    assert verified_after(CompilePass(bucket=False).passes()) == ["SbpFuseNormsPass"]
+    assert verified_after(CompilePass(bucket=False, fuse=False).passes()) == ["SbpSimplifyPass"]
     assert verified_after(CompilePass().passes(), each=True) == every_sbp_pass
     assert verified_after(CompilePass(to_plan=False).passes()) == ["SbpBucketCollectivesPass"]
     assert verified_after(CompilePass(to_plan=False).passes(), each=True) == every_sbp_pass

@@ -26,6 +26,9 @@ def kernels_graph(ranks: int, dtype: str, fuse: bool):
     ln = sbpc.layernorm(e, g.param("g", (13,), init=sbpc.normal(1.0, 0.1), dtype=dtype),
                         g.param("b", (13,), init=sbpc.normal(0.0, 0.1), dtype=dtype), axis=2)
     ln0 = sbpc.layernorm(r, axis=1)
+    # layernorm's input gradient over the innermost axis and over the last two
+    ln_back = (g.add(lg.LayerNormGradOp(e.value, r.value, 2, 1e-5)) * 1.0
+               + g.add(lg.LayerNormGradOp(r.value, x.value, 1, 1e-3)))
     red = s.sum(axes=(1, 2)) + ln0.mean(axes=(0, 2)).sum() + ln.max(axes=(1, 2), keepdims=False)
     # reductions over leading, middle and trailing axes (the host's loops differ)
     cols = e.sum(axes=(0, 1)) + r.mean(axes=(1,)).max(axes=(0,)) + s.max(axes=(0,)).sum(axes=(0,))
@@ -84,7 +87,7 @@ def kernels_graph(ranks: int, dtype: str, fuse: bool):
              split_picked=split_picked,
              split_scattered=split_scattered, convolved=convolved, conv_input=conv_grads[0],
              conv_weight=conv_grads[1], pool_back=pool_back, dropped=dropped, split_dropped=split_dropped,
-             masked=masked, picked_high=picked_high, counts=counts)
+             masked=masked, picked_high=picked_high, counts=counts, ln_back=ln_back)
     module = g.module()
     CompilePass(fuse=fuse).apply(Context(), module)
     return module

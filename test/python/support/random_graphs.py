@@ -99,10 +99,13 @@ def random_graphs(draw, meshes=((2,),)):
             op = draw(st.sampled_from([lg.SoftmaxOp, lg.LogSoftmaxOp]))(x, draw(st.integers(0, rank - 1)))
         elif kind == "layernorm":
             axis = draw(st.integers(0, rank - 1))
-            if draw(st.booleans()):
+            form = draw(st.sampled_from(["affine", "plain", "grad"]))
+            if form == "affine":
                 op = lg.LayerNormOp(x, axis, 1e-5, new_param(shape[axis:]), new_param(shape[axis:]))
-            else:
+            elif form == "plain":
                 op = lg.LayerNormOp(x, axis)
+            else:  # its input's gradient (linear in the gradient: a partial one gives a partial result)
+                op = lg.LayerNormGradOp(x, new_input(shape), axis, 1e-5)
         elif kind == "reduce":
             axes = draw(st.lists(st.integers(0, rank - 1), min_size=1, unique=True))
             op = draw(st.sampled_from(lg.REDUCE_OPS))(x, axes, draw(st.booleans()))
