@@ -21,8 +21,10 @@ This pass rewrites, in each graph:
   (the weight's gradient: dy * x̂) into one lg.layernorm of x, without its
   affine part.
 
-A part fuses where its ops read one another directly (sbp-insert-boxing put
-no collective between them: their layouts agree), the fused op's
+A part fuses where its values are 32- or 64-bit floats (in 16 bits each op
+rounds its result, which a fused kernel would not: plan-fuse-elementwise
+keeps them apart too), its ops read one another directly (sbp-insert-boxing
+put no collective between them: their layouts agree), the fused op's
 signature is one its rule allows (`nd_signatures`: no split of a normalized
 axis, a partial gradient only under a whole or row-split input), and
 nothing outside the part reads the ops it replaces. The fused op keeps
@@ -35,7 +37,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import DenseArrayBase, FloatAttr, IntegerAttr, ModuleOp, TensorType, f64, i32, i64
+from xdsl.dialects.builtin import (
+    BFloat16Type,
+    DenseArrayBase,
+    Float16Type,
+    FloatAttr,
+    IntegerAttr,
+    ModuleOp,
+    TensorType,
+    f64,
+    i32,
+    i64,
+)
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
@@ -46,6 +59,7 @@ from sbpc.dialects.sbp import (
     PLACEMENT_ATTR,
     SIGNATURE_ATTR,
     DTensorType,
+    element_type,
     global_shape,
     lookup_placement,
     nd_to_plain,
@@ -65,6 +79,8 @@ def _fused(cls: type[lg.LgOp], found: lg.Recognized, params: dict) -> Operation 
             return None
     value = root.results[0]
     types = [v.type for v in (*found.operands, value)]
+    if any(isinstance(element_type(t), Float16Type | BFloat16Type) for t in types):
+        return None  # each op rounds to 16 bits: a fused kernel, keeping its rows in float32, computes otherwise
     attributes: dict[str, Attribute] = {}
     if all(isinstance(t, DTensorType) for t in types):
         placements = {t.placement_name for t in types if isinstance(t, DTensorType)}

@@ -147,3 +147,34 @@ lg.graph @read_outside on @two {
 // CHECK-NOT:   lg.layernorm
 // CHECK:       %dx = lg.mul %r, %d
 // CHECK-NEXT:  lg.output ["dx", "m1"] %dx, %m1
+
+// -----
+
+// In bfloat16 each op rounds its result to 16 bits; a fused kernel would
+// keep a row's sums in float32 and compute something else. Nothing is fused.
+
+sbp.placement @two cpu ranks [0, 1] mesh [2]
+lg.graph @half on @two {
+  %h = lg.input "h" : tensor<8x16xbf16>
+  %dy = lg.input "dy" : tensor<8x16xbf16>
+  %mean = lg.reduce_mean %h axes [1] keepdims : tensor<8x16xbf16> -> tensor<8x1xbf16>
+  %xc = lg.sub %h, %mean : (tensor<8x16xbf16>, tensor<8x1xbf16>) -> tensor<8x16xbf16>
+  %sq = lg.mul %xc, %xc : (tensor<8x16xbf16>, tensor<8x16xbf16>) -> tensor<8x16xbf16>
+  %var = lg.reduce_mean %sq axes [1] keepdims : tensor<8x16xbf16> -> tensor<8x1xbf16>
+  %eps = lg.constant dense<1.000000e-05> : tensor<bf16>
+  %ve = lg.add %var, %eps : (tensor<8x1xbf16>, tensor<bf16>) -> tensor<8x1xbf16>
+  %r = lg.rsqrt %ve : tensor<8x1xbf16>
+  %xhat = lg.mul %xc, %r : (tensor<8x16xbf16>, tensor<8x1xbf16>) -> tensor<8x16xbf16>
+  %m1 = lg.reduce_mean %dy axes [1] keepdims : tensor<8x16xbf16> -> tensor<8x1xbf16>
+  %p = lg.mul %dy, %xhat : (tensor<8x16xbf16>, tensor<8x16xbf16>) -> tensor<8x16xbf16>
+  %m2 = lg.reduce_mean %p axes [1] keepdims : tensor<8x16xbf16> -> tensor<8x1xbf16>
+  %c = lg.sub %dy, %m1 : (tensor<8x16xbf16>, tensor<8x1xbf16>) -> tensor<8x16xbf16>
+  %q = lg.mul %xhat, %m2 : (tensor<8x16xbf16>, tensor<8x1xbf16>) -> tensor<8x16xbf16>
+  %d = lg.sub %c, %q : (tensor<8x16xbf16>, tensor<8x16xbf16>) -> tensor<8x16xbf16>
+  %dx = lg.mul %r, %d : (tensor<8x1xbf16>, tensor<8x16xbf16>) -> tensor<8x16xbf16>
+  lg.output ["dx"] %dx : tensor<8x16xbf16>
+}
+// CHECK-LABEL: lg.graph @half
+// CHECK-NOT:   lg.layernorm
+// CHECK:       %dx = lg.mul %r, %d
+// CHECK-NEXT:  lg.output ["dx"] %dx
