@@ -42,7 +42,6 @@ def main() -> int:
                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                                      bos_token_id=0, eos_token_id=0)
     model = transformers.GPT2LMHeadModel(config)
-    model.config._attn_implementation = "eager"
     feed = (tokens for tokens, _ in corpus_windows(args.batch, config.n_positions))  # GPT-2 shifts its labels
     example = torch.from_numpy(next(feed))
 

@@ -1046,3 +1046,35 @@ def test_a_known_value_the_import_drops_does_not_lend_its_constant_to_the_next()
     importer = _Importer(None, nn.Module(), {}, None, "known_values")
     lifted = [importer.lift(_Const(torch.full((2, n), float(n)))) for n in range(1, 33)]  # each dropped once lifted
     assert [t.shape for t in lifted] == [(2, n) for n in range(1, 33)]
+
+
+class PaddedAttention(nn.Module):
+    """Attention over token embeddings whose keys are masked by a boolean
+    mask computed from the tokens (padding, id 0: False takes no part), as
+    `scaled_dot_product_attention` takes it: Hugging Face's default
+    attention (sdpa) with an attention_mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.qkv = nn.Linear(8, 24)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, ids, labels):
+        b, t = ids.shape
+        q, k, v = self.qkv(self.embed(ids)).view(b, t, 3, 2, 4).permute(2, 0, 3, 1, 4)
+        keep = (ids != 0)[:, None, None, :]
+        attended = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        return nn.functional.cross_entropy(self.head(attended.transpose(1, 2).reshape(b, t, 8).mean(1)), labels)
+
+
+def test_sdpa_with_a_boolean_mask_computed_from_the_inputs_trains_as_pytorch():
+    g = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(STEPS + 1):
+        ids = torch.randint(1, 16, (4, 6), generator=g)
+        ids[1, 3:] = 0  # padding: those keys take no part
+        ids[2, 5:] = 0
+        batches.append((ids, torch.randint(0, 3, (4,), generator=g)))
+    torch.manual_seed(0)
+    check_training(PaddedAttention(), batches, ["ids", "labels"], adamw(), torch_adamw, 1)

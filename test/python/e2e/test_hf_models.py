@@ -1,5 +1,5 @@
 """Hugging Face `transformers` models as users have them (tiny configurations,
-eager attention, dropout 0, the model's own loss from `labels`), imported by
+their default attention, dropout 0, the model's own loss from `labels`), imported by
 `sbpc.from_torch` and trained by sbpc for 20 steps against the same model
 trained by PyTorch (`torch_training.check_training`): GPT-2 (tied head,
 Conv1D, the shifted loss with ignored labels; its tied embedding and head
@@ -41,21 +41,22 @@ class LossOf(torch.nn.Module):
         return self.model(input_ids=input_ids, labels=labels, attention_mask=attention_mask).loss
 
 
-def _eager(model):
-    model.config._attn_implementation = "eager"
+def _training(model):
+    """The model in training mode, with its default attention (sdpa, as users
+    run it: a padding mask reaches it as booleans computed from the inputs)."""
     return model.train()
 
 
 def gpt2(vocab=VOCAB):
     torch.manual_seed(0)
-    return _eager(transformers.GPT2LMHeadModel(transformers.GPT2Config(
+    return _training(transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=vocab, n_positions=16, n_embd=32, n_layer=2, n_head=4,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)))
 
 
 def llama(kv_heads):
     torch.manual_seed(0)
-    return _eager(transformers.LlamaForCausalLM(transformers.LlamaConfig(
+    return _training(transformers.LlamaForCausalLM(transformers.LlamaConfig(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=kv_heads, max_position_embeddings=16)))
 
@@ -65,12 +66,12 @@ def bert(head):
     config = transformers.BertConfig(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         max_position_embeddings=16, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3)
-    return _eager(getattr(transformers, head)(config))
+    return _training(getattr(transformers, head)(config))
 
 
 def vit():
     torch.manual_seed(0)
-    return _eager(transformers.ViTForImageClassification(transformers.ViTConfig(
+    return _training(transformers.ViTForImageClassification(transformers.ViTConfig(
         image_size=8, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
         intermediate_size=64, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)))
 
@@ -279,7 +280,7 @@ def gpt2_with_dropout():
     """GPT-2 as its default configuration has it: dropout 0.1 on the
     embeddings, the attention probabilities and both residual branches."""
     torch.manual_seed(0)
-    return _eager(transformers.GPT2LMHeadModel(transformers.GPT2Config(
+    return _training(transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=2, n_head=4)))
 
 
@@ -399,7 +400,7 @@ def test_gpt2_under_autocast_trains_as_pytorch_autocast():
 
 def gpt2_classifier():
     torch.manual_seed(0)
-    return _eager(transformers.GPT2ForSequenceClassification(transformers.GPT2Config(
+    return _training(transformers.GPT2ForSequenceClassification(transformers.GPT2Config(
         vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
         attn_pdrop=0.0, num_labels=3, pad_token_id=0)))
 
