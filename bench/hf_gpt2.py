@@ -36,7 +36,6 @@ def model(config: dict, seed: int = 0):
     torch.manual_seed(seed)
     m = transformers.GPT2LMHeadModel(transformers.GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                                                               **config))
-    m.config._attn_implementation = "eager"
     return m.train()
 
 

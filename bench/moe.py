@@ -49,7 +49,6 @@ def model(args, seed: int = 0):
 
     torch.manual_seed(seed)
     m = transformers.MixtralForCausalLM(transformers.MixtralConfig(**config(args)))
-    m.config._attn_implementation = "eager"
     return m.train()
 
 
