@@ -16,6 +16,7 @@ Where it runs:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -76,7 +77,9 @@ def compile(  # noqa: A001 - the verb users expect
     needs them, chosen by predicting each plan on `cluster` (a preset, a cluster file)
     within `memory_budget` bytes per device (default: the cluster device's),
     for the placement's ranks or `devices`. `Executable.explain()` shows the
-    choice and its alternatives.
+    choice and its alternatives. A hand plan is priced on `cluster` too:
+    sbp-infer's remaining choices and the gradient buckets (as
+    `pipeline="compile{device=...}"` would price them).
 
     `optimizer` (`sbpc.optim.SGD`, `Adam`, `AdamW`) makes it a training step:
     lg-autodiff and the optimizer's lg-optimizer run before `pipeline`, and
@@ -126,6 +129,8 @@ def compile(  # noqa: A001 - the verb users expect
         else:
             if plan == "auto":
                 passes, autoplan = _plan_automatically(module, passes, str(cluster), devices or 0, budget)
+            else:
+                passes = _priced_on(passes, str(cluster))
             PassPipeline(tuple(passes)).apply(Context(), module)
         module.verify()
     if budget is not None and programs(module):
@@ -170,6 +175,24 @@ def _passes(pipeline: str, optimizer: Optimizer | None) -> list[ModulePass]:
         raise ValueError("pass either optimizer= or a pipeline with lg-autodiff and lg-optimizer, not both")
     lead = next((i for i, p in enumerate(passes) if p.name != "lg-micro-batch"), len(passes))
     return [*passes[:lead], *optimizer.passes(), *passes[lead:]]
+
+
+def _priced_on(passes: list[ModulePass], cluster: str) -> list[ModulePass]:
+    """A hand plan's passes with `compile`'s pricing (sbp-infer's choices,
+    the gradient buckets) on `cluster`, where the pipeline names no cluster
+    of its own; both naming different ones is an error."""
+    from sbpc.lowering.compile import CompilePass
+    from sbpc.planning.cost_model import DEFAULT_DEVICE
+
+    out = []
+    for p in passes:
+        if isinstance(p, CompilePass) and cluster != DEFAULT_DEVICE:
+            if p.device not in (DEFAULT_DEVICE, cluster):
+                raise ValueError(f"cluster={cluster!r} and the pipeline's compile{{device={p.device}}} name "
+                                 "different clusters: give one")
+            p = dataclasses.replace(p, device=cluster)
+        out.append(p)
+    return out
 
 
 def _plan_automatically(module: ModuleOp, passes: list[ModulePass], cluster: str, devices: int,

@@ -303,6 +303,10 @@ BUGS = [
         'weighted = fe.matmul(fe.cast(fe.cast(exps, half), "f32"), v)',
         "weighted = fe.matmul(exps, v)",
         T + "e2e/test_hf_models.py", select="autocast"),
+    Bug("a-hand-plan-ignores-the-cluster-given", "api", "sbpc/api.py",
+        "passes = _priced_on(passes, str(cluster))",
+        "passes = list(passes)",
+        T + "api/test_frontend.py", select="priced_on"),
     # -- the planner's cost -----------------------------------------------------------------------
     Bug("all-reduce-priced-as-a-reduce-scatter", "cost", "planning/cost_model.py",
         "return 2 * (p - 1) / p, 1  # all_reduce",

@@ -2,8 +2,10 @@
 (started by this process, reused across runs), inside an mpiexec launch, and
 in the explicit interpreter."""
 
+import pathlib
 import re
 import subprocess
+import sys
 import textwrap
 
 import numpy as np
@@ -213,3 +215,26 @@ def test_each_op_function_builds_the_op_of_its_name(name):
     fn = getattr(sbpc, name)
     y = fn(x) if name not in ("add", "sub", "mul", "div") else fn(x, x)
     assert y.value.owner.name == f"lg.{name}"
+
+
+def test_a_hand_plan_is_priced_on_the_cluster_given():
+    """compile(cluster=...) prices a hand plan's remaining choices on that
+    cluster, as compile{device=...} does (it was read by plan="auto" alone):
+    the GPT with its batch split over 16 ranks reduces every gradient in
+    one bucket on this CPU preset, and is laid out otherwise for two H100
+    nodes. Naming two different clusters is an error."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "examples"))
+    import models
+
+    def collectives(pipeline="compile", **options) -> list[str]:
+        """Rank 0's collectives, in order."""
+        module = models.gpt("dp", 16, 65, batch=64, seq=16, dim=32, heads=4, layers=2)
+        exe = sbpc.compile(module, pipeline=pipeline, **options)
+        rank0 = exe.plan_text.split("plan.device @rank1 ")[0]
+        return [line.split(" id ")[0] for line in rank0.splitlines() if "plan.comm" in line]
+
+    cpu, gpu = collectives(), collectives(cluster="h100-2nodes")
+    assert len(cpu) == 1 and '"all_reduce"' in cpu[0]  # every gradient in one bucket
+    assert gpu != cpu and gpu == collectives("compile{device=h100-2nodes}")
+    with pytest.raises(ValueError, match="name different clusters"):
+        collectives("compile{device=h100-node}", cluster="h100-2nodes")
