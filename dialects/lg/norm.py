@@ -197,7 +197,8 @@ class LayerNormGradOp(LgOp):
     as lg.layernorm's) and r = 1 / sqrt(variance + epsilon), the gradient
     `grad` of x̂ gives the input's, r * (grad - mean(grad) - x̂ * mean(grad * x̂)).
     One pass per row with its statistics in cache, where the ops it stands
-    for (13 of them) each made a pass over the whole tensor."""
+    for (14 of them, the statistics recomputed with it) each made a pass
+    over the whole tensor."""
 
     KERNEL_KIND: ClassVar[str] = "row"
 
