@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from abc import ABC
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 from xdsl.dialects.builtin import I64, Float64Type, FloatAttr, IntegerAttr, f64, i64
 from xdsl.ir import Operation, SSAValue
@@ -91,6 +91,12 @@ class LogSoftmaxOp(AxisOp):
         return [e.emit(SubOp(g, e.emit(MulOp(e.emit(ExpOp(self.result)), total))))]
 
 
+def _check_epsilon(op: LayerNormOp | LayerNormGradOp) -> None:
+    """Layernorm's and its gradient's epsilon: positive (the variance plus it is a root's radicand)."""
+    if op.epsilon.value.data <= 0:
+        raise VerifyException(f"'{op.name}': eps must be positive, got {op.epsilon.value.data}")
+
+
 @op_definition
 class LayerNormOp(LgOp):
     """Normalizes over the axes `axis..rank-1` (ONNX LayerNormalization); with
@@ -156,8 +162,7 @@ class LayerNormOp(LgOp):
         return x, same_element_type(elems)
 
     def verify_(self) -> None:
-        if self.epsilon.value.data <= 0:
-            raise VerifyException(f"'{self.name}': eps must be positive, got {self.epsilon.value.data}")
+        _check_epsilon(self)
         super().verify_()
 
     def gradient(self, g, e):
@@ -246,8 +251,7 @@ class LayerNormGradOp(LgOp):
         return shapes[0], same_element_type(elems)
 
     def verify_(self) -> None:
-        if self.epsilon.value.data <= 0:
-            raise VerifyException(f"'{self.name}': eps must be positive, got {self.epsilon.value.data}")
+        _check_epsilon(self)
         super().verify_()
 
     def gradient(self, g, e):
@@ -291,6 +295,9 @@ class LayerNormGradOp(LgOp):
 # fuses what they find where the layout keeps each row on one device.
 
 
+_Op = TypeVar("_Op", bound=Operation)
+
+
 @dataclass(frozen=True)
 class Recognized:
     """A value recognized as one of layernorm's row computations: its
@@ -305,15 +312,15 @@ class Recognized:
     ops: tuple[Operation, ...]
 
 
-def _made_by(value: SSAValue, cls: type) -> Operation | None:
+def _made_by(value: SSAValue, cls: type[_Op]) -> _Op | None:
     owner = value.owner
-    return owner if isinstance(owner, Operation) and isinstance(owner, cls) else None
+    return owner if isinstance(owner, cls) else None
 
 
 def _row_mean(value: SSAValue) -> tuple[SSAValue, int] | None:
     """(x, axis) where `value` is x's mean over axis..rank-1, dims kept."""
     op = _made_by(value, ReduceMeanOp)
-    if not isinstance(op, ReduceMeanOp) or op.keepdims is None:
+    if op is None or op.keepdims is None:
         return None
     axes, rank = list(op.axes.get_values()), len(global_shape(op.input.type))
     if not axes or axes != list(range(axes[0], rank)):
@@ -323,7 +330,7 @@ def _row_mean(value: SSAValue) -> tuple[SSAValue, int] | None:
 
 def _scalar(value: SSAValue) -> float | None:
     op = _made_by(value, ConstantOp)
-    if not isinstance(op, ConstantOp) or global_shape(op.result.type) != ():
+    if op is None or global_shape(op.result.type) != ():
         return None
     number = op.value.get_values()[0]
     return float(number)
@@ -334,18 +341,18 @@ def normalization_of(xhat: SSAValue) -> Recognized | None:
     (x - mean(x)) * rsqrt(mean((x - mean(x))^2) + eps), each mean over the
     axes axis..rank-1; else None."""
     scaled = _made_by(xhat, MulOp)
-    if not isinstance(scaled, MulOp):
+    if scaled is None:
         return None
     centred, rstd = _made_by(scaled.lhs, SubOp), _made_by(scaled.rhs, RsqrtOp)
-    if not isinstance(centred, SubOp) or not isinstance(rstd, RsqrtOp):
+    if centred is None or rstd is None:
         return None
     mean = _row_mean(centred.rhs)
     shifted = _made_by(rstd.input, AddOp)
-    if mean is None or mean[0] is not centred.lhs or not isinstance(shifted, AddOp):
+    if mean is None or mean[0] is not centred.lhs or shifted is None:
         return None
     variance, eps = _row_mean(shifted.lhs), _scalar(shifted.rhs)
     squares = _made_by(variance[0], MulOp) if variance is not None else None
-    if (variance is None or variance[1] != mean[1] or eps is None or eps <= 0 or not isinstance(squares, MulOp)
+    if (variance is None or variance[1] != mean[1] or eps is None or eps <= 0 or squares is None
             or squares.lhs is not centred.result or squares.rhs is not centred.result):
         return None
     ops = (centred.rhs.owner, centred, squares, shifted.lhs.owner, shifted, rstd, scaled)
@@ -359,13 +366,13 @@ def input_gradient_of(dx: SSAValue) -> Recognized | None:
     (`normalization_of`); else None. Its ops are those after the
     normalization, which may have other readers (the weight's gradient)."""
     result = _made_by(dx, MulOp)
-    if not isinstance(result, MulOp):
+    if result is None:
         return None
     outer = _made_by(result.rhs, SubOp)
-    if not isinstance(outer, SubOp):
+    if outer is None:
         return None
     centred, projected = _made_by(outer.lhs, SubOp), _made_by(outer.rhs, MulOp)
-    if not isinstance(centred, SubOp) or not isinstance(projected, MulOp):
+    if centred is None or projected is None:
         return None
     xhat, m2 = projected.lhs, projected.rhs
     normalized = normalization_of(xhat)
@@ -375,7 +382,7 @@ def input_gradient_of(dx: SSAValue) -> Recognized | None:
     m1, dot = _row_mean(centred.rhs), _row_mean(m2)
     product = _made_by(dot[0], MulOp) if dot is not None else None
     if (m1 is None or dot is None or m1[0] is not dxhat or m1[1] != normalized.axis or dot[1] != normalized.axis
-            or not isinstance(product, MulOp) or product.lhs is not dxhat or product.rhs is not xhat):
+            or product is None or product.lhs is not dxhat or product.rhs is not xhat):
         return None
     ops = (centred.rhs.owner, centred, product, m2.owner, projected, outer, result)
     return Recognized((normalized.operands[0], dxhat), normalized.axis, normalized.epsilon,

@@ -85,7 +85,8 @@ def _sdpa(im: _Importer, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False
     if enable_gqa:
         raise ValueError("grouped-query attention (enable_gqa): repeat the key and value heads instead")
     q, k, v = im.lift(q), im.lift(k), im.lift(v)  # (16-bit ones widened to float32 by the importer: `_call`)
-    half = _result_dtype(im) if _result_dtype(im) in _HALVES and not dropout_p else None
+    traced = _result_dtype(im)
+    half = traced if traced in _HALVES and not dropout_p else None
     length, source = q.shape[-2], k.shape[-2]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = fe.matmul(q, k, transpose_b=True) * scale
