@@ -40,8 +40,7 @@ from sbpc.dialects.sbp import (
     nd_from_plain,
     nd_to_plain,
 )
-from sbpc.planning.boxing_planner import Step, plan
-from sbpc.planning.cost_model import axis_volume
+from sbpc.planning.boxing_planner import Step, plan, step_units
 
 
 def itemsize(t: DTensorType) -> int:
@@ -52,9 +51,7 @@ def step_bytes(step: Step, shape: tuple[int, ...], nbytes_per_elem: int, mesh: t
     """The textbook volume of one step: the average bytes a device receives.
     The group tensor of a step on mesh axis a is the global tensor divided by
     the other mesh axes that split it (the same before and after the step)."""
-    units, _ = axis_volume(step.src[step.mesh_axis], step.dst[step.mesh_axis], mesh[step.mesh_axis])
-    others = math.prod(mesh[b] for b in range(len(mesh)) if b != step.mesh_axis and step.src[b].is_split)
-    return round(units * math.prod(shape) * nbytes_per_elem / others)
+    return round(step_units(step, mesh) * math.prod(shape) * nbytes_per_elem)
 
 
 def transfer_bytes(shape, src_nd: PlainNd, src_mesh: Mesh, dst_nd: PlainNd, dst_mesh: Mesh, nbytes: int) -> int:

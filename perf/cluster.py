@@ -92,6 +92,16 @@ def latency_steps(kind: str, p: int) -> float:
     return {"all_reduce": 2.0 * rounds, "all_to_all": float(p - 1), "transfer": 1.0}.get(kind, float(rounds))
 
 
+def alpha_beta(kind: str, p: int, latency: float, bandwidth: float, nbytes: float) -> float:
+    """Seconds of one collective of `kind` over p devices moving `nbytes`
+    per device on a link of `latency` per step and `bandwidth`: the latency
+    steps, then the bytes. Over one device nothing crosses a link (what the
+    library does there is a copy: `Cluster.collective_time`)."""
+    if p <= 1:
+        return 0.0
+    return latency_steps(kind, p) * latency + nbytes / bandwidth
+
+
 @dataclass(frozen=True)
 class CollectiveFit:
     """Calibrated figures of one collective kind on one level."""
@@ -205,8 +215,9 @@ class DeviceModel:
 @dataclass(frozen=True)
 class Rates:
     """What sbp-infer's cost model reads of a cluster for the devices of one
-    placement (`Cluster.rates`): the GEMM rate and the all_reduce figures of
-    the level the placement spans."""
+    placement (`Cluster.rates`): the GEMM rate, the all_reduce figures of
+    the level the placement spans, and the cluster's own prices of a
+    kernel, a collective and a copy, which the simulator charges too."""
 
     name: str
     flops: float
@@ -220,14 +231,46 @@ class Rates:
     the roofline of GEMMs, vector arithmetic and memory streams, with the
     in-step scales): sbp-infer prices each op's local work as the step-time
     simulator does. None: every op at the GEMM rate."""
-    collective_sync: Callable[[Sequence[int]], float] | None = field(default=None, compare=False, repr=False)
-    """What one collective among the given ranks adds where two of them
-    share a core (`Cluster.collective_sync`), as the simulator charges it;
-    None: nothing."""
+    collective: Callable[[str, Sequence[int], float, float], float] | None = field(
+        default=None, compare=False, repr=False)
+    """The seconds of one collective of a kind over the given ranks moving
+    the given bytes per device into a result of the given bytes
+    (`Cluster.collective_time`: its per-kind figures, latency steps, the
+    copy of a collective over one rank and the sync of ranks sharing a
+    core), as the simulator and bucketing price it. None: `alpha_beta` on
+    this object's latency and bandwidth."""
 
-    def sync(self, ranks: Sequence[int]) -> float:
-        """Seconds one collective among `ranks` adds for members that share a core."""
-        return self.collective_sync(ranks) if self.collective_sync is not None else 0.0
+    bucketed: Callable[[str, Sequence[int], float, float, float, int], float] | None = field(
+        default=None, compare=False, repr=False)
+    """The seconds a gradient's reduction adds to a step as one of a number
+    of members of a bucket (`Cluster.bucket_member_time`). None: as a
+    collective of its own."""
+    copy: Callable[[float], float] | None = field(default=None, compare=False, repr=False)
+    """Seconds of copying the given bytes on one device (`Cluster.copy_time`),
+    what a local boxing step (a slice, a partial's zeros) costs. None: nothing."""
+    actor_overhead: float = 0.0
+    """Seconds the executor spends on each actor it fires, a boxing step's included."""
+
+    def copy_time(self, nbytes: float) -> float:
+        """Seconds of copying `nbytes` on one device."""
+        return self.copy(nbytes) if self.copy is not None else 0.0
+
+    def collective_time(self, kind: str, ranks: Sequence[int], nbytes: float, piece: float = 0.0) -> float:
+        """Seconds of one collective of `kind` over `ranks` moving `nbytes`
+        per device into a result of `piece` bytes."""
+        if self.collective is not None:
+            return self.collective(kind, ranks, nbytes, piece)
+        return alpha_beta(kind, len(ranks), self.latency, self.bandwidth, nbytes)
+
+    def bucket_member_time(self, kind: str, ranks: Sequence[int], nbytes: float, piece_in: float,
+                           piece_out: float, members: int) -> float:
+        """Seconds a reduction of `kind` moving `nbytes` per device from a
+        `piece_in` to a `piece_out` adds to a step as one of `members` in a
+        bucket: as a collective of its own (and its actor) where nothing
+        says how to price a bucket."""
+        if self.bucketed is not None:
+            return self.bucketed(kind, ranks, nbytes, piece_in, piece_out, members)
+        return self.collective_time(kind, ranks, nbytes, piece_out) + self.actor_overhead
 
     def op_time(self, kernel: str, flops: float, nbytes: float, dtype: str = "f32") -> float:
         """Seconds of an op's rate-bound work on one device."""
@@ -280,7 +323,8 @@ class Cluster:
         group = list(ranks) or list(range(min(2, self.count)))
         latency, bandwidth = self.figures("all_reduce", group)
         return Rates(self.name, flops=self.device.gemm_rate("f32"), bandwidth=bandwidth, latency=latency,
-                     core_time=self.core_time, collective_sync=self.collective_sync)
+                     core_time=self.core_time, collective=self.collective_time, copy=self.copy_time,
+                     bucketed=self.bucket_member_time, actor_overhead=self.device.actor_overhead)
 
     def figures(self, kind: str, ranks: Sequence[int]) -> tuple[float, float]:
         """(latency per step, bandwidth) of collective `kind` over `ranks`."""
@@ -298,14 +342,14 @@ class Cluster:
         bandwidth = min(level.bandwidth for level in self.levels[: top + 1])
         return self.levels[top].latency, bandwidth
 
-    def collective_time(self, kind: str, ranks: Sequence[int], nbytes: float) -> float:
+    def collective_time(self, kind: str, ranks: Sequence[int], nbytes: float, piece: float = 0.0) -> float:
         """Seconds of one collective of `kind` over `ranks` moving `nbytes`
-        per device (the volume the IR records)."""
-        p = len(ranks)
+        per device (the volume the IR records) into a result of `piece`
+        bytes on each: over one rank the library copies the input into the
+        result (MPI's send buffer into its receive buffer), nothing else."""
         latency, bandwidth = self.figures(kind, ranks)
-        if p <= 1:  # still a call into the collective library
-            return latency
-        return latency_steps(kind, p) * latency + nbytes / bandwidth + self.collective_sync(ranks)
+        alone = self.copy_time(piece) if len(ranks) <= 1 and piece else 0.0
+        return alpha_beta(kind, len(ranks), latency, bandwidth, nbytes) + alone + self.collective_sync(ranks)
 
     def collective_sync(self, ranks: Sequence[int]) -> float:
         """What a collective among `ranks` adds to a step beyond its
@@ -416,6 +460,26 @@ class Cluster:
 
     def kernel_time(self, flops: float, nbytes: float) -> float:
         return self.work_time("", flops, nbytes)
+
+    def bucket_member_time(self, kind: str, ranks: Sequence[int], nbytes: float, piece_in: float,
+                           piece_out: float, members: int) -> float:
+        """Seconds one gradient's reduction adds to a step as one of
+        `members` joined into a bucket by sbp-bucket-collectives, as the
+        simulator prices the bucket's actors: its bytes in the bucket's
+        collective and its share of that call's fixed cost (latency steps,
+        sync, the actor), its copy into the bucket (the concat, whose fixed
+        cost it shares too) and its slice out of it (an actor of its own)."""
+        overhead = self.device.actor_overhead
+        call = self.collective_time(kind, ranks, 0.0)
+        data = self.collective_time(kind, ranks, nbytes) - call
+        concat = self.core_time("lg.concat", 0.0, 2.0 * piece_in)
+        shared = call + overhead + self.kernel_overhead("lg.concat") + overhead
+        out = self.work_time("lg.slice", 0.0, 2.0 * piece_out) + overhead
+        return data + concat + out + shared / max(1, members)
+
+    def copy_time(self, nbytes: float) -> float:
+        """Seconds of copying `nbytes` on one device (read once, written once)."""
+        return self.kernel_time(0.0, 2.0 * nbytes)
 
     # -- files ------------------------------------------------------------------
 

@@ -127,10 +127,6 @@ def compute_time(actor: plan.ComputeOp, registers: Mapping[str, plan.RegisterOp]
     return seconds
 
 
-def copy_time(nbytes: float, cluster: Cluster) -> float:
-    return cluster.kernel_time(0.0, 2.0 * nbytes)
-
-
 # -- the replay ---------------------------------------------------------------------------
 
 
@@ -380,7 +376,7 @@ class _Device:
             nbytes = actor.bytes.value.data if actor.bytes is not None else 0
             if kind in COLLECTIVES and not COLLECTIVES[kind].communicates:
                 out = registers[actor.outs.data[0].string_value()]
-                seconds = copy_time(out.bytes.value.data, cluster) + overhead
+                seconds = cluster.copy_time(out.bytes.value.data) + overhead
                 self.actors.append((actor.sym_name.data, "copy", seconds, names, written, None, index))
                 self.labels[actor.sym_name.data] = kind
                 continue
@@ -390,9 +386,11 @@ class _Device:
             # rank waits for it); a 2 MB all_gather along columns spent as
             # long unpacking as in MPI.
             packed, unpacked = staged_bytes(actor, self.rank, meshes, cache)
-            seconds = cluster.collective_time(kind, group, nbytes) + (copy_time(unpacked, cluster) if unpacked else 0.0)
+            piece = registers[actor.outs.data[0].string_value()].bytes.value.data if actor.outs.data else 0
+            seconds = (cluster.collective_time(kind, group, nbytes, piece)
+                       + (cluster.copy_time(unpacked) if unpacked else 0.0))
             spec = CommSpec(actor.comm_id.value.data, kind, group, seconds)
-            issue = overhead + (copy_time(packed, cluster) if packed else 0.0)
+            issue = overhead + (cluster.copy_time(packed) if packed else 0.0)
             self.actors.append((actor.sym_name.data, kind, issue, names, written, spec, index))
         self.feeds = [n for n, r in registers.items() if r.feed is not None]
         self.updates = plan.update_pairs(device)
@@ -435,7 +433,7 @@ class _Device:
         for step in range(steps):
             for name in self.feeds:
                 nbytes = registers[name].bytes.value.data
-                tasks.append((step, Task(f"{name}.feed", "copy", copy_time(nbytes, cluster),
+                tasks.append((step, Task(f"{name}.feed", "copy", cluster.copy_time(nbytes),
                                          self.ranges([name], step, 1), kernel="copy")))
             for name, what, seconds, names, written, spec, index in self.actors:
                 ranges = self.ranges(names, step, written)
@@ -449,7 +447,7 @@ class _Device:
             for new, param in self.updates:
                 nbytes = registers[param].bytes.value.data
                 # as the runtime: any access waits
-                tasks.append((step, Task(f"{param}.write_back", "copy", copy_time(nbytes, cluster),
+                tasks.append((step, Task(f"{param}.write_back", "copy", cluster.copy_time(nbytes),
                                          self.ranges([new], step, 1), kernel="copy")))
             tasks.append((step, Task("", "end", 0.0, [])))
         return tasks

@@ -95,17 +95,14 @@ def _search(src: PlainNd, mesh: tuple[int, ...], rank: int, owned: tuple[Sbp, ..
                     continue
                 if owned and not grouping_ok(nxt):
                     continue
-                units, _ = axis_volume(current, target, mesh[a])
-                # the piece a step moves: the tensor over the other axes that split it
-                # (the same before and after the step, which changes only axis a)
-                others = math.prod(mesh[b] for b in range(len(mesh)) if b != a and state[b].is_split)
-                label = (volume + units / others, max(peak, local_fraction(nxt, mesh)))
+                kind = step_kind(current, target)
+                assert kind is not None  # _targets yields only targets one collective reaches
+                step = Step(kind, a, state, nxt)
+                label = (volume + step_units(step, mesh), max(peak, local_fraction(nxt, mesh)))
                 if nxt not in best or label < best[nxt][:2]:
                     counter += 1
                     best[nxt] = (*label, counter)
-                    kind = step_kind(current, target)
-                    assert kind is not None  # _targets yields only targets one collective reaches
-                    previous[nxt] = (state, Step(kind, a, state, nxt))
+                    previous[nxt] = (state, step)
                     heapq.heappush(queue, (*label, counter, nxt))
     return best, previous
 
@@ -127,13 +124,48 @@ def plan(src: PlainNd, dst: PlainNd, mesh: tuple[int, ...], rank: int) -> tuple[
     return tuple(reversed(steps)), best[dst][0]
 
 
+def step_units(step: Step, mesh: Sequence[int]) -> float:
+    """The share of the global tensor one device sends in `step`: its mesh
+    axis's volume, over the other mesh axes that split the tensor (the
+    same before and after the step, which changes only its axis)."""
+    a = step.mesh_axis
+    units, _ = axis_volume(step.src[a], step.dst[a], mesh[a])
+    return units / math.prod(mesh[b] for b in range(len(mesh)) if b != a and step.src[b].is_split)
+
+
+def joins_a_bucket(step: Step, mesh: Sequence[int]) -> bool:
+    """Whether sbp-bucket-collectives can join `step`, done on a gradient,
+    into a bucket: an all_reduce, or a reduce_scatter to rows (S(0)), over a
+    mesh axis of more than one device that no other axis splits (its piece
+    is the flat whole). The bucket also needs the rows to divide evenly,
+    which the cost model, knowing only the tensor's bytes, does not check."""
+    a = step.mesh_axis
+    if mesh[a] == 1 or any(step.src[b] != Sbp.B or step.dst[b] != Sbp.B for b in range(len(mesh)) if b != a):
+        return False
+    return step.kind == "all_reduce" or (step.kind == "reduce_scatter" and step.dst[a] == Sbp.S(0))
+
+
 def boxing_cost(src: PlainNd, dst: PlainNd, mesh: Sequence[int], rank: int, nbytes: float, device: Rates,
-                axis_sync: Sequence[float] = ()) -> float:
+                groups: Sequence[Sequence[int]], members: int = 1) -> float:
     """Seconds the best plan takes under the cost model (what sbp-infer
-    charges): its bytes over the bandwidth, and per collective the latency
-    and, on a mesh axis whose groups have members sharing a core,
-    `axis_sync` of that axis (what the simulator charges such a collective)."""
-    steps, volume = plan(tuple(src), tuple(dst), tuple(mesh), rank)
-    fixed = sum(device.latency + (axis_sync[s.mesh_axis] if axis_sync else 0.0)
-                for s in steps if COLLECTIVES[s.kind].communicates)
-    return volume * nbytes / device.bandwidth + fixed
+    charges), each step priced as the step-time simulator prices the actor
+    it becomes: the executor's overhead, and a collective of its kind over
+    the ranks of its mesh axis (`groups[axis]`) moving its share of the
+    `nbytes` tensor into its piece (`Rates.collective_time`), or for a
+    local step (a slice, a partial's zeros) the copy of the piece it writes.
+    `members` > 1: the tensor is a gradient, and a reduction that can join
+    a bucket is priced as one of that many members of one
+    (`Rates.bucket_member_time`)."""
+    steps, _ = plan(tuple(src), tuple(dst), tuple(mesh), rank)
+    total = 0.0
+    for s in steps:
+        piece = local_fraction(s.dst, mesh) * nbytes
+        if members > 1 and joins_a_bucket(s, mesh):
+            total += device.bucket_member_time(s.kind, groups[s.mesh_axis], step_units(s, mesh) * nbytes,
+                                               local_fraction(s.src, mesh) * nbytes, piece, members)
+        elif COLLECTIVES[s.kind].communicates:
+            total += device.collective_time(s.kind, groups[s.mesh_axis], step_units(s, mesh) * nbytes,
+                                            piece) + device.actor_overhead
+        else:
+            total += device.copy_time(piece) + device.actor_overhead
+    return total

@@ -1,10 +1,12 @@
 """The cost model that sbp-infer (and boxing) minimize, in seconds.
 
 - compute: the flops of an op's local piece over the device's rate;
-- boxing: bytes a device moves to turn one distribution into another, over
-  the link bandwidth, with the standard collective volumes per mesh axis of
-  p devices: all_reduce 2(p-1)/p |T|, all_gather and reduce_scatter
-  (p-1)/p |T|, all_to_all (p-1)/p^2 |T|, local slice 0;
+- boxing: each step priced as the step-time simulator prices the actor it
+  becomes (`boxing_planner.boxing_cost` over `Rates.collective_time`, that
+  is `Cluster.collective_time`), with the standard collective volumes per
+  mesh axis of p devices (`axis_volume`): all_reduce 2(p-1)/p |T|,
+  all_gather and reduce_scatter (p-1)/p |T|, all_to_all (p-1)/p^2 |T|,
+  local slice 0;
 - memory: bytes a device holds for a result, times a small weight, so that
   of two otherwise equal plans the leaner one wins.
 
@@ -107,6 +109,7 @@ def axis_volume(src: PlainSbp, dst: PlainSbp, p: int) -> tuple[float, int]:
     return 0.0, 0
 
 
-def transfer_cost(nbytes: float, device: Rates) -> float:
-    """Moving a tensor between two placements: every byte crosses once."""
-    return nbytes / device.bandwidth + device.latency
+def transfer_cost(nbytes: float, device: Rates, src_ranks: Sequence[int], dst_ranks: Sequence[int]) -> float:
+    """Moving a tensor between two placements (every byte crosses once),
+    priced as the simulator prices the transfer: over the ranks of both."""
+    return device.collective_time("transfer", list(dict.fromkeys([*src_ranks, *dst_ranks])), nbytes)

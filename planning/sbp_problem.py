@@ -26,6 +26,7 @@ from xdsl.ir import Operation, SSAValue
 from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import lg
+from sbpc.dialects.lg_analysis import OPTIMIZER_STATE_KEYS
 from sbpc.dialects.pieces import rank_group
 from sbpc.dialects.row_groups import row_groups
 from sbpc.dialects.sbp import (
@@ -139,8 +140,14 @@ class Problem:
     also summed into `edges`."""
     sizes: list[tuple[float, int]] = field(default_factory=list)
     """Per node: bytes and rank of its result (what every use of it moves)."""
+    gradients: list[bool] = field(default_factory=list)
+    """Per node: whether its result is a gradient (`gradients`): its
+    reductions join the step's bucket of gradients."""
+    bucket_members: int = 1
+    """The parameters the step trains: about as many gradients share a
+    bucket (sbp-bucket-collectives cuts the buckets of a CPU cluster so)."""
     _boxing: dict[tuple, float] = field(default_factory=dict)
-    _axis_sync: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    _axis_groups: dict[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
     _exact: ExactCost | None = None
 
     def exact(self) -> ExactCost:
@@ -150,24 +157,26 @@ class Problem:
             self._exact = ExactCost(self)
         return self._exact
 
-    def boxing(self, src: PlainNd, dst: PlainNd, mesh: Mesh, rank: int, nbytes: float) -> float:
+    def boxing(self, src: PlainNd, dst: PlainNd, mesh: Mesh, rank: int, nbytes: float,
+               gradient: bool = False) -> float:
         """boxing_cost on this problem's device, memoized by its arguments: a
         deep graph repeats the same few (size, distribution) pairs on
-        thousands of edges."""
-        sync = self.axis_sync(mesh)
-        key = (src, dst, mesh.shape, sync, rank, nbytes)
+        thousands of edges. A gradient's reductions are priced as bucket members."""
+        groups = self.axis_groups(mesh)
+        key = (src, dst, mesh.shape, groups, rank, nbytes, gradient)
         cost = self._boxing.get(key)
         if cost is None:
-            cost = self._boxing[key] = boxing_cost(src, dst, mesh.shape, rank, nbytes, self.device, sync)
+            members = self.bucket_members if gradient else 1
+            cost = self._boxing[key] = boxing_cost(src, dst, mesh.shape, rank, nbytes, self.device, groups, members)
         return cost
 
-    def axis_sync(self, mesh: Mesh) -> tuple[float, ...]:
-        """Per mesh axis of `mesh`, what a collective along it adds where its
-        members share a core (Rates.sync, of the group of the mesh's first rank)."""
-        found = self._axis_sync.get(mesh.name)
+    def axis_groups(self, mesh: Mesh) -> tuple[tuple[int, ...], ...]:
+        """Per mesh axis of `mesh`, the ranks a collective along it spans (the
+        group of the mesh's first rank): what the collective's price reads."""
+        found = self._axis_groups.get(mesh.name)
         if found is None:
-            found = self._axis_sync[mesh.name] = tuple(
-                self.device.sync(rank_group(mesh, mesh.ranks[0], [a])) for a in range(len(mesh.shape)))
+            found = self._axis_groups[mesh.name] = tuple(
+                tuple(rank_group(mesh, mesh.ranks[0], [a])) for a in range(len(mesh.shape)))
         return found
 
     def total(self, choice: Sequence[int]) -> float:
@@ -270,9 +279,10 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
             src_mesh = lookup_placement(op, source.placement).mesh()
             nbytes_in = _nbytes(op.operands[0])
             own_boxing = (
-                boxing_cost(candidates[0][0][0], candidates[0][1], mesh.shape, len(out_shape), nbytes_in, device)
+                boxing_cost(candidates[0][0][0], candidates[0][1], mesh.shape, len(out_shape), nbytes_in, device,
+                            [rank_group(mesh, mesh.ranks[0], [a]) for a in range(len(mesh.shape))])
                 if src_mesh == mesh
-                else transfer_cost(nbytes_in, device)
+                else transfer_cost(nbytes_in, device, src_mesh.ranks, mesh.ranks)
             )
             flops = 0.0
         elif role == RULED:
@@ -356,7 +366,9 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
         sizes.append((nbytes, len(out_shape)))
 
     # Edges. Operand j of v is u's result, so its size is u's.
-    problem = Problem(nodes, device, sizes=sizes)
+    updates = tied_updates(graph, index, params_by_key)
+    trained = [p for p, _ in updates if not cast(lg.ParamOp, nodes[p].op).key.data.startswith(OPTIMIZER_STATE_KEYS)]
+    problem = Problem(nodes, device, sizes=sizes, gradients=gradients(nodes), bucket_members=max(1, len(trained)))
     tables: dict[tuple, np.ndarray] = {}
     # (producer candidates, consumer candidates (by identity: every node's
     # list lives as long as `nodes`), operand, mesh shape, rank, bytes) -> matrix;
@@ -368,10 +380,12 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
                 continue
             producer = nodes[u]
             nbytes, rank = sizes[u]
-            # meshes alike in shape and in which axes' members share a core price alike
-            where = (node.mesh.shape, problem.axis_sync(node.mesh))
+            gradient = problem.gradients[u]
+            # meshes alike in shape and in the ranks of their axes' groups price alike
+            where = (node.mesh.shape, problem.axis_groups(node.mesh), gradient)
             if producer.mesh is not node.mesh and producer.mesh != node.mesh:
-                matrix = np.full((len(producer.candidates), len(node.candidates)), transfer_cost(nbytes, device))
+                matrix = np.full((len(producer.candidates), len(node.candidates)),
+                                 transfer_cost(nbytes, device, producer.mesh.ranks, node.mesh.ranks))
             elif (spread := spread_tables.get(
                     (id(producer.candidates), id(node.candidates), j, where, rank, nbytes))) is not None:
                 # ops alike share their candidate lists (above), so an edge
@@ -388,7 +402,7 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
                 pairs = tables.get(table_key)
                 if pairs is None:
                     pairs = tables[table_key] = np.array(
-                        [[problem.boxing(s, d, node.mesh, rank, nbytes) for d in ins] for s in outs])
+                        [[problem.boxing(s, d, node.mesh, rank, nbytes, gradient) for d in ins] for s in outs])
                 matrix = pairs[np.ix_([outs[pc[1]] for pc in producer.candidates],
                                      [ins[nc[0][j]] for nc in node.candidates])]
                 spread_tables[(id(producer.candidates), id(node.candidates), j, where, rank, nbytes)] = matrix
@@ -397,7 +411,7 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
     # An updated parameter (output `new.<key>`, from lg-optimizer) is written
     # back into the parameter, so it must come out in the parameter's
     # distribution: tie the two, charging the boxing between them.
-    for param_node, producer_node in tied_updates(graph, index, params_by_key):
+    for param_node, producer_node in updates:
         param, producer = nodes[param_node], nodes[producer_node]
         nbytes, rank = sizes[param_node]
         same_mesh = param.mesh == producer.mesh
@@ -406,7 +420,7 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
         for kp, pc in enumerate(param.candidates):
             for ku, uc in enumerate(producer.candidates):
                 if not same_mesh:
-                    matrix[kp, ku] = transfer_cost(nbytes, device)
+                    matrix[kp, ku] = transfer_cost(nbytes, device, producer.mesh.ranks, param.mesh.ranks)
                     continue
                 pair = (uc[1], pc[1])
                 if pair not in unit:
@@ -416,6 +430,33 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
         problem.edges[key] = problem.edges[key] + matrix if key in problem.edges else matrix
         problem.ties[key] = matrix
     return problem
+
+
+def gradients(nodes: Sequence[Node]) -> list[bool]:
+    """Per node, whether its result is a gradient: a value that only an
+    update and the outputs read, not a source and not a part of an update
+    itself. An update is the elementwise chain (lg-optimizer's) that only
+    other parts of updates and the outputs read. sbp-bucket-collectives
+    joins the reductions of such values into buckets (no computation
+    waits for them). A sum of gradients (micro-batches' accumulated) is
+    one too."""
+    only_updates_read = [True] * len(nodes)
+    in_update = [False] * len(nodes)
+    for v in range(len(nodes) - 1, -1, -1):
+        node = nodes[v]
+        role = _role(type(node.op))
+        in_update[v] = only_updates_read[v] and (role == ANNOTATION or lg.is_elementwise(type(node.op)))
+        if not in_update[v]:
+            for u in node.producers:
+                if u is not None:
+                    only_updates_read[u] = False
+    found = [False] * len(nodes)
+    for v, node in enumerate(nodes):
+        if in_update[v]:
+            found[v] = isinstance(node.op, lg.AddOp) and all(u is not None and found[u] for u in node.producers)
+        else:
+            found[v] = only_updates_read[v] and not isinstance(node.op, lg.InputOp | lg.ParamOp | lg.ConstantOp)
+    return found
 
 
 def tied_updates(graph: lg.GraphOp, index: dict[int, int], params: dict[str, SSAValue]) -> list[tuple[int, int]]:
@@ -449,7 +490,12 @@ class ExactCost:
     connected region of split nodes at once to its replicated signature
     (first regions joined without boxing, then any connected region)
     (single moves cannot leave a plateau such as an elementwise chain
-    computed split whose result is gathered at the end)."""
+    computed split whose result is gathered at the end); where neither
+    finds a better plan, a producer and a consumer (or a parameter and its
+    update) at once, every pair of their candidates (on an FSDP MLP the
+    backward's input gradient and its gelu product move from replicated to
+    split together or not at all: each alone costs a gather that the other
+    saves)."""
 
     def __init__(self, problem: Problem):
         self.problem = problem
@@ -528,15 +574,16 @@ class ExactCost:
                 wants_of[key] = [dist_ids.setdefault(c[0][j], len(dist_ids)) for c in nodes[v].candidates]
             return wants_of[key]
 
-        # Per (size of u's result, consumer mesh id, same mesh as u): the
-        # unit cost of each (source, destination) pair of distribution
-        # indices, all that unit reads of u and v, so producers alike share
-        # entries; each use holds the table of its own.
+        # Per (size of u's result, whether it is a gradient, consumer mesh
+        # id, same mesh as u): the unit cost of each (source, destination)
+        # pair of distribution indices, all that unit reads of u and v, so
+        # producers alike share entries; each use holds the table of its own.
         unit_tables: dict[tuple, dict[tuple[int, int], float]] = {}
         self._uses = [
             [(v, wants(v, j), self._mesh_id[v], self._mesh_id[v] == self._mesh_id[u],
               self.per_use[u] or nodes[v].fixed_input,
-              unit_tables.setdefault((problem.sizes[u], self._mesh_id[v], self._mesh_id[v] == self._mesh_id[u]), {}))
+              unit_tables.setdefault((problem.sizes[u], problem.gradients[u], self._mesh_id[v],
+                                      self._mesh_id[v] == self._mesh_id[u]), {}))
              for v, j in uses]
             for u, uses in enumerate(self.costly_slots)
         ]
@@ -560,8 +607,9 @@ class ExactCost:
         do, without a memo (producer_cost keeps its own, by plain keys)."""
         nbytes, rank = self.problem.sizes[u]  # operand j of v is u's result
         if not same_mesh:
-            return transfer_cost(nbytes, self.problem.device)
-        return self.problem.boxing(src, dst, self.problem.nodes[v].mesh, rank, nbytes)
+            return transfer_cost(nbytes, self.problem.device, self.problem.nodes[u].mesh.ranks,
+                                 self.problem.nodes[v].mesh.ranks)
+        return self.problem.boxing(src, dst, self.problem.nodes[v].mesh, rank, nbytes, self.problem.gradients[u])
 
     def producer_cost(self, u: int, choice: Sequence[int]) -> float:
         """Boxing of u's result for all its uses."""
@@ -641,6 +689,46 @@ class ExactCost:
             costs.append(cost)
         assign(choice, v, current)
         return costs
+
+    def pair_costs(self, u: int, v: int, choice: list[int]) -> list[list[float]]:
+        """local([u, v], choice) with u and v at each pair of their
+        candidates, [u's][v's]; choice is left as it was."""
+        nodes, assign = self.problem.nodes, self._assign
+        producers: dict[int, None] = {u: None, v: None}
+        ties: dict[tuple[int, int], None] = {}
+        for n in (u, v):
+            producers.update(dict.fromkeys(x for x in nodes[n].producers if x is not None))
+            ties.update(dict.fromkeys(self.ties_of[n]))
+        producer_cost, tie_costs = self.producer_cost, self._tie_costs
+        own_u, own_v = self._node_cost[u], self._node_cost[v]
+        current = choice[u], choice[v]
+        table = []
+        for a in range(len(own_u)):
+            assign(choice, u, a)
+            row = []
+            for b in range(len(own_v)):
+                assign(choice, v, b)
+                cost = own_u[a] + own_v[b]
+                cost += sum([producer_cost(x, choice) for x in producers])
+                cost += sum([tie_costs[t][choice[t[0]]][choice[t[1]]] for t in ties])
+                row.append(cost)
+            table.append(row)
+        assign(choice, u, current[0])
+        assign(choice, v, current[1])
+        return table
+
+    def _pairs(self) -> list[tuple[int, int]]:
+        """The pairs pair moves try: each producer with each of its
+        consumers, and each tie (a parameter and its update's producer),
+        where both have a choice and on the same mesh (a pipeline stage's
+        boundary is priced as a transfer either way)."""
+        nodes = self.problem.nodes
+        pairs = {(u, v) for v, node in enumerate(nodes) for u in node.producers if u is not None and u != v}
+        pairs.update(self.problem.ties)
+        return sorted((u, v) for u, v in pairs
+                      if len(nodes[u].candidates) > 1 and len(nodes[v].candidates) > 1
+                      and len(nodes[u].candidates) * len(nodes[v].candidates) <= PAIR_LIMIT
+                      and self._mesh_id[u] == self._mesh_id[v])
 
     def region(self, v: int, choice: Sequence[int], direct: bool = False) -> list[int]:
         """v and the nodes connected to it that are not replicated but could
@@ -745,6 +833,19 @@ class ExactCost:
 
         seen = [0] * len(nodes)
         dirty = [True] * len(nodes)
+        # pair moves: a pair is tried again only when something its cost
+        # reads has changed since (the versions of its two nodes, which a
+        # change bumps on itself and its near nodes, and their producers' stamps)
+        version = [0] * len(nodes)
+        pairs = self._pairs()
+        pair_seen: dict[tuple[int, int], tuple[int, int, int, int]] = {}
+
+        def bump(v: int) -> None:
+            changed_at(v)
+            version[v] += 1
+            for n in near[v]:
+                version[n] += 1
+
         for _ in range(rounds):
             changed = False
             for v, node in enumerate(nodes):
@@ -759,7 +860,7 @@ class ExactCost:
                 assign(choice, v, best)
                 if best != current:
                     changed = True
-                    changed_at(v)
+                    bump(v)
                 dirty[v], seen[v] = False, stamps(v)
             for direct in (True, False):
                 tried: set[int] = set()
@@ -780,14 +881,39 @@ class ExactCost:
                         changed = True
                         for n, k in zip(region, old):
                             if choice[n] != k:
-                                changed_at(n)
+                                bump(n)
                     else:
                         for n, k in zip(region, old):
                             assign(choice, n, k)
+            if changed:
+                continue
+            for u, v in pairs:
+                key = (version[u], version[v], stamps(u), stamps(v))
+                if pair_seen.get((u, v)) == key:
+                    continue
+                table = self.pair_costs(u, v, choice)
+                best_a, best_b = choice[u], choice[v]
+                best_cost = table[best_a][best_b]
+                for a, row in enumerate(table):
+                    for b, cost in enumerate(row):
+                        if cost < best_cost - 1e-15:
+                            best_a, best_b, best_cost = a, b, cost
+                if (best_a, best_b) != (choice[u], choice[v]):
+                    changed = True
+                    for n, k in ((u, best_a), (v, best_b)):
+                        if choice[n] != k:
+                            assign(choice, n, k)
+                            bump(n)
+                pair_seen[u, v] = (version[u], version[v], stamps(u), stamps(v))
             if not changed:
                 break
         return choice
 
+
+PAIR_LIMIT = 256
+"""Pair moves try pairs of up to this many candidate pairs (on a 2-D mesh a
+matmul has dozens of signatures: every pair of two of them would cost more
+than the rest of the search)."""
 
 TRACKED_USES = 16
 """Producers with more uses that can cost than this get a _UseTracker in refine."""

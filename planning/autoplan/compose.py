@@ -16,7 +16,7 @@ from sbpc.dialects import lg
 from sbpc.dialects.lg_analysis import one_f_one_b
 from sbpc.dialects.sbp import element_bytes, lookup_placement
 from sbpc.perf.cluster import Cluster
-from sbpc.perf.step_time import SimulationError, copy_time
+from sbpc.perf.step_time import SimulationError
 
 from .candidates import RECOMPUTE_POLICIES, Candidate, Layout, by_layers, fastest_fitting
 from .layers import Layer, split_layers
@@ -128,7 +128,7 @@ class Composer:
                 # copied in and out. (With a core each, a gradient's own
                 # collective as priced above agrees with the simulator; a
                 # gradient split over the tensor axis joins no bucket.)
-                one = self.cluster.collective_time(kind, group, reduced) + 2 * copy_time(params, self.cluster)
+                one = self.cluster.collective_time(kind, group, reduced) + 2 * self.cluster.copy_time(params)
                 exposed = min(exposed, one)
             drags.append(drag)
             if layout.memory == "fsdp" and dp > 1:

@@ -285,6 +285,15 @@ def test_collective_time_within_a_node():
     assert c.collective_time("all_reduce", [3], nbytes) <= NVLINK.latency  # no bytes move
 
 
+@pytest.mark.parametrize("kind", ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"])
+def test_a_collective_over_one_rank_costs_the_copy_of_its_result(kind):
+    # Nothing crosses a link, but MPI copies the send buffer into the
+    # receive buffer: no latency step, the copy of the result piece.
+    cpu = preset("cpu")
+    assert cpu.collective_time(kind, [0], 0.0, 1 << 20) == cpu.copy_time(1 << 20) > 0.0
+    assert cpu.collective_time(kind, [0], 0.0) == 0.0
+
+
 def test_collective_time_across_nodes():
     c = h100_cluster(4)
     nbytes = 3e8

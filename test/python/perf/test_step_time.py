@@ -601,7 +601,6 @@ def test_a_gather_the_runtime_unpacks_costs_its_copy():
     place (runtime/collectives.py); one of rows lands in place. The same
     bytes cross, so the prediction differs by that copy alone."""
     from sbpc.perf.cluster import preset
-    from sbpc.perf.step_time import copy_time
 
     cpu = preset("cpu")
     times = {}
@@ -609,7 +608,7 @@ def test_a_gather_the_runtime_unpacks_costs_its_copy():
         module = parse_module(GATHER.replace("SPLIT", split))
         CompilePass().apply(Context(), module)
         times[split] = simulate_plan(module, cpu).step_time
-    assert times["S<1>"] - times["S<0>"] == pytest.approx(copy_time(512 * 512 * 4, cpu), rel=1e-3)
+    assert times["S<1>"] - times["S<0>"] == pytest.approx(cpu.copy_time(512 * 512 * 4), rel=1e-3)
 
 
 def test_ranks_bound_to_shared_cpus_compute_faster_while_their_cpu_mates_wait():

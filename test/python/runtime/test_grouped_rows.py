@@ -190,19 +190,24 @@ def test_tokens_go_to_their_experts_by_an_all_to_all_and_train_as_on_one_device(
     run time (I -> G), and their gradients come back the same way (G -> I),
     each rank adding up its own tokens' rows: 3 SGD steps on MPI ranks give
     the one-device run's losses and parameters, under loads that change
-    from step to step (an expert with no rows among them)."""
+    from step to step (an expert with no rows among them). The experts are
+    4x as wide as the tokens, and the tokens many, as in a transformer: on
+    a few tokens, gathering them all to every rank costs less than routing
+    each copy, and sbp-infer does that."""
+    sizes = {"tokens": 256, "dim": 64, "hidden": 256}
+    tokens = sizes["tokens"]
     rng = np.random.default_rng(0)
-    batches = [{"ids": rng.integers(0, 8, 16).astype(np.int32),
-                "counts": rng.multinomial(16, p).astype(np.int32)}
+    batches = [{"ids": rng.integers(0, tokens, 2 * tokens).astype(np.int32),
+                "counts": rng.multinomial(2 * tokens, p).astype(np.int32)}
                for p in ([0.1, 0.5, 0.1, 0.3], [0.25] * 4, [0.0, 0.6, 0.4, 0.0])]
 
     def train(exe):
         losses = [float(exe.train_step(b)["loss"]) for b in batches]
         return losses, {key: exe.params[key] for key in exe.params.keys()}  # noqa: SIM118 - no dict
 
-    one = train(sbpc.compile(dispatch_graph(1), optimizer=sbpc.optim.SGD(lr=0.1), mode="interpret"))
+    one = train(sbpc.compile(dispatch_graph(1, **sizes), optimizer=sbpc.optim.SGD(lr=0.1), mode="interpret"))
     for mode in ("auto", "interpret"):  # the MPI ranks, and the plan interpreter
-        exe = sbpc.compile(dispatch_graph(ranks), optimizer=sbpc.optim.SGD(lr=0.1), mode=mode)
+        exe = sbpc.compile(dispatch_graph(ranks, **sizes), optimizer=sbpc.optim.SGD(lr=0.1), mode=mode)
         assert indexed_kinds(exe) == {"all_to_all"}, exe.plan_text
         losses, params = train(exe)
         np.testing.assert_allclose(losses, one[0], rtol=1e-5, err_msg=mode)

@@ -40,17 +40,19 @@ lg.graph @step on @dp {
 
 // A large gradient ready long before the others (two large matmuls run
 // between): its collective goes out alone, hidden under them, rather than
-// wait to be packed with the late ones, which share a bucket.
+// wait to be packed with the late ones, which share a bucket. (The
+// gradient is hinted partial: unhinted, sbp-infer gathers its rows
+// instead, a collective bucketing leaves alone.)
 sbp.placement @dp cpu ranks [0, 1] mesh [2]
 lg.graph @early on @dp {
   %x = lg.input "x" : !sbp.dtensor<512x512xf32, @dp, S<0>>
   %w = lg.input "w" : !sbp.dtensor<512x512xf32, @dp, B>
-  %early = lg.matmul %x, %x transpose_lhs : (!sbp.dtensor<512x512xf32, @dp, S<0>>, !sbp.dtensor<512x512xf32, @dp, S<0>>) -> tensor<512x512xf32>
+  %early = lg.matmul %x, %x transpose_lhs : (!sbp.dtensor<512x512xf32, @dp, S<0>>, !sbp.dtensor<512x512xf32, @dp, S<0>>) -> !sbp.dtensor<512x512xf32, @dp, P>
   %h = lg.matmul %x, %w : (!sbp.dtensor<512x512xf32, @dp, S<0>>, !sbp.dtensor<512x512xf32, @dp, B>) -> tensor<512x512xf32>
   %k = lg.matmul %h, %w : (tensor<512x512xf32>, !sbp.dtensor<512x512xf32, @dp, B>) -> tensor<512x512xf32>
   %late1 = lg.reduce_sum %k axes [0] : tensor<512x512xf32> -> tensor<512xf32>
   %late2 = lg.reduce_mean %k axes [0] : tensor<512x512xf32> -> tensor<512xf32>
-  %a = sbp.annotate %early : tensor<512x512xf32> -> !sbp.dtensor<512x512xf32, @dp, B>
+  %a = sbp.annotate %early : !sbp.dtensor<512x512xf32, @dp, P> -> !sbp.dtensor<512x512xf32, @dp, B>
   %b = sbp.annotate %late1 : tensor<512xf32> -> !sbp.dtensor<512xf32, @dp, B>
   %c = sbp.annotate %late2 : tensor<512xf32> -> !sbp.dtensor<512xf32, @dp, B>
   lg.output ["a", "b", "c"] %a, %b, %c : !sbp.dtensor<512x512xf32, @dp, B>, !sbp.dtensor<512xf32, @dp, B>, !sbp.dtensor<512xf32, @dp, B>
@@ -64,21 +66,22 @@ lg.graph @early on @dp {
 
 // A collective whose result feeds more communication (a tensor-parallel
 // forward) is on the critical path: never bucketed. Nor is a gradient
-// split on another mesh axis (its piece is not the flat whole).
+// split on another mesh axis (its piece is not the flat whole). (Partial
+// results hinted: tensors this small would be gathered whole otherwise.)
 sbp.placement @m cpu ranks [0, 1, 2, 3] mesh [2, 2]
 lg.graph @mixed on @m {
   %x = lg.input "x" : !sbp.dtensor<8x8xf32, @m, [S<0>, B]>
   %w = lg.param "w" init #lg.normal<0.0, 0.1> : !sbp.dtensor<8x8xf32, @m, [B, S<0>]>
   %v = lg.param "v" init #lg.normal<0.0, 0.1> : !sbp.dtensor<8x8xf32, @m, [B, S<1>]>
-  %h = lg.matmul %x, %w : (!sbp.dtensor<8x8xf32, @m, [S<0>, B]>, !sbp.dtensor<8x8xf32, @m, [B, S<0>]>) -> tensor<8x8xf32>
-  %hb = sbp.annotate %h : tensor<8x8xf32> -> !sbp.dtensor<8x8xf32, @m, [S<0>, B]>
+  %h = lg.matmul %x, %w : (!sbp.dtensor<8x8xf32, @m, [S<0>, B]>, !sbp.dtensor<8x8xf32, @m, [B, S<0>]>) -> !sbp.dtensor<8x8xf32, @m, [S<0>, P]>
+  %hb = sbp.annotate %h : !sbp.dtensor<8x8xf32, @m, [S<0>, P]> -> !sbp.dtensor<8x8xf32, @m, [S<0>, B]>
   %y = lg.matmul %hb, %v : (!sbp.dtensor<8x8xf32, @m, [S<0>, B]>, !sbp.dtensor<8x8xf32, @m, [B, S<1>]>) -> tensor<8x8xf32>
-  %gv = lg.matmul %hb, %y transpose_lhs : (!sbp.dtensor<8x8xf32, @m, [S<0>, B]>, tensor<8x8xf32>) -> tensor<8x8xf32>
-  %gvb = sbp.annotate %gv : tensor<8x8xf32> -> !sbp.dtensor<8x8xf32, @m, [B, S<1>]>
-  %s1 = lg.reduce_sum %hb axes [0] : !sbp.dtensor<8x8xf32, @m, [S<0>, B]> -> tensor<8xf32>
-  %s2 = lg.reduce_sum %x axes [0] : !sbp.dtensor<8x8xf32, @m, [S<0>, B]> -> tensor<8xf32>
-  %s1b = sbp.annotate %s1 : tensor<8xf32> -> !sbp.dtensor<8xf32, @m, [B, B]>
-  %s2b = sbp.annotate %s2 : tensor<8xf32> -> !sbp.dtensor<8xf32, @m, [B, B]>
+  %gv = lg.matmul %hb, %y transpose_lhs : (!sbp.dtensor<8x8xf32, @m, [S<0>, B]>, tensor<8x8xf32>) -> !sbp.dtensor<8x8xf32, @m, [P, S<1>]>
+  %gvb = sbp.annotate %gv : !sbp.dtensor<8x8xf32, @m, [P, S<1>]> -> !sbp.dtensor<8x8xf32, @m, [B, S<1>]>
+  %s1 = lg.reduce_sum %hb axes [0] : !sbp.dtensor<8x8xf32, @m, [S<0>, B]> -> !sbp.dtensor<8xf32, @m, [P, B]>
+  %s2 = lg.reduce_sum %x axes [0] : !sbp.dtensor<8x8xf32, @m, [S<0>, B]> -> !sbp.dtensor<8xf32, @m, [P, B]>
+  %s1b = sbp.annotate %s1 : !sbp.dtensor<8xf32, @m, [P, B]> -> !sbp.dtensor<8xf32, @m, [B, B]>
+  %s2b = sbp.annotate %s2 : !sbp.dtensor<8xf32, @m, [P, B]> -> !sbp.dtensor<8xf32, @m, [B, B]>
   lg.output ["gv", "s1", "s2"] %gvb, %s1b, %s2b : !sbp.dtensor<8x8xf32, @m, [B, S<1>]>, !sbp.dtensor<8xf32, @m, [B, B]>, !sbp.dtensor<8xf32, @m, [B, B]>
 }
 // CHECK-LABEL: lg.graph @mixed

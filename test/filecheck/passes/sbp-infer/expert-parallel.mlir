@@ -65,7 +65,10 @@ lg.graph @two_routings on @m {
 // Tokens split over the devices (S(0)): each routed copy is gathered where
 // its token lies, owned there by rows (I<256>: gathered from 256 rows split
 // evenly), and goes to its expert's device by an all_to_all that reads the
-// index and the group ends at run time, not by gathering every token.
+// index and the group ends at run time, not by gathering every token. The
+// experts are 4x as wide as the tokens, as in a transformer's MLP: with
+// experts of 16 columns, gathering all tokens and experts to every device
+// is cheaper, and sbp-infer takes it.
 
 sbp.placement @m cpu ranks [0, 1, 2, 3] mesh [4]
 lg.graph @dispatch on @m {
@@ -73,12 +76,12 @@ lg.graph @dispatch on @m {
   %ids = lg.input "ids" : tensor<512xi32>
   %counts = lg.input "counts" : tensor<4xi32>
   %ends = lg.cumsum %counts axis 0 : tensor<4xi32> -> tensor<4xi32>
-  %w1 = lg.param "w1" init #lg.normal<0.0, 0.1> : !sbp.dtensor<4x64x16xf32, @m, S<0>>
-  %w2 = lg.param "w2" init #lg.normal<0.0, 0.1> : !sbp.dtensor<4x16x64xf32, @m, S<0>>
+  %w1 = lg.param "w1" init #lg.normal<0.0, 0.1> : !sbp.dtensor<4x64x256xf32, @m, S<0>>
+  %w2 = lg.param "w2" init #lg.normal<0.0, 0.1> : !sbp.dtensor<4x256x64xf32, @m, S<0>>
   %rows = lg.embedding %tokens, %ids : (!sbp.dtensor<256x64xf32, @m, S<0>>, tensor<512xi32>) -> tensor<512x64xf32>
-  %h = lg.grouped_matmul %rows, %w1, %ends : (tensor<512x64xf32>, !sbp.dtensor<4x64x16xf32, @m, S<0>>, tensor<4xi32>) -> tensor<512x16xf32>
-  %a = lg.gelu %h : tensor<512x16xf32>
-  %y = lg.grouped_matmul %a, %w2, %ends : (tensor<512x16xf32>, !sbp.dtensor<4x16x64xf32, @m, S<0>>, tensor<4xi32>) -> tensor<512x64xf32>
+  %h = lg.grouped_matmul %rows, %w1, %ends : (tensor<512x64xf32>, !sbp.dtensor<4x64x256xf32, @m, S<0>>, tensor<4xi32>) -> tensor<512x256xf32>
+  %a = lg.gelu %h : tensor<512x256xf32>
+  %y = lg.grouped_matmul %a, %w2, %ends : (tensor<512x256xf32>, !sbp.dtensor<4x256x64xf32, @m, S<0>>, tensor<4xi32>) -> tensor<512x64xf32>
   %z = lg.mul %y, %y : (tensor<512x64xf32>, tensor<512x64xf32>) -> tensor<512x64xf32>
   lg.output ["z"] %z : tensor<512x64xf32>
 }

@@ -29,5 +29,5 @@ lg.graph @two_stages on @stage0 {
 // CHECK:        plan.compute @b_mb3.matmul
 // CHECK:        plan.comm @{{.*}}.transfer "transfer" id {{[0-9]+}} [@{{.*}}] -> [] group [2, 3, 0, 1]
 // CHECK-NOT:    "transfer"
-// CHECK:        plan.compute @w2_new.sub "lg.sub" [@w2, @{{.*}}] -> [@w2_new]
+// CHECK:        plan.compute @w2_new.sub {{.*}} -> [@w2_new]
 // CHECK:      plan.device @rank3 rank 3

@@ -2,9 +2,10 @@
 
 // The data-parallel MLP of bench/train_throughput.py (1024 -> 4096 -> 4096
 // -> 1024, batch 256 on 2 ranks, SGD) after lg-autodiff and lg-optimizer.
-// sbp-infer computes each weight gradient split over rows (moving the
-// activations costs less than all-reducing the gradient), so each update is
-// computed on the rank's rows and its result all-gathered. The schedule runs
+// The last layer's weight is hinted replicated and its gradient split over
+// rows, so its update is computed on the rank's rows and its result
+// all-gathered. (Left alone, sbp-infer keeps that weight split and moves
+// activations instead, which has no update to gather.) The schedule runs
 // an update as soon as its gradient is ready (it reads a local slice of its
 // weight, no collective's result): the last layer's update and the
 // all-gather of its result come right after its gradient, before the first
@@ -27,8 +28,8 @@ lg.graph @mlp on @cpu2_0_1 {
   %9 = lg.param "b1" init #lg.zeros : tensor<4096xf32>
   %10 = lg.add %8, %9 : (tensor<256x4096xf32>, tensor<4096xf32>) -> tensor<256x4096xf32>
   %11 = lg.relu %10 : tensor<256x4096xf32>
-  %12 = lg.param "w2" init #lg.normal<0.0, 0.015625> seed 3 : tensor<4096x1024xf32>
-  %13 = lg.matmul %11, %12 : (tensor<256x4096xf32>, tensor<4096x1024xf32>) -> tensor<256x1024xf32>
+  %12 = lg.param "w2" init #lg.normal<0.0, 0.015625> seed 3 : !sbp.dtensor<4096x1024xf32, @cpu2_0_1, B>
+  %13 = lg.matmul %11, %12 : (tensor<256x4096xf32>, !sbp.dtensor<4096x1024xf32, @cpu2_0_1, B>) -> tensor<256x1024xf32>
   %14 = lg.param "b2" init #lg.zeros : tensor<1024xf32>
   %15 = lg.add %13, %14 : (tensor<256x1024xf32>, tensor<1024xf32>) -> tensor<256x1024xf32>
   %16 = lg.mse_loss %15, %1 : (tensor<256x1024xf32>, !sbp.dtensor<256x1024xf32, @cpu2_0_1, S<0>>) -> tensor<f32>
@@ -40,8 +41,8 @@ lg.graph @mlp on @cpu2_0_1 {
   %22 = lg.neg %21 : tensor<256x1024xf32>
   %23 = lg.reduce_sum %21 axes [0] keepdims : tensor<256x1024xf32> -> tensor<1x1024xf32>
   %24 = lg.reshape %23 : tensor<1x1024xf32> -> tensor<1024xf32>
-  %25 = lg.matmul %21, %12 transpose_rhs : (tensor<256x1024xf32>, tensor<4096x1024xf32>) -> tensor<256x4096xf32>
-  %26 = lg.matmul %11, %21 transpose_lhs : (tensor<256x4096xf32>, tensor<256x1024xf32>) -> tensor<4096x1024xf32>
+  %25 = lg.matmul %21, %12 transpose_rhs : (tensor<256x1024xf32>, !sbp.dtensor<4096x1024xf32, @cpu2_0_1, B>) -> tensor<256x4096xf32>
+  %26 = lg.matmul %11, %21 transpose_lhs : (tensor<256x4096xf32>, tensor<256x1024xf32>) -> !sbp.dtensor<4096x1024xf32, @cpu2_0_1, S<0>>
   %27 = lg.step %10 : tensor<256x4096xf32>
   %28 = lg.mul %25, %27 : (tensor<256x4096xf32>, tensor<256x4096xf32>) -> tensor<256x4096xf32>
   %29 = lg.reduce_sum %28 axes [0] keepdims : tensor<256x4096xf32> -> tensor<1x4096xf32>
@@ -62,8 +63,8 @@ lg.graph @mlp on @cpu2_0_1 {
   %w1_new = lg.sub %7, %41 : (tensor<4096x4096xf32>, tensor<4096x4096xf32>) -> tensor<4096x4096xf32>
   %42 = lg.mul %30, %lr : (tensor<4096xf32>, tensor<f32>) -> tensor<4096xf32>
   %b1_new = lg.sub %9, %42 : (tensor<4096xf32>, tensor<4096xf32>) -> tensor<4096xf32>
-  %43 = lg.mul %26, %lr : (tensor<4096x1024xf32>, tensor<f32>) -> tensor<4096x1024xf32>
-  %w2_new = lg.sub %12, %43 : (tensor<4096x1024xf32>, tensor<4096x1024xf32>) -> tensor<4096x1024xf32>
+  %43 = lg.mul %26, %lr : (!sbp.dtensor<4096x1024xf32, @cpu2_0_1, S<0>>, tensor<f32>) -> tensor<4096x1024xf32>
+  %w2_new = lg.sub %12, %43 : (!sbp.dtensor<4096x1024xf32, @cpu2_0_1, B>, tensor<4096x1024xf32>) -> tensor<4096x1024xf32>
   %44 = lg.mul %24, %lr : (tensor<1024xf32>, tensor<f32>) -> tensor<1024xf32>
   %b2_new = lg.sub %14, %44 : (tensor<1024xf32>, tensor<1024xf32>) -> tensor<1024xf32>
   lg.output ["loss", "new.w0", "new.b0", "new.w1", "new.b1", "new.w2", "new.b2"] %16, %w0_new, %b0_new, %w1_new, %b1_new, %w2_new, %b2_new : tensor<f32>, tensor<1024x4096xf32>, tensor<4096xf32>, tensor<4096x4096xf32>, tensor<4096xf32>, tensor<4096x1024xf32>, tensor<1024xf32>

@@ -16,7 +16,9 @@
 // runtime: `cpu`) collectives finish in the order they are issued, and
 // program order keeps to it. On both, the weight's cast, made from a
 // parameter alone, is not run first (its copy would live the whole step):
-// it waits for the reduction of the gradient its update reads.
+// it waits for the reduction of the gradient its update reads. (The
+// partial results are hinted: tensors this small would be gathered whole
+// rather than reduced, under the prices the simulator charges.)
 
 sbp.placement @m cpu ranks [0, 1, 2, 3] mesh [2, 2]
 lg.graph @step on @m {
@@ -26,10 +28,10 @@ lg.graph @step on @m {
   %v = lg.param "v" init #lg.normal<0.0, 0.1> : !sbp.dtensor<4x4xf32, @m, [B, S<0>]>
   %b = lg.param "b" init #lg.zeros : !sbp.dtensor<4xf32, @m, [B, B]>
   %w = lg.param "w" init #lg.normal<0.0, 0.1> : !sbp.dtensor<4x4xbf16, @m, [B, B]>
-  %gb = lg.reduce_sum %x axes [0] keepdims : !sbp.dtensor<8x4xf32, @m, [S<0>, B]> -> tensor<1x4xf32>
-  %gbr = sbp.annotate %gb : tensor<1x4xf32> -> !sbp.dtensor<1x4xf32, @m, [B, B]>
-  %h = lg.matmul %d, %v : (!sbp.dtensor<8x4xf32, @m, [S<0>, S<1>]>, !sbp.dtensor<4x4xf32, @m, [B, S<0>]>) -> tensor<8x4xf32>
-  %hr = sbp.annotate %h : tensor<8x4xf32> -> !sbp.dtensor<8x4xf32, @m, [S<0>, B]>
+  %gb = lg.reduce_sum %x axes [0] keepdims : !sbp.dtensor<8x4xf32, @m, [S<0>, B]> -> !sbp.dtensor<1x4xf32, @m, [P, B]>
+  %gbr = sbp.annotate %gb : !sbp.dtensor<1x4xf32, @m, [P, B]> -> !sbp.dtensor<1x4xf32, @m, [B, B]>
+  %h = lg.matmul %d, %v : (!sbp.dtensor<8x4xf32, @m, [S<0>, S<1>]>, !sbp.dtensor<4x4xf32, @m, [B, S<0>]>) -> !sbp.dtensor<8x4xf32, @m, [S<0>, P]>
+  %hr = sbp.annotate %h : !sbp.dtensor<8x4xf32, @m, [S<0>, P]> -> !sbp.dtensor<8x4xf32, @m, [S<0>, B]>
   %gbv = lg.reshape %gbr : !sbp.dtensor<1x4xf32, @m, [B, B]> -> tensor<4xf32>
   %gbs = lg.mul %gbv, %lr : (tensor<4xf32>, tensor<f32>) -> tensor<4xf32>
   %b_new = lg.sub %b, %gbs : (!sbp.dtensor<4xf32, @m, [B, B]>, tensor<4xf32>) -> tensor<4xf32>
@@ -37,8 +39,8 @@ lg.graph @step on @m {
   %t2 = lg.tanh %t1 : !sbp.dtensor<8x4xf32, @m, [S<0>, B]>
   %t3 = lg.tanh %t2 : !sbp.dtensor<8x4xf32, @m, [S<0>, B]>
   %t4 = lg.tanh %t3 : !sbp.dtensor<8x4xf32, @m, [S<0>, B]>
-  %gw = lg.matmul %x, %t4 transpose_lhs : (!sbp.dtensor<8x4xf32, @m, [S<0>, B]>, !sbp.dtensor<8x4xf32, @m, [S<0>, B]>) -> tensor<4x4xf32>
-  %gwr = sbp.annotate %gw : tensor<4x4xf32> -> !sbp.dtensor<4x4xf32, @m, [B, B]>
+  %gw = lg.matmul %x, %t4 transpose_lhs : (!sbp.dtensor<8x4xf32, @m, [S<0>, B]>, !sbp.dtensor<8x4xf32, @m, [S<0>, B]>) -> !sbp.dtensor<4x4xf32, @m, [P, B]>
+  %gwr = sbp.annotate %gw : !sbp.dtensor<4x4xf32, @m, [P, B]> -> !sbp.dtensor<4x4xf32, @m, [B, B]>
   %wf = lg.cast %w : !sbp.dtensor<4x4xbf16, @m, [B, B]> -> tensor<4x4xf32>
   %gws = lg.mul %gwr, %lr : (!sbp.dtensor<4x4xf32, @m, [B, B]>, tensor<f32>) -> tensor<4x4xf32>
   %wn = lg.sub %wf, %gws : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
