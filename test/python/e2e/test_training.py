@@ -121,9 +121,10 @@ def test_fsdp_stores_a_1_over_p_share_of_the_parameters(ranks):
     (the first layer's input gradient is not needed); gradients are
     reduce-scattered; the arena never holds all gathered weights at once.
     The batch is large beside the first layer's weight, as FSDP assumes: on
-    a batch of 64 rows of 32 features, moving the input (an all_to_all into
-    a tensor-parallel first layer) is cheaper than gathering that weight,
-    and sbp-infer, pricing both as the simulator does, takes it."""
+    a batch of 64 rows of 32 features, moving activations (an all_to_all
+    into a tensor-parallel first layer, or a gathered activation gradient)
+    is priced cheaper than moving the weights and their gradients, and
+    sbp-infer may take it."""
     batch, features, hidden = 256, 128, 256
     kw = {"batch": batch, "features": features, "hidden": hidden, "algorithm": "sgd"}
     weights = features * hidden + hidden + hidden * 8
