@@ -589,7 +589,13 @@ class ExactCost:
         ]
         self._dists = list(dist_ids)
         self._tie_costs = {key: m.tolist() for key, m in problem.ties.items()}
+        # ties alike (repeated layers' parameters) by their matrices' contents: a pair's move is decided once
+        tie_ids: dict[tuple, int] = {}
+        self._tie_kind = {key: tie_ids.setdefault((m.shape, m.tobytes()), len(tie_ids))
+                          for key, m in problem.ties.items()}
+        self._pair_moves: dict[tuple, tuple[int, int]] = {}
         self._around: list[tuple[list[int], list[tuple[int, int]]] | None] = [None] * len(nodes)
+        self._candidate_pairs: dict[tuple[int, int], list[tuple[int, int]]] = {}
 
     def unit(self, u: int, v: int, j: int, src, dst) -> float:
         node = self.problem.nodes[v]
@@ -690,45 +696,142 @@ class ExactCost:
         assign(choice, v, current)
         return costs
 
-    def pair_costs(self, u: int, v: int, choice: list[int]) -> list[list[float]]:
-        """local([u, v], choice) with u and v at each pair of their
-        candidates, [u's][v's]; choice is left as it was."""
+    def pair_costs(self, u: int, v: int, combos: Sequence[tuple[int, int]], choice: list[int],
+                   bound: float = math.inf) -> list[float]:
+        """local([u, v], choice) with u and v at each (u's, v's) candidate
+        pair of `combos`, or infinity for a pair whose own costs alone reach
+        `bound`; choice is left as it was. A term that reads only one of
+        the two choices is computed once per candidate of that one."""
         nodes, assign = self.problem.nodes, self._assign
-        producers: dict[int, None] = {u: None, v: None}
-        ties: dict[tuple[int, int], None] = {}
-        for n in (u, v):
-            producers.update(dict.fromkeys(x for x in nodes[n].producers if x is not None))
-            ties.update(dict.fromkeys(self.ties_of[n]))
+        of_u = {x for x in nodes[u].producers if x is not None}
+        of_v = {x for x in nodes[v].producers if x is not None}
+        terms: tuple[list[int], list[int], list[int]] = ([], [], [])  # reading u's choice, v's, both
+        for x in dict.fromkeys([u, v, *of_u, *of_v]):
+            reads_u, reads_v = x == u or x in of_u, x == v or x in of_v
+            terms[2 if reads_u and reads_v else 0 if reads_u else 1].append(x)
+        ties: tuple[list[tuple[int, int]], list[tuple[int, int]], list[tuple[int, int]]] = ([], [], [])
+        for t in dict.fromkeys([*self.ties_of[u], *self.ties_of[v]]):
+            ties[2 if u in t and v in t else 0 if u in t else 1].append(t)
         producer_cost, tie_costs = self.producer_cost, self._tie_costs
+
+        def part(k: int) -> float:
+            return (sum([producer_cost(x, choice) for x in terms[k]])
+                    + sum([tie_costs[t][choice[t[0]]][choice[t[1]]] for t in ties[k]]))
+
         own_u, own_v = self._node_cost[u], self._node_cost[v]
         current = choice[u], choice[v]
-        table = []
-        for a in range(len(own_u)):
-            assign(choice, u, a)
-            row = []
-            for b in range(len(own_v)):
+        of_a: dict[int, float] = {}
+        of_b: dict[int, float] = {}
+        for a, b in combos:
+            if a not in of_a:
+                assign(choice, u, a)
+                of_a[a] = own_u[a] + part(0)
+            if b not in of_b:
                 assign(choice, v, b)
-                cost = own_u[a] + own_v[b]
-                cost += sum([producer_cost(x, choice) for x in producers])
-                cost += sum([tie_costs[t][choice[t[0]]][choice[t[1]]] for t in ties])
-                row.append(cost)
-            table.append(row)
+                of_b[b] = own_v[b] + part(1)
+        costs = []
+        for a, b in combos:
+            if of_a[a] + of_b[b] >= bound:  # the rest adds boxing, never less than nothing
+                costs.append(math.inf)
+                continue
+            assign(choice, u, a)
+            assign(choice, v, b)
+            costs.append(of_a[a] + of_b[b] + part(2))
         assign(choice, u, current[0])
         assign(choice, v, current[1])
-        return table
+        return costs
+
+    def _pair_move(self, u: int, v: int, choice: list[int]) -> tuple[int, int]:
+        """The cheapest (u's, v's) candidates with both moved, or their
+        current ones where no such pair is cheaper (where one keeps its
+        choice, the single moves decide). Decided once per local situation
+        (`_situation`): repeated layers repeat the same few."""
+        situation = self._situation(u, v, choice)
+        if situation is not None and (move := self._pair_moves.get(situation)) is not None:
+            return move
+        best_a, best_b = choice[u], choice[v]
+        (best_cost,) = self.pair_costs(u, v, [(best_a, best_b)], choice)
+        combos = [(a, b) for a, b in self._combos(u, v) if a != best_a and b != best_b]
+        costs = self.pair_costs(u, v, combos, choice, best_cost - 1e-15)
+        for (a, b), cost in zip(combos, costs):
+            if cost < best_cost - 1e-15:
+                best_a, best_b, best_cost = a, b, cost
+        if situation is not None:
+            self._pair_moves[situation] = (best_a, best_b)
+        return best_a, best_b
+
+    def _situation(self, u: int, v: int, choice: Sequence[int]) -> tuple | None:
+        """Everything pair_costs(u, v) reads, as a key: the cost lists of u
+        and v and their choices, and for each producer whose boxing it adds
+        up, what that producer gives, its choice and each costly use's wants,
+        mesh and choice (u and v by their role); the ties by their matrices.
+        None where a producer has more uses than TRACKED_USES (a key would
+        cost more than the evaluation)."""
+        nodes = self.problem.nodes
+
+        def who(n: int) -> int:
+            return -1 if n == u else -2 if n == v else choice[n]
+
+        parts: list = [id(self._node_cost[u]), id(self._node_cost[v]), choice[u], choice[v]]
+        for n in (u, v):
+            for x in nodes[n].producers:
+                if x is None:
+                    parts.append(None)
+                    continue
+                uses = self._uses[x]
+                if len(uses) > TRACKED_USES:
+                    return None
+                parts.append((-1 if x == u else id(self._gives[x]), who(x),
+                              tuple((id(wants), mesh, same, per, id(units), who(c))
+                                    for c, wants, mesh, same, per, units in uses)))
+            parts.append(tuple((self._tie_kind[t], t.index(n), who(t[1 - t.index(n)])) for t in self.ties_of[n]))
+        for n in (u, v):
+            if len(self._uses[n]) > TRACKED_USES:
+                return None
+            parts.append(tuple((id(wants), mesh, same, per, id(units), who(c))
+                               for c, wants, mesh, same, per, units in self._uses[n]))
+        parts.extend((id(self._gives[u]), id(self._gives[v])))
+        return tuple(parts)
+
+    def _boxes(self, n: int, choice: Sequence[int]) -> bool:
+        """Whether a value n reads or gives is redistributed (on one mesh).
+        A pair of nodes whose values all go unboxed moves only to box some:
+        what it might save is compute, which a region's move finds; pair
+        moves try only pairs where one of the two boxes something."""
+        nodes = self.problem.nodes
+        node = nodes[n]
+        wants, gives = node.candidates[choice[n]]
+        for j, x in enumerate(node.producers):
+            if x is not None and nodes[x].candidates[choice[x]][1] != wants[j] and nodes[x].mesh == node.mesh:
+                return True
+        for v, j in self.slots[n]:
+            if nodes[v].candidates[choice[v]][0][j] != gives and nodes[v].mesh == node.mesh:
+                return True
+        return False
+
+    def _combos(self, u: int, v: int) -> list[tuple[int, int]]:
+        """Every (u's, v's) pair of candidates, one list per pair of
+        candidate lists (nodes alike share them)."""
+        nodes = self.problem.nodes
+        key = (len(nodes[u].candidates), len(nodes[v].candidates))
+        combos = self._candidate_pairs.get(key)
+        if combos is None:
+            combos = self._candidate_pairs[key] = list(itertools.product(range(key[0]), range(key[1])))
+        return combos
 
     def _pairs(self) -> list[tuple[int, int]]:
         """The pairs pair moves try: each producer with each of its
         consumers, and each tie (a parameter and its update's producer),
         where both have a choice and on the same mesh (a pipeline stage's
         boundary is priced as a transfer either way)."""
-        nodes = self.problem.nodes
-        pairs = {(u, v) for v, node in enumerate(nodes) for u in node.producers if u is not None and u != v}
-        pairs.update(self.problem.ties)
-        return sorted((u, v) for u, v in pairs
-                      if len(nodes[u].candidates) > 1 and len(nodes[v].candidates) > 1
-                      and len(nodes[u].candidates) * len(nodes[v].candidates) <= PAIR_LIMIT
-                      and self._mesh_id[u] == self._mesh_id[v])
+        counts = [len(node.candidates) if len(node.candidates) > 1 else PAIR_LIMIT + 1 for node in self.problem.nodes]
+        mesh_id = self._mesh_id
+        pairs = dict.fromkeys((u, v) for v, node in enumerate(self.problem.nodes) for u in node.producers
+                              if u is not None and u != v and counts[u] * counts[v] <= PAIR_LIMIT
+                              and mesh_id[u] == mesh_id[v])
+        pairs.update(dict.fromkeys((u, v) for u, v in self.problem.ties
+                                   if counts[u] * counts[v] <= PAIR_LIMIT and mesh_id[u] == mesh_id[v]))
+        return list(pairs)
 
     def region(self, v: int, choice: Sequence[int], direct: bool = False) -> list[int]:
         """v and the nodes connected to it that are not replicated but could
@@ -837,7 +940,7 @@ class ExactCost:
         # reads has changed since (the versions of its two nodes, which a
         # change bumps on itself and its near nodes, and their producers' stamps)
         version = [0] * len(nodes)
-        pairs = self._pairs()
+        pairs: list[tuple[int, int]] | None = None  # made when single and region moves first settle
         pair_seen: dict[tuple[int, int], tuple[int, int, int, int]] = {}
 
         def bump(v: int) -> None:
@@ -887,17 +990,13 @@ class ExactCost:
                             assign(choice, n, k)
             if changed:
                 continue
+            if pairs is None:
+                pairs = self._pairs()
             for u, v in pairs:
                 key = (version[u], version[v], stamps(u), stamps(v))
-                if pair_seen.get((u, v)) == key:
+                if pair_seen.get((u, v)) == key or not (self._boxes(u, choice) or self._boxes(v, choice)):
                     continue
-                table = self.pair_costs(u, v, choice)
-                best_a, best_b = choice[u], choice[v]
-                best_cost = table[best_a][best_b]
-                for a, row in enumerate(table):
-                    for b, cost in enumerate(row):
-                        if cost < best_cost - 1e-15:
-                            best_a, best_b, best_cost = a, b, cost
+                best_a, best_b = self._pair_move(u, v, choice)
                 if (best_a, best_b) != (choice[u], choice[v]):
                     changed = True
                     for n, k in ((u, best_a), (v, best_b)):
