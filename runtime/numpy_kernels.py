@@ -37,7 +37,6 @@ from sbpc.semantics.reference import (
     COMPARE,
     LOGICAL,
     EvaluationError,
-    add_windows,
     check_range,
     cumsum_piece,
     erf,
@@ -46,7 +45,6 @@ from sbpc.semantics.reference import (
     grouped_matmul_piece,
     max_with_identity,
     topk_indices,
-    windows_of,
 )
 
 Fire = Callable[[Sequence[np.ndarray], np.ndarray], None]
@@ -60,7 +58,7 @@ cannot pair the two types, so the op is Any), its local context and example regi
 NUMPY: Backend[Binder] = Backend("the runtime's numpy kernels")
 
 
-def _scratch(shape, dtype) -> np.ndarray:
+def scratch(shape, dtype) -> np.ndarray:
     return np.empty(tuple(shape), dtype)
 
 
@@ -94,7 +92,7 @@ def _bind_gelu(op, local, ins, out) -> Fire:
     # 0.5 * x * (1 + tanh(c * (x + 0.044715 * x*x*x))), as the reference
     # (x*x*x, not np.power: float32 power is ~1000x slower); the chain runs in
     # scratch so `out` may be `x` (in place).
-    t = _scratch(out.shape, out.dtype)
+    t = scratch(out.shape, out.dtype)
 
     def fire(xs, o):
         x = xs[0]
@@ -219,7 +217,7 @@ def bind_parts(op: Operation, ins: Sequence[np.ndarray], out: np.ndarray):
 @NUMPY.impl(lg.SoftmaxOp)
 def _bind_softmax(op: lg.SoftmaxOp, local, ins, out) -> Fire:
     axis = op.axis.value.data
-    m = _scratch(_kept(out.shape, {axis}), out.dtype)
+    m = scratch(_kept(out.shape, {axis}), out.dtype)
 
     def fire(xs, o):
         np.max(xs[0], axis=axis, keepdims=True, out=m)
@@ -234,8 +232,8 @@ def _bind_softmax(op: lg.SoftmaxOp, local, ins, out) -> Fire:
 @NUMPY.impl(lg.LogSoftmaxOp)
 def _bind_log_softmax(op: lg.LogSoftmaxOp, local, ins, out) -> Fire:
     axis = op.axis.value.data
-    m = _scratch(_kept(out.shape, {axis}), out.dtype)
-    e = _scratch(out.shape, out.dtype)
+    m = scratch(_kept(out.shape, {axis}), out.dtype)
+    e = scratch(out.shape, out.dtype)
 
     def fire(xs, o):
         np.max(xs[0], axis=axis, keepdims=True, out=m)
@@ -277,7 +275,7 @@ def _summer(shape: Sequence[int], axes: Sequence[int], keepdims: bool, dtype):
 
         return gemv
     leading = axes[:len(axes) - trailing]
-    left = _scratch(shape[:n - trailing], dtype)  # the sums over the trailing axes
+    left = scratch(shape[:n - trailing], dtype)  # the sums over the trailing axes
     kept = _kept(left.shape, set(leading))
 
     def gemv_then_sum(x, o):
@@ -317,8 +315,8 @@ def _deviations_into(x, centred, squares, std, eps: float, summer) -> None:
 def _bind_layernorm(op: lg.LayerNormOp, local, ins, out) -> Fire:
     axes = tuple(range(op.axis.value.data, out.ndim))
     eps = op.epsilon.value.data
-    stat = _scratch(_kept(out.shape, set(axes)), out.dtype)
-    sq = _scratch(out.shape, out.dtype)
+    stat = scratch(_kept(out.shape, set(axes)), out.dtype)
+    sq = scratch(out.shape, out.dtype)
     summer = _summer(out.shape, axes, True, out.dtype)
 
     def fire(xs, o):
@@ -336,8 +334,8 @@ def _bind_layernorm_grad(op: lg.LayerNormGradOp, local, ins, out) -> Fire:
     axes = tuple(range(op.axis.value.data, out.ndim))
     eps = op.epsilon.value.data
     kept = _kept(out.shape, set(axes))
-    rstd, m1, m2 = (_scratch(kept, out.dtype) for _ in range(3))
-    xhat = _scratch(out.shape, out.dtype)
+    rstd, m1, m2 = (scratch(kept, out.dtype) for _ in range(3))
+    xhat = scratch(out.shape, out.dtype)
     summer = _summer(out.shape, axes, True, out.dtype)
 
     def fire(xs, o):  # o (never an input's bytes: not an in-place kernel) holds the products
@@ -410,11 +408,11 @@ def _bind_cross_entropy(op: lg.CrossEntropyOp, local: LocalContext, ins, out) ->
     logits, labels = ins
     classes = logits.shape[-1]
     rows = labels.size
-    m = _scratch((*logits.shape[:-1], 1), logits.dtype)
-    e = _scratch(logits.shape, logits.dtype)
+    m = scratch((*logits.shape[:-1], 1), logits.dtype)
+    e = scratch(logits.shape, logits.dtype)
     base = np.arange(rows, dtype=np.int64) * classes
-    flat = _scratch((rows,), np.int64)
-    picked = _scratch((rows,), logits.dtype)
+    flat = scratch((rows,), np.int64)
+    picked = scratch((rows,), logits.dtype)
     factor = _scale(labels.size, math.prod(local.in_shapes[1]))
 
     def fire(xs, o):
@@ -435,280 +433,6 @@ def _bind_cross_entropy(op: lg.CrossEntropyOp, local: LocalContext, ins, out) ->
     return fire
 
 
-# -- convolutions -------------------------------------------------------------------------
-# Each as GEMMs over the windows the convolution reads, copied once per
-# firing into scratch laid out for the GEMM (im2col); the padded images are
-# scratch too, their border zero from binding on.
-
-
-class _Windows:
-    """Padded images as scratch (the border `fill`, from binding on) and the
-    view of the windows a convolution or pooling reads of them, (N, groups,
-    C/groups, Ho, Wo, kh, kw), made once: each firing copies the images in."""
-
-    def __init__(self, image_shape, kernel, stride, padding, dilation, groups: int, dtype, fill: float = 0.0):
-        n, c, h, w = image_shape
-        self.stride, self.dilation, self.padding = stride, dilation, padding
-        self.padded = np.full((n, c, h + 2 * padding[0], w + 2 * padding[1]), fill, dtype)
-        self.inside = self.padded[:, :, padding[0]:padding[0] + h, padding[1]:padding[1] + w]
-        self.view = windows_of(self.padded, image_shape, kernel, stride, padding, dilation, groups)
-
-    @classmethod
-    def of_conv(cls, op, image_shape, kernel, dtype) -> _Windows:
-        p = op.params()
-        return cls(image_shape, kernel, p["stride"], p["padding"], p["dilation"], p["groups"], dtype)
-
-
-ONE_GEMM_BELOW = 128
-"""Output positions per image below which a convolution's GEMM runs over
-every image's windows at once. Per image it is a GEMM of Ho*Wo columns, and
-one of a few columns runs at a fraction of the rate: ResNet's 3x3 layer of
-256 channels on 2x2 images, batch 8, took 0.85 ms as 8 GEMMs of 4 columns
-against 0.38 ms as one of 32 (one core, 2026-11-30, AMD EPYC Zen 5,
-OpenBLAS SkylakeX). From 16x16 images up the GEMMs per image win: each
-image's windows are copied and multiplied while they are in cache, where
-the whole batch's windows (58 MB for ResNet-50's first 3x3 layer, batch 8)
-went to memory and back (that layer: 13.7 -> 11.1 ms forward, 18.2 -> 14.8
-ms for the weight's gradient), and the one GEMM also pays a transposing
-copy of its product."""
-
-
-def _columns(at: _Windows, dtype) -> tuple[np.ndarray, Callable[[], None]]:
-    """Scratch for the windows laid out (G, K, N*Ho*Wo), each output row
-    contiguous, and the copy that fills it from `at`'s padded images."""
-    n, g, cg, ho, wo, kh, kw = at.view.shape
-    cols = _scratch((g, cg, kh, kw, n, ho, wo), dtype)
-    return cols.reshape(g, cg * kh * kw, n * ho * wo), lambda: np.copyto(cols, at.view.transpose(1, 2, 5, 6, 0, 3, 4))
-
-
-def _image_columns(at: _Windows, dtype) -> tuple[np.ndarray, Callable[[int], None]]:
-    """Scratch for one image's windows laid out (G, K, Ho*Wo), and the copy
-    that fills it with image i's from `at`'s padded images."""
-    n, g, cg, ho, wo, kh, kw = at.view.shape
-    cols = _scratch((g, cg, kh, kw, ho, wo), dtype)
-    return (cols.reshape(g, cg * kh * kw, ho * wo),
-            lambda i: np.copyto(cols, at.view[i].transpose(0, 1, 4, 5, 2, 3)))
-
-
-def _window_gemm(at: _Windows, rows: int, dtype) -> Callable[[np.ndarray, np.ndarray, np.ndarray], None]:
-    """o (N, G*rows, Ho, Wo) = filters (G, rows, K) times each window (K)
-    of the images copied into `at`: image by image where an image has
-    ONE_GEMM_BELOW output positions or more, else as one GEMM over every
-    image's windows and its product transposed into place."""
-    n, g, cg, ho, wo, kh, kw = at.view.shape
-    positions = ho * wo
-    if positions >= ONE_GEMM_BELOW:
-        image_cols, copy_image = _image_columns(at, dtype)
-
-        def fire(images, filters, o):
-            np.copyto(at.inside, images)
-            for i in range(n):
-                copy_image(i)
-                np.matmul(filters, image_cols, out=o[i].reshape(g, rows, positions))
-
-        return fire
-    cols, copy_windows = _columns(at, dtype)
-    product = _scratch((g, rows, n, positions), dtype)
-
-    def fire_once(images, filters, o):
-        np.copyto(at.inside, images)
-        copy_windows()
-        np.matmul(filters, cols, out=product.reshape(g, rows, n * positions))
-        np.copyto(o.reshape(n, g, rows, positions), product.transpose(2, 0, 1, 3))
-
-    return fire_once
-
-
-@NUMPY.impl(lg.Conv2dOp)
-def _bind_conv2d(op: lg.Conv2dOp, local, ins, out) -> Fire:
-    x, w = ins
-    g, kernel = op.params()["groups"], w.shape[2:]
-    gemm = _window_gemm(_Windows.of_conv(op, x.shape, kernel, out.dtype), w.shape[0] // g, out.dtype)
-    k = math.prod(w.shape[1:])
-
-    def fire(xs, o):
-        gemm(xs[0], xs[1].reshape(g, -1, k), o)
-
-    return fire
-
-
-@NUMPY.impl(lg.Conv2dGradWeightOp)
-def _bind_conv2d_grad_weight(op: lg.Conv2dGradWeightOp, local, ins, out) -> Fire:
-    x, grad = ins
-    g, kernel = op.params()["groups"], op.params()["kernel"]
-    at = _Windows.of_conv(op, x.shape, kernel, out.dtype)
-    n, o_channels, ho, wo = grad.shape
-    og, k, positions = o_channels // g, math.prod(out.shape[1:]), ho * wo
-    # The windows copied with each output row contiguous (as the forward
-    # copies them); laid out with K last the copy gathers K at the image's
-    # strides, 2-3x the GEMM's own time on ResNet's 3x3 layers. The product
-    # is formed transposed, windows (K, Ho*Wo) times gradients (Ho*Wo, O),
-    # and transposed into place once: OpenBLAS runs that product at 220
-    # GFLOP/s where the gradients times the windows transposed ran at 153
-    # (ResNet-50's first 3x3 layer). Image by image (the products summed),
-    # or all at once, as the forward (ONE_GEMM_BELOW).
-    if positions >= ONE_GEMM_BELOW:
-        image_cols, copy_image = _image_columns(at, out.dtype)
-        total, share = _scratch((g, k, og), out.dtype), _scratch((g, k, og), out.dtype)  # (the gradient transposed)
-
-        def fire(xs, o):
-            total.fill(0)  # (a piece of no images has no share)
-            np.copyto(at.inside, xs[0])
-            for i in range(n):
-                copy_image(i)
-                np.matmul(image_cols, xs[1][i].reshape(g, og, positions).swapaxes(1, 2), out=share)
-                np.add(total, share, out=total)
-            np.copyto(o.reshape(g, og, k), total.swapaxes(1, 2))
-
-        return fire
-    cols, copy_windows = _columns(at, out.dtype)
-    grads = _scratch((g, og, n, positions), out.dtype)  # (G, O/G, N*Ho*Wo)
-
-    def fire_once(xs, o):  # (the gradients times the windows transposed: faster on these small images)
-        np.copyto(at.inside, xs[0])
-        copy_windows()
-        np.copyto(grads, xs[1].reshape(n, g, og, positions).transpose(1, 2, 0, 3))
-        np.matmul(grads.reshape(g, og, n * positions), cols.swapaxes(1, 2), out=o.reshape(g, og, k))
-
-    return fire_once
-
-
-def _grad_input_as_convolution(op: lg.Conv2dGradInputOp, grad_shape, w_shape, out) -> Fire | None:
-    """At stride 1 (dilation 1, padding at most the kernel's reach), the
-    input's gradient is the forward convolution of the gradient, padded by
-    k - 1 - p, with each group's filters transposed (out and in channels)
-    and flipped: the windows copied once with their rows contiguous and
-    one GEMM, instead of the GEMM's window shares added back offset by
-    offset (a pass over the image per kernel tap). None where it does not
-    apply."""
-    p = op.params()
-    kernel = tuple(w_shape[2:])
-    if p["stride"] != (1, 1) or p["dilation"] != (1, 1) or any(
-            pad > k - 1 for pad, k in zip(p["padding"], kernel)):
-        return None
-    g = p["groups"]
-    n, o_channels, ho, wo = grad_shape
-    og, cg = o_channels // g, w_shape[1]
-    reach = tuple(k - 1 - pad for k, pad in zip(kernel, p["padding"]))
-    gemm = _window_gemm(_Windows(grad_shape, kernel, (1, 1), reach, (1, 1), g, out.dtype), cg, out.dtype)
-    filters = _scratch((g, cg, og, *kernel), out.dtype)  # each group's filters, transposed and flipped
-
-    def fire(xs, o):
-        np.copyto(filters, xs[1].reshape(g, og, cg, *kernel).transpose(0, 2, 1, 3, 4)[..., ::-1, ::-1])
-        gemm(xs[0], filters.reshape(g, cg, og * math.prod(kernel)), o)
-
-    return fire
-
-
-@NUMPY.impl(lg.Conv2dGradInputOp)
-def _bind_conv2d_grad_input(op: lg.Conv2dGradInputOp, local, ins, out) -> Fire:
-    grad, w = ins
-    as_convolution = _grad_input_as_convolution(op, grad.shape, w.shape, out)
-    if as_convolution is not None:
-        return as_convolution
-    g, kernel = op.params()["groups"], w.shape[2:]
-    at = _Windows.of_conv(op, out.shape, kernel, out.dtype)
-    n, o_channels, ho, wo = grad.shape
-    og, cg, positions = o_channels // g, w.shape[1], ho * wo
-    k = cg * math.prod(kernel)
-    weights = _scratch((g, k, og), out.dtype)
-    offset = _scratch((n, g, cg, ho, wo), out.dtype)  # one kernel offset's sums
-    if positions >= ONE_GEMM_BELOW:  # a GEMM per image
-        shares = _scratch((n, g, cg, *kernel, ho, wo), out.dtype)  # (N, G, K, Ho*Wo)
-        pieces = shares.transpose(0, 1, 2, 5, 6, 3, 4)
-
-        def gemm(grads):
-            np.matmul(weights, grads.reshape(n, g, og, positions), out=shares.reshape(n, g, k, positions))
-    else:  # one over every image (ONE_GEMM_BELOW)
-        shares = _scratch((g, cg, *kernel, n, ho, wo), out.dtype)  # (G, K, N*Ho*Wo)
-        pieces = shares.transpose(4, 0, 1, 5, 6, 2, 3)
-        columns = _scratch((g, og, n, positions), out.dtype)
-
-        def gemm(grads):
-            np.copyto(columns, grads.reshape(n, g, og, positions).transpose(1, 2, 0, 3))
-            np.matmul(weights, columns.reshape(g, og, n * positions), out=shares.reshape(g, k, n * positions))
-
-    def fire(xs, o):
-        np.copyto(weights, xs[1].reshape(g, og, k).transpose(0, 2, 1))
-        gemm(xs[0])
-        at.padded.fill(0)
-        add_windows(at.padded, pieces, at.stride, at.dilation, g, offset)
-        np.copyto(o, at.inside)
-
-    return fire
-
-
-class _PoolScratch(_Windows):
-    """The padded images (-inf at the border: never a maximum) and each
-    kernel tap's view of them, (N, C, Ho, Wo) strided, in the order of a
-    window's row-major elements. Pooling goes tap by tap, a pass over the
-    pooled image each: a reduction over a window's few elements copied
-    contiguous ran a row at a time (ResNet's 3x3 stride-2 pooling of 32
-    channels of 32x32, batch 8: 3.7 ms forward, 2.8 ms backward)."""
-
-    def __init__(self, op, image_shape, dtype):
-        p = op.params()
-        self.kernel = p["kernel"]
-        super().__init__(image_shape, p["kernel"], p["stride"], p["padding"], (1, 1), 1, dtype, -np.inf)
-        self.taps = [self.view[:, 0, :, :, :, i, j] for i in range(self.kernel[0]) for j in range(self.kernel[1])]
-
-    def maximum(self, x, o) -> None:
-        """o = each window's maximum of images x (NaN where a window has one)."""
-        np.copyto(self.inside, x)
-        np.copyto(o, self.taps[0])
-        for tap in self.taps[1:]:
-            np.maximum(o, tap, out=o)
-
-
-@NUMPY.impl(lg.MaxPool2dOp)
-def _bind_max_pool2d(op: lg.MaxPool2dOp, local, ins, out) -> Fire:
-    at = _PoolScratch(op, ins[0].shape, out.dtype)
-
-    def fire(xs, o):
-        at.maximum(xs[0], o)
-
-    return fire
-
-
-@NUMPY.impl(lg.MaxPool2dGradOp)
-def _bind_max_pool2d_grad(op: lg.MaxPool2dGradOp, local, ins, out) -> Fire:
-    # each window's gradient to its first maximum (reference._max_pool2d_grad):
-    # tap by tap, to the windows whose maximum it is and no earlier tap was
-    at = _PoolScratch(op, ins[0].shape, out.dtype)
-    pooled = ins[1].shape
-    top, share, total = (_scratch(pooled, out.dtype) for _ in range(3))
-    hit, taken, nan = (_scratch(pooled, np.bool_) for _ in range(3))
-    padded = np.zeros(at.padded.shape, out.dtype)
-    inside = padded[:, :, at.padding[0]:at.padding[0] + ins[0].shape[2], at.padding[1]:at.padding[1] + ins[0].shape[3]]
-    sh, sw = at.stride
-    targets = [padded[:, :, i:i + sh * (pooled[2] - 1) + 1:sh, j:j + sw * (pooled[3] - 1) + 1:sw]
-               for i in range(at.kernel[0]) for j in range(at.kernel[1])]
-
-    def fire(xs, o):
-        at.maximum(xs[0], top)
-        with_nan = bool(np.isnan(top, out=nan).any())  # a NaN window's first NaN is its maximum (argmax's)
-        finite = bool(np.isfinite(xs[1], out=hit).all())
-        taken.fill(False)
-        padded.fill(0)
-        for tap, target in zip(at.taps, targets):
-            np.equal(tap, top, out=hit)
-            if with_nan:
-                np.logical_or(hit, np.isnan(tap, out=nan), out=hit)
-            np.greater(hit, taken, out=hit)  # not an earlier tap's
-            np.logical_or(taken, hit, out=taken)
-            if finite:  # a product with the mask (adding `where=hit` branches: 5x slower)
-                np.multiply(xs[1], hit, out=share)
-            else:  # (where a NaN or infinity times 0 would be NaN)
-                share.fill(0)
-                np.copyto(share, xs[1], where=hit)
-            np.copyto(total, target)  # (numpy adds into a strided view through buffers it allocates)
-            np.add(total, share, out=total)
-            np.copyto(target, total)
-        np.copyto(o, inside)
-
-    return fire
-
-
 # -- the vocabulary-parallel cross-entropy ------------------------------------------------
 
 ROW_BLOCK_ELEMENTS = 1 << 20
@@ -721,7 +445,7 @@ def _bind_sum_exp(op: lg.SumExpOp, local, ins, out) -> Fire:
     classes = ins[0].shape[-1]
     rows = math.prod(ins[0].shape[:-1])
     block = max(1, min(rows, ROW_BLOCK_ELEMENTS // max(classes, 1)))
-    e = _scratch((block, classes), ins[0].dtype)
+    e = scratch((block, classes), ins[0].dtype)
 
     def fire(xs, o):
         x, shift, total = xs[0].reshape(rows, classes), xs[1].reshape(rows, 1), o.reshape(rows)
@@ -743,9 +467,9 @@ class _LabelRows:
     def __init__(self, op, local: LocalContext, rows: int, columns: int):
         self.op, self.ignored = op, op.ignored
         self.piece, self.total = local.in_pieces[0][-1], local.in_shapes[0][-1]
-        self.counted, self.skipped = _scratch((rows,), np.bool_), _scratch((rows,), np.bool_)
-        self.owned, self.elsewhere = _scratch((rows,), np.bool_), _scratch((rows,), np.bool_)
-        self.flat = _scratch((rows,), np.int64)
+        self.counted, self.skipped = scratch((rows,), np.bool_), scratch((rows,), np.bool_)
+        self.owned, self.elsewhere = scratch((rows,), np.bool_), scratch((rows,), np.bool_)
+        self.flat = scratch((rows,), np.int64)
         self.base = np.arange(rows, dtype=np.int64) * columns
 
     def fill(self, labels: np.ndarray) -> None:
@@ -777,7 +501,7 @@ def _bind_token_cross_entropy(op: lg.TokenCrossEntropyOp, local, ins, out) -> Fi
     rows, columns = ins[1].size, ins[0].shape[-1]
     labels = _LabelRows(op, local, rows, columns)
     first = labels.piece.start == 0
-    picked = _scratch((rows,), out.dtype)
+    picked = scratch((rows,), out.dtype)
 
     def fire(xs, o):
         x, lab, row_max, sum_exp = xs
@@ -805,8 +529,8 @@ def _bind_token_cross_entropy_grad(op: lg.TokenCrossEntropyGradOp, local, ins, o
     # label's column less grad (reference.token_cross_entropy_grad)
     rows, columns = ins[1].size, ins[0].shape[-1]
     labels = _LabelRows(op, local, rows, columns)
-    scale = _scratch((rows, 1), out.dtype)
-    picked = _scratch((rows,), out.dtype)
+    scale = scratch((rows, 1), out.dtype)
+    picked = scratch((rows,), out.dtype)
 
     def fire(xs, o):
         x, lab, row_max, sum_exp, grad = xs
@@ -830,7 +554,7 @@ def _bind_token_cross_entropy_grad(op: lg.TokenCrossEntropyGradOp, local, ins, o
 
 @NUMPY.impl(lg.MseLossOp)
 def _bind_mse(op: lg.MseLossOp, local: LocalContext, ins, out) -> Fire:
-    d = _scratch(np.broadcast_shapes(ins[0].shape, ins[1].shape), out.dtype)
+    d = scratch(np.broadcast_shapes(ins[0].shape, ins[1].shape), out.dtype)
     factor = _scale(ins[0].size, math.prod(local.in_shapes[0]))
 
     def fire(xs, o):
@@ -910,8 +634,8 @@ def _bind_dropout(op: lg.DropoutOp, local: LocalContext, ins, out) -> Fire:
     # the piece's counters found once; each firing draws them for its seed and step
     p = op.params()
     mask = DropoutMask(local.in_shapes[0], local.in_pieces[0], p["rate"], p["stream"], p["micro_batch"])
-    kept = _scratch(out.shape, np.bool_)
-    factors = _scratch(out.shape, out.dtype)
+    kept = scratch(out.shape, np.bool_)
+    factors = scratch(out.shape, out.dtype)
 
     def fire(xs, o):
         mask.factors(int(xs[1]), int(xs[2]), o.dtype, factors, kept)
@@ -945,8 +669,8 @@ class _AlongAxis:
         self.base = sum((c * stride[d] for d, c in enumerate(coords) if d != axis), np.zeros(index_shape, np.int64))
         self.base = np.ascontiguousarray(np.broadcast_to(self.base, index_shape), dtype=np.int64)
         self.stride = stride[axis]
-        self.flat = _scratch(index_shape, np.int64)
-        self.outside, self.below = _scratch(index_shape, np.bool_), _scratch(index_shape, np.bool_)
+        self.flat = scratch(index_shape, np.int64)
+        self.outside, self.below = scratch(index_shape, np.bool_), scratch(index_shape, np.bool_)
 
     def fill(self, indices: np.ndarray) -> None:
         check_range(self.op, "index", indices, self.total)
@@ -994,7 +718,7 @@ def _bind_scatter(op: lg.ScatterOp, local: LocalContext, ins, out) -> Fire:
     # nothing allocated per firing
     axis = op.axis.value.data
     at = _AlongAxis(op, out.shape, ins[1].shape, axis, local.in_pieces[0][axis], local.in_shapes[0][axis])
-    buffer = _scratch((out.size + 1,), out.dtype)
+    buffer = scratch((out.size + 1,), out.dtype)
 
     def fire(xs, o):
         at.fill(xs[1])
@@ -1010,7 +734,7 @@ def _bind_scatter(op: lg.ScatterOp, local: LocalContext, ins, out) -> Fire:
 def _bind_scatter_add(op: lg.ScatterAddOp, local: LocalContext, ins, out) -> Fire:
     axis = op.axis.value.data
     at = _AlongAxis(op, out.shape, ins[1].shape, axis, local.out_piece[axis], local.out_shape[axis])
-    kept = _scratch(ins[0].shape, out.dtype)
+    kept = scratch(ins[0].shape, out.dtype)
 
     def fire(xs, o):
         at.fill(xs[1])
@@ -1050,9 +774,9 @@ def _bind_embedding(op: lg.EmbeddingOp, local: LocalContext, ins, out) -> Fire:
     rows = local.in_pieces[0][0]
     lo, hi = rows.start, rows.stop
     whole = (lo, hi) == (0, total)
-    idx = _scratch(indices.shape, np.int64)
-    outside = _scratch((*indices.shape, 1), np.bool_)
-    below = _scratch(indices.shape, np.bool_)
+    idx = scratch(indices.shape, np.int64)
+    outside = scratch((*indices.shape, 1), np.bool_)
+    below = scratch(indices.shape, np.bool_)
 
     def fire(xs, o):
         t, ind = xs
@@ -1079,7 +803,7 @@ def _bind_one_hot(op: lg.OneHotOp, local, ins, out) -> Fire:
     classes = op.classes.value.data
     rows = ins[0].size
     base = np.arange(rows, dtype=np.int64) * classes
-    flat = _scratch((rows,), np.int64)
+    flat = scratch((rows,), np.int64)
 
     ignored = op.ignored
 
@@ -1145,7 +869,7 @@ def _bind_embedding_grad(op: lg.EmbeddingGradOp, local, ins, out) -> Fire:
     if (piece.start, piece.stop) != (0, rows):
         return _bind_embedding_grad_rows(op, piece, rows, padding)
     if rows * count <= ONE_HOT_ELEMENTS:
-        hot = _scratch((count, rows), out.dtype)
+        hot = scratch((count, rows), out.dtype)
         positions = np.arange(count)
 
         def fire(xs, o):
@@ -1300,7 +1024,7 @@ def _bind_fused_whole(op: Fused, local, ins, out, rows: int | None = None) -> Fi
                 shape = (rows, *shape[1:])
             dest = next((f for f in free if f.shape == shape and f.dtype == dtype), None)
             if dest is None:
-                dest = _scratch(shape, dtype)
+                dest = scratch(shape, dtype)
             else:
                 free = [f for f in free if f is not dest]
         bound = NUMPY[type(step)](step, local, [values[a] for a in args], out if dest is None else dest)
@@ -1341,7 +1065,7 @@ NUMPY.register(lg.DivOp, _binary(np.divide))
 
 @NUMPY.impl(lg.FloorDivOp)
 def _bind_floor_divide(op, local, ins, out) -> Fire:
-    zero = _scratch(ins[1].shape, np.bool_)
+    zero = scratch(ins[1].shape, np.bool_)
 
     def fire(xs, o):
         floor_divide(xs[0], xs[1], o, zero)
@@ -1379,3 +1103,6 @@ def bind(op: Operation, local: LocalContext, ins: Sequence[np.ndarray], out: np.
             fire(xs, o)
 
     return guarded
+
+
+from . import numpy_window_kernels  # noqa: E402, F401  (registers the convolutions and pooling on NUMPY)

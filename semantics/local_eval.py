@@ -24,7 +24,8 @@ from sbpc.dialects import lg
 from sbpc.dialects.backends import Backend
 from sbpc.dialects.dtypes import is_float_dtype, is_half, numpy_dtype
 from sbpc.dialects.pieces import Coord, coords, mesh_coord, owned_rows, partial_kind, piece
-from sbpc.dialects.sbp import PlainNd, Sbp, element_type, nd_to_plain, plain_nd
+from sbpc.dialects.plain_sbp import plain_nd
+from sbpc.dialects.sbp import PlainNd, Sbp, element_type, nd_to_plain
 from sbpc.semantics.philox import UniformDraws, dropout_piece
 from sbpc.semantics.reference import (
     REFERENCE,

@@ -27,6 +27,7 @@ from xdsl.traits import OpTrait
 from xdsl.utils.exceptions import VerifyException
 
 from ..irdl_verify import DirectInit, remember
+from ..plain_sbp import plain_nd
 from ..sbp import (
     PLACEMENT_ATTR,
     SIGNATURE_ATTR,
@@ -37,7 +38,6 @@ from ..sbp import (
     element_type,
     global_shape,
     lookup_placement,
-    plain_nd,
     tensor_type,
     verify_distribution,
     verify_placement_attr,

@@ -111,7 +111,8 @@ def test_op_class_by_name():
 
 
 def test_sbp_values_are_one_type_read_through_properties():
-    from sbpc.dialects.sbp import Sbp, format_nd, nd_from_plain, nd_to_plain, plain_nd
+    from sbpc.dialects.plain_sbp import plain_nd
+    from sbpc.dialects.sbp import Sbp, format_nd, nd_from_plain, nd_to_plain
 
     assert Sbp.of("S01") is Sbp.S(1) and Sbp.of("B") is Sbp.B
     assert (Sbp.S(2).kind, Sbp.S(2).axis, Sbp.S(2).is_split) == ("S", 2, True)

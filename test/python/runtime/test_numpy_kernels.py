@@ -30,7 +30,7 @@ from sbpc.dialects.pieces import piece_of
 from sbpc.dialects.sbp import PartialAttr, ReduceKind, lookup_placement
 from sbpc.lowering.compile import CompilePass
 from sbpc.lowering.lg_autodiff import LgAutodiffPass
-from sbpc.runtime import numpy_kernels
+from sbpc.runtime import numpy_kernels, numpy_window_kernels
 from sbpc.runtime.launch import rank_environment, script_command
 from sbpc.semantics.local_eval import local_kernel
 from sbpc.semantics.plan_interpreter import actor_kernel, run_plan
@@ -410,7 +410,7 @@ def test_convolution_kernels_compute_what_the_reference_computes(kernel, stride,
 
     from sbpc.semantics.reference import REFERENCE
 
-    monkeypatch.setattr(numpy_kernels, "ONE_GEMM_BELOW", 0 if gemm == "per image" else 10**9)
+    monkeypatch.setattr(numpy_window_kernels, "ONE_GEMM_BELOW", 0 if gemm == "per image" else 10**9)
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 4, 7, 6), dtype=np.float32)
     w = rng.standard_normal((4, 4 // groups, *kernel), dtype=np.float32)
@@ -436,7 +436,7 @@ def test_a_piece_of_no_images_has_no_share_of_the_weights_gradient(gemm, monkeyp
     from xdsl.dialects.builtin import TensorType
     from xdsl.ir import Block
 
-    monkeypatch.setattr(numpy_kernels, "ONE_GEMM_BELOW", 0 if gemm == "per image" else 10**9)
+    monkeypatch.setattr(numpy_window_kernels, "ONE_GEMM_BELOW", 0 if gemm == "per image" else 10**9)
     x, g = np.zeros((0, 4, 7, 6), np.float32), np.zeros((0, 4, 7, 6), np.float32)
     block = Block(arg_types=[TensorType(f32, x.shape), TensorType(f32, g.shape)])
     op = lg.Conv2dGradWeightOp(block.args[0], block.args[1], (3, 3), (1, 1), (1, 1))

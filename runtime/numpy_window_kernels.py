@@ -1,0 +1,290 @@
+"""The numpy backend's kernels over windows: convolutions (and their
+gradients) and max pooling, registered on `numpy_kernels.NUMPY` beside the
+others (numpy_kernels imports this module, so loading the backend loads
+them). Like every numpy kernel, each writes into its output register and
+binds its scratch once."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from sbpc.dialects import lg
+from sbpc.semantics.reference import add_windows, windows_of
+
+from .numpy_kernels import NUMPY, Fire, scratch
+
+# -- convolutions -------------------------------------------------------------------------
+# Each as GEMMs over the windows the convolution reads, copied once per
+# firing into scratch laid out for the GEMM (im2col); the padded images are
+# scratch too, their border zero from binding on.
+
+
+class _Windows:
+    """Padded images as scratch (the border `fill`, from binding on) and the
+    view of the windows a convolution or pooling reads of them, (N, groups,
+    C/groups, Ho, Wo, kh, kw), made once: each firing copies the images in."""
+
+    def __init__(self, image_shape, kernel, stride, padding, dilation, groups: int, dtype, fill: float = 0.0):
+        n, c, h, w = image_shape
+        self.stride, self.dilation, self.padding = stride, dilation, padding
+        self.padded = np.full((n, c, h + 2 * padding[0], w + 2 * padding[1]), fill, dtype)
+        self.inside = self.padded[:, :, padding[0]:padding[0] + h, padding[1]:padding[1] + w]
+        self.view = windows_of(self.padded, image_shape, kernel, stride, padding, dilation, groups)
+
+    @classmethod
+    def of_conv(cls, op, image_shape, kernel, dtype) -> _Windows:
+        p = op.params()
+        return cls(image_shape, kernel, p["stride"], p["padding"], p["dilation"], p["groups"], dtype)
+
+
+ONE_GEMM_BELOW = 128
+"""Output positions per image below which a convolution's GEMM runs over
+every image's windows at once. Per image it is a GEMM of Ho*Wo columns, and
+one of a few columns runs at a fraction of the rate: ResNet's 3x3 layer of
+256 channels on 2x2 images, batch 8, took 0.85 ms as 8 GEMMs of 4 columns
+against 0.38 ms as one of 32 (one core, 2026-11-30, AMD EPYC Zen 5,
+OpenBLAS SkylakeX). From 16x16 images up the GEMMs per image win: each
+image's windows are copied and multiplied while they are in cache, where
+the whole batch's windows (58 MB for ResNet-50's first 3x3 layer, batch 8)
+went to memory and back (that layer: 13.7 -> 11.1 ms forward, 18.2 -> 14.8
+ms for the weight's gradient), and the one GEMM also pays a transposing
+copy of its product."""
+
+
+def _columns(at: _Windows, dtype) -> tuple[np.ndarray, Callable[[], None]]:
+    """Scratch for the windows laid out (G, K, N*Ho*Wo), each output row
+    contiguous, and the copy that fills it from `at`'s padded images."""
+    n, g, cg, ho, wo, kh, kw = at.view.shape
+    cols = scratch((g, cg, kh, kw, n, ho, wo), dtype)
+    return cols.reshape(g, cg * kh * kw, n * ho * wo), lambda: np.copyto(cols, at.view.transpose(1, 2, 5, 6, 0, 3, 4))
+
+
+def _image_columns(at: _Windows, dtype) -> tuple[np.ndarray, Callable[[int], None]]:
+    """Scratch for one image's windows laid out (G, K, Ho*Wo), and the copy
+    that fills it with image i's from `at`'s padded images."""
+    n, g, cg, ho, wo, kh, kw = at.view.shape
+    cols = scratch((g, cg, kh, kw, ho, wo), dtype)
+    return (cols.reshape(g, cg * kh * kw, ho * wo),
+            lambda i: np.copyto(cols, at.view[i].transpose(0, 1, 4, 5, 2, 3)))
+
+
+def _window_gemm(at: _Windows, rows: int, dtype) -> Callable[[np.ndarray, np.ndarray, np.ndarray], None]:
+    """o (N, G*rows, Ho, Wo) = filters (G, rows, K) times each window (K)
+    of the images copied into `at`: image by image where an image has
+    ONE_GEMM_BELOW output positions or more, else as one GEMM over every
+    image's windows and its product transposed into place."""
+    n, g, cg, ho, wo, kh, kw = at.view.shape
+    positions = ho * wo
+    if positions >= ONE_GEMM_BELOW:
+        image_cols, copy_image = _image_columns(at, dtype)
+
+        def fire(images, filters, o):
+            np.copyto(at.inside, images)
+            for i in range(n):
+                copy_image(i)
+                np.matmul(filters, image_cols, out=o[i].reshape(g, rows, positions))
+
+        return fire
+    cols, copy_windows = _columns(at, dtype)
+    product = scratch((g, rows, n, positions), dtype)
+
+    def fire_once(images, filters, o):
+        np.copyto(at.inside, images)
+        copy_windows()
+        np.matmul(filters, cols, out=product.reshape(g, rows, n * positions))
+        np.copyto(o.reshape(n, g, rows, positions), product.transpose(2, 0, 1, 3))
+
+    return fire_once
+
+
+@NUMPY.impl(lg.Conv2dOp)
+def _bind_conv2d(op: lg.Conv2dOp, local, ins, out) -> Fire:
+    x, w = ins
+    g, kernel = op.params()["groups"], w.shape[2:]
+    gemm = _window_gemm(_Windows.of_conv(op, x.shape, kernel, out.dtype), w.shape[0] // g, out.dtype)
+    k = math.prod(w.shape[1:])
+
+    def fire(xs, o):
+        gemm(xs[0], xs[1].reshape(g, -1, k), o)
+
+    return fire
+
+
+@NUMPY.impl(lg.Conv2dGradWeightOp)
+def _bind_conv2d_grad_weight(op: lg.Conv2dGradWeightOp, local, ins, out) -> Fire:
+    x, grad = ins
+    g, kernel = op.params()["groups"], op.params()["kernel"]
+    at = _Windows.of_conv(op, x.shape, kernel, out.dtype)
+    n, o_channels, ho, wo = grad.shape
+    og, k, positions = o_channels // g, math.prod(out.shape[1:]), ho * wo
+    # The windows copied with each output row contiguous (as the forward
+    # copies them); laid out with K last the copy gathers K at the image's
+    # strides, 2-3x the GEMM's own time on ResNet's 3x3 layers. The product
+    # is formed transposed, windows (K, Ho*Wo) times gradients (Ho*Wo, O),
+    # and transposed into place once: OpenBLAS runs that product at 220
+    # GFLOP/s where the gradients times the windows transposed ran at 153
+    # (ResNet-50's first 3x3 layer). Image by image (the products summed),
+    # or all at once, as the forward (ONE_GEMM_BELOW).
+    if positions >= ONE_GEMM_BELOW:
+        image_cols, copy_image = _image_columns(at, out.dtype)
+        total, share = scratch((g, k, og), out.dtype), scratch((g, k, og), out.dtype)  # (the gradient transposed)
+
+        def fire(xs, o):
+            total.fill(0)  # (a piece of no images has no share)
+            np.copyto(at.inside, xs[0])
+            for i in range(n):
+                copy_image(i)
+                np.matmul(image_cols, xs[1][i].reshape(g, og, positions).swapaxes(1, 2), out=share)
+                np.add(total, share, out=total)
+            np.copyto(o.reshape(g, og, k), total.swapaxes(1, 2))
+
+        return fire
+    cols, copy_windows = _columns(at, out.dtype)
+    grads = scratch((g, og, n, positions), out.dtype)  # (G, O/G, N*Ho*Wo)
+
+    def fire_once(xs, o):  # (the gradients times the windows transposed: faster on these small images)
+        np.copyto(at.inside, xs[0])
+        copy_windows()
+        np.copyto(grads, xs[1].reshape(n, g, og, positions).transpose(1, 2, 0, 3))
+        np.matmul(grads.reshape(g, og, n * positions), cols.swapaxes(1, 2), out=o.reshape(g, og, k))
+
+    return fire_once
+
+
+def _grad_input_as_convolution(op: lg.Conv2dGradInputOp, grad_shape, w_shape, out) -> Fire | None:
+    """At stride 1 (dilation 1, padding at most the kernel's reach), the
+    input's gradient is the forward convolution of the gradient, padded by
+    k - 1 - p, with each group's filters transposed (out and in channels)
+    and flipped: the windows copied once with their rows contiguous and
+    one GEMM, instead of the GEMM's window shares added back offset by
+    offset (a pass over the image per kernel tap). None where it does not
+    apply."""
+    p = op.params()
+    kernel = tuple(w_shape[2:])
+    if p["stride"] != (1, 1) or p["dilation"] != (1, 1) or any(
+            pad > k - 1 for pad, k in zip(p["padding"], kernel)):
+        return None
+    g = p["groups"]
+    n, o_channels, ho, wo = grad_shape
+    og, cg = o_channels // g, w_shape[1]
+    reach = tuple(k - 1 - pad for k, pad in zip(kernel, p["padding"]))
+    gemm = _window_gemm(_Windows(grad_shape, kernel, (1, 1), reach, (1, 1), g, out.dtype), cg, out.dtype)
+    filters = scratch((g, cg, og, *kernel), out.dtype)  # each group's filters, transposed and flipped
+
+    def fire(xs, o):
+        np.copyto(filters, xs[1].reshape(g, og, cg, *kernel).transpose(0, 2, 1, 3, 4)[..., ::-1, ::-1])
+        gemm(xs[0], filters.reshape(g, cg, og * math.prod(kernel)), o)
+
+    return fire
+
+
+@NUMPY.impl(lg.Conv2dGradInputOp)
+def _bind_conv2d_grad_input(op: lg.Conv2dGradInputOp, local, ins, out) -> Fire:
+    grad, w = ins
+    as_convolution = _grad_input_as_convolution(op, grad.shape, w.shape, out)
+    if as_convolution is not None:
+        return as_convolution
+    g, kernel = op.params()["groups"], w.shape[2:]
+    at = _Windows.of_conv(op, out.shape, kernel, out.dtype)
+    n, o_channels, ho, wo = grad.shape
+    og, cg, positions = o_channels // g, w.shape[1], ho * wo
+    k = cg * math.prod(kernel)
+    weights = scratch((g, k, og), out.dtype)
+    offset = scratch((n, g, cg, ho, wo), out.dtype)  # one kernel offset's sums
+    if positions >= ONE_GEMM_BELOW:  # a GEMM per image
+        shares = scratch((n, g, cg, *kernel, ho, wo), out.dtype)  # (N, G, K, Ho*Wo)
+        pieces = shares.transpose(0, 1, 2, 5, 6, 3, 4)
+
+        def gemm(grads):
+            np.matmul(weights, grads.reshape(n, g, og, positions), out=shares.reshape(n, g, k, positions))
+    else:  # one over every image (ONE_GEMM_BELOW)
+        shares = scratch((g, cg, *kernel, n, ho, wo), out.dtype)  # (G, K, N*Ho*Wo)
+        pieces = shares.transpose(4, 0, 1, 5, 6, 2, 3)
+        columns = scratch((g, og, n, positions), out.dtype)
+
+        def gemm(grads):
+            np.copyto(columns, grads.reshape(n, g, og, positions).transpose(1, 2, 0, 3))
+            np.matmul(weights, columns.reshape(g, og, n * positions), out=shares.reshape(g, k, n * positions))
+
+    def fire(xs, o):
+        np.copyto(weights, xs[1].reshape(g, og, k).transpose(0, 2, 1))
+        gemm(xs[0])
+        at.padded.fill(0)
+        add_windows(at.padded, pieces, at.stride, at.dilation, g, offset)
+        np.copyto(o, at.inside)
+
+    return fire
+
+
+class _PoolScratch(_Windows):
+    """The padded images (-inf at the border: never a maximum) and each
+    kernel tap's view of them, (N, C, Ho, Wo) strided, in the order of a
+    window's row-major elements. Pooling goes tap by tap, a pass over the
+    pooled image each: a reduction over a window's few elements copied
+    contiguous ran a row at a time (ResNet's 3x3 stride-2 pooling of 32
+    channels of 32x32, batch 8: 3.7 ms forward, 2.8 ms backward)."""
+
+    def __init__(self, op, image_shape, dtype):
+        p = op.params()
+        self.kernel = p["kernel"]
+        super().__init__(image_shape, p["kernel"], p["stride"], p["padding"], (1, 1), 1, dtype, -np.inf)
+        self.taps = [self.view[:, 0, :, :, :, i, j] for i in range(self.kernel[0]) for j in range(self.kernel[1])]
+
+    def maximum(self, x, o) -> None:
+        """o = each window's maximum of images x (NaN where a window has one)."""
+        np.copyto(self.inside, x)
+        np.copyto(o, self.taps[0])
+        for tap in self.taps[1:]:
+            np.maximum(o, tap, out=o)
+
+
+@NUMPY.impl(lg.MaxPool2dOp)
+def _bind_max_pool2d(op: lg.MaxPool2dOp, local, ins, out) -> Fire:
+    at = _PoolScratch(op, ins[0].shape, out.dtype)
+
+    def fire(xs, o):
+        at.maximum(xs[0], o)
+
+    return fire
+
+
+@NUMPY.impl(lg.MaxPool2dGradOp)
+def _bind_max_pool2d_grad(op: lg.MaxPool2dGradOp, local, ins, out) -> Fire:
+    # each window's gradient to its first maximum (reference._max_pool2d_grad):
+    # tap by tap, to the windows whose maximum it is and no earlier tap was
+    at = _PoolScratch(op, ins[0].shape, out.dtype)
+    pooled = ins[1].shape
+    top, share, total = (scratch(pooled, out.dtype) for _ in range(3))
+    hit, taken, nan = (scratch(pooled, np.bool_) for _ in range(3))
+    padded = np.zeros(at.padded.shape, out.dtype)
+    inside = padded[:, :, at.padding[0]:at.padding[0] + ins[0].shape[2], at.padding[1]:at.padding[1] + ins[0].shape[3]]
+    sh, sw = at.stride
+    targets = [padded[:, :, i:i + sh * (pooled[2] - 1) + 1:sh, j:j + sw * (pooled[3] - 1) + 1:sw]
+               for i in range(at.kernel[0]) for j in range(at.kernel[1])]
+
+    def fire(xs, o):
+        at.maximum(xs[0], top)
+        with_nan = bool(np.isnan(top, out=nan).any())  # a NaN window's first NaN is its maximum (argmax's)
+        finite = bool(np.isfinite(xs[1], out=hit).all())
+        taken.fill(False)
+        padded.fill(0)
+        for tap, target in zip(at.taps, targets):
+            np.equal(tap, top, out=hit)
+            if with_nan:
+                np.logical_or(hit, np.isnan(tap, out=nan), out=hit)
+            np.greater(hit, taken, out=hit)  # not an earlier tap's
+            np.logical_or(taken, hit, out=taken)
+            if finite:  # a product with the mask (adding `where=hit` branches: 5x slower)
+                np.multiply(xs[1], hit, out=share)
+            else:  # (where a NaN or infinity times 0 would be NaN)
+                share.fill(0)
+                np.copyto(share, xs[1], where=hit)
+            np.copyto(total, target)  # (numpy adds into a strided view through buffers it allocates)
+            np.add(total, share, out=total)
+            np.copyto(target, total)
+        np.copyto(o, inside)
+
+    return fire
