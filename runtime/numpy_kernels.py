@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 from xdsl.ir import Operation
@@ -47,19 +46,11 @@ from sbpc.semantics.reference import (
     topk_indices,
 )
 
-Fire = Callable[[Sequence[np.ndarray], np.ndarray], None]
-"""A bound kernel: fire(inputs, out) writes its result into `out`."""
-
-Binder = Callable[[Any, LocalContext, Sequence[np.ndarray], np.ndarray], Fire]
-"""Binds a kernel to an op (of the class it is registered for: the registry
-cannot pair the two types, so the op is Any), its local context and example registers
-(their shapes and dtypes), preallocating scratch."""
+from . import numpy_window_kernels
+from .numpy_binding import Binder, Fire, scratch
 
 NUMPY: Backend[Binder] = Backend("the runtime's numpy kernels")
 
-
-def scratch(shape, dtype) -> np.ndarray:
-    return np.empty(tuple(shape), dtype)
 
 
 def _kept(shape, axes) -> tuple[int, ...]:
@@ -1105,4 +1096,9 @@ def bind(op: Operation, local: LocalContext, ins: Sequence[np.ndarray], out: np.
     return guarded
 
 
-from . import numpy_window_kernels  # noqa: E402, F401  (registers the convolutions and pooling on NUMPY)
+# The kernels over windows (numpy_window_kernels.py), registered with the rest.
+NUMPY.impl(lg.Conv2dOp)(numpy_window_kernels.bind_conv2d)
+NUMPY.impl(lg.Conv2dGradWeightOp)(numpy_window_kernels.bind_conv2d_grad_weight)
+NUMPY.impl(lg.Conv2dGradInputOp)(numpy_window_kernels.bind_conv2d_grad_input)
+NUMPY.impl(lg.MaxPool2dOp)(numpy_window_kernels.bind_max_pool2d)
+NUMPY.impl(lg.MaxPool2dGradOp)(numpy_window_kernels.bind_max_pool2d_grad)

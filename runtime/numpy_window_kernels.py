@@ -1,8 +1,7 @@
 """The numpy backend's kernels over windows: convolutions (and their
-gradients) and max pooling, registered on `numpy_kernels.NUMPY` beside the
-others (numpy_kernels imports this module, so loading the backend loads
-them). Like every numpy kernel, each writes into its output register and
-binds its scratch once."""
+gradients) and max pooling, which numpy_kernels registers with the rest.
+Like every numpy kernel, each writes into its output register and binds
+its scratch once."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ import numpy as np
 from sbpc.dialects import lg
 from sbpc.semantics.reference import add_windows, windows_of
 
-from .numpy_kernels import NUMPY, Fire, scratch
+from .numpy_binding import Fire, scratch
 
 # -- convolutions -------------------------------------------------------------------------
 # Each as GEMMs over the windows the convolution reads, copied once per
@@ -100,8 +99,7 @@ def _window_gemm(at: _Windows, rows: int, dtype) -> Callable[[np.ndarray, np.nda
     return fire_once
 
 
-@NUMPY.impl(lg.Conv2dOp)
-def _bind_conv2d(op: lg.Conv2dOp, local, ins, out) -> Fire:
+def bind_conv2d(op: lg.Conv2dOp, local, ins, out) -> Fire:
     x, w = ins
     g, kernel = op.params()["groups"], w.shape[2:]
     gemm = _window_gemm(_Windows.of_conv(op, x.shape, kernel, out.dtype), w.shape[0] // g, out.dtype)
@@ -113,8 +111,7 @@ def _bind_conv2d(op: lg.Conv2dOp, local, ins, out) -> Fire:
     return fire
 
 
-@NUMPY.impl(lg.Conv2dGradWeightOp)
-def _bind_conv2d_grad_weight(op: lg.Conv2dGradWeightOp, local, ins, out) -> Fire:
+def bind_conv2d_grad_weight(op: lg.Conv2dGradWeightOp, local, ins, out) -> Fire:
     x, grad = ins
     g, kernel = op.params()["groups"], op.params()["kernel"]
     at = _Windows.of_conv(op, x.shape, kernel, out.dtype)
@@ -181,8 +178,7 @@ def _grad_input_as_convolution(op: lg.Conv2dGradInputOp, grad_shape, w_shape, ou
     return fire
 
 
-@NUMPY.impl(lg.Conv2dGradInputOp)
-def _bind_conv2d_grad_input(op: lg.Conv2dGradInputOp, local, ins, out) -> Fire:
+def bind_conv2d_grad_input(op: lg.Conv2dGradInputOp, local, ins, out) -> Fire:
     grad, w = ins
     as_convolution = _grad_input_as_convolution(op, grad.shape, w.shape, out)
     if as_convolution is not None:
@@ -241,8 +237,7 @@ class _PoolScratch(_Windows):
             np.maximum(o, tap, out=o)
 
 
-@NUMPY.impl(lg.MaxPool2dOp)
-def _bind_max_pool2d(op: lg.MaxPool2dOp, local, ins, out) -> Fire:
+def bind_max_pool2d(op: lg.MaxPool2dOp, local, ins, out) -> Fire:
     at = _PoolScratch(op, ins[0].shape, out.dtype)
 
     def fire(xs, o):
@@ -251,8 +246,7 @@ def _bind_max_pool2d(op: lg.MaxPool2dOp, local, ins, out) -> Fire:
     return fire
 
 
-@NUMPY.impl(lg.MaxPool2dGradOp)
-def _bind_max_pool2d_grad(op: lg.MaxPool2dGradOp, local, ins, out) -> Fire:
+def bind_max_pool2d_grad(op: lg.MaxPool2dGradOp, local, ins, out) -> Fire:
     # each window's gradient to its first maximum (reference._max_pool2d_grad):
     # tap by tap, to the windows whose maximum it is and no earlier tap was
     at = _PoolScratch(op, ins[0].shape, out.dtype)
