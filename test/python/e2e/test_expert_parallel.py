@@ -34,8 +34,11 @@ def test_tokens_reach_their_experts_by_counts_the_router_sets_each_step(tmp_path
     ranks, trained 4 steps on one batch with a rate that moves its router:
     the traced bytes of the grouped collectives change between steps and
     never pass the bound (the whole tensor each rank stores). No collective
-    sums or gathers the experts' hidden rows whole between their layers."""
-    model = moe("mixtral")
+    sums or gathers the experts' hidden rows whole between their layers.
+    The experts are wide (4096) beside the 32 tokens: with experts as
+    narrow as the tokens, gathering the experts to every rank costs fewer
+    collectives than routing the tokens, and sbp-infer does that."""
+    model = moe("mixtral", expert_width=4096)
     batch = tokens(1)[0]
     graph = sbpc.from_torch(Text(model), batch, sbp={"*experts*": S(0)}, placement=sbpc.placement("cpu", 4))
     exe = sbpc.compile(graph, optimizer=sbpc.optim.AdamW(lr=0.05), mode="interpret")

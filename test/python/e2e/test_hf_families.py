@@ -254,17 +254,17 @@ def test_mixtral_routes_each_token_to_its_top_two_experts_and_trains_as_pytorch(
                    ranks, {"input_ids": S(0), "labels": S(0)} if split else None)
 
 
-def moe(family: str):
+def moe(family: str, expert_width: int = 64):
     """A mixture of experts with its config's defaults but for tiny sizes
     and the router's auxiliary (load-balancing) loss added to the loss
     (`output_router_logits=True`): its experts as transformers runs them by
-    default (`grouped_mm`)."""
+    default (`grouped_mm`). `expert_width`: Mixtral's experts' hidden size."""
     torch.manual_seed(0)
     sizes = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
              "num_key_value_heads": 2, "num_experts_per_tok": 2, "max_position_embeddings": 16,
              "output_router_logits": True}
     if family == "mixtral":
-        return T.MixtralForCausalLM(T.MixtralConfig(intermediate_size=64, num_local_experts=4, **sizes))
+        return T.MixtralForCausalLM(T.MixtralConfig(intermediate_size=expert_width, num_local_experts=4, **sizes))
     if family == "qwen2_moe":  # a shared expert beside the routed ones
         return T.Qwen2MoeForCausalLM(T.Qwen2MoeConfig(intermediate_size=64, moe_intermediate_size=32,
                                                       shared_expert_intermediate_size=64, num_experts=4, **sizes))
