@@ -319,7 +319,6 @@ class SbpBucketCollectivesPass(ModulePass):
         # alpha-beta: linear in the bytes (Cluster.collective_time)
         alpha = timing.collective_time(kind, mesh, axes, 0.0)
         beta = (timing.collective_time(kind, mesh, axes, 1e9) - alpha) / 1e9
-        per_slice = cluster.work_time("lg.slice", 0.0, 0.0)
 
         def comm_time(nbytes: float) -> float:
             return alpha + beta * nbytes
@@ -327,16 +326,14 @@ class SbpBucketCollectivesPass(ModulePass):
         # The dynamic program prices every bucket of up to WINDOW members;
         # gradients of repeated layers have equal sizes, so most buckets'
         # byte counts recur (exact: whole bytes): each is priced once.
-        concat_time = functools.cache(lambda nbytes: cluster.work_time("lg.concat", 0.0, nbytes))
-        slice_time = functools.cache(lambda nbytes: cluster.core_time("lg.slice", 0.0, nbytes))
+        packed = functools.cache(cluster.bucket_pack_time)
+        unpacked = functools.cache(cluster.bucket_unpack_time)
 
         def pack_time(i: int, j: int) -> float:  # one concat reads and writes the bucket
-            return 0.0 if j - i == 1 else concat_time(2 * (held[j] - held[i]))
+            return 0.0 if j - i == 1 else packed(held[j] - held[i])
 
         def unpack_time(i: int, j: int) -> float:  # one slice per member
-            if j - i == 1:
-                return 0.0
-            return (j - i) * per_slice + slice_time(2 * (held[j] - held[i]))
+            return 0.0 if j - i == 1 else unpacked(j - i, held[j] - held[i])
 
         return choose_buckets(members, comm_time, pack_time, unpack_time,
                               host_share=1.0 - cluster.device.comm_overlap)

@@ -265,8 +265,8 @@ class Rates:
     def bucket_member_time(self, kind: str, ranks: Sequence[int], nbytes: float, piece_in: float,
                            piece_out: float, members: int) -> float:
         """Seconds a reduction of `kind` moving `nbytes` per device from a
-        `piece_in` to a `piece_out` adds to a step as one of `members` in a
-        bucket: as a collective of its own (and its actor) where nothing
+        `piece_in` into a `piece_out` adds to a step as one of `members` in
+        a bucket: as a collective of its own (and its actor) where nothing
         says how to price a bucket."""
         if self.bucketed is not None:
             return self.bucketed(kind, ranks, nbytes, piece_in, piece_out, members)
@@ -461,21 +461,29 @@ class Cluster:
     def kernel_time(self, flops: float, nbytes: float) -> float:
         return self.work_time("", flops, nbytes)
 
+    def bucket_pack_time(self, nbytes: float) -> float:
+        """Seconds of copying `nbytes` of gradients into one bucket: one concat."""
+        return self.work_time("lg.concat", 0.0, 2.0 * nbytes)
+
+    def bucket_unpack_time(self, members: int, nbytes: float) -> float:
+        """Seconds of copying a bucket of `members` gradients, `nbytes` in
+        all, back out: a slice each."""
+        return members * self.work_time("lg.slice", 0.0, 0.0) + self.core_time("lg.slice", 0.0, 2.0 * nbytes)
+
     def bucket_member_time(self, kind: str, ranks: Sequence[int], nbytes: float, piece_in: float,
                            piece_out: float, members: int) -> float:
-        """Seconds one gradient's reduction adds to a step as one of
-        `members` joined into a bucket by sbp-bucket-collectives, as the
-        simulator prices the bucket's actors: its bytes in the bucket's
-        collective and its share of that call's fixed cost (latency steps,
-        sync, the actor), its copy into the bucket (the concat, whose fixed
-        cost it shares too) and its slice out of it (an actor of its own)."""
-        overhead = self.device.actor_overhead
+        """Seconds one gradient's reduction of `kind` moving `nbytes` per
+        device from a `piece_in` into a `piece_out` adds to a step as one of
+        `members` alike that sbp-bucket-collectives joins into a bucket: the
+        bucket's price (its collective, its concat and slices, and an actor
+        each) shared among them. (The pass itself prices a bucket's slices
+        on the bytes that went in: for a reduce_scatter p times what they
+        copy.)"""
         call = self.collective_time(kind, ranks, 0.0)
-        data = self.collective_time(kind, ranks, nbytes) - call
-        concat = self.core_time("lg.concat", 0.0, 2.0 * piece_in)
-        shared = call + overhead + self.kernel_overhead("lg.concat") + overhead
-        out = self.work_time("lg.slice", 0.0, 2.0 * piece_out) + overhead
-        return data + concat + out + shared / max(1, members)
+        data = self.collective_time(kind, ranks, members * nbytes) - call
+        copies = self.bucket_pack_time(members * piece_in) + self.bucket_unpack_time(members, members * piece_out)
+        actors = (2 + members) * self.device.actor_overhead  # the concat, the collective, a slice each
+        return (call + data + copies + actors) / max(1, members)
 
     def copy_time(self, nbytes: float) -> float:
         """Seconds of copying `nbytes` on one device (read once, written once)."""

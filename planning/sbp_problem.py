@@ -171,12 +171,10 @@ class Problem:
         return cost
 
     def axis_groups(self, mesh: Mesh) -> tuple[tuple[int, ...], ...]:
-        """Per mesh axis of `mesh`, the ranks a collective along it spans (the
-        group of the mesh's first rank): what the collective's price reads."""
+        """`axis_groups(mesh)`, once per mesh."""
         found = self._axis_groups.get(mesh.name)
         if found is None:
-            found = self._axis_groups[mesh.name] = tuple(
-                tuple(rank_group(mesh, mesh.ranks[0], [a])) for a in range(len(mesh.shape)))
+            found = self._axis_groups[mesh.name] = axis_groups(mesh)
         return found
 
     def total(self, choice: Sequence[int]) -> float:
@@ -191,6 +189,12 @@ class Problem:
             if w == v:
                 total += matrix[choice[u]]
         return total
+
+
+def axis_groups(mesh: Mesh) -> tuple[tuple[int, ...], ...]:
+    """Per mesh axis of `mesh`, the ranks a collective along it spans (the
+    group of the mesh's first rank): what the collective's price reads."""
+    return tuple(tuple(rank_group(mesh, mesh.ranks[0], [a])) for a in range(len(mesh.shape)))
 
 
 def _nbytes(value: SSAValue) -> float:
@@ -280,7 +284,7 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
             nbytes_in = _nbytes(op.operands[0])
             own_boxing = (
                 boxing_cost(candidates[0][0][0], candidates[0][1], mesh.shape, len(out_shape), nbytes_in, device,
-                            [rank_group(mesh, mesh.ranks[0], [a]) for a in range(len(mesh.shape))])
+                            axis_groups(mesh))
                 if src_mesh == mesh
                 else transfer_cost(nbytes_in, device, src_mesh.ranks, mesh.ranks)
             )
@@ -921,33 +925,26 @@ class ExactCost:
         # steps it took when it tried every node every round.) A change
         # marks its near nodes dirty and bumps the stamp of each of its
         # producers; a node whose producers' stamps moved since it was last
-        # tried had a fellow consumer change.
+        # tried had a fellow consumer change. A pair is tried again likewise:
+        # when the version of either node (bumped with its dirty mark) or
+        # their producers' stamps moved.
         stamp = [0] * len(nodes)
+        version = [0] * len(nodes)
 
         def stamps(v: int) -> int:
             return sum(stamp[u] for u in producers[v])
 
         def changed_at(v: int) -> None:
-            dirty[v] = True
-            for n in near[v]:
+            for n in (v, *near[v]):
                 dirty[n] = True
+                version[n] += 1
             for u in producers[v]:
                 stamp[u] += 1
 
         seen = [0] * len(nodes)
         dirty = [True] * len(nodes)
-        # pair moves: a pair is tried again only when something its cost
-        # reads has changed since (the versions of its two nodes, which a
-        # change bumps on itself and its near nodes, and their producers' stamps)
-        version = [0] * len(nodes)
         pairs: list[tuple[int, int]] | None = None  # made when single and region moves first settle
         pair_seen: dict[tuple[int, int], tuple[int, int, int, int]] = {}
-
-        def bump(v: int) -> None:
-            changed_at(v)
-            version[v] += 1
-            for n in near[v]:
-                version[n] += 1
 
         for _ in range(rounds):
             changed = False
@@ -963,7 +960,7 @@ class ExactCost:
                 assign(choice, v, best)
                 if best != current:
                     changed = True
-                    bump(v)
+                    changed_at(v)
                 dirty[v], seen[v] = False, stamps(v)
             for direct in (True, False):
                 tried: set[int] = set()
@@ -984,7 +981,7 @@ class ExactCost:
                         changed = True
                         for n, k in zip(region, old):
                             if choice[n] != k:
-                                bump(n)
+                                changed_at(n)
                     else:
                         for n, k in zip(region, old):
                             assign(choice, n, k)
@@ -1002,7 +999,7 @@ class ExactCost:
                     for n, k in ((u, best_a), (v, best_b)):
                         if choice[n] != k:
                             assign(choice, n, k)
-                            bump(n)
+                            changed_at(n)
                 pair_seen[u, v] = (version[u], version[v], stamps(u), stamps(v))
             if not changed:
                 break

@@ -174,23 +174,27 @@ def test_a_gradients_reduction_is_priced_as_a_member_of_the_steps_bucket():
         (Sbp.S(0),), (Sbp.B,), mesh, 2, nbytes)
 
 
-def test_a_bucket_member_pays_its_bytes_and_copies_and_a_share_of_the_calls_fixed_cost():
-    """What one of M gradients adds to a step in a bucket: its bytes in the
-    bucket's collective, its copy in (the concat) and its slice out (an
-    actor of its own), and 1/M of what the bucket pays once: the
-    collective's fixed cost (latency steps, sync) and the concat's and the
-    collective's actors. M of them cost as much as the bucket's actors."""
+def test_a_bucket_member_pays_its_share_of_the_bucket():
+    """M gradients alike joined into a bucket cost, together, what the
+    bucket costs: one collective of all their bytes (one call's fixed cost:
+    latency steps, sync), its concat and a slice each as
+    sbp-bucket-collectives prices them (Cluster.bucket_pack_time and
+    bucket_unpack_time, which that pass calls too; the slices on what they
+    copy out), and an actor for the concat, the collective and each slice.
+    Where ranks share a core, a member of a large bucket costs less than a
+    call of its own."""
     from sbpc.perf.cluster import load_cluster
 
     for cluster, ranks in ((load_cluster("cpu", 2), [0, 1]), (load_cluster("cpu", 4), [0, 2]),
                            (load_cluster("h100-node", 8), list(range(8)))):
         overhead = cluster.device.actor_overhead
-        call = cluster.collective_time("reduce_scatter", ranks, 0.0)
-        once = call + 2 * overhead + cluster.kernel_overhead("lg.concat")
         n, p = 4096.0, len(ranks)
-        data = cluster.collective_time("reduce_scatter", ranks, n) - call
-        each = (data + cluster.core_time("lg.concat", 0.0, 2 * n)
-                + cluster.work_time("lg.slice", 0.0, 2 * n / p) + overhead)
         for members in (1, 2, 16):
+            bucket = (cluster.collective_time("reduce_scatter", ranks, members * n)
+                      + cluster.bucket_pack_time(members * n) + cluster.bucket_unpack_time(members, members * n / p)
+                      + (2 + members) * overhead)
             total = members * cluster.bucket_member_time("reduce_scatter", ranks, n, n, n / p, members)
-            assert total == pytest.approx(members * each + once, rel=1e-12)
+            assert total == pytest.approx(bucket, rel=1e-12)
+    shared = load_cluster("cpu", 4)
+    assert (shared.bucket_member_time("all_reduce", [0, 2], 4096.0, 4096.0, 4096.0, 16)
+            < shared.collective_time("all_reduce", [0, 2], 4096.0) + shared.device.actor_overhead)
