@@ -41,7 +41,7 @@ from sbpc.semantics.plan_interpreter import actor_kernel
 from sbpc.semantics.reference import constant_value, initialize
 
 from . import host_kernels, numpy_kernels, progress
-from .collectives import CommActor, Pending
+from .collectives import CommActor, Pending, Staging
 from .program import RuntimeFailure
 
 STREAMS = {"compute": 0, "comm": 1}
@@ -182,6 +182,7 @@ class Executor:
         self._parts = {
             a: p for a in self.kernels if a.kernel.data == "lg.matmul" and (p := self._bind_parts(a)) is not None
         }
+        self.staging = Staging()
         self.comm_actors = self._build_comm_actors()
         self.updates = plan.update_pairs(self.device) if write_back else []
         # What each firing needs, read off the IR once (xDSL attribute access
@@ -282,7 +283,7 @@ class Executor:
                         self.world.group.Incl(list(group)), tag=actor.comm_id.value.data
                     )
                 comm = groups[group]
-            actors[actor] = CommActor(actor, self.rank, self.mesh, self.view, comm)
+            actors[actor] = CommActor(actor, self.rank, self.mesh, self.view, comm, self.staging)
         self.group_comms = list(groups.values())
         return actors
 
@@ -466,9 +467,11 @@ class Executor:
         return staged
 
     def _retire(self, p: Pending) -> None:
-        """A collective completed: unpack its results and record it."""
+        """A collective completed: unpack its results, give its packing
+        buffers back and record it."""
         if p.finish:
             p.finish()
+        self.staging.give_back(p.staged)
         self._record(p.actor, "comm", p.start, time.perf_counter(), p.moved)
 
     def _write_back(self, pending: list[Pending], step: int) -> None:

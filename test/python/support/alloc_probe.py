@@ -3,7 +3,8 @@ runtime/test_grouped_rows.py on 2 ranks): compiles the plan in argv[1],
 warms the executor up, then measures with tracemalloc how far memory rises
 during each kernel firing and each collective's issue of a steady-state
 step and during a firing of the allocating path (local kernel, then a
-copy), and prints rank 0's numbers as JSON."""
+copy), and prints rank 0's numbers as JSON, with the bytes its
+communication actors' shared packing buffers hold after the step."""
 
 import json
 import sys
@@ -68,7 +69,7 @@ def main() -> None:
     allocating_kernel = rise(allocating)
     if MPI.COMM_WORLD.rank == 0:
         print(json.dumps({"per_kernel": per_kernel, "per_comm": per_comm, "allocating_kernel": allocating_kernel,
-                          "biggest_output": out.nbytes}))
+                          "biggest_output": out.nbytes, "staging_held": ex.staging.bytes_held}))
 
 
 main()
