@@ -104,10 +104,9 @@ class Staging:
 class CommActor:
     """One plan.comm on this rank, ready to issue each step."""
 
-    def __init__(self, actor: plan.CommOp, rank: int, meshes, views, comm: MPI.Comm | None,
-                 staging: Staging | None = None):
+    def __init__(self, actor: plan.CommOp, rank: int, meshes, views, comm: MPI.Comm | None, staging: Staging):
         self.actor = actor
-        self.staging = staging if staging is not None else Staging()
+        self.staging = staging  # the rank's, shared by its actors
         self.kind = actor.kind.data
         self.rank = rank
         self.comm = comm  # the group communicator (None for local kinds and transfers)
