@@ -949,7 +949,49 @@ def gen_max_pool2d(site: Site) -> Kernel:
     }}
   }}
   out[i] = m;"""
-    return Kernel(site.name, site.t, ("const T* a0", "T* out"), math.prod(site.out_shape), body, restrict=True)
+    return Kernel(site.name, site.t, ("const T* a0", "T* out"), math.prod(site.out_shape), body, restrict=True,
+                  host_body=_host_max_pool2d(site))
+
+
+def _tap_columns(w: int, wo: int, kw: int, sw: int, pw: int) -> list[tuple[int, int]]:
+    """Per window column tap b, the output columns [lo, hi) whose tap b lies
+    inside an image row of w (the others read the padding)."""
+    spans = []
+    for b in range(kw):
+        lo = max(0, -(-(pw - b) // sw))
+        hi = min(wo, (w - 1 + pw - b) // sw + 1)
+        spans.append((lo, max(lo, hi)))
+    return spans
+
+
+def _host_max_pool2d(site: Site) -> str:
+    """The host's loop: an output row at a time, tap by tap, each tap's pass
+    over the row's outputs a straight loop (it vectorizes; the threads' flat
+    index takes three divisions per output). Only taps inside the image are
+    read: the numpy kernel's border of minus infinity is never a maximum
+    but of a window of minus infinities, which this leaves at minus
+    infinity too. A NaN anywhere in a window is its maximum."""
+    planes, ho, wo = math.prod(site.out_shape[:2]), *site.out_shape[2:]
+    _, _, h, w = site.in_shapes[0]
+    (kh, kw), (sh, sw), (ph, pw) = _pool_site(site)
+    taps = "\n".join(
+        f"""        for (long ox = {lo}; ox < {hi}; ++ox) {{
+          T v = row[ox * {sw} + {b - pw}];
+          m[ox] = v != v ? v : (v > m[ox] ? v : m[ox]);  /* (no ||: its branch stops vectorizing) */
+        }}""" for b, (lo, hi) in enumerate(_tap_columns(w, wo, kw, sw, pw)))
+    return f"""  for (long bc = 0; bc < {planes}; ++bc) {{
+    const T* __restrict__ img = a0 + bc * {h * w};
+    for (long oy = 0; oy < {ho}; ++oy) {{
+      T* __restrict__ m = out + (bc * {ho} + oy) * {wo};
+      for (long ox = 0; ox < {wo}; ++ox) m[ox] = (T)NEG_INF;
+      for (long a = 0; a < {kh}; ++a) {{
+        long y = oy * {sh} - {ph} + a;
+        if (y < 0 || y >= {h}) continue;
+        const T* row = img + y * {w};
+{taps}
+      }}
+    }}
+  }}"""
 
 
 @CUDA.impl(lg.MaxPool2dGradOp)
@@ -983,7 +1025,65 @@ def gen_max_pool2d_grad(site: Site) -> Kernel:
   }}
   out[i] = acc;"""
     return Kernel(site.name, site.t, ("const T* a0", "const T* a1", "T* out"), math.prod(site.out_shape), body,
-                  restrict=True)
+                  restrict=True, host_body=_host_max_pool2d_grad(site))
+
+
+def _host_max_pool2d_grad(site: Site) -> str:
+    """The host's scatter: each window's gradient added to its first
+    maximum (its first NaN where it has one). An output row's windows find
+    theirs together, tap by tap in the window's row-major order (straight
+    loops over the row, as _host_max_pool2d), then add their gradients.
+    Rows and windows go last to first, so an element takes its windows'
+    gradients in the order of its own taps, as the numpy kernel adds them
+    (the same rounding). A window whose first tap is padding and whose
+    elements are all minus infinity gives its gradient to no element, as
+    there (its first maximum is the padding's minus infinity)."""
+    planes, h, w = math.prod(site.out_shape[:2]), *site.out_shape[2:]
+    _, _, ho, wo = site.in_shapes[1]
+    (kh, kw), (sh, sw), (ph, pw) = _pool_site(site)
+    spans = _tap_columns(w, wo, kw, sw, pw)
+    taps = []
+    for a in range(kh):
+        for b, (lo, hi) in enumerate(spans):
+            if a == 0 and b == 0:  # the first tap sets every window's candidate, padding or not
+                taps.append(f"""      {{
+        long y = y0;
+        int row_inside = y >= 0 && y < {h};
+        SBPC_PRAGMA(omp simd)
+        for (long ox = 0; ox < {wo}; ++ox) {{
+          int inside = row_inside && ox >= {lo} && ox < {hi};
+          m[ox] = inside ? img[y * {w} + ox * {sw} - {pw}] : (T)NEG_INF;
+          at[ox] = inside ? y * {w} + ox * {sw} - {pw} : -1;
+        }}
+      }}""")
+                continue
+            taps.append(f"""      if (y0 + {a} >= 0 && y0 + {a} < {h}) {{
+        long base = (y0 + {a}) * {w} + {b - pw};
+        SBPC_PRAGMA(omp simd)
+        for (long ox = {lo}; ox < {hi}; ++ox) {{
+          T v = img[base + ox * {sw}];
+          T c = m[ox];
+          int take = (c == c) & ((v != v) | (v > c));  /* (bitwise: a branch per tap mispredicts) */
+          m[ox] = take ? v : m[ox];
+          at[ox] = take ? base + ox * {sw} : at[ox];
+        }}
+      }}""")
+    body = "\n".join(taps)
+    index = "int" if h * w < 2**31 else "long"  # (an int vectorizes beside a float)
+    return f"""  T m[{wo}];
+  {index} at[{wo}];
+  for (long i = 0; i < {planes * h * w}; ++i) out[i] = (T)0;
+  for (long bc = 0; bc < {planes}; ++bc) {{
+    const T* __restrict__ img = a0 + bc * {h * w};
+    const T* g = a1 + bc * {ho * wo};
+    T* o = out + bc * {h * w};
+    for (long oy = {ho - 1}; oy >= 0; --oy) {{
+      long y0 = oy * {sh} - {ph};
+{body}
+      for (long ox = {wo - 1}; ox >= 0; --ox)
+        if (at[ox] >= 0) o[at[ox]] += g[oy * {wo} + ox];
+    }}
+  }}"""
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,8 @@ row sums that may be reordered (render.py's SBPC_SUM)."""
 
 REDUCTIONS = frozenset({"lg.reduce_sum", "lg.reduce_mean", "lg.reduce_max"})
 HOST_KERNELS = frozenset({plan.FUSED, *plan.FUSABLE_KERNELS, "lg.softmax", "lg.log_softmax", "lg.layernorm",
-                          "lg.layernorm_grad", "lg.transpose", "lg.dropout", *REDUCTIONS})
+                          "lg.layernorm_grad", "lg.transpose", "lg.dropout", "lg.max_pool2d", "lg.max_pool2d_grad",
+                          *REDUCTIONS})
 """Kernels whose generated C beats numpy's on this backend, measured by
 bench/host_kernels.py on the GPT step: fused chains 3x (one pass, the
 intermediates in registers), lone elementwise ops 1.3-2.5x, GELU 2.6x,
@@ -60,7 +61,11 @@ softmax 3.4x, layernorm 4.3x and its input gradient 5.0x (their row sums
 vectorized: SBPC_SUM), sums over adjacent axes 3x and means 1.3x,
 transposes 1.8x (a loop nest over the output). Not a reduction over axes
 that are not adjacent (one strided loop per output: numpy's pairwise sums
-are 3-4x faster)."""
+are 3-4x faster). Max pooling (ResNet's 3x3 stride-2 window over 32
+channels of 32x32, batch 8, one core of a 2-core Intel Xeon, 2026-11-30):
+forward 0.21 against 0.59 ms, its gradient 0.53 against 2.42 ms (a
+scatter from each window to its first maximum, where numpy goes tap by tap
+over the pooled image)."""
 
 Fire = Callable[[Sequence[np.ndarray], np.ndarray], None]
 

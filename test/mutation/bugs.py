@@ -221,6 +221,20 @@ BUGS = [
         "p = SBPC_FMA(p, r, 4.1665795894e-2f);",
         "p = SBPC_FMA(p, r, 4.1965795894e-2f);",
         T + "codegen/test_generators.py"),
+    Bug("the-generated-max-pool-gradient-scatters-windows-first-to-last", "codegen", "codegen/generators.py",
+        "    for (long oy = {ho - 1}; oy >= 0; --oy) {{\n      long y0 = oy * {sh} - {ph};\n{body}\n"
+        "      for (long ox = {wo - 1}; ox >= 0; --ox)",
+        "    for (long oy = 0; oy < {ho}; ++oy) {{\n      long y0 = oy * {sh} - {ph};\n{body}\n"
+        "      for (long ox = 0; ox < {wo}; ++ox)",
+        T + "runtime/test_host_kernels.py", select="pooling"),
+    Bug("the-generated-max-pool-gradient-takes-a-windows-last-maximum", "codegen", "codegen/generators.py",
+        "int take = (c == c) & ((v != v) | (v > c));",
+        "int take = (c == c) & ((v != v) | (v >= c));",
+        T + "runtime/test_host_kernels.py", select="pooling"),
+    Bug("the-generated-max-pool-drops-nans", "codegen", "codegen/generators.py",
+        "m[ox] = v != v ? v : (v > m[ox] ? v : m[ox]);",
+        "m[ox] = v > m[ox] ? v : m[ox];",
+        T + "runtime/test_host_kernels.py", select="pooling"),
     # -- the optimizers ---------------------------------------------------------------------------
     Bug("adam-second-moment-decayed-by-beta1", "optimizer", "lowering/lg_optimizer.py",
         "e.emit(lg.MulOp(v, e.scalar(self.beta2, v)))",

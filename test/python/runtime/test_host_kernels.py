@@ -14,6 +14,7 @@ from support.kernel_graphs import device_actors, kernels_graph, random_input
 
 import sbpc
 from sbpc.codegen.generators import generate_host
+from sbpc.dialects import lg
 from sbpc.runtime import host_kernels
 from sbpc.semantics.local_eval import local_kernel
 from sbpc.semantics.plan_interpreter import actor_kernel
@@ -148,3 +149,66 @@ def test_an_unusable_cache_folder_falls_back_to_a_temporary_one(tmp_path, monkey
     monkeypatch.setenv("SBPC_CACHE", str(blocker / "cache"))
     folder = host_kernels.cache_dir()
     assert folder.is_dir() and not str(folder).startswith(str(blocker))
+
+
+POOLINGS = [  # (kernel, stride, padding): as test_numpy_kernels', and wider images
+    ((3, 3), (2, 2), (1, 1)),  # ResNet's
+    ((2, 2), (2, 2), (0, 0)),
+    ((3, 2), (1, 1), (1, 1)),  # overlapping windows: an element the maximum of up to six
+    ((2, 3), (1, 2), (1, 0)),
+    ((3, 3), (3, 1), (1, 1)),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_max_pooling_in_c_computes_numpys_bit_for_bit(dtype):
+    """The generated C of max pooling and its gradient (a scatter from each
+    window to its first maximum) against the numpy kernels, exactly: ties
+    (the first maximum takes the gradient), NaNs (the first NaN does),
+    windows of minus infinity (a window whose first tap is padding gives
+    its gradient to no element), an infinite gradient, and an element the
+    maximum of several windows (their gradients summed in numpy's order)."""
+    from xdsl.dialects.builtin import TensorType, f32, f64
+    from xdsl.ir import Block
+
+    from sbpc.codegen.generators import Site, describe_site
+    from sbpc.runtime.numpy_window_kernels import bind_max_pool2d, bind_max_pool2d_grad
+
+    element = f32 if dtype == np.float32 else f64
+    rng = np.random.default_rng(7)
+    cases, kernels = [], []
+    for shape in ((2, 3, 7, 6), (1, 2, 9, 17)):
+        for kernel, stride, padding in POOLINGS:
+            block = Block(arg_types=[TensorType(element, shape)])
+            forward = lg.MaxPool2dOp(block.args[0], kernel, stride, padding)
+            pooled = tuple(forward.result.type.get_shape())
+            grads = Block(arg_types=[TensorType(element, shape), TensorType(element, pooled)])
+            backward = lg.MaxPool2dGradOp(grads.args[0], grads.args[1], kernel, stride, padding)
+            for op, ins in ((forward, (shape,)), (backward, (shape, pooled))):
+                out = tuple(op.results[0].type.get_shape())
+                site = Site(name=f"k{len(kernels)}", kernel=op.name, t="float" if dtype == np.float32 else "double",
+                            in_shapes=ins, out_shape=out, props=dict(op.properties), global_in=shape)
+                kernels.append(describe_site(site))
+                cases.append((op, ins, out))
+    library = host_kernels.Library(kernels)
+    for (op, ins, out), kernel in zip(cases, kernels):
+        numpy_fire = (bind_max_pool2d if isinstance(op, lg.MaxPool2dOp) else bind_max_pool2d_grad)(
+            op, None, [np.empty(s, dtype) for s in ins], np.empty(out, dtype))
+        c_fire = library.bind(kernel)
+        for trial in range(4):
+            x = rng.integers(-2, 3, ins[0]).astype(dtype)  # ties
+            if trial >= 1:
+                x[rng.random(x.shape) < 0.1] = np.nan
+                x[rng.random(x.shape) < 0.3] = -np.inf
+            if trial == 3:
+                x[...] = -np.inf
+                x[0, 0, 1, 1] = np.nan
+            xs = [x]
+            if len(ins) == 2:
+                g = rng.standard_normal(ins[1]).astype(dtype)
+                g[0, 0, 0, 0] = np.inf if trial == 1 else g[0, 0, 0, 0]
+                xs.append(g)
+            want, got = np.full(out, -7, dtype), np.full(out, -7, dtype)
+            numpy_fire(xs, want)
+            c_fire(xs, got)
+            np.testing.assert_array_equal(got, want, err_msg=f"{op.name} {ins} {op.properties} trial {trial}")
