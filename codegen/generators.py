@@ -326,8 +326,13 @@ def _host_reduce(shape: Sequence[int], axes: Sequence[int], is_max: bool, mean_o
     vector of outputs at a time); without, each output is one contiguous
     run, summed in several partial sums (SBPC_SUM; a maximum stays one
     chain, since OpenMP's combined maximum may drop a NaN that numpy's
-    keeps). None for axes that are not adjacent: the flat loop then."""
-    if not axes or list(axes) != list(range(axes[0], axes[0] + len(axes))):
+    keeps). Axes in two runs, the leading and the trailing ones (batch
+    normalization's statistics of NCHW images: axes 0, 2, 3), as
+    _host_reduce_ends. None for other axes that are not adjacent: the flat
+    loop then."""
+    if axes and list(axes) != list(range(axes[0], axes[0] + len(axes))):
+        return _host_reduce_ends(shape, axes, is_max, mean_of)
+    if not axes:
         return None
     outer = math.prod(shape[: axes[0]])
     red = math.prod(shape[axes[0] : axes[-1] + 1])
@@ -358,6 +363,46 @@ def _host_reduce(shape: Sequence[int], axes: Sequence[int], is_max: bool, mean_o
       for (long c = 0; c < {inner}; ++c) {update}
     }}{finish}
   }}"""
+
+
+def _host_reduce_ends(shape: Sequence[int], axes: Sequence[int], is_max: bool, mean_of: int | None) -> str | None:
+    """A reduction over the leading axes and the trailing ones, keeping
+    those between: the input is [lead, kept, trail]. Each kept element's
+    run of trailing elements is summed in several partial sums (SBPC_SUM),
+    then added to its output in the order of the leading axes: one pass,
+    where numpy's (a GEMV over the trailing axes, then np.sum over the
+    leading ones) took two and ran at a fraction of the rate on short runs
+    (ResNet's statistics of 2x2 images: 37 against 10 us for 8 x 256
+    channels). None for axes in more runs."""
+    n = len(shape)
+    lead = 0
+    while lead < len(axes) and axes[lead] == lead:
+        lead += 1
+    trail = axes[lead:]
+    if not lead or not trail or list(trail) != list(range(n - len(trail), n)):
+        return None
+    outer = math.prod(shape[:lead])
+    kept = math.prod(shape[lead : n - len(trail)])
+    run = math.prod(shape[n - len(trail) :])
+    init = "(T)NEG_INF" if is_max else "(T)0"
+    scale = f" / (T){mean_of}" if mean_of is not None else ""
+    if is_max:  # one chain, keeping a NaN (as _host_reduce)
+        fold = f"for (long r = 0; r < {run}; ++r) acc = (acc > x[r] || acc != acc) ? acc : x[r];"
+        combine = "out[k] = (out[k] > acc || out[k] != out[k]) ? out[k] : acc;"
+    else:
+        fold = f"SBPC_SUM(acc)\n      for (long r = 0; r < {run}; ++r) acc += x[r];"
+        combine = "out[k] += acc;"
+    finish = f"""
+  {IVDEP}
+  for (long k = 0; k < {kept}; ++k) out[k] = out[k]{scale};""" if mean_of is not None else ""
+    return f"""  for (long k = 0; k < {kept}; ++k) out[k] = {init};
+  for (long a = 0; a < {outer}; ++a)
+    for (long k = 0; k < {kept}; ++k) {{
+      const T* x = a0 + (a * {kept} + k) * {run};
+      T acc = {init};
+      {fold}
+      {combine}
+    }}{finish}"""
 
 
 @CUDA.impl(lg.SoftmaxOp, lg.LogSoftmaxOp)

@@ -235,6 +235,11 @@ BUGS = [
         "m[ox] = v != v ? v : (v > m[ox] ? v : m[ox]);",
         "m[ox] = v > m[ox] ? v : m[ox];",
         T + "runtime/test_host_kernels.py", select="pooling"),
+    Bug("the-generated-reduction-over-both-ends-keeps-the-last-leading-index-only", "codegen",
+        "codegen/generators.py",
+        'combine = "out[k] += acc;"',
+        'combine = "out[k] = acc;"',
+        T + "runtime/test_host_kernels.py", select="leading"),
     # -- the optimizers ---------------------------------------------------------------------------
     Bug("adam-second-moment-decayed-by-beta1", "optimizer", "lowering/lg_optimizer.py",
         "e.emit(lg.MulOp(v, e.scalar(self.beta2, v)))",

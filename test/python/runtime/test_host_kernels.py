@@ -212,3 +212,37 @@ def test_max_pooling_in_c_computes_numpys_bit_for_bit(dtype):
             numpy_fire(xs, want)
             c_fire(xs, got)
             np.testing.assert_array_equal(got, want, err_msg=f"{op.name} {ins} {op.properties} trial {trial}")
+
+
+@pytest.mark.parametrize("shape, axes", [((8, 6, 2, 2), (0, 2, 3)), ((4, 3, 5, 6), (0, 3)), ((4, 3, 5, 6), (0, 1, 3)),
+                                         ((2, 3, 4, 5, 6), (0, 1, 3, 4))])
+def test_reductions_over_the_leading_and_trailing_axes_in_c_compute_numpys(shape, axes):
+    """Sums, means and maxima over a run of leading axes and a run of
+    trailing ones (batch normalization's statistics: N, H and W of NCHW)
+    as one pass of generated C, against numpy's; a maximum keeps a NaN."""
+    from xdsl.dialects.builtin import TensorType, f32
+    from xdsl.ir import Block
+
+    from sbpc.codegen.generators import Site, describe_site
+
+    rng = np.random.default_rng(8)
+    cases = []
+    for op_class, reference in ((lg.ReduceSumOp, np.sum), (lg.ReduceMeanOp, np.mean), (lg.ReduceMaxOp, np.max)):
+        block = Block(arg_types=[TensorType(f32, shape)])
+        op = op_class(block.args[0], axes, True)
+        out = tuple(op.results[0].type.get_shape())
+        kernel = describe_site(Site(name=f"k{len(cases)}", kernel=op.name, t="float", in_shapes=(shape,),
+                                    out_shape=out, props=dict(op.properties), global_in=shape))
+        assert kernel.host_body is not None and host_kernels.beats_numpy(op.name, kernel)
+        cases.append((kernel, reference, out))
+    library = host_kernels.Library([kernel for kernel, _, _ in cases])
+    for kernel, reference, out in cases:
+        x = rng.standard_normal(shape).astype(np.float32)
+        if reference is np.max:
+            x[(0,) * len(shape)] = np.nan
+        got = np.full(out, -7, np.float32)
+        library.bind(kernel)([x], got)
+        np.testing.assert_allclose(got, reference(x, axis=axes, keepdims=True), rtol=1e-5, atol=1e-5,
+                                   err_msg=f"{reference.__name__} over {axes} of {shape}")
+        if reference is np.max:
+            assert np.isnan(got.reshape(-1)[0]) and not np.isnan(got.reshape(-1)[1:]).any()
