@@ -199,26 +199,27 @@ def bind_conv2d_grad_input(op: lg.Conv2dGradInputOp, local, ins, out) -> Fire:
     n, o_channels, ho, wo = grad.shape
     og, cg, positions = o_channels // g, w.shape[1], ho * wo
     k = cg * math.prod(kernel)
-    weights = scratch((g, k, og), out.dtype)
     offset = scratch((n, g, cg, ho, wo), out.dtype)  # one kernel offset's sums
+    # The filters enter the GEMM transposed as they are (BLAS reads them so):
+    # a transposing copy first took half the kernel (ResNet's 128 -> 256
+    # channel 3x3 stride-2 layer on 4x4 images, batch 8: 911 -> 460 us).
     if positions >= ONE_GEMM_BELOW:  # a GEMM per image
         shares = scratch((n, g, cg, *kernel, ho, wo), out.dtype)  # (N, G, K, Ho*Wo)
         pieces = shares.transpose(0, 1, 2, 5, 6, 3, 4)
 
-        def gemm(grads):
+        def gemm(grads, weights):
             np.matmul(weights, grads.reshape(n, g, og, positions), out=shares.reshape(n, g, k, positions))
     else:  # one over every image (ONE_GEMM_BELOW)
         shares = scratch((g, cg, *kernel, n, ho, wo), out.dtype)  # (G, K, N*Ho*Wo)
         pieces = shares.transpose(4, 0, 1, 5, 6, 2, 3)
         columns = scratch((g, og, n, positions), out.dtype)
 
-        def gemm(grads):
+        def gemm(grads, weights):
             np.copyto(columns, grads.reshape(n, g, og, positions).transpose(1, 2, 0, 3))
             np.matmul(weights, columns.reshape(g, og, n * positions), out=shares.reshape(g, k, n * positions))
 
     def fire(xs, o):
-        np.copyto(weights, xs[1].reshape(g, og, k).transpose(0, 2, 1))
-        gemm(xs[0])
+        gemm(xs[0], xs[1].reshape(g, og, k).swapaxes(1, 2))
         at.padded.fill(0)
         add_windows(at.padded, pieces, at.stride, at.dilation, g, offset)
         np.copyto(o, at.inside)
