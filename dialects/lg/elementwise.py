@@ -70,7 +70,10 @@ class ReluOp(UnaryOp):
     PARTIALS: ClassVar[tuple[str, ...]] = ("Pmax",)
 
     def gradient(self, g, e):
-        return [e.emit(MulOp(g, e.emit(StepOp(self.input))))]
+        # where the output is positive, as where the input is (NaN in neither),
+        # so the backward keeps the output it reads anyway and not the input:
+        # a chain ending in the relu then fuses it (batch normalization's)
+        return [e.emit(MulOp(g, e.emit(StepOp(self.result))))]
 
 
 @op_definition

@@ -2,7 +2,7 @@
 // RUN: sbp-opt %s -p lg-autodiff,sbp-infer | filecheck %s --check-prefix=DP
 
 // The backward of a linear layer with a relu and an MSE loss: the loss's
-// seed 1.0, mse's 2/N (a - b), relu's step mask, then the matmul's two
+// seed 1.0, mse's 2/N (a - b), relu's step mask (of its output), then the matmul's two
 // products. %w is used twice (matmul and a penalty), so its gradient adds
 // the two contributions. Under a batch split, sbp-infer makes the weight
 // gradient a partial sum, as data parallelism needs.
@@ -23,7 +23,7 @@ lg.graph @linear on @dp {
 
 // CHECK:      %[[ONE:.*]] = lg.constant dense<1.000000e+00> : tensor<f32>
 // CHECK:      %[[SCALE:.*]] = lg.constant dense<1.250000e-01> : tensor<f32>
-// CHECK:      %[[STEP:.*]] = lg.step %y : tensor<8x2xf32>
+// CHECK:      %[[STEP:.*]] = lg.step %r : tensor<8x2xf32>
 // CHECK-NEXT: %[[DY:.*]] = lg.mul %{{.*}}, %[[STEP]] : (tensor<8x2xf32>, tensor<8x2xf32>) -> tensor<8x2xf32>
 // CHECK-NEXT: %{{.*}} = lg.matmul %[[DY]], %w transpose_rhs : (tensor<8x2xf32>, tensor<4x2xf32>) -> tensor<8x4xf32>
 // CHECK-NEXT: %[[DW:.*]] = lg.matmul %x, %[[DY]] transpose_lhs : (!sbp.dtensor<8x4xf32, @dp, S<0>>, tensor<8x2xf32>) -> tensor<4x2xf32>
