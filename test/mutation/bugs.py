@@ -45,6 +45,14 @@ BUGS = [
         "return tuple(1 if i in axes else d for i, d in enumerate(x)), elems[0]",
         "return tuple(d for i, d in enumerate(x) if i not in axes), elems[0]",
         T + "dialects/test_ops.py"),
+    Bug("autodiff-folds-a-spread-into-any-reader", "lg", "lowering/lg_autodiff.py",
+        "            if not isinstance(op, lg.AddOp | lg.SubOp | lg.MulOp | lg.DivOp):\n                continue\n",
+        "",
+        "test/filecheck/passes/lg-autodiff/spreads.mlir"),
+    Bug("autodiff-folds-a-spread-beside-an-operand-of-another-shape", "lg", "lowering/lg_autodiff.py",
+        "if other is spread.result or global_shape(other.type) != whole:",
+        "if other is spread.result:",
+        "test/filecheck/passes/lg-autodiff/spreads.mlir"),
     # -- SBP rules ---------------------------------------------------------------------------------
     Bug("matmul-split-contraction-gives-broadcast", "sbp-rule", "dialects/lg/linalg.py",  # WEAKNESS
         'sigs.append(((f"S{k_axis}", f"S{kb_axis}"), ("P",)))',
