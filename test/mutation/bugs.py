@@ -463,6 +463,11 @@ BUGS = [
         "out.dtype, flipped=True), cg,",
         "out.dtype, flipped=False), cg,",
         T + "runtime/test_numpy_kernels.py", select="reference_computes"),
+    Bug("the-gathered-windows-ignore-the-flip", "runtime", "runtime/numpy_window_kernels.py",
+        "taken = np.ascontiguousarray(at.windows(positions).transpose(",
+        "taken = np.ascontiguousarray(windows_of(positions, at.padded.shape, at.view.shape[-2:], at.stride, "
+        "(0, 0), at.dilation, at.view.shape[1]).transpose(",
+        T + "runtime/test_numpy_kernels.py", select="reference_computes"),
     Bug("the-weight-gradient-reads-the-windows-in-another-order", "runtime", "runtime/numpy_window_kernels.py",
         "np.copyto(cols, at.view.transpose(1, 2, 5, 6, 0, 3, 4))",
         "np.copyto(cols, at.view.transpose(1, 2, 6, 5, 0, 3, 4))",

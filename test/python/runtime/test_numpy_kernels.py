@@ -401,7 +401,7 @@ CONVOLUTIONS = [  # (kernel, stride, padding, dilation, groups): the gradient fo
 ]
 
 
-@pytest.mark.parametrize("gemm", ["per image", "over every image"])
+@pytest.mark.parametrize("gemm", ["per image", "over every image", "over every image, gathered"])
 @pytest.mark.parametrize("kernel, stride, padding, dilation, groups", CONVOLUTIONS)
 def test_convolution_kernels_compute_what_the_reference_computes(kernel, stride, padding, dilation, groups, gemm,
                                                                  monkeypatch):
@@ -411,6 +411,8 @@ def test_convolution_kernels_compute_what_the_reference_computes(kernel, stride,
     from sbpc.semantics.reference import REFERENCE
 
     monkeypatch.setattr(numpy_window_kernels, "ONE_GEMM_BELOW", 0 if gemm == "per image" else 10**9)
+    # the windows copied into the GEMM's layout, or gathered by their positions (short output rows)
+    monkeypatch.setattr(numpy_window_kernels, "GATHER_ROWS_UP_TO", 10**9 if gemm.endswith("gathered") else 0)
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 4, 7, 6), dtype=np.float32)
     w = rng.standard_normal((4, 4 // groups, *kernel), dtype=np.float32)
