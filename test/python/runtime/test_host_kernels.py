@@ -7,6 +7,7 @@ trained with them (and without) matches the reference on real ranks.
 Their sources are checked in test/python/codegen/."""
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -223,7 +224,7 @@ def test_reductions_over_the_leading_and_trailing_axes_in_c_compute_numpys(shape
     from xdsl.dialects.builtin import TensorType, f32
     from xdsl.ir import Block
 
-    from sbpc.codegen.generators import Site, describe_site
+    from sbpc.codegen.generators import MAX_RUN_IN_C, Site, describe_site
 
     rng = np.random.default_rng(8)
     cases = []
@@ -233,6 +234,10 @@ def test_reductions_over_the_leading_and_trailing_axes_in_c_compute_numpys(shape
         out = tuple(op.results[0].type.get_shape())
         kernel = describe_site(Site(name=f"k{len(cases)}", kernel=op.name, t="float", in_shapes=(shape,),
                                     out_shape=out, props=dict(op.properties), global_in=shape))
+        run = math.prod(shape[a] for a in axes if all(b in axes for b in range(a, len(shape))))  # the trailing
+        if reference is np.max and run > MAX_RUN_IN_C:  # numpy's maximum (it vectorizes)
+            assert kernel.host_body is None and not host_kernels.beats_numpy(op.name, kernel)
+            continue
         assert kernel.host_body is not None and host_kernels.beats_numpy(op.name, kernel)
         cases.append((kernel, reference, out))
     library = host_kernels.Library([kernel for kernel, _, _ in cases])
