@@ -105,8 +105,16 @@ class MatmulOp(LgOp):
     def gradient(self, g, e):
         a, b = self.lhs, self.rhs
         ta, tb = self.transpose_lhs is not None, self.transpose_rhs is not None
-        # C = A' B' with A' = A or A^T, B' = B or B^T
-        da_ = e.emit(MatmulOp(g, b, transpose_rhs=not tb))  # dA' = g B'^T
+        # C = A' B' with A' = A or A^T, B' = B or B^T: dA' = g B'^T and
+        # dB' = A'^T g. A transposed operand's gradient is the transposed
+        # product, formed as such ((X Y)^T = Y^T X^T: the operands swapped,
+        # their flags flipped) rather than transposed after: a linear
+        # layer's weight (x W^T, PyTorch's) gets g^T x in one GEMM, with no
+        # transposing copy of the gradient after it.
+        if ta:
+            da = e.emit(MatmulOp(b, g, transpose_lhs=tb, transpose_rhs=True))  # B' g^T
+        else:
+            da = e.emit(MatmulOp(g, b, transpose_rhs=not tb))  # g B'^T
         a_shape, g_shape = global_shape(a.type), global_shape(g.type)
         if len(global_shape(b.type)) == 2 and len(a_shape) > 2 and not ta:
             # A weight applied to a batch of matrices (tokens of sequences): its
@@ -115,14 +123,12 @@ class MatmulOp(LgOp):
             rows = math.prod(a_shape[:-1])
             a2 = e.emit(ReshapeOp(a, (rows, a_shape[-1])))
             g2 = e.emit(ReshapeOp(g, (rows, g_shape[-1])))
-            db_ = e.emit(MatmulOp(a2, g2, transpose_lhs=True))
+            db = e.emit(MatmulOp(g2, a2, transpose_lhs=True) if tb else MatmulOp(a2, g2, transpose_lhs=True))
+        elif tb:
+            db = e.emit(MatmulOp(g, a, transpose_lhs=True, transpose_rhs=ta))  # g^T A'
         else:
-            db_ = e.emit(MatmulOp(a, g, transpose_lhs=not ta))  # dB' = A'^T g
-        if ta:
-            da_ = e.swap_last(da_)
-        if tb:
-            db_ = e.swap_last(db_)
-        return [e.unbroadcast(da_, global_shape(a.type)), e.unbroadcast(db_, global_shape(b.type))]
+            db = e.emit(MatmulOp(a, g, transpose_lhs=not ta))  # A'^T g
+        return [e.unbroadcast(da, global_shape(a.type)), e.unbroadcast(db, global_shape(b.type))]
 
 
 def _group_ends(shapes, elems, experts: int) -> None:

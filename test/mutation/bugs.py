@@ -53,6 +53,14 @@ BUGS = [
         "if other is spread.result or global_shape(other.type) != whole:",
         "if other is spread.result:",
         "test/filecheck/passes/lg-autodiff/spreads.mlir"),
+    Bug("matmul-gradient-of-a-transposed-lhs-untransposed", "lg", "dialects/lg/linalg.py",
+        "da = e.emit(MatmulOp(b, g, transpose_lhs=tb, transpose_rhs=True))  # B' g^T",
+        "da = e.emit(MatmulOp(b, g, transpose_lhs=not tb, transpose_rhs=True))  # B' g^T",
+        T + "lowering/test_lg_autodiff.py", select="batched_matmul"),
+    Bug("matmul-gradient-of-a-transposed-rhs-reads-the-lhs-untransposed", "lg", "dialects/lg/linalg.py",
+        "db = e.emit(MatmulOp(g, a, transpose_lhs=True, transpose_rhs=ta))  # g^T A'",
+        "db = e.emit(MatmulOp(g, a, transpose_lhs=True, transpose_rhs=not ta))  # g^T A'",
+        T + "lowering/test_lg_autodiff.py", select="batched_matmul"),
     # -- SBP rules ---------------------------------------------------------------------------------
     Bug("matmul-split-contraction-gives-broadcast", "sbp-rule", "dialects/lg/linalg.py",  # WEAKNESS
         'sigs.append(((f"S{k_axis}", f"S{kb_axis}"), ("P",)))',

@@ -91,7 +91,8 @@ def test_batched_matmul_transposes_broadcasting_and_embedding():
     q, k = e @ wq, sbpc.matmul(e, wk, transpose_b=True)
     scores = sbpc.softmax(sbpc.matmul(q, k, transpose_b=True) * 0.5, axis=2)  # (2, 3, 3)
     out = sbpc.matmul(scores, e) + sbpc.matmul(wq, e, transpose_a=True, transpose_b=True).transpose(0, 2, 1)
-    g.output(loss=(out * out).mean() + (table * table).sum())
+    gram = sbpc.matmul(e, q, transpose_a=True)  # (2, 4, 4): a transposed lhs alone
+    g.output(loss=(out * out).mean() + (table * table).sum() + (gram * gram).mean())
     check_gradients(g, {"ids": np.array([[0, 1, 1], [4, 2, 0]])})
 
 
