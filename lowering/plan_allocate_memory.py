@@ -27,6 +27,7 @@ schedule) and the total without any reuse.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from xdsl.context import Context
@@ -39,21 +40,26 @@ from sbpc.dialects.plan_analysis import group_lifetimes, is_view, lifetimes, reg
 from sbpc.planning.first_fit import Buffer, aligned, live_bound, place
 
 
-def _plain_temporary(reg: plan.RegisterOp) -> bool:
-    """Neither persistent nor fed nor fetched: bytes only the step's actors touch."""
-    return reg.is_persistent is None and reg.fetch is None and reg.feed is None
+def _viewable(reg: plan.RegisterOp, apart: Collection[str]) -> bool:
+    """In the arena and written by an actor of the step: neither persistent
+    nor fed (a fetched output may be a view: its group lives to the end)."""
+    return reg.is_persistent is None and reg.feed is None and reg.sym_name.data not in apart
 
 
 def view_groups(registers: dict[str, plan.RegisterOp],
-                actors: list[plan.ComputeOp | plan.CommOp]) -> dict[str, str]:
+                actors: list[plan.ComputeOp | plan.CommOp], apart: Collection[str] = ()) -> dict[str, str]:
     """view -> the first register of its group, for the registers that
     are views of another's buffer: a reshape's (any reinterpreting kernel's)
     result and its input, with the same bytes, element type and slots, both
-    plain temporaries. A reshape's kernel then has nothing to do. Registers
+    in the arena and written by the step (_viewable; `apart`: registers
+    placed elsewhere, the updates that take their parameter's bytes). A
+    reshape's kernel then has nothing to do. Registers
     are written once a step (by their producer), so the group's bytes are
     read-only from the first member's write until the last member's read,
     as long as no actor writes in place over a member before then
-    (in_place_pairs, given the groups' lifetimes)."""
+    (in_place_pairs, given the groups' lifetimes). A fetched member keeps
+    its group live to the step's end: GPT-2's logits (an output) and their
+    reshape for the loss were two buffers of 98 MiB a rank and a copy."""
     group: dict[str, str] = {}
     for actor in actors:
         if not isinstance(actor, plan.ComputeOp) or actor.kernel.data not in plan.REINTERPRETING_KERNELS:
@@ -61,7 +67,7 @@ def view_groups(registers: dict[str, plan.RegisterOp],
         src = registers[actor.ins.data[0].string_value()]
         out = registers[actor.outs.data[0].string_value()]
         if (src.bytes == out.bytes and src.type.element_type == out.type.element_type and src.slots == out.slots
-                and _plain_temporary(src) and _plain_temporary(out)):
+                and _viewable(src, apart) and _viewable(out, apart)):
             src_name = src.sym_name.data
             group[out.sym_name.data] = group.get(src_name, src_name)  # (a reshape's input precedes it)
     return group
@@ -167,7 +173,7 @@ def allocate_device(device: plan.DeviceOp, in_place: bool = True, memo: dict | N
     life = lifetimes(device, (register_list, actors), names)
     registers = {r.sym_name.data: r for r in register_list}
     aliases, alias_writers = update_aliases(device, life, registers, actors, names[0]) if in_place else ({}, set())
-    group = view_groups(registers, actors) if in_place else {}
+    group = view_groups(registers, actors, aliases) if in_place else {}
     life = group_lifetimes(life, group)
     pairs = {out: src for out, src in (in_place_pairs(device, life, registers, actors, group)
                                        if in_place else {}).items()

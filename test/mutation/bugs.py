@@ -61,6 +61,10 @@ BUGS = [
         "db = e.emit(MatmulOp(g, a, transpose_lhs=True, transpose_rhs=ta))  # g^T A'",
         "db = e.emit(MatmulOp(g, a, transpose_lhs=True, transpose_rhs=not ta))  # g^T A'",
         T + "lowering/test_lg_autodiff.py", select="batched_matmul"),
+    Bug("a-reshape-of-a-feed-is-made-a-view", "memory", "lowering/plan_allocate_memory.py",
+        "return reg.is_persistent is None and reg.feed is None and reg.sym_name.data not in apart",
+        "return reg.is_persistent is None and reg.sym_name.data not in apart",
+        "test/filecheck/passes/plan-allocate-memory/views.mlir"),
     # -- SBP rules ---------------------------------------------------------------------------------
     Bug("matmul-split-contraction-gives-broadcast", "sbp-rule", "dialects/lg/linalg.py",  # WEAKNESS
         'sigs.append(((f"S{k_axis}", f"S{kb_axis}"), ("P",)))',

@@ -52,3 +52,23 @@ lg.graph @fed on @one {
 // CHECK-NEXT:  plan.register @g : tensor<6x4xf32> bytes 96 offset [[F]]
 // CHECK:       plan.compute @f.reshape "lg.reshape" [@x] -> [@f]{{$}}
 // CHECK-NEXT:  plan.compute @g.reshape "lg.reshape" [@f] -> [@g] in_place
+
+// -----
+
+// A fetched output may be a view too: its reshape (as a model's logits
+// reshaped for its loss) does nothing, and the group, live to the step's
+// end, is written over by no one (the exp of %r goes elsewhere).
+sbp.placement @one cpu ranks [0] mesh [1]
+lg.graph @fetched on @one {
+  %x = lg.input "x" : tensor<4x6xf32>
+  %y = lg.neg %x : tensor<4x6xf32>
+  %r = lg.reshape %y : tensor<4x6xf32> -> tensor<24xf32>
+  %e = lg.exp %r : tensor<24xf32>
+  lg.output ["y", "e"] %y, %e : tensor<4x6xf32>, tensor<24xf32>
+}
+// CHECK-LABEL: plan.program @fetched
+// CHECK:      plan.register @y : tensor<4x6xf32> bytes 96 offset [[Y:[0-9]+]] fetch "y"
+// CHECK-NEXT: plan.register @r : tensor<24xf32> bytes 96 offset [[Y]]
+// CHECK-NEXT: plan.register @e : tensor<24xf32> bytes 96 offset [[E:[0-9]+]] fetch "e"
+// CHECK:      plan.compute @r.reshape "lg.reshape" [@y] -> [@r] in_place
+// CHECK-NEXT: plan.compute @e.exp "lg.exp" [@r] -> [@e]{{$}}
