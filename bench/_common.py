@@ -335,15 +335,10 @@ def time_plan_in_ranks(plan_path: str, feeds_path: str, steps: int, repeats: int
 
 
 def feeds_for(program, seed: int = 0) -> dict:
-    """Generated feeds for a plan, with a small learning rate."""
-    import numpy as np
-
+    """Generated feeds for a plan (the learning rate a typical one: sbp-run's)."""
     from sbpc.tools.sbp_run import generated_feeds
 
-    feeds = generated_feeds(program, seed)
-    if "lr" in feeds:
-        feeds["lr"] = np.asarray(1e-3, feeds["lr"].dtype)
-    return feeds
+    return generated_feeds(program, seed)
 
 
 def measure_plan(module, ranks: int, steps: int, repeats: int, timeout: float = 600) -> float:

@@ -20,6 +20,12 @@ ADAM_STEP_KEY = "adam.step"
 """Adam's step count (i64 state), from which its bias corrections are computed."""
 
 OPTIMIZER_STATE_KEYS = (*OPTIMIZER_STATE_PREFIXES, ADAM_STEP_KEY)
+
+LEARNING_RATE = "lr"
+"""The input lg-optimizer's update reads its learning rate from (a scalar,
+so schedules stay outside the graph)."""
+TYPICAL_LEARNING_RATE = 1e-3
+"""What a feed of it stands at where the caller gives none (sbp-run's generated feeds)."""
 """Every parameter key the optimizer adds begins so."""
 
 SCHEDULES = ("gpipe", "1f1b")

@@ -50,7 +50,7 @@ from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import lg
-from sbpc.dialects.lg_analysis import ADAM_STEP_KEY, OPTIMIZER_STATE_PREFIXES
+from sbpc.dialects.lg_analysis import ADAM_STEP_KEY, LEARNING_RATE, OPTIMIZER_STATE_PREFIXES
 from sbpc.dialects.sbp import (
     PLACEMENT_ATTR,
     BroadcastAttr,
@@ -132,11 +132,11 @@ class LgOptimizerPass(ModulePass):
         first = first_param.result
         e = Emitter(output)
         # the learning rate is a scalar input, so schedules stay outside the graph
-        existing = [o for o in graph.body.ops if isinstance(o, lg.InputOp) and o.key.data == "lr"]
+        existing = [o for o in graph.body.ops if isinstance(o, lg.InputOp) and o.key.data == LEARNING_RATE]
         lr = existing[0].result if existing else self._source(
-            graph, lg.InputOp("lr", TensorType(_computed_in(element_type(first.type)), []))
+            graph, lg.InputOp(LEARNING_RATE, TensorType(_computed_in(element_type(first.type)), []))
         )
-        lr.name_hint = lr.name_hint or "lr"
+        lr.name_hint = lr.name_hint or LEARNING_RATE
         scalars: dict[tuple[SSAValue, Attribute], SSAValue] = {}
 
         def scalar_in(value: SSAValue, elem: Attribute) -> SSAValue:

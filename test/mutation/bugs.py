@@ -65,6 +65,10 @@ BUGS = [
         "return reg.is_persistent is None and reg.feed is None and reg.sym_name.data not in apart",
         "return reg.is_persistent is None and reg.sym_name.data not in apart",
         "test/filecheck/passes/plan-allocate-memory/views.mlir"),
+    Bug("generated-feeds-draw-the-learning-rate", "tools", "tools/sbp_run.py",
+        "if name == LEARNING_RATE and dtype.kind == \"f\" and shape == ():",
+        "if False:",
+        T + "lowering/test_lg_optimizer.py", select="generated_feeds"),
     # -- SBP rules ---------------------------------------------------------------------------------
     Bug("matmul-split-contraction-gives-broadcast", "sbp-rule", "dialects/lg/linalg.py",  # WEAKNESS
         'sigs.append(((f"S{k_axis}", f"S{kb_axis}"), ("P",)))',

@@ -142,6 +142,23 @@ def test_sbp_run_steps_train_in_place(tmp_path):
         assert float(out["loss"]) == pytest.approx(history[-1], rel=1e-4)
 
 
+def test_generated_feeds_give_the_learning_rate_a_typical_value():
+    """sbp-run's generated feeds (no --feeds): the optimizer's learning rate
+    is a typical one, not a normal draw, which made training diverge into
+    infinities and denormal floats within a few steps (and its steps 2x
+    slower); the other float feeds are normal draws."""
+    from sbpc.dialects.lg_analysis import TYPICAL_LEARNING_RATE
+    from sbpc.lowering.compile import CompilePass
+    from sbpc.runtime.program import find_program
+    from sbpc.tools.sbp_run import generated_feeds
+
+    module = compiled("adam", ranks=2)
+    CompilePass().apply(Context(), module)
+    feeds = generated_feeds(find_program(module), 0)
+    assert feeds["lr"].shape == () and float(feeds["lr"]) == pytest.approx(TYPICAL_LEARNING_RATE)
+    assert feeds["x"].std() > 0.5
+
+
 def test_zero_shards_optimizer_state_over_the_data_axis():
     from sbpc.dialects import plan
     from sbpc.lowering.compile import CompilePass
