@@ -334,13 +334,6 @@ def time_plan_in_ranks(plan_path: str, feeds_path: str, steps: int, repeats: int
         print("RESULT " + json.dumps({"step_s": best}), flush=True)
 
 
-def feeds_for(program, seed: int = 0) -> dict:
-    """Generated feeds for a plan (the learning rate a typical one: sbp-run's)."""
-    from sbpc.tools.sbp_run import generated_feeds
-
-    return generated_feeds(program, seed)
-
-
 def measure_plan(module, ranks: int, steps: int, repeats: int, timeout: float = 600) -> float:
     """Seconds per step of a compiled plan on `ranks` mpiexec'd ranks, timed
     inside the ranks (the slowest rank, best repeat; time_plan_in_ranks)."""
@@ -352,13 +345,14 @@ def measure_plan(module, ranks: int, steps: int, repeats: int, timeout: float = 
 
     from sbpc.runtime.launch import rank_environment, script_command
     from sbpc.runtime.program import find_program
+    from sbpc.tools.sbp_run import generated_feeds
 
     program = find_program(module)
     with tempfile.TemporaryDirectory(prefix="sbpc-bench-") as tmp:
         plan_path, feeds_path = os.path.join(tmp, "plan.mlir"), os.path.join(tmp, "feeds.npz")
         with open(plan_path, "w") as f:
             Printer(stream=f).print_op(module)
-        np.savez(feeds_path, **feeds_for(program))
+        np.savez(feeds_path, **generated_feeds(program, 0))
         cmd = script_command(ranks, str(BENCH / "_common.py"), plan_path, feeds_path, str(steps), str(repeats))
         done = subprocess.run(cmd, env=rank_environment(), capture_output=True, text=True, timeout=timeout)
     for line in done.stdout.splitlines():

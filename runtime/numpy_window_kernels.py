@@ -30,15 +30,17 @@ class _Windows:
                  flipped: bool = False):
         n, c, h, w = image_shape
         self.stride, self.dilation, self.padding = stride, dilation, padding
+        self.image_shape, self.kernel, self.groups, self.flipped = image_shape, kernel, groups, flipped
         self.padded = np.full((n, c, h + 2 * padding[0], w + 2 * padding[1]), fill, dtype)
         self.inside = self.padded[:, :, padding[0]:padding[0] + h, padding[1]:padding[1] + w]
-        self.windows = lambda images: self._windows(images, image_shape, kernel, padding, dilation, groups, flipped)
         self.view = self.windows(self.padded)
 
-    def _windows(self, images, image_shape, kernel, padding, dilation, groups, flipped):
-        """The window view of `images` shaped as the padded images."""
-        view = windows_of(images, image_shape, kernel, self.stride, padding, dilation, groups)
-        return view[..., ::-1, ::-1] if flipped else view  # (flipped: a transposed convolution's taps)
+    def windows(self, images: np.ndarray) -> np.ndarray:
+        """The window view of `images` shaped as the padded images (flipped:
+        each window's taps in reverse order, a transposed convolution's)."""
+        view = windows_of(images, self.image_shape, self.kernel, self.stride, self.padding, self.dilation,
+                          self.groups)
+        return view[..., ::-1, ::-1] if self.flipped else view
 
     @classmethod
     def of_conv(cls, op, image_shape, kernel, dtype) -> _Windows:
@@ -224,7 +226,7 @@ def bind_conv2d_grad_input(op: lg.Conv2dGradInputOp, local, ins, out) -> Fire:
     offset = scratch((n, g, cg, ho, wo), out.dtype)  # one kernel offset's sums
     # The filters enter the GEMM transposed as they are (BLAS reads them so):
     # a transposing copy first took half the kernel (ResNet's 128 -> 256
-    # channel 3x3 stride-2 layer on 4x4 images, batch 8: 911 -> 460 us).
+    # channel 3x3 stride-2 layer on 4x4 images, batch 8: 911 -> 479 us).
     if positions >= ONE_GEMM_BELOW:  # a GEMM per image
         shares = scratch((n, g, cg, *kernel, ho, wo), out.dtype)  # (N, G, K, Ho*Wo)
         pieces = shares.transpose(0, 1, 2, 5, 6, 3, 4)
