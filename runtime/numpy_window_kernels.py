@@ -13,12 +13,16 @@ import numpy as np
 from sbpc.dialects import lg
 from sbpc.semantics.reference import add_windows, windows_of
 
+from . import winograd_kernels
 from .numpy_binding import Fire, scratch
 
 # -- convolutions -------------------------------------------------------------------------
 # Each as GEMMs over the windows the convolution reads, copied once per
 # firing into scratch laid out for the GEMM (im2col); the padded images are
-# scratch too, their border zero from binding on.
+# scratch too, their border zero from binding on. Two kinds need no copy of
+# their windows: a 3x3 stride-1 convolution with channels and tiles enough
+# goes by Winograd's F(2x2, 3x3) (winograd_kernels: 16 multiplies per 2x2
+# output tile where im2col takes 36), and a 1x1 one over images as they lie.
 
 
 class _Windows:
@@ -126,9 +130,34 @@ def _window_gemm(at: _Windows, rows: int, dtype) -> Callable[[np.ndarray, np.nda
     return fire_once
 
 
+def _winograd(op, image_shape, filter_shape, dtype) -> bool:
+    """Whether the convolution `op` of images of `image_shape` by filters
+    of `filter_shape` (or its gradient) runs by Winograd's F(2x2, 3x3)."""
+    p = op.params()
+    return winograd_kernels.applies(image_shape, filter_shape, p["groups"], p["stride"], p["padding"],
+                                    p["dilation"], dtype)
+
+
+def _pointwise(op, kernel) -> bool:
+    """Whether the convolution `op` reads each output position's own input
+    position only (1x1, stride 1, unpadded): its images are the GEMM's
+    windows as they lie, with nothing to copy."""
+    p = op.params()
+    return tuple(kernel) == (1, 1) and p["stride"] == (1, 1) and p["padding"] == (0, 0)
+
+
 def bind_conv2d(op: lg.Conv2dOp, local, ins, out) -> Fire:
     x, w = ins
     g, kernel = op.params()["groups"], w.shape[2:]
+    if _winograd(op, x.shape, w.shape, out.dtype):
+        return winograd_kernels.conv2d(x.shape, w.shape, g, op.params()["padding"], out.dtype)
+    n, c, h, width = x.shape
+    if _pointwise(op, kernel) and h * width >= ONE_GEMM_BELOW:
+        def pointwise(xs, o):  # (a GEMM per image, as BLAS reads the images)
+            np.matmul(xs[1].reshape(g, -1, c // g), xs[0].reshape(n, g, c // g, h * width),
+                      out=o.reshape(n, g, -1, h * width))
+
+        return pointwise
     gemm = _window_gemm(_Windows.of_conv(op, x.shape, kernel, out.dtype), w.shape[0] // g, out.dtype)
     k = math.prod(w.shape[1:])
 
@@ -141,6 +170,10 @@ def bind_conv2d(op: lg.Conv2dOp, local, ins, out) -> Fire:
 def bind_conv2d_grad_weight(op: lg.Conv2dGradWeightOp, local, ins, out) -> Fire:
     x, grad = ins
     g, kernel = op.params()["groups"], op.params()["kernel"]
+    if _winograd(op, x.shape, out.shape, out.dtype):
+        return winograd_kernels.conv2d_grad_weight(x.shape, grad.shape, g, op.params()["padding"], out.dtype)
+    if _pointwise(op, kernel) and math.prod(x.shape[2:]) >= ONE_GEMM_BELOW:
+        return _pointwise_grad_weight(x.shape, grad.shape, g, out.dtype)
     at = _Windows.of_conv(op, x.shape, kernel, out.dtype)
     n, o_channels, ho, wo = grad.shape
     og, k, positions = o_channels // g, math.prod(out.shape[1:]), ho * wo
@@ -176,6 +209,27 @@ def bind_conv2d_grad_weight(op: lg.Conv2dGradWeightOp, local, ins, out) -> Fire:
         np.matmul(grads.reshape(g, og, n * positions), cols.swapaxes(1, 2), out=o.reshape(g, og, k))
 
     return fire_once
+
+
+def _pointwise_grad_weight(x_shape, grad_shape, g: int, dtype) -> Fire:
+    """A 1x1 convolution's weight gradient: each image's gradients times
+    its images transposed (BLAS reads them so), summed: ResNet-50's 256 ->
+    128 channel layer on 28x28 images, batch 8, 3.6 ms where copying both
+    into one GEMM's layout took 4.5 (one core of a 2-core Intel Xeon,
+    2026-12-01)."""
+    n, c, h, w = x_shape
+    k, positions = grad_shape[1], h * w
+    share = scratch((g, k // g, c // g), dtype)
+
+    def fire(xs, o):
+        total = o.reshape(g, k // g, c // g)
+        total.fill(0)  # (a piece of no images has no share)
+        images, grads = xs[0].reshape(n, g, c // g, positions), xs[1].reshape(n, g, k // g, positions)
+        for i in range(n):
+            np.matmul(grads[i], images[i].swapaxes(1, 2), out=share)
+            np.add(total, share, out=total)
+
+    return fire
 
 
 def _grad_input_as_convolution(op: lg.Conv2dGradInputOp, grad_shape, w_shape, out) -> Fire | None:
@@ -215,6 +269,21 @@ def _grad_input_as_convolution(op: lg.Conv2dGradInputOp, grad_shape, w_shape, ou
 
 def bind_conv2d_grad_input(op: lg.Conv2dGradInputOp, local, ins, out) -> Fire:
     grad, w = ins
+    if _winograd(op, out.shape, w.shape, out.dtype):
+        winograd = winograd_kernels.conv2d_grad_input(grad.shape, w.shape, op.params()["groups"],
+                                                      op.params()["padding"], out.dtype)
+        if winograd is not None:
+            return winograd
+    if _pointwise(op, w.shape[2:]):
+        g = op.params()["groups"]
+        n, k, h, width = grad.shape
+        c = out.shape[1]
+
+        def pointwise(xs, o):  # (the filters transposed as BLAS reads them; a GEMM per image)
+            np.matmul(xs[1].reshape(g, k // g, c // g).swapaxes(1, 2), xs[0].reshape(n, g, k // g, h * width),
+                      out=o.reshape(n, g, c // g, h * width))
+
+        return pointwise
     as_convolution = _grad_input_as_convolution(op, grad.shape, w.shape, out)
     if as_convolution is not None:
         return as_convolution

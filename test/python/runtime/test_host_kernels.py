@@ -251,3 +251,84 @@ def test_reductions_over_the_leading_and_trailing_axes_in_c_compute_numpys(shape
                                    err_msg=f"{reference.__name__} over {axes} of {shape}")
         if reference is np.max:
             assert np.isnan(got.reshape(-1)[0]) and not np.isnan(got.reshape(-1)[1:]).any()
+
+
+WINOGRAD = [  # (images (N, C, H, W), output channels, padding, groups)
+    ((2, 8, 7, 6), 8, (1, 1), 1),  # planes under ROW_TILES tiles wide: one loop over the tiles; odd output rows
+    ((2, 8, 16, 19), 12, (1, 1), 1),  # planes ROW_TILES wide or more: a tile row at a time; odd output columns
+    ((3, 8, 9, 8), 16, (2, 0), 2),  # groups; padding of 2 and of none
+    ((1, 8, 5, 6), 8, (3, 1), 1),  # padding past 2: the input's gradient by im2col, the rest by Winograd
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("batch", ["per image", "at once"])
+@pytest.mark.parametrize("images, out_channels, padding, groups", WINOGRAD)
+def test_winograd_convolutions_compute_what_the_reference_computes(images, out_channels, padding, groups, batch,
+                                                                    dtype, monkeypatch):
+    """3x3 stride-1 convolutions, their input's and their weight's
+    gradients by Winograd's F(2x2, 3x3) (generated C transforms, BLAS
+    products), as the numpy backend binds them, against the reference's
+    direct sums: to a few units of rounding of the largest output (the
+    transforms round differently, not worse), in float32 and float64."""
+    from xdsl.dialects.builtin import TensorType, f32, f64
+    from xdsl.ir import Block
+
+    from sbpc.runtime import numpy_kernels, winograd_kernels
+    from sbpc.semantics.reference import REFERENCE
+
+    monkeypatch.setattr(winograd_kernels, "MIN_CHANNELS", 1)
+    monkeypatch.setattr(winograd_kernels, "MIN_TILES", 1)
+    monkeypatch.setattr(winograd_kernels, "TILES_PER_IMAGE", 1 if batch == "per image" else 10**9)
+    bound = []
+
+    def spy(name):
+        made = getattr(winograd_kernels, name)
+
+        def binding(*args):
+            fire = made(*args)
+            bound.append(name if fire is not None else None)
+            return fire
+        return binding
+
+    for name in ("conv2d", "conv2d_grad_input", "conv2d_grad_weight"):
+        monkeypatch.setattr(winograd_kernels, name, spy(name))
+    element = f32 if dtype == np.float32 else f64
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(images).astype(dtype)
+    w = rng.standard_normal((out_channels, images[1] // groups, 3, 3)).astype(dtype)
+    conv = {"stride": (1, 1), "padding": padding, "dilation": (1, 1), "groups": groups}
+    block = Block(arg_types=[TensorType(element, x.shape), TensorType(element, w.shape)])
+    forward = lg.Conv2dOp(block.args[0], block.args[1], **conv)
+    g = rng.standard_normal(forward.result.type.get_shape()).astype(dtype)
+    grads = Block(arg_types=[TensorType(element, g.shape), TensorType(element, w.shape), TensorType(element, x.shape)])
+    cases = ((forward, [x, w], g.shape),
+             (lg.Conv2dGradInputOp(grads.args[0], grads.args[1], x.shape[2:], **conv), [g, w], x.shape),
+             (lg.Conv2dGradWeightOp(grads.args[2], grads.args[0], (3, 3), **conv), [x, g], w.shape))
+    ulp = np.finfo(dtype).eps
+    for op, ins, shape in cases:
+        out = np.full(shape, np.nan, dtype)
+        fire = numpy_kernels.NUMPY[type(op)](op, None, ins, out)
+        want = REFERENCE[type(op)](op, *ins)
+        for _ in range(2):  # scratch kept from the first firing must not leak into the second
+            fire(ins, out)
+            np.testing.assert_allclose(out, want, rtol=0, atol=64 * ulp * np.abs(want).max(), err_msg=op.name)
+    past_reach = max(padding) > 2
+    assert bound == ["conv2d", None if past_reach else "conv2d_grad_input", "conv2d_grad_weight"]
+
+
+def test_winograd_is_left_to_im2col_where_it_would_not_gain():
+    """Too few channels (a depthwise convolution, an RGB stem), too few
+    tiles in the batch, another kernel or stride: im2col."""
+    from sbpc.runtime import winograd_kernels
+
+    def applies(images, filters, groups=1, stride=(1, 1), padding=(1, 1)):
+        return winograd_kernels.applies(images, filters, groups, stride, padding, (1, 1), np.float32)
+
+    assert applies((8, 64, 16, 16), (64, 64, 3, 3))
+    assert not applies((8, 3, 16, 16), (64, 3, 3, 3))  # RGB in
+    assert not applies((8, 64, 16, 16), (64, 1, 3, 3), groups=64)  # depthwise
+    assert not applies((8, 256, 2, 2), (256, 256, 3, 3))  # 8 tiles
+    assert not applies((8, 64, 16, 16), (64, 64, 3, 3), stride=(2, 2))
+    assert not applies((8, 64, 16, 16), (64, 64, 5, 5), padding=(2, 2))
+    assert not winograd_kernels.applies((8, 64, 16, 16), (64, 64, 3, 3), 1, (1, 1), (1, 1), (1, 1), np.float16)
