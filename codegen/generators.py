@@ -588,7 +588,22 @@ def gen_token_cross_entropy_grad(site: Site) -> Kernel:
   out[i] = (label - {start} == i % {classes}) ? v - g : v;"""
     params = ("const T* a0", f"const {_labels_type(site, 1)}* a1", "const T* a2", "const T* a3", "const T* a4",
               "T* out")
-    return Kernel(site.name, site.t, params, math.prod(site.out_shape), body, restrict=True)
+    rows = math.prod(site.in_shapes[1])
+    # the host's: a row at a time, its softmax times the gradient in one
+    # straight loop (the threads' flat index divides per element), then the
+    # label's column less the gradient where this piece holds it
+    host = f"""  for (long r = 0; r < {rows}; ++r) {{
+    const T* __restrict__ x = a0 + r * {classes};
+    T* __restrict__ o = out + r * {classes};
+    long label = (long)a1[r];
+    T g = ({_ignored(site)}) ? (T)0 : a4[r];
+    T m = a2[r], scale = g / a3[r];
+    {IVDEP}
+    for (long k = 0; k < {classes}; ++k) o[k] = exp(x[k] - m) * scale;
+    long c = label - {start};
+    if (c >= 0 && c < {classes}) o[c] = o[c] - g;
+  }}"""
+    return Kernel(site.name, site.t, params, math.prod(site.out_shape), body, restrict=True, host_body=host)
 
 
 @CUDA.impl(lg.PadOp)
