@@ -139,6 +139,22 @@ class _Tiles:
             yield None
 
 
+def _on_contiguous(fire: Fire) -> Fire:
+    """`fire` given C-contiguous arrays, as the generated C reads them: the
+    executor's registers are; an array that is not (a caller's view) is
+    copied in, or written through a copy."""
+    def contiguous(xs, o):
+        xs = [x if x.flags.c_contiguous else np.ascontiguousarray(x) for x in xs]
+        if o.flags.c_contiguous:
+            fire(xs, o)
+        else:
+            result = np.empty(o.shape, o.dtype)
+            fire(xs, result)
+            np.copyto(o, result)
+
+    return contiguous
+
+
 def _groups(sixteen: _Sixteen, groups: int) -> np.ndarray:
     """The 16 matrices (rows, cols) as (16, groups, rows / groups, cols)."""
     _, rows, cols = sixteen.matrices.shape
@@ -161,6 +177,7 @@ def _forward(image_shape, filter_shape, groups: int, padding, dtype, transposed:
     gemm_u = _groups(u, groups)
     gemm_v, gemm_m = _groups(at.v, groups), _groups(m, groups)
 
+    @_on_contiguous
     def fire(xs, o):
         to_filters([xs[1], filter_dims], u.buffer)
         for _ in at.batches(out_dims):
@@ -199,6 +216,7 @@ def conv2d_grad_weight(image_shape, grad_shape, groups: int, padding, dtype) -> 
     gemm_z, gemm_total = _groups(z, groups), _groups(total, groups)
     gemm_v = _groups(at.v, groups).swapaxes(2, 3)  # (BLAS reads it transposed)
 
+    @_on_contiguous
     def fire(xs, o):
         total.matrices.fill(0)  # (a piece of no images has no share)
         for _ in at.batches(out_dims):

@@ -332,3 +332,23 @@ def test_winograd_is_left_to_im2col_where_it_would_not_gain():
     assert not applies((8, 64, 16, 16), (64, 64, 3, 3), stride=(2, 2))
     assert not applies((8, 64, 16, 16), (64, 64, 5, 5), padding=(2, 2))
     assert not winograd_kernels.applies((8, 64, 16, 16), (64, 64, 3, 3), 1, (1, 1), (1, 1), (1, 1), np.float16)
+
+
+def test_winograd_takes_arrays_that_are_not_contiguous(monkeypatch):
+    """A caller's views (not the executor's registers) are copied for the
+    generated C, which reads contiguous arrays."""
+    from xdsl.dialects.builtin import TensorType, f32
+    from xdsl.ir import Block
+
+    from sbpc.runtime import winograd_kernels
+    from sbpc.semantics.reference import REFERENCE
+
+    monkeypatch.setattr(winograd_kernels, "MIN_TILES", 1)
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((6, 8, 2, 8), dtype=np.float32).transpose(2, 1, 0, 3)  # (2, 8, 6, 8), strided
+    w = rng.standard_normal((8, 8, 3, 3), dtype=np.float32)
+    out = np.zeros((2, 8, 8, 6), np.float32).transpose(0, 1, 3, 2)  # (2, 8, 6, 8), strided
+    winograd_kernels.conv2d(x.shape, w.shape, 1, (1, 1), np.float32)([x, w], out)
+    block = Block(arg_types=[TensorType(f32, x.shape), TensorType(f32, w.shape)])
+    want = REFERENCE[lg.Conv2dOp](lg.Conv2dOp(block.args[0], block.args[1], padding=(1, 1)), x, w)
+    np.testing.assert_allclose(out, want, rtol=0, atol=64 * np.finfo(np.float32).eps * np.abs(want).max())
