@@ -18,6 +18,7 @@ transforms subtract it from itself), as every Winograd convolution does."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from functools import cache
 
@@ -65,14 +66,22 @@ def applies(image_shape, filter_shape, groups: int, stride, padding, dilation, d
     tiles = n * -(-ho // 2) * -(-wo // 2) if min(ho, wo) > 0 else 0
     return (tuple(kernel) == (3, 3) and tuple(stride) == (1, 1) and tuple(dilation) == (1, 1)
             and min(cg, k // groups) >= MIN_CHANNELS and tiles >= MIN_TILES and np.dtype(dtype) in DTYPES
-            and host_kernels.enabled() and host_kernels.unavailable() is None)
+            and host_kernels.enabled() and host_kernels.unavailable() is None
+            and _library(DTYPES[np.dtype(dtype)]) is not None)
 
 
 @cache
-def _library(t: str) -> dict[str, _Binder]:
-    """The transforms for C type `t`, built (once) and ready to bind."""
+def _library(t: str) -> dict[str, _Binder] | None:
+    """The transforms for C type `t`, built (once) and ready to bind; None
+    where the library cannot be written or loaded (no room, no permission:
+    im2col runs instead, as the executor runs numpy's kernels then). C that
+    does not compile is a bug and raises."""
     made = kernels(t)
-    library = host_kernels.Library(list(made.values()))
+    try:
+        library = host_kernels.Library(list(made.values()))
+    except OSError as e:
+        print(f"sbpc: Winograd's convolution kernels unavailable ({e}); convolving by im2col", file=sys.stderr)
+        return None
     return {role: _Binder(library, kernel) for role, kernel in made.items()}
 
 
@@ -120,7 +129,9 @@ class _Tiles:
         tiles = self.th * self.tw
         self.batch = 1 if tiles >= TILES_PER_IMAGE else max(n, 1)  # (every batch whole)
         self.cols = self.batch * tiles
-        self.transforms = _library(DTYPES[np.dtype(dtype)])
+        transforms = _library(DTYPES[np.dtype(dtype)])
+        assert transforms is not None  # (applies() said so)
+        self.transforms = transforms
         self.v = _Sixteen(c, self.cols, dtype)
         self.input_dims = np.array([0, 0, c, h, w, padding[0], padding[1], self.th, self.tw, self.v.apart], np.int64)
         ty, tx = np.divmod(np.arange(tiles, dtype=np.int32), np.int32(max(self.tw, 1)))

@@ -7,6 +7,7 @@ trained with them (and without) matches the reference on real ranks.
 Their sources are checked in test/python/codegen/."""
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -352,3 +353,18 @@ def test_winograd_takes_arrays_that_are_not_contiguous(monkeypatch):
     block = Block(arg_types=[TensorType(f32, x.shape), TensorType(f32, w.shape)])
     want = REFERENCE[lg.Conv2dOp](lg.Conv2dOp(block.args[0], block.args[1], padding=(1, 1)), x, w)
     np.testing.assert_allclose(out, want, rtol=0, atol=64 * np.finfo(np.float32).eps * np.abs(want).max())
+
+
+def test_winograd_falls_back_to_im2col_where_its_library_cannot_be_written(monkeypatch, capsys):
+    """No room or no permission for the library (OSError): the convolution
+    runs by im2col, with one line saying so, as the executor falls back to
+    numpy's kernels."""
+    from sbpc.runtime import winograd_kernels
+
+    def refuse(kernels):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(host_kernels, "Library", refuse)
+    monkeypatch.setattr(winograd_kernels, "_library", functools.cache(winograd_kernels._library.__wrapped__))
+    assert not winograd_kernels.applies((8, 64, 16, 16), (64, 64, 3, 3), 1, (1, 1), (1, 1), (1, 1), np.float32)
+    assert "convolving by im2col" in capsys.readouterr().err
