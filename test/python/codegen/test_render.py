@@ -28,10 +28,11 @@ def test_the_cuda_kernel_is_rendered_from_the_same_description():
                 continue
             assert (src, launch) == cuda_source(made) and entry == made.name
             host = host_kernels.host_source(made)
-            if made.host_body is not None:  # a reduction's, draw's or pooling's loops (values checked above)
+            if made.host_body is not None:  # a reduction's, draw's, pooling's or row's loops (values checked above)
                 assert made.host_body in host and actor.kernel.data in {*host_kernels.REDUCTIONS, "lg.dropout",
                                                                         "lg.uniform", "lg.max_pool2d",
-                                                                        "lg.max_pool2d_grad"}
+                                                                        "lg.max_pool2d_grad",
+                                                                        "lg.token_cross_entropy_grad"}
                 continue
             # the statements for one element are the same on both targets
             # (a broadcasting chain finds its offsets by loops on the host)
