@@ -19,8 +19,8 @@ transforms subtract it from itself), as every Winograd convolution does."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from functools import cache
+from collections.abc import Callable, Iterator
+from functools import cache, partial
 
 import numpy as np
 
@@ -62,16 +62,23 @@ def applies(image_shape, filter_shape, groups: int, stride, padding, dilation, d
     C available."""
     n, _, h, w = image_shape
     k, cg, *kernel = filter_shape
-    ho, wo = h + 2 * padding[0] - 2, w + 2 * padding[1] - 2
-    tiles = n * -(-ho // 2) * -(-wo // 2) if min(ho, wo) > 0 else 0
+    ho, wo, th, tw = _tiling(h, w, padding)
+    tiles = n * th * tw if min(ho, wo) > 0 else 0
     return (tuple(kernel) == (3, 3) and tuple(stride) == (1, 1) and tuple(dilation) == (1, 1)
             and min(cg, k // groups) >= MIN_CHANNELS and tiles >= MIN_TILES and np.dtype(dtype) in DTYPES
             and host_kernels.enabled() and host_kernels.unavailable() is None
             and _library(DTYPES[np.dtype(dtype)]) is not None)
 
 
+def _tiling(h: int, w: int, padding) -> tuple[int, int, int, int]:
+    """A 3x3 stride-1 convolution's output rows and columns over images
+    of h x w padded by `padding`, and its 2x2 tiles' rows and columns."""
+    ho, wo = h + 2 * padding[0] - 2, w + 2 * padding[1] - 2
+    return ho, wo, -(-ho // 2), -(-wo // 2)
+
+
 @cache
-def _library(t: str) -> dict[str, _Binder] | None:
+def _library(t: str) -> dict[str, Callable[[], Fire]] | None:
     """The transforms for C type `t`, built (once) and ready to bind; None
     where the library cannot be written or loaded (no room, no permission:
     im2col runs instead, as the executor runs numpy's kernels then). C that
@@ -82,18 +89,9 @@ def _library(t: str) -> dict[str, _Binder] | None:
     except OSError as e:
         print(f"sbpc: Winograd's convolution kernels unavailable ({e}); convolving by im2col", file=sys.stderr)
         return None
-    return {role: _Binder(library, kernel) for role, kernel in made.items()}
-
-
-class _Binder:
-    """Binds one transform afresh per use, so each binding keeps its own
-    arrays' pointers (Library.bind caches them per bound function)."""
-
-    def __init__(self, library, kernel):
-        self.library, self.kernel = library, kernel
-
-    def __call__(self) -> Fire:
-        return self.library.bind(self.kernel)
+    # each use binds afresh, so each convolution keeps its own arrays'
+    # pointers (Library.bind caches them per bound function)
+    return {role: partial(library.bind, kernel) for role, kernel in made.items()}
 
 
 class _Sixteen:
@@ -124,8 +122,7 @@ class _Tiles:
     def __init__(self, image_shape, out_channels: int, padding, dtype):
         n, c, h, w = image_shape
         self.n, self.c, self.k = n, c, out_channels
-        self.ho, self.wo = h + 2 * padding[0] - 2, w + 2 * padding[1] - 2
-        self.th, self.tw = -(-self.ho // 2), -(-self.wo // 2)
+        self.ho, self.wo, self.th, self.tw = _tiling(h, w, padding)
         tiles = self.th * self.tw
         self.batch = 1 if tiles >= TILES_PER_IMAGE else max(n, 1)  # (every batch whole)
         self.cols = self.batch * tiles
