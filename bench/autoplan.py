@@ -9,7 +9,7 @@ variant (data, tensor, 2-D, ZeRO, FSDP, pipeline), times each plan on the
 ranks (Executor.run inside the ranks, best of --repeats), and prints steps/s
 and the ratio of the automatic plan to the best hand plan. Plans are timed
 in interleaved rounds (each plan once per round, best round kept), each run
-at least a quarter of a second.
+at least a quarter of a second, the best of three runs a launch.
 
     python bench/autoplan.py [--ranks 2 4] [--steps 5] [--repeats 3]   # 3 graphs, under 10 minutes
     python bench/autoplan.py --all        # every graph: the full sweep (about 30 minutes on 2 cores)
@@ -53,13 +53,21 @@ MIN_RUN_S = 0.25
 """Each timed run lasts at least about this long (steps chosen per plan):
 a few milliseconds of a fast MLP step are mostly timer and scheduler noise."""
 
+RUNS_PER_LAUNCH = 3
+"""Timed runs in each launch of the ranks, the best kept: the ranks of a
+fresh launch run slower for a few tenths of a second after the last plan's
+processes (GPT 2L d64 data parallel on 2 ranks, 100-step runs, one run a
+launch: 362-395 steps/s over three launches; best of four runs a launch:
+394-397)."""
+
 
 def measure_interleaved(modules: dict, ranks: int, steps: int, repeats: int) -> dict[str, float]:
     """Steps/s of every plan, best of `repeats` rounds in which each plan runs
     once in turn: on a 2-core machine running 4 ranks, the speed drifts over
     minutes, and timing one plan's repeats back to back, then the next's,
     put that drift between the plans compared (the same plan measured 1.9x
-    apart in one run). Each plan runs at least `steps` steps and MIN_RUN_S."""
+    apart in one run). Each plan runs at least `steps` steps and MIN_RUN_S,
+    RUNS_PER_LAUNCH times in each round's launch of its ranks."""
     counts = {}
     for name, module in modules.items():
         first = _common.measure_plan(module, ranks, steps, 1)
@@ -67,7 +75,7 @@ def measure_interleaved(modules: dict, ranks: int, steps: int, repeats: int) -> 
     best = dict.fromkeys(modules, float("inf"))
     for _ in range(repeats):
         for name, module in modules.items():
-            best[name] = min(best[name], _common.measure_plan(module, ranks, counts[name], 1))
+            best[name] = min(best[name], _common.measure_plan(module, ranks, counts[name], RUNS_PER_LAUNCH))
     return {name: 1.0 / seconds for name, seconds in best.items()}
 
 

@@ -101,14 +101,15 @@ class Work:
 def actor_work(actor: plan.ComputeOp, registers: Mapping[str, plan.RegisterOp]) -> Work:
     ins = [registers[r.string_value()] for r in actor.ins.data]
     out = registers[actor.outs.data[0].string_value()]
-    nbytes = sum(r.bytes.value.data for r in ins) + out.bytes.value.data
+    in_bytes = [r.bytes.value.data for r in ins]
     kernel = actor.kernel.data
     dtype = _dtype_name(out.type.element_type)
     if kernel == plan.FUSED:
         steps = plan.fused_steps(actor)
         flops = sum(_compute_op(s.kernel).FLOPS_PER_ELEMENT * math.prod(s.type.get_shape())
                     for s in steps)
-        return Work(kernel, flops, nbytes, dtype, len(steps))
+        return Work(kernel, flops, sum(in_bytes) + out.bytes.value.data, dtype, len(steps))
+    nbytes = _compute_op(kernel).bytes_touched(in_bytes, out.bytes.value.data)
     in_shapes = [tuple(r.type.get_shape()) for r in ins]
     return Work(kernel, _kernel_flops(kernel, actor.props.data, in_shapes, out.type), nbytes, dtype, 1)
 

@@ -337,23 +337,25 @@ def build_problem(graph: lg.GraphOp, device: Rates) -> Problem:
         # Each candidate's local work as the step-time simulator prices a
         # kernel (Rates.op_time): its share of the flops (that of its
         # smallest piece: a split operand or result divides the work) and
-        # of the bytes its pieces hold, at the device's GEMM, vector or
-        # memory rate, whichever binds.
+        # the bytes it touches of its pieces (the op's bytes_touched), at
+        # the device's GEMM, vector or memory rate, whichever binds.
         operand_bytes = [_nbytes(o) for o in op.operands]
         dtype = str(element_type(result.type))
         work = []
+        op_class = cast(type[lg.LgOp], type(op))  # (an op with flops is ruled: an lg op)
         for operand_nds, result_nd in candidates:
             shares = [local_fraction(nd, mesh.shape, shape) for nd, shape in zip(operand_nds, operand_shapes)]
             out_share = local_fraction(result_nd, mesh.shape, out_shape)
-            held = out_share * nbytes + sum(s * b for s, b in zip(shares, operand_bytes))
-            work.append((min([out_share, *shares]), held))
+            pieces = [s * b for s, b in zip(shares, operand_bytes)]
+            touched = op_class.bytes_touched(pieces, out_share * nbytes) if flops else 0.0
+            work.append((min([out_share, *shares]), touched))
         # On a mesh axis of one device a split is B; a hair of cost keeps such
         # splits for where a hint asks for them.
         trivial = [sum(1 for nd in (*ins, out) for a, s in enumerate(nd) if s.is_split and mesh.shape[a] == 1)
                    for ins, out in candidates]
         # (An op without arithmetic, a source or a view, costs nothing here as before.)
-        compute = np.array([(device.op_time(op.name, flops * f, held, dtype) if flops else 0.0) + own_boxing
-                            + 1e-15 * t for (f, held), t in zip(work, trivial)])
+        compute = np.array([(device.op_time(op.name, flops * f, touched, dtype) if flops else 0.0) + own_boxing
+                            + 1e-15 * t for (f, touched), t in zip(work, trivial)])
         # Buffers of redistributions are not modelled (their cost is the
         # boxing); charging an annotation's would make inference depend on
         # whether its requests are already in the IR.

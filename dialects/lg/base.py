@@ -310,6 +310,14 @@ class SbpRules:
         out_shape: Shape = args[1]
         return cls.FLOPS_PER_ELEMENT * math.prod(out_shape)
 
+    @classmethod
+    def bytes_touched(cls, operand_bytes: Sequence[float], result_bytes: float) -> float:
+        """The bytes the kernel reads and writes, from the sizes of its
+        operands and its result (global or one device's, alike): each
+        operand read whole and the result written, unless the op reads only
+        part of an operand (a slice, a gather of rows)."""
+        return sum(operand_bytes) + result_bytes
+
 
 def grouped_twin(sig: tuple[PlainNd, PlainNd], in_shapes: Sequence[Shape], out_shape: Shape
                  ) -> tuple[PlainNd, PlainNd] | None:

@@ -3,6 +3,7 @@ axis, and the scatter-adds their gradients need."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar, cast
 
 from xdsl.dialects.builtin import I64, DenseIntOrFPElementsAttr, IntegerAttr, IntegerType, TensorType, i64
@@ -27,6 +28,12 @@ class EmbeddingOp(LgOp):
     BERT's padding token); the gather itself is unchanged."""
 
     KERNEL_KIND: ClassVar[str] = "gather"
+
+    @classmethod
+    def bytes_touched(cls, operand_bytes: Sequence[float], result_bytes: float) -> float:
+        # the rows it gathers and the indices, not the whole table (GPT-2's
+        # is 154 MB, a batch's rows a few MB)
+        return operand_bytes[1] + 2.0 * result_bytes
 
     name = "lg.embedding"
 

@@ -198,3 +198,44 @@ def test_a_bucket_member_pays_its_share_of_the_bucket():
     shared = load_cluster("cpu", 4)
     assert (shared.bucket_member_time("all_reduce", [0, 2], 4096.0, 4096.0, 4096.0, 16)
             < shared.collective_time("all_reduce", [0, 2], 4096.0) + shared.device.actor_overhead)
+
+
+def test_sbp_infer_prices_a_slice_and_a_row_gather_on_what_they_read():
+    """Each candidate's local work is priced on the bytes the op's kernel
+    touches (LgOp.bytes_touched), as the simulator prices its actor: a
+    slice its result's bytes out of its operand, an embedding the rows it
+    gathers and the indices. On every candidate, including those that
+    split the operand the slice reads a part of."""
+    from sbpc.dialects import lg, parse_module
+    from sbpc.perf.cluster import load_cluster
+    from sbpc.planning.sbp_problem import build_problem
+
+    module = parse_module("""
+sbp.placement @m cpu ranks [0, 1] mesh [2]
+lg.graph @g on @m {
+  %x = lg.input "x" : tensor<4096x64xf32>
+  %s = lg.slice %x starts [0, 0] limits [512, 64] strides [1, 1] : tensor<4096x64xf32> -> tensor<512x64xf32>
+  %ids = lg.input "ids" : tensor<512xi64>
+  %rows = lg.embedding %x, %ids : (tensor<4096x64xf32>, tensor<512xi64>) -> tensor<512x64xf32>
+  lg.output ["s", "rows"] %s, %rows : tensor<512x64xf32>, tensor<512x64xf32>
+}
+""")
+    cpu = load_cluster("cpu", 2)
+    problem = build_problem(lg.graphs(module)[0], cpu.rates([0, 1]))
+    shapes = {"lg.slice": [(4096, 64)], "lg.embedding": [(4096, 64), (512,)]}
+    result = 512 * 64 * 4
+    priced = set()
+    for node in problem.nodes:
+        kind = node.op.name
+        if kind not in shapes:
+            continue
+        for (ins, out), seconds in zip(node.candidates, node.compute):
+            out_share = local_fraction(out, (2,), (512, 64))
+            shares = [local_fraction(nd, (2,), shape) for nd, shape in zip(ins, shapes[kind])]
+            flops = type(node.op).flops(shapes[kind], (512, 64)) * min(out_share, *shares)
+            touched = 2 * out_share * result
+            if kind == "lg.embedding":
+                touched += shares[1] * 512 * 8  # the indices
+            assert seconds == pytest.approx(cpu.core_time(kind, flops, touched), rel=1e-9), (kind, ins, out)
+            priced.add(kind)
+    assert priced == set(shapes)
