@@ -145,6 +145,27 @@ def joins_a_bucket(step: Step, mesh: Sequence[int]) -> bool:
     return step.kind == "all_reduce" or (step.kind == "reduce_scatter" and step.dst[a] == Sbp.S(0))
 
 
+def staged_shares(step: Step, mesh: Sequence[int]) -> tuple[float, float]:
+    """The shares of the global tensor one device copies around a collective
+    besides what MPI moves, as the runtime stages them and the simulator
+    charges them (pieces.staged_elements): packed before the call, unpacked
+    after it. MPI needs each member's block contiguous, so an all_gather of
+    a split other than the rows' unpacks its result, a reduce_scatter to
+    one packs its input, and an all_to_all between splits packs what it
+    sends and unpacks what the others send. (A split of axis k > 0 whose
+    leading axes have one element would lie in order too; the tensor's
+    shape is not known here, so it is charged.)"""
+    a, p = step.mesh_axis, mesh[step.mesh_axis]
+    src, dst = step.src[a], step.dst[a]
+    if step.kind == "all_gather" and p > 1 and src.is_split and src.axis != 0:
+        return 0.0, local_fraction(step.dst, mesh)
+    if step.kind == "reduce_scatter" and p > 1 and dst.is_split and dst.axis != 0:
+        return local_fraction(step.src, mesh), 0.0
+    if step.kind == "all_to_all" and src.is_split and dst.is_split:
+        return local_fraction(step.src, mesh), local_fraction(step.dst, mesh) * (p - 1) / p
+    return 0.0, 0.0
+
+
 def boxing_cost(src: PlainNd, dst: PlainNd, mesh: Sequence[int], rank: int, nbytes: float, device: Rates,
                 groups: Sequence[Sequence[int]], members: int = 1) -> float:
     """Seconds the best plan takes under the cost model (what sbp-infer
@@ -166,6 +187,7 @@ def boxing_cost(src: PlainNd, dst: PlainNd, mesh: Sequence[int], rank: int, nbyt
         elif COLLECTIVES[s.kind].communicates:
             total += device.collective_time(s.kind, groups[s.mesh_axis], step_units(s, mesh) * nbytes,
                                             piece) + device.actor_overhead
+            total += sum(device.copy_time(share * nbytes) for share in staged_shares(s, mesh) if share)
         else:
             total += device.copy_time(piece) + device.actor_overhead
     return total

@@ -88,7 +88,8 @@ lg.graph @g on @p {
 
 
 @pytest.mark.parametrize("ranks", [1, 2])
-@pytest.mark.parametrize("src, dst", [("S<0>", "B"), ("B", "S<0>"), ("B", "P"), ("S<0>", "P"), ("B", "S<1>")])
+@pytest.mark.parametrize("src, dst", [("S<0>", "B"), ("B", "S<0>"), ("B", "P"), ("S<0>", "P"), ("B", "S<1>"),
+                                      ("S<1>", "B"), ("S<1>", "S<0>"), ("S<0>", "S<1>")])
 def test_sbp_infer_prices_a_boxing_as_the_simulator_prices_the_actors_it_becomes(ranks, src, dst):
     """One timing model: what sbp-infer charges a boxing (boxing_cost) is
     what the step-time simulator charges the plan's actors for it, the
@@ -98,7 +99,8 @@ def test_sbp_infer_prices_a_boxing_as_the_simulator_prices_the_actors_it_becomes
     result fetched in the source layout: the feed is the same, and a
     partial destination has no feed of its own to compare with). On one
     rank nothing crosses a link, but the library still copies the input
-    into the result."""
+    into the result. A split of columns is packed for MPI or unpacked from
+    it (an all_to_all both ways), which the runtime copies and both charge."""
     from xdsl.context import Context
 
     from sbpc.dialects import parse_module
