@@ -181,13 +181,19 @@ def boxing_cost(src: PlainNd, dst: PlainNd, mesh: Sequence[int], rank: int, nbyt
     total = 0.0
     for s in steps:
         piece = local_fraction(s.dst, mesh) * nbytes
-        if members > 1 and joins_a_bucket(s, mesh):
-            total += device.bucket_member_time(s.kind, groups[s.mesh_axis], step_units(s, mesh) * nbytes,
-                                               local_fraction(s.src, mesh) * nbytes, piece, members)
-        elif COLLECTIVES[s.kind].communicates:
-            total += device.collective_time(s.kind, groups[s.mesh_axis], step_units(s, mesh) * nbytes,
-                                            piece) + device.actor_overhead
-            total += sum(device.copy_time(share * nbytes) for share in staged_shares(s, mesh) if share)
+        if COLLECTIVES[s.kind].communicates:
+            alone = device.collective_time(s.kind, groups[s.mesh_axis], step_units(s, mesh) * nbytes,
+                                           piece) + device.actor_overhead
+            alone += sum(device.copy_time(share * nbytes) for share in staged_shares(s, mesh) if share)
+            if members > 1 and joins_a_bucket(s, mesh):
+                # sbp-bucket-collectives joins a reduction into a bucket where
+                # that pays, and leaves it alone where the bucket's copies
+                # cost more than the call it saves (a 4 MiB gradient: 827
+                # us as a member, 477 alone)
+                alone = min(alone, device.bucket_member_time(
+                    s.kind, groups[s.mesh_axis], step_units(s, mesh) * nbytes, local_fraction(s.src, mesh) * nbytes,
+                    piece, members))
+            total += alone
         else:
             total += device.copy_time(piece) + device.actor_overhead
     return total

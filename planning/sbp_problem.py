@@ -602,6 +602,7 @@ class ExactCost:
         self._pair_moves: dict[tuple, tuple[int, int]] = {}
         self._around: list[tuple[list[int], list[tuple[int, int]]] | None] = [None] * len(nodes)
         self._candidate_pairs: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        self._relabels: dict[tuple[int, Sbp, Sbp], dict[int, int]] = {}
 
     def unit(self, u: int, v: int, j: int, src, dst) -> float:
         node = self.problem.nodes[v]
@@ -871,6 +872,93 @@ class ExactCost:
                 todo.append(m)
         return sorted(region)
 
+    def relabelled(self, n: int, split: Sbp, to: Sbp) -> dict[int, int]:
+        """Per candidate of n whose result is split as `split`, the candidate
+        alike but with `split` read and given as `to` (a split of another
+        tensor axis) wherever it stands, where n has one. One table per
+        candidate list (nodes alike share them)."""
+        candidates = self.problem.nodes[n].candidates
+        key = (id(candidates), split, to)
+        table = self._relabels.get(key)
+        if table is None:
+            index = {c: i for i, c in enumerate(candidates)}
+
+            def swap(nd: PlainNd) -> PlainNd:
+                return tuple(to if s == split else s for s in nd)
+
+            table = self._relabels[key] = {
+                i: j for i, (ins, out) in enumerate(candidates) if split in out
+                and (j := index.get((tuple(swap(nd) for nd in ins), swap(out)), -1)) >= 0}
+        return table
+
+    def split_region(self, v: int, split: Sbp, to: Sbp, choice: Sequence[int]) -> list[int]:
+        """v and the nodes joined to it by values in the `split` distribution
+        that could all take `to` instead (relabelled): values passed on
+        unboxed, and the uses of one redistributed value that want it split
+        alike. The second kind is why this move exists: a weight's gradient
+        reduce-scattered to columns for Adam's two moments stays so under
+        single and pair moves, since either use moved alone to rows costs a
+        second reduction (GPT 6L d512: 24 such reductions packed and their
+        gathers unpacked, where rows need neither)."""
+        nodes, mesh_id, relabelled = self.problem.nodes, self._mesh_id, self.relabelled
+        if choice[v] not in relabelled(v, split, to):
+            return []
+        region, todo = {v}, [v]
+
+        def join(m: int) -> None:
+            if m not in region and mesh_id[m] == mesh_id[v] and choice[m] in relabelled(m, split, to):
+                region.add(m)
+                todo.append(m)
+
+        while todo:
+            n = todo.pop()
+            ins, out = nodes[n].candidates[choice[n]]
+            for j, u in enumerate(nodes[n].producers):
+                if u is None or split not in ins[j]:
+                    continue
+                if nodes[u].candidates[choice[u]][1] == ins[j]:
+                    join(u)
+                else:
+                    for w, i in self.slots[u]:
+                        if nodes[w].candidates[choice[w]][0][i] == ins[j]:
+                            join(w)
+            for w, j in self.slots[n]:
+                if nodes[w].candidates[choice[w]][0][j] == out:
+                    join(w)
+        return sorted(region)
+
+    def _split_moves(self, choice: list[int], changed_at) -> bool:
+        """Each region of split_region moved to the other split at once,
+        where that is cheaper; whether any moved."""
+        nodes, sizes, assign = self.problem.nodes, self.problem.sizes, self._assign
+        changed = False
+        tried: set[tuple[int, Sbp, Sbp]] = set()
+        for v, node in enumerate(nodes):
+            if len(node.candidates) < 2:
+                continue
+            rank = sizes[v][1]
+            for split in dict.fromkeys(s for s in node.candidates[choice[v]][1] if s.is_split):
+                for axis in range(rank):
+                    to = Sbp.S(axis)
+                    if to == split or (v, split, to) in tried:
+                        continue
+                    region = self.split_region(v, split, to, choice)
+                    tried.update((n, split, to) for n in region)
+                    if len(region) < 2:
+                        continue
+                    old = [choice[n] for n in region]
+                    before = self.local(region, choice)
+                    for n, k in zip(region, old):
+                        assign(choice, n, self.relabelled(n, split, to)[k])
+                    if self.local(region, choice) < before - 1e-15:
+                        changed = True
+                        for n in region:
+                            changed_at(n)
+                    else:
+                        for n, k in zip(region, old):
+                            assign(choice, n, k)
+        return changed
+
     def _track(self, choice: list[int] | None) -> None:
         """Keep use trackers for the producers with many uses while refine
         changes `choice` (through _assign), or stop (None)."""
@@ -987,7 +1075,7 @@ class ExactCost:
                     else:
                         for n, k in zip(region, old):
                             assign(choice, n, k)
-            if changed:
+            if changed or self._split_moves(choice, changed_at):
                 continue
             if pairs is None:
                 pairs = self._pairs()

@@ -174,6 +174,14 @@ def test_a_gradients_reduction_is_priced_as_a_member_of_the_steps_bucket():
     # an all_gather is no reduction: a gradient gathered whole pays a collective of its own
     assert problem.boxing((Sbp.S(0),), (Sbp.B,), mesh, 2, nbytes, gradient=True) == problem.boxing(
         (Sbp.S(0),), (Sbp.B,), mesh, 2, nbytes)
+    # where a bucket's copies cost more than the call a member saves (4 MiB
+    # of gradient), sbp-bucket-collectives leaves the reduction alone: so
+    # does its price
+    large = 1024 * 1024 * 4
+    member = cpu.bucket_member_time("reduce_scatter", [0, 1], large / 2, large, large / 2, 8)
+    alone = cpu.collective_time("reduce_scatter", [0, 1], large / 2, large / 2) + cpu.device.actor_overhead
+    assert alone < member
+    assert problem.boxing((Sbp.P,), (Sbp.S(0),), mesh, 2, large, gradient=True) == pytest.approx(alone, rel=1e-12)
 
 
 def test_a_bucket_member_pays_its_share_of_the_bucket():

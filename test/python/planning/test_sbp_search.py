@@ -8,6 +8,7 @@ from xdsl.context import Context
 
 import sbpc
 from sbpc.dialects import lg
+from sbpc.dialects.plain_sbp import Sbp
 from sbpc.lowering.lg_autodiff import LgAutodiffPass
 from sbpc.lowering.lg_optimizer import LgOptimizerPass
 from sbpc.planning.cost_model import load_device
@@ -52,11 +53,13 @@ def test_auto_descends_from_each_nodes_own_cheapest_choice_as_well_as_from_greed
     # left out here, where the starts are what is tested.) The network's
     # size is one where the starts differ: at 16 channels of 32x32 they
     # stopped differing once the backward's spreads were folded into
-    # their readers (lg-autodiff's fold_spreads), and at 12 of 16x16 (0.99
-    # of greedy's) once the copies around a collective were priced.
+    # their readers (lg-autodiff's fold_spreads), and at 12 of 16x16 once
+    # the copies around a collective were priced and a gradient's reduction
+    # priced alone where a bucket would not pay (0.97 of greedy's at 20
+    # channels of 8x8).
     import sbpc.planning.sbp_problem as sbp_problem
 
-    problem = residual_cnn(channels=16)
+    problem = residual_cnn(channels=20, side=8)
     exact, eliminated, greedy = problem.exact(), eliminate(problem), solve_greedy(problem)
     with monkeypatch.context() as one_at_a_time:
         one_at_a_time.setattr(sbp_problem, "PAIR_LIMIT", 0)
@@ -149,3 +152,45 @@ def test_a_pair_move_is_the_cheapest_pair_of_candidates_both_moved():
         assert exact.local([u, v], here) == pytest.approx(best, rel=1e-12, abs=1e-18), (u, v)
         tried += (a, b) != (choice[u], choice[v])
     assert tried  # some pair does move
+
+
+def data_parallel_gpt():
+    """The SBP choice problem of examples/models.py's GPT, data parallel on 2
+    ranks (parameters and Adam's moments replicated), 2 layers of width 512."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
+    import models
+
+    graph = models.gpt("dp", 2, 64, batch=32, seq=64, dim=512, heads=8, layers=2)
+    return build_problem(next(iter(lg.graphs(graph))), load_device("cpu", [0, 1]))
+
+
+def reduced_to_columns(problem, choice) -> list[str]:
+    """The matrices reduced from partial sums to a split of their columns:
+    the runtime packs each for MPI, and the gathers that follow unpack."""
+    exact = problem.exact()
+    found = []
+    for u, node in enumerate(problem.nodes):
+        if node.candidates[choice[u]][1] != (Sbp.P,) or problem.sizes[u][1] != 2:
+            continue
+        if any(problem.nodes[v].candidates[choice[v]][0][j] == (Sbp.S(1),) for v, j in exact.slots[u]):
+            found.append(node.op.name)
+    return found
+
+
+def test_the_uses_of_a_reduced_gradient_move_to_rows_together(monkeypatch):
+    # Adam reads a weight's gradient twice (its two moments). Where the
+    # search left both uses on columns, moving either alone to rows costs a
+    # second reduction, so single and pair moves keep the columns, and the
+    # runtime packs each reduction and unpacks each gather. Split moves
+    # (ExactCost.split_region) move such uses and their chains at once.
+    from sbpc.planning.sbp_problem import ExactCost
+
+    problem = data_parallel_gpt()
+    assert reduced_to_columns(problem, solve_auto(problem)) == []
+    with monkeypatch.context() as without:
+        without.setattr(ExactCost, "_split_moves", lambda self, choice, changed_at: False)
+        problem = data_parallel_gpt()
+        assert reduced_to_columns(problem, solve_auto(problem)) != []
