@@ -496,7 +496,9 @@ class ExactCost:
     connected region of split nodes at once to its replicated signature
     (first regions joined without boxing, then any connected region)
     (single moves cannot leave a plateau such as an elementwise chain
-    computed split whose result is gathered at the end); where neither
+    computed split whose result is gathered at the end), or from one split
+    to another (split_region: the uses of one reduced gradient with their
+    chains); where none of these
     finds a better plan, a producer and a consumer (or a parameter and its
     update) at once, every pair of their candidates (on an FSDP MLP the
     backward's input gradient and its gelu product move from replicated to

@@ -223,11 +223,11 @@ def test_sbp_infer_prices_a_slice_and_a_row_gather_on_what_they_read():
     module = parse_module("""
 sbp.placement @m cpu ranks [0, 1] mesh [2]
 lg.graph @g on @m {
-  %x = lg.input "x" : tensor<4096x64xf32>
-  %s = lg.slice %x starts [0, 0] limits [512, 64] strides [1, 1] : tensor<4096x64xf32> -> tensor<512x64xf32>
   %ids = lg.input "ids" : tensor<512xi64>
+  %x = lg.input "x" : tensor<4096x64xf32>
   %rows = lg.embedding %x, %ids : (tensor<4096x64xf32>, tensor<512xi64>) -> tensor<512x64xf32>
-  lg.output ["s", "rows"] %s, %rows : tensor<512x64xf32>, tensor<512x64xf32>
+  %s = lg.slice %x starts [0, 0] limits [512, 64] strides [1, 1] : tensor<4096x64xf32> -> tensor<512x64xf32>
+  lg.output ["rows", "s"] %rows, %s : tensor<512x64xf32>, tensor<512x64xf32>
 }
 """)
     cpu = load_cluster("cpu", 2)
