@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from sbpc.dialects.pieces import coords, piece, staged_elements
 from sbpc.dialects.sbp import COLLECTIVES, PlainNd, Sbp, hierarchy_violation, step_collective
 from sbpc.perf.cluster import Rates
 
@@ -145,25 +146,28 @@ def joins_a_bucket(step: Step, mesh: Sequence[int]) -> bool:
     return step.kind == "all_reduce" or (step.kind == "reduce_scatter" and step.dst[a] == Sbp.S(0))
 
 
-def staged_shares(step: Step, mesh: Sequence[int]) -> tuple[float, float]:
+@lru_cache(maxsize=4096)
+def staged_shares(step: Step, mesh: tuple[int, ...], rank: int) -> tuple[float, float]:
     """The shares of the global tensor one device copies around a collective
-    besides what MPI moves, as the runtime stages them and the simulator
-    charges them (pieces.staged_elements): packed before the call, unpacked
-    after it. MPI needs each member's block contiguous, so an all_gather of
-    a split other than the rows' unpacks its result, a reduce_scatter to
-    one packs its input, and an all_to_all between splits packs what it
-    sends and unpacks what the others send. (A split of axis k > 0 whose
-    leading axes have one element would lie in order too; the tensor's
-    shape is not known here, so it is charged.)"""
-    a, p = step.mesh_axis, mesh[step.mesh_axis]
-    src, dst = step.src[a], step.dst[a]
-    if step.kind == "all_gather" and p > 1 and src.is_split and src.axis != 0:
-        return 0.0, local_fraction(step.dst, mesh)
-    if step.kind == "reduce_scatter" and p > 1 and dst.is_split and dst.axis != 0:
-        return local_fraction(step.src, mesh), 0.0
-    if step.kind == "all_to_all" and src.is_split and dst.is_split:
-        return local_fraction(step.src, mesh), local_fraction(step.dst, mesh) * (p - 1) / p
-    return 0.0, 0.0
+    besides what MPI moves: packed before the call, unpacked after it, by
+    the runtime's own rule (pieces.staged_elements, which the simulator
+    charges too) on a tensor of `rank` axes that every mesh axis splits
+    evenly. (Such a tensor's leading axes have several elements: where a
+    real one's have one, a split of a later axis lies in order and copies
+    nothing, which the shape-free cost model does not know.) Rows grouped
+    or gathered by an index (G, I) have no pieces before run time: nothing
+    is charged for them, as before."""
+    if any(s.is_grouped or s.is_indexed for s in (*step.src, *step.dst)):
+        return 0.0, 0.0
+    shape = (2 * math.prod(mesh),) * rank
+    points = coords(mesh)
+    src = {i: piece(shape, step.src, mesh, c) for i, c in enumerate(points)}
+    dst = {i: piece(shape, step.dst, mesh, c) for i, c in enumerate(points)}
+    a = step.mesh_axis
+    group = [i for i, c in enumerate(points) if all(x == 0 for b, x in enumerate(c) if b != a)]
+    packed, unpacked = staged_elements(step.kind, src, dst, group, 0)
+    whole = math.prod(shape)
+    return packed / whole, unpacked / whole
 
 
 def boxing_cost(src: PlainNd, dst: PlainNd, mesh: Sequence[int], rank: int, nbytes: float, device: Rates,
@@ -184,7 +188,8 @@ def boxing_cost(src: PlainNd, dst: PlainNd, mesh: Sequence[int], rank: int, nbyt
         if COLLECTIVES[s.kind].communicates:
             alone = device.collective_time(s.kind, groups[s.mesh_axis], step_units(s, mesh) * nbytes,
                                            piece) + device.actor_overhead
-            alone += sum(device.copy_time(share * nbytes) for share in staged_shares(s, mesh) if share)
+            alone += sum(device.copy_time(share * nbytes) for share in staged_shares(s, tuple(mesh), rank)
+                         if share)
             if members > 1 and joins_a_bucket(s, mesh):
                 # sbp-bucket-collectives joins a reduction into a bucket where
                 # that pays, and leaves it alone where the bucket's copies

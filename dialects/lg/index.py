@@ -29,12 +29,6 @@ class EmbeddingOp(LgOp):
 
     KERNEL_KIND: ClassVar[str] = "gather"
 
-    @classmethod
-    def bytes_touched(cls, operand_bytes: Sequence[float], result_bytes: float) -> float:
-        # the rows it gathers and the indices, not the whole table (GPT-2's
-        # is 154 MB, a batch's rows a few MB)
-        return operand_bytes[1] + 2.0 * result_bytes
-
     name = "lg.embedding"
 
     table = operand_def(TensorLike)
@@ -47,6 +41,12 @@ class EmbeddingOp(LgOp):
     assembly_format = (
         "$table `,` $indices (`padding` $padding_idx^)? attr-dict `:` functional-type(operands, results)"
     )
+
+    @classmethod
+    def bytes_touched(cls, operand_bytes: Sequence[float], result_bytes: float) -> float:
+        # the rows it gathers and the indices, not the whole table (GPT-2's
+        # is 154 MB, a batch's rows a few MB)
+        return operand_bytes[1] + 2.0 * result_bytes
 
     def __init__(self, table: SSAValue, indices: SSAValue, padding_idx: int | None = None):
         props = {} if padding_idx is None else {"padding_idx": IntegerAttr(padding_idx, i64)}
