@@ -88,13 +88,12 @@ being at least a tenth of its actor's time (else the arithmetic does not
 show: the scale stays 1 and the fixed cost is the median remainder)."""
 
 
-def fit_kernel_costs(probe: Sequence[Sequence[Any]], rates: Cluster,
-                     fit_scales: bool = True) -> tuple[dict[str, float], dict[str, float]]:
+def fit_kernel_costs(probe: Sequence[Sequence[Any]], rates: Cluster) -> tuple[dict[str, float], dict[str, float]]:
     """(fixed seconds per call, scale on the rate-bound time) per kernel, from
     the probe's traced actors [kernel, flops, bytes, dtype, calls, seconds]
     priced at `rates` (a cluster without kernel costs): seconds = calls *
     fixed + scale * roofline, least squares with both >= 0, where the probe
-    has that kernel at sizes far enough apart (and `fit_scales`). A fused chain's
+    has that kernel at sizes far enough apart. A fused chain's
     fixed cost is per step of the chain (its calls)."""
     points: dict[str, list[tuple[float, float, float]]] = {}
     for kernel, flops, nbytes, dtype, calls, seconds in probe:
@@ -104,7 +103,7 @@ def fit_kernel_costs(probe: Sequence[Sequence[Any]], rates: Cluster,
     for kernel, rows in sorted(points.items()):
         per_call = [core / calls for calls, core, _ in rows]
         largest = max(rows, key=lambda r: r[1])
-        if (fit_scales and min(per_call) > 0 and max(per_call) >= SEPARABLE_SPREAD * min(per_call)
+        if (min(per_call) > 0 and max(per_call) >= SEPARABLE_SPREAD * min(per_call)
                 and largest[1] >= 0.1 * largest[2]):
             fixed, scale = fit_nonnegative([[calls, core] for calls, core, _ in rows], [t for *_, t in rows])
             if scale > 0:
@@ -184,7 +183,8 @@ def fit_cluster(raw: Mapping[str, Any], name: str | None = None) -> Fitted:
     # rate-bound time (fit_kernel_costs).
     unit = DeviceModel(kind="cpu", memory=1.0, peak_flops={"f32": gemm_rate}, efficiency=1.0,
                        vector_flops=vector_flops, memory_bandwidth=bandwidth, kernel_overhead=0.0,
-                       cache_bytes=cache_bytes if cache_bandwidth else 0.0, cache_bandwidth=cache_bandwidth)
+                       cache_bytes=cache_bytes if cache_bandwidth else 0.0, cache_bandwidth=cache_bandwidth,
+                       timed_ranks_per_cpu=timed_ranks_per_core(raw))
     kernel_overheads, kernel_scales = _probe_costs(raw, unit)
     kind_overheads, kind_scales = by_kind(kernel_overheads), by_kind(kernel_scales)
     _kernel_figures(figures, kernel_overheads, kernel_scales, kind_overheads, kind_scales)
@@ -236,7 +236,7 @@ def fit_cluster(raw: Mapping[str, Any], name: str | None = None) -> Fitted:
         actor_overhead=actor, comm_overlap=overlap, kernel_overheads=kernel_overheads, kernel_scales=kernel_scales,
         kind_overheads=kind_overheads, kind_scales=kind_scales,
         cache_bytes=cache_bytes if cache_bandwidth else 0.0, cache_bandwidth=cache_bandwidth,
-        timed_ranks_per_cpu=max(1, -(-per_host // int(raw["cores"]))) if raw.get("cores") else 0,
+        timed_ranks_per_cpu=timed_ranks_per_core(raw),
     )
     # Ranks that outnumber a host's cores are bound to them round robin
     # (runtime/launch.py): the simulator then knows which collectives have
@@ -279,14 +279,31 @@ def _fit_collectives(measured: Mapping[str, Any], ranks: int, figures: dict[str,
 
 def _probe_costs(raw: Mapping[str, Any], rates: DeviceModel) -> tuple[dict[str, float], dict[str, float]]:
     """fit_kernel_costs of raw['probe'] against the rates of `rates` (a
-    device without kernel costs). Where ranks outnumber cores, the OS
-    switches ranks out between actors (the executor yields there): the
-    probe's actors then time as if each rank had a core, while the rates
-    were timed sharing them. Their ratio is no in-step scale, so those
-    kernels keep scale 1 there."""
+    device without kernel costs). A probe actor times a core of its own:
+    where ranks outnumber cores, the OS switches ranks between actors (the
+    executor yields where it waits). Rates timed with more ranks than that
+    on each core (`timed_ranks_per_cpu`: a calibration before they were
+    timed a rank a core) take each actor's time that many times over, its
+    time at their crowding; fitted as measured against such rates, the
+    narrow MLP's fused chains on 4 ranks of 2 cores were priced at 10x
+    their in-step time, and a cross-entropy's 85 us fixed cost read as 240."""
     isolated = Cluster(name="rates", count=1, device=rates, levels=(Level("one", 1, 1.0, 0.0),))
-    ranks = int(raw["ranks"])
-    return fit_kernel_costs(raw.get("probe", []), isolated, fit_scales=ranks <= int(raw.get("cores", ranks)))
+    share = rates.timed_ranks_per_cpu or 1
+    probe = [[*row[:5], share * float(row[5])] for row in raw.get("probe", [])]
+    return fit_kernel_costs(probe, isolated)
+
+
+def timed_ranks_per_core(raw: Mapping[str, Any]) -> int:
+    """How many of a host's ranks computed on each core while the kernels
+    were timed: one (runtime/calibrate.py times a rank a core), or, in raw
+    timings from before that, every rank of the host (0 where the cores are
+    not known)."""
+    if "timed_ranks_per_core" in raw:
+        return int(raw["timed_ranks_per_core"])
+    if not raw.get("cores"):
+        return 0
+    per_host = int(raw.get("ranks_per_host", raw["ranks"]))
+    return max(1, -(-per_host // int(raw["cores"])))
 
 
 def _kernel_figures(figures: dict[str, Any], overheads: Mapping[str, float], scales: Mapping[str, float],

@@ -1,6 +1,9 @@
 """The timed runs behind `sbp-calibrate`: this machine measured on N MPI
-ranks, all ranks at once (as a plan runs them, sharing cores, caches and
-memory bandwidth), with the runtime's own kernels and MPI calls.
+ranks, with the runtime's own kernels and MPI calls. Collectives run on all
+ranks at once, as a plan runs them. Kernels run on one rank of each core at
+once (sharing caches and memory bandwidth as a plan's ranks do); where ranks
+outnumber cores, the rest sleep meanwhile, and the simulator prices ranks
+that share a core (perf/step_time.py).
 
     mpiexec -n N python -m sbpc.runtime.calibrate RAW.json [--quick]
 
@@ -376,6 +379,26 @@ def last_level_cache() -> float:
     return float(max(sizes, default=0))
 
 
+def one_rank_per_core(world: MPI.Comm, node: MPI.Comm, cores: int) -> MPI.Comm:
+    """The ranks that time kernels: the first `cores` of each host, each on a
+    core of its own (the launcher binds a host's rank i to core i mod cores,
+    runtime/launch.py), world's rank 0 among them; COMM_NULL on the others,
+    which sit_out meanwhile. Timed with two ranks on each core, a kernel took
+    up to 3x its time alone, not 2x (4 ranks on 2 cores: 512^3 GEMMs at 47
+    GFLOP/s against 147), where a plan's ranks mostly take turns on a core
+    (each yields as it waits), as the simulator prices them: its 4-rank
+    predictions were 14-34% too slow."""
+    return world.Split(0 if node.rank < cores else MPI.UNDEFINED, world.rank)
+
+
+def sit_out(world: MPI.Comm) -> None:
+    """Waits for every rank to get here, asleep: a rank that polled (MPICH's
+    barrier spins) would take its core from the timing rank beside it."""
+    request = world.Ibarrier()
+    while not request.Test():
+        time.sleep(1e-3)
+
+
 def host_cores(node: MPI.Comm) -> int:
     """The cores this host's ranks (`node`) run on: each rank's own is one
     where the launcher bound them (runtime/launch.py), so their union."""
@@ -405,9 +428,14 @@ def main(argv: list[str] | None = None) -> int:
     raw: dict = {"ranks": world.size, "host": platform.node(), "cpu": cpu_model(), "blas": blas_kernels_named(),
                  "date": time.strftime("%Y-%m-%d"), "quick": options.quick}
     if options.probes_only:
-        raw["probe"] = [row for plan_path, feeds_path in options.probe
-                        for row in measure_probe(world, plan_path, feeds_path, options.quick)]
-        raw["cores"] = host_cores(world.Split_type(MPI.COMM_TYPE_SHARED))
+        node = world.Split_type(MPI.COMM_TYPE_SHARED)
+        raw["cores"] = host_cores(node)
+        timing = one_rank_per_core(world, node, raw["cores"])
+        if timing != MPI.COMM_NULL:
+            raw["probe"] = [row for plan_path, feeds_path in options.probe
+                            for row in measure_probe(timing, plan_path, feeds_path, options.quick)]
+        sit_out(world)
+        raw["timed_ranks_per_core"] = 1
         if world.rank == 0:
             with open(options.output, "w") as f:
                 json.dump(raw, f, indent=1)
@@ -430,9 +458,14 @@ def main(argv: list[str] | None = None) -> int:
     # measured at the start and at the end, and the less disturbed kept (a
     # disturbance only adds time), as the benchmarks keep their fastest run.
     sync = measure_sync(world, options.quick) if world.size > 1 else None
-    raw.update(measure_compute(world, options.quick))
-    raw["probe"] = [row for plan_path, feeds_path in options.probe
-                    for row in measure_probe(world, plan_path, feeds_path, options.quick)]
+    cores = host_cores(node)
+    timing = one_rank_per_core(world, node, cores)
+    if timing != MPI.COMM_NULL:
+        raw.update(measure_compute(timing, options.quick))
+        raw["probe"] = [row for plan_path, feeds_path in options.probe
+                        for row in measure_probe(timing, plan_path, feeds_path, options.quick)]
+    sit_out(world)
+    raw["timed_ranks_per_core"] = 1
     raw["collectives"] = measure_collectives(world, options.quick, raw.get("ranks_per_host", 1)) \
         if world.size > 1 else {}
     raw["overlap"] = measure_overlap(world, options.quick) if world.size > 1 else None
@@ -443,8 +476,8 @@ def main(argv: list[str] | None = None) -> int:
         raw["memory"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / world.size
     except (ValueError, OSError, AttributeError):
         raw["memory"] = 8 * 2**30
-    raw["cache_bytes"] = last_level_cache() / world.size
-    raw["cores"] = host_cores(node)
+    raw["cache_bytes"] = last_level_cache() / min(node.size, cores)  # a timing rank's share
+    raw["cores"] = cores
     if world.rank == 0:
         with open(options.output, "w") as f:
             json.dump(raw, f, indent=1)

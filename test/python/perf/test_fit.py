@@ -114,9 +114,21 @@ def test_probe_steps_at_two_sizes_give_a_kernels_fixed_cost_and_its_in_step_scal
     plain = fit_cluster(synthetic(2)).cluster.device
     assert "plan.fused" not in plain.kernel_scales and plain.kernel_overheads["plan.fused"] > 0
     assert plain.kernel_scales["lg.softmax"] == pytest.approx(1.0, rel=1e-3)
-    # where ranks outnumber cores, probe actors time a core of their own: no scales
+    # Where ranks outnumber cores (2 ranks on 1 here), a probe actor times a
+    # core of its own while the rates were timed with 2 ranks on each: its
+    # time at the rates' crowding is twice what it measured, fixed cost and
+    # scale alike, and the simulator halves that again where its mate waits.
     shared = fit_cluster({**raw, "cores": 1}).cluster.device
-    assert shared.kernel_scales == {} and shared.kernel_overheads["lg.matmul"] > 0
+    assert shared.timed_ranks_per_cpu == 2
+    assert shared.kernel_scales["lg.matmul"] == pytest.approx(2 * 1.3, rel=1e-3)
+    assert shared.kernel_overheads["lg.matmul"] == pytest.approx(2 * 5e-6, rel=1e-3)
+    assert shared.kernel_scales["plan.fused"] == pytest.approx(2 * 0.4, rel=1e-3)
+    # sbp-calibrate now times kernels a rank a core, the other ranks asleep:
+    # the figures are as measured, and the simulator crowds them
+    alone = fit_cluster({**raw, "cores": 1, "timed_ranks_per_core": 1}).cluster.device
+    assert alone.timed_ranks_per_cpu == 1
+    assert alone.kernel_scales["lg.matmul"] == pytest.approx(1.3, rel=1e-3)
+    assert alone.kernel_overheads["lg.matmul"] == pytest.approx(5e-6, rel=1e-3)
 
 
 def test_a_kernel_the_probe_does_not_run_is_priced_as_its_kind():

@@ -232,6 +232,8 @@ def test_calibration_on_two_hosts_writes_a_two_level_cluster_the_planner_reads(t
     assert "host all_reduce GB/s" in done.stdout and "network all_reduce GB/s" in done.stdout
     data = json.loads(cluster.read_text())
     assert [(level["name"], level["size"]) for level in data["levels"]] == [("host", 2), ("network", 2)]
+    # kernels timed on one rank of each core, the others asleep (runtime/calibrate.one_rank_per_core)
+    assert data["device"]["timed_ranks_per_cpu"] == 1
     assert all(level["collectives"]["all_reduce"]["bandwidth"] > 0 for level in data["levels"])
 
     from sbpc.perf.cluster import load_cluster
