@@ -56,9 +56,15 @@ def measure(module, repeats: int) -> dict[str, list[float]]:
         return piece_of(t, lookup_placement(device, t.placement).mesh(), 0)
 
     rows: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    def operand(r):
+        reg = registers[r.string_value()]
+        shape, dtype = tuple(reg.type.get_shape()), numpy_dtype(reg.type.element_type)
+        if dtype.kind in "iu":  # labels and indices: in range for any kernel's
+            return rng.integers(0, 2, shape).astype(dtype)
+        return np.array(rng.normal(size=shape), dtype)
+
     for actor, kernel in made.items():
-        ins = [np.array(rng.normal(size=tuple(registers[r.string_value()].type.get_shape())),
-                        numpy_dtype(registers[r.string_value()].type.element_type)) for r in actor.ins.data]
+        ins = [operand(r) for r in actor.ins.data]
         out_reg = registers[actor.outs.data[0].string_value()]
         out = np.empty(tuple(out_reg.type.get_shape()), numpy_dtype(out_reg.type.element_type))
         op, local = actor_kernel(ctx, actor, registers, piece)

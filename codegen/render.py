@@ -47,6 +47,18 @@ def _grid(n: int) -> list[int]:
 
 
 @dataclass(frozen=True)
+class IndexCheck:
+    """An operand of indices that must lie in [0, limit): the host checks it
+    before the kernel runs, as the op's numpy kernel does (C cannot raise)."""
+
+    op: str
+    """The lg op, named in the error."""
+    operand: int
+    what: str
+    limit: int
+
+
+@dataclass(frozen=True)
 class Kernel:
     """A kernel as both targets share it: `threads` independent runs of
     `body` (C statements over the thread index `i`, which may `return`
@@ -69,6 +81,7 @@ class Kernel:
     host_body: str | None = None
     """The host function's whole body where the threads' order would not
     vectorize (a reduction: see gen_reduce)."""
+    index_checks: tuple[IndexCheck, ...] = ()
 
     def declarations(self, restrict: bool) -> str:
         qualifier = " __restrict__" if restrict and self.restrict else ""

@@ -97,12 +97,14 @@ Kernel = Callable[..., np.ndarray]
 REFERENCE: Backend[Kernel] = Backend("the reference interpreter")
 
 
-def check_range(op: Operation, what: str, values: np.ndarray, limit: int) -> None:
-    """Indices and labels must lie in [0, limit): an error names the op."""
+def check_range(op: Operation | str, what: str, values: np.ndarray, limit: int) -> None:
+    """Indices and labels must lie in [0, limit): an error names the op (or
+    the op name given)."""
     if values.size:
         lo, hi = values.min(), values.max()
         if lo < 0 or hi >= limit:
-            raise EvaluationError(f"'{op.name}': {what} out of range [0, {limit}): min {lo}, max {hi}")
+            name = op if isinstance(op, str) else op.name
+            raise EvaluationError(f"'{name}': {what} out of range [0, {limit}): min {lo}, max {hi}")
 
 
 def erf(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:

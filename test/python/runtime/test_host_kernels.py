@@ -216,6 +216,67 @@ def test_max_pooling_in_c_computes_numpys_bit_for_bit(dtype):
             np.testing.assert_array_equal(got, want, err_msg=f"{op.name} {ins} {op.properties} trial {trial}")
 
 
+CROSS_ENTROPIES = [  # (local logits, global rows, label element type)
+    ((512, 16), 512, "i64"),  # a few classes: numpy's reductions cost a call's overhead a row
+    ((7, 3), 14, "i32"),  # half the batch of a split one: its share of the global mean
+    ((3, 5, 11), 15, "i64"),  # labels of two axes
+    ((4, 600), 4, "i32"),  # rows past CROSS_ENTROPY_CHUNK: exponentials a chunk at a time
+    ((0, 5), 6, "i64"),  # an empty piece of a split batch adds nothing
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cross_entropy_in_c_computes_numpys(dtype):
+    """lg.cross_entropy in generated C (one pass a row) against the numpy
+    kernel, a piece of a split batch included, a NaN logit and a row of
+    minus infinity (NaN losses, as numpy's), and a label out of range: an
+    error that names the op, as numpy's kernel raises, not a read past the row."""
+    from xdsl.dialects.builtin import TensorType, f32, f64, i32, i64
+    from xdsl.ir import Block
+
+    from sbpc.codegen.generators import Site, describe_site
+    from sbpc.dialects.sbp import Sbp
+    from sbpc.runtime import numpy_kernels
+    from sbpc.semantics.local_eval import LocalContext
+    from sbpc.semantics.reference import EvaluationError
+
+    element = f32 if dtype == np.float32 else f64
+    rng = np.random.default_rng(9)
+    for shape, global_rows, labels_type in CROSS_ENTROPIES:
+        labels_shape, labels_dtype = shape[:-1], np.int64 if labels_type == "i64" else np.int32
+        block = Block(arg_types=[TensorType(element, shape), TensorType(i64 if labels_type == "i64" else i32,
+                                                                        labels_shape)])
+        op = lg.CrossEntropyOp(block.args[0], block.args[1])
+        global_logits = (global_rows, shape[-1]) if len(shape) == 2 else shape
+        site = Site(name="k_ce", kernel=op.name, t="float" if dtype == np.float32 else "double",
+                    in_shapes=(shape, labels_shape), out_shape=(), props={}, global_in=global_logits,
+                    in_elems=(str(element), labels_type))
+        kernel = describe_site(site, host=True)
+        c_fire = host_kernels.Library([kernel]).bind(kernel)
+        split = (slice(0, shape[0]),) + tuple(slice(0, d) for d in shape[1:])
+        local = LocalContext((global_logits, global_logits[:-1]), (), (split, split[:-1]), (), (Sbp.B,))
+        numpy_fire = numpy_kernels.bind(op, local, [np.empty(shape, dtype), np.empty(labels_shape, labels_dtype)],
+                                        np.empty((), dtype))
+        for trial in range(3):
+            x = (rng.standard_normal(shape) * 4).astype(dtype)
+            labels = rng.integers(0, shape[-1], labels_shape).astype(labels_dtype)
+            if trial == 1 and x.size:
+                x.reshape(-1, shape[-1])[0, 1] = np.nan
+            if trial == 2 and x.size:
+                x.reshape(-1, shape[-1])[-1] = -np.inf
+            want, got = np.full((), -7, dtype), np.full((), -7, dtype)
+            with np.errstate(all="ignore"):  # as the executor runs kernels: NaN losses, no warnings
+                numpy_fire([x, labels], want)
+            c_fire([x, labels], got)
+            assert np.isnan(want) == (trial > 0 and x.size > 0)
+            np.testing.assert_allclose(got, want, rtol=1e-6 if dtype == np.float32 else 1e-14,
+                                       err_msg=f"{shape} of {global_rows} rows, trial {trial}")
+        if labels.size:
+            labels.reshape(-1)[-1] = shape[-1]
+            with pytest.raises(EvaluationError, match=r"'lg.cross_entropy': label out of range \[0, "):
+                c_fire([x, labels], got)
+
+
 @pytest.mark.parametrize("shape, axes", [((8, 6, 2, 2), (0, 2, 3)), ((4, 3, 5, 6), (0, 3)), ((4, 3, 5, 6), (0, 1, 3)),
                                          ((2, 3, 4, 5, 6), (0, 1, 3, 4))])
 def test_reductions_over_the_leading_and_trailing_axes_in_c_compute_numpys(shape, axes):
