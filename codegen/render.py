@@ -82,6 +82,7 @@ class Kernel:
     """The host function's whole body where the threads' order would not
     vectorize (a reduction: see gen_reduce)."""
     index_checks: tuple[IndexCheck, ...] = ()
+    """Operands of indices the host checks before each run (labels)."""
 
     def declarations(self, restrict: bool) -> str:
         qualifier = " __restrict__" if restrict and self.restrict else ""
