@@ -392,11 +392,12 @@ def one_rank_per_core(world: MPI.Comm, node: MPI.Comm, cores: int) -> MPI.Comm:
 
 
 def sit_out(world: MPI.Comm) -> None:
-    """Waits for every rank to get here, asleep: a rank that polled (MPICH's
-    barrier spins) would take its core from the timing rank beside it."""
-    request = world.Ibarrier()
-    while not request.Test():
-        time.sleep(1e-3)
+    """Waits for every rank to get here, asleep between polls (a rank that
+    spun, as MPICH's barrier does, or only yielded would take its core from
+    the timing rank beside it), under the runtime's watchdog."""
+    from .executor import rendezvous
+
+    rendezvous(world, "waiting for the ranks that time kernels", pause=lambda: time.sleep(1e-3))
 
 
 def host_cores(node: MPI.Comm) -> int:

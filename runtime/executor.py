@@ -26,7 +26,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import numpy as np
@@ -86,15 +86,16 @@ def settle_heap() -> None:
     gc.freeze()
 
 
-def rendezvous(world: MPI.Comm, what: str) -> None:
+def rendezvous(world: MPI.Comm, what: str, pause: Callable[[], None] = give_way) -> None:
     """A barrier under the watchdog: before a blocking exchange outside the
     plan (gathering the outputs), so a rank stuck in its step ends the job
-    instead of hanging the others in the exchange."""
+    instead of hanging the others in the exchange. `pause` runs between
+    polls (a rank that must not take its core from another sleeps there)."""
     seconds = watchdog_seconds()
     request = world.Ibarrier()
     deadline = time.monotonic() + seconds
     while not request.Test():
-        give_way()
+        pause()
         if time.monotonic() > deadline:
             raise RuntimeFailure(f"rank {world.rank}: {what}: not every rank arrived within {seconds:g} s "
                                  f"(watchdog, {WATCHDOG_VARIABLE}): a rank is stuck")
