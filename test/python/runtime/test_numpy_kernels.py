@@ -302,6 +302,25 @@ def test_matmul_in_column_blocks_equals_one_call(monkeypatch, ta, tb, batch):
     np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize(("rows", "k", "columns", "blocks"), [
+    (512, 768, 3072, 1),  # GPT-2 small's MLP on a rank: 2.4 GFLOP, but only 3072 columns
+    (4096, 128, 4096, 2),  # the MLP's weight gradient: two blocks of 2048
+    (512, 768, 50257, 24),  # GPT-2 small's vocabulary projection: 98 blocks of 400 MFLOP would be 513 wide
+    (64, 64, 65536, 1),  # wide but short: 537 MFLOP
+])
+def test_long_matmuls_run_in_blocks_only_as_wide_as_blas_keeps_its_rate(rows, k, columns, blocks):
+    """Blocks exist for MPI's progress, and each costs a repacking of the
+    left operand: narrow ones ran GPT-2's GEMMs at 0.59-0.94x one call's
+    rate (plan.MIN_BLOCK_COLUMNS), so a matmul is cut only into blocks of at
+    least 2048 columns and about 400 MFLOP."""
+    assert plan.matmul_blocks(2.0 * rows * k * columns, columns) == blocks
+    a = np.zeros((rows, k), np.float32)
+    b = np.zeros((k, columns), np.float32)
+    op = sbpc.dialects.lg.MatmulOp(plan_free_value(a.shape), plan_free_value(b.shape))
+    parts = numpy_kernels.bind_parts(op, [a, b], np.empty((rows, columns), np.float32))
+    assert (parts is None) == (blocks == 1)
+
+
 @pytest.mark.parametrize("tb", [False, True])
 @pytest.mark.parametrize("contiguous", [True, False])
 def test_matmul_of_a_stack_times_a_matrix_is_one_gemm(tb, contiguous):
