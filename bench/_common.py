@@ -135,6 +135,26 @@ def ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}x"
 
 
+def take_turns(first: tuple[float, float], mine: Callable[[], float], peer: Callable[[], float],
+               rounds: int) -> list[tuple[float, float]]:
+    """(sbpc, peer) seconds a step in `rounds` rounds, `first` the first: the
+    two take turns (sbpc's ranks wait while the peer's run), so a slow spell
+    of the machine falls on both rather than on one side of the ratio."""
+    out = [first]
+    for _ in range(rounds - 1):
+        out.append((mine(), peer()))
+    return out
+
+
+def report_turns(rounds: list[tuple[float, float]], peer: str) -> tuple[float, float, float, float]:
+    """Prints each round's times and ratio; returns sbpc's median time, the
+    median of the rounds' ratios, and the lowest and highest ratio."""
+    ratios = sorted(m / t for m, t in rounds)
+    table(["round", "sbpc s/step", f"{peer} s/step", f"sbpc / {peer}"],
+          [[str(i + 1), f"{m:.3f}", f"{t:.3f}", ratio(m, t)] for i, (m, t) in enumerate(rounds)])
+    return statistics.median(m for m, _ in rounds), statistics.median(ratios), ratios[0], ratios[-1]
+
+
 def stop_pools() -> None:
     """Stops the MPI rank pools sbpc.compile(...).run started (idle MPI ranks
     poll and would steal the cores from the next measurement)."""

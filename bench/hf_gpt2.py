@@ -2,12 +2,15 @@
 12 layers, dim 768) imported with `sbpc.from_torch` and trained on R ranks,
 against PyTorch DDP on R processes measured in the same run.
 
-    python bench/hf_gpt2.py [--ranks 2] [--steps 10] [--batch 8] [--seq 128] [--plan manual|auto] [--quick]
+    python bench/hf_gpt2.py [--ranks 2] [--steps 10] [--batch 8] [--seq 128] [--plan manual|auto] [--rounds 3]
+        [--quick]
 
-Prints the import and compile times, seconds per step (the median of the
-steps after the first), each step's loss beside PyTorch's (one process over
-the whole batch, the same SGD), and the peak resident memory per rank of
-both systems (VmHWM of sbpc's rank processes; ru_maxrss of DDP's). `--plan
+Prints the import and compile times, seconds per step (in each round the
+median of the steps after the first; sbpc and DDP take turns, `--rounds`
+times, and the ratio is the median of the rounds' ratios, beside their
+spread), each step's loss beside PyTorch's (one process over the whole
+batch, the same SGD), and the peak resident memory per rank of both
+systems (VmHWM of sbpc's rank processes; ru_maxrss of DDP's). `--plan
 auto` lets sbp-autoplan choose the plan (and prints its choice); `manual`
 is data parallel. `--quick` is a check that the script runs: a 2-layer
 GPT-2 of dim 64 over 1000 tokens, 3 steps. Needs `pip install -e ".[models]"`.
@@ -63,13 +66,23 @@ def run_sbpc(args, data) -> dict:
     start = time.perf_counter()
     exe = sbpc.compile(graph, optimizer=sbpc.optim.SGD(lr=args.lr), plan=args.plan)
     compiled = time.perf_counter() - start
+    return {"import_s": imported, "compile_s": compiled, **train_steps(exe, data), "exe": exe,
+            "plan": exe.autoplan.get("chosen", "data parallel (manual)")}
+
+
+def train_steps(exe, data) -> dict:
+    """One sbpc step per batch: the losses and each step's seconds."""
     losses, times = [], []
     for x in data:
         start = time.perf_counter()
         losses.append(float(exe.train_step({"input_ids": x.numpy(), "labels": x.numpy()}, outputs=["loss"])["loss"]))
         times.append(time.perf_counter() - start)
-    return {"import_s": imported, "compile_s": compiled, "losses": losses, "step_s": times,
-            "peaks": _common.rank_peaks(), "plan": exe.autoplan.get("chosen", "data parallel (manual)")}
+    return {"losses": losses, "step_s": times}
+
+
+def median_step(run: dict) -> float:
+    """A run's seconds a step: the median of the steps after the first."""
+    return statistics.median(run["step_s"][1:] or run["step_s"])
 
 
 def _sgd(args):
@@ -107,6 +120,7 @@ def main() -> int:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--plan", choices=("manual", "auto"), default="manual")
+    parser.add_argument("--rounds", type=int, default=3, help="turns of sbpc and DDP timed (default 3)")
     parser.add_argument("--quick", action="store_true", help="a tiny GPT-2, 3 steps: that the script runs")
     parser.add_argument("--role", choices=("ddp",), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -117,12 +131,16 @@ def main() -> int:
         print("summary: skipped (peer missing)")
         return 0
     if args.quick:
-        args.steps, args.batch, args.seq = 3, 4, 16
+        args.steps, args.batch, args.seq, args.rounds = 3, 4, 16, 1
     data = batches(args)
     sbpc_run = run_sbpc(args, data)
+    peaks = _common.rank_peaks()
+    ddp = run_ddp(args)
+    rounds = _common.take_turns((median_step(sbpc_run), median_step(ddp)),
+                                lambda: median_step(train_steps(sbpc_run["exe"], data)),
+                                lambda: median_step(run_ddp(args)), args.rounds)
     _common.stop_pools()
     reference = run_torch_reference(args, data)
-    ddp = run_ddp(args)
     name = "GPT-2 (quick: 2 layers, dim 64)" if args.quick else "GPT-2 small"
     print(f"{name}, batch {args.batch} x {args.seq}, {args.ranks} ranks, SGD; sbpc plan: {sbpc_run['plan']}")
     print(f"import {sbpc_run['import_s']:.1f} s, compile {sbpc_run['compile_s']:.1f} s")
@@ -130,16 +148,15 @@ def main() -> int:
     print("loss per step, sbpc / PyTorch: " + ", ".join(f"{a:.6f}/{b:.6f}" for a, b in zip(sbpc_run["losses"],
                                                                                             reference)))
     print(f"worst relative loss difference: {worst:.2e}")
-    sbpc_step = statistics.median(sbpc_run["step_s"][1:] or sbpc_run["step_s"])
-    ddp_step = statistics.median(ddp["step_s"][1:] or ddp["step_s"])
-    _common.table(["", "s/step (median after the first)", "peak GiB per rank"], [
-        ["sbpc", f"{sbpc_step:.2f}", ", ".join(f"{p:.2f}" for p in sbpc_run["peaks"])],
-        ["PyTorch DDP", f"{ddp_step:.2f}", ", ".join(f"{p:.2f}" for p in ddp["peaks"])],
-        ["sbpc / DDP", _common.ratio(sbpc_step, ddp_step),
-         _common.ratio(max(sbpc_run["peaks"], default=None), max(ddp["peaks"]))],
+    sbpc_step, ratio, lowest, highest = _common.report_turns(rounds, "DDP")
+    _common.table(["", "peak GiB per rank"], [
+        ["sbpc", ", ".join(f"{p:.2f}" for p in peaks)],
+        ["PyTorch DDP", ", ".join(f"{p:.2f}" for p in ddp["peaks"])],
+        ["sbpc / DDP", _common.ratio(max(peaks, default=None), max(ddp["peaks"]))],
     ])
-    print(f"summary: sbpc {sbpc_step:.2f} s/step, {_common.ratio(sbpc_step, ddp_step)} DDP's; peak "
-          f"{_common.ratio(max(sbpc_run['peaks'], default=None), max(ddp['peaks']))} DDP's; loss within {worst:.1e}")
+    print(f"summary: sbpc {sbpc_step:.2f} s/step, {ratio:.2f}x DDP's time (median of {len(rounds)} rounds, "
+          f"{lowest:.2f}x-{highest:.2f}x); peak {_common.ratio(max(peaks, default=None), max(ddp['peaks']))} "
+          f"DDP's; loss within {worst:.1e}")
     return 0
 
 

@@ -138,11 +138,9 @@ def main() -> int:
     def median_step(run: dict) -> float:
         return statistics.median(run["step_s"][1:] or run["step_s"])
 
-    # the two take turns (sbpc's ranks wait while DDP's run): a slow spell
-    # of the machine falls on both
-    rounds = [(median_step(sbpc_run), median_step(run_ddp(args)))]
-    for _ in range(args.rounds - 1):
-        rounds.append((median_step(train_steps(sbpc_run["exe"], data)), median_step(run_ddp(args))))
+    rounds = _common.take_turns((median_step(sbpc_run), median_step(run_ddp(args))),
+                                lambda: median_step(train_steps(sbpc_run["exe"], data)),
+                                lambda: median_step(run_ddp(args)), args.rounds)
     _common.stop_pools()
     name = "ResNet (quick: 2 stages)" if args.quick else "ResNet-18 layout at half width"
     print(f"{name}, batch {args.batch} of {args.size}x{args.size}, {args.ranks} ranks data parallel, SGD")
@@ -162,13 +160,9 @@ def main() -> int:
     # a kink later, so the two spreads differ step by step but not in kind
     exact = [abs(a - b) / abs(b) for a, b in zip(sbpc64["losses"], reference64)]
     print("sbpc float64 against PyTorch float64, the same steps: " + ", ".join(f"{g:.1e}" for g in exact))
-    ratios = sorted(m / t for m, t in rounds)
-    mine = statistics.median(m for m, _ in rounds)
-    ratio = statistics.median(ratios)
-    _common.table(["round", "sbpc s/step", "DDP s/step", "sbpc / DDP"],
-                  [[str(i + 1), f"{m:.3f}", f"{t:.3f}", _common.ratio(m, t)] for i, (m, t) in enumerate(rounds)])
+    mine, ratio, lowest, highest = _common.report_turns(rounds, "DDP")
     print(f"summary: sbpc {mine:.3f} s/step, {ratio:.2f}x DDP's time (median of {len(rounds)} rounds, "
-          f"{ratios[0]:.2f}x-{ratios[-1]:.2f}x); first loss within {worst:.1e}")
+          f"{lowest:.2f}x-{highest:.2f}x); first loss within {worst:.1e}")
     return 0
 
 
