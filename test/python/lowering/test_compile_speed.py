@@ -19,10 +19,18 @@ from sbpc.planning.cost_model import load_device
 @settings(max_examples=300, deadline=None)
 @given(buffers(), st.integers(0, 2**16))
 def test_first_fit_matches_the_pairwise_scan(bufs, seed):
+    # the segment tree (devices of more than SCAN_UP_TO buffers) against
+    # the scan, and each given up exactly when its arena reaches `beat`
     rng = random.Random(seed)
     keys = {id(b): rng.random() for b in bufs}
     for order in (*alloc.ORDERS, lambda b: keys[id(b)]):
-        assert alloc._first_fit(bufs, order) == alloc._first_fit_pairwise(bufs, order)
+        arena, offsets = alloc._first_fit_pairwise(bufs, order)
+        assert alloc._first_fit_segments(bufs, order) == (arena, offsets)
+        for first_fit in (alloc._first_fit_segments, alloc._first_fit_pairwise):
+            assert first_fit(bufs, order, beat=arena + 1) == (arena, offsets)
+            if arena:
+                given_up, none = first_fit(bufs, order, beat=arena)
+                assert none is None and given_up == arena
 
 
 def place_before(bufs):
