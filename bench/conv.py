@@ -1,5 +1,6 @@
-"""sbpc's convolution kernels on the CPU (the runtime's numpy kernels: the
-windows copied into scratch, then one batched GEMM) against PyTorch's CPU
+"""sbpc's convolution kernels on the CPU, as the executor binds them (the
+generated C where it runs one: a stem's weight gradient; else the numpy
+kernels: Winograd, or the windows copied into scratch and GEMMs) against PyTorch's CPU
 convolution, one thread each, on ResNet-50's layer shapes: the forward, the
 gradient for the input and the gradient for the weight, timed separately
 (best of several repeats).
@@ -28,12 +29,14 @@ QUICK = [("3x3", 8, 12, 16, 3, 1, 1), ("1x1/2", 16, 8, 8, 1, 2, 0)]
 
 
 def sbpc_kernels(batch: int, c: int, size: int, o: int, k: int, stride: int, padding: int):
-    """The three bound numpy kernels of one layer and their arrays."""
+    """The three kernels of one layer as the executor binds them, and their arrays."""
     from xdsl.dialects.builtin import TensorType, f32
     from xdsl.ir import Block
 
     from sbpc.dialects import lg
-    from sbpc.runtime import numpy_kernels
+    from sbpc.dialects.sbp import Sbp
+    from sbpc.runtime import host_kernels, numpy_kernels
+    from sbpc.semantics.local_eval import LocalContext
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, c, size, size), dtype=np.float32)
@@ -49,7 +52,9 @@ def sbpc_kernels(batch: int, c: int, size: int, o: int, k: int, stride: int, pad
     dx, dw = np.empty_like(x), np.empty_like(w)
     runs = []
     for op, ins, out in ((forward, [x, w], y), (to_input, [g, w], dx), (to_weight, [x, g], dw)):
-        fire = numpy_kernels.NUMPY[type(op)](op, None, ins, out)
+        whole = [tuple(slice(0, d) for d in a.shape) for a in (*ins, out)]
+        local = LocalContext(tuple(a.shape for a in ins), out.shape, tuple(whole[:-1]), whole[-1], (Sbp.B,))
+        fire = host_kernels.bind_kernel(op, local, ins, out) or numpy_kernels.NUMPY[type(op)](op, None, ins, out)
         runs.append(lambda fire=fire, ins=ins, out=out: fire(ins, out))
     return runs, (x, w, g)
 
@@ -86,6 +91,7 @@ def main() -> int:
             if peer_ms:
                 ratios.append(ms / peer_ms)
     print(f"conv2d, batch {batch}, one thread each, best of {args.repeats}")
+    print(_common.blas_kernels())
     _common.table(["layer", "sbpc ms", "PyTorch ms", "sbpc / PyTorch"], rows)
     middle = f"median {_common.median(ratios):.2f}x PyTorch's time" if ratios else "no peer"
     print(f"summary: sbpc's conv2d kernels (forward and gradients) {middle}")

@@ -83,6 +83,10 @@ class Kernel:
     vectorize (a reduction: see gen_reduce)."""
     index_checks: tuple[IndexCheck, ...] = ()
     """Operands of indices the host checks before each run (labels)."""
+    contract: bool = False
+    """The host function may fuse a * b + c into one multiply-add (the file
+    is built without: -ffp-contract=off). Only for a sum of products that a
+    GEMM would round the same way anyway (its order and fusing are BLAS's)."""
 
     def declarations(self, restrict: bool) -> str:
         qualifier = " __restrict__" if restrict and self.restrict else ""
@@ -138,6 +142,12 @@ HOST_PRELUDE = """#include <math.h>
 /* The polynomial's steps as fused multiply-adds where the CPU has them
    (the build does not contract a * b + c by itself: the kernels round as
    numpy's do, step by step). */
+/* A function whose sums of products may fuse multiply-adds (Kernel.contract). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define SBPC_CONTRACT __attribute__((optimize("fp-contract=fast")))
+#else
+#define SBPC_CONTRACT
+#endif
 #ifdef __FMA__
 #define SBPC_FMA(a, b, c) fmaf(a, b, c)
 #else
@@ -202,7 +212,8 @@ def host_source(k: Kernel) -> str:
     if k.nest is not None:
         return f"#define T {k.t}\nvoid {k.name}({k.declarations(False)}) {{\n{_host_nest(k.nest)}}}\n#undef T\n"
     if k.host_body is not None:
-        return f"#define T {k.t}\nvoid {k.name}({k.declarations(False)}) {{\n{k.host_body}\n}}\n#undef T\n"
+        contract = "SBPC_CONTRACT " if k.contract else ""
+        return f"#define T {k.t}\n{contract}void {k.name}({k.declarations(False)}) {{\n{k.host_body}\n}}\n#undef T\n"
     return (
         f"#define T {k.t}\n"
         f"static inline void {k.name}_at(long i, {k.declarations(False)}) {{\n  {k.body}\n}}\n"

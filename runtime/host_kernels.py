@@ -69,7 +69,8 @@ no wider vector to prefer, and the flag changes nothing there."""
 REDUCTIONS = frozenset({"lg.reduce_sum", "lg.reduce_mean", "lg.reduce_max"})
 HOST_KERNELS = frozenset({plan.FUSED, *plan.FUSABLE_KERNELS, "lg.softmax", "lg.log_softmax", "lg.layernorm",
                           "lg.layernorm_grad", "lg.transpose", "lg.dropout", "lg.max_pool2d", "lg.max_pool2d_grad",
-                          "lg.sum_exp", "lg.token_cross_entropy_grad", "lg.cross_entropy", *REDUCTIONS})
+                          "lg.sum_exp", "lg.token_cross_entropy_grad", "lg.cross_entropy", "lg.conv2d_grad_weight",
+                          *REDUCTIONS})
 """Kernels whose generated C beats numpy's on this backend, measured by
 bench/host_kernels.py on the GPT step: fused chains 3x (one pass, the
 intermediates in registers), lone elementwise ops 1.3-2.5x, GELU 2.6x,
@@ -89,7 +90,11 @@ makes three (memory-bound: a numpy sum of them reads for 12.5 ms). The
 mean cross-entropy (codegen's host_cross_entropy; one core of a 2-core
 Intel Xeon, 2026-12-01): 26 against 100 us over 512 rows of 16 classes, 17
 against 39 us over 16 rows of 1000, 0.27 against 0.30 ms over the GPT's
-2048 rows of 28, 2.6 against 3.9 ms over 64 rows of GPT-2's 50257."""
+2048 rows of 28, 2.6 against 3.9 ms over 64 rows of GPT-2's 50257. The
+weight gradient of a convolution whose filters have few taps (a network's
+stem on RGB images; codegen's host_conv2d_grad_weight, which declines the
+others): ResNet's 7x7 stride-2 stem, 20.6-21.2 ms against 34.7 (one core of
+a 2-core AMD EPYC, Zen 4, 2026-12-02)."""
 
 Fire = Callable[[Sequence[np.ndarray], np.ndarray], None]
 

@@ -432,3 +432,83 @@ def test_winograd_falls_back_to_im2col_where_its_library_cannot_be_written(monke
     monkeypatch.setattr(winograd_kernels, "_library", functools.cache(winograd_kernels._library.__wrapped__))
     assert not winograd_kernels.applies((8, 64, 16, 16), (64, 64, 3, 3), 1, (1, 1), (1, 1), (1, 1), np.float32)
     assert "convolving by im2col" in capsys.readouterr().err
+
+
+# (batch, channels, image size, filters, kernel, stride, padding): output
+# rows of one and of two vectors, filters and taps past whole register
+# blocks (4 x 6), strides 1 to 3
+DIRECT_GRAD_WEIGHTS = [
+    (2, 3, 32, 5, 7, 2, 3),  # a stem: rows of 16, 147 taps
+    (3, 2, 32, 7, 3, 1, 1),  # stride 1 (no phases to split), rows of 32
+    (1, 3, 47, 3, 5, 3, 2),  # stride 3
+    (2, 1, 34, 4, 3, 2, 0),  # the image's last row and column in no window
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_direct_conv_weight_gradient_computes_the_reference(dtype):
+    """lg.conv2d_grad_weight in generated C for filters of few taps
+    (codegen's host_conv2d_grad_weight: each image split into its stride's
+    phases, vectors along output rows summed in registers) against the
+    reference, fired twice (the phase planes are kept between firings), and
+    an infinity where no window reads stays out of every sum."""
+    from xdsl.dialects.builtin import TensorType, f32, f64
+    from xdsl.ir import Block
+
+    from sbpc.semantics.reference import REFERENCE
+
+    element = f32 if dtype == np.float32 else f64
+    rng = np.random.default_rng(13)
+    for n, c, size, o, k, stride, padding in DIRECT_GRAD_WEIGHTS:
+        conv = {"stride": (stride, stride), "padding": (padding, padding)}
+        x = rng.standard_normal((n, c, size, size)).astype(dtype)
+        ho = (size + 2 * padding - k) // stride + 1
+        g = rng.standard_normal((n, o, ho, ho)).astype(dtype)
+        block = Block(arg_types=[TensorType(element, x.shape), TensorType(element, g.shape)])
+        op = lg.Conv2dGradWeightOp(block.args[0], block.args[1], (k, k), **conv)
+        got = np.full((o, c, k, k), np.nan, dtype)
+        fire = host_kernels.bind_kernel(op, _whole(x, g, got), [x, g], got)
+        assert fire is not None, "the direct kernel declined"
+        if size - 1 + padding > (ho - 1) * stride + k - 1:  # the last row and column in no window
+            x[:, :, -1, :] = x[:, :, :, -1] = np.inf
+        want = REFERENCE[type(op)](op, x, g)
+        assert np.isfinite(want).all()
+        for _ in range(2):
+            fire([x, g], got)
+            np.testing.assert_allclose(got, want, rtol=0, atol=64 * np.finfo(dtype).eps * np.abs(want).max(),
+                                       err_msg=str((n, c, size, o, k, stride, padding)))
+
+
+def _whole(*arrays):
+    """The local context of arrays that are whole (unsplit) on one device."""
+    from sbpc.dialects.sbp import Sbp
+    from sbpc.semantics.local_eval import LocalContext
+
+    whole = [tuple(slice(0, d) for d in a.shape) for a in arrays]
+    return LocalContext(tuple(a.shape for a in arrays[:-1]), arrays[-1].shape, tuple(whole[:-1]), whole[-1],
+                        (Sbp.B,))
+
+
+def test_direct_conv_weight_gradient_declines_what_the_gemms_do_better():
+    """Images of many channels, output rows that are not whole vectors,
+    groups and dilation: the numpy kernel's windows and GEMMs (or Winograd) run."""
+    from xdsl.dialects.builtin import TensorType, f32
+    from xdsl.ir import Block
+
+    def binds(images, filters, kernel, **conv):
+        x = np.zeros(images, np.float32)
+        block = Block(arg_types=[TensorType(f32, images), TensorType(f32, (1, 1, 1, 1))])
+        probe = lg.Conv2dOp(block.args[0], Block(arg_types=[TensorType(f32, (filters, images[1] // conv.get(
+            "groups", 1), *kernel))]).args[0], **conv)
+        g = np.zeros(probe.result.type.get_shape(), np.float32)
+        grads = Block(arg_types=[TensorType(f32, x.shape), TensorType(f32, g.shape)])
+        op = lg.Conv2dGradWeightOp(grads.args[0], grads.args[1], kernel, **conv)
+        out = np.zeros((filters, images[1] // conv.get("groups", 1), *kernel), np.float32)
+        return host_kernels.bind_kernel(op, _whole(x, g, out), [x, g], out) is not None
+
+    assert binds((2, 3, 64, 64), 8, (7, 7), stride=(2, 2), padding=(3, 3))
+    assert not binds((2, 16, 32, 32), 8, (3, 3), padding=(1, 1))  # 16 channels
+    assert not binds((2, 3, 24, 24), 8, (7, 7), stride=(2, 2), padding=(3, 3))  # rows of 12
+    assert not binds((2, 3, 40, 40), 8, (7, 7), stride=(2, 2), padding=(3, 3))  # rows of 20
+    assert not binds((2, 4, 32, 32), 8, (3, 3), padding=(1, 1), groups=2)
+    assert not binds((2, 3, 40, 40), 8, (3, 3), padding=(2, 2), dilation=(2, 2))
