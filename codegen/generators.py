@@ -1076,8 +1076,8 @@ Such a filter's gradient is a GEMM of a small output (taps x filters) over
 a long sum (every output position of every image), which OpenBLAS runs
 below its rate. Batch 8, one core of a 2-core AMD EPYC (Zen 4),
 2026-12-02, against the numpy kernel's windows and GEMMs: ResNet's stem
-(3 channels, 7x7 stride 2, 224x224 images, 64 filters) 18.9-19.2 against
-30.7-36.2 ms (PyTorch's 21.1-22.0), a 3x3 stride-2 stem of 32 filters 4.2
+(3 channels, 7x7 stride 2, 224x224 images, 64 filters) 18.7-20.5 against
+30.7-36.2 ms (PyTorch's 21.1-22.9), a 3x3 stride-2 stem of 32 filters 4.2
 against 11.4, 3x3 stride 1 on 64x64 images 1.2 against 2.1, on 32x32 0.10
 against 0.17 ms. Where it lost: 16 channels and more (3x3 of 16 on 56x56,
 11.0 against 3.7 ms; a 1x1 of 256 channels, 19.8 against 5.2), whose
@@ -1097,17 +1097,19 @@ def host_conv2d_grad_weight(site: Site) -> Kernel:
     JB accumulators, each gradient vector and each plane vector loaded
     once), and summed across the vector's lanes once per image. The
     planes' border stays zero (never written: the static scratch is mapped
-    zero). A vector reads exactly the positions its windows read (output
-    rows are whole vectors), so an inf where no window reads reaches no
-    sum, as with the windows. Sums are in T, with
-    fused multiply-adds (a GEMM's rounding, not an elementwise op's)."""
+    zero). The planes are the function's own state: one call at a time, as
+    a rank's executor fires its actors. A vector reads exactly the
+    positions its windows read (output rows are whole vectors), so an inf
+    where no window reads reaches no sum, as with the windows. Sums are in
+    T, with fused multiply-adds (a GEMM's rounding, not an elementwise
+    op's)."""
     (n, c, h, w), (_, o, ho, wo) = site.in_shapes
     (sh, sw), (ph, pw), dilation, groups = _conv_site(site)
     kh, kw = site.out_shape[2:]
     taps = c * kh * kw
     if site.t not in ("float", "double") or groups != 1 or dilation != (1, 1) or sh != sw:
         raise Unsupported("a direct weight gradient of groups, dilation or unequal strides")
-    if c > DIRECT_GRAD_WEIGHT_CHANNELS or wo % 16 or n * o * ho == 0:
+    if c > DIRECT_GRAD_WEIGHT_CHANNELS or wo % 16 or n * c * o * ho == 0:
         raise Unsupported("a weight gradient that the GEMMs run faster")
     s = sh
     rows = ho + (kh - 1) // s  # of a plane: the rows some window reads

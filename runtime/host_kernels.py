@@ -93,8 +93,8 @@ against 39 us over 16 rows of 1000, 0.27 against 0.30 ms over the GPT's
 2048 rows of 28, 2.6 against 3.9 ms over 64 rows of GPT-2's 50257. The
 weight gradient of a convolution whose filters have few taps (a network's
 stem on RGB images; codegen's host_conv2d_grad_weight, which declines the
-others): ResNet's 7x7 stride-2 stem, 20.6-21.2 ms against 34.7 (one core of
-a 2-core AMD EPYC, Zen 4, 2026-12-02)."""
+others): ResNet's 7x7 stride-2 stem, 18.7-20.5 ms against 34.7 (batch 8,
+one core of a 2-core AMD EPYC, Zen 4, 2026-12-02)."""
 
 Fire = Callable[[Sequence[np.ndarray], np.ndarray], None]
 
