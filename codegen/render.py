@@ -134,6 +134,12 @@ HOST_PRELUDE = """#include <math.h>
 #define SBPC_PRAGMA(x) _Pragma(#x)
 #define SBPC_SUM(v) SBPC_PRAGMA(omp simd reduction(+:v))
 #define SBPC_MAX(v) SBPC_PRAGMA(omp simd reduction(max:v))
+/* A function whose sums of products may fuse multiply-adds (Kernel.contract). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define SBPC_CONTRACT __attribute__((optimize("fp-contract=fast")))
+#else
+#define SBPC_CONTRACT
+#endif
 /* exp in float: Cephes' expf (range reduction by ln 2, a degree-6 polynomial,
    within 3 ulp) written without branches, so a loop of it vectorizes; exact
    0 below -104, inf above 89, NaN kept. glibc's vector expf calls its scalar
@@ -142,12 +148,6 @@ HOST_PRELUDE = """#include <math.h>
 /* The polynomial's steps as fused multiply-adds where the CPU has them
    (the build does not contract a * b + c by itself: the kernels round as
    numpy's do, step by step). */
-/* A function whose sums of products may fuse multiply-adds (Kernel.contract). */
-#if defined(__GNUC__) && !defined(__clang__)
-#define SBPC_CONTRACT __attribute__((optimize("fp-contract=fast")))
-#else
-#define SBPC_CONTRACT
-#endif
 #ifdef __FMA__
 #define SBPC_FMA(a, b, c) fmaf(a, b, c)
 #else

@@ -91,7 +91,7 @@ mean cross-entropy (codegen's host_cross_entropy; one core of a 2-core
 Intel Xeon, 2026-12-01): 26 against 100 us over 512 rows of 16 classes, 17
 against 39 us over 16 rows of 1000, 0.27 against 0.30 ms over the GPT's
 2048 rows of 28, 2.6 against 3.9 ms over 64 rows of GPT-2's 50257. The
-weight gradient of a convolution whose filters have few taps (a network's
+weight gradient of a convolution over images of few channels (a network's
 stem on RGB images; codegen's host_conv2d_grad_weight, which declines the
 others): ResNet's 7x7 stride-2 stem, 18.7-20.5 ms against 34.7 (batch 8,
 one core of a 2-core AMD EPYC, Zen 4, 2026-12-02)."""
