@@ -34,9 +34,7 @@ def sbpc_kernels(batch: int, c: int, size: int, o: int, k: int, stride: int, pad
     from xdsl.ir import Block
 
     from sbpc.dialects import lg
-    from sbpc.dialects.sbp import Sbp
     from sbpc.runtime import host_kernels, numpy_kernels
-    from sbpc.semantics.local_eval import LocalContext
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, c, size, size), dtype=np.float32)
@@ -52,9 +50,7 @@ def sbpc_kernels(batch: int, c: int, size: int, o: int, k: int, stride: int, pad
     dx, dw = np.empty_like(x), np.empty_like(w)
     runs = []
     for op, ins, out in ((forward, [x, w], y), (to_input, [g, w], dx), (to_weight, [x, g], dw)):
-        whole = [tuple(slice(0, d) for d in a.shape) for a in (*ins, out)]
-        local = LocalContext(tuple(a.shape for a in ins), out.shape, tuple(whole[:-1]), whole[-1], (Sbp.B,))
-        fire = host_kernels.bind_kernel(op, local, ins, out) or numpy_kernels.NUMPY[type(op)](op, None, ins, out)
+        fire = host_kernels.bind_kernel(op, None, ins, out) or numpy_kernels.NUMPY[type(op)](op, None, ins, out)
         runs.append(lambda fire=fire, ins=ins, out=out: fire(ins, out))
     return runs, (x, w, g)
 

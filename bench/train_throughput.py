@@ -120,6 +120,7 @@ def measure_sbpc(model: str, ranks: int, cfg: dict, steps: int, repeats: int, ap
     compile_s = time.perf_counter() - t0
     feeds = (mlp_feeds(cfg["batch"], np.random.default_rng(0)) if model == "mlp"
              else gpt_feeds(cfg, np.random.default_rng(0)))
+
     def api_steps() -> None:
         for _ in range(steps):
             exe.train_step(feeds)

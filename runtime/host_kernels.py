@@ -280,13 +280,15 @@ def beats_numpy(name: str, kernel: Kernel) -> bool:
 def bind_kernel(op, local, ins: Sequence[np.ndarray], out: np.ndarray) -> Fire | None:
     """The generated C for a lone lg op on these arrays, as the executor
     would run it (None where it runs numpy's): what sbp-calibrate times, so
-    the cluster's kernel rates are the ones that run."""
+    the cluster's kernel rates are the ones that run. `local` None: the
+    arrays are whole (a benchmark's, a test's)."""
     if op.name not in HOST_KERNELS or not enabled() or unavailable() is not None:
         return None
+    global_in = tuple(local.in_shapes[0] if local is not None else ins[0].shape) if ins else ()
     try:
         site = Site(name="k_" + op.name.replace(".", "_"), kernel=op.name, t=c_type(op.results[0].type.element_type),
                     in_shapes=tuple(x.shape for x in ins), out_shape=out.shape, props=dict(op.properties),
-                    global_in=tuple(local.in_shapes[0]) if ins else (), in_elems=tuple(_element(x) for x in ins))
+                    global_in=global_in, in_elems=tuple(_element(x) for x in ins))
         kernel = describe_site(site, host=True)
     except Unsupported:
         return None
