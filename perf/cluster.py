@@ -42,6 +42,7 @@ shows one); `load_cluster` validates it and names the field at fault.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 import math
@@ -110,6 +111,48 @@ class CollectiveFit:
     """Seconds per latency step (latency_steps)."""
     bandwidth: float
     """Bytes per second of the recorded per-device volume."""
+    measured: Sequence[Sequence[float]] = ()
+    """The calibration's own [volume, seconds] points, smallest volume
+    first, timed over `members` ranks. A collective of that many members
+    and a volume within their range is priced on the measured curve, not the
+    line: the line fitted over 1 KB to 16 MB priced the 16-256 KB
+    collectives of a tensor-parallel GPT at half what they measured (Zen 4:
+    an all_gather of 16 KB at 29 us, measured 61)."""
+    members: int = 0
+    """Ranks the `measured` points were timed over (0: no points)."""
+
+    def __post_init__(self) -> None:  # as read from a file or given: one form, compared alike
+        if isinstance(self.measured, list | tuple):
+            object.__setattr__(self, "measured", tuple(
+                tuple(p) if isinstance(p, list | tuple) else p for p in self.measured))
+
+    def on_curve(self, members: int, nbytes: float) -> float | None:
+        """Seconds of a collective of `members` ranks moving `nbytes`, read
+        off the measured points (log-log between the two around it; a
+        volume below the smallest measured costs what that one did, since a
+        collective has a floor its bytes do not lower); None outside them
+        or for another member count, where the line prices it."""
+        points = self.measured
+        if not points or members != self.members or nbytes > points[-1][0]:
+            return None
+        curve = _monotone(tuple(points))  # tuples of tuples since __post_init__: hashable
+        if nbytes <= curve[0][0]:
+            return curve[0][1]
+        i = bisect.bisect_left([v for v, _ in curve], nbytes)
+        (v0, t0), (v1, t1) = curve[i - 1], curve[i]
+        share = math.log(nbytes / v0) / math.log(v1 / v0)
+        return t0 * (t1 / t0) ** share
+
+
+@functools.lru_cache(maxsize=64)
+def _monotone(points: tuple[tuple[float, float], ...]) -> tuple[tuple[float, float], ...]:
+    """The points with each time at least those of the smaller volumes: more
+    bytes never cost less (a dip between two sizes is the machine's noise)."""
+    out, most = [], 0.0
+    for volume, seconds in points:
+        most = max(most, seconds)
+        out.append((volume, most))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -347,6 +390,11 @@ class Cluster:
         per device (the volume the IR records) into a result of `piece`
         bytes on each: over one rank the library copies the input into the
         result (MPI's send buffer into its receive buffer), nothing else."""
+        if len(ranks) > 1 and self.links is None:
+            fit = self.levels[self.level_of(ranks)].collectives.get(kind)
+            measured = fit.on_curve(len(ranks), nbytes) if fit is not None else None
+            if measured is not None:
+                return measured + self.collective_sync(ranks)
         latency, bandwidth = self.figures(kind, ranks)
         alone = self.copy_time(piece) if len(ranks) <= 1 and piece else 0.0
         return alpha_beta(kind, len(ranks), latency, bandwidth, nbytes) + alone + self.collective_sync(ranks)
@@ -617,10 +665,30 @@ def validate(c: Cluster) -> None:
                 raise ClusterError(f"{where}.collectives.{kind}: unknown kind (known: {', '.join(COLLECTIVE_KINDS)})")
             _positive(f"{where}.collectives.{kind}.latency", fit.latency, zero_ok=True)
             _positive(f"{where}.collectives.{kind}.bandwidth", fit.bandwidth)
+            _check_measured(f"{where}.collectives.{kind}", fit)
     total = math.prod(level.size for level in c.levels)
     if total != c.count:
         sizes = " x ".join(str(level.size) for level in c.levels)
         raise ClusterError(f"levels: the sizes multiply to {total} ({sizes}) but count is {c.count}")
+
+
+def _check_measured(where: str, fit: CollectiveFit) -> None:
+    points = fit.measured
+    if not isinstance(points, list | tuple):
+        raise ClusterError(f"{where}.measured: must be a list of [volume, seconds] pairs")
+    if not points:
+        return
+    if not isinstance(fit.members, int) or isinstance(fit.members, bool) or fit.members < 2:
+        raise ClusterError(f"{where}.members: the ranks its measured points were timed over, at least 2, "
+                           f"got {fit.members!r}")
+    last = 0.0
+    for i, point in enumerate(points):
+        if (not isinstance(point, list | tuple) or len(point) != 2
+                or not all(isinstance(x, int | float) and not isinstance(x, bool) and x > 0 for x in point)):
+            raise ClusterError(f"{where}.measured[{i}]: must be [volume, seconds], both positive, got {point!r}")
+        if point[0] <= last:
+            raise ClusterError(f"{where}.measured[{i}]: volumes must grow, got {point[0]!r} after {last!r}")
+        last = point[0]
 
 
 # -- reading ------------------------------------------------------------------------------

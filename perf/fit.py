@@ -261,8 +261,8 @@ def fit_cluster(raw: Mapping[str, Any], name: str | None = None) -> Fitted:
 def _fit_collectives(measured: Mapping[str, Any], ranks: int, figures: dict[str, Any], label: str
                      ) -> dict[str, CollectiveFit]:
     """Per kind, latency and bandwidth fitted to runtime.calibrate's
-    measure_collectives points of `ranks` members (their figures into
-    `figures`, named with `label`)."""
+    measure_collectives points of `ranks` members, and the points themselves
+    (their figures into `figures`, named with `label`)."""
     fits: dict[str, CollectiveFit] = {}
     for kind in COLLECTIVE_KINDS:
         points = measured.get(kind)
@@ -271,7 +271,12 @@ def _fit_collectives(measured: Mapping[str, Any], ranks: int, figures: dict[str,
         p = ranks if kind != "transfer" else 2
         steps = latency_steps(kind, p)
         latency, slope = fit_nonnegative([[steps, b] for b, _ in points], [t for _, t in points])
-        fits[kind] = CollectiveFit(latency=latency, bandwidth=1.0 / slope if slope > 0 else 1e18)
+        # the points too: a collective of their size is priced on them (CollectiveFit.measured)
+        curve = sorted((float(b), float(t)) for b, t in points if b > 0 and t > 0)
+        curve = [pt for i, pt in enumerate(curve) if i == 0 or pt[0] > curve[i - 1][0]]
+        fits[kind] = CollectiveFit(latency=latency, bandwidth=1.0 / slope if slope > 0 else 1e18,
+                                   measured=[list(pt) for pt in curve] if len(curve) > 1 else [],
+                                   members=p if len(curve) > 1 else 0)
         figures[f"{label}{kind} latency us"] = latency * 1e6
         figures[f"{label}{kind} GB/s"] = fits[kind].bandwidth / 1e9
     return fits

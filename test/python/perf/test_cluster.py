@@ -145,6 +145,17 @@ MALFORMED = [
     ("fit-missing", _fit({"latency": 0.0}), "levels[1].collectives.all_reduce.bandwidth: missing"),
     ("fit-bandwidth", _fit({"latency": 0.0, "bandwidth": 0}), "levels[1].collectives.all_reduce.bandwidth:"),
     ("fits-not-object", _set("levels.1.collectives", []), "levels[1].collectives: must be an object"),
+    ("fit-points-no-members", _fit({"latency": 0.0, "bandwidth": 1e9, "measured": [[1e3, 1e-5], [1e4, 2e-5]]}),
+     "levels[1].collectives.all_reduce.members: the ranks its measured points were timed over"),
+    ("fit-points-shrink", _fit({"latency": 0.0, "bandwidth": 1e9, "members": 2,
+                                "measured": [[1e4, 1e-5], [1e3, 2e-5]]}),
+     "levels[1].collectives.all_reduce.measured[1]: volumes must grow"),
+    ("fit-point-negative", _fit({"latency": 0.0, "bandwidth": 1e9, "members": 2, "measured": [[1e3, -1e-5]]}),
+     "levels[1].collectives.all_reduce.measured[0]: must be [volume, seconds], both positive"),
+    ("fit-point-not-pair", _fit({"latency": 0.0, "bandwidth": 1e9, "members": 2, "measured": [1e3, 1e-5]}),
+     "levels[1].collectives.all_reduce.measured[0]: must be [volume, seconds]"),
+    ("fit-points-not-list", _fit({"latency": 0.0, "bandwidth": 1e9, "members": 2, "measured": "fast"}),
+     "levels[1].collectives.all_reduce.measured: must be a list"),
     ("kind-unknown", _set("device.kind_scales", {"vector": 1.0}), "device.kind_scales.vector: not a kernel kind"),
     ("kind-scale", _set("device.kind_scales", {"row": 0.0}), "device.kind_scales.row:"),
     ("kind-overhead", _set("device.kind_overheads", {"gemm": -1.0}), "device.kind_overheads.gemm:"),
@@ -322,6 +333,38 @@ def test_a_collective_fit_overrides_its_kind_on_its_level():
     c = replace(h100_cluster(4), levels=(replace(NVLINK, collectives={"all_reduce": fit}), replace(INFINIBAND, size=4)))
     assert c.figures("all_reduce", list(range(8))) == (fit.latency, fit.bandwidth)
     assert c.figures("all_reduce", [0, 8]) == (INFINIBAND.latency, INFINIBAND.bandwidth)
+
+
+def test_a_collective_of_a_measured_size_costs_what_it_measured():
+    # points timed over 2 ranks that no line fits: a floor, then a knee, and a dip (noise)
+    points = [[1e3, 20e-6], [1e4, 20e-6], [1e5, 80e-6], [1e6, 70e-6], [1e7, 1e-3]]
+    fit = CollectiveFit(latency=5e-6, bandwidth=1e10, measured=points, members=2)
+    sync = 3e-6
+    c = replace(h100_cluster(1), name="two", count=2,
+                levels=(Level("machine", 2, 1e9, 1e-6, collectives={"all_gather": fit}, sync=sync, cores=1),))
+    assert c.collective_sync([0, 1]) == sync
+
+    def priced(nbytes: float, kind: str = "all_gather", ranks=(0, 1)) -> float:
+        return c.collective_time(kind, list(ranks), nbytes)
+
+    assert priced(1e5) == pytest.approx(80e-6 + sync)  # the line says 5 + 10 us
+    assert priced(1e7) == pytest.approx(1e-3 + sync)
+    assert priced(10 ** 4.5) == pytest.approx(math.sqrt(20e-6 * 80e-6) + sync)  # log-log between its neighbours
+    assert priced(1e6) == pytest.approx(80e-6 + sync)  # more bytes never cost less than fewer measured
+    assert priced(10 ** 6.5) == pytest.approx(math.sqrt(80e-6 * 1e-3) + sync)
+    assert priced(10.0) == pytest.approx(20e-6 + sync)  # below the smallest: the floor it measured
+    line = latency_steps("all_gather", 2) * 5e-6 + 1e8 / 1e10 + sync
+    assert priced(1e8) == pytest.approx(line)  # past the largest: the line
+    # other kinds on the level keep its generic figures; a fit without points prices by its line
+    assert priced(1e5, "all_reduce") == pytest.approx(latency_steps("all_reduce", 2) * 1e-6 + 1e5 / 1e9 + sync)
+    plain = replace(c, levels=(replace(c.levels[0], collectives={"all_gather": replace(fit, measured=(), members=0)}),))
+    assert plain.collective_time("all_gather", [0, 1], 1e5) == pytest.approx(5e-6 + 1e5 / 1e10 + sync)
+    # points timed over 2 ranks do not price a group of 4: their line does
+    four = replace(c, count=4, levels=(replace(c.levels[0], size=4),))
+    assert four.collective_time("all_gather", [0, 1, 2, 3], 1e5) == pytest.approx(
+        latency_steps("all_gather", 4) * 5e-6 + 1e5 / 1e10 + four.collective_sync([0, 1, 2, 3]))
+    # and the points survive a file
+    assert cluster_from_json(json.loads(json.dumps(c.to_json()))) == c
 
 
 def test_a_link_matrix_prices_a_ring_by_its_slowest_link():

@@ -210,6 +210,28 @@ def test_the_cost_of_members_arriving_apart_is_charged_to_every_collective():
     assert fit_cluster(raw).cluster.levels[0].sync == 0.0
 
 
+def test_the_fitted_cluster_prices_each_measured_collective_size_as_measured():
+    """The line is fitted over every size, but a collective of a measured
+    size costs what it measured: an all_gather whose small messages hit a
+    floor and whose 64 KB ones a knee (MPI's eager limit) fits no line."""
+    raw = synthetic(2)
+    measured = [[1e3, 20e-6], [1e4, 22e-6], [6.4e4, 60e-6], [1e6, 300e-6], [1e7, 2.2e-3]]
+    raw["collectives"]["all_gather"] = measured
+    cluster = fit_cluster(raw).cluster
+    fit = cluster.levels[0].collectives["all_gather"]
+    assert fit.members == 2 and [list(p) for p in fit.measured] == measured
+    for volume, seconds in measured:
+        assert cluster.collective_time("all_gather", [0, 1], volume) == pytest.approx(seconds), volume
+    line = latency_steps("all_gather", 2) * fit.latency + 6.4e4 / fit.bandwidth
+    assert abs(line / 60e-6 - 1) > 0.2  # what the line alone would have said
+    # the other kinds' exact timings: their points and their line agree at
+    # the sizes measured, and between them within the few percent that
+    # log-log interpolation bends an affine cost
+    alpha, beta = TRUE["collectives"]["reduce_scatter"]
+    assert cluster.collective_time("reduce_scatter", [0, 1], 1e5) == pytest.approx(alpha + 1e5 / beta, rel=1e-3)
+    assert cluster.collective_time("reduce_scatter", [0, 1], 3e5) == pytest.approx(alpha + 3e5 / beta, rel=0.05)
+
+
 def test_noisy_timings_give_figures_within_the_noise():
     cluster = fit_cluster(synthetic(2, noise=0.03, seed=1)).cluster
     assert cluster.device.gemm_rate("f32") == pytest.approx(TRUE["gemm_rate"], rel=0.1)

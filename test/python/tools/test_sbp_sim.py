@@ -43,3 +43,26 @@ def test_compare_with_a_real_trace(tmp_path, capsys):
     assert main([TRAIN, "--cluster", "cpu", "-n", "4", "--compare", str(trace)]) == 0
     out = capsys.readouterr().out
     assert "measured step" in out and "kernels in total" in out and "lg.matmul" in out
+
+
+def test_compare_measures_the_steady_state_as_the_prediction(tmp_path, capsys):
+    """A trace's first step pays what a run pays once (a kernel's first call
+    took 1.5 ms where the next took 0.1): the comparison measures the steps
+    after it, as the prediction is of the steps after its first."""
+    from sbpc.dialects import plan
+    from sbpc.tools.sbp_sim import load_plan
+
+    module = load_plan(TRAIN, "compile")
+    actor = next(a for p in plan.programs(module) for d in p.devices() for a in d.actors()
+                 if isinstance(a, plan.ComputeOp) and a.kernel.data == "lg.matmul")
+    name = actor.sym_name.data
+    starts_and_lengths = [(0, 1500), (1500, 100), (1600, 100)]  # microseconds: a slow first step, then two
+    events = [{"name": name, "ph": "X", "pid": 0, "tid": 0, "ts": ts, "dur": dur, "args": {"kernel": "lg.matmul"}}
+              for ts, dur in starts_and_lengths]
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    assert main([TRAIN, "--cluster", "cpu", "-n", "4", "--compare", str(trace)]) == 0
+    out = capsys.readouterr().out
+    assert "measured step 0.100 ms (2 steps in the trace after its first" in out, out
+    row = next(line for line in out.splitlines() if line.strip().startswith("lg.matmul"))
+    assert float(row.split()[1]) == 0.1, row  # one rank's 0.1 ms a step, the first step's 1.5 left out
