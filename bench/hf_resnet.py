@@ -127,8 +127,6 @@ def drift_over_seeds(args, exe) -> list[tuple[int, list[float], list[float], lis
     same initial weights), PyTorch's float32 and PyTorch's float32 on its
     other convolution. Which run departs first is a matter of where
     rounding lands, seed by seed; one seed's comparison is a draw."""
-    import torch
-
     rows = []
     for seed in range(1, args.seeds + 1):
         data = batches(args, seed)
@@ -137,7 +135,6 @@ def drift_over_seeds(args, exe) -> list[tuple[int, list[float], list[float], lis
         wide = run_reference64(args, data)
         torch32 = run_reference(args, data)
         other = run_reference_without_onednn(args, data)
-        torch.set_num_threads(1)
         rows.append((seed, *([abs(a - b) / abs(b) for a, b in zip(run, wide)] for run in (mine, torch32, other))))
     return rows
 

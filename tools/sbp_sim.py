@@ -108,8 +108,8 @@ def compare(prediction: Prediction, module: ModuleOp, trace_path: str, top: int 
     predicted = by_kind([(e.name, 0 if e.what in ("compute", "copy") else 1, e.end - e.start)
                          for e in steady if e.what != "issue" and not e.name.endswith((".feed", ".write_back"))],
                         len(simulated_ranks), prediction.steps - first)
-    lines = [f"measured step {measured_step * 1e3:.3f} ms ({steps} steps in the trace after its first, "
-             f"ranks {measured_ranks}), "
+    counted = f"{steps} steps in the trace after its first" if skipped else f"{steps} step in the trace"
+    lines = [f"measured step {measured_step * 1e3:.3f} ms ({counted}, ranks {measured_ranks}), "
              f"predicted {prediction.step_time * 1e3:.3f} ms ({prediction.step_time / measured_step - 1:+.1%})",
              "per step and device, ms:  what                      measured  predicted  difference"]
     keys = sorted(set(measured) | set(predicted), key=lambda k: -abs(measured.get(k, 0) - predicted.get(k, 0)))
