@@ -9,13 +9,17 @@ device and the critical path, without running it.
 FILE is lg or sbp IR (compiled with -p, default `compile`; for more than 64
 devices the plan is lowered for one representative device per class) or
 plan IR. `--compare` reads a trace written by `sbp-run --trace` of the same
-plan and shows where the measured and predicted steps differ.
+plan and shows where the measured and predicted steps differ: the steps
+after the first, time by kernel, and each collective kind by what it cost
+the step (the part of it no kernel covers).
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +30,7 @@ from xdsl.passes import PassPipeline
 from xdsl.utils.exceptions import DiagnosticException, ParseError
 
 from sbpc.dialects import parse_module, plan
+from sbpc.dialects.sbp import COLLECTIVES
 from sbpc.lowering import PASSES
 from sbpc.perf.cluster import ClusterError, load_cluster, presets
 from sbpc.perf.step_time import EXACT_LIMIT, Prediction, SimulationError, simulate_plan
@@ -69,7 +74,8 @@ def kernels_of(module: ModuleOp) -> dict[str, str]:
 
 def compare(prediction: Prediction, module: ModuleOp, trace_path: str, top: int = 12) -> str:
     """Measured (a runtime trace) against predicted, per step: the step, and
-    time by kernel and collective kind, largest differences first."""
+    time by kernel and, exposed (`exposed`), by collective kind, largest
+    differences first."""
     with open(trace_path) as f:
         data = json.load(f)
     events = [e for e in (data["traceEvents"] if isinstance(data, dict) else data) if e.get("ph") == "X"]
@@ -98,16 +104,33 @@ def compare(prediction: Prediction, module: ModuleOp, trace_path: str, top: int 
         out: dict[str, float] = {}
         for name, tid, seconds in items:
             key = kernel.get(name, name if tid == 0 else "comm")
+            if tid != 0 and _communicates(key):
+                key = f"{key} (exposed)"
             out[key] = out.get(key, 0.0) + seconds / ranks / n
         return out
 
-    measured = by_kind([(e["name"], e["tid"], e["dur"] / 1e6) for e in events], len(measured_ranks), steps)
+    # A collective's trace event runs from its issue to where the thread
+    # next found it complete, over the kernels the thread ran meanwhile:
+    # what it cost the step is the part no kernel covers, on either side.
+    comm = [e for e in events if e["tid"] != 0]
+    uncovered: dict[int, float] = {}
+    for rank in measured_ranks:
+        spans = [e for e in comm if e["pid"] == rank]
+        thread = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["pid"] == rank and e["tid"] == 0]
+        uncovered.update(zip(map(id, spans), exposed(thread, [(e["ts"], e["ts"] + e["dur"]) for e in spans])))
+    measured = by_kind([(e["name"], e["tid"], (uncovered[id(e)] if e["tid"] != 0 else e["dur"]) / 1e6)
+                        for e in events], len(measured_ranks), steps)
     simulated_ranks = {d.rank for d in prediction.devices}
     first = 1 if prediction.steps > 1 else 0  # the steady state, as the prediction
-    steady = [e for e in prediction.events if e.step >= first]
-    predicted = by_kind([(e.name, 0 if e.what in ("compute", "copy") else 1, e.end - e.start)
-                         for e in steady if e.what != "issue" and not e.name.endswith((".feed", ".write_back"))],
-                        len(simulated_ranks), prediction.steps - first)
+    steady = [e for e in prediction.events if e.step >= first and e.what != "issue"
+              and not e.name.endswith((".feed", ".write_back"))]
+    on_thread = ("compute", "copy")
+    for rank in simulated_ranks:
+        spans = [e for e in steady if e.device == rank and e.what not in on_thread]
+        thread = [(e.start, e.end) for e in steady if e.device == rank and e.what in on_thread]
+        uncovered.update(zip(map(id, spans), exposed(thread, [(e.start, e.end) for e in spans])))
+    predicted = by_kind([(e.name, 0, e.end - e.start) if e.what in on_thread else (e.name, 1, uncovered[id(e)])
+                         for e in steady], len(simulated_ranks), prediction.steps - first)
     counted = f"{steps} steps in the trace after its first" if skipped else f"{steps} step in the trace"
     lines = [f"measured step {measured_step * 1e3:.3f} ms ({counted}, ranks {measured_ranks}), "
              f"predicted {prediction.step_time * 1e3:.3f} ms ({prediction.step_time / measured_step - 1:+.1%})",
@@ -125,6 +148,49 @@ def compare(prediction: Prediction, module: ModuleOp, trace_path: str, top: int 
 
 def _is_comm(kind: str) -> bool:
     return kind in plan.CommOp.KINDS
+
+
+def _communicates(kind: str) -> bool:
+    """A collective that moves bytes between ranks (a local slice or copy, on
+    the communication stream too, costs its thread all its time)."""
+    return kind == "transfer" or (kind in COLLECTIVES and COLLECTIVES[kind].communicates)
+
+
+def exposed(busy: Sequence[tuple[float, float]], spans: Sequence[tuple[float, float]]) -> list[float]:
+    """For each span (a collective's, taken in order of start), the part of
+    it that none of `busy` (a thread's kernels) covers and that no earlier
+    span was given: collectives in flight together and waited for in one
+    gap share it, once."""
+    claimed = _union(busy)
+    out: list[float] = []
+    for lo, hi in sorted(spans):
+        gaps, at = [], lo
+        for start, end in claimed[max(0, bisect.bisect_right(claimed, (lo, math.inf)) - 1):]:
+            if start >= hi:
+                break
+            if start > at:
+                gaps.append((at, start))
+            at = max(at, end)
+        if at < hi:
+            gaps.append((at, hi))
+        out.append(sum(b - a for a, b in gaps))
+        claimed = _union(claimed + gaps)
+    order = sorted(range(len(spans)), key=lambda i: spans[i])
+    result = [0.0] * len(spans)
+    for i, value in zip(order, out, strict=True):
+        result[i] = value
+    return result
+
+
+def _union(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The intervals merged: sorted, disjoint."""
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
 
 
 def main(args: list[str] | None = None) -> int:

@@ -66,3 +66,19 @@ def test_compare_measures_the_steady_state_as_the_prediction(tmp_path, capsys):
     assert "measured step 0.100 ms (2 steps in the trace after its first" in out, out
     row = next(line for line in out.splitlines() if line.strip().startswith("lg.matmul"))
     assert float(row.split()[1]) == 0.1, row  # one rank's 0.1 ms a step, the first step's 1.5 left out
+
+
+def test_a_collective_costs_the_step_what_no_kernel_covers_and_once():
+    """A collective's trace event runs from its issue to where the thread
+    found it complete, over kernels the thread ran meanwhile: the comparison
+    counts the rest, and a stretch two collectives in flight together were
+    waited for in counts once."""
+    from sbpc.tools.sbp_sim import exposed
+
+    kernels = [(100.0, 400.0), (500.0, 900.0)]
+    assert exposed(kernels, [(0.0, 1000.0)]) == [300.0]  # 0-100, 400-500, 900-1000
+    assert exposed(kernels, [(150.0, 350.0)]) == [0.0]  # issued and completed inside one kernel's time
+    # two in flight over the same gaps: the first issued is given them, the
+    # second only what lies past the first's end; answers in the spans' order
+    assert exposed(kernels, [(420.0, 1100.0), (0.0, 1000.0)]) == [100.0, 300.0]
+    assert exposed([], [(0.0, 10.0), (5.0, 20.0)]) == [10.0, 10.0]
