@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -132,27 +133,23 @@ class CollectiveFit:
         volume below the smallest measured costs what that one did, since a
         collective has a floor its bytes do not lower); None outside them
         or for another member count, where the line prices it."""
-        points = self.measured
-        if not points or members != self.members or nbytes > points[-1][0]:
+        if not self.measured or members != self.members or nbytes > self.measured[-1][0]:
             return None
-        curve = _monotone(tuple(points))  # tuples of tuples since __post_init__: hashable
-        if nbytes <= curve[0][0]:
-            return curve[0][1]
-        i = bisect.bisect_left([v for v, _ in curve], nbytes)
-        (v0, t0), (v1, t1) = curve[i - 1], curve[i]
-        share = math.log(nbytes / v0) / math.log(v1 / v0)
-        return t0 * (t1 / t0) ** share
+        volumes, seconds = self._curve
+        if nbytes <= volumes[0]:
+            return seconds[0]
+        i = bisect.bisect_left(volumes, nbytes)
+        share = math.log(nbytes / volumes[i - 1]) / math.log(volumes[i] / volumes[i - 1])
+        return seconds[i - 1] * (seconds[i] / seconds[i - 1]) ** share
 
-
-@functools.lru_cache(maxsize=64)
-def _monotone(points: tuple[tuple[float, float], ...]) -> tuple[tuple[float, float], ...]:
-    """The points with each time at least those of the smaller volumes: more
-    bytes never cost less (a dip between two sizes is the machine's noise)."""
-    out, most = [], 0.0
-    for volume, seconds in points:
-        most = max(most, seconds)
-        out.append((volume, most))
-    return tuple(out)
+    @functools.cached_property
+    def _curve(self) -> tuple[list[float], list[float]]:
+        """The points as (volumes, seconds), each time at least those of the
+        smaller volumes: more bytes never cost less (a dip between two sizes
+        is the machine's noise). Made once, on the first collective priced."""
+        volumes = [float(v) for v, _ in self.measured]
+        seconds = list(itertools.accumulate((float(t) for _, t in self.measured), max))
+        return volumes, seconds
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,8 @@ from xdsl.passes import PassPipeline
 from xdsl.utils.exceptions import DiagnosticException, ParseError
 
 from sbpc.dialects import parse_module, plan
-from sbpc.dialects.sbp import COLLECTIVES
 from sbpc.lowering import PASSES
-from sbpc.perf.cluster import ClusterError, load_cluster, presets
+from sbpc.perf.cluster import COLLECTIVE_KINDS, ClusterError, load_cluster, presets
 from sbpc.perf.step_time import EXACT_LIMIT, Prediction, SimulationError, simulate_plan
 
 
@@ -104,7 +103,7 @@ def compare(prediction: Prediction, module: ModuleOp, trace_path: str, top: int 
         out: dict[str, float] = {}
         for name, tid, seconds in items:
             key = kernel.get(name, name if tid == 0 else "comm")
-            if tid != 0 and _communicates(key):
+            if tid != 0 and key in COLLECTIVE_KINDS:  # (local slices and copies cost the thread all their time)
                 key = f"{key} (exposed)"
             out[key] = out.get(key, 0.0) + seconds / ranks / n
         return out
@@ -150,20 +149,15 @@ def _is_comm(kind: str) -> bool:
     return kind in plan.CommOp.KINDS
 
 
-def _communicates(kind: str) -> bool:
-    """A collective that moves bytes between ranks (a local slice or copy, on
-    the communication stream too, costs its thread all its time)."""
-    return kind == "transfer" or (kind in COLLECTIVES and COLLECTIVES[kind].communicates)
-
-
 def exposed(busy: Sequence[tuple[float, float]], spans: Sequence[tuple[float, float]]) -> list[float]:
     """For each span (a collective's, taken in order of start), the part of
     it that none of `busy` (a thread's kernels) covers and that no earlier
     span was given: collectives in flight together and waited for in one
     gap share it, once."""
     claimed = _union(busy)
-    out: list[float] = []
-    for lo, hi in sorted(spans):
+    out = [0.0] * len(spans)
+    for i in sorted(range(len(spans)), key=lambda i: spans[i]):
+        lo, hi = spans[i]
         gaps, at = [], lo
         for start, end in claimed[max(0, bisect.bisect_right(claimed, (lo, math.inf)) - 1):]:
             if start >= hi:
@@ -173,13 +167,9 @@ def exposed(busy: Sequence[tuple[float, float]], spans: Sequence[tuple[float, fl
             at = max(at, end)
         if at < hi:
             gaps.append((at, hi))
-        out.append(sum(b - a for a, b in gaps))
+        out[i] = sum(b - a for a, b in gaps)
         claimed = _union(claimed + gaps)
-    order = sorted(range(len(spans)), key=lambda i: spans[i])
-    result = [0.0] * len(spans)
-    for i, value in zip(order, out, strict=True):
-        result[i] = value
-    return result
+    return out
 
 
 def _union(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
