@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, cast
 
 from xdsl.dialects.builtin import (
     I64,
@@ -478,12 +478,44 @@ OVERWRITING_KERNELS = IN_PLACE_KERNELS | REINTERPRETING_KERNELS
 """Kernels whose output may be written over a dying input (either kind above)."""
 
 
+SLICE_KERNEL = "lg.slice"
+"""A slice's output may lie on its input's bytes where it is one run of
+them (slice_view_start): a gradient bucket's members after its collective."""
+
+
 def does_nothing(actor: Operation) -> bool:
     """A reinterpreting actor the memory plan wrote over its input (a
-    reshape in place): its output already holds its bytes, so the runtime
-    skips it and the simulator prices it at nothing."""
+    reshape in place), or a slice it placed on its input's bytes (a view):
+    its output already holds its bytes, so the runtime skips it and the
+    simulator prices it at nothing."""
     return (isinstance(actor, ComputeOp) and actor.in_place is not None
-            and actor.kernel.data in REINTERPRETING_KERNELS)
+            and (actor.kernel.data in REINTERPRETING_KERNELS or actor.kernel.data == SLICE_KERNEL))
+
+
+def slice_view_start(actor: ComputeOp, in_shape: Sequence[int]) -> int | None:
+    """Where a slice actor's output starts in its input (an element index,
+    row-major, of the local piece `in_shape`) when the output is one run of
+    the input's elements in their order (unit strides; before the last
+    partly kept axis, one index per axis; after it, every axis whole), so
+    that it can be a view of those bytes; None otherwise. An axis the slice
+    keeps whole may be split, so whole is read against the local extent
+    (as the numpy kernel reads it)."""
+    props = actor.props.data
+    starts, limits, strides = (cast(DenseArrayBase[I64], props[k]).get_values()
+                              for k in ("starts", "limits", "strides"))
+    if any(st != 1 for st in strides) or len(starts) != len(in_shape):
+        return None
+    local = [(0, d) if lo == 0 and hi >= d else (lo, hi) for lo, hi, d in zip(starts, limits, in_shape)]
+    axis = len(in_shape) - 1
+    while axis >= 0 and local[axis] == (0, in_shape[axis]):
+        axis -= 1
+    if any(hi - lo != 1 for lo, hi in local[:max(axis, 0)]):
+        return None
+    start, stride = 0, 1
+    for (lo, _), d in zip(reversed(local), reversed(in_shape)):
+        start += lo * stride
+        stride *= d
+    return start
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@
   the output an in-place actor writes over it, a register that aliases
   another (an in-place parameter update), which is only written once every
   read of the other is done, and the views of one buffer (a reshape in
-  place whose input lives on): a view group counts as one register, live
+  place whose input lives on, a slice in place on the run of its input's
+  bytes it keeps): a view group counts as one register, live
   from its first member's write to the last read of any member, so no
   other register's bytes meet its bytes meanwhile and nothing writes them
   but the first member's producer (an in-place actor only where the whole
@@ -39,6 +40,7 @@ from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import plan
+from sbpc.dialects.dtypes import numpy_dtype
 from sbpc.dialects.plan_analysis import group_lifetimes, lifetimes, register_names
 
 
@@ -84,13 +86,23 @@ def verify_memory(device: plan.DeviceOp, contents: Contents | None = None) -> No
     sizes = {name: size for name, _, size, _ in facts}
     # The views of one buffer: an in-place reshape's result at its input's
     # offset, with its size, both temporaries (its input may live on).
+    # A slice in place is a view of the run of its input's bytes it keeps
+    # (plan.slice_view_start), one slot each.
     group: dict[str, str] = {}
     for pos, actor in enumerate(actors):
-        if (isinstance(actor, plan.ComputeOp) and actor.in_place is not None
-                and actor.kernel.data in plan.REINTERPRETING_KERNELS):
+        if isinstance(actor, plan.ComputeOp) and plan.does_nothing(actor):
             src, out = reads[pos][0], writes[pos][0]
-            # it runs nothing (plan.does_nothing): its result must be its input's bytes
-            if (offsets[src] != offsets[out] or sizes[src] != sizes[out]
+            # it runs nothing: its result must be its input's bytes
+            if actor.kernel.data == plan.SLICE_KERNEL:
+                first = plan.slice_view_start(actor, by_name[src].type.get_shape())
+                if first is None or by_name[src].slots.value.data != 1:
+                    _fail(device, f"'plan.compute' @{actor.sym_name.data} runs nothing in place, but its slice of "
+                                  f"@{src} is not one run of its bytes")
+                at = offsets[src] + first * numpy_dtype(by_name[src].type.element_type).itemsize
+                lies_on = offsets[out] == at and at + sizes[out] <= offsets[src] + sizes[src]
+            else:
+                lies_on = offsets[out] == offsets[src] and sizes[out] == sizes[src]
+            if (not lies_on
                     or by_name[src].slots != by_name[out].slots
                     or (by_name[src].is_persistent is None) != (by_name[out].is_persistent is None)):
                 _fail(device, f"'plan.compute' @{actor.sym_name.data} runs nothing in place, but @{out} does not "

@@ -149,6 +149,34 @@ def test_a_reshape_written_over_its_input_runs_nothing(tmp_path):
     assert kernels.get("lg.reshape", 0.0) == 0.0 and kernels["lg.exp"] > 0, kernels
 
 
+SLICES_IN_PLACE = """
+sbp.placement @one cpu ranks [0] mesh [1]
+lg.graph @g on @one {
+  %x = lg.input "x" : tensor<6x8xf32>
+  %y = lg.exp %x : tensor<6x8xf32>
+  %a = lg.slice %y starts [2, 0] limits [4, 8] strides [1, 1] : tensor<6x8xf32> -> tensor<2x8xf32>
+  %c = lg.slice %y starts [0, 2] limits [6, 6] strides [1, 1] : tensor<6x8xf32> -> tensor<6x4xf32>
+  %z = lg.tanh %a : tensor<2x8xf32>
+  %w = lg.neg %c : tensor<6x4xf32>
+  lg.output ["z", "w"] %z, %w : tensor<2x8xf32>, tensor<6x4xf32>
+}
+"""
+
+
+def test_a_slice_on_one_run_of_its_input_runs_nothing(tmp_path):
+    """Rows 2..3 are one run of the input's bytes: the memory plan puts the
+    slice's output there and the runtime skips it (no trace slice); the
+    columns are no run and are copied. Both results are right."""
+    from sbpc.dialects import plan
+    names, program, feeds, got = _run_one_rank_traced(tmp_path, SLICES_IN_PLACE)
+    assert names == ["y.exp", "c.slice", "z.tanh", "w.neg"] * 2, names
+    actors = {a.sym_name.data: a for a in program.devices()[0].actors()}
+    assert plan.does_nothing(actors["a.slice"]) and not plan.does_nothing(actors["c.slice"])
+    y = np.exp(feeds["x"])
+    np.testing.assert_allclose(got["z"], np.tanh(y[2:4]), rtol=1e-6)
+    np.testing.assert_allclose(got["w"], -y[:, 2:6], rtol=1e-6)
+
+
 def test_bad_feeds_are_rejected_before_running(tmp_path):
     feeds = tmp_path / "feeds.npz"
     np.savez(feeds, x=np.zeros((32, 64), np.float32), label=np.zeros(32, np.int64))

@@ -72,3 +72,32 @@ lg.graph @fetched on @one {
 // CHECK-NEXT: plan.register @e : tensor<24xf32> bytes 96 offset [[E:[0-9]+]] fetch "e"
 // CHECK:      plan.compute @r.reshape "lg.reshape" [@y] -> [@r] in_place
 // CHECK-NEXT: plan.compute @e.exp "lg.exp" [@r] -> [@e]{{$}}
+
+// -----
+
+// A slice that keeps one run of its input's bytes is a view of that run
+// (a gradient bucket's members after its collective): %a, rows 2..3 of
+// %y, lies 64 bytes into %y's buffer and its slice does nothing; %b, the
+// last row, starts 160 bytes in (not a multiple of 64: a register starts
+// aligned) and %c keeps columns (no one run): both copy. The group {%y,
+// %a} is read-only until both are dead: the exp of %a goes elsewhere.
+sbp.placement @one cpu ranks [0] mesh [1]
+lg.graph @slices on @one {
+  %x = lg.input "x" : tensor<6x8xf32>
+  %y = lg.tanh %x : tensor<6x8xf32>
+  %a = lg.slice %y starts [2, 0] limits [4, 8] strides [1, 1] : tensor<6x8xf32> -> tensor<2x8xf32>
+  %b = lg.slice %y starts [5, 0] limits [6, 8] strides [1, 1] : tensor<6x8xf32> -> tensor<1x8xf32>
+  %c = lg.slice %y starts [0, 0] limits [6, 4] strides [1, 1] : tensor<6x8xf32> -> tensor<6x4xf32>
+  %e = lg.exp %a : tensor<2x8xf32>
+  %s = lg.reduce_sum %y axes [0, 1] : tensor<6x8xf32> -> tensor<f32>
+  lg.output ["e", "b", "c", "s"] %e, %b, %c, %s : tensor<2x8xf32>, tensor<1x8xf32>, tensor<6x4xf32>, tensor<f32>
+}
+// CHECK-LABEL: plan.program @slices
+// CHECK:       plan.register @y : tensor<6x8xf32> bytes 192 offset 0 of
+// CHECK-NEXT:  plan.register @a : tensor<2x8xf32> bytes 64 offset 64 of
+// CHECK:       plan.compute @a.slice "lg.slice" [@y] -> [@a] props {{.*}} in_place
+// CHECK-NEXT:  plan.compute @b.slice "lg.slice" [@y] -> [@b] props {{.*}}>}{{$}}
+// CHECK-NEXT:  plan.compute @c.slice "lg.slice" [@y] -> [@c] props {{.*}}>}{{$}}
+// CHECK-NEXT:  plan.compute @e.exp "lg.exp" [@a] -> [@e]{{$}}
+// NOINPLACE-LABEL: plan.program @slices
+// NOINPLACE:       plan.compute @a.slice "lg.slice" [@y] -> [@a] props {{.*}}>}{{$}}

@@ -255,3 +255,56 @@ plan.program @p {
   }
 }
 // CHECK:      plan.compute @k "lg.relu" [@x] -> [@y]
+
+// -----
+
+// A slice in place runs nothing, so its result must lie on the run of its
+// input's bytes it keeps: rows 2..3 of @y start 64 bytes into it, not 32.
+sbp.placement @one cpu ranks [0] mesh [1]
+plan.program @p {
+  plan.device @rank0 rank 0 arena 512 persistent 0 {
+    plan.register @x : tensor<6x8xf32> bytes 192 offset 256 feed "x" of !sbp.dtensor<6x8xf32, @one, B>
+    plan.register @y : tensor<6x8xf32> bytes 192 offset 0 of !sbp.dtensor<6x8xf32, @one, B>
+    plan.register @a : tensor<2x8xf32> bytes 64 offset 32 fetch "a" of !sbp.dtensor<2x8xf32, @one, B>
+    plan.compute @y.tanh "lg.tanh" [@x] -> [@y]
+    plan.compute @a.slice "lg.slice" [@y] -> [@a] props {starts = array<i64: 2, 0>, limits = array<i64: 4, 8>, strides = array<i64: 1, 1>} in_place
+  }
+}
+// CHECK: 'plan.device' @rank0: 'plan.compute' @a.slice runs nothing in place, but @a does not lie on @y's bytes (offset, size, slots and region alike)
+
+// -----
+
+// Columns of a row-major tensor are no one run of its bytes: a slice of
+// them cannot run nothing.
+sbp.placement @one cpu ranks [0] mesh [1]
+plan.program @p {
+  plan.device @rank0 rank 0 arena 512 persistent 0 {
+    plan.register @x : tensor<6x8xf32> bytes 192 offset 256 feed "x" of !sbp.dtensor<6x8xf32, @one, B>
+    plan.register @y : tensor<6x8xf32> bytes 192 offset 0 of !sbp.dtensor<6x8xf32, @one, B>
+    plan.register @c : tensor<6x4xf32> bytes 96 offset 0 fetch "c" of !sbp.dtensor<6x4xf32, @one, B>
+    plan.compute @y.tanh "lg.tanh" [@x] -> [@y]
+    plan.compute @c.slice "lg.slice" [@y] -> [@c] props {starts = array<i64: 0, 0>, limits = array<i64: 6, 4>, strides = array<i64: 1, 1>} in_place
+  }
+}
+// CHECK: 'plan.device' @rank0: 'plan.compute' @c.slice runs nothing in place, but its slice of @y is not one run of its bytes
+
+// -----
+
+// A slice's view lives as long as its group: @y is dead after the slice,
+// but rows 2..3 of its bytes are @a's until @a's last read, so @q may not
+// take @y's bytes before.
+sbp.placement @one cpu ranks [0] mesh [1]
+plan.program @p {
+  plan.device @rank0 rank 0 arena 512 persistent 0 {
+    plan.register @x : tensor<6x8xf32> bytes 192 offset 256 feed "x" of !sbp.dtensor<6x8xf32, @one, B>
+    plan.register @y : tensor<6x8xf32> bytes 192 offset 0 of !sbp.dtensor<6x8xf32, @one, B>
+    plan.register @a : tensor<2x8xf32> bytes 64 offset 64 of !sbp.dtensor<2x8xf32, @one, B>
+    plan.register @q : tensor<6x8xf32> bytes 192 offset 0 fetch "q" of !sbp.dtensor<6x8xf32, @one, B>
+    plan.register @e : tensor<2x8xf32> bytes 64 offset 448 fetch "e" of !sbp.dtensor<2x8xf32, @one, B>
+    plan.compute @y.tanh "lg.tanh" [@x] -> [@y]
+    plan.compute @a.slice "lg.slice" [@y] -> [@a] props {starts = array<i64: 2, 0>, limits = array<i64: 4, 8>, strides = array<i64: 1, 1>} in_place
+    plan.compute @q.exp "lg.exp" [@x] -> [@q]
+    plan.compute @e.neg "lg.neg" [@a] -> [@e]
+  }
+}
+// CHECK: 'plan.device' @rank0: registers @q and @y are live together (positions 2..3) but overlap in the arena
