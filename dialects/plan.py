@@ -482,14 +482,20 @@ SLICE_KERNEL = "lg.slice"
 """A slice's output may lie on its input's bytes where it is one run of
 them (slice_view_start): a gradient bucket's members after its collective."""
 
+CONCAT_KERNEL = "lg.concat"
+"""A concatenation's inputs may lie on its output's bytes where each is one
+run of them: a gradient bucket's members before its collective."""
+
 
 def does_nothing(actor: Operation) -> bool:
     """A reinterpreting actor the memory plan wrote over its input (a
-    reshape in place), or a slice it placed on its input's bytes (a view):
-    its output already holds its bytes, so the runtime skips it and the
+    reshape in place), a slice it placed on its input's bytes or a
+    concatenation whose inputs it placed on its output's (views): its
+    output already holds its bytes, so the runtime skips it and the
     simulator prices it at nothing."""
     return (isinstance(actor, ComputeOp) and actor.in_place is not None
-            and (actor.kernel.data in REINTERPRETING_KERNELS or actor.kernel.data == SLICE_KERNEL))
+            and (actor.kernel.data in REINTERPRETING_KERNELS
+                 or actor.kernel.data in (SLICE_KERNEL, CONCAT_KERNEL)))
 
 
 def slice_view_start(actor: ComputeOp, in_shape: Sequence[int]) -> int | None:

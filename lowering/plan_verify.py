@@ -8,7 +8,8 @@
   another (an in-place parameter update), which is only written once every
   read of the other is done, and the views of one buffer (a reshape in
   place whose input lives on, a slice in place on the run of its input's
-  bytes it keeps): a view group counts as one register, live
+  bytes it keeps, the inputs of a concatenation in place on their runs of
+  its output's bytes): a view group counts as one register, live
   from its first member's write to the last read of any member, so no
   other register's bytes meet its bytes meanwhile and nothing writes them
   but the first member's producer (an in-place actor only where the whole
@@ -90,7 +91,9 @@ def verify_memory(device: plan.DeviceOp, contents: Contents | None = None) -> No
     # (plan.slice_view_start), one slot each.
     group: dict[str, str] = {}
     for pos, actor in enumerate(actors):
-        if isinstance(actor, plan.ComputeOp) and plan.does_nothing(actor):
+        if isinstance(actor, plan.ComputeOp) and plan.does_nothing(actor) and actor.kernel.data == plan.CONCAT_KERNEL:
+            _concatenated_views(device, actor, reads[pos], writes[pos][0], by_name, offsets, sizes, group)
+        elif isinstance(actor, plan.ComputeOp) and plan.does_nothing(actor):
             src, out = reads[pos][0], writes[pos][0]
             # it runs nothing: its result must be its input's bytes
             if actor.kernel.data == plan.SLICE_KERNEL:
@@ -146,6 +149,28 @@ def verify_memory(device: plan.DeviceOp, contents: Contents | None = None) -> No
                                if persistent and name not in skipped)
     if not _sorted_disjoint(persistent_ranges):
         _check_persistent_pairwise(device, registers, aliased)
+
+
+def _concatenated_views(device: plan.DeviceOp, actor: plan.ComputeOp, ins: list[str], out: str,
+                        by_name: dict[str, plan.RegisterOp], offsets: dict[str, int], sizes: dict[str, int],
+                        group: dict[str, str]) -> None:
+    """A concatenation in place runs nothing: each input lies on its run of
+    the output's bytes (one slot each, all in the arena), and the inputs'
+    view groups join the output's."""
+    at = offsets[out]
+    for name in ins:
+        reg = by_name[name]
+        if (offsets[name] != at or reg.slots.value.data != 1 or by_name[out].slots.value.data != 1
+                or reg.is_persistent is not None or by_name[out].is_persistent is not None
+                or at + sizes[name] > offsets[out] + sizes[out]):
+            _fail(device, f"'plan.compute' @{actor.sym_name.data} runs nothing in place, but @{name} does not lie "
+                          f"on its run of @{out}'s bytes (offset, one slot, and the arena)")
+        at += sizes[name]
+        root = group.get(name, name)
+        for member, first in list(group.items()):
+            if first == root:
+                group[member] = out
+        group[root] = out
 
 
 def first_shared_bytes(temporaries: list[tuple[int, int, int, int, str]],

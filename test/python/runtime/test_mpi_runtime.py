@@ -177,6 +177,35 @@ def test_a_slice_on_one_run_of_its_input_runs_nothing(tmp_path):
     np.testing.assert_allclose(got["w"], -y[:, 2:6], rtol=1e-6)
 
 
+CONCAT_IN_PLACE = """
+sbp.placement @one cpu ranks [0] mesh [1]
+lg.graph @g on @one {
+  %x = lg.input "x" : tensor<4x8xf32>
+  %z = lg.input "z" : tensor<16xf32>
+  %y = lg.exp %x : tensor<4x8xf32>
+  %r = lg.reshape %y : tensor<4x8xf32> -> tensor<32xf32>
+  %t = lg.tanh %z : tensor<16xf32>
+  %c = lg.concat %t, %r axis 0 : (tensor<16xf32>, tensor<32xf32>) -> tensor<48xf32>
+  %n = lg.neg %c : tensor<48xf32>
+  lg.output ["n"] %n : tensor<48xf32>
+}
+"""
+
+
+def test_a_concatenation_of_runs_of_its_output_runs_nothing(tmp_path):
+    """The memory plan puts the concatenation's inputs (the tanh's result,
+    and the exp's through its reshape) on their runs of its output: the
+    kernels computing them write there, the concatenation is skipped, and
+    the result is right."""
+    from sbpc.dialects import plan
+    names, program, feeds, got = _run_one_rank_traced(tmp_path, CONCAT_IN_PLACE)
+    assert names == ["y.exp", "t.tanh", "n.neg"] * 2, names
+    actors = {a.sym_name.data: a for a in program.devices()[0].actors()}
+    assert plan.does_nothing(actors["c.concat"])
+    want = -np.concatenate([np.tanh(feeds["z"]), np.exp(feeds["x"]).reshape(32)])
+    np.testing.assert_allclose(got["n"], want, rtol=1e-6)
+
+
 def test_bad_feeds_are_rejected_before_running(tmp_path):
     feeds = tmp_path / "feeds.npz"
     np.savez(feeds, x=np.zeros((32, 64), np.float32), label=np.zeros(32, np.int64))

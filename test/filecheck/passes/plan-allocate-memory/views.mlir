@@ -101,3 +101,53 @@ lg.graph @slices on @one {
 // CHECK-NEXT:  plan.compute @e.exp "lg.exp" [@a] -> [@e]{{$}}
 // NOINPLACE-LABEL: plan.program @slices
 // NOINPLACE:       plan.compute @a.slice "lg.slice" [@y] -> [@a] props {{.*}}>}{{$}}
+
+// -----
+
+// A concatenation whose every input is one run of its output, each at a
+// multiple of 64 bytes, has nothing to do: its inputs are views of their
+// runs (a gradient bucket before its collective), written there by the
+// kernels that compute them, which still run (not in place: they write no
+// input's bytes). %r's group, %y with it, lies at the output's start and
+// %t 128 bytes in.
+sbp.placement @one cpu ranks [0] mesh [1]
+lg.graph @joined on @one {
+  %x = lg.input "x" : tensor<4x8xf32>
+  %z = lg.input "z" : tensor<16xf32>
+  %y = lg.exp %x : tensor<4x8xf32>
+  %r = lg.reshape %y : tensor<4x8xf32> -> tensor<32xf32>
+  %t = lg.tanh %z : tensor<16xf32>
+  %c = lg.concat %r, %t axis 0 : (tensor<32xf32>, tensor<16xf32>) -> tensor<48xf32>
+  %n = lg.neg %c : tensor<48xf32>
+  lg.output ["n"] %n : tensor<48xf32>
+}
+// CHECK-LABEL: plan.program @joined
+// CHECK:       plan.register @y : tensor<4x8xf32> bytes 128 offset 0 of
+// CHECK-NEXT:  plan.register @r : tensor<32xf32> bytes 128 offset 0 of
+// CHECK-NEXT:  plan.register @t : tensor<16xf32> bytes 64 offset 128 of
+// CHECK-NEXT:  plan.register @c : tensor<48xf32> bytes 192 offset 0 of
+// CHECK:       plan.compute @y.exp "lg.exp" [@x] -> [@y]{{$}}
+// CHECK-NEXT:  plan.compute @r.reshape "lg.reshape" [@y] -> [@r] in_place
+// CHECK-NEXT:  plan.compute @t.tanh "lg.tanh" [@z] -> [@t]{{$}}
+// CHECK-NEXT:  plan.compute @c.concat "lg.concat" [@r, @t] -> [@c] props {axis = 0 : i64} in_place
+// NOINPLACE-LABEL: plan.program @joined
+// NOINPLACE:       plan.compute @c.concat "lg.concat" [@r, @t] -> [@c] props {axis = 0 : i64}{{$}}
+
+// -----
+
+// All or nothing: %t's 8 floats (32 bytes) put %r at 32 bytes into the
+// output, not a multiple of 64, so every input keeps its own register and
+// the concatenation copies.
+sbp.placement @one cpu ranks [0] mesh [1]
+lg.graph @unaligned on @one {
+  %x = lg.input "x" : tensor<4x8xf32>
+  %z = lg.input "z" : tensor<8xf32>
+  %y = lg.exp %x : tensor<4x8xf32>
+  %r = lg.reshape %y : tensor<4x8xf32> -> tensor<32xf32>
+  %t = lg.tanh %z : tensor<8xf32>
+  %c = lg.concat %t, %r axis 0 : (tensor<8xf32>, tensor<32xf32>) -> tensor<40xf32>
+  %n = lg.neg %c : tensor<40xf32>
+  lg.output ["n"] %n : tensor<40xf32>
+}
+// CHECK-LABEL: plan.program @unaligned
+// CHECK:       plan.compute @c.concat "lg.concat" [@t, @r] -> [@c] props {axis = 0 : i64}{{$}}

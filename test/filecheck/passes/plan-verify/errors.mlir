@@ -308,3 +308,44 @@ plan.program @p {
   }
 }
 // CHECK: 'plan.device' @rank0: registers @q and @y are live together (positions 2..3) but overlap in the arena
+
+// -----
+
+// A concatenation in place runs nothing, so each input must lie on its run
+// of the output's bytes: @t belongs 128 bytes in, not at 192.
+sbp.placement @one cpu ranks [0] mesh [1]
+plan.program @p {
+  plan.device @rank0 rank 0 arena 512 persistent 0 {
+    plan.register @x : tensor<32xf32> bytes 128 offset 256 feed "x" of !sbp.dtensor<32xf32, @one, B>
+    plan.register @z : tensor<16xf32> bytes 64 offset 384 feed "z" of !sbp.dtensor<16xf32, @one, B>
+    plan.register @y : tensor<32xf32> bytes 128 offset 0 of !sbp.dtensor<32xf32, @one, B>
+    plan.register @t : tensor<16xf32> bytes 64 offset 192 of !sbp.dtensor<16xf32, @one, B>
+    plan.register @c : tensor<48xf32> bytes 192 offset 0 fetch "c" of !sbp.dtensor<48xf32, @one, B>
+    plan.compute @y.exp "lg.exp" [@x] -> [@y]
+    plan.compute @t.tanh "lg.tanh" [@z] -> [@t]
+    plan.compute @c.concat "lg.concat" [@y, @t] -> [@c] props {axis = 0 : i64} in_place
+  }
+}
+// CHECK: 'plan.device' @rank0: 'plan.compute' @c.concat runs nothing in place, but @t does not lie on its run of @c's bytes (offset, one slot, and the arena)
+
+// -----
+
+// The inputs of a concatenation in place are views of its output, one
+// register from the first one's write to the last read: @q may not take
+// @y's bytes (the start of @c's) meanwhile.
+sbp.placement @one cpu ranks [0] mesh [1]
+plan.program @p {
+  plan.device @rank0 rank 0 arena 512 persistent 0 {
+    plan.register @x : tensor<32xf32> bytes 128 offset 256 feed "x" of !sbp.dtensor<32xf32, @one, B>
+    plan.register @z : tensor<16xf32> bytes 64 offset 384 feed "z" of !sbp.dtensor<16xf32, @one, B>
+    plan.register @y : tensor<32xf32> bytes 128 offset 0 of !sbp.dtensor<32xf32, @one, B>
+    plan.register @q : tensor<16xf32> bytes 64 offset 0 fetch "q" of !sbp.dtensor<16xf32, @one, B>
+    plan.register @t : tensor<16xf32> bytes 64 offset 128 of !sbp.dtensor<16xf32, @one, B>
+    plan.register @c : tensor<48xf32> bytes 192 offset 0 fetch "c" of !sbp.dtensor<48xf32, @one, B>
+    plan.compute @y.exp "lg.exp" [@x] -> [@y]
+    plan.compute @q.neg "lg.neg" [@z] -> [@q]
+    plan.compute @t.tanh "lg.tanh" [@z] -> [@t]
+    plan.compute @c.concat "lg.concat" [@y, @t] -> [@c] props {axis = 0 : i64} in_place
+  }
+}
+// CHECK: 'plan.device' @rank0: registers @c and @q are live together (positions 1..4) but overlap in the arena
