@@ -32,11 +32,12 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import NoReturn, cast
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp, SymbolRefAttr
+from xdsl.dialects.builtin import IntegerAttr, ModuleOp, SymbolRefAttr
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
@@ -90,9 +91,10 @@ def verify_memory(device: plan.DeviceOp, contents: Contents | None = None) -> No
     # A slice in place is a view of the run of its input's bytes it keeps
     # (plan.slice_view_start), one slot each.
     group: dict[str, str] = {}
+    members: dict[str, list[str]] = {}  # each group's first register -> the others
     for pos, actor in enumerate(actors):
         if isinstance(actor, plan.ComputeOp) and plan.does_nothing(actor) and actor.kernel.data == plan.CONCAT_KERNEL:
-            _concatenated_views(device, actor, reads[pos], writes[pos][0], by_name, offsets, sizes, group)
+            _concatenated_views(device, actor, reads[pos], writes[pos][0], by_name, offsets, sizes, group, members)
         elif isinstance(actor, plan.ComputeOp) and plan.does_nothing(actor):
             src, out = reads[pos][0], writes[pos][0]
             # it runs nothing: its result must be its input's bytes
@@ -111,7 +113,8 @@ def verify_memory(device: plan.DeviceOp, contents: Contents | None = None) -> No
                 _fail(device, f"'plan.compute' @{actor.sym_name.data} runs nothing in place, but @{out} does not "
                               f"lie on @{src}'s bytes (offset, size, slots and region alike)")
             if by_name[src].is_persistent is None:
-                group[out] = group.get(src, src)
+                root = group[out] = group.get(src, src)
+                members.setdefault(root, []).append(out)
     span = group_lifetimes(life, group)
     in_place: set[tuple[str, str]] = set()
     for pos, actor in enumerate(actors):
@@ -153,24 +156,30 @@ def verify_memory(device: plan.DeviceOp, contents: Contents | None = None) -> No
 
 def _concatenated_views(device: plan.DeviceOp, actor: plan.ComputeOp, ins: list[str], out: str,
                         by_name: dict[str, plan.RegisterOp], offsets: dict[str, int], sizes: dict[str, int],
-                        group: dict[str, str]) -> None:
-    """A concatenation in place runs nothing: each input lies on its run of
-    the output's bytes (one slot each, all in the arena), and the inputs'
-    view groups join the output's."""
+                        group: dict[str, str], members: dict[str, list[str]]) -> None:
+    """A concatenation in place runs nothing: its inputs are runs of its
+    output (joined along its first axis longer than one), each lies on its
+    run of the output's bytes (one slot each, all in the arena) and together
+    they fill it; the inputs' view groups join the output's."""
+    where = f"'plan.compute' @{actor.sym_name.data} runs nothing in place, but"
+    axis = cast(IntegerAttr, actor.props.data["axis"]).value.data
+    if math.prod(by_name[out].type.get_shape()[:axis]) != 1:
+        _fail(device, f"{where} its inputs are no runs of @{out}'s bytes (joined along axis {axis})")
     at = offsets[out]
     for name in ins:
         reg = by_name[name]
         if (offsets[name] != at or reg.slots.value.data != 1 or by_name[out].slots.value.data != 1
                 or reg.is_persistent is not None or by_name[out].is_persistent is not None
                 or at + sizes[name] > offsets[out] + sizes[out]):
-            _fail(device, f"'plan.compute' @{actor.sym_name.data} runs nothing in place, but @{name} does not lie "
-                          f"on its run of @{out}'s bytes (offset, one slot, and the arena)")
+            _fail(device, f"{where} @{name} does not lie on its run of @{out}'s bytes "
+                          "(offset, one slot, and the arena)")
         at += sizes[name]
         root = group.get(name, name)
-        for member, first in list(group.items()):
-            if first == root:
-                group[member] = out
-        group[root] = out
+        for member in (root, *members.pop(root, ())):
+            group[member] = out
+            members.setdefault(out, []).append(member)
+    if at != offsets[out] + sizes[out]:
+        _fail(device, f"{where} its inputs do not fill @{out}'s bytes")
 
 
 def first_shared_bytes(temporaries: list[tuple[int, int, int, int, str]],

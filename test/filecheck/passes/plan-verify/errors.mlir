@@ -349,3 +349,41 @@ plan.program @p {
   }
 }
 // CHECK: 'plan.device' @rank0: registers @c and @q are live together (positions 1..4) but overlap in the arena
+
+// -----
+
+// Joined along their columns, two 2 x 4 pieces are no runs of their 2 x 8
+// result (each row takes four floats of each): a concatenation of them
+// cannot run nothing, wherever they lie.
+sbp.placement @one cpu ranks [0] mesh [1]
+plan.program @p {
+  plan.device @rank0 rank 0 arena 512 persistent 0 {
+    plan.register @x : tensor<2x4xf32> bytes 32 offset 256 feed "x" of !sbp.dtensor<2x4xf32, @one, B>
+    plan.register @y : tensor<2x4xf32> bytes 32 offset 0 of !sbp.dtensor<2x4xf32, @one, B>
+    plan.register @t : tensor<2x4xf32> bytes 32 offset 32 of !sbp.dtensor<2x4xf32, @one, B>
+    plan.register @c : tensor<2x8xf32> bytes 64 offset 0 fetch "c" of !sbp.dtensor<2x8xf32, @one, B>
+    plan.compute @y.exp "lg.exp" [@x] -> [@y]
+    plan.compute @t.tanh "lg.tanh" [@x] -> [@t]
+    plan.compute @c.concat "lg.concat" [@y, @t] -> [@c] props {axis = 1 : i64} in_place
+  }
+}
+// CHECK: 'plan.device' @rank0: 'plan.compute' @c.concat runs nothing in place, but its inputs are no runs of @c's bytes (joined along axis 1)
+
+// -----
+
+// The inputs of a concatenation in place fill its output: 32 and 8 floats
+// leave 8 of the 48 unwritten.
+sbp.placement @one cpu ranks [0] mesh [1]
+plan.program @p {
+  plan.device @rank0 rank 0 arena 512 persistent 0 {
+    plan.register @x : tensor<32xf32> bytes 128 offset 256 feed "x" of !sbp.dtensor<32xf32, @one, B>
+    plan.register @z : tensor<8xf32> bytes 32 offset 384 feed "z" of !sbp.dtensor<8xf32, @one, B>
+    plan.register @y : tensor<32xf32> bytes 128 offset 0 of !sbp.dtensor<32xf32, @one, B>
+    plan.register @t : tensor<8xf32> bytes 32 offset 128 of !sbp.dtensor<8xf32, @one, B>
+    plan.register @c : tensor<48xf32> bytes 192 offset 0 fetch "c" of !sbp.dtensor<48xf32, @one, B>
+    plan.compute @y.exp "lg.exp" [@x] -> [@y]
+    plan.compute @t.tanh "lg.tanh" [@z] -> [@t]
+    plan.compute @c.concat "lg.concat" [@y, @t] -> [@c] props {axis = 0 : i64} in_place
+  }
+}
+// CHECK: 'plan.device' @rank0: 'plan.compute' @c.concat runs nothing in place, but its inputs do not fill @c's bytes
