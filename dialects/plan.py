@@ -59,6 +59,7 @@ from xdsl.traits import HasParent, IsolatedFromAbove, NoTerminator, SymbolOpInte
 from xdsl.utils.exceptions import VerifyException
 
 from . import lg
+from .dtypes import numpy_dtype
 from .irdl_verify import op_definition, remember
 from .lg import InitializerAttr
 from .pieces import local_shape
@@ -522,6 +523,17 @@ def slice_view_start(actor: ComputeOp, in_shape: Sequence[int]) -> int | None:
         start += lo * stride
         stride *= d
     return start
+
+
+def slice_view_offset(actor: ComputeOp, src: RegisterOp) -> int | None:
+    """How many bytes into `src`'s (one slot's) bytes a slice actor's
+    output starts where it is one run of them (slice_view_start); None
+    otherwise, or where `src` has several slots (each slot's run would lie
+    elsewhere)."""
+    first = slice_view_start(actor, src.type.get_shape())
+    if first is None or src.slots.value.data != 1:
+        return None
+    return first * numpy_dtype(src.type.element_type).itemsize
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,6 @@ from xdsl.passes import ModulePass
 
 from sbpc.dialects import plan
 from sbpc.dialects.builders import flat_symbol_ref, i64_attr
-from sbpc.dialects.dtypes import numpy_dtype
 from sbpc.dialects.plan_analysis import group_lifetimes, is_view, lifetimes, register_names
 from sbpc.planning.first_fit import ALIGNMENT, Buffer, aligned, live_bound, place
 
@@ -99,12 +98,10 @@ def view_groups(registers: dict[str, plan.RegisterOp], actors: list[plan.Compute
         src_name = src.sym_name.data
         at = start.get(src_name, 0)
         if kernel == plan.SLICE_KERNEL:
-            first = plan.slice_view_start(actor, src.type.get_shape())
-            if first is None or src.slots.value.data != 1:
+            offset = plan.slice_view_offset(actor, src)
+            if offset is None or (at + offset) % ALIGNMENT:
                 continue
-            at += first * numpy_dtype(src.type.element_type).itemsize
-            if at % ALIGNMENT:
-                continue
+            at += offset
         elif src.bytes != out.bytes:
             continue
         name = out.sym_name.data
@@ -123,8 +120,8 @@ def _concat_views(actor: plan.ComputeOp, registers: dict[str, plan.RegisterOp], 
     input does) become views of the output at their runs, so that their
     producers write the output in place and the concatenation has nothing
     to do. A gradient bucket before its all_reduce: each gradient is
-    written into the bucket by the kernel that computes it (the GPT of
-    view_groups: a concatenation of 1.6 MB, 0.16 ms). All or nothing: an input
+    written into the bucket by the kernel that computes it (the GPT named
+    in view_groups: one concatenation of 1.6 MB, 0.16 ms). All or nothing: an input
     that is no such run (another group's slice, a feed, an input twice)
     leaves every input a register of its own, and the copy."""
     out = registers[actor.outs.data[0].string_value()]

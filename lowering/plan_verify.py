@@ -42,7 +42,6 @@ from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
 from sbpc.dialects import plan
-from sbpc.dialects.dtypes import numpy_dtype
 from sbpc.dialects.plan_analysis import group_lifetimes, lifetimes, register_names
 
 
@@ -93,17 +92,19 @@ def verify_memory(device: plan.DeviceOp, contents: Contents | None = None) -> No
     group: dict[str, str] = {}
     members: dict[str, list[str]] = {}  # each group's first register -> the others
     for pos, actor in enumerate(actors):
-        if isinstance(actor, plan.ComputeOp) and plan.does_nothing(actor) and actor.kernel.data == plan.CONCAT_KERNEL:
+        if not (isinstance(actor, plan.ComputeOp) and plan.does_nothing(actor)):
+            continue
+        if actor.kernel.data == plan.CONCAT_KERNEL:
             _concatenated_views(device, actor, reads[pos], writes[pos][0], by_name, offsets, sizes, group, members)
-        elif isinstance(actor, plan.ComputeOp) and plan.does_nothing(actor):
+        else:
             src, out = reads[pos][0], writes[pos][0]
             # it runs nothing: its result must be its input's bytes
             if actor.kernel.data == plan.SLICE_KERNEL:
-                first = plan.slice_view_start(actor, by_name[src].type.get_shape())
-                if first is None or by_name[src].slots.value.data != 1:
+                run = plan.slice_view_offset(actor, by_name[src])
+                if run is None:
                     _fail(device, f"'plan.compute' @{actor.sym_name.data} runs nothing in place, but its slice of "
                                   f"@{src} is not one run of its bytes")
-                at = offsets[src] + first * numpy_dtype(by_name[src].type.element_type).itemsize
+                at = offsets[src] + run
                 lies_on = offsets[out] == at and at + sizes[out] <= offsets[src] + sizes[src]
             else:
                 lies_on = offsets[out] == offsets[src] and sizes[out] == sizes[src]
