@@ -59,7 +59,6 @@ from xdsl.traits import HasParent, IsolatedFromAbove, NoTerminator, SymbolOpInte
 from xdsl.utils.exceptions import VerifyException
 
 from . import lg
-from .dtypes import numpy_dtype
 from .irdl_verify import op_definition, remember
 from .lg import InitializerAttr
 from .pieces import local_shape
@@ -530,6 +529,8 @@ def slice_view_offset(actor: ComputeOp, src: RegisterOp) -> int | None:
     output starts where it is one run of them (slice_view_start); None
     otherwise, or where `src` has several slots (each slot's run would lie
     elsewhere)."""
+    from .dtypes import numpy_dtype  # here: sbp-opt reads and verifies IR without importing numpy
+
     first = slice_view_start(actor, src.type.get_shape())
     if first is None or src.slots.value.data != 1:
         return None
