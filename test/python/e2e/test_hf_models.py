@@ -381,10 +381,36 @@ class AutocastLoss(torch.nn.Module):
             return self.model(input_ids=input_ids, labels=labels).loss
 
 
+def first_autocast_loss_under_scalar_kernels() -> float:
+    """PyTorch's autocast loss of the first batch computed by its scalar ATen
+    kernels (ATEN_CPU_CAPABILITY=default, read once at start: a process of its
+    own). Its vectorized bfloat16 kernels round differently on each
+    instruction set: on Zen 3 (AVX2), 0.4% of GELU-tanh's results and one
+    in 12,500 products by a constant land on the other bfloat16 than the
+    scalar kernels', and the first loss moves by 7e-6 of itself (29e-6),
+    where on Zen 4 (AVX-512) it stayed within 2e-6 of sbpc's. The scalar
+    kernels are PyTorch's reference semantics, the same on every machine,
+    and sbpc's first loss on Zen 3 is theirs to the last bit."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from test_hf_models import AutocastLoss, gpt2, language_batches; import torch\n"
+            "x, y = language_batches()[0]\n"
+            "with torch.no_grad(): print(repr(AutocastLoss(gpt2())(x, y).item()))")
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.pathsep.join([here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "ATEN_CPU_CAPABILITY": "default", "PYTHONPATH": path})
+    assert done.returncode == 0, done.stderr
+    return float(done.stdout.split()[-1])
+
+
 def test_gpt2_under_autocast_trains_as_pytorch_autocast():
     # float32 weights, the Conv1D GEMMs and attention matmuls in bfloat16,
-    # the rest as autocast traced it; the first loss is PyTorch's, and the
-    # run stays nearer PyTorch's autocast run than float32 training is
+    # the rest as autocast traced it; the first loss is PyTorch's (its scalar
+    # kernels': its vectorized ones differ by instruction set), and the run
+    # stays nearer PyTorch's autocast run than float32 training is
     from support.torch_training import torch_run
 
     batches = language_batches()[:10]
@@ -394,7 +420,8 @@ def test_gpt2_under_autocast_trains_as_pytorch_autocast():
     losses = [float(exe.train_step({"input_ids": x.numpy(), "labels": y.numpy()})["loss"]) for x, y in batches]
     mixed, _ = torch_run(model, batches, lambda m: torch.optim.Adam(m.parameters(), lr=1e-3), torch.float32)
     full, _ = torch_run(LossOf(gpt2()), batches, lambda m: torch.optim.Adam(m.parameters(), lr=1e-3), torch.float32)
-    assert losses[0] == pytest.approx(mixed[0], rel=2e-6) and abs(full[0] - mixed[0]) > 1e-5
+    reference = first_autocast_loss_under_scalar_kernels()
+    assert losses[0] == pytest.approx(reference, rel=2e-6) and abs(full[0] - reference) > 1e-5
     assert np.abs(np.array(losses) - mixed).max() < np.abs(np.array(full) - mixed).max()
 
 
