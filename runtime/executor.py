@@ -73,6 +73,42 @@ def give_way() -> None:
     os.sched_yield()
 
 
+SPIN = 0.002
+"""Seconds a waiting rank keeps polling without sleeping: the waits of a
+step (a collective, the next stage's activation) and commands that follow
+each other (train_step in a loop) mostly end within it and meet no sleep."""
+FIRST_NAP = 0.00005
+IDLE_SHARE = 0.05
+"""After SPIN, a sleep between polls is at most this share of the time
+waited so far (FIRST_NAP at least, LONGEST_NAP at most): a wait ends at most
+5% later than it would spinning, and a rank that waits for seconds (a stuck
+peer under the watchdog, the driver compiling its next plan) wakes 50 times
+a second, not at full speed. Spinning through every wait, three ranks
+waiting for a stalled fourth took both cores of a 2-core machine (all of
+it in sched_yield) from everything else on it; the idle ranks of the test
+suite, sleeping 0.5 ms at most, woke 5 million times: about a minute of
+CPU."""
+LONGEST_NAP = 0.02
+
+
+class Backoff:
+    """The pause between polls of one wait: yields the core while it spins
+    (SPIN), then sleeps for growing naps (IDLE_SHARE)."""
+
+    __slots__ = ("start", "nap")
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.nap = FIRST_NAP
+
+    def pause(self) -> None:
+        give_way()
+        waited = time.perf_counter() - self.start
+        if waited > SPIN:
+            time.sleep(self.nap)
+            self.nap = min(2 * self.nap, max(FIRST_NAP, min(LONGEST_NAP, IDLE_SHARE * waited)))
+
+
 def settle_heap() -> None:
     """Puts every object alive now (the parsed plan and the bound kernels:
     hundreds of thousands of xDSL and Python objects, alive for the whole
@@ -86,14 +122,16 @@ def settle_heap() -> None:
     gc.freeze()
 
 
-def rendezvous(world: MPI.Comm, what: str, pause: Callable[[], None] = give_way) -> None:
+def rendezvous(world: MPI.Comm, what: str, pause: Callable[[], None] | None = None) -> None:
     """A barrier under the watchdog: before a blocking exchange outside the
     plan (gathering the outputs), so a rank stuck in its step ends the job
     instead of hanging the others in the exchange. `pause` runs between
-    polls (a rank that must not take its core from another sleeps there)."""
+    polls (a Backoff's by default; a rank that must not take its core from
+    another even while it spins sleeps there)."""
     seconds = watchdog_seconds()
     request = world.Ibarrier()
     deadline = time.monotonic() + seconds
+    pause = pause or Backoff().pause
     while not request.Test():
         pause()
         if time.monotonic() > deadline:
@@ -567,10 +605,12 @@ class Executor:
         if not MPI.Request.Testall(p.requests):
             # A watchdog, as PyTorch's for NCCL: a peer that is stuck (or a
             # collective no other rank issues) ends the job with this rank's
-            # place instead of hanging it. Waitall polls (and yields) as this loop does.
+            # place instead of hanging it. MPI's Waitall polls at full speed;
+            # this loop backs off (Backoff) once the wait outlasts SPIN.
             deadline = time.monotonic() + self.watchdog
+            backoff = Backoff()
             while not MPI.Request.Testall(p.requests):
-                give_way()
+                backoff.pause()
                 if time.monotonic() > deadline:
                     raise RuntimeFailure(
                         f"rank {self.rank}: step {self._step}: {self.describe(p.actor)}: did not complete in "

@@ -33,7 +33,7 @@ from sbpc.dialects.op_tree import build_module
 from . import checkpoint
 from .channel import connect, receive, send
 from .cuda_backend import make_executor
-from .executor import Executor, actor_names, give_way, inject, injected_fault, settle_heap
+from .executor import Backoff, Executor, actor_names, inject, injected_fault, settle_heap
 from .hosts import on_driver_node
 from .launch import driver_gone
 from .program import find_program
@@ -42,36 +42,17 @@ from .rank_auth import authenticate_messages
 from .shared_feeds import AttachedFeeds
 from .worker import fail, gather_pieces
 
-SPIN = 0.002
-"""Seconds a rank keeps testing without sleeping after it is idle: commands
-that follow each other (train_step in a loop) meet no sleep."""
-NAP = 0.0005
-"""The longest sleep between tests in the first moments of a pause."""
-IDLE_SHARE = 0.05
-"""Later in a pause, a sleep may be up to this share of the time idle so
-far (and LONGEST_NAP at most): a command after a pause waits at most 5%
-longer than the pause did, and a rank idle for seconds (the driver
-compiling its next plan) wakes 50 times a second, not 2000. Sleeping NAP
-at most throughout, the idle ranks of the test suite woke 5 million times:
-about a minute of CPU."""
-LONGEST_NAP = 0.02
-
 
 def wait_idle(world: MPI.Intracomm) -> None:
     """Waits until every rank has reached here (rank 0 once it has the
-    driver's next command) without spinning: MPI's blocking calls poll at
-    full speed, so idle ranks waiting in a broadcast took a core each (3 of
-    4 ranks at 60% of a core on 2 cores), starving the driver's own work
-    and everything else on the machine between calls."""
+    driver's next command) without spinning (Backoff): MPI's blocking calls
+    poll at full speed, so idle ranks waiting in a broadcast took a core
+    each (3 of 4 ranks at 60% of a core on 2 cores), starving the driver's
+    own work and everything else on the machine between calls."""
     request = world.Ibarrier()
-    start = time.perf_counter()
-    nap = 0.00005
+    backoff = Backoff()
     while not request.Test():
-        give_way()  # while it spins: the driver and rank 0, sending the next command, may need this core
-        idle = time.perf_counter() - start
-        if idle > SPIN:
-            time.sleep(nap)
-            nap = min(2 * nap, max(NAP, min(LONGEST_NAP, IDLE_SHARE * idle)))
+        backoff.pause()
 
 
 def serve(job: str) -> None:
