@@ -74,12 +74,52 @@ def grouping_ok(nd: PlainNd) -> bool:
     return not owned or (owned == 1 and Sbp.S(0) not in nd)
 
 
+class _Steps:
+    """The steps out of each nd-SBP state on one mesh, for tensors of one
+    rank, each with its volume and the peak piece it reaches, made the first
+    time a search reaches the state and kept: they depend on the state
+    alone, not on where a search started, and making them (which collective,
+    the nesting rule, the volume) was nine tenths of a search. sbp-infer on
+    the random graphs of 2x2x2 meshes searched from 381 sources, 32 of the
+    39 s it took."""
+
+    __slots__ = ("mesh", "rank", "owned", "out")
+
+    def __init__(self, mesh: tuple[int, ...], rank: int, owned: tuple[Sbp, ...]):
+        self.mesh, self.rank, self.owned = mesh, rank, owned
+        self.out: dict[PlainNd, list[tuple[PlainNd, Step, float, float]]] = {}
+
+    def of(self, state: PlainNd) -> list[tuple[PlainNd, Step, float, float]]:
+        steps = self.out.get(state)
+        if steps is None:
+            steps = self.out[state] = []
+            mesh, owned = self.mesh, self.owned
+            for a, current in enumerate(state):
+                for target in _targets(current, self.rank, owned):
+                    nxt = (*state[:a], target, *state[a + 1 :])
+                    if (Sbp.P in nxt and Sbp.PMAX in nxt) or hierarchy_violation(state, nxt, [a]) is not None:
+                        continue
+                    if owned and not grouping_ok(nxt):
+                        continue
+                    kind = step_kind(current, target)
+                    assert kind is not None  # _targets yields only targets one collective reaches
+                    step = Step(kind, a, state, nxt)
+                    steps.append((nxt, step, step_units(step, mesh), local_fraction(nxt, mesh)))
+        return steps
+
+
+@lru_cache(maxsize=64)
+def _steps(mesh: tuple[int, ...], rank: int, owned: tuple[Sbp, ...]) -> _Steps:
+    return _Steps(mesh, rank, owned)
+
+
 @lru_cache(maxsize=4096)
 def _search(src: PlainNd, mesh: tuple[int, ...], rank: int, owned: tuple[Sbp, ...] = ()):
     """Dijkstra from `src` over every reachable state: the best (volume,
     peak) label of each state and the step that reaches it. One search
     serves every destination (sbp-infer asks for many). `owned`: the
     distributions of rows owned at run time (G, I<n>) reachable too."""
+    steps_of = _steps(mesh, rank, owned).of
     start = (0.0, local_fraction(src, mesh), 0)
     best: dict[PlainNd, tuple[float, float, int]] = {src: start}
     previous: dict[PlainNd, tuple[PlainNd, Step]] = {}
@@ -89,22 +129,14 @@ def _search(src: PlainNd, mesh: tuple[int, ...], rank: int, owned: tuple[Sbp, ..
         volume, peak, _, state = heapq.heappop(queue)
         if (volume, peak) > best[state][:2]:
             continue
-        for a, current in enumerate(state):
-            for target in _targets(current, rank, owned):
-                nxt = (*state[:a], target, *state[a + 1 :])
-                if (Sbp.P in nxt and Sbp.PMAX in nxt) or hierarchy_violation(state, nxt, [a]) is not None:
-                    continue
-                if owned and not grouping_ok(nxt):
-                    continue
-                kind = step_kind(current, target)
-                assert kind is not None  # _targets yields only targets one collective reaches
-                step = Step(kind, a, state, nxt)
-                label = (volume + step_units(step, mesh), max(peak, local_fraction(nxt, mesh)))
-                if nxt not in best or label < best[nxt][:2]:
-                    counter += 1
-                    best[nxt] = (*label, counter)
-                    previous[nxt] = (state, step)
-                    heapq.heappush(queue, (*label, counter, nxt))
+        for nxt, step, units, nxt_peak in steps_of(state):
+            label = (volume + units, max(peak, nxt_peak))
+            known = best.get(nxt)
+            if known is None or label < known[:2]:
+                counter += 1
+                best[nxt] = (*label, counter)
+                previous[nxt] = (state, step)
+                heapq.heappush(queue, (*label, counter, nxt))
     return best, previous
 
 
