@@ -202,6 +202,23 @@ def staged_shares(step: Step, mesh: tuple[int, ...], rank: int) -> tuple[float, 
     return packed / whole, unpacked / whole
 
 
+@lru_cache(maxsize=65536)
+def _priced_steps(src: PlainNd, dst: PlainNd, mesh: tuple[int, ...], rank: int) -> tuple[tuple, ...]:
+    """The best plan's steps with what their price reads that does not
+    depend on the tensor's bytes: (kind, mesh axis, communicates, share
+    sent, share of the result piece, share of the source piece, shares
+    packed and unpacked, joins a bucket). sbp-infer prices each pair of
+    distributions at many sizes."""
+    steps, _ = plan(src, dst, mesh, rank)
+    out = []
+    for s in steps:
+        communicates = COLLECTIVES[s.kind].communicates
+        packed, unpacked = staged_shares(s, mesh, rank) if communicates else (0.0, 0.0)
+        out.append((s.kind, s.mesh_axis, communicates, step_units(s, mesh), local_fraction(s.dst, mesh),
+                    local_fraction(s.src, mesh), packed, unpacked, communicates and joins_a_bucket(s, mesh)))
+    return tuple(out)
+
+
 def boxing_cost(src: PlainNd, dst: PlainNd, mesh: Sequence[int], rank: int, nbytes: float, device: Rates,
                 groups: Sequence[Sequence[int]], members: int = 1) -> float:
     """Seconds the best plan takes under the cost model (what sbp-infer
@@ -213,23 +230,21 @@ def boxing_cost(src: PlainNd, dst: PlainNd, mesh: Sequence[int], rank: int, nbyt
     `members` > 1: the tensor is a gradient, and a reduction that can join
     a bucket is priced as one of that many members of one
     (`Rates.bucket_member_time`)."""
-    steps, _ = plan(tuple(src), tuple(dst), tuple(mesh), rank)
     total = 0.0
-    for s in steps:
-        piece = local_fraction(s.dst, mesh) * nbytes
-        if COLLECTIVES[s.kind].communicates:
-            alone = device.collective_time(s.kind, groups[s.mesh_axis], step_units(s, mesh) * nbytes,
-                                           piece) + device.actor_overhead
-            alone += sum(device.copy_time(share * nbytes) for share in staged_shares(s, tuple(mesh), rank)
-                         if share)
-            if members > 1 and joins_a_bucket(s, mesh):
+    for kind, axis, communicates, units, dst_share, src_share, packed, unpacked, joins in _priced_steps(
+            tuple(src), tuple(dst), tuple(mesh), rank):
+        piece = dst_share * nbytes
+        if communicates:
+            alone = device.collective_time(kind, groups[axis], units * nbytes, piece) + device.actor_overhead
+            alone += ((device.copy_time(packed * nbytes) if packed else 0.0)
+                      + (device.copy_time(unpacked * nbytes) if unpacked else 0.0))
+            if members > 1 and joins:
                 # sbp-bucket-collectives joins a reduction into a bucket where
                 # that pays, and leaves it alone where the bucket's copies
                 # cost more than the call it saves (a 4 MiB gradient: 827
                 # us as a member, 477 alone)
                 alone = min(alone, device.bucket_member_time(
-                    s.kind, groups[s.mesh_axis], step_units(s, mesh) * nbytes, local_fraction(s.src, mesh) * nbytes,
-                    piece, members))
+                    kind, groups[axis], units * nbytes, src_share * nbytes, piece, members))
             total += alone
         else:
             total += device.copy_time(piece) + device.actor_overhead
