@@ -13,6 +13,10 @@ ResNet (convolutions, batch-norm with running statistics, pooling), and an
 per row: a mask computed from an input, through lg.compare, lg.cast,
 lg.logical and lg.select."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -391,10 +395,6 @@ def first_autocast_loss_under_scalar_kernels() -> float:
     where on Zen 4 (AVX-512) it stayed within 2e-6 of sbpc's. The scalar
     kernels are PyTorch's reference semantics, the same on every machine,
     and sbpc's first loss on Zen 3 is theirs to the last bit."""
-    import os
-    import subprocess
-    import sys
-
     code = ("from test_hf_models import AutocastLoss, gpt2, language_batches; import torch\n"
             "x, y = language_batches()[0]\n"
             "with torch.no_grad(): print(repr(AutocastLoss(gpt2())(x, y).item()))")
